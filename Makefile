@@ -1,0 +1,129 @@
+# petrel — one Makefile (see DESIGN.md "Build").
+#   make              CPU build: build/petrel, build/libpetrel.a
+#   make CUDA=1       adds the CUDA backend (nvcc, sm_90a)
+#   make check        builds and runs every test; ends with "N passed, N failed"
+#   make asan         the suite under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz         libFuzzer targets (clang), each run FUZZ_SECONDS
+#   make gpu-bundle   build/gpu-bundle/: CUDA binaries + Debian libraries via RPATH
+#   make demo         generates text with the bundled demo model
+#   make bench        runs the benchmark harness (bench/run.sh)
+#   make format       clang-format over src/ tests/ include/
+
+BUILD    ?= build
+CC       ?= cc
+NVCC     ?= nvcc
+CUDA     ?= 0
+SAN      ?=
+OPT      ?= -O2
+PKGS     := libcjson libpcre2-8 libutf8proc libmicrohttpd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+ifeq ($(strip $(PKG_LIBS)),)
+PKG_LIBS := -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd
+endif
+
+CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -D_GNU_SOURCE -Iinclude -Isrc \
+            -pthread -fno-strict-aliasing $(PKG_CFLAGS) $(SAN) $(EXTRA_CFLAGS)
+LDFLAGS  := -pthread $(SAN) $(EXTRA_LDFLAGS)
+LDLIBS   := $(PKG_LIBS) -lm -ldl
+
+# ISA-specific translation units (runtime dispatch picks among them).
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16
+AMX_FLAGS    := $(AVX512_FLAGS) -mamx-tile -mamx-int8 -mamx-bf16
+
+SRC      := $(shell find src -name '*.c' | LC_ALL=C sort)
+CLI_SRC  := $(filter src/cli/%,$(SRC))
+LIB_SRC  := $(filter-out src/cli/%,$(SRC))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+CU_SRC   := $(shell find src -name '*.cu' | LC_ALL=C sort)
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
+NVCCFLAGS ?= -gencode=arch=compute_90a,code=sm_90a
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+CFLAGS   += -DPT_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+else
+CU_OBJ   :=
+endif
+
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+
+.PHONY: all check check-cuda asan fuzz gpu-bundle demo bench format clean deps tests
+all: $(BUILD)/petrel $(BUILD)/libpetrel.a
+
+deps:
+	@tools/install-deps.sh
+
+$(BUILD)/libpetrel.a: $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/petrel: $(CLI_OBJ) $(BUILD)/libpetrel.a
+	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/obj/%_amx.o: %_amx.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -O3 -std=c++17 -Iinclude -Isrc -Xcompiler -fPIC -c -o $@ $<
+
+$(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libpetrel.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
+
+tests: all $(TEST_BIN) $(EXAMPLES)
+
+check: deps
+	@$(MAKE) --no-print-directory tests
+	@BUILD=$(BUILD) tests/run.sh
+
+check-cuda:
+	@BUILD=$(BUILD) tests/run-cuda.sh
+
+asan:
+	@$(MAKE) --no-print-directory check BUILD=build-asan OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+
+FUZZ_SECONDS ?= 20
+fuzz: deps
+	@tools/fuzz.sh $(FUZZ_SECONDS)
+
+gpu-bundle: deps
+	@tools/gpu-bundle.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@tools/demo.sh
+
+bench: all
+	@bench/run.sh
+
+format:
+	clang-format -i $$(find src tests include examples fuzz -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh')
+
+clean:
+	rm -rf build build-asan build-fuzz build-cuda
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,140 @@
+/* Tests for src/base: errors, half floats, arena, thread pool, JSON helpers, UTF-8. */
+#include "test.h"
+
+#include "base/arena.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/json.h"
+#include "base/threadpool.h"
+
+#include <stdint.h>
+
+static void test_error_message(void) {
+    pt_status s = pt_error(PT_ERR_FORMAT, "file %s: bad %d", "x.json", 3);
+    CHECK(s == PT_ERR_FORMAT, "status returned");
+    CHECK(strcmp(pt_last_error(), "file x.json: bad 3") == 0, "message: %s", pt_last_error());
+    pt_error_prefix(PT_ERR_FORMAT, "loading %s", "m");
+    CHECK(strcmp(pt_last_error(), "loading m: file x.json: bad 3") == 0, "prefix: %s", pt_last_error());
+    CHECK(strcmp(pt_status_name(PT_ERR_IO), "PT_ERR_IO") == 0, "name");
+}
+
+static void test_bf16_round_nearest_even(void) {
+    /* 1.0 + 2^-8 is exactly halfway between bf16 1.0 and 1.0+2^-7: ties to even (1.0) */
+    CHECK(pt_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80, "tie to even down: %04x", pt_f32_to_bf16(1.0f + 0x1p-8f));
+    CHECK(pt_f32_to_bf16(1.0f + 0x1p-7f + 0x1p-8f) == 0x3f82, "tie to even up");
+    CHECK(pt_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f) == 0x3f81, "above tie rounds up");
+    uint16_t n = pt_f32_to_bf16(pt_bits_f32(0x7f800001u)); /* signalling NaN with low payload */
+    CHECK((n & 0x7f80) == 0x7f80 && (n & 0x7f) != 0, "NaN preserved: %04x", n);
+    CHECK(pt_f32_to_bf16(pt_bits_f32(0x7f7fffffu)) == 0x7f80, "max float rounds to inf (correct RNE)");
+    CHECK(pt_bf16_to_f32(0xc0a0) == -5.0f, "decode");
+}
+
+static void test_f16_roundtrip(void) {
+    /* every f16 bit pattern (non-NaN) round-trips exactly */
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) {
+            uint16_t r = pt_f32_to_f16(pt_f16_to_f32((uint16_t)h));
+            if ((r & 0x7c00) != 0x7c00 || !(r & 0x3ff)) bad++;
+            continue;
+        }
+        if (pt_f32_to_f16(pt_f16_to_f32((uint16_t)h)) != h) bad++;
+    }
+    CHECK(bad == 0, "%d f16 patterns did not round-trip", bad);
+    CHECK(pt_f32_to_f16(65520.0f) == 0x7c00, "overflow to inf");
+    CHECK(pt_f32_to_f16(0x1p-25f) == 0, "2^-25 ties to zero");
+    CHECK(pt_f32_to_f16(0x1.8p-25f) == 1, "above 2^-25 rounds to min subnormal");
+    CHECK(pt_f32_to_f16(1.0f + 0x1p-11f) == 0x3c00, "tie to even");
+    CHECK(pt_f32_to_f16(1.0f + 0x1p-10f + 0x1p-11f) == 0x3c02, "tie to even up");
+}
+
+static void test_arena(void) {
+    pt_arena a;
+    pt_arena_init(&a, 128);
+    char *p = pt_arena_alloc(&a, 10);
+    char *q = pt_arena_alloc(&a, 1000);
+    CHECK(p && q && ((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0, "aligned");
+    CHECK(q[999] == 0, "zeroed");
+    char *s = pt_arena_strdup(&a, "hello");
+    CHECK(s && strcmp(s, "hello") == 0, "strdup");
+    pt_arena_free(&a);
+    CHECK(a.head == NULL, "freed");
+}
+
+typedef struct {
+    long n;
+    double *out;
+    pt_pool *pool;
+    int phases;
+} pool_ctx;
+
+static void pool_fn(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    for (int ph = 0; ph < c->phases; ph++) {
+        long b, e;
+        pt_split_range(c->n, ith, nth, &b, &e);
+        for (long i = b; i < e; i++) c->out[i] += (double)i * (ph + 1);
+        pt_pool_barrier(c->pool);
+    }
+}
+
+static void test_threadpool(void) {
+    for (int nt = 1; nt <= 4; nt++) {
+        pt_pool *pool;
+        REQUIRE(pt_pool_create(&pool, nt) == PT_OK, "create %d", nt);
+        double out[1001] = {0};
+        pool_ctx c = {1001, out, pool, 5};
+        for (int rep = 0; rep < 50; rep++) pt_pool_run(pool, pool_fn, &c);
+        int bad = 0;
+        for (long i = 0; i < 1001; i++)
+            if (out[i] != (double)i * 15 * 50) bad++;
+        CHECK(bad == 0, "nt=%d: %d wrong", nt, bad);
+        pt_pool_free(&pool);
+        CHECK(pool == NULL, "free sets NULL");
+    }
+    pt_pool *p;
+    CHECK(pt_pool_create(&p, 0) == PT_ERR_INVALID_ARG, "0 threads rejected");
+}
+
+static void test_json(void) {
+    cJSON *j;
+    const char *dup = "{\"a\":1,\"b\":{\"x\":1,\"x\":2}}";
+    CHECK(pt_json_parse(dup, strlen(dup), "t.json", 1, &j) == PT_ERR_FORMAT, "duplicate rejected");
+    CHECK(strstr(pt_last_error(), "duplicate key \"x\"") != NULL, "message names key: %s", pt_last_error());
+    CHECK(pt_json_parse(dup, strlen(dup), "t.json", 0, &j) == PT_OK, "duplicates allowed when asked");
+    cJSON_Delete(j);
+    const char *bad = "{\"a\":";
+    CHECK(pt_json_parse(bad, strlen(bad), "t.json", 1, &j) == PT_ERR_FORMAT, "truncated");
+    const char *trail = "{} x";
+    CHECK(pt_json_parse(trail, strlen(trail), "t.json", 1, &j) == PT_ERR_FORMAT, "trailing garbage");
+    const char *nums = "{\"big\":9007199254740993,\"neg\":-3,\"frac\":1.5,\"s\":\"q\"}";
+    REQUIRE(pt_json_parse(nums, strlen(nums), "n.json", 1, &j) == PT_OK, "parse");
+    int64_t v;
+    CHECK(pt_json_get_i64(j, "neg", -10, 10, &v, "n.json") == PT_OK && v == -3, "neg");
+    CHECK(pt_json_get_i64(j, "neg", 0, 10, &v, "n.json") == PT_ERR_FORMAT, "range");
+    CHECK(pt_json_get_i64(j, "frac", 0, 10, &v, "n.json") == PT_ERR_FORMAT, "fraction rejected");
+    CHECK(pt_json_get_i64(j, "s", 0, 10, &v, "n.json") == PT_ERR_FORMAT, "string rejected");
+    CHECK(pt_json_get_i64(j, "nope", 0, 10, &v, "n.json") == PT_ERR_NOT_FOUND, "missing");
+    CHECK(pt_json_get_i64(j, "big", 0, INT64_MAX, &v, "n.json") == PT_ERR_FORMAT, "above 2^53 rejected");
+    cJSON_Delete(j);
+}
+
+static void test_utf8(void) {
+    CHECK(pt_utf8_invalid_offset("h\xc3\xa9llo", 6) == -1, "valid 2-byte");
+    CHECK(pt_utf8_invalid_offset("\xf0\x9f\x98\x80", 4) == -1, "valid 4-byte");
+    CHECK(pt_utf8_invalid_offset("ab\xc0\xaf", 4) == 2, "overlong");
+    CHECK(pt_utf8_invalid_offset("\xed\xa0\x80", 3) == 0, "surrogate");
+    CHECK(pt_utf8_invalid_offset("a\xe2\x82", 3) == 1, "truncated");
+    CHECK(pt_utf8_invalid_offset("\xf4\x90\x80\x80", 4) == 0, "above U+10FFFF");
+}
+
+int main(void) {
+    TEST_RUN(test_error_message);
+    TEST_RUN(test_bf16_round_nearest_even);
+    TEST_RUN(test_f16_roundtrip);
+    TEST_RUN(test_arena);
+    TEST_RUN(test_threadpool);
+    TEST_RUN(test_json);
+    TEST_RUN(test_utf8);
+    return test_summary();
+}
