@@ -47,6 +47,185 @@ const char *pt_status_name(pt_status s);
 /* The library version string, e.g. "0.1.0". */
 const char *pt_version(void);
 
+
+/* ------------------------------------------------------------------------
+ * Models and sessions.
+ *
+ * Lifetime: a pt_model is loaded once (weights mmapped / uploaded) and is
+ * read-only afterwards; any number of pt_sessions may be created from it.
+ * A session owns its KV cache and sampler state. A model and its sessions may
+ * be used from different threads, but one session from one thread at a time.
+ * Free every session before its model.
+ * ---------------------------------------------------------------------- */
+
+typedef struct pt_model pt_model;
+typedef struct pt_session pt_session;
+
+typedef enum pt_device { PT_DEVICE_AUTO = 0, PT_DEVICE_CPU = 1, PT_DEVICE_CUDA = 2 } pt_device;
+
+/* Activation / compute dtype of a loaded model. */
+typedef enum pt_compute_dtype {
+    PT_COMPUTE_MODEL = 0, /* the checkpoint's dtype (bf16 for bf16 models, f32 for f32) */
+    PT_COMPUTE_F32 = 1,
+    PT_COMPUTE_BF16 = 2,  /* weights and activations cast to bf16 (like model.to(torch.bfloat16)) */
+} pt_compute_dtype;
+
+/* Lever values: PT_LEVER_DEFAULT lets the tier/default decide. */
+#define PT_LEVER_DEFAULT (-1)
+#define PT_LEVER_OFF 0
+#define PT_LEVER_ON 1
+/* kv_quant: 0 off, 4 or 8 = every layer at those bits, PT_KV_QUANT_CONFIG = kv_config.json */
+#define PT_KV_QUANT_CONFIG (-2)
+
+typedef struct pt_model_params {
+    int n_threads;                  /* CPU threads; 0 = all online CPUs */
+    pt_device device;               /* default PT_DEVICE_AUTO */
+    pt_compute_dtype dtype;         /* default PT_COMPUTE_MODEL */
+    const char *chat_template_path; /* overrides the model's chat template; NULL = model's */
+    /* levers (DESIGN.md "Numerics and parity tiers"); PT_LEVER_DEFAULT = default */
+    int kv_quant;           /* 0, 4, 8, PT_KV_QUANT_CONFIG, or PT_LEVER_DEFAULT */
+    int kv_group_size;      /* default 64 */
+    int quantized_kv_start; /* default 0 */
+    int prefill_chunk;      /* default 2048 */
+    int compiled_decode;    /* CUDA only */
+    int fused_decode_attn;
+    int int8_act;
+} pt_model_params;
+
+pt_model_params pt_model_default_params(void);
+
+/* Loads and validates a model directory (config.json + weights; tokenizer and
+ * other files optional). *out is NULL on error. */
+pt_status pt_model_load(const char *dir, const pt_model_params *params, pt_model **out);
+/* Frees the model and sets *model to NULL. NULL-safe. */
+void pt_model_free(pt_model **model);
+
+int pt_model_vocab_size(const pt_model *model);
+/* The model's maximum context (max_position_embeddings). */
+int pt_model_max_ctx(const pt_model *model);
+/* A short description of the backend running the model ("cpu (avx512, 2 threads)"). */
+const char *pt_model_backend_name(const pt_model *model);
+/* The model id (directory basename) echoed by the server. */
+const char *pt_model_id(const pt_model *model);
+/* 1 if `id` ends generation (generation_config eos set, else tokenizer eos). */
+int pt_model_is_eos(const pt_model *model, int32_t id);
+/* 1 if the model has a tokenizer (tokenizer.json). */
+int pt_model_has_tokenizer(const pt_model *model);
+
+/* Frees memory returned by petrel (token arrays, strings). NULL-safe. */
+void pt_free(void *p);
+
+/* Text -> ids. add_special: add what the post-processor adds (BOS...).
+ * *ids is malloc'd (free with pt_free). PT_ERR_NOT_FOUND if no tokenizer;
+ * PT_ERR_INVALID_ARG for invalid UTF-8. */
+pt_status pt_tokenize(const pt_model *model, const char *text, size_t len, int add_special,
+                      int32_t **ids, size_t *n_ids);
+/* ids -> text (*text malloc'd, NUL-terminated). */
+pt_status pt_detokenize(const pt_model *model, const int32_t *ids, size_t n_ids, int skip_special,
+                        char **text);
+/* The text of one token as it appears when decoded in isolation (for logprobs
+ * and tool output); *text malloc'd. */
+pt_status pt_token_text(const pt_model *model, int32_t id, char **text);
+
+/* Streaming detokenizer: feeds ids one at a time and returns only complete
+ * UTF-8 text (byte-fallback sequences split across steps are held back). */
+typedef struct pt_detokenizer pt_detokenizer;
+pt_status pt_detokenizer_create(const pt_model *model, int skip_special, pt_detokenizer **out);
+/* *text points into the detokenizer (valid until the next call); *len may be 0. */
+pt_status pt_detokenizer_push(pt_detokenizer *d, int32_t id, const char **text, size_t *len);
+/* Returns held-back bytes at the end of a stream (invalid UTF-8 as U+FFFD). */
+pt_status pt_detokenizer_flush(pt_detokenizer *d, const char **text, size_t *len);
+void pt_detokenizer_free(pt_detokenizer **d);
+
+/* Renders the model's chat template. messages_json: a JSON array of
+ * {"role","content",...}; extra_json: NULL or a JSON object of additional
+ * variables (tools, enable_thinking, ...). *out malloc'd. PT_ERR_NOT_FOUND if
+ * the model has no chat template; PT_ERR_FORMAT with the template's message if
+ * it raises. */
+pt_status pt_chat_render(const pt_model *model, const char *messages_json,
+                         int add_generation_prompt, const char *extra_json, char **out);
+
+typedef struct pt_sampling_params {
+    float temperature;        /* 0 = greedy */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off (applied over the last repeat_last_n tokens) */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    int repeat_last_n;        /* default 64; 0 = whole context */
+    uint64_t seed;            /* reproducible sampling for a given seed */
+    int n_logprobs;           /* number of top logprobs to report (0..20) */
+} pt_sampling_params;
+
+/* Defaults: greedy-free sampling defaults from generation_config.json when a
+ * model is given (NULL: temperature 1, top_p 1, top_k 0, min_p 0). */
+pt_sampling_params pt_sampling_default_params(const pt_model *model);
+
+typedef struct pt_session_params {
+    int n_ctx; /* context length (tokens); 0 = min(model max, 4096) */
+} pt_session_params;
+
+pt_session_params pt_session_default_params(void);
+pt_status pt_session_create(pt_model *model, const pt_session_params *params, pt_session **out);
+void pt_session_free(pt_session **session);
+int pt_session_n_ctx(const pt_session *s);
+/* Tokens currently in the context (prompt + accepted tokens). */
+size_t pt_session_n_tokens(const pt_session *s);
+const int32_t *pt_session_tokens(const pt_session *s);
+/* Drops everything after the first n_keep tokens (prompt-cache reuse). */
+pt_status pt_session_truncate(pt_session *s, size_t n_keep);
+
+/* Appends tokens to the context and runs them through the model (chunked
+ * prefill); afterwards the logits of the last position are available.
+ * PT_ERR_RANGE if a token id is outside the vocabulary or the context would
+ * overflow (the session is left unchanged). */
+pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids);
+/* Logits of the last processed position [vocab] (f32), or NULL if none. */
+const float *pt_session_logits(const pt_session *s);
+
+typedef struct pt_token_info {
+    int32_t id;
+    float logprob;      /* log-softmax of the chosen token (before sampling filters) */
+    int n_top;          /* number of entries in top_ids/top_logprobs */
+    int32_t top_ids[20];
+    float top_logprobs[20];
+} pt_token_info;
+
+/* Samples the next token from the current logits. allowed: NULL, or a
+ * vocab-sized byte mask (non-zero = allowed) for constrained decoding.
+ * Does not append the token: call pt_session_prompt(s, &id, 1) for that. */
+pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
+                            pt_token_info *out);
+
+typedef struct pt_generate_stats {
+    size_t n_prompt, n_generated;
+    double prompt_seconds, generate_seconds, first_token_seconds;
+} pt_generate_stats;
+
+typedef enum pt_finish_reason {
+    PT_FINISH_LENGTH = 0, PT_FINISH_EOS = 1, PT_FINISH_STOP = 2, PT_FINISH_CANCELLED = 3
+} pt_finish_reason;
+
+/* Called for each generated token with the newly complete text (may be empty).
+ * Return non-zero to stop generation (finish reason CANCELLED). */
+typedef int (*pt_token_callback)(void *user, const pt_token_info *tok, const char *text, size_t len);
+
+typedef struct pt_generate_params {
+    int max_tokens;              /* default 256 */
+    pt_sampling_params sampling;
+    const char *const *stop;     /* stop strings (matched on decoded text), may be NULL */
+    int n_stop;
+} pt_generate_params;
+
+pt_generate_params pt_generate_default_params(const pt_model *model);
+
+/* Prompts the session with `prompt` (appended to what it holds) and
+ * generates until eos, a stop string, max_tokens or cancellation. */
+pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt,
+                      const pt_generate_params *params, pt_token_callback cb, void *user,
+                      pt_finish_reason *finish, pt_generate_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif
