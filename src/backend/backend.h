@@ -1,0 +1,313 @@
+/* The backend op table: every operation a model family's forward pass needs,
+ * behind one interface that the CPU backend (src/backend/cpu/) and the CUDA
+ * backend (src/backend/cuda/) both implement. The model code calls ops, never
+ * kernels; nothing in a family file knows which backend runs it.
+ *
+ * What this is not: it holds no model state (weights are described here but
+ * owned by the loader; KV caches are described here but owned by the session)
+ * and no sampling logic beyond argmax (the sampler runs on the host over
+ * downloaded logits).
+ *
+ * ---- Memory --------------------------------------------------------------
+ * Every pointer passed to an op is *backend memory*: obtained from
+ * be->ops->alloc (or, for weights, made resident by prepare_weight). On the
+ * CPU that is plain host memory; on CUDA it is device memory. Host data moves
+ * in and out only through upload/download. The CPU backend executes each op
+ * synchronously in place with its thread pool; CUDA enqueues on its stream and
+ * download() synchronizes.
+ *
+ * ---- Activations and numerics (DESIGN.md "Numerics and parity tiers") ----
+ * Activation buffers are always f32 arrays, row-major [T, dim] (T tokens).
+ * The backend has an activation dtype (be->act): with PT_ACT_BF16 every op
+ * rounds its outputs to the nearest bf16 value (kept in the f32 buffer), which
+ * reproduces the rounding points of a bf16 model in the reference; inside an
+ * op everything accumulates in f32. With PT_ACT_F32 nothing is rounded.
+ * Where the reference rounds inside an op (RMSNorm casts the normalized row
+ * before multiplying by the weight; RoPE's cos/sin tables are in the model
+ * dtype; attention rounds scores and probabilities), the op does the same in
+ * bf16 mode; each op's comment says where.
+ *
+ * ---- Positions -----------------------------------------------------------
+ * Positions live in backend memory (int32 [T]) so a captured CUDA graph can be
+ * replayed with new values. kv_append and attention require consecutive
+ * positions: pos[t] == pos[0] + t.
+ *
+ * ---- Determinism ---------------------------------------------------------
+ * Every output element is computed in a fixed order that does not depend on
+ * the thread count: results are bit-identical for any number of threads.
+ *
+ * ---- Errors --------------------------------------------------------------
+ * Ops return PT_OK or an error with a message (pt_last_error()): an
+ * unsupported combination (e.g. a quantized KV cache where not implemented
+ * yet), or scratch not reserved large enough. Shapes that violate the
+ * documented contract are internal errors (PT_ASSERT). */
+#ifndef PT_BACKEND_BACKEND_H
+#define PT_BACKEND_BACKEND_H
+
+#include "petrel.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Element type of a floating-point array in a weight or a cache. */
+typedef enum pt_ftype { PT_FT_F32 = 0, PT_FT_BF16 = 1, PT_FT_F16 = 2 } pt_ftype;
+
+/* Activation dtype: how op outputs are rounded (see the header comment). */
+typedef enum pt_act_dtype { PT_ACT_F32 = 0, PT_ACT_BF16 = 1 } pt_act_dtype;
+
+const char *pt_ftype_name(pt_ftype t);
+size_t pt_ftype_size(pt_ftype t);
+
+/* ---- Weights ------------------------------------------------------------
+ * A matrix W[rows, cols] as a Linear stores it ([out_features, in_features];
+ * y = x·Wᵀ), an embedding table [vocab, hidden], or a stack of n_experts such
+ * matrices [n_experts, rows, cols] (MoE experts).
+ *
+ * Dense (bits == 0): data is [n_experts?, rows, cols] of dtype.
+ * MLX affine quantized (bits in {2,3,4,5,6,8}, group_size in {32,64,128},
+ * cols % group_size == 0): data is uint32 [.., rows, cols·bits/32], each
+ * row's values packed LSB-first across its words; scales and biases are
+ * [.., rows, cols/group_size] of dtype (bf16/f16/f32); the weight value is
+ * w = scale·q + bias with q the unsigned code.
+ *
+ * bias (optional, may be NULL) is the Linear's additive bias [.., rows] of
+ * bias_dtype. backend_data is private to the backend that prepared the weight
+ * (a repacked layout, a device copy); zero-initialize it.
+ *
+ * Lifetime: fill the public fields with host pointers (e.g. into an mmap),
+ * call prepare_weight() once; after that the weight may be used in ops until
+ * release_weight(). For the CPU backend the host pointers must stay valid. */
+typedef struct pt_weight {
+    int64_t rows;         /* N: output features (vocab for an embedding) */
+    int64_t cols;         /* K: input features (hidden for an embedding) */
+    int64_t n_experts;    /* 0 or 1: a plain matrix; E: a stack [E, rows, cols] */
+    pt_ftype dtype;       /* dense: element type of data; quantized: of scales/biases */
+    int bits;             /* 0 = dense; else MLX affine bits */
+    int group_size;       /* quantized only */
+    const void *data;     /* see above */
+    const void *scales;   /* quantized only */
+    const void *biases;   /* quantized only */
+    const void *bias;     /* optional Linear bias [.., rows] */
+    pt_ftype bias_dtype;
+    void *backend_data;   /* backend-private */
+} pt_weight;
+
+/* ---- KV cache (one layer) -----------------------------------------------
+ * Keys and values of one attention layer, head-major: k/v [n_kv, capacity,
+ * head_dim] (decode reads each KV head's rows contiguously, once for all the
+ * query heads that share it). The row for absolute position p lives in slot
+ * p % capacity, so one layout serves both kinds of cache:
+ *   - a full cache: capacity >= the context length (slot == position);
+ *   - a rotating (sliding-window) cache: capacity >= window + the largest
+ *     chunk of tokens appended at once - 1, so that every query of a chunk
+ *     still finds its whole window.
+ * dtype: f32 or bf16 storage (full precision).
+ *
+ * Quantized KV (bits 4 or 8; DESIGN.md "Quantized KV, exactly"): k/v hold
+ * uint32 codes [n_kv, capacity, head_dim·bits/32] and k_scales/k_biases/
+ * v_scales/v_biases [n_kv, capacity, head_dim/group_size] of dtype. Backends
+ * that do not implement it yet return PT_ERR_UNSUPPORTED. */
+typedef struct pt_kv_layer {
+    int n_kv;
+    int head_dim;
+    int64_t capacity;   /* rows per head */
+    pt_ftype dtype;     /* full precision: element type of k/v; quantized: of scales/biases */
+    int bits;           /* 0 = full precision; 4/8 = MLX affine codes */
+    int group_size;     /* quantized only */
+    void *k, *v;
+    void *k_scales, *k_biases, *v_scales, *v_biases; /* quantized only */
+} pt_kv_layer;
+
+/* ---- Op parameters ------------------------------------------------------ */
+
+typedef enum pt_norm_style {
+    PT_NORM_W = 0,       /* Llama/Qwen: y = w · round(x̂)  (x̂ cast to the activation dtype first) */
+    PT_NORM_W_F32 = 1,   /* Gemma 3n/4: y = round(x̂ · w) in f32 */
+    PT_NORM_1PW = 2,     /* Gemma 1/2/3, Qwen3.5 (HF): y = round(x̂ · (1 + w)) in f32 */
+    PT_NORM_NOSCALE = 3  /* y = round(x̂); w unused (may be NULL) */
+} pt_norm_style;
+
+typedef enum pt_act_fn {
+    PT_ACT_SILU = 0,     /* SwiGLU: silu(gate) · up */
+    PT_ACT_GELU_TANH = 1 /* GeGLU: gelu_tanh(gate) · up */
+} pt_act_fn;
+
+/* Rotate-half (NeoX) RoPE over the first rot_dim dims of each head:
+ * element i pairs with i + rot_dim/2 (i < rot_dim/2); dims >= rot_dim pass
+ * through. θ_i = pos · inv_freq[i]; cos/sin are multiplied by attn_scale
+ * (yarn/longrope attention factor; 1 otherwise) and, in bf16 mode, rounded to
+ * bf16 like the reference's tables. Every scaling kind (linear, llama3, yarn,
+ * longrope, proportional = zeros in inv_freq) is encoded in the table, which
+ * the model spec computes once. */
+typedef struct pt_rope {
+    int rot_dim;            /* even, <= head_dim */
+    const float *inv_freq;  /* backend memory, [rot_dim/2] */
+    float attn_scale;
+} pt_rope;
+
+/* Attention over a KV cache, causal. Query row t of the chunk has absolute
+ * position pos[t] and sees keys at positions j with
+ *   j <= pos[t]  and (window == 0 or j > pos[t] - window).
+ * scores = (q·k)·scale (rounded in bf16 mode); if softcap > 0:
+ * softcap·tanh(scores/softcap); softmax in f32 (probabilities rounded in bf16
+ * mode); output = p·v accumulated in f32. GQA: query head h reads KV head
+ * h / (n_heads / n_kv). */
+typedef struct pt_attn {
+    int n_heads;
+    int head_dim;       /* must equal the cache's head_dim */
+    float scale;        /* hd^-0.5, query_pre_attn_scalar^-0.5, or 1 */
+    float softcap;      /* 0 = none */
+    int window;         /* 0 = full causal; W = sliding window of W keys incl. self */
+} pt_attn;
+
+/* MoE routing. scores = softmax(logits) over n_experts in f32; the top k
+ * (ties: lower index first); if renorm, divided by their sum; then multiplied
+ * by per_expert_scale[e] if given (Gemma 4, backend memory [n_experts]).
+ * The weights are rounded to the activation dtype on output. */
+typedef struct pt_moe_route {
+    int n_experts;
+    int top_k;
+    int renorm;
+    const float *per_expert_scale; /* NULL = none */
+} pt_moe_route;
+
+/* Scratch limits, reserved once before the forward pass (ops allocate
+ * nothing per call). Zero fields mean "not used". */
+typedef struct pt_backend_limits {
+    int max_tokens;     /* largest T passed to any op (the prefill chunk) */
+    int64_t max_ctx;    /* largest number of keys one query attends to */
+    int max_heads;      /* largest n_heads */
+    int max_head_dim;
+    int64_t max_cols;   /* largest K of a matmul (input features) */
+    int64_t max_ffn;    /* largest expert intermediate size (moe_ffn) */
+    int max_top_k;      /* largest top_k (moe_ffn) */
+} pt_backend_limits;
+
+typedef struct pt_backend pt_backend;
+
+/* The op table. Shapes are given in elements; [T, D] is row-major with rows
+ * of D contiguous floats unless a stride argument says otherwise. */
+typedef struct pt_backend_ops {
+    const char *name; /* "cpu", "cuda" */
+    void (*free)(pt_backend *be);
+
+    /* -- memory -- */
+    void *(*alloc)(pt_backend *be, size_t bytes);   /* 64-byte aligned, zeroed; NULL + pt_error on failure */
+    void (*dealloc)(pt_backend *be, void *p);
+    pt_status (*upload)(pt_backend *be, void *dst, const void *src_host, size_t bytes);
+    pt_status (*download)(pt_backend *be, void *dst_host, const void *src, size_t bytes); /* synchronizes */
+    pt_status (*sync)(pt_backend *be);
+    /* Sizes the per-op scratch for the given limits (may be called again to grow). */
+    pt_status (*reserve)(pt_backend *be, const pt_backend_limits *lim);
+    /* Validates a weight (bits, group size, shapes) and makes it usable in ops
+     * (CPU: may repack; CUDA: copies to the device). The error names what is
+     * wrong; `name` (may be NULL) is used in messages. */
+    pt_status (*prepare_weight)(pt_backend *be, pt_weight *w, const char *name);
+    void (*release_weight)(pt_backend *be, pt_weight *w);
+
+    /* -- ops -- */
+
+    /* y[T, cols] = table[ids[t]] · scale  (dense or quantized rows; ids int32 [T]).
+     * In bf16 mode the row is rounded, then multiplied by scale and rounded
+     * again (the reference multiplies by a scale tensor of the model dtype:
+     * pass the scale already rounded to bf16 for Gemma's sqrt(H)). scale 1 skips the multiply.
+     * ids outside [0, rows) produce zeros and return PT_ERR_RANGE. */
+    pt_status (*embed)(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+
+    /* y[T, D] = rms_norm(x[T, D]) with weight w[D] (wtype) in the given style;
+     * x̂ = x / sqrt(mean(x²) + eps) in f32. If residual != NULL it is fused:
+     * residual[T, D] += x (rounded), then y = rms_norm(residual). y may alias x
+     * (not residual). Per-head norms: T = tokens·heads, D = head_dim. */
+    pt_status (*rms_norm)(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
+                          const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+
+    /* y[T, N] = x[T, K] · Wᵀ (+ bias), N = w->rows, K = w->cols, f32
+     * accumulation, one rounding at the end (after the bias) in bf16 mode.
+     * Quantized W is used directly (factored form per group:
+     * scale·Σq·x + bias·Σx). T == 1 is the decode matvec. Also the logits:
+     * the lm_head (or the tied embedding table, same layout) over the rows
+     * that need logits. For a stacked weight, `expert` selects the matrix
+     * (0 otherwise). */
+    pt_status (*matmul)(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+
+    /* In place on x[T, n_heads, head_dim]: RoPE at positions pos[T]. In bf16
+     * mode: x·cos and rotate_half(x)·sin are each rounded, then their sum. */
+    pt_status (*rope)(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
+                      const pt_rope *rope);
+
+    /* Writes k[T, n_kv, head_dim] and v[T, n_kv, head_dim] (f32 activations)
+     * into the cache rows of positions pos[0..T) (slots pos % capacity),
+     * converting to the cache's storage. */
+    pt_status (*kv_append)(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
+                           const int32_t *pos);
+
+    /* out[T, n_heads·head_dim] = attention of q[T, n_heads, head_dim] over the
+     * cache (which already holds this chunk's K/V, via kv_append). One op for
+     * prefill (T > 1, chunked with the cache offset pos[0]) and decode (T == 1). */
+    pt_status (*attention)(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
+                           const pt_kv_layer *kv, const pt_attn *p);
+
+    /* y[T, F] = act(gate) · up, with gate/up rows at stride ld (elements), so
+     * a fused [T, 2F] projection works with gate = buf, up = buf + F, ld = 2F.
+     * bf16 mode rounds act(gate), then the product. */
+    pt_status (*glu)(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F,
+                     int64_t ld, pt_act_fn act);
+
+    /* Elementwise over n floats (y may alias an input):
+     *   add:        y = a + b
+     *   mul:        y = a · b
+     *   add_scaled: y = a + round(b · s)        (MiniCPM's scaled residual)
+     *   scale:      y = x · s
+     *   softcap:    y = cap · tanh(x / cap)      (bf16 mode rounds each step) */
+    pt_status (*add)(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+    pt_status (*mul)(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+    pt_status (*add_scaled)(pt_backend *be, float *y, const float *a, const float *b, float s, int64_t n);
+    pt_status (*scale)(pt_backend *be, float *y, const float *x, float s, int64_t n);
+    pt_status (*softcap)(pt_backend *be, float *y, const float *x, float cap, int64_t n);
+
+    /* MoE routing: logits[T, n_experts] (the router matmul's output) →
+     * idx[T, top_k] (int32) and weights[T, top_k] (see pt_moe_route). */
+    pt_status (*moe_route)(pt_backend *be, int32_t *idx, float *weights, const float *logits, int64_t T,
+                           const pt_moe_route *p);
+
+    /* Expert gather: y[T, H] = Σ_k weights[t,k] · down_e(act(gate_e(x)) · up_e(x))
+     * with e = idx[t,k], x[T, H]. gate/up/down are stacked expert weights
+     * [E, I, H] / [E, I, H] / [E, H, I]; if up == NULL, gate is a fused
+     * [E, 2I, H] stack (first I rows gate, next I up). Each expert output is
+     * multiplied by its weight (rounded) and accumulated in ascending expert
+     * order (rounded after each add), as the reference does. */
+    pt_status (*moe_ffn)(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
+                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
+                         const pt_weight *down, pt_act_fn act);
+
+    /* out[t] = index of the largest x[t, 0..V) (first one on ties; NaN is
+     * never selected unless the row is all NaN, then 0). */
+    pt_status (*argmax)(pt_backend *be, int32_t *out, const float *x, int64_t T, int64_t V);
+} pt_backend_ops;
+
+struct pt_backend {
+    const pt_backend_ops *ops;
+    pt_act_dtype act;
+    void *impl; /* backend-private state */
+};
+
+/* ---- CPU backend --------------------------------------------------------- */
+
+typedef enum pt_cpu_isa { PT_ISA_AUTO = 0, PT_ISA_SCALAR = 1, PT_ISA_AVX2 = 2, PT_ISA_AVX512 = 3 } pt_cpu_isa;
+
+typedef struct pt_cpu_params {
+    int n_threads;      /* >= 1; 0 = every online CPU */
+    pt_act_dtype act;
+    pt_cpu_isa isa;     /* PT_ISA_AUTO: the best the CPU supports, unless the
+                           environment variable PETREL_CPU_ISA=scalar|avx2|avx512
+                           asks for another (an unsupported request is an error) */
+} pt_cpu_params;
+
+pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params);
+/* The ISA the CPU backend picked ("scalar", "avx2", "avx512"). */
+const char *pt_backend_cpu_isa_name(const pt_backend *be);
+
+/* Frees any backend (NULL-safe) and sets *be to NULL. */
+void pt_backend_free(pt_backend **be);
+
+#endif
