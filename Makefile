@@ -11,7 +11,7 @@
 
 BUILD    ?= build
 CC       ?= cc
-NVCC     ?= nvcc
+NVCC     ?= $(if $(shell command -v nvcc 2>/dev/null),nvcc,/usr/local/cuda/bin/nvcc)
 CUDA     ?= 0
 SAN      ?=
 OPT      ?= -O2
@@ -44,9 +44,20 @@ CUDA_HOME ?= /usr/local/cuda
 NVCCFLAGS ?= -gencode=arch=compute_90a,code=sm_90a
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
 CFLAGS   += -DPT_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+# cudart is linked statically (no runtime-version dependency); cuBLAS comes
+# from the machine's CUDA. RPATH (not RUNPATH: --disable-new-dtags) so the
+# GPU bundle's lib/ also serves the bundled libraries' own dependencies.
+# --no-as-needed: every library named is recorded, so the bundle carries them
+# all whatever code paths link today.
+LDFLAGS  += -Wl,--no-as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,'$$ORIGIN/../lib' \
+            -Wl,-rpath,$(CUDA_HOME)/lib64
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
+# CUDA op tests (tests/cuda/test_*.c): built only with CUDA=1, shipped in the
+# GPU bundle and run there by `make check-cuda`.
+CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/test_*.c))
 else
 CU_OBJ   :=
+CUDA_TEST_BIN :=
 endif
 
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -56,7 +67,7 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
 .PHONY: all check check-cuda asan fuzz gpu-bundle demo bench format clean deps tests
-all: $(BUILD)/petrel $(BUILD)/libpetrel.a
+all: $(BUILD)/petrel $(BUILD)/libpetrel.a $(CUDA_TEST_BIN)
 
 deps:
 	@tools/install-deps.sh
@@ -83,9 +94,13 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -O3 -std=c++17 -Iinclude -Isrc -Xcompiler -fPIC -c -o $@ $<
+	$(NVCC) $(NVCCFLAGS) -O3 -std=c++17 -Iinclude -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/cuda/%: tests/cuda/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
 
@@ -100,7 +115,7 @@ check: deps
 	@BUILD=$(BUILD) tests/run.sh
 
 check-cuda:
-	@BUILD=$(BUILD) tests/run-cuda.sh
+	@tests/run-cuda.sh
 
 asan:
 	@$(MAKE) --no-print-directory check BUILD=build-asan OPT=-O1 \

@@ -1,0 +1,69 @@
+/* Device-side helpers shared by every CUDA op family: CUDA_CHECK (every CUDA
+ * call's error becomes a petrel error naming the call, the code and where),
+ * bf16 load/convert helpers, and small warp/block reductions. Included only
+ * by .cu files; the C side never sees this header. */
+#ifndef PT_BACKEND_CUDA_COMMON_CUH
+#define PT_BACKEND_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+extern "C" {
+#include "base/error.h"
+}
+
+/* Evaluates a CUDA runtime call; on failure returns PT_ERR_DEVICE from the
+ * enclosing function with "<call> failed: <name> (code N): <text> [file:line]". */
+#define CUDA_CHECK(call)                                                                   \
+    do {                                                                                   \
+        cudaError_t pt_cuda_e_ = (call);                                                   \
+        if (pt_cuda_e_ != cudaSuccess)                                                     \
+            return pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d): %s [%s:%d]", #call,    \
+                            cudaGetErrorName(pt_cuda_e_), (int)pt_cuda_e_,                 \
+                            cudaGetErrorString(pt_cuda_e_), __FILE__, __LINE__);           \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows up here, not at the launch. */
+#define CUDA_CHECK_LAUNCH(name) CUDA_CHECK(cudaPeekAtLastError())
+
+typedef __nv_bfloat16 bf16;
+
+__device__ __forceinline__ float pt_bf2f(bf16 x) { return __bfloat162float(x); }
+/* Round to nearest even, NaN preserved: the same rule as pt_f32_to_bf16. */
+__device__ __forceinline__ bf16 pt_f2bf(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float pt_round_bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ float pt_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float pt_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum; every thread gets the result. `scratch` holds >= 32 floats.
+ * blockDim.x must be a multiple of 32. */
+__device__ __forceinline__ float pt_block_sum(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = pt_warp_sum(v);
+    __syncthreads(); /* scratch may still be read from a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : 0.f;
+    return pt_warp_sum(v);
+}
+__device__ __forceinline__ float pt_block_max(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = pt_warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : -INFINITY;
+    return pt_warp_max(v);
+}
+
+#endif
