@@ -1,0 +1,63 @@
+/* The server's view of a model: a table of operations the HTTP server and its
+ * scheduler call, so that the serving code depends on nothing but this table.
+ *
+ * engine_petrel.c fills it from the public API (include/petrel.h); the server
+ * tests fill it with a small deterministic byte-level model so that every
+ * route, queue and stream can be tested without weights. This is not a second
+ * inference API: each entry is one petrel.h call with the same contract.
+ *
+ * Threading: model-level entries (tokenize, detokenize, token_text,
+ * chat_render, the detokenizer) are called from HTTP threads concurrently;
+ * session entries only from the one inference thread.
+ */
+#ifndef PT_SERVER_ENGINE_H
+#define PT_SERVER_ENGINE_H
+
+#include "petrel.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct pt_srv_engine {
+    void *model; /* opaque: a pt_model*, or the test model */
+
+    const char *(*model_id)(void *model);
+    int (*vocab_size)(void *model);
+    int (*max_ctx)(void *model);
+    int (*is_eos)(void *model, int32_t id);
+    int (*has_tokenizer)(void *model);
+    pt_sampling_params (*default_sampling)(void *model);
+
+    pt_status (*tokenize)(void *model, const char *text, size_t len, int add_special,
+                          int32_t **ids, size_t *n_ids);
+    pt_status (*detokenize)(void *model, const int32_t *ids, size_t n_ids, int skip_special,
+                            char **text);
+    /* Raw text of one token; "" (not NULL) for control tokens that decode to
+     * nothing with skip_special. *text malloc'd. */
+    pt_status (*token_text)(void *model, int32_t id, int skip_special, char **text);
+    pt_status (*chat_render)(void *model, const char *messages_json, int add_generation_prompt,
+                             const char *extra_json, char **out);
+
+    pt_status (*detok_create)(void *model, int skip_special, void **out);
+    pt_status (*detok_push)(void *d, int32_t id, const char **text, size_t *len);
+    pt_status (*detok_flush)(void *d, const char **text, size_t *len);
+    void (*detok_free)(void *d);
+
+    /* Sessions (inference thread only). */
+    pt_status (*session_create)(void *model, int n_ctx, void **out);
+    void (*session_free)(void *s);
+    int (*session_n_ctx)(void *s);
+    size_t (*session_n_tokens)(void *s);
+    const int32_t *(*session_tokens)(void *s);
+    pt_status (*session_truncate)(void *s, size_t n_keep);
+    pt_status (*session_prompt)(void *s, const int32_t *ids, size_t n_ids);
+    pt_status (*session_sample)(void *s, const pt_sampling_params *sp, const uint8_t *allowed,
+                                pt_token_info *out);
+    /* Bytes of memory the session holds (its KV cache), for the prompt-cache cap. */
+    size_t (*session_bytes)(void *s);
+} pt_srv_engine;
+
+/* Fills `e` for a loaded petrel model (engine_petrel.c). */
+void pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model);
+
+#endif
