@@ -1,0 +1,243 @@
+/* The CPU backend: creation (thread pool, ISA choice), memory, scratch,
+ * weight validation, and the op table wiring. The ops themselves live in
+ * cpu_matmul.c, cpu_attention.c and cpu_ops.c; the SIMD leaf kernels in
+ * kernels_{scalar,avx2,avx512}.c.
+ *
+ * ISA choice: the best of AVX-512 (F, BW, VL, DQ), AVX2 (+FMA, F16C) and
+ * scalar that the CPU supports, unless PETREL_CPU_ISA or the params ask for
+ * another one; asking for an ISA the CPU lacks is an error, not a crash. */
+#include "backend/cpu/cpu_internal.h"
+
+#include "base/error.h"
+#include "base/log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+static const char *isa_name(pt_cpu_isa isa) {
+    switch (isa) {
+    case PT_ISA_SCALAR: return "scalar";
+    case PT_ISA_AVX2: return "avx2";
+    case PT_ISA_AVX512: return "avx512";
+    default: return "auto";
+    }
+}
+
+static pt_status pick_isa(pt_cpu_isa want, pt_cpu_isa *out) {
+    if (want == PT_ISA_AUTO) {
+        const char *env = getenv("PETREL_CPU_ISA");
+        if (env && *env) {
+            if (!strcmp(env, "scalar")) want = PT_ISA_SCALAR;
+            else if (!strcmp(env, "avx2")) want = PT_ISA_AVX2;
+            else if (!strcmp(env, "avx512")) want = PT_ISA_AVX512;
+            else if (strcmp(env, "auto") != 0)
+                return pt_error(PT_ERR_INVALID_ARG, "PETREL_CPU_ISA: expected scalar, avx2, avx512 or auto, found '%s'",
+                                env);
+        }
+    }
+    if (want == PT_ISA_AUTO) {
+        *out = cpu_has_avx512() ? PT_ISA_AVX512 : cpu_has_avx2() ? PT_ISA_AVX2 : PT_ISA_SCALAR;
+        return PT_OK;
+    }
+    if ((want == PT_ISA_AVX512 && !cpu_has_avx512()) || (want == PT_ISA_AVX2 && !cpu_has_avx2()))
+        return pt_error(PT_ERR_UNSUPPORTED, "CPU ISA %s requested but this CPU does not support it", isa_name(want));
+    *out = want;
+    return PT_OK;
+}
+
+/* ---- memory ---- */
+
+static void *cpu_alloc(pt_backend *be, size_t bytes) {
+    (void)be;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    if (n < bytes) {
+        pt_error(PT_ERR_NOMEM, "allocation of %zu bytes overflows", bytes);
+        return NULL;
+    }
+    void *p = aligned_alloc(64, n ? n : 64);
+    if (!p) {
+        pt_error(PT_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, n ? n : 64);
+    return p;
+}
+static void cpu_dealloc(pt_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+static pt_status cpu_copy(pt_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memmove(dst, src, bytes);
+    return PT_OK;
+}
+static pt_status cpu_download(pt_backend *be, void *dst, const void *src, size_t bytes) {
+    return cpu_copy(be, dst, src, bytes);
+}
+static pt_status cpu_sync(pt_backend *be) {
+    (void)be;
+    return PT_OK;
+}
+
+pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared) {
+    if (per_thread > c->per_thread) {
+        size_t n = per_thread * (size_t)c->nth;
+        float *p = aligned_alloc(64, ((n * sizeof(float)) + 63) & ~(size_t)63);
+        if (!p) return pt_error(PT_ERR_NOMEM, "out of memory for CPU scratch (%zu floats)", n);
+        free(c->scratch);
+        c->scratch = p;
+        c->per_thread = per_thread;
+        PT_LOGD("cpu backend: per-thread scratch grown to %zu floats", per_thread);
+    }
+    if (shared > c->xbuf_floats) {
+        float *p = aligned_alloc(64, ((shared * sizeof(float)) + 63) & ~(size_t)63);
+        if (!p) return pt_error(PT_ERR_NOMEM, "out of memory for CPU scratch (%zu floats)", shared);
+        free(c->xbuf);
+        c->xbuf = p;
+        c->xbuf_floats = shared;
+        PT_LOGD("cpu backend: shared scratch grown to %zu floats", shared);
+    }
+    return PT_OK;
+}
+
+/* Scratch needs per op, in floats (kept in one place so reserve() and the ops agree). */
+static pt_status cpu_reserve(pt_backend *be, const pt_backend_limits *lim) {
+    pt_cpu *c = pt_cpu_of(be);
+    size_t T = lim->max_tokens > 0 ? (size_t)lim->max_tokens : 1;
+    size_t K = lim->max_cols > 0 ? (size_t)lim->max_cols : 0;
+    size_t F = lim->max_ffn > 0 ? (size_t)lim->max_ffn : 0;
+    size_t H = lim->max_heads > 0 ? (size_t)lim->max_heads : 0;
+    size_t D = lim->max_head_dim > 0 ? (size_t)lim->max_head_dim : 0;
+    size_t S = lim->max_ctx > 0 ? (size_t)lim->max_ctx : 0;
+    size_t per = PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1);
+    if (H * (S + D) > per) per = H * (S + D);
+    if (D > per) per = D;
+    size_t shared = T * (K + K / 32 + 1);
+    size_t moe = 4 * F + F / 32 + 1 + K;
+    if (moe > shared) shared = moe;
+    PT_TRY(pt_cpu_need_scratch(c, per, shared));
+    c->lim = *lim;
+    return PT_OK;
+}
+
+/* ---- weights ---- */
+
+static int ftype_ok(pt_ftype t) { return t == PT_FT_F32 || t == PT_FT_BF16 || t == PT_FT_F16; }
+
+static pt_status cpu_prepare_weight(pt_backend *be, pt_weight *w, const char *name) {
+    (void)be;
+    const char *nm = name ? name : "weight";
+    if (w->rows <= 0 || w->cols <= 0 || w->n_experts < 0)
+        return pt_error(PT_ERR_INVALID_ARG, "%s: invalid shape [%lld experts, %lld rows, %lld cols]", nm,
+                        (long long)w->n_experts, (long long)w->rows, (long long)w->cols);
+    if (!ftype_ok(w->dtype)) return pt_error(PT_ERR_INVALID_ARG, "%s: invalid dtype %d", nm, (int)w->dtype);
+    if (!w->data) return pt_error(PT_ERR_INVALID_ARG, "%s: no data", nm);
+    if (w->bias && !ftype_ok(w->bias_dtype))
+        return pt_error(PT_ERR_INVALID_ARG, "%s: invalid bias dtype %d", nm, (int)w->bias_dtype);
+    if (w->bits == 0) return PT_OK;
+    int b = w->bits;
+    if (b != 2 && b != 3 && b != 4 && b != 5 && b != 6 && b != 8)
+        return pt_error(PT_ERR_UNSUPPORTED, "%s: quantization bits %d not supported (expected 2, 3, 4, 5, 6 or 8)", nm,
+                        b);
+    if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
+        return pt_error(PT_ERR_UNSUPPORTED, "%s: quantization group size %d not supported (expected 32, 64 or 128)", nm,
+                        w->group_size);
+    if (w->cols % w->group_size)
+        return pt_error(PT_ERR_INVALID_ARG, "%s: %lld columns are not a multiple of the group size %d", nm,
+                        (long long)w->cols, w->group_size);
+    if (!w->scales || !w->biases) return pt_error(PT_ERR_INVALID_ARG, "%s: quantized weight without scales/biases", nm);
+    return PT_OK;
+}
+
+static void cpu_release_weight(pt_backend *be, pt_weight *w) {
+    (void)be;
+    w->backend_data = NULL;
+}
+
+/* ---- lifetime ---- */
+
+static void cpu_free(pt_backend *be) {
+    pt_cpu *c = pt_cpu_of(be);
+    pt_pool_free(&c->pool);
+    free(c->scratch);
+    free(c->xbuf);
+    free(c->moe);
+    free(c);
+}
+
+static const pt_backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .dealloc = cpu_dealloc,
+    .upload = cpu_copy,
+    .download = cpu_download,
+    .sync = cpu_sync,
+    .reserve = cpu_reserve,
+    .prepare_weight = cpu_prepare_weight,
+    .release_weight = cpu_release_weight,
+    .embed = pt_cpu_embed,
+    .rms_norm = pt_cpu_rms_norm,
+    .matmul = pt_cpu_matmul,
+    .rope = pt_cpu_rope,
+    .kv_append = pt_cpu_kv_append,
+    .attention = pt_cpu_attention,
+    .glu = pt_cpu_glu,
+    .add = pt_cpu_add,
+    .mul = pt_cpu_mul,
+    .add_scaled = pt_cpu_add_scaled,
+    .scale = pt_cpu_scale,
+    .softcap = pt_cpu_softcap,
+    .moe_route = pt_cpu_moe_route,
+    .moe_ffn = pt_cpu_moe_ffn,
+    .argmax = pt_cpu_argmax,
+};
+
+pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {
+    *out = NULL;
+    pt_cpu_params p = params ? *params : (pt_cpu_params){0};
+    if (p.act != PT_ACT_F32 && p.act != PT_ACT_BF16)
+        return pt_error(PT_ERR_INVALID_ARG, "activation dtype %d invalid", (int)p.act);
+    int nth = p.n_threads > 0 ? p.n_threads : pt_cpu_count();
+    pt_cpu_isa isa = PT_ISA_SCALAR;
+    PT_TRY(pick_isa(p.isa, &isa));
+    pt_cpu *c = calloc(1, sizeof *c);
+    if (!c) return pt_error(PT_ERR_NOMEM, "out of memory");
+    pt_status s = pt_pool_create(&c->pool, nth);
+    if (s != PT_OK) {
+        free(c);
+        return s;
+    }
+    c->base.ops = &cpu_ops;
+    c->base.act = p.act;
+    c->base.impl = c;
+    c->nth = nth;
+    c->isa = isa;
+    c->k = isa == PT_ISA_AVX512 ? &pt_cpu_kernels_avx512 : isa == PT_ISA_AVX2 ? &pt_cpu_kernels_avx2
+                                                                                : &pt_cpu_kernels_scalar;
+    *out = &c->base;
+    return PT_OK;
+}
+
+const char *pt_backend_cpu_isa_name(const pt_backend *be) {
+    if (!be || be->ops != &cpu_ops) return "none";
+    return ((const pt_cpu *)be)->k->name;
+}
+
+void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n) {
+    switch (t) {
+    case PT_FT_F32: memcpy(dst, p, (size_t)n * sizeof(float)); break;
+    case PT_FT_BF16: pt_bf16_to_f32_row(p, dst, (size_t)n); break;
+    case PT_FT_F16: pt_f16_to_f32_row(p, dst, (size_t)n); break;
+    }
+}

@@ -1,0 +1,123 @@
+/* CPU backend internals: the per-ISA kernel table and the backend state.
+ * Kernels (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c) are leaf
+ * functions over one row; the op files (cpu_*.c) split work across the
+ * thread pool and call them. Not part of the op table's public interface.
+ *
+ * Determinism: every output element is produced by one kernel call whose
+ * arithmetic does not depend on how rows were split between threads. */
+#ifndef PT_BACKEND_CPU_INTERNAL_H
+#define PT_BACKEND_CPU_INTERNAL_H
+
+#include "backend/backend.h"
+#include "base/threadpool.h"
+
+#include <stdint.h>
+
+/* 4-bit codes are consumed with x permuted per 32-value block: byte i of a
+ * block holds values 2i (low nibble) and 2i+1 (high nibble), so the block's x
+ * is stored as [x0 x2 .. x30 | x1 x3 .. x31]. Then the low nibbles of 16
+ * consecutive bytes multiply 16 consecutive floats, and so do the high ones:
+ * no interleaving shuffle in the inner loop. */
+void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
+
+typedef struct pt_cpu_kernels {
+    const char *name;
+    /* Σ x[i]·w[i] over n, f32 accumulation */
+    float (*dot_f32)(const float *x, const float *w, int64_t n);
+    float (*dot_bf16)(const float *x, const uint16_t *w, int64_t n);
+    float (*dot_f16)(const float *x, const uint16_t *w, int64_t n);
+    /* y[i] += a·x[i] (x as f32 or bf16) */
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*axpy_bf16)(float *y, float a, const uint16_t *x, int64_t n);
+    /* Quantized row dot without the bias term: Σ_g sc[g] · Σ_{j∈g} q_j·x_j.
+     * q4: x permuted (pt_cpu_permute_x4); q8: x in natural order. NULL =
+     * not specialized (the generic path unpacks and uses dot_f32). */
+    float (*qdot4)(const float *xp, const uint8_t *codes, const float *sc, int64_t K, int gs);
+    float (*qdot8)(const float *x, const uint8_t *codes, const float *sc, int64_t K, int gs);
+    /* out[r] = dot_f32(x, rows[r]) for r < nr (nr <= 4), each exactly as dot_f32 computes it */
+    void (*dot_f32_rows)(float *out, const float *x, const float *const *rows, int nr, int64_t n);
+} pt_cpu_kernels;
+
+extern const pt_cpu_kernels pt_cpu_kernels_scalar;
+extern const pt_cpu_kernels pt_cpu_kernels_avx2;
+extern const pt_cpu_kernels pt_cpu_kernels_avx512;
+
+typedef struct pt_cpu {
+    pt_backend base;
+    pt_pool *pool;
+    int nth;
+    pt_cpu_isa isa;
+    const pt_cpu_kernels *k;
+    pt_backend_limits lim;
+    /* scratch, sized by reserve(); per-thread blocks of per_thread floats */
+    float *scratch;
+    size_t per_thread;
+    /* shared (not per-thread) scratch for matmul inputs: permuted x and group sums */
+    float *xbuf;
+    size_t xbuf_floats;
+    /* moe_ffn's own buffers (gate|up, h, o), grown on first use */
+    float *moe;
+    size_t moe_floats;
+} pt_cpu;
+
+static inline pt_cpu *pt_cpu_of(pt_backend *be) { return (pt_cpu *)be; }
+static inline float *pt_cpu_thread_scratch(pt_cpu *c, int ith) { return c->scratch + (size_t)ith * c->per_thread; }
+
+/* Rounds to bf16 when the activation dtype asks for it. */
+#include "base/half.h"
+static inline float pt_act_round(pt_act_dtype act, float v) { return act == PT_ACT_BF16 ? pt_round_bf16(v) : v; }
+
+/* Converts one element of a float array of type t. */
+static inline float pt_ft_load(pt_ftype t, const void *p, int64_t i) {
+    switch (t) {
+    case PT_FT_F32: return ((const float *)p)[i];
+    case PT_FT_BF16: return pt_bf16_to_f32(((const uint16_t *)p)[i]);
+    case PT_FT_F16: return pt_f16_to_f32(((const uint16_t *)p)[i]);
+    }
+    return 0.0f;
+}
+void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n);
+
+/* Scratch floats the matmul needs per thread / shared for a given limit set. */
+#define PT_CPU_ROW_BLOCK 4
+pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
+
+/* Weight row access: dense rows, or quantized codes + f32 scales/biases. */
+const void *pt_cpu_dense_row(const pt_weight *w, int64_t expert, int64_t row);
+const uint8_t *pt_cpu_qrow_codes(const pt_weight *w, int64_t expert, int64_t row);
+void pt_cpu_qrow_params(const pt_weight *w, int64_t expert, int64_t row, float *sc, float *bi);
+/* Dequantizes one quantized row to f32 (any bits). */
+void pt_cpu_dequant_row(const pt_weight *w, int64_t expert, int64_t row, float *dst, float *tmp_sc, float *tmp_bi);
+/* Unpacks n codes of `bits` starting at value index i0 of a row. */
+void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, float *dst);
+
+/* Ops implemented in the cpu_*.c files. */
+pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
+                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
+                         const pt_weight *down, pt_act_fn act);
+pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
+                           const pt_kv_layer *kv, const pt_attn *p);
+pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
+                           const int32_t *pos);
+pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
+                          const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+pt_status pt_cpu_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
+                      const pt_rope *rope);
+pt_status pt_cpu_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld,
+                     pt_act_fn act);
+pt_status pt_cpu_add(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+pt_status pt_cpu_mul(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+pt_status pt_cpu_add_scaled(pt_backend *be, float *y, const float *a, const float *b, float s, int64_t n);
+pt_status pt_cpu_scale(pt_backend *be, float *y, const float *x, float s, int64_t n);
+pt_status pt_cpu_softcap(pt_backend *be, float *y, const float *x, float cap, int64_t n);
+pt_status pt_cpu_moe_route(pt_backend *be, int32_t *idx, float *weights, const float *logits, int64_t T,
+                           const pt_moe_route *p);
+pt_status pt_cpu_argmax(pt_backend *be, int32_t *out, const float *x, int64_t T, int64_t V);
+
+/* Activation functions in f32 (shared by glu and moe_ffn). */
+float pt_cpu_silu(float g);
+float pt_cpu_gelu_tanh(float g);
+
+#endif

@@ -1,0 +1,307 @@
+/* CPU matmul (dense and MLX-quantized), the MoE expert gather, and the
+ * embedding lookup: everything that reads weight rows.
+ *
+ * Work split: output rows (features) are divided into contiguous ranges, one
+ * per thread; each output element y[t, n] is computed by one kernel call over
+ * the whole input row, so the result does not depend on the thread count.
+ *
+ * Two paths, chosen by T only (never by the thread count):
+ *   T < PT_CPU_DIRECT_T (decode): each weight row is read once per token by a
+ *     fused kernel — dense dots convert bf16/f16 on the fly; quantized rows
+ *     use the factored form y = Σ_g scale_g·Σ q·x + Σ_g bias_g·Σ x (the group
+ *     sums of x computed once per call), so the codes are never dequantized.
+ *   T >= PT_CPU_DIRECT_T (prefill): PT_CPU_ROW_BLOCK rows at a time are
+ *     converted/dequantized to f32 in per-thread scratch and dotted with every
+ *     token, so the dequantization cost is paid once per row, not per token. */
+#include "backend/cpu/cpu_internal.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PT_CPU_DIRECT_T 4
+
+/* ---- weight row access ---- */
+
+static inline int64_t row_index(const pt_weight *w, int64_t expert, int64_t row) { return expert * w->rows + row; }
+
+const void *pt_cpu_dense_row(const pt_weight *w, int64_t expert, int64_t row) {
+    return (const char *)w->data + (size_t)row_index(w, expert, row) * (size_t)w->cols * pt_ftype_size(w->dtype);
+}
+
+const uint8_t *pt_cpu_qrow_codes(const pt_weight *w, int64_t expert, int64_t row) {
+    size_t bytes_per_row = (size_t)w->cols * (size_t)w->bits / 8;
+    return (const uint8_t *)w->data + (size_t)row_index(w, expert, row) * bytes_per_row;
+}
+
+void pt_cpu_qrow_params(const pt_weight *w, int64_t expert, int64_t row, float *sc, float *bi) {
+    int64_t ng = w->cols / w->group_size;
+    size_t off = (size_t)row_index(w, expert, row) * (size_t)ng * pt_ftype_size(w->dtype);
+    pt_ft_load_row(w->dtype, (const char *)w->scales + off, sc, ng);
+    pt_ft_load_row(w->dtype, (const char *)w->biases + off, bi, ng);
+}
+
+/* Value i of a row occupies bits [i·bits, (i+1)·bits) of the row's
+ * little-endian bit stream; with bits <= 8 it spans at most two bytes, and
+ * the second byte is read only when the value reaches into it (so the last
+ * value of the last row never reads past the buffer). */
+void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, float *dst) {
+    unsigned mask = (1u << bits) - 1u;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t bit = (uint64_t)(i0 + i) * (uint64_t)bits;
+        uint64_t byte = bit >> 3;
+        unsigned sh = (unsigned)(bit & 7);
+        unsigned v = row[byte];
+        if (sh + (unsigned)bits > 8) v |= (unsigned)row[byte + 1] << 8;
+        dst[i] = (float)((v >> sh) & mask);
+    }
+}
+
+void pt_cpu_dequant_row(const pt_weight *w, int64_t expert, int64_t row, float *dst, float *sc, float *bi) {
+    int gs = w->group_size;
+    int64_t ng = w->cols / gs;
+    pt_cpu_qrow_params(w, expert, row, sc, bi);
+    pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, expert, row), w->bits, 0, w->cols, dst);
+    for (int64_t g = 0; g < ng; g++) {
+        float s = sc[g], b = bi[g];
+        for (int64_t j = g * gs; j < (g + 1) * gs; j++) dst[j] = s * dst[j] + b;
+    }
+}
+
+static inline float bias_of(const pt_weight *w, int64_t expert, int64_t row) {
+    return w->bias ? pt_ft_load(w->bias_dtype, w->bias, row_index(w, expert, row)) : 0.0f;
+}
+
+/* ---- matmul ---- */
+
+typedef struct {
+    pt_cpu *c;
+    float *y;
+    const float *x;  /* [T, K] */
+    const float *xq; /* quantized direct path: [T, K] x as the kernel wants it (permuted for 4-bit) */
+    const float *xs; /* quantized direct path: [T, ng] group sums of x */
+    int64_t T;
+    const pt_weight *w;
+    int64_t expert;
+} mm_ctx;
+
+static void mm_direct(void *arg, int ith, int nth) {
+    mm_ctx *m = arg;
+    const pt_weight *w = m->w;
+    const pt_cpu_kernels *k = m->c->k;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows, K = w->cols, T = m->T;
+    long n0, n1;
+    pt_split_range(N, ith, nth, &n0, &n1);
+    float *tmp = pt_cpu_thread_scratch(m->c, ith);
+    for (int64_t n = n0; n < n1; n++) {
+        float bias = bias_of(w, m->expert, n);
+        if (w->bits == 0) {
+            const void *row = pt_cpu_dense_row(w, m->expert, n);
+            for (int64_t t = 0; t < T; t++) {
+                const float *xt = m->x + t * K;
+                float v = w->dtype == PT_FT_F32    ? k->dot_f32(xt, row, K)
+                          : w->dtype == PT_FT_BF16 ? k->dot_bf16(xt, row, K)
+                                                   : k->dot_f16(xt, row, K);
+                m->y[t * N + n] = pt_act_round(act, v + bias);
+            }
+            continue;
+        }
+        int64_t ng = K / w->group_size;
+        float *sc = tmp, *bi = tmp + ng, *deq = tmp + 2 * ng;
+        if (w->bits == 4 || w->bits == 8) {
+            pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+            const uint8_t *codes = pt_cpu_qrow_codes(w, m->expert, n);
+            for (int64_t t = 0; t < T; t++) {
+                float v = w->bits == 4 ? k->qdot4(m->xq + t * K, codes, sc, K, w->group_size)
+                                       : k->qdot8(m->xq + t * K, codes, sc, K, w->group_size);
+                v += k->dot_f32(bi, m->xs + t * ng, ng);
+                m->y[t * N + n] = pt_act_round(act, v + bias);
+            }
+        } else {
+            /* other bit widths: unpack the codes, then the same factored form */
+            pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+            pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, 0, K, deq);
+            for (int64_t t = 0; t < T; t++) {
+                const float *xt = m->x + t * K;
+                float v = 0.0f;
+                for (int64_t g = 0; g < ng; g++)
+                    v += sc[g] * k->dot_f32(xt + g * w->group_size, deq + g * w->group_size, w->group_size);
+                v += k->dot_f32(bi, m->xs + t * ng, ng);
+                m->y[t * N + n] = pt_act_round(act, v + bias);
+            }
+        }
+    }
+}
+
+static void mm_blocked(void *arg, int ith, int nth) {
+    mm_ctx *m = arg;
+    const pt_weight *w = m->w;
+    const pt_cpu_kernels *k = m->c->k;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows, K = w->cols, T = m->T;
+    long n0, n1;
+    pt_split_range(N, ith, nth, &n0, &n1);
+    float *tmp = pt_cpu_thread_scratch(m->c, ith);
+    float *sc = tmp + PT_CPU_ROW_BLOCK * K, *bi = sc + K / 32 + 1;
+    for (int64_t nb = n0; nb < n1; nb += PT_CPU_ROW_BLOCK) {
+        int nr = (int)(n1 - nb < PT_CPU_ROW_BLOCK ? n1 - nb : PT_CPU_ROW_BLOCK);
+        const float *rows[PT_CPU_ROW_BLOCK];
+        float bias[PT_CPU_ROW_BLOCK];
+        for (int r = 0; r < nr; r++) {
+            float *dst = tmp + (size_t)r * K;
+            bias[r] = bias_of(w, m->expert, nb + r);
+            if (w->bits) pt_cpu_dequant_row(w, m->expert, nb + r, dst, sc, bi);
+            else if (w->dtype == PT_FT_F32) {
+                rows[r] = pt_cpu_dense_row(w, m->expert, nb + r);
+                continue;
+            } else pt_ft_load_row(w->dtype, pt_cpu_dense_row(w, m->expert, nb + r), dst, K);
+            rows[r] = dst;
+        }
+        for (int64_t t = 0; t < T; t++) {
+            float out[PT_CPU_ROW_BLOCK];
+            k->dot_f32_rows(out, m->x + t * K, rows, nr, K);
+            for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias[r]);
+        }
+    }
+}
+
+pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+    pt_cpu *c = pt_cpu_of(be);
+    PT_ASSERT(T >= 0 && expert >= 0 && (expert == 0 || expert < w->n_experts));
+    if (T == 0) return PT_OK;
+    int64_t K = w->cols;
+    mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
+    if (T < PT_CPU_DIRECT_T) {
+        int64_t ng = w->bits ? K / w->group_size : 0;
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * ng + K), (size_t)(T * (K + ng))));
+        if (w->bits) {
+            float *xp = c->xbuf, *xs = c->xbuf + T * K;
+            for (int64_t t = 0; t < T; t++) {
+                const float *xt = x + t * K;
+                if (w->bits == 4) pt_cpu_permute_x4(xp + t * K, xt, K);
+                for (int64_t g = 0; g < ng; g++) {
+                    float s = 0.0f;
+                    for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++) s += xt[j];
+                    xs[t * ng + g] = s;
+                }
+            }
+            if (w->bits == 4) m.xq = xp;
+            m.xs = xs;
+        }
+        pt_pool_run(c->pool, mm_direct, &m);
+    } else {
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)(PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1)), 0));
+        pt_pool_run(c->pool, mm_blocked, &m);
+    }
+    return PT_OK;
+}
+
+/* ---- embedding ---- */
+
+typedef struct {
+    pt_cpu *c;
+    float *y;
+    const int32_t *ids;
+    int T;
+    const pt_weight *w;
+    float scale;
+} emb_ctx;
+
+static void emb_run(void *arg, int ith, int nth) {
+    emb_ctx *e = arg;
+    const pt_weight *w = e->w;
+    pt_act_dtype act = e->c->base.act;
+    int64_t H = w->cols;
+    long t0, t1;
+    pt_split_range(e->T, ith, nth, &t0, &t1);
+    float *tmp = pt_cpu_thread_scratch(e->c, ith);
+    for (long t = t0; t < t1; t++) {
+        float *yt = e->y + (int64_t)t * H;
+        int32_t id = e->ids[t];
+        if (id < 0 || id >= w->rows) {
+            memset(yt, 0, (size_t)H * sizeof(float));
+            continue;
+        }
+        if (w->bits) {
+            int64_t ng = H / w->group_size;
+            pt_cpu_dequant_row(w, 0, id, yt, tmp, tmp + ng);
+        } else pt_ft_load_row(w->dtype, pt_cpu_dense_row(w, 0, id), yt, H);
+        for (int64_t i = 0; i < H; i++) {
+            float v = pt_act_round(act, yt[i]);
+            if (e->scale != 1.0f) v = pt_act_round(act, v * e->scale);
+            yt[i] = v;
+        }
+    }
+}
+
+pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale) {
+    pt_cpu *c = pt_cpu_of(be);
+    if (T <= 0) return PT_OK;
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * (table->cols / 32 + 1)), 0));
+    emb_ctx e = {.c = c, .y = y, .ids = ids, .T = T, .w = table, .scale = scale};
+    pt_pool_run(c->pool, emb_run, &e);
+    for (int t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= table->rows)
+            return pt_error(PT_ERR_RANGE, "embed: token id %d at position %d outside the vocabulary [0, %lld)", ids[t],
+                            t, (long long)table->rows);
+    return PT_OK;
+}
+
+/* ---- MoE expert gather ---- */
+
+typedef struct {
+    int32_t e;
+    float w;
+} expert_pick;
+
+static int pick_cmp(const void *a, const void *b) {
+    const expert_pick *x = a, *y = b;
+    return (x->e > y->e) - (x->e < y->e);
+}
+
+pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
+                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
+                         const pt_weight *down, pt_act_fn act_fn) {
+    pt_cpu *c = pt_cpu_of(be);
+    pt_act_dtype act = be->act;
+    int64_t H = down->rows, I = down->cols, E = down->n_experts > 0 ? down->n_experts : 1;
+    PT_ASSERT(top_k > 0 && top_k <= 64);
+    PT_ASSERT(gate->cols == H && (up ? gate->rows == I && up->rows == I : gate->rows == 2 * I));
+    /* [2I] gate|up, [I] h, [H] o: own buffer, because matmul uses the shared scratch */
+    size_t need = (size_t)(3 * I + H);
+    float *gu = NULL;
+    if (c->moe_floats < need) {
+        float *p = aligned_alloc(64, ((need * sizeof(float)) + 63) & ~(size_t)63);
+        if (!p) return pt_error(PT_ERR_NOMEM, "out of memory for MoE scratch");
+        free(c->moe);
+        c->moe = p;
+        c->moe_floats = need;
+    }
+    gu = c->moe;
+    float *h = gu + 2 * I, *o = h + I;
+    for (int64_t t = 0; t < T; t++) {
+        expert_pick picks[64];
+        for (int k = 0; k < top_k; k++) {
+            picks[k].e = idx[t * top_k + k];
+            picks[k].w = weights[t * top_k + k];
+            if (picks[k].e < 0 || picks[k].e >= E)
+                return pt_error(PT_ERR_RANGE, "moe_ffn: expert index %d outside [0, %lld)", picks[k].e, (long long)E);
+        }
+        qsort(picks, (size_t)top_k, sizeof picks[0], pick_cmp);
+        float *yt = y + t * H;
+        memset(yt, 0, (size_t)H * sizeof(float));
+        for (int k = 0; k < top_k; k++) {
+            int64_t e = picks[k].e;
+            const float *xt = x + t * H;
+            PT_TRY(pt_cpu_matmul(be, gu, xt, 1, gate, e));
+            if (up) PT_TRY(pt_cpu_matmul(be, gu + I, xt, 1, up, e));
+            PT_TRY(pt_cpu_glu(be, h, gu, gu + I, 1, I, 2 * I, act_fn));
+            PT_TRY(pt_cpu_matmul(be, o, h, 1, down, e));
+            float wk = picks[k].w;
+            for (int64_t i = 0; i < H; i++) yt[i] = pt_act_round(act, yt[i] + pt_act_round(act, o[i] * wk));
+        }
+    }
+    return PT_OK;
+}

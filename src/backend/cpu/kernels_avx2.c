@@ -1,0 +1,135 @@
+/* AVX2 + FMA + F16C kernels (compiled with the Makefile's AVX2 flags;
+ * selected at runtime when cpuid reports AVX2 and FMA but not AVX-512, or
+ * with PETREL_CPU_ISA=avx2). Same contracts and the same factored quantized
+ * form as kernels_avx512.c, on 8-lane vectors: a 32-value 4-bit block is two
+ * 8-byte halves, half h's low nibbles against xp[8h..8h+8) and high nibbles
+ * against xp[16+8h..16+8h+8). Tails go through a scalar loop. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <immintrin.h>
+
+static inline float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static float dot_f32(const float *x, const float *w, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(w + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(w + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(w + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(w + i), a0);
+    float t = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) t += x[i] * w[i];
+    return t;
+}
+
+static inline __m256 load_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static float dot_bf16(const float *x, const uint16_t *w, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_bf16(w + i), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), load_bf16(w + i + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), load_bf16(w + i + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), load_bf16(w + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), load_bf16(w + i), a0);
+    float t = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; i++) t += x[i] * pt_bf16_to_f32(w[i]);
+    return t;
+}
+
+static float dot_f16(const float *x, const uint16_t *w, int64_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i + 8))),
+                             a1);
+    }
+    for (; i + 8 <= n; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + i))), a0);
+    float t = hsum256(_mm256_add_ps(a0, a1));
+    for (; i < n; i++) t += x[i] * pt_f16_to_f32(w[i]);
+    return t;
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_bf16(float *y, float a, const uint16_t *x, int64_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * pt_bf16_to_f32(x[i]);
+}
+
+static inline __m256i load8_u8_epi32(const uint8_t *p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+static float qdot4(const float *xp, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    const __m256i m15 = _mm256_set1_epi32(15);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            const uint8_t *c = codes + b / 2;
+            __m256i v0 = load8_u8_epi32(c), v1 = load8_u8_epi32(c + 8);
+            s0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v0, m15)), _mm256_loadu_ps(xp + b), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v1, m15)), _mm256_loadu_ps(xp + b + 8), s1);
+            s0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4)), _mm256_loadu_ps(xp + b + 16), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4)), _mm256_loadu_ps(xp + b + 24), s1);
+        }
+        if (g & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(sc[g]), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(sc[g]), acc0);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 16) {
+            s0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load8_u8_epi32(codes + b)), _mm256_loadu_ps(x + b), s0);
+            s1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(load8_u8_epi32(codes + b + 8)), _mm256_loadu_ps(x + b + 8), s1);
+        }
+        if (g & 1) acc1 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(sc[g]), acc1);
+        else acc0 = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(sc[g]), acc0);
+    }
+    return hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
+    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+}
+
+const pt_cpu_kernels pt_cpu_kernels_avx2 = {
+    .name = "avx2",
+    .dot_f32 = dot_f32,
+    .dot_bf16 = dot_bf16,
+    .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32,
+    .axpy_bf16 = axpy_bf16,
+    .qdot4 = qdot4,
+    .qdot8 = qdot8,
+    .dot_f32_rows = dot_f32_rows,
+};

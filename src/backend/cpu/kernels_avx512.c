@@ -1,0 +1,148 @@
+/* AVX-512 kernels (compiled with the Makefile's AVX-512 flags; selected at
+ * runtime only when cpuid reports AVX-512 F/BW/VL/DQ). Same contracts as
+ * kernels_scalar.c; results differ from scalar only in summation order.
+ *
+ * Quantized dots use the factored form: per group, Σ q·x in f32 lanes, then
+ * one multiply by the group's scale; the bias term (bias·Σx) is added by the
+ * caller. Codes are widened byte → int32 (vpmovzxbd) and converted to f32;
+ * 4-bit codes are split into low/high nibbles *after* widening (and 15,
+ * shift 4 on 32-bit lanes) against x pre-permuted into [even | odd] halves
+ * (pt_cpu_permute_x4), which avoids any cross-lane shuffle. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <immintrin.h>
+
+static inline __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1u); }
+
+static float dot_f32(const float *x, const float *w, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(w + i + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(w + i + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), _mm512_loadu_ps(w + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(w + i), a0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, w + i), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static inline __m512 load_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m512 maskz_load_bf16(__mmask16 m, const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+static float dot_bf16(const float *x, const uint16_t *w, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load_bf16(w + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16), load_bf16(w + i + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 32), load_bf16(w + i + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 48), load_bf16(w + i + 48), a3);
+    }
+    for (; i + 16 <= n; i += 16) a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), load_bf16(w + i), a0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), maskz_load_bf16(m, w + i), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+static float dot_f16(const float *x, const uint16_t *w, int64_t n) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16),
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i + 16))), a1);
+    }
+    for (; i + 16 <= n; i += 16)
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w + i))), a0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w + i)), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void axpy_bf16(float *y, float a, const uint16_t *x, int64_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_bf16(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, maskz_load_bf16(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+/* K % gs == 0 and gs % 32 == 0 (validated at prepare_weight). */
+static float qdot4(const float *xp, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    const __m512i m15 = _mm512_set1_epi32(15);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + b / 2)));
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, m15));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+            s0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xp + b), s0);
+            s1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xp + b + 16), s1);
+        }
+        /* alternate accumulators between groups: halves the dependency chain */
+        if (g & 1) acc1 = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), _mm512_set1_ps(sc[g]), acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), _mm512_set1_ps(sc[g]), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + b))));
+            __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + b + 16))));
+            s0 = _mm512_fmadd_ps(q0, _mm512_loadu_ps(x + b), s0);
+            s1 = _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + b + 16), s1);
+        }
+        if (g & 1) acc1 = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), _mm512_set1_ps(sc[g]), acc1);
+        else acc0 = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), _mm512_set1_ps(sc[g]), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
+    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+}
+
+const pt_cpu_kernels pt_cpu_kernels_avx512 = {
+    .name = "avx512",
+    .dot_f32 = dot_f32,
+    .dot_bf16 = dot_bf16,
+    .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32,
+    .axpy_bf16 = axpy_bf16,
+    .qdot4 = qdot4,
+    .qdot8 = qdot8,
+    .dot_f32_rows = dot_f32_rows,
+};

@@ -1,0 +1,86 @@
+/* Plain C kernels: the portable fallback (PETREL_CPU_ISA=scalar) and the
+ * definition of what the SIMD kernels compute. 4 accumulators in the dots
+ * so the compiler can pipeline them; no intrinsics. */
+#include "backend/cpu/cpu_internal.h"
+
+void pt_cpu_permute_x4(float *xp, const float *x, int64_t K) {
+    for (int64_t b = 0; b < K; b += 32)
+        for (int i = 0; i < 16; i++) {
+            xp[b + i] = x[b + 2 * i];
+            xp[b + 16 + i] = x[b + 2 * i + 1];
+        }
+}
+
+static float dot_f32(const float *x, const float *w, int64_t n) {
+    float a[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) a[j] += x[i + j] * w[i + j];
+    for (; i < n; i++) a[0] += x[i] * w[i];
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+static float dot_bf16(const float *x, const uint16_t *w, int64_t n) {
+    float a[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) a[j] += x[i + j] * pt_bf16_to_f32(w[i + j]);
+    for (; i < n; i++) a[0] += x[i] * pt_bf16_to_f32(w[i]);
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+static float dot_f16(const float *x, const uint16_t *w, int64_t n) {
+    float a[4] = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) a[j] += x[i + j] * pt_f16_to_f32(w[i + j]);
+    for (; i < n; i++) a[0] += x[i] * pt_f16_to_f32(w[i]);
+    return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+static void axpy_f32(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void axpy_bf16(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * pt_bf16_to_f32(x[i]);
+}
+
+static float qdot4(const float *xp, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    float acc = 0.0f;
+    for (int64_t g = 0; g < K / gs; g++) {
+        float s = 0.0f;
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            const uint8_t *c = codes + b / 2;
+            for (int i = 0; i < 16; i++) s += (float)(c[i] & 15) * xp[b + i] + (float)(c[i] >> 4) * xp[b + 16 + i];
+        }
+        acc += sc[g] * s;
+    }
+    return acc;
+}
+
+static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_t K, int gs) {
+    float acc = 0.0f;
+    for (int64_t g = 0; g < K / gs; g++) {
+        float s = 0.0f;
+        for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += (float)codes[j] * x[j];
+        acc += sc[g] * s;
+    }
+    return acc;
+}
+
+static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
+    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+}
+
+const pt_cpu_kernels pt_cpu_kernels_scalar = {
+    .name = "scalar",
+    .dot_f32 = dot_f32,
+    .dot_bf16 = dot_bf16,
+    .dot_f16 = dot_f16,
+    .axpy_f32 = axpy_f32,
+    .axpy_bf16 = axpy_bf16,
+    .qdot4 = qdot4,
+    .qdot8 = qdot8,
+    .dot_f32_rows = dot_f32_rows,
+};

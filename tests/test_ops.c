@@ -1,0 +1,773 @@
+/* Backend op tests: every CPU op against a plain C reference (computed in
+ * double, written here independently of the backend), on random inputs and
+ * several shapes including odd sizes, for every ISA this CPU supports
+ * (scalar, avx2, avx512), in f32 and bf16 activation modes. Tolerance per
+ * element: atol + rtol·|ref|; a NaN always fails. Also: every bits/group-size
+ * combination of MLX quantized matmul and embed, and 1 vs 2 vs 3 threads
+ * bit-identical. */
+#include "test.h"
+
+#include "backend/backend.h"
+#include "base/error.h"
+#include "base/half.h"
+
+#include <math.h>
+#include <stdint.h>
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 11);
+}
+static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / 16777216.0f; }
+static void fill(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_f(lo, hi);
+}
+static void fill_bf16vals(float *x, int64_t n, float lo, float hi) {
+    for (int64_t i = 0; i < n; i++) x[i] = pt_round_bf16(rnd_f(lo, hi));
+}
+
+/* Compares got[n] with ref[n]; prints the first mismatch. Returns 1 if all close. */
+static int close_enough(const char *what, const float *got, const double *ref, int64_t n, double atol, double rtol) {
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        if (isnan(got[i]) || isnan(ref[i]) || d > atol + rtol * fabs(ref[i])) {
+            CHECK(0, "%s: element %lld: got %.9g, expected %.9g (|diff| %.3g > %.3g)", what, (long long)i, got[i],
+                  ref[i], d, atol + rtol * fabs(ref[i]));
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static double rnd_act(pt_act_dtype act, double v) { return act == PT_ACT_BF16 ? pt_round_bf16((float)v) : v; }
+
+static const pt_cpu_isa all_isas[] = {PT_ISA_SCALAR, PT_ISA_AVX2, PT_ISA_AVX512};
+
+/* Creates a CPU backend or returns NULL when the ISA is not available here. */
+static pt_backend *mk(int nth, pt_act_dtype act, pt_cpu_isa isa) {
+    pt_backend *be = NULL;
+    pt_cpu_params p = {.n_threads = nth, .act = act, .isa = isa};
+    if (pt_backend_cpu_create(&be, &p) != PT_OK) return NULL;
+    return be;
+}
+
+static float ft_get(pt_ftype t, const void *p, int64_t i) {
+    if (t == PT_FT_F32) return ((const float *)p)[i];
+    if (t == PT_FT_BF16) return pt_bf16_to_f32(((const uint16_t *)p)[i]);
+    return pt_f16_to_f32(((const uint16_t *)p)[i]);
+}
+/* Stores v (assumed representable or rounded) as type t. */
+static void ft_set(pt_ftype t, void *p, int64_t i, float v) {
+    if (t == PT_FT_F32) ((float *)p)[i] = v;
+    else if (t == PT_FT_BF16) ((uint16_t *)p)[i] = pt_f32_to_bf16(v);
+    else ((uint16_t *)p)[i] = pt_f32_to_f16(v);
+}
+
+/* ---- a random weight, dense or quantized, with its dequantized values ---- */
+
+typedef struct {
+    pt_weight w;
+    double *deq; /* [E, rows, cols] */
+    double *bias;
+    void *data, *scales, *biases, *bvec;
+} tweight;
+
+/* Packs code q (bits wide) as value i of a little-endian bit stream. */
+static void pack_code(uint8_t *row, int bits, int64_t i, unsigned q) {
+    for (int b = 0; b < bits; b++) {
+        int64_t bit = i * bits + b;
+        if (q >> b & 1) row[bit / 8] |= (uint8_t)(1u << (bit % 8));
+    }
+}
+
+static void tw_make(tweight *t, int64_t E, int64_t N, int64_t K, pt_ftype dt, int bits, int gs, int with_bias) {
+    memset(t, 0, sizeof *t);
+    int64_t EE = E > 0 ? E : 1;
+    t->deq = calloc((size_t)(EE * N * K), sizeof(double));
+    t->w = (pt_weight){.rows = N, .cols = K, .n_experts = E, .dtype = dt, .bits = bits, .group_size = gs};
+    if (!bits) {
+        t->data = calloc((size_t)(EE * N * K), 4);
+        for (int64_t i = 0; i < EE * N * K; i++) {
+            float v = rnd_f(-1, 1);
+            ft_set(dt, t->data, i, v);
+            t->deq[i] = ft_get(dt, t->data, i);
+        }
+    } else {
+        int64_t ng = K / gs;
+        size_t row_bytes = (size_t)K * bits / 8;
+        t->data = calloc((size_t)(EE * N) * row_bytes + 16, 1);
+        t->scales = calloc((size_t)(EE * N * ng), 4);
+        t->biases = calloc((size_t)(EE * N * ng), 4);
+        for (int64_t r = 0; r < EE * N; r++) {
+            uint8_t *row = (uint8_t *)t->data + r * row_bytes;
+            for (int64_t g = 0; g < ng; g++) {
+                ft_set(dt, t->scales, r * ng + g, rnd_f(-0.1f, 0.1f));
+                ft_set(dt, t->biases, r * ng + g, rnd_f(-0.5f, 0.5f));
+                double s = ft_get(dt, t->scales, r * ng + g), b = ft_get(dt, t->biases, r * ng + g);
+                for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                    unsigned q = rnd_u32() & ((1u << bits) - 1u);
+                    pack_code(row, bits, j, q);
+                    t->deq[r * K + j] = s * q + b;
+                }
+            }
+        }
+        t->w.scales = t->scales;
+        t->w.biases = t->biases;
+    }
+    t->w.data = t->data;
+    if (with_bias) {
+        t->bvec = calloc((size_t)(EE * N), 2);
+        t->bias = calloc((size_t)(EE * N), sizeof(double));
+        for (int64_t i = 0; i < EE * N; i++) {
+            ft_set(PT_FT_BF16, t->bvec, i, rnd_f(-1, 1));
+            t->bias[i] = ft_get(PT_FT_BF16, t->bvec, i);
+        }
+        t->w.bias = t->bvec;
+        t->w.bias_dtype = PT_FT_BF16;
+    }
+}
+
+static void tw_free(tweight *t) {
+    free(t->deq);
+    free(t->bias);
+    free(t->data);
+    free(t->scales);
+    free(t->biases);
+    free(t->bvec);
+}
+
+/* ref[T, N] (+ magnitude mag[T, N] = Σ|w·x|) of x·Wᵀ for expert e */
+static void ref_matmul(const tweight *t, int64_t e, const float *x, int64_t T, double *ref, double *mag) {
+    int64_t N = t->w.rows, K = t->w.cols;
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t n = 0; n < N; n++) {
+            const double *w = t->deq + (e * N + n) * K;
+            double s = 0, m = 0;
+            for (int64_t k = 0; k < K; k++) {
+                s += w[k] * x[i * K + k];
+                m += fabs(w[k] * x[i * K + k]);
+            }
+            if (t->bias) s += t->bias[e * N + n];
+            ref[i * N + n] = s;
+            mag[i * N + n] = m + 1.0;
+        }
+}
+
+/* ---- matmul ---- */
+
+static int check_matmul_case(pt_backend *be, tweight *tw, int64_t T, int64_t e, const char *what) {
+    int64_t N = tw->w.rows, K = tw->w.cols;
+    float *x = malloc(sizeof(float) * (size_t)(T * K)), *y = malloc(sizeof(float) * (size_t)(T * N));
+    double *ref = malloc(sizeof(double) * (size_t)(T * N)), *mag = malloc(sizeof(double) * (size_t)(T * N));
+    if (be->act == PT_ACT_BF16) fill_bf16vals(x, T * K, -1, 1);
+    else fill(x, T * K, -1, 1);
+    ref_matmul(tw, e, x, T, ref, mag);
+    pt_status s = be->ops->matmul(be, y, x, T, &tw->w, e);
+    int ok = s == PT_OK;
+    CHECK(ok, "%s: matmul returned %s: %s", what, pt_status_name(s), pt_last_error());
+    for (int64_t i = 0; ok && i < T * N; i++) {
+        double r = ref[i];
+        double atol = 3e-6 * mag[i], rtol = be->act == PT_ACT_BF16 ? 1.0 / 128 : 1e-5;
+        if (isnan(y[i]) || fabs(y[i] - r) > atol + rtol * fabs(r)) {
+            CHECK(0, "%s: y[%lld] = %.8g, expected %.8g (mag %.3g)", what, (long long)i, y[i], r, mag[i]);
+            ok = 0;
+        }
+    }
+    free(x), free(y), free(ref), free(mag);
+    return ok;
+}
+
+static void test_matmul_dense(void) {
+    static const int64_t shapes[][2] = {{1, 1}, {7, 13}, {33, 64}, {65, 300}, {16, 1031}};
+    static const int64_t Ts[] = {1, 2, 5, 17};
+    for (size_t ii = 0; ii < 3; ii++) {
+        pt_backend *be = mk(2, PT_ACT_F32, all_isas[ii]);
+        if (!be) continue;
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+                    tweight tw;
+                    tw_make(&tw, 0, shapes[s][0], shapes[s][1], (pt_ftype)dt, 0, 0, (int)(s & 1));
+                    REQUIRE(be->ops->prepare_weight(be, &tw.w, "w") == PT_OK, "prepare: %s", pt_last_error());
+                    char what[128];
+                    snprintf(what, sizeof what, "%s %s N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
+                             pt_ftype_name((pt_ftype)dt), (long long)shapes[s][0], (long long)shapes[s][1],
+                             (long long)Ts[ti]);
+                    int ok = check_matmul_case(be, &tw, Ts[ti], 0, what);
+                    tw_free(&tw);
+                    if (!ok) {
+                        pt_backend_free(&be);
+                        return;
+                    }
+                }
+        pt_backend_free(&be);
+    }
+}
+
+static void test_matmul_quant_all_bits(void) {
+    static const int bitss[] = {2, 3, 4, 5, 6, 8};
+    static const int gss[] = {32, 64, 128};
+    static const int64_t Ts[] = {1, 3, 6};
+    for (size_t ii = 0; ii < 3; ii++) {
+        pt_backend *be = mk(2, PT_ACT_F32, all_isas[ii]);
+        if (!be) continue;
+        for (size_t bi = 0; bi < 6; bi++)
+            for (size_t gi = 0; gi < 3; gi++)
+                for (size_t ti = 0; ti < 3; ti++) {
+                    int gs = gss[gi];
+                    int64_t N = 5 + (int64_t)(bi * 3 + gi) % 7, K = gs * (1 + (int64_t)(ti + bi) % 3);
+                    pt_ftype dt = (bi + gi) % 2 ? PT_FT_F16 : PT_FT_BF16;
+                    tweight tw;
+                    tw_make(&tw, ti == 2 ? 3 : 0, N, K, dt, bitss[bi], gs, (int)(gi == 1));
+                    REQUIRE(be->ops->prepare_weight(be, &tw.w, "wq") == PT_OK, "prepare: %s", pt_last_error());
+                    char what[160];
+                    snprintf(what, sizeof what, "%s q%d g%d N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
+                             bitss[bi], gs, (long long)N, (long long)K, (long long)Ts[ti]);
+                    int ok = check_matmul_case(be, &tw, Ts[ti], ti == 2 ? 2 : 0, what);
+                    tw_free(&tw);
+                    if (!ok) {
+                        pt_backend_free(&be);
+                        return;
+                    }
+                }
+        pt_backend_free(&be);
+    }
+}
+
+static void test_matmul_bf16_mode(void) {
+    pt_backend *be = mk(2, PT_ACT_BF16, PT_ISA_AUTO);
+    REQUIRE(be, "backend: %s", pt_last_error());
+    tweight tw;
+    tw_make(&tw, 0, 37, 256, PT_FT_BF16, 0, 0, 1);
+    CHECK(check_matmul_case(be, &tw, 1, 0, "bf16 dense T=1"), "dense");
+    CHECK(check_matmul_case(be, &tw, 9, 0, "bf16 dense T=9"), "dense");
+    tw_free(&tw);
+    tw_make(&tw, 0, 37, 256, PT_FT_BF16, 4, 64, 0);
+    CHECK(check_matmul_case(be, &tw, 1, 0, "bf16 q4 T=1"), "q4");
+    tw_free(&tw);
+    /* outputs are bf16 values */
+    float x[64], y[3];
+    fill(x, 64, -1, 1);
+    tw_make(&tw, 0, 3, 64, PT_FT_F32, 0, 0, 0);
+    be->ops->matmul(be, y, x, 1, &tw.w, 0);
+    for (int i = 0; i < 3; i++) CHECK(y[i] == pt_round_bf16(y[i]), "output %d not rounded to bf16", i);
+    tw_free(&tw);
+    pt_backend_free(&be);
+}
+
+static void test_prepare_weight_rejects(void) {
+    pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    uint32_t d[64] = {0};
+    uint16_t s[8] = {0};
+    pt_weight w = {.rows = 2, .cols = 64, .dtype = PT_FT_BF16, .bits = 7, .group_size = 64, .data = d, .scales = s,
+                   .biases = s};
+    CHECK(be->ops->prepare_weight(be, &w, "layers.0.q_proj") == PT_ERR_UNSUPPORTED, "bits 7");
+    CHECK(strstr(pt_last_error(), "layers.0.q_proj") && strstr(pt_last_error(), "bits 7"), "msg: %s", pt_last_error());
+    w.bits = 4;
+    w.group_size = 48;
+    CHECK(be->ops->prepare_weight(be, &w, "w") == PT_ERR_UNSUPPORTED, "gs 48");
+    w.group_size = 128;
+    CHECK(be->ops->prepare_weight(be, &w, "w") == PT_ERR_INVALID_ARG, "64 cols, group 128");
+    w.group_size = 32;
+    w.scales = NULL;
+    CHECK(be->ops->prepare_weight(be, &w, "w") == PT_ERR_INVALID_ARG, "no scales");
+    pt_backend_free(&be);
+}
+
+/* ---- embed ---- */
+
+static void test_embed(void) {
+    static const int bitss[] = {0, 2, 3, 4, 5, 6, 8};
+    static const int gss[] = {32, 64, 128};
+    for (int am = 0; am < 2; am++) {
+        pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+        pt_backend *be = mk(2, act, PT_ISA_AUTO);
+        REQUIRE(be, "backend");
+        for (size_t bi = 0; bi < 7; bi++)
+            for (size_t gi = 0; gi < 3; gi++) {
+                int bits = bitss[bi], gs = gss[gi];
+                int64_t V = 11, H = gs * 2;
+                tweight tw;
+                tw_make(&tw, 0, V, H, bits ? PT_FT_BF16 : (pt_ftype)(gi % 3), bits, gs, 0);
+                REQUIRE(be->ops->prepare_weight(be, &tw.w, "embed") == PT_OK, "prepare");
+                int32_t ids[4] = {3, 0, 10, 3};
+                float scale = gi == 1 ? pt_round_bf16(sqrtf((float)H)) : 1.0f;
+                float *y = malloc(sizeof(float) * 4 * (size_t)H);
+                double *ref = malloc(sizeof(double) * 4 * (size_t)H);
+                REQUIRE(be->ops->embed(be, y, ids, 4, &tw.w, scale) == PT_OK, "embed: %s", pt_last_error());
+                for (int t = 0; t < 4; t++)
+                    for (int64_t i = 0; i < H; i++) {
+                        double v = rnd_act(act, tw.deq[ids[t] * H + i]);
+                        if (scale != 1.0f) v = rnd_act(act, v * scale);
+                        ref[t * H + i] = v;
+                    }
+                char what[64];
+                snprintf(what, sizeof what, "embed act=%d bits=%d gs=%d", am, bits, gs);
+                int ok = close_enough(what, y, ref, 4 * H, 1e-6, act == PT_ACT_BF16 ? 1.0 / 128 : 1e-6);
+                int32_t bad[1] = {(int32_t)V};
+                CHECK(be->ops->embed(be, y, bad, 1, &tw.w, 1.0f) == PT_ERR_RANGE, "id out of range");
+                free(y), free(ref);
+                tw_free(&tw);
+                if (!ok) break;
+            }
+        pt_backend_free(&be);
+    }
+}
+
+/* ---- rms_norm ---- */
+
+static void test_rms_norm(void) {
+    static const int64_t Ds[] = {1, 7, 64, 257};
+    for (size_t ii = 0; ii < 3; ii++)
+        for (int am = 0; am < 2; am++) {
+            pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+            pt_backend *be = mk(2, act, all_isas[ii]);
+            if (!be) continue;
+            for (size_t di = 0; di < 4; di++)
+                for (int style = 0; style < 4; style++)
+                    for (int fused = 0; fused < 2; fused++) {
+                        int64_t T = 3, D = Ds[di];
+                        float *x = malloc(sizeof(float) * (size_t)(T * D)), *y = malloc(sizeof(float) * (size_t)(T * D));
+                        float *res = malloc(sizeof(float) * (size_t)(T * D));
+                        uint16_t *w = malloc(2 * (size_t)D);
+                        double *ref = malloc(sizeof(double) * (size_t)(T * D));
+                        double *rres = malloc(sizeof(double) * (size_t)(T * D));
+                        fill_bf16vals(x, T * D, -2, 2);
+                        fill_bf16vals(res, T * D, -2, 2);
+                        for (int64_t i = 0; i < D; i++) w[i] = pt_f32_to_bf16(rnd_f(-1.5f, 1.5f));
+                        for (int64_t t = 0; t < T; t++) {
+                            double ss = 0;
+                            for (int64_t i = 0; i < D; i++) {
+                                double v = x[t * D + i];
+                                if (fused) v = rres[t * D + i] = rnd_act(act, (double)res[t * D + i] + v);
+                                ss += v * v;
+                            }
+                            double inv = 1.0 / sqrt(ss / D + 1e-5);
+                            for (int64_t i = 0; i < D; i++) {
+                                double v = fused ? rres[t * D + i] : x[t * D + i], wi = pt_bf16_to_f32(w[i]);
+                                double xn = v * inv;
+                                ref[t * D + i] = style == PT_NORM_W       ? rnd_act(act, wi * rnd_act(act, xn))
+                                                 : style == PT_NORM_W_F32 ? rnd_act(act, xn * wi)
+                                                 : style == PT_NORM_1PW   ? rnd_act(act, xn * (1 + wi))
+                                                                          : rnd_act(act, xn);
+                            }
+                        }
+                        pt_status s = be->ops->rms_norm(be, y, x, fused ? res : NULL, T, D, w, PT_FT_BF16,
+                                                        (pt_norm_style)style, 1e-5f);
+                        char what[96];
+                        snprintf(what, sizeof what, "%s rms_norm act=%d D=%lld style=%d fused=%d",
+                                 pt_backend_cpu_isa_name(be), am, (long long)D, style, fused);
+                        int ok = s == PT_OK && close_enough(what, y, ref, T * D, 1e-6, am ? 1.0 / 128 : 1e-5);
+                        if (ok && fused) ok = close_enough("residual", res, rres, T * D, 1e-6, am ? 1.0 / 128 : 1e-6);
+                        free(x), free(y), free(res), free(w), free(ref), free(rres);
+                        if (!ok) {
+                            pt_backend_free(&be);
+                            return;
+                        }
+                    }
+            pt_backend_free(&be);
+        }
+}
+
+/* ---- rope ---- */
+
+static void test_rope(void) {
+    static const int cfg[][3] = {{8, 8, 1}, {64, 64, 3}, {64, 16, 2}, {80, 80, 1}}; /* hd, rot, heads */
+    for (int am = 0; am < 2; am++) {
+        pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+        pt_backend *be = mk(2, act, PT_ISA_AUTO);
+        REQUIRE(be, "backend");
+        for (int ci = 0; ci < 4; ci++) {
+            int hd = cfg[ci][0], rot = cfg[ci][1], nh = cfg[ci][2];
+            int64_t T = 5;
+            float inv[64];
+            for (int i = 0; i < rot / 2; i++) inv[i] = (ci == 2 && i >= 4) ? 0.0f : powf(10000.0f, -2.0f * i / rot);
+            pt_rope r = {.rot_dim = rot, .inv_freq = inv, .attn_scale = ci == 3 ? 1.25f : 1.0f};
+            int32_t pos[5] = {0, 1, 7, 100, 4095};
+            float *x = malloc(sizeof(float) * (size_t)(T * nh * hd));
+            double *ref = malloc(sizeof(double) * (size_t)(T * nh * hd));
+            fill_bf16vals(x, T * nh * hd, -2, 2);
+            for (int64_t t = 0; t < T; t++)
+                for (int h = 0; h < nh; h++) {
+                    const float *v = x + (t * nh + h) * hd;
+                    double *o = ref + (t * nh + h) * hd;
+                    for (int i = 0; i < hd; i++) o[i] = v[i];
+                    for (int i = 0; i < rot / 2; i++) {
+                        float th = (float)pos[t] * inv[i];
+                        double c = rnd_act(act, cos((double)th) * r.attn_scale),
+                               s = rnd_act(act, sin((double)th) * r.attn_scale);
+                        double a = v[i], b = v[i + rot / 2];
+                        o[i] = rnd_act(act, rnd_act(act, a * c) + rnd_act(act, -b * s));
+                        o[i + rot / 2] = rnd_act(act, rnd_act(act, b * c) + rnd_act(act, a * s));
+                    }
+                }
+            REQUIRE(be->ops->rope(be, x, T, nh, hd, pos, &r) == PT_OK, "rope");
+            char what[64];
+            snprintf(what, sizeof what, "rope act=%d hd=%d rot=%d", am, hd, rot);
+            /* f32 mode: cosf/sinf of large angles differ from the double reference by a few ulp */
+            int ok = close_enough(what, x, ref, T * nh * hd, am ? 1e-2 : 2e-5, am ? 1.0 / 64 : 1e-5);
+            free(x), free(ref);
+            if (!ok) break;
+        }
+        pt_backend_free(&be);
+    }
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    int nh, nkv, hd, T, pos0, window;
+    float softcap;
+    pt_ftype dt;
+    int ring; /* capacity = window + T - 1 + ring slack instead of the full length */
+} attn_case;
+
+static int run_attn_case(pt_backend *be, const attn_case *c, float *out_keep) {
+    int nh = c->nh, nkv = c->nkv, hd = c->hd, T = c->T;
+    int S = c->pos0 + T;
+    int64_t cap = c->ring ? c->window + T - 1 + c->ring : S + 3;
+    float *K = malloc(sizeof(float) * (size_t)S * nkv * hd), *Vv = malloc(sizeof(float) * (size_t)S * nkv * hd);
+    float *q = malloc(sizeof(float) * (size_t)T * nh * hd), *out = malloc(sizeof(float) * (size_t)T * nh * hd);
+    double *ref = malloc(sizeof(double) * (size_t)T * nh * hd);
+    fill_bf16vals(K, (int64_t)S * nkv * hd, -1, 1);
+    fill_bf16vals(Vv, (int64_t)S * nkv * hd, -1, 1);
+    fill_bf16vals(q, (int64_t)T * nh * hd, -1, 1);
+    pt_kv_layer kv = {.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = c->dt};
+    size_t es = c->dt == PT_FT_F32 ? 4 : 2;
+    kv.k = be->ops->alloc(be, es * (size_t)cap * nkv * hd);
+    kv.v = be->ops->alloc(be, es * (size_t)cap * nkv * hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(S));
+    for (int i = 0; i < S; i++) pos[i] = i;
+    /* history in chunks of 2, then this chunk */
+    for (int p0 = 0; p0 < c->pos0; p0 += 2) {
+        int n = c->pos0 - p0 < 2 ? c->pos0 - p0 : 2;
+        be->ops->kv_append(be, &kv, K + (size_t)p0 * nkv * hd, Vv + (size_t)p0 * nkv * hd, n, pos + p0);
+    }
+    be->ops->kv_append(be, &kv, K + (size_t)c->pos0 * nkv * hd, Vv + (size_t)c->pos0 * nkv * hd, T, pos + c->pos0);
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = c->softcap,
+                 .window = c->window};
+    pt_status st = be->ops->attention(be, out, q, T, pos + c->pos0, &kv, &p);
+    int ok = st == PT_OK;
+    CHECK(ok, "attention: %s", pt_last_error());
+    pt_act_dtype act = be->act;
+    double *sc = malloc(sizeof(double) * (size_t)S);
+    for (int t = 0; ok && t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv), qp = c->pos0 + t;
+            int lo = c->window && qp - c->window + 1 > 0 ? qp - c->window + 1 : 0;
+            double m = -INFINITY, sum = 0;
+            for (int j = lo; j <= qp; j++) {
+                double s = 0;
+                for (int i = 0; i < hd; i++) s += (double)q[(t * nh + h) * hd + i] * K[((size_t)j * nkv + kh) * hd + i];
+                s = rnd_act(act, rnd_act(act, s) * p.scale);
+                if (c->softcap > 0) s = rnd_act(act, rnd_act(act, tanh(rnd_act(act, s / c->softcap))) * c->softcap);
+                sc[j] = s;
+                if (s > m) m = s;
+            }
+            for (int j = lo; j <= qp; j++) sum += (sc[j] = exp(sc[j] - m));
+            for (int j = lo; j <= qp; j++) sc[j] = rnd_act(act, sc[j] / sum);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = lo; j <= qp; j++) o += sc[j] * Vv[((size_t)j * nkv + kh) * hd + i];
+                ref[(t * nh + h) * hd + i] = rnd_act(act, o);
+            }
+        }
+    if (ok) {
+        char what[160];
+        snprintf(what, sizeof what, "%s attn nh=%d nkv=%d hd=%d T=%d pos0=%d win=%d cap=%d dt=%s act=%d",
+                 pt_backend_cpu_isa_name(be), nh, nkv, hd, T, c->pos0, c->window, c->softcap > 0,
+                 pt_ftype_name(c->dt), act);
+        ok = close_enough(what, out, ref, (int64_t)T * nh * hd, act ? 2e-2 : 2e-6, act ? 1.0 / 64 : 1e-5);
+    }
+    if (out_keep) memcpy(out_keep, out, sizeof(float) * (size_t)T * nh * hd);
+    be->ops->dealloc(be, kv.k);
+    be->ops->dealloc(be, kv.v);
+    free(K), free(Vv), free(q), free(out), free(ref), free(pos), free(sc);
+    return ok;
+}
+
+static const attn_case attn_cases[] = {
+    {4, 4, 8, 1, 0, 0, 0, PT_FT_F32, 0},      {8, 2, 64, 1, 37, 0, 0, PT_FT_BF16, 0},
+    {6, 1, 80, 5, 0, 0, 0, PT_FT_F32, 0},     {8, 2, 64, 7, 9, 0, 0, PT_FT_BF16, 0},
+    {4, 2, 32, 6, 11, 4, 0, PT_FT_F32, 1},    {4, 2, 32, 1, 40, 5, 50.0f, PT_FT_BF16, 0},
+    {2, 1, 16, 3, 20, 6, 30.0f, PT_FT_F32, 0}, {8, 8, 128, 3, 64, 0, 0, PT_FT_BF16, 0},
+};
+
+static void test_attention(void) {
+    for (size_t ii = 0; ii < 3; ii++)
+        for (int am = 0; am < 2; am++) {
+            pt_backend *be = mk(2, am ? PT_ACT_BF16 : PT_ACT_F32, all_isas[ii]);
+            if (!be) continue;
+            for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
+                if (!run_attn_case(be, &attn_cases[ci], NULL)) {
+                    pt_backend_free(&be);
+                    return;
+                }
+            pt_backend_free(&be);
+        }
+}
+
+static void test_attention_errors(void) {
+    pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    float buf[64] = {0}, out[64];
+    pt_kv_layer kv = {.n_kv = 1, .head_dim = 8, .capacity = 2, .dtype = PT_FT_F32, .k = buf, .v = buf};
+    pt_attn p = {.n_heads = 1, .head_dim = 8, .scale = 1};
+    int32_t pos[1] = {5};
+    CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_RANGE, "window exceeds the ring");
+    kv.bits = 4;
+    CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_UNSUPPORTED, "quantized KV reports unsupported");
+    pt_backend_free(&be);
+}
+
+/* ---- glu and elementwise ---- */
+
+static double ref_silu(double g) { return g / (1 + exp(-g)); }
+static double ref_gelu(double g) { return 0.5 * g * (1 + tanh(sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))); }
+
+static void test_glu_and_elementwise(void) {
+    for (int am = 0; am < 2; am++) {
+        pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+        pt_backend *be = mk(2, act, PT_ISA_AUTO);
+        REQUIRE(be, "backend");
+        double rtol = am ? 1.0 / 128 : 2e-6;
+        for (int fn = 0; fn < 2; fn++) {
+            int64_t T = 3, F = 37, ld = 2 * F;
+            float *gu = malloc(sizeof(float) * (size_t)(T * ld)), *y = malloc(sizeof(float) * (size_t)(T * F));
+            double *ref = malloc(sizeof(double) * (size_t)(T * F));
+            fill_bf16vals(gu, T * ld, -6, 6);
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t f = 0; f < F; f++) {
+                    double g = gu[t * ld + f], u = gu[t * ld + F + f];
+                    ref[t * F + f] = rnd_act(act, rnd_act(act, fn ? ref_gelu(g) : ref_silu(g)) * u);
+                }
+            be->ops->glu(be, y, gu, gu + F, T, F, ld, (pt_act_fn)fn);
+            CHECK(close_enough(fn ? "geglu" : "swiglu", y, ref, T * F, 1e-6, rtol), "glu");
+            free(gu), free(y), free(ref);
+        }
+        int64_t n = 40000 + 3; /* above the parallel threshold, odd */
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n),
+              *y = malloc(sizeof(float) * (size_t)n);
+        double *ref = malloc(sizeof(double) * (size_t)n);
+        fill_bf16vals(a, n, -40, 40);
+        fill_bf16vals(b, n, -3, 3);
+        for (int op = 0; op < 5; op++) {
+            for (int64_t i = 0; i < n; i++) {
+                double A = a[i], B = b[i];
+                ref[i] = op == 0   ? rnd_act(act, A + B)
+                         : op == 1 ? rnd_act(act, A * B)
+                         : op == 2 ? rnd_act(act, A + rnd_act(act, B * 0.3f))
+                         : op == 3 ? rnd_act(act, A * 0.3f)
+                                   : rnd_act(act, rnd_act(act, tanh(rnd_act(act, A / 30.0))) * 30.0);
+            }
+            if (op == 0) be->ops->add(be, y, a, b, n);
+            if (op == 1) be->ops->mul(be, y, a, b, n);
+            if (op == 2) be->ops->add_scaled(be, y, a, b, 0.3f, n);
+            if (op == 3) be->ops->scale(be, y, a, 0.3f, n);
+            if (op == 4) be->ops->softcap(be, y, a, 30.0f, n);
+            char what[32];
+            snprintf(what, sizeof what, "elementwise op %d act %d", op, am);
+            CHECK(close_enough(what, y, ref, n, 1e-6, rtol), "elementwise");
+        }
+        free(a), free(b), free(y), free(ref);
+        pt_backend_free(&be);
+    }
+}
+
+/* ---- MoE ---- */
+
+static void test_moe_route(void) {
+    pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    int E = 9, k = 3;
+    int64_t T = 4;
+    float logits[36], pes[9], w[12];
+    int32_t idx[12];
+    fill(logits, 36, -3, 3);
+    logits[9 + 2] = logits[9 + 5] = 10.0f; /* a tie: lower index first */
+    fill(pes, 9, 0.5f, 2.0f);
+    for (int variant = 0; variant < 3; variant++) {
+        pt_moe_route r = {.n_experts = E, .top_k = k, .renorm = variant >= 1, .per_expert_scale = variant == 2 ? pes : NULL};
+        REQUIRE(be->ops->moe_route(be, idx, w, logits, T, &r) == PT_OK, "route");
+        for (int64_t t = 0; t < T; t++) {
+            double p[9], m = -1e30, s = 0;
+            for (int e = 0; e < E; e++) m = fmax(m, logits[t * E + e]);
+            for (int e = 0; e < E; e++) s += (p[e] = exp(logits[t * E + e] - m));
+            int used[9] = {0};
+            double ts = 0;
+            int ri[3];
+            for (int j = 0; j < k; j++) {
+                int b = -1;
+                for (int e = 0; e < E; e++)
+                    if (!used[e] && (b < 0 || p[e] > p[b])) b = e;
+                used[b] = 1;
+                ri[j] = b;
+                ts += p[b] / s;
+            }
+            for (int j = 0; j < k; j++) {
+                CHECK(idx[t * k + j] == ri[j], "t %lld slot %d: expert %d, expected %d", (long long)t, j, idx[t * k + j],
+                      ri[j]);
+                double rw = p[ri[j]] / s;
+                if (r.renorm) rw /= ts;
+                if (r.per_expert_scale) rw *= pes[ri[j]];
+                CHECK(fabs(w[t * k + j] - rw) < 1e-6 + 1e-5 * rw, "weight %g vs %g", w[t * k + j], rw);
+            }
+        }
+        CHECK(idx[k] == 2 && idx[k + 1] == 5, "tie order: %d %d", idx[k], idx[k + 1]);
+    }
+    pt_backend_free(&be);
+}
+
+static void test_moe_ffn(void) {
+    for (int fused = 0; fused < 2; fused++)
+        for (int am = 0; am < 2; am++) {
+            pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+            pt_backend *be = mk(2, act, PT_ISA_AUTO);
+            REQUIRE(be, "backend");
+            int64_t E = 5, H = 64, I = 32, T = 2;
+            int k = 3;
+            tweight g, u, d;
+            tw_make(&g, E, fused ? 2 * I : I, H, PT_FT_BF16, 4, 32, 0);
+            if (!fused) tw_make(&u, E, I, H, PT_FT_BF16, 8, 64, 0);
+            tw_make(&d, E, H, I, PT_FT_BF16, 0, 0, 0);
+            REQUIRE(be->ops->prepare_weight(be, &g.w, "g") == PT_OK, "prep");
+            if (!fused) REQUIRE(be->ops->prepare_weight(be, &u.w, "u") == PT_OK, "prep");
+            REQUIRE(be->ops->prepare_weight(be, &d.w, "d") == PT_OK, "prep");
+            float x[128], y[128], wts[6] = {0.5f, 0.3f, 0.2f, 0.25f, 0.25f, 0.5f};
+            int32_t idx[6] = {4, 0, 2, 1, 3, 4};
+            fill_bf16vals(x, T * H, -1, 1);
+            double ref[128];
+            for (int64_t t = 0; t < T; t++) {
+                double acc[64] = {0};
+                int order[3] = {0, 1, 2};
+                for (int a = 0; a < k; a++) /* ascending expert order */
+                    for (int b = a + 1; b < k; b++)
+                        if (idx[t * k + order[b]] < idx[t * k + order[a]]) {
+                            int tmp = order[a];
+                            order[a] = order[b];
+                            order[b] = tmp;
+                        }
+                for (int j = 0; j < k; j++) {
+                    int e = idx[t * k + order[j]];
+                    double h[32];
+                    for (int64_t i = 0; i < I; i++) {
+                        double gv = 0, uv = 0;
+                        for (int64_t c = 0; c < H; c++) {
+                            gv += g.deq[(e * g.w.rows + i) * H + c] * x[t * H + c];
+                            uv += (fused ? g.deq[(e * g.w.rows + I + i) * H + c] : u.deq[(e * I + i) * H + c]) *
+                                  x[t * H + c];
+                        }
+                        gv = rnd_act(act, gv), uv = rnd_act(act, uv);
+                        h[i] = rnd_act(act, rnd_act(act, ref_silu(gv)) * uv);
+                    }
+                    for (int64_t o = 0; o < H; o++) {
+                        double s = 0;
+                        for (int64_t i = 0; i < I; i++) s += d.deq[(e * H + o) * I + i] * h[i];
+                        acc[o] = rnd_act(act, acc[o] + rnd_act(act, rnd_act(act, s) * wts[t * k + order[j]]));
+                    }
+                }
+                for (int64_t o = 0; o < H; o++) ref[t * H + o] = acc[o];
+            }
+            pt_status s = be->ops->moe_ffn(be, y, x, T, idx, wts, k, &g.w, fused ? NULL : &u.w, &d.w, PT_ACT_SILU);
+            REQUIRE(s == PT_OK, "moe_ffn: %s", pt_last_error());
+            char what[48];
+            snprintf(what, sizeof what, "moe_ffn fused=%d act=%d", fused, am);
+            CHECK(close_enough(what, y, ref, T * H, am ? 2e-2 : 1e-4, am ? 1.0 / 32 : 1e-4), "moe");
+            tw_free(&g);
+            if (!fused) tw_free(&u);
+            tw_free(&d);
+            pt_backend_free(&be);
+        }
+}
+
+/* ---- argmax ---- */
+
+static void test_argmax(void) {
+    pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    float x[12] = {1, 5, 5, 2, NAN, -1, 3, NAN, NAN, NAN, NAN, NAN};
+    int32_t out[3];
+    be->ops->argmax(be, out, x, 3, 4);
+    CHECK(out[0] == 1, "first max on ties: %d", out[0]);
+    CHECK(out[1] == 2, "NaN skipped: %d", out[1]);
+    CHECK(out[2] == 0, "all NaN row -> 0: %d", out[2]);
+    pt_backend_free(&be);
+}
+
+/* ---- determinism across thread counts ---- */
+
+static void run_pipeline(pt_backend *be, float *out_mm, float *out_attn) {
+    rng_state = 12345;
+    tweight tw;
+    tw_make(&tw, 0, 301, 256, PT_FT_BF16, 4, 64, 1);
+    be->ops->prepare_weight(be, &tw.w, "w");
+    float *x = malloc(sizeof(float) * 7 * 256);
+    fill_bf16vals(x, 7 * 256, -1, 1);
+    be->ops->matmul(be, out_mm, x, 1, &tw.w, 0);
+    be->ops->matmul(be, out_mm + 301, x, 7, &tw.w, 0);
+    tw_free(&tw);
+    tw_make(&tw, 0, 129, 256, PT_FT_BF16, 0, 0, 0);
+    be->ops->matmul(be, out_mm + 8 * 301, x, 1, &tw.w, 0);
+    tw_free(&tw);
+    free(x);
+    attn_case c = {8, 2, 64, 5, 30, 0, 0, PT_FT_BF16, 0};
+    run_attn_case(be, &c, out_attn);
+}
+
+static void test_threads_bit_identical(void) {
+    float mm[3][8 * 301 + 129], at[3][5 * 8 * 64];
+    int nths[3] = {1, 2, 3};
+    for (int am = 0; am < 2; am++) {
+        for (int i = 0; i < 3; i++) {
+            pt_backend *be = mk(nths[i], am ? PT_ACT_BF16 : PT_ACT_F32, PT_ISA_AUTO);
+            REQUIRE(be, "backend");
+            run_pipeline(be, mm[i], at[i]);
+            pt_backend_free(&be);
+        }
+        CHECK(memcmp(mm[0], mm[1], sizeof mm[0]) == 0 && memcmp(mm[0], mm[2], sizeof mm[0]) == 0,
+              "matmul differs across thread counts (act %d)", am);
+        CHECK(memcmp(at[0], at[1], sizeof at[0]) == 0 && memcmp(at[0], at[2], sizeof at[0]) == 0,
+              "attention differs across thread counts (act %d)", am);
+    }
+}
+
+static void test_isa_env(void) {
+    setenv("PETREL_CPU_ISA", "bogus", 1);
+    pt_backend *be = NULL;
+    pt_cpu_params p = {.n_threads = 1};
+    CHECK(pt_backend_cpu_create(&be, &p) == PT_ERR_INVALID_ARG, "bogus ISA rejected");
+    CHECK(strstr(pt_last_error(), "PETREL_CPU_ISA"), "message names the variable: %s", pt_last_error());
+    setenv("PETREL_CPU_ISA", "scalar", 1);
+    REQUIRE(pt_backend_cpu_create(&be, &p) == PT_OK, "scalar");
+    CHECK(strcmp(pt_backend_cpu_isa_name(be), "scalar") == 0, "isa %s", pt_backend_cpu_isa_name(be));
+    pt_backend_free(&be);
+    unsetenv("PETREL_CPU_ISA");
+    REQUIRE(pt_backend_cpu_create(&be, &p) == PT_OK, "auto");
+    printf("INFO cpu backend ISA: %s\n", pt_backend_cpu_isa_name(be));
+    pt_backend_free(&be);
+}
+
+int main(void) {
+    TEST_RUN(test_isa_env);
+    TEST_RUN(test_matmul_dense);
+    TEST_RUN(test_matmul_quant_all_bits);
+    TEST_RUN(test_matmul_bf16_mode);
+    TEST_RUN(test_prepare_weight_rejects);
+    TEST_RUN(test_embed);
+    TEST_RUN(test_rms_norm);
+    TEST_RUN(test_rope);
+    TEST_RUN(test_attention);
+    TEST_RUN(test_attention_errors);
+    TEST_RUN(test_glu_and_elementwise);
+    TEST_RUN(test_moe_route);
+    TEST_RUN(test_moe_ffn);
+    TEST_RUN(test_argmax);
+    TEST_RUN(test_threads_bit_identical);
+    return test_summary();
+}
