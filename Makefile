@@ -66,6 +66,7 @@ TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
+.SECONDARY: $(TEST_SUPPORT_OBJ)
 .PHONY: all check check-cuda asan fuzz gpu-bundle demo bench format clean deps tests
 all: $(BUILD)/petrel $(BUILD)/libpetrel.a $(CUDA_TEST_BIN)
 
