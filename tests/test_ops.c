@@ -71,7 +71,7 @@ static void ft_set(pt_ftype t, void *p, int64_t i, float v) {
 /* ---- a random weight, dense or quantized, with its dequantized values ---- */
 
 typedef struct {
-    pt_weight w;
+    pt_matrix w;
     double *deq; /* [E, rows, cols] */
     double *bias;
     void *data, *scales, *biases, *bvec;
@@ -89,7 +89,7 @@ static void tw_make(tweight *t, int64_t E, int64_t N, int64_t K, pt_ftype dt, in
     memset(t, 0, sizeof *t);
     int64_t EE = E > 0 ? E : 1;
     t->deq = calloc((size_t)(EE * N * K), sizeof(double));
-    t->w = (pt_weight){.rows = N, .cols = K, .n_experts = E, .dtype = dt, .bits = bits, .group_size = gs};
+    t->w = (pt_matrix){.rows = N, .cols = K, .n_experts = E, .dtype = dt, .bits = bits, .group_size = gs};
     if (!bits) {
         t->data = calloc((size_t)(EE * N * K), 4);
         for (int64_t i = 0; i < EE * N * K; i++) {
@@ -265,7 +265,7 @@ static void test_prepare_weight_rejects(void) {
     REQUIRE(be, "backend");
     uint32_t d[64] = {0};
     uint16_t s[8] = {0};
-    pt_weight w = {.rows = 2, .cols = 64, .dtype = PT_FT_BF16, .bits = 7, .group_size = 64, .data = d, .scales = s,
+    pt_matrix w = {.rows = 2, .cols = 64, .dtype = PT_FT_BF16, .bits = 7, .group_size = 64, .data = d, .scales = s,
                    .biases = s};
     CHECK(be->ops->prepare_weight(be, &w, "layers.0.q_proj") == PT_ERR_UNSUPPORTED, "bits 7");
     CHECK(strstr(pt_last_error(), "layers.0.q_proj") && strstr(pt_last_error(), "bits 7"), "msg: %s", pt_last_error());
@@ -352,14 +352,14 @@ static void test_rms_norm(void) {
                             for (int64_t i = 0; i < D; i++) {
                                 double v = fused ? rres[t * D + i] : x[t * D + i], wi = pt_bf16_to_f32(w[i]);
                                 double xn = v * inv;
-                                ref[t * D + i] = style == PT_NORM_W       ? rnd_act(act, wi * rnd_act(act, xn))
-                                                 : style == PT_NORM_W_F32 ? rnd_act(act, xn * wi)
-                                                 : style == PT_NORM_1PW   ? rnd_act(act, xn * (1 + wi))
+                                ref[t * D + i] = style == PT_RMS_W       ? rnd_act(act, wi * rnd_act(act, xn))
+                                                 : style == PT_RMS_W_F32 ? rnd_act(act, xn * wi)
+                                                 : style == PT_RMS_1PW   ? rnd_act(act, xn * (1 + wi))
                                                                           : rnd_act(act, xn);
                             }
                         }
                         pt_status s = be->ops->rms_norm(be, y, x, fused ? res : NULL, T, D, w, PT_FT_BF16,
-                                                        (pt_norm_style)style, 1e-5f);
+                                                        (pt_rms_style)style, 1e-5f);
                         char what[96];
                         snprintf(what, sizeof what, "%s rms_norm act=%d D=%lld style=%d fused=%d",
                                  pt_backend_cpu_isa_name(be), am, (long long)D, style, fused);
@@ -547,7 +547,7 @@ static void test_glu_and_elementwise(void) {
                     double g = gu[t * ld + f], u = gu[t * ld + F + f];
                     ref[t * F + f] = rnd_act(act, rnd_act(act, fn ? ref_gelu(g) : ref_silu(g)) * u);
                 }
-            be->ops->glu(be, y, gu, gu + F, T, F, ld, (pt_act_fn)fn);
+            be->ops->glu(be, y, gu, gu + F, T, F, ld, (pt_glu_kind)fn);
             CHECK(close_enough(fn ? "geglu" : "swiglu", y, ref, T * F, 1e-6, rtol), "glu");
             free(gu), free(y), free(ref);
         }
@@ -674,7 +674,7 @@ static void test_moe_ffn(void) {
                 }
                 for (int64_t o = 0; o < H; o++) ref[t * H + o] = acc[o];
             }
-            pt_status s = be->ops->moe_ffn(be, y, x, T, idx, wts, k, &g.w, fused ? NULL : &u.w, &d.w, PT_ACT_SILU);
+            pt_status s = be->ops->moe_ffn(be, y, x, T, idx, wts, k, &g.w, fused ? NULL : &u.w, &d.w, PT_GLU_SILU);
             REQUIRE(s == PT_OK, "moe_ffn: %s", pt_last_error());
             char what[48];
             snprintf(what, sizeof what, "moe_ffn fused=%d act=%d", fused, am);

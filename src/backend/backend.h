@@ -77,7 +77,7 @@ size_t pt_ftype_size(pt_ftype t);
  * Lifetime: fill the public fields with host pointers (e.g. into an mmap),
  * call prepare_weight() once; after that the weight may be used in ops until
  * release_weight(). For the CPU backend the host pointers must stay valid. */
-typedef struct pt_weight {
+typedef struct pt_matrix {
     int64_t rows;         /* N: output features (vocab for an embedding) */
     int64_t cols;         /* K: input features (hidden for an embedding) */
     int64_t n_experts;    /* 0 or 1: a plain matrix; E: a stack [E, rows, cols] */
@@ -90,7 +90,7 @@ typedef struct pt_weight {
     const void *bias;     /* optional Linear bias [.., rows] */
     pt_ftype bias_dtype;
     void *backend_data;   /* backend-private */
-} pt_weight;
+} pt_matrix;
 
 /* ---- KV cache (one layer) -----------------------------------------------
  * Keys and values of one attention layer, head-major: k/v [n_kv, capacity,
@@ -120,17 +120,17 @@ typedef struct pt_kv_layer {
 
 /* ---- Op parameters ------------------------------------------------------ */
 
-typedef enum pt_norm_style {
-    PT_NORM_W = 0,       /* Llama/Qwen: y = w · round(x̂)  (x̂ cast to the activation dtype first) */
-    PT_NORM_W_F32 = 1,   /* Gemma 3n/4: y = round(x̂ · w) in f32 */
-    PT_NORM_1PW = 2,     /* Gemma 1/2/3, Qwen3.5 (HF): y = round(x̂ · (1 + w)) in f32 */
-    PT_NORM_NOSCALE = 3  /* y = round(x̂); w unused (may be NULL) */
-} pt_norm_style;
+typedef enum pt_rms_style {
+    PT_RMS_W = 0,       /* Llama/Qwen: y = w · round(x̂)  (x̂ cast to the activation dtype first) */
+    PT_RMS_W_F32 = 1,   /* Gemma 3n/4: y = round(x̂ · w) in f32 */
+    PT_RMS_1PW = 2,     /* Gemma 1/2/3, Qwen3.5 (HF): y = round(x̂ · (1 + w)) in f32 */
+    PT_RMS_NOSCALE = 3  /* y = round(x̂); w unused (may be NULL) */
+} pt_rms_style;
 
-typedef enum pt_act_fn {
-    PT_ACT_SILU = 0,     /* SwiGLU: silu(gate) · up */
-    PT_ACT_GELU_TANH = 1 /* GeGLU: gelu_tanh(gate) · up */
-} pt_act_fn;
+typedef enum pt_glu_kind {
+    PT_GLU_SILU = 0,     /* SwiGLU: silu(gate) · up */
+    PT_GLU_GELU_TANH = 1 /* GeGLU: gelu_tanh(gate) · up */
+} pt_glu_kind;
 
 /* Rotate-half (NeoX) RoPE over the first rot_dim dims of each head:
  * element i pairs with i + rot_dim/2 (i < rot_dim/2); dims >= rot_dim pass
@@ -202,8 +202,8 @@ typedef struct pt_backend_ops {
     /* Validates a weight (bits, group size, shapes) and makes it usable in ops
      * (CPU: may repack; CUDA: copies to the device). The error names what is
      * wrong; `name` (may be NULL) is used in messages. */
-    pt_status (*prepare_weight)(pt_backend *be, pt_weight *w, const char *name);
-    void (*release_weight)(pt_backend *be, pt_weight *w);
+    pt_status (*prepare_weight)(pt_backend *be, pt_matrix *w, const char *name);
+    void (*release_weight)(pt_backend *be, pt_matrix *w);
 
     /* -- ops -- */
 
@@ -212,14 +212,14 @@ typedef struct pt_backend_ops {
      * again (the reference multiplies by a scale tensor of the model dtype:
      * pass the scale already rounded to bf16 for Gemma's sqrt(H)). scale 1 skips the multiply.
      * ids outside [0, rows) produce zeros and return PT_ERR_RANGE. */
-    pt_status (*embed)(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+    pt_status (*embed)(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale);
 
     /* y[T, D] = rms_norm(x[T, D]) with weight w[D] (wtype) in the given style;
      * x̂ = x / sqrt(mean(x²) + eps) in f32. If residual != NULL it is fused:
      * residual[T, D] += x (rounded), then y = rms_norm(residual). y may alias x
      * (not residual). Per-head norms: T = tokens·heads, D = head_dim. */
     pt_status (*rms_norm)(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
-                          const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+                          const void *w, pt_ftype wtype, pt_rms_style style, float eps);
 
     /* y[T, N] = x[T, K] · Wᵀ (+ bias), N = w->rows, K = w->cols, f32
      * accumulation, one rounding at the end (after the bias) in bf16 mode.
@@ -228,7 +228,7 @@ typedef struct pt_backend_ops {
      * the lm_head (or the tied embedding table, same layout) over the rows
      * that need logits. For a stacked weight, `expert` selects the matrix
      * (0 otherwise). */
-    pt_status (*matmul)(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+    pt_status (*matmul)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
 
     /* In place on x[T, n_heads, head_dim]: RoPE at positions pos[T]. In bf16
      * mode: x·cos and rotate_half(x)·sin are each rounded, then their sum. */
@@ -251,7 +251,7 @@ typedef struct pt_backend_ops {
      * a fused [T, 2F] projection works with gate = buf, up = buf + F, ld = 2F.
      * bf16 mode rounds act(gate), then the product. */
     pt_status (*glu)(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F,
-                     int64_t ld, pt_act_fn act);
+                     int64_t ld, pt_glu_kind act);
 
     /* Elementwise over n floats (y may alias an input):
      *   add:        y = a + b
@@ -277,8 +277,8 @@ typedef struct pt_backend_ops {
      * multiplied by its weight (rounded) and accumulated in ascending expert
      * order (rounded after each add), as the reference does. */
     pt_status (*moe_ffn)(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
-                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
-                         const pt_weight *down, pt_act_fn act);
+                         const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                         const pt_matrix *down, pt_glu_kind act);
 
     /* out[t] = index of the largest x[t, 0..V) (first one on ties; NaN is
      * never selected unless the row is all NaN, then 0). */

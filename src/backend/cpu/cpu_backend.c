@@ -134,7 +134,7 @@ static pt_status cpu_reserve(pt_backend *be, const pt_backend_limits *lim) {
 
 static int ftype_ok(pt_ftype t) { return t == PT_FT_F32 || t == PT_FT_BF16 || t == PT_FT_F16; }
 
-static pt_status cpu_prepare_weight(pt_backend *be, pt_weight *w, const char *name) {
+static pt_status cpu_prepare_weight(pt_backend *be, pt_matrix *w, const char *name) {
     (void)be;
     const char *nm = name ? name : "weight";
     if (w->rows <= 0 || w->cols <= 0 || w->n_experts < 0)
@@ -159,7 +159,7 @@ static pt_status cpu_prepare_weight(pt_backend *be, pt_weight *w, const char *na
     return PT_OK;
 }
 
-static void cpu_release_weight(pt_backend *be, pt_weight *w) {
+static void cpu_release_weight(pt_backend *be, pt_matrix *w) {
     (void)be;
     w->backend_data = NULL;
 }

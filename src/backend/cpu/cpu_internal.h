@@ -83,30 +83,30 @@ void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n);
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
 /* Weight row access: dense rows, or quantized codes + f32 scales/biases. */
-const void *pt_cpu_dense_row(const pt_weight *w, int64_t expert, int64_t row);
-const uint8_t *pt_cpu_qrow_codes(const pt_weight *w, int64_t expert, int64_t row);
-void pt_cpu_qrow_params(const pt_weight *w, int64_t expert, int64_t row, float *sc, float *bi);
+const void *pt_cpu_dense_row(const pt_matrix *w, int64_t expert, int64_t row);
+const uint8_t *pt_cpu_qrow_codes(const pt_matrix *w, int64_t expert, int64_t row);
+void pt_cpu_qrow_params(const pt_matrix *w, int64_t expert, int64_t row, float *sc, float *bi);
 /* Dequantizes one quantized row to f32 (any bits). */
-void pt_cpu_dequant_row(const pt_weight *w, int64_t expert, int64_t row, float *dst, float *tmp_sc, float *tmp_bi);
+void pt_cpu_dequant_row(const pt_matrix *w, int64_t expert, int64_t row, float *dst, float *tmp_sc, float *tmp_bi);
 /* Unpacks n codes of `bits` starting at value index i0 of a row. */
 void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, float *dst);
 
 /* Ops implemented in the cpu_*.c files. */
-pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
-                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
-                         const pt_weight *down, pt_act_fn act);
-pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+                         const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                         const pt_matrix *down, pt_glu_kind act);
+pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale);
 pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                            const pt_kv_layer *kv, const pt_attn *p);
 pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                            const int32_t *pos);
 pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
-                          const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+                          const void *w, pt_ftype wtype, pt_rms_style style, float eps);
 pt_status pt_cpu_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
                       const pt_rope *rope);
 pt_status pt_cpu_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld,
-                     pt_act_fn act);
+                     pt_glu_kind act);
 pt_status pt_cpu_add(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
 pt_status pt_cpu_mul(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
 pt_status pt_cpu_add_scaled(pt_backend *be, float *y, const float *a, const float *b, float s, int64_t n);

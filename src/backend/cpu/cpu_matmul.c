@@ -24,18 +24,18 @@
 
 /* ---- weight row access ---- */
 
-static inline int64_t row_index(const pt_weight *w, int64_t expert, int64_t row) { return expert * w->rows + row; }
+static inline int64_t row_index(const pt_matrix *w, int64_t expert, int64_t row) { return expert * w->rows + row; }
 
-const void *pt_cpu_dense_row(const pt_weight *w, int64_t expert, int64_t row) {
+const void *pt_cpu_dense_row(const pt_matrix *w, int64_t expert, int64_t row) {
     return (const char *)w->data + (size_t)row_index(w, expert, row) * (size_t)w->cols * pt_ftype_size(w->dtype);
 }
 
-const uint8_t *pt_cpu_qrow_codes(const pt_weight *w, int64_t expert, int64_t row) {
+const uint8_t *pt_cpu_qrow_codes(const pt_matrix *w, int64_t expert, int64_t row) {
     size_t bytes_per_row = (size_t)w->cols * (size_t)w->bits / 8;
     return (const uint8_t *)w->data + (size_t)row_index(w, expert, row) * bytes_per_row;
 }
 
-void pt_cpu_qrow_params(const pt_weight *w, int64_t expert, int64_t row, float *sc, float *bi) {
+void pt_cpu_qrow_params(const pt_matrix *w, int64_t expert, int64_t row, float *sc, float *bi) {
     int64_t ng = w->cols / w->group_size;
     size_t off = (size_t)row_index(w, expert, row) * (size_t)ng * pt_ftype_size(w->dtype);
     pt_ft_load_row(w->dtype, (const char *)w->scales + off, sc, ng);
@@ -58,7 +58,7 @@ void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, fl
     }
 }
 
-void pt_cpu_dequant_row(const pt_weight *w, int64_t expert, int64_t row, float *dst, float *sc, float *bi) {
+void pt_cpu_dequant_row(const pt_matrix *w, int64_t expert, int64_t row, float *dst, float *sc, float *bi) {
     int gs = w->group_size;
     int64_t ng = w->cols / gs;
     pt_cpu_qrow_params(w, expert, row, sc, bi);
@@ -69,7 +69,7 @@ void pt_cpu_dequant_row(const pt_weight *w, int64_t expert, int64_t row, float *
     }
 }
 
-static inline float bias_of(const pt_weight *w, int64_t expert, int64_t row) {
+static inline float bias_of(const pt_matrix *w, int64_t expert, int64_t row) {
     return w->bias ? pt_ft_load(w->bias_dtype, w->bias, row_index(w, expert, row)) : 0.0f;
 }
 
@@ -82,13 +82,13 @@ typedef struct {
     const float *xq; /* quantized direct path: [T, K] x as the kernel wants it (permuted for 4-bit) */
     const float *xs; /* quantized direct path: [T, ng] group sums of x */
     int64_t T;
-    const pt_weight *w;
+    const pt_matrix *w;
     int64_t expert;
 } mm_ctx;
 
 static void mm_direct(void *arg, int ith, int nth) {
     mm_ctx *m = arg;
-    const pt_weight *w = m->w;
+    const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
     pt_act_dtype act = m->c->base.act;
     int64_t N = w->rows, K = w->cols, T = m->T;
@@ -137,7 +137,7 @@ static void mm_direct(void *arg, int ith, int nth) {
 
 static void mm_blocked(void *arg, int ith, int nth) {
     mm_ctx *m = arg;
-    const pt_weight *w = m->w;
+    const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
     pt_act_dtype act = m->c->base.act;
     int64_t N = w->rows, K = w->cols, T = m->T;
@@ -167,7 +167,7 @@ static void mm_blocked(void *arg, int ith, int nth) {
     }
 }
 
-pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
     pt_cpu *c = pt_cpu_of(be);
     PT_ASSERT(T >= 0 && expert >= 0 && (expert == 0 || expert < w->n_experts));
     if (T == 0) return PT_OK;
@@ -205,13 +205,13 @@ typedef struct {
     float *y;
     const int32_t *ids;
     int T;
-    const pt_weight *w;
+    const pt_matrix *w;
     float scale;
 } emb_ctx;
 
 static void emb_run(void *arg, int ith, int nth) {
     emb_ctx *e = arg;
-    const pt_weight *w = e->w;
+    const pt_matrix *w = e->w;
     pt_act_dtype act = e->c->base.act;
     int64_t H = w->cols;
     long t0, t1;
@@ -236,7 +236,7 @@ static void emb_run(void *arg, int ith, int nth) {
     }
 }
 
-pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale) {
+pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale) {
     pt_cpu *c = pt_cpu_of(be);
     if (T <= 0) return PT_OK;
     PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * (table->cols / 32 + 1)), 0));
@@ -262,8 +262,8 @@ static int pick_cmp(const void *a, const void *b) {
 }
 
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
-                         const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
-                         const pt_weight *down, pt_act_fn act_fn) {
+                         const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                         const pt_matrix *down, pt_glu_kind act_fn) {
     pt_cpu *c = pt_cpu_of(be);
     pt_act_dtype act = be->act;
     int64_t H = down->rows, I = down->cols, E = down->n_experts > 0 ? down->n_experts : 1;

@@ -24,7 +24,7 @@ typedef struct {
     int64_t T, D;
     const void *w;
     pt_ftype wt;
-    pt_norm_style style;
+    pt_rms_style style;
     float eps;
 } norm_ctx;
 
@@ -46,17 +46,17 @@ static void norm_run(void *arg, int ith, int nth) {
         for (int64_t i = 0; i < D; i++) ss += x[i] * x[i];
         float inv = 1.0f / sqrtf(ss / (float)D + n->eps);
         switch (n->style) {
-        case PT_NORM_W:
+        case PT_RMS_W:
             for (int64_t i = 0; i < D; i++)
                 y[i] = pt_act_round(act, pt_ft_load(n->wt, n->w, i) * pt_act_round(act, x[i] * inv));
             break;
-        case PT_NORM_W_F32:
+        case PT_RMS_W_F32:
             for (int64_t i = 0; i < D; i++) y[i] = pt_act_round(act, x[i] * inv * pt_ft_load(n->wt, n->w, i));
             break;
-        case PT_NORM_1PW:
+        case PT_RMS_1PW:
             for (int64_t i = 0; i < D; i++) y[i] = pt_act_round(act, x[i] * inv * (1.0f + pt_ft_load(n->wt, n->w, i)));
             break;
-        case PT_NORM_NOSCALE:
+        case PT_RMS_NOSCALE:
             for (int64_t i = 0; i < D; i++) y[i] = pt_act_round(act, x[i] * inv);
             break;
         }
@@ -64,9 +64,9 @@ static void norm_run(void *arg, int ith, int nth) {
 }
 
 pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
-                          const void *w, pt_ftype wtype, pt_norm_style style, float eps) {
+                          const void *w, pt_ftype wtype, pt_rms_style style, float eps) {
     PT_ASSERT(T >= 0 && D > 0);
-    PT_ASSERT(style == PT_NORM_NOSCALE || w != NULL);
+    PT_ASSERT(style == PT_RMS_NOSCALE || w != NULL);
     norm_ctx n = {pt_cpu_of(be), y, x, residual, T, D, w, wtype, style, eps};
     if (T * D < PT_CPU_PAR_MIN) norm_run(&n, 0, 1);
     else pt_pool_run(pt_cpu_of(be)->pool, norm_run, &n);
@@ -136,7 +136,7 @@ typedef struct {
     float *y;
     const float *g, *u;
     int64_t T, F, ld;
-    pt_act_fn fn;
+    pt_glu_kind fn;
 } glu_ctx;
 
 static void glu_run(void *arg, int ith, int nth) {
@@ -147,13 +147,13 @@ static void glu_run(void *arg, int ith, int nth) {
     for (long i = i0; i < i1; i++) {
         int64_t t = i / q->F, f = i % q->F;
         float g = q->g[t * q->ld + f], u = q->u[t * q->ld + f];
-        float a = q->fn == PT_ACT_SILU ? pt_cpu_silu(g) : pt_cpu_gelu_tanh(g);
+        float a = q->fn == PT_GLU_SILU ? pt_cpu_silu(g) : pt_cpu_gelu_tanh(g);
         q->y[t * q->F + f] = pt_act_round(act, pt_act_round(act, a) * u);
     }
 }
 
 pt_status pt_cpu_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld,
-                     pt_act_fn act) {
+                     pt_glu_kind act) {
     PT_ASSERT(ld >= F);
     glu_ctx q = {pt_cpu_of(be), y, gate, up, T, F, ld, act};
     if (T * F < PT_CPU_PAR_MIN / 4) glu_run(&q, 0, 1);
