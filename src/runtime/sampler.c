@@ -1,0 +1,279 @@
+/* The token sampler (see sampler.h for the pipeline and its order). */
+#include "runtime/sampler.h"
+
+#include "base/error.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+pt_status pt_sampler_init(pt_sampler *s, int vocab) {
+    memset(s, 0, sizeof *s);
+    if (vocab <= 0) return pt_error(PT_ERR_INVALID_ARG, "sampler: vocabulary size %d", vocab);
+    s->vocab = vocab;
+    s->work = malloc((size_t)vocab * sizeof *s->work);
+    s->idx = malloc((size_t)vocab * sizeof *s->idx);
+    s->count = calloc((size_t)vocab, sizeof *s->count);
+    if (!s->work || !s->idx || !s->count) {
+        pt_sampler_free(s);
+        return pt_error(PT_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", vocab);
+    }
+    pt_sampler_seed(s, 0);
+    s->seeded = 0;
+    return PT_OK;
+}
+
+void pt_sampler_free(pt_sampler *s) {
+    if (!s) return;
+    free(s->work);
+    free(s->idx);
+    free(s->count);
+    s->work = NULL;
+    s->idx = NULL;
+    s->count = NULL;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void pt_sampler_seed(pt_sampler *s, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->seed = seed;
+    s->seeded = 1;
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t xoshiro_next(uint64_t *st) {
+    uint64_t result = rotl(st[1] * 5, 7) * 9;
+    uint64_t t = st[1] << 17;
+    st[2] ^= st[0];
+    st[3] ^= st[1];
+    st[1] ^= st[2];
+    st[0] ^= st[3];
+    st[2] ^= t;
+    st[3] = rotl(st[3], 45);
+    return result;
+}
+
+double pt_sampler_uniform(pt_sampler *s) {
+    /* top 53 bits -> [0, 1) exactly representable */
+    return (double)(xoshiro_next(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+pt_status pt_sampling_validate(const pt_sampling_params *sp) {
+    if (!sp) return pt_error(PT_ERR_INVALID_ARG, "sampling parameters: NULL");
+    if (!isfinite(sp->temperature) || sp->temperature < 0)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: temperature must be >= 0, got %g",
+                        (double)sp->temperature);
+    if (sp->top_k < 0) return pt_error(PT_ERR_INVALID_ARG, "sampling: top_k must be >= 0, got %d", sp->top_k);
+    if (!isfinite(sp->top_p) || sp->top_p <= 0 || sp->top_p > 1)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: top_p must be in (0, 1], got %g", (double)sp->top_p);
+    if (!isfinite(sp->min_p) || sp->min_p < 0 || sp->min_p > 1)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: min_p must be in [0, 1], got %g", (double)sp->min_p);
+    if (!isfinite(sp->repetition_penalty) || sp->repetition_penalty <= 0)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: repetition_penalty must be > 0, got %g",
+                        (double)sp->repetition_penalty);
+    if (!isfinite(sp->presence_penalty))
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: presence_penalty must be finite");
+    if (!isfinite(sp->frequency_penalty))
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: frequency_penalty must be finite");
+    if (sp->repeat_last_n < 0)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: repeat_last_n must be >= 0, got %d", sp->repeat_last_n);
+    if (sp->n_logprobs < 0 || sp->n_logprobs > 20)
+        return pt_error(PT_ERR_INVALID_ARG, "sampling: n_logprobs must be in 0..20, got %d", sp->n_logprobs);
+    return PT_OK;
+}
+
+float pt_logprob_of(const float *logits, int vocab, int32_t id) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    return (float)((double)logits[id] - mx - log(sum));
+}
+
+/* Fills out->logprob and out->top_* from the raw logits. */
+static void fill_logprobs(const float *logits, int vocab, int n_top, pt_token_info *out) {
+    float mx = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    out->logprob = (float)((double)logits[out->id] - lse);
+    /* top n by insertion: n <= 20, so O(vocab * n) worst case, usually ~vocab */
+    int n = 0;
+    for (int i = 0; i < vocab && n_top > 0; i++) {
+        float v = logits[i];
+        if (n == n_top && !(v > logits[out->top_ids[n - 1]])) continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > logits[out->top_ids[j - 1]]) {
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_ids[j] = i;
+    }
+    out->n_top = n;
+    for (int j = 0; j < n; j++) out->top_logprobs[j] = (float)((double)logits[out->top_ids[j]] - lse);
+}
+
+/* qsort comparator state: sort ids by work value descending, id ascending. */
+static _Thread_local const float *t_sort_vals;
+static int cmp_desc(const void *a, const void *b) {
+    int32_t ia = *(const int32_t *)a, ib = *(const int32_t *)b;
+    float va = t_sort_vals[ia], vb = t_sort_vals[ib];
+    if (va > vb) return -1;
+    if (va < vb) return 1;
+    return (ia > ib) - (ia < ib);
+}
+
+pt_status pt_sampler_sample(pt_sampler *s, const float *logits, const pt_sampling_params *sp,
+                            const int32_t *history, size_t n_history, const uint8_t *allowed,
+                            pt_token_info *out) {
+    PT_TRY(pt_sampling_validate(sp));
+    const int V = s->vocab;
+    float *w = s->work;
+    memcpy(w, logits, (size_t)V * sizeof *w);
+    if (!s->seeded) pt_sampler_seed(s, sp->seed);
+
+    /* 1. penalties over the window [n_history - n, n_history) */
+    int rep = sp->repetition_penalty != 1.0f;
+    int pres = sp->presence_penalty != 0.0f, freq = sp->frequency_penalty != 0.0f;
+    if ((rep || pres || freq) && history && n_history > 0) {
+        size_t n = sp->repeat_last_n > 0 && (size_t)sp->repeat_last_n < n_history ? (size_t)sp->repeat_last_n
+                                                                                  : n_history;
+        const int32_t *h = history + (n_history - n);
+        for (size_t i = 0; i < n; i++)
+            if (h[i] >= 0 && h[i] < V) s->count[h[i]]++;
+        for (size_t i = 0; i < n; i++) {
+            int32_t t = h[i];
+            if (t < 0 || t >= V || s->count[t] == 0) continue;
+            float v = w[t];
+            if (rep) v = v > 0 ? v / sp->repetition_penalty : v * sp->repetition_penalty;
+            v -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[t];
+            w[t] = v;
+            s->count[t] = 0; /* each distinct token once; also resets the counts */
+        }
+    }
+    /* 2. mask */
+    if (allowed) {
+        int any = 0;
+        for (int i = 0; i < V; i++) {
+            if (!allowed[i]) w[i] = -INFINITY;
+            else any = 1;
+        }
+        if (!any) return pt_error(PT_ERR_INVALID_ARG, "sampling: the allowed-token mask allows nothing");
+    }
+
+    int32_t chosen = -1;
+    if (sp->temperature == 0.0f || sp->top_k == 1) {
+        /* 3. greedy: first maximum (NaN never wins) */
+        float best = -INFINITY;
+        for (int i = 0; i < V; i++)
+            if (w[i] > best) {
+                best = w[i];
+                chosen = i;
+            }
+        if (chosen < 0) {
+            /* every candidate is -inf: take the first allowed id */
+            for (int i = 0; i < V && chosen < 0; i++)
+                if (!allowed || allowed[i]) chosen = i;
+        }
+    } else {
+        /* 4. temperature, candidates with finite logits */
+        float inv_t = 1.0f / sp->temperature;
+        int n = 0;
+        float mx = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            if (!(w[i] > -INFINITY) || isnan(w[i])) continue;
+            w[i] *= inv_t;
+            if (w[i] > mx) mx = w[i];
+            s->idx[n++] = i;
+        }
+        if (n == 0) return pt_error(PT_ERR_INVALID_ARG, "sampling: no token has a finite logit");
+        int sorted = 0;
+        t_sort_vals = w;
+        if (sp->top_k > 0 && sp->top_k < n) {
+            qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
+            sorted = 1;
+            n = sp->top_k;
+        }
+        /* probabilities relative to the max (unnormalized), kept in w */
+        double total = 0;
+        for (int j = 0; j < n; j++) {
+            int32_t i = s->idx[j];
+            w[i] = expf(w[i] - mx);
+            total += w[i];
+        }
+        if (sp->top_p < 1.0f) {
+            if (!sorted) {
+                /* The nucleus only holds the largest probabilities: sort just the
+                 * candidates above a threshold, lowering it until they carry top_p
+                 * of the mass (exact: every excluded candidate is smaller than every
+                 * included one). */
+                double thr = 1e-3;
+                for (;;) {
+                    int m = 0;
+                    double mass = 0;
+                    for (int j = 0; j < n; j++) {
+                        int32_t i = s->idx[j];
+                        if (w[i] >= thr || thr == 0) {
+                            int32_t tmp = s->idx[m];
+                            s->idx[m] = i;
+                            s->idx[j] = tmp;
+                            m++;
+                            mass += w[i];
+                        }
+                    }
+                    if (mass >= sp->top_p * total || thr == 0) {
+                        n = m;
+                        break;
+                    }
+                    thr = thr < 1e-30 ? 0 : thr * 1e-4;
+                }
+                t_sort_vals = w;
+                qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
+                sorted = 1;
+            }
+            double cum = 0, target = sp->top_p * total;
+            int keep = n;
+            for (int j = 0; j < n; j++) {
+                cum += w[s->idx[j]];
+                if (cum >= target) {
+                    keep = j + 1;
+                    break;
+                }
+            }
+            n = keep;
+        }
+        if (sp->min_p > 0) {
+            /* max probability is exp(0) = 1 relative; keep p >= min_p * pmax */
+            int m = 0;
+            for (int j = 0; j < n; j++)
+                if (w[s->idx[j]] >= sp->min_p) s->idx[m++] = s->idx[j];
+            n = m; /* the max itself always passes */
+        }
+        double sum = 0;
+        for (int j = 0; j < n; j++) sum += w[s->idx[j]];
+        double u = pt_sampler_uniform(s) * sum, cum = 0;
+        chosen = s->idx[n - 1];
+        for (int j = 0; j < n; j++) {
+            cum += w[s->idx[j]];
+            if (u < cum) {
+                chosen = s->idx[j];
+                break;
+            }
+        }
+    }
+    memset(out, 0, sizeof *out);
+    out->id = chosen;
+    fill_logprobs(logits, V, sp->n_logprobs, out);
+    return PT_OK;
+}
