@@ -218,6 +218,12 @@ void pt_spec_free(pt_model_spec *s);
  * hold a fixed-size state instead and do not count. */
 int64_t pt_spec_kv_bytes_per_token(const pt_model_spec *s, int kv_bits, int group_size);
 
+/* Calls fn for every bound weight: model-level ones with layer -1, then each
+ * layer's (expert views once per expert), in a fixed order. A tied lm_head is
+ * not visited separately. */
+typedef void (*pt_weight_visit_fn)(void *ctx, const pt_weight *w, int layer);
+void pt_spec_for_each_weight(const pt_model_spec *s, pt_weight_visit_fn fn, void *ctx);
+
 /* Families petrel's engine can run now (one table, spec.c). */
 int pt_arch_runnable(pt_arch a);
 

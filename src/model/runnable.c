@@ -1,0 +1,14 @@
+/* Which families petrel's engine can run today: the one table `petrel
+ * inspect` (exit 2 = valid but not runnable) and model loading consult.
+ * Add a family here when its forward pass lands. */
+#include "model/spec.h"
+
+static const pt_arch runnable[] = {
+    PT_ARCH_LLAMA, PT_ARCH_QWEN2, PT_ARCH_QWEN3, PT_ARCH_QWEN3_MOE, PT_ARCH_MINICPM,
+};
+
+int pt_arch_runnable(pt_arch a) {
+    for (unsigned i = 0; i < sizeof runnable / sizeof runnable[0]; i++)
+        if (runnable[i] == a) return 1;
+    return 0;
+}
