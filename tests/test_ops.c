@@ -247,9 +247,30 @@ static void test_matmul_bf16_mode(void) {
     CHECK(check_matmul_case(be, &tw, 1, 0, "bf16 dense T=1"), "dense");
     CHECK(check_matmul_case(be, &tw, 9, 0, "bf16 dense T=9"), "dense");
     tw_free(&tw);
-    tw_make(&tw, 0, 37, 256, PT_FT_BF16, 4, 64, 0);
-    CHECK(check_matmul_case(be, &tw, 1, 0, "bf16 q4 T=1"), "q4");
-    tw_free(&tw);
+    pt_backend_free(&be);
+    /* the quantized decode kernels in bf16 mode, every ISA (AVX-512 has a bf16-dot path for 4-bit) */
+    static const int bitss[] = {4, 8, 3}, gss[] = {32, 64, 128};
+    for (size_t ii = 0; ii < 3; ii++) {
+        be = mk(2, PT_ACT_BF16, all_isas[ii]);
+        if (!be) continue;
+        for (int bi = 0; bi < 3; bi++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int64_t T = 1; T <= 5; T += 2) {
+                    int64_t N = 9 + gi + 4 * bi, K = gss[gi] * (2 + bi);
+                    tw_make(&tw, 0, N, K, PT_FT_BF16, bitss[bi], gss[gi], bi == 1);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s bf16 q%d g%d N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
+                             bitss[bi], gss[gi], (long long)N, (long long)K, (long long)T);
+                    int ok = check_matmul_case(be, &tw, T, 0, what);
+                    tw_free(&tw);
+                    if (!ok) {
+                        pt_backend_free(&be);
+                        return;
+                    }
+                }
+        pt_backend_free(&be);
+    }
+    be = mk(2, PT_ACT_BF16, PT_ISA_AUTO);
     /* outputs are bf16 values */
     float x[64], y[3];
     fill(x, 64, -1, 1);

@@ -119,13 +119,23 @@ static pt_status cpu_reserve(pt_backend *be, const pt_backend_limits *lim) {
     size_t H = lim->max_heads > 0 ? (size_t)lim->max_heads : 0;
     size_t D = lim->max_head_dim > 0 ? (size_t)lim->max_head_dim : 0;
     size_t S = lim->max_ctx > 0 ? (size_t)lim->max_ctx : 0;
+    /* these mirror the requests in cpu_matmul.c / cpu_attention.c / cpu_ops.c */
     size_t per = PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1);
+    if (8 * (K / 32 + 1) + K > per) per = 8 * (K / 32 + 1) + K;
     if (H * (S + D) > per) per = H * (S + D);
     if (D > per) per = D;
     size_t shared = T * (K + K / 32 + 1);
-    size_t moe = 4 * F + F / 32 + 1 + K;
-    if (moe > shared) shared = moe;
     PT_TRY(pt_cpu_need_scratch(c, per, shared));
+    if (F > 0) { /* moe_ffn: gate|up [2F], h [F], o [K] */
+        size_t moe = 3 * F + K;
+        if (moe > c->moe_floats) {
+            float *p = aligned_alloc(64, ((moe * sizeof(float)) + 63) & ~(size_t)63);
+            if (!p) return pt_error(PT_ERR_NOMEM, "out of memory for MoE scratch");
+            free(c->moe);
+            c->moe = p;
+            c->moe_floats = moe;
+        }
+    }
     c->lim = *lim;
     return PT_OK;
 }

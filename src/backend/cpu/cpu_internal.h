@@ -34,6 +34,17 @@ typedef struct pt_cpu_kernels {
      * not specialized (the generic path unpacks and uses dot_f32). */
     float (*qdot4)(const float *xp, const uint8_t *codes, const float *sc, int64_t K, int gs);
     float (*qdot8)(const float *x, const uint8_t *codes, const float *sc, int64_t K, int gs);
+    /* Four rows at once, bias term included (decode):
+     *   out[r] = Σ_g sc[r][g]·Σ_{j∈g} q_rj·x_j + Σ_g bi[r][g]·xs[g]
+     * xs = group sums of x. Each row's arithmetic is independent of the
+     * other three, so a row gives the same bits in any block (blocks at the
+     * end of a thread's range repeat their last row). */
+    void (*qdot4_x4)(float *out, const float *xp, const float *xs, const uint8_t *const *codes,
+                     const float *const *sc, const float *const *bi, int64_t K, int gs);
+    void (*qdot8_x4)(float *out, const float *x, const float *xs, const uint8_t *const *codes,
+                     const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* dst[i] = f32 of bf16 src[i] */
+    void (*cvt_bf16)(float *dst, const uint16_t *src, int64_t n);
     /* out[r] = dot_f32(x, rows[r]) for r < nr (nr <= 4), each exactly as dot_f32 computes it */
     void (*dot_f32_rows)(float *out, const float *x, const float *const *rows, int nr, int64_t n);
 } pt_cpu_kernels;

@@ -110,17 +110,9 @@ static void mm_direct(void *arg, int ith, int nth) {
         }
         int64_t ng = K / w->group_size;
         float *sc = tmp, *bi = tmp + ng, *deq = tmp + 2 * ng;
-        if (w->bits == 4 || w->bits == 8) {
-            pt_cpu_qrow_params(w, m->expert, n, sc, bi);
-            const uint8_t *codes = pt_cpu_qrow_codes(w, m->expert, n);
-            for (int64_t t = 0; t < T; t++) {
-                float v = w->bits == 4 ? k->qdot4(m->xq + t * K, codes, sc, K, w->group_size)
-                                       : k->qdot8(m->xq + t * K, codes, sc, K, w->group_size);
-                v += k->dot_f32(bi, m->xs + t * ng, ng);
-                m->y[t * N + n] = pt_act_round(act, v + bias);
-            }
-        } else {
-            /* other bit widths: unpack the codes, then the same factored form */
+        {
+            /* 2/3/5/6 bits (4 and 8 go through mm_direct_q48): unpack the
+             * codes, then the same factored form */
             pt_cpu_qrow_params(w, m->expert, n, sc, bi);
             pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, 0, K, deq);
             for (int64_t t = 0; t < T; t++) {
@@ -167,6 +159,45 @@ static void mm_blocked(void *arg, int ith, int nth) {
     }
 }
 
+/* Decode path for 4- and 8-bit weights: four rows per kernel call (x and its
+ * group sums loaded once for the four), scales/biases converted to f32 per
+ * block. A thread's last block repeats its last row to fill four; the
+ * duplicate's result is dropped. */
+static void mm_direct_q48(void *arg, int ith, int nth) {
+    mm_ctx *m = arg;
+    const pt_matrix *w = m->w;
+    const pt_cpu_kernels *k = m->c->k;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows, K = w->cols, T = m->T, ng = K / w->group_size;
+    long n0, n1;
+    pt_split_range(N, ith, nth, &n0, &n1);
+    float *tmp = pt_cpu_thread_scratch(m->c, ith);
+    size_t pbytes = pt_ftype_size(w->dtype);
+    for (int64_t nb = n0; nb < n1; nb += 4) {
+        const uint8_t *codes[4];
+        const float *sc[4], *bi[4];
+        int nr = (int)(n1 - nb < 4 ? n1 - nb : 4);
+        for (int r = 0; r < 4; r++) {
+            int64_t n = nb + (r < nr ? r : nr - 1);
+            codes[r] = pt_cpu_qrow_codes(w, m->expert, n);
+            float *s = tmp + (size_t)r * 2 * ng, *b = s + ng;
+            size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+            if (w->dtype == PT_FT_BF16) {
+                k->cvt_bf16(s, (const uint16_t *)((const char *)w->scales + off), ng);
+                k->cvt_bf16(b, (const uint16_t *)((const char *)w->biases + off), ng);
+            } else pt_cpu_qrow_params(w, m->expert, n, s, b);
+            sc[r] = s;
+            bi[r] = b;
+        }
+        for (int64_t t = 0; t < T; t++) {
+            float out[4];
+            if (w->bits == 4) k->qdot4_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            else k->qdot8_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias_of(w, m->expert, nb + r));
+        }
+    }
+}
+
 pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
     pt_cpu *c = pt_cpu_of(be);
     PT_ASSERT(T >= 0 && expert >= 0 && (expert == 0 || expert < w->n_experts));
@@ -175,7 +206,7 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
     if (T < PT_CPU_DIRECT_T) {
         int64_t ng = w->bits ? K / w->group_size : 0;
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * ng + K), (size_t)(T * (K + ng))));
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + ng))));
         if (w->bits) {
             float *xp = c->xbuf, *xs = c->xbuf + T * K;
             for (int64_t t = 0; t < T; t++) {
@@ -190,7 +221,7 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
             if (w->bits == 4) m.xq = xp;
             m.xs = xs;
         }
-        pt_pool_run(c->pool, mm_direct, &m);
+        pt_pool_run(c->pool, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
     } else {
         PT_TRY(pt_cpu_need_scratch(c, (size_t)(PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1)), 0));
         pt_pool_run(c->pool, mm_blocked, &m);

@@ -131,6 +131,97 @@ static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* ---- four rows at once (decode) ----
+ * Low nibbles go through vpermps against a table of 0..15 (it uses only the
+ * low 4 bits of each index, so no mask is needed) and high nibbles through
+ * shift + convert: this splits the work between the two vector ports instead
+ * of piling both conversions on the one that converts. */
+
+#define Q4_STEP(c, l, h)                                                                        \
+    do {                                                                                        \
+        __m512i v_ = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((c) + b / 2)));     \
+        l = _mm512_fmadd_ps(_mm512_permutexvar_ps(v_, lut), xl, l);                             \
+        h = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v_, 4)), xh, h);               \
+    } while (0)
+
+/* Adds Σ_g bi[g]·xs[g] for the four rows into their accumulators. */
+#define BIAS_TERM()                                                                              \
+    for (int64_t g = 0; g < ng; g += 16) {                                                       \
+        __mmask16 m_ = ng - g >= 16 ? (__mmask16)0xffff : tail_mask(ng - g);                     \
+        __m512 xs_ = _mm512_maskz_loadu_ps(m_, xs + g);                                          \
+        a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, bi[0] + g), xs_, a0);                     \
+        a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, bi[1] + g), xs_, a1);                     \
+        a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, bi[2] + g), xs_, a2);                     \
+        a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, bi[3] + g), xs_, a3);                     \
+    }
+
+static void qdot4_x4(float *out, const float *xp, const float *xs, const uint8_t *const *codes, const float *const *sc,
+                     const float *const *bi, int64_t K, int gs) {
+    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            __m512 xl = _mm512_loadu_ps(xp + b), xh = _mm512_loadu_ps(xp + b + 16);
+            Q4_STEP(c0, l0, h0);
+            Q4_STEP(c1, l1, h1);
+            Q4_STEP(c2, l2, h2);
+            Q4_STEP(c3, l3, h3);
+        }
+        a0 = _mm512_fmadd_ps(_mm512_add_ps(l0, h0), _mm512_set1_ps(sc[0][g]), a0);
+        a1 = _mm512_fmadd_ps(_mm512_add_ps(l1, h1), _mm512_set1_ps(sc[1][g]), a1);
+        a2 = _mm512_fmadd_ps(_mm512_add_ps(l2, h2), _mm512_set1_ps(sc[2][g]), a2);
+        a3 = _mm512_fmadd_ps(_mm512_add_ps(l3, h3), _mm512_set1_ps(sc[3][g]), a3);
+    }
+    BIAS_TERM();
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
+}
+
+#define Q8_STEP(c, s0, s1)                                                                                      \
+    do {                                                                                                        \
+        s0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((c) + b)))), \
+                             x0, s0);                                                                           \
+        s1 = _mm512_fmadd_ps(                                                                                   \
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((c) + b + 16)))), x1, s1); \
+    } while (0)
+
+static void qdot8_x4(float *out, const float *x, const float *xs, const uint8_t *const *codes, const float *const *sc,
+                     const float *const *bi, int64_t K, int gs) {
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+        for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
+            __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
+            Q8_STEP(c0, l0, h0);
+            Q8_STEP(c1, l1, h1);
+            Q8_STEP(c2, l2, h2);
+            Q8_STEP(c3, l3, h3);
+        }
+        a0 = _mm512_fmadd_ps(_mm512_add_ps(l0, h0), _mm512_set1_ps(sc[0][g]), a0);
+        a1 = _mm512_fmadd_ps(_mm512_add_ps(l1, h1), _mm512_set1_ps(sc[1][g]), a1);
+        a2 = _mm512_fmadd_ps(_mm512_add_ps(l2, h2), _mm512_set1_ps(sc[2][g]), a2);
+        a3 = _mm512_fmadd_ps(_mm512_add_ps(l3, h3), _mm512_set1_ps(sc[3][g]), a3);
+    }
+    BIAS_TERM();
+    out[0] = _mm512_reduce_add_ps(a0);
+    out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2);
+    out[3] = _mm512_reduce_add_ps(a3);
+}
+
+static void cvt_bf16(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_bf16(src + i));
+    if (i < n) _mm512_mask_storeu_ps(dst + i, tail_mask(n - i), maskz_load_bf16(tail_mask(n - i), src + i));
+}
+
 static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
     for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
 }
@@ -144,5 +235,8 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .axpy_bf16 = axpy_bf16,
     .qdot4 = qdot4,
     .qdot8 = qdot8,
+    .qdot4_x4 = qdot4_x4,
+    .qdot8_x4 = qdot8_x4,
+    .cvt_bf16 = cvt_bf16,
     .dot_f32_rows = dot_f32_rows,
 };

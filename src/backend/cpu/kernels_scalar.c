@@ -69,6 +69,20 @@ static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_
     return acc;
 }
 
+static void qdot4_x4(float *out, const float *xp, const float *xs, const uint8_t *const *codes, const float *const *sc,
+                     const float *const *bi, int64_t K, int gs) {
+    for (int r = 0; r < 4; r++) out[r] = qdot4(xp, codes[r], sc[r], K, gs) + dot_f32(bi[r], xs, K / gs);
+}
+
+static void qdot8_x4(float *out, const float *x, const float *xs, const uint8_t *const *codes, const float *const *sc,
+                     const float *const *bi, int64_t K, int gs) {
+    for (int r = 0; r < 4; r++) out[r] = qdot8(x, codes[r], sc[r], K, gs) + dot_f32(bi[r], xs, K / gs);
+}
+
+static void cvt_bf16(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = pt_bf16_to_f32(src[i]);
+}
+
 static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
     for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
 }
@@ -82,5 +96,8 @@ const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .axpy_bf16 = axpy_bf16,
     .qdot4 = qdot4,
     .qdot8 = qdot8,
+    .qdot4_x4 = qdot4_x4,
+    .qdot8_x4 = qdot8_x4,
+    .cvt_bf16 = cvt_bf16,
     .dot_f32_rows = dot_f32_rows,
 };
