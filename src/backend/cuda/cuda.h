@@ -7,6 +7,7 @@
 #define PT_BACKEND_CUDA_H
 
 #include "petrel.h"
+#include "backend/backend.h"
 
 #include <stddef.h>
 
@@ -59,6 +60,19 @@ pt_status pt_device_resolve(pt_device requested, pt_device *resolved, char *desc
 pt_status pt_device_parse(const char *s, pt_device *out);
 
 const char *pt_device_name(pt_device d);
+
+/* ---- The CUDA backend (the op table of backend.h on a GPU) ---------------- */
+
+typedef struct pt_cuda_params {
+    int device;        /* CUDA device index (0 = the first visible one) */
+    pt_act_dtype act;  /* activation rounding, as for the CPU backend */
+} pt_cuda_params;
+
+/* Creates the CUDA backend on params->device (NULL: device 0, bf16). Weights
+ * prepared on it are copied to device memory once, in their MLX packed layout
+ * (dense weights as they are). PT_ERR_UNSUPPORTED in a build without CUDA;
+ * PT_ERR_DEVICE naming the CUDA call and code when the device is unusable. */
+pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params);
 
 #ifdef __cplusplus
 }

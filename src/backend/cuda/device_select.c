@@ -23,6 +23,12 @@ pt_status pt_cuda_device_query(int index, pt_cuda_device_info *info) {
     info->index = index;
     return pt_error(PT_ERR_UNSUPPORTED, "this petrel was built without CUDA (build with make CUDA=1)");
 }
+
+pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params) {
+    (void)params;
+    *out = NULL;
+    return pt_error(PT_ERR_UNSUPPORTED, "the CUDA backend: this petrel was built without CUDA (build with make CUDA=1)");
+}
 #endif
 
 void pt_cuda_device_describe(const pt_cuda_device_info *info, char *buf, size_t n) {

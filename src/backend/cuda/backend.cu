@@ -1,0 +1,267 @@
+/* The CUDA backend's op table (backend.h): creation on a device, memory
+ * (plain cudaMalloc; never managed memory), scratch reservation, weight
+ * upload, and the table wiring each op to its family's file. Ops enqueue on
+ * one stream; download() and sync() synchronize. Not kernels: those live in
+ * matmul.cu, norm.cu, rope.cu, attention.cu, elementwise.cu and moe.cu. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Matmul weight tiles for the cuBLAS path hold this many elements (f32 at
+ * most: 64 MiB). Larger weights are processed in row chunks. */
+#define PT_CUDA_TILE_ELEMS (16u << 20)
+
+static void cuda_free(pt_backend *be) {
+    pt_cuda *c = pt_cuda_of(be);
+    if (c->tile) cudaFree(c->tile);
+    if (c->xconv) cudaFree(c->xconv);
+    if (c->moe_h) cudaFree(c->moe_h);
+    if (c->moe_g) cudaFree(c->moe_g);
+    if (c->moe_o) cudaFree(c->moe_o);
+    if (c->err_dev) cudaFree(c->err_dev);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+static void *cuda_alloc(pt_backend *be, size_t bytes) {
+    pt_cuda *c = pt_cuda_of(be);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream);
+    if (e != cudaSuccess) {
+        if (p) cudaFree(p);
+        pt_error(PT_ERR_NOMEM, "cudaMalloc/cudaMemsetAsync of %zu bytes failed: %s (code %d): %s", bytes,
+                 cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_dealloc(pt_backend *be, void *p) {
+    if (!p) return;
+    /* The stream may still use p: finish it first (frees are rare). */
+    cudaStreamSynchronize(pt_cuda_of(be)->stream);
+    cudaFree(p);
+}
+
+/* Synchronous with respect to the host: the source may be reused on return. */
+static pt_status cuda_upload(pt_backend *be, void *dst, const void *src, size_t bytes) {
+    pt_cuda *c = pt_cuda_of(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return PT_OK;
+}
+
+pt_status pt_cuda_check_errors(pt_cuda *c) {
+    int h[2];
+    CUDA_CHECK(cudaMemcpyAsync(h, c->err_dev, sizeof h, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (h[0]) {
+        CUDA_CHECK(cudaMemsetAsync(c->err_dev, 0, 2 * sizeof(int), c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (h[0] == 2) return pt_error(PT_ERR_RANGE, "moe_ffn: expert index %d outside the expert stack", h[1]);
+        return pt_error(PT_ERR_RANGE, "embed: token id %d outside the vocabulary", h[1]);
+    }
+    return PT_OK;
+}
+
+static pt_status cuda_download(pt_backend *be, void *dst, const void *src, size_t bytes) {
+    pt_cuda *c = pt_cuda_of(be);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return pt_cuda_check_errors(c);
+}
+
+static pt_status cuda_sync(pt_backend *be) {
+    pt_cuda *c = pt_cuda_of(be);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return pt_cuda_check_errors(c);
+}
+
+static pt_status grow(void **p, size_t *have, size_t need) {
+    if (need <= *have) return PT_OK;
+    if (*p) CUDA_CHECK(cudaFree(*p));
+    *p = NULL;
+    *have = 0;
+    CUDA_CHECK(cudaMalloc(p, need));
+    *have = need;
+    return PT_OK;
+}
+
+static pt_status cuda_reserve(pt_backend *be, const pt_backend_limits *lim) {
+    pt_cuda *c = pt_cuda_of(be);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    pt_backend_limits l = c->lim;
+    if (lim->max_tokens > l.max_tokens) l.max_tokens = lim->max_tokens;
+    if (lim->max_ctx > l.max_ctx) l.max_ctx = lim->max_ctx;
+    if (lim->max_heads > l.max_heads) l.max_heads = lim->max_heads;
+    if (lim->max_head_dim > l.max_head_dim) l.max_head_dim = lim->max_head_dim;
+    if (lim->max_cols > l.max_cols) l.max_cols = lim->max_cols;
+    if (lim->max_ffn > l.max_ffn) l.max_ffn = lim->max_ffn;
+    if (lim->max_top_k > l.max_top_k) l.max_top_k = lim->max_top_k;
+    if (l.max_tokens < 0 || l.max_cols < 0 || l.max_ffn < 0 || l.max_top_k < 0)
+        return pt_error(PT_ERR_INVALID_ARG, "reserve: negative limit");
+    PT_TRY(grow(&c->tile, &c->tile_bytes, (size_t)PT_CUDA_TILE_ELEMS * 4));
+    PT_TRY(grow(&c->xconv, &c->xconv_bytes, (size_t)l.max_tokens * (size_t)l.max_cols * 4 + 256));
+    size_t rows = (size_t)l.max_tokens * (size_t)(l.max_top_k > 0 ? l.max_top_k : 0);
+    if (rows && l.max_ffn) {
+        if (rows > c->moe_rows || (size_t)l.max_ffn > c->moe_ffn || (size_t)l.max_cols > c->moe_cols) {
+            if (c->moe_h) CUDA_CHECK(cudaFree(c->moe_h));
+            if (c->moe_g) CUDA_CHECK(cudaFree(c->moe_g));
+            if (c->moe_o) CUDA_CHECK(cudaFree(c->moe_o));
+            c->moe_h = c->moe_g = c->moe_o = NULL;
+            CUDA_CHECK(cudaMalloc((void **)&c->moe_h, rows * (size_t)l.max_ffn * 4));
+            CUDA_CHECK(cudaMalloc((void **)&c->moe_g, rows * (size_t)l.max_ffn * 8));
+            CUDA_CHECK(cudaMalloc((void **)&c->moe_o, rows * (size_t)l.max_cols * 4));
+            c->moe_rows = rows;
+            c->moe_ffn = (size_t)l.max_ffn;
+            c->moe_cols = (size_t)l.max_cols;
+        }
+    }
+    c->lim = l;
+    return PT_OK;
+}
+
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static pt_status cuda_prepare_weight(pt_backend *be, pt_weight *w, const char *name) {
+    pt_cuda *c = pt_cuda_of(be);
+    const char *nm = name ? name : "weight";
+    if (w->backend_data) return pt_error(PT_ERR_INVALID_ARG, "%s: weight already prepared", nm);
+    if (w->rows <= 0 || w->cols <= 0 || w->n_experts < 0)
+        return pt_error(PT_ERR_INVALID_ARG, "%s: bad shape rows %lld cols %lld experts %lld", nm,
+                        (long long)w->rows, (long long)w->cols, (long long)w->n_experts);
+    if (w->dtype != PT_FT_F32 && w->dtype != PT_FT_BF16 && w->dtype != PT_FT_F16)
+        return pt_error(PT_ERR_UNSUPPORTED, "%s: dtype %d not supported", nm, (int)w->dtype);
+    if (!w->data) return pt_error(PT_ERR_INVALID_ARG, "%s: no data", nm);
+    int64_t E = w->n_experts > 1 ? w->n_experts : 1;
+    size_t es = pt_ftype_size(w->dtype);
+    size_t data_b, sc_b = 0;
+    if (w->bits == 0) {
+        data_b = (size_t)E * (size_t)w->rows * (size_t)w->cols * es;
+    } else {
+        if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 && w->bits != 8)
+            return pt_error(PT_ERR_UNSUPPORTED, "%s: quantized bits %d (CUDA kernels exist for 2, 3, 4, 5, 6, 8)",
+                            nm, w->bits);
+        if (w->group_size != 32 && w->group_size != 64 && w->group_size != 128)
+            return pt_error(PT_ERR_UNSUPPORTED, "%s: group size %d (CUDA kernels exist for 32, 64, 128)", nm,
+                            w->group_size);
+        if (w->cols % w->group_size)
+            return pt_error(PT_ERR_INVALID_ARG, "%s: cols %lld not a multiple of the group size %d", nm,
+                            (long long)w->cols, w->group_size);
+        if (!w->scales || !w->biases) return pt_error(PT_ERR_INVALID_ARG, "%s: quantized weight without scales/biases", nm);
+        data_b = (size_t)E * (size_t)w->rows * (size_t)(w->cols * w->bits / 32) * 4;
+        sc_b = (size_t)E * (size_t)w->rows * (size_t)(w->cols / w->group_size) * es;
+    }
+    size_t bias_b = w->bias ? (size_t)E * (size_t)w->rows * pt_ftype_size(w->bias_dtype) : 0;
+    size_t total = align256(data_b) + 2 * align256(sc_b) + align256(bias_b);
+    pt_cuda_weight *cw = (pt_cuda_weight *)calloc(1, sizeof *cw);
+    if (!cw) return pt_error(PT_ERR_NOMEM, "%s: out of host memory", nm);
+    cudaError_t e = cudaMalloc(&cw->mem, total);
+    if (e != cudaSuccess) {
+        free(cw);
+        return pt_error(PT_ERR_NOMEM, "%s: cudaMalloc of %zu bytes failed: %s (code %d)", nm, total,
+                        cudaGetErrorName(e), (int)e);
+    }
+    cw->bytes = total;
+    char *p = (char *)cw->mem;
+    struct { const void *src; size_t n; const void **dst; } parts[4] = {
+        {w->data, data_b, &cw->data},
+        {w->scales, sc_b, &cw->scales},
+        {w->biases, sc_b, &cw->biases},
+        {w->bias, bias_b, &cw->bias},
+    };
+    for (int i = 0; i < 4; i++) {
+        if (!parts[i].n || !parts[i].src) continue;
+        e = cudaMemcpyAsync(p, parts[i].src, parts[i].n, cudaMemcpyHostToDevice, c->stream);
+        if (e != cudaSuccess) break;
+        *parts[i].dst = p;
+        p += align256(parts[i].n);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaFree(cw->mem);
+        free(cw);
+        return pt_error(PT_ERR_DEVICE, "%s: upload of %zu bytes failed: %s (code %d)", nm, total,
+                        cudaGetErrorName(e), (int)e);
+    }
+    w->backend_data = cw;
+    return PT_OK;
+}
+
+static void cuda_release_weight(pt_backend *be, pt_weight *w) {
+    pt_cuda_weight *cw = (pt_cuda_weight *)w->backend_data;
+    if (!cw) return;
+    cudaStreamSynchronize(pt_cuda_of(be)->stream);
+    cudaFree(cw->mem);
+    free(cw);
+    w->backend_data = NULL;
+}
+
+static const pt_backend_ops cuda_ops = {
+    "cuda",
+    cuda_free,
+    cuda_alloc,
+    cuda_dealloc,
+    cuda_upload,
+    cuda_download,
+    cuda_sync,
+    cuda_reserve,
+    cuda_prepare_weight,
+    cuda_release_weight,
+    pt_cuda_embed,
+    pt_cuda_rms_norm,
+    pt_cuda_matmul,
+    pt_cuda_rope,
+    pt_cuda_kv_append,
+    pt_cuda_attention,
+    pt_cuda_glu,
+    pt_cuda_add,
+    pt_cuda_mul,
+    pt_cuda_add_scaled,
+    pt_cuda_scale,
+    pt_cuda_softcap,
+    pt_cuda_moe_route,
+    pt_cuda_moe_ffn,
+    pt_cuda_argmax,
+};
+
+static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
+    pt_cuda_device_info info;
+    PT_TRY(pt_cuda_device_query(p->device, &info));
+    c->device = p->device;
+    c->sm_count = info.sm_count;
+    CUDA_CHECK(cudaSetDevice(p->device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&c->blas));
+    CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
+    /* Exact f32 products in f32 mode: never TF32. */
+    CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH));
+    CUDA_CHECK(cudaMalloc((void **)&c->err_dev, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMemsetAsync(c->err_dev, 0, 2 * sizeof(int), c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return PT_OK;
+}
+
+extern "C" pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params) {
+    *out = NULL;
+    pt_cuda_params def = {0, PT_ACT_BF16};
+    const pt_cuda_params *p = params ? params : &def;
+    if (p->act != PT_ACT_F32 && p->act != PT_ACT_BF16)
+        return pt_error(PT_ERR_INVALID_ARG, "cuda backend: unknown activation dtype %d", (int)p->act);
+    pt_cuda *c = (pt_cuda *)calloc(1, sizeof *c);
+    if (!c) return pt_error(PT_ERR_NOMEM, "cuda backend: out of host memory");
+    c->base.ops = &cuda_ops;
+    c->base.act = p->act;
+    c->base.impl = c;
+    pt_status st = create(c, p);
+    if (st != PT_OK) {
+        pt_error_prefix(st, "cuda backend on device %d", p->device);
+        cuda_free(&c->base);
+        return st;
+    }
+    *out = &c->base;
+    return PT_OK;
+}

@@ -1,0 +1,122 @@
+/* CUDA backend internals shared by its .cu files: the backend state, the
+ * device copy of a weight, and the op entry points each op-family file
+ * implements (C++ linkage: only backend.cu's table and the functions in
+ * cuda.h face the C side). Not a kernel library; kernels stay in their
+ * family's .cu.
+ *
+ * Activations follow backend.h: f32 buffers [T, D] in device memory whose
+ * values are rounded to bf16 after every op when be->act == PT_ACT_BF16. */
+#ifndef PT_BACKEND_CUDA_INTERNAL_CUH
+#define PT_BACKEND_CUDA_INTERNAL_CUH
+
+#include "backend/cuda/common.cuh"
+
+#include <cublas_v2.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+}
+
+#define CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                     \
+        cublasStatus_t pt_blas_s_ = (call);                                                  \
+        if (pt_blas_s_ != CUBLAS_STATUS_SUCCESS)                                             \
+            return pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d) [%s:%d]", #call,          \
+                            cublasGetStatusName(pt_blas_s_), (int)pt_blas_s_, __FILE__, __LINE__); \
+    } while (0)
+
+/* The device copy of a pt_weight (pt_weight.backend_data). One cudaMalloc
+ * holds data, scales, biases and bias back to back (each 256-byte aligned). */
+typedef struct pt_cuda_weight {
+    void *mem;            /* the allocation */
+    const void *data;     /* dense [E, rows, cols] of dtype, or uint32 codes [E, rows, cols·bits/32] */
+    const void *scales;   /* [E, rows, cols/gs] of dtype (quantized) */
+    const void *biases;
+    const void *bias;     /* [E, rows] of bias_dtype, or NULL */
+    size_t bytes;
+} pt_cuda_weight;
+
+typedef struct pt_cuda {
+    pt_backend base;
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    pt_backend_limits lim;
+    /* Matmul scratch (reserve): a weight tile dequantized/converted for
+     * cuBLAS, and the input converted to the tile's type. */
+    void *tile;           /* [tile_elems] bf16 or f32 */
+    size_t tile_bytes;
+    void *xconv;          /* [max_tokens, max_cols] bf16 or f32 */
+    size_t xconv_bytes;
+    /* MoE scratch: per (token, k) expert intermediate and output rows. */
+    float *moe_h;         /* [max_tokens·max_top_k, max_ffn]   f32 */
+    float *moe_g;         /* [max_tokens·max_top_k, 2·max_ffn] f32 */
+    float *moe_o;         /* [max_tokens·max_top_k, max_cols]  f32 */
+    size_t moe_rows, moe_ffn, moe_cols;
+    /* Errors found by kernels: a device word set by the kernel (1: an
+     * embedding id out of range, 2: an expert index out of range) and the
+     * offending value, checked at the next synchronization. */
+    int *err_dev;         /* [2]: flag, offending value */
+} pt_cuda;
+
+static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }
+static inline const pt_cuda_weight *pt_cuda_w(const pt_weight *w) { return (const pt_cuda_weight *)w->backend_data; }
+static inline int pt_cuda_bf(const pt_backend *be) { return be->act == PT_ACT_BF16; }
+
+/* Blocks for a grid-stride elementwise kernel over n items. */
+static inline unsigned pt_cuda_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b > 65535LL * 16) b = 65535LL * 16;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* Reads element i of a float array of type t. */
+__device__ __forceinline__ float pt_ld(pt_ftype t, const void *p, int64_t i) {
+    if (t == PT_FT_BF16) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (t == PT_FT_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+__device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_bf(v) : v; }
+
+/* Op entry points (one family per file). */
+/* matmul.cu */
+pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+/* Batched quantized/dense GEMV over B items: y[b] = W[e_b] · x[b / x_div] (+bias),
+ * e_b = experts[b] (device int32) or `expert` when experts == NULL. Rows of
+ * x are K apart, rows of y N apart. Used by moe_ffn. */
+pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_weight *w,
+                             const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows,
+                             int64_t y_stride);
+/* norm.cu */
+pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
+                           const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+/* rope.cu */
+pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
+                       const pt_rope *rope);
+/* attention.cu */
+pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
+                            const int32_t *pos);
+pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
+                            const pt_kv_layer *kv, const pt_attn *p);
+/* elementwise.cu */
+pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F,
+                      int64_t ld, pt_act_fn act);
+pt_status pt_cuda_add(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+pt_status pt_cuda_mul(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
+pt_status pt_cuda_add_scaled(pt_backend *be, float *y, const float *a, const float *b, float s, int64_t n);
+pt_status pt_cuda_scale(pt_backend *be, float *y, const float *x, float s, int64_t n);
+pt_status pt_cuda_softcap(pt_backend *be, float *y, const float *x, float cap, int64_t n);
+pt_status pt_cuda_argmax(pt_backend *be, int32_t *out, const float *x, int64_t T, int64_t V);
+/* moe.cu */
+pt_status pt_cuda_moe_route(pt_backend *be, int32_t *idx, float *weights, const float *logits, int64_t T,
+                            const pt_moe_route *p);
+pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
+                          const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
+                          const pt_weight *down, pt_act_fn act);
+/* Checks the kernel error word (synchronizes the stream). */
+pt_status pt_cuda_check_errors(pt_cuda *c);
+
+#endif

@@ -1,0 +1,417 @@
+/* matmul (backend.h): y[T, N] = x[T, K] · Wᵀ (+ bias) for dense (bf16, f16,
+ * f32) and MLX affine-quantized (2/3/4/5/6/8-bit, group 32/64/128) weights
+ * kept on the device in their packed layout.
+ *
+ * Two paths:
+ *  - GEMV (T <= 8, the decode step): one warp computes PT_GEMV_ROWS rows;
+ *    each lane streams 32-value chunks of the packed row (16-byte loads for
+ *    4/8-bit) and reuses the loaded codes for every token of the batch;
+ *    f32 accumulation in the factored form per chunk: scale·Σq·x + bias·Σx.
+ *    The grid is rows/(4 warps · PT_GEMV_ROWS) blocks per item, enough to
+ *    fill 132 SMs for every projection of a 1B+ model.
+ *  - GEMM (T > 8, prefill): the weight is dequantized (or converted) in row
+ *    tiles into scratch and multiplied with cuBLAS: bf16 × bf16 → f32 with
+ *    f32 accumulation in bf16 activation mode (the input, already bf16
+ *    values, converts exactly); f32 × f32 (no TF32) in f32 mode. The fused
+ *    tensor-core kernel that dequantizes in shared memory is the next lever.
+ * Either way the output is rounded once, after the bias, in bf16 mode.
+ *
+ * Not here: attention, MoE routing (moe.cu uses pt_cuda_gemv_items). */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/matmul.cuh"
+
+#include <cuda_fp16.h>
+
+#define PT_GEMV_MAX_T 8
+#define PT_GEMV_ROWS 2    /* rows per warp: the x loads are shared between them */
+#define PT_GEMV_WARPS 4   /* warps per block */
+
+__device__ __forceinline__ float ld_st(pt_ftype t, const void *p, int64_t i) { return pt_ld(t, p, i); }
+
+/* Per item b: expert e_b, x rows x[(b/x_div)·NT + n], y rows y[(b·NT + n)·ldy]. */
+struct gemv_args {
+    float *y;
+    const float *x;
+    int64_t K, rows;            /* K = cols; rows of one expert matrix */
+    const void *data, *scales, *biases, *bias;
+    pt_ftype st, bt;
+    int gs;
+    const int32_t *experts;     /* device [B] or NULL */
+    int64_t expert;
+    int x_div;
+    int64_t row0, nrows, ldy;
+    int64_t n_experts;          /* experts[b] outside [0, n_experts): zeros + the error word */
+    int *err;
+    int bf;
+};
+
+/* Resolves item b's expert; an index from device memory outside the stack
+ * raises the error word and the item writes zeros instead of reading out of
+ * bounds. */
+__device__ __forceinline__ int64_t item_expert(const gemv_args &a, int64_t b, bool &ok) {
+    int64_t e = a.experts ? a.experts[b] : a.expert;
+    ok = e >= 0 && e < a.n_experts;
+    if (!ok) {
+        if (threadIdx.x == 0 && blockIdx.x == 0 && atomicCAS(a.err, 0, 2) == 0) a.err[1] = (int)e;
+        e = 0;
+    }
+    return e;
+}
+
+template <int BITS, int NT>
+__global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y;
+    bool eok;
+    const int64_t e = item_expert(a, b, eok);
+    const int64_t rl0 = ((int64_t)blockIdx.x * PT_GEMV_WARPS + warp) * PT_GEMV_ROWS; /* local row */
+    if (rl0 >= a.nrows) return;
+    const int64_t wpr = a.K * BITS / 32, ngroups = a.K / a.gs, nchunks = a.K / 32;
+    const float *xb = a.x + (b / a.x_div) * NT * a.K;
+    const uint32_t *rowp[PT_GEMV_ROWS];
+    int64_t grow[PT_GEMV_ROWS];
+    bool valid[PT_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+        valid[r] = rl0 + r < a.nrows;
+        grow[r] = e * a.rows + a.row0 + (valid[r] ? rl0 + r : rl0);
+        rowp[r] = (const uint32_t *)a.data + grow[r] * wpr;
+    }
+    float acc[PT_GEMV_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[r][n] = 0.f;
+
+    for (int64_t c = lane; c < nchunks; c += 32) {
+        uint32_t w[PT_GEMV_ROWS][BITS];
+        float sc[PT_GEMV_ROWS], bi[PT_GEMV_ROWS];
+        const int64_t g = c * 32 / a.gs;
+#pragma unroll
+        for (int r = 0; r < PT_GEMV_ROWS; r++) {
+            pt_q_load<BITS>(w[r], rowp[r], c);
+            sc[r] = ld_st(a.st, a.scales, grow[r] * ngroups + g);
+            bi[r] = ld_st(a.st, a.biases, grow[r] * ngroups + g);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float4 *xp = reinterpret_cast<const float4 *>(xb + n * a.K + c * 32);
+            float xs[32];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg(xp + i);
+                xs[4 * i] = v.x; xs[4 * i + 1] = v.y; xs[4 * i + 2] = v.z; xs[4 * i + 3] = v.w;
+            }
+            float sx = 0.f;
+#pragma unroll
+            for (int j = 0; j < 32; j++) sx += xs[j];
+#pragma unroll
+            for (int r = 0; r < PT_GEMV_ROWS; r++) {
+                float d = 0.f;
+#pragma unroll
+                for (int j = 0; j < 32; j++) d = fmaf((float)pt_q_code<BITS>(w[r], j), xs[j], d);
+                acc[r][n] += sc[r] * d + bi[r] * sx;
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float v = pt_warp_sum(acc[r][n]);
+            if (lane == 0 && valid[r]) {
+                if (a.bias) v += ld_st(a.bt, a.bias, grow[r]);
+                a.y[(b * NT + n) * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
+            }
+        }
+    }
+}
+
+/* Dense weights: VEC elements per 16-byte load when rows are 16-byte aligned
+ * (VEC == 1: any K, scalar loads). */
+template <typename WT, int VEC, int NT>
+__global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_args a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y;
+    bool eok;
+    const int64_t e = item_expert(a, b, eok);
+    const int64_t rl0 = ((int64_t)blockIdx.x * PT_GEMV_WARPS + warp) * PT_GEMV_ROWS;
+    if (rl0 >= a.nrows) return;
+    const float *xb = a.x + (b / a.x_div) * NT * a.K;
+    const WT *rowp[PT_GEMV_ROWS];
+    int64_t grow[PT_GEMV_ROWS];
+    bool valid[PT_GEMV_ROWS];
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+        valid[r] = rl0 + r < a.nrows;
+        grow[r] = e * a.rows + a.row0 + (valid[r] ? rl0 + r : rl0);
+        rowp[r] = (const WT *)a.data + grow[r] * a.K;
+    }
+    float acc[PT_GEMV_ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++)
+#pragma unroll
+        for (int n = 0; n < NT; n++) acc[r][n] = 0.f;
+    const int64_t nv = a.K / VEC;
+    for (int64_t c = lane; c < nv; c += 32) {
+        float wv[PT_GEMV_ROWS][VEC];
+#pragma unroll
+        for (int r = 0; r < PT_GEMV_ROWS; r++) {
+            if constexpr (VEC == 1) {
+                wv[r][0] = (float)rowp[r][c];
+            } else {
+                uint4 u = __ldg(reinterpret_cast<const uint4 *>(rowp[r]) + c);
+                const WT *h = reinterpret_cast<const WT *>(&u);
+#pragma unroll
+                for (int i = 0; i < VEC; i++) wv[r][i] = (float)h[i];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float *xp = xb + n * a.K + c * VEC;
+#pragma unroll
+            for (int r = 0; r < PT_GEMV_ROWS; r++)
+#pragma unroll
+                for (int i = 0; i < VEC; i++) acc[r][n] = fmaf(wv[r][i], __ldg(xp + i), acc[r][n]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float v = pt_warp_sum(acc[r][n]);
+            if (lane == 0 && valid[r]) {
+                if (a.bias) v += ld_st(a.bt, a.bias, grow[r]);
+                a.y[(b * NT + n) * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
+            }
+        }
+    }
+}
+
+template <int NT>
+static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B) {
+    const int64_t rows_per_block = PT_GEMV_WARPS * PT_GEMV_ROWS;
+    dim3 grid((unsigned)((a.nrows + rows_per_block - 1) / rows_per_block), (unsigned)B);
+    dim3 block(PT_GEMV_WARPS * 32);
+    cudaStream_t s = c->stream;
+    switch (bits) {
+    case 2: gemv_q_kernel<2, NT><<<grid, block, 0, s>>>(a); break;
+    case 3: gemv_q_kernel<3, NT><<<grid, block, 0, s>>>(a); break;
+    case 4: gemv_q_kernel<4, NT><<<grid, block, 0, s>>>(a); break;
+    case 5: gemv_q_kernel<5, NT><<<grid, block, 0, s>>>(a); break;
+    case 6: gemv_q_kernel<6, NT><<<grid, block, 0, s>>>(a); break;
+    case 8: gemv_q_kernel<8, NT><<<grid, block, 0, s>>>(a); break;
+    case 0: {
+        /* 16-byte loads need every row 16-byte aligned. */
+        size_t es = pt_ftype_size(dt);
+        bool vec = ((a.K * (int64_t)es) % 16 == 0) && ((uintptr_t)a.data % 16 == 0);
+        if (dt == PT_FT_BF16) {
+            if (vec) gemv_dense_kernel<__nv_bfloat16, 8, NT><<<grid, block, 0, s>>>(a);
+            else gemv_dense_kernel<__nv_bfloat16, 1, NT><<<grid, block, 0, s>>>(a);
+        } else if (dt == PT_FT_F16) {
+            if (vec) gemv_dense_kernel<__half, 8, NT><<<grid, block, 0, s>>>(a);
+            else gemv_dense_kernel<__half, 1, NT><<<grid, block, 0, s>>>(a);
+        } else {
+            if (vec) gemv_dense_kernel<float, 4, NT><<<grid, block, 0, s>>>(a);
+            else gemv_dense_kernel<float, 1, NT><<<grid, block, 0, s>>>(a);
+        }
+        break;
+    }
+    default: return pt_error(PT_ERR_UNSUPPORTED, "matmul: no CUDA kernel for %d-bit weights", bits);
+    }
+    CUDA_CHECK_LAUNCH("gemv");
+    return PT_OK;
+}
+
+static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B, int nt) {
+    if (B > 65535) return pt_error(PT_ERR_INTERNAL, "gemv: %lld items exceed the grid", (long long)B);
+    switch (nt) {
+    case 1: return launch_gemv_nt<1>(c, a, bits, dt, B);
+    case 2: return launch_gemv_nt<2>(c, a, bits, dt, B);
+    case 4: return launch_gemv_nt<4>(c, a, bits, dt, B);
+    case 8: return launch_gemv_nt<8>(c, a, bits, dt, B);
+    }
+    return pt_error(PT_ERR_INTERNAL, "gemv: batch %d not instantiated (1, 2, 4, 8)", nt);
+}
+
+static gemv_args make_args(const pt_cuda *c, const pt_weight *w, float *y, const float *x) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    gemv_args a;
+    a.y = y;
+    a.x = x;
+    a.K = w->cols;
+    a.rows = w->rows;
+    a.data = cw->data;
+    a.scales = cw->scales;
+    a.biases = cw->biases;
+    a.bias = cw->bias;
+    a.st = w->dtype;
+    a.bt = w->bias_dtype;
+    a.gs = w->group_size;
+    a.experts = NULL;
+    a.expert = 0;
+    a.x_div = 1;
+    a.row0 = 0;
+    a.nrows = w->rows;
+    a.ldy = w->rows;
+    a.n_experts = w->n_experts > 1 ? w->n_experts : 1;
+    a.err = c->err_dev;
+    a.bf = c->base.act == PT_ACT_BF16;
+    return a;
+}
+
+pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_weight *w,
+                             const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows, int64_t y_stride) {
+    if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul: weight not prepared on the CUDA backend");
+    if ((uintptr_t)x % 16) return pt_error(PT_ERR_INTERNAL, "gemv: input not 16-byte aligned");
+    gemv_args a = make_args(c, w, y, x);
+    a.experts = experts;
+    a.expert = expert;
+    a.x_div = x_div;
+    a.row0 = row0;
+    a.nrows = nrows;
+    a.ldy = y_stride;
+    return launch_gemv(c, a, w->bits, w->dtype, B, 1);
+}
+
+/* ---- GEMM path ------------------------------------------------------------ */
+
+template <int BITS, typename OT>
+__global__ void dequant_kernel(OT *out, const uint32_t *codes, const void *scales, const void *biases, pt_ftype st,
+                               int gs, int64_t K, int64_t row_begin, int64_t nrows) {
+    const int64_t nchunks = K / 32, ngroups = K / gs, wpr = K * BITS / 32;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nrows * nchunks;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / nchunks, c = i % nchunks, gr = row_begin + r;
+        uint32_t w[BITS];
+        pt_q_load<BITS>(w, codes + gr * wpr, c);
+        const int64_t g = c * 32 / gs;
+        const float s = pt_ld(st, scales, gr * ngroups + g), bb = pt_ld(st, biases, gr * ngroups + g);
+        OT *o = out + r * K + c * 32;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            float v = __fadd_rn(__fmul_rn(s, (float)pt_q_code<BITS>(w, j)), bb); /* as the CPU: no fma */
+            if constexpr (sizeof(OT) == 2) o[j] = __float2bfloat16_rn(v);
+            else o[j] = v;
+        }
+    }
+}
+
+__global__ void convert_kernel(float *out, const void *src, pt_ftype t, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = pt_ld(t, src, i);
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *out, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(x[i]);
+}
+
+/* y[T, N] += bias, then the bf16 rounding. */
+__global__ void epilogue_kernel(float *y, int64_t T, int64_t N, const void *bias, pt_ftype bt, int bf) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * N; i += (int64_t)gridDim.x * blockDim.x) {
+        float v = y[i];
+        if (bias) v += pt_ld(bt, bias, i % N);
+        y[i] = pt_rnd(bf, v);
+    }
+}
+
+template <typename OT>
+static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_weight *w, int64_t row_begin, int64_t nrows) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    unsigned blocks = pt_cuda_blocks(nrows * (w->cols / 32), 256);
+    const uint32_t *codes = (const uint32_t *)cw->data;
+#define PT_DQ(B)                                                                                            \
+    case B:                                                                                                 \
+        dequant_kernel<B, OT><<<blocks, 256, 0, c->stream>>>(out, codes, cw->scales, cw->biases, w->dtype, \
+                                                             w->group_size, w->cols, row_begin, nrows);     \
+        break;
+    switch (w->bits) {
+        PT_DQ(2) PT_DQ(3) PT_DQ(4) PT_DQ(5) PT_DQ(6) PT_DQ(8)
+    default: return pt_error(PT_ERR_UNSUPPORTED, "matmul: no CUDA dequantize kernel for %d-bit weights", w->bits);
+    }
+#undef PT_DQ
+    CUDA_CHECK_LAUNCH("dequant");
+    return PT_OK;
+}
+
+static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    const int64_t N = w->rows, K = w->cols;
+    const int bf = c->base.act == PT_ACT_BF16;
+    const bool use_bf16 = bf && (w->bits > 0 || w->dtype == PT_FT_BF16);
+    if (!c->tile || (size_t)(T * K) * 4 > c->xconv_bytes)
+        return pt_error(PT_ERR_INVALID_ARG,
+                        "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
+                        (long long)T, (long long)K);
+    const size_t esz = use_bf16 ? 2 : 4;
+    int64_t chunk = (int64_t)(c->tile_bytes / esz) / K;
+    if (chunk < 1) return pt_error(PT_ERR_UNSUPPORTED, "matmul: %lld columns exceed the tile", (long long)K);
+    const void *xin = x;
+    if (use_bf16) {
+        f32_to_bf16_kernel<<<pt_cuda_blocks(T * K, 256), 256, 0, c->stream>>>((__nv_bfloat16 *)c->xconv, x, T * K);
+        CUDA_CHECK_LAUNCH("f32_to_bf16");
+        xin = c->xconv;
+    }
+    const float one = 1.f, zero = 0.f;
+    const int64_t ebase = expert * N; /* first row of this expert */
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t nr = N - r0 < chunk ? N - r0 : chunk;
+        const void *A;
+        if (w->bits > 0) {
+            if (use_bf16) PT_TRY(launch_dequant(c, (__nv_bfloat16 *)c->tile, w, ebase + r0, nr));
+            else PT_TRY(launch_dequant(c, (float *)c->tile, w, ebase + r0, nr));
+            A = c->tile;
+        } else if (use_bf16 || w->dtype == PT_FT_F32) {
+            A = (const char *)cw->data + (size_t)(ebase + r0) * (size_t)K * pt_ftype_size(w->dtype);
+        } else {
+            const void *src = (const char *)cw->data + (size_t)(ebase + r0) * (size_t)K * pt_ftype_size(w->dtype);
+            convert_kernel<<<pt_cuda_blocks(nr * K, 256), 256, 0, c->stream>>>((float *)c->tile, src, w->dtype, nr * K);
+            CUDA_CHECK_LAUNCH("convert");
+            A = c->tile;
+        }
+        cudaDataType tt = use_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        /* Column-major view: C[nr, T] (ld N) = A[K, nr]ᵀ · X[K, T]. */
+        CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)T, (int)K, &one, A, tt, (int)K,
+                                  xin, tt, (int)K, &zero, y + r0, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    }
+    const void *bias = cw->bias ? (const char *)cw->bias + (size_t)ebase * pt_ftype_size(w->bias_dtype) : NULL;
+    epilogue_kernel<<<pt_cuda_blocks(T * N, 256), 256, 0, c->stream>>>(y, T, N, bias, w->bias_dtype, bf);
+    CUDA_CHECK_LAUNCH("epilogue");
+    return PT_OK;
+}
+
+pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+    pt_cuda *c = pt_cuda_of(be);
+    if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul: weight not prepared on the CUDA backend");
+    const int64_t E = w->n_experts > 1 ? w->n_experts : 1;
+    if (expert < 0 || expert >= E)
+        return pt_error(PT_ERR_INVALID_ARG, "matmul: expert %lld of %lld", (long long)expert, (long long)E);
+    if (T <= 0) return PT_OK;
+    if ((w->rows > INT32_MAX || w->cols > INT32_MAX) && T > PT_GEMV_MAX_T)
+        return pt_error(PT_ERR_UNSUPPORTED, "matmul: dimensions beyond cuBLAS's int range");
+    if (T > PT_GEMV_MAX_T) return gemm(c, y, x, T, w, expert);
+    /* Quantized rows need 16-byte aligned input for the vector loads. */
+    const float *xin = x;
+    if ((uintptr_t)x % 16) {
+        if ((size_t)(T * w->cols) * 4 > c->xconv_bytes)
+            return pt_error(PT_ERR_INVALID_ARG, "matmul: unaligned input and no scratch reserved");
+        CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
+        xin = (const float *)c->xconv;
+    }
+    gemv_args a = make_args(c, w, y, xin);
+    a.expert = expert;
+    /* T as a sum of batches of 8, 4, 2, 1: each batch shares the weight loads. */
+    int64_t t = 0;
+    for (int nt = 8; nt >= 1; nt >>= 1) {
+        while (T - t >= nt) {
+            gemv_args b = a;
+            b.x = xin + t * w->cols;
+            b.y = y + t * w->rows;
+            PT_TRY(launch_gemv(c, b, w->bits, w->dtype, 1, nt));
+            t += nt;
+        }
+    }
+    return PT_OK;
+}

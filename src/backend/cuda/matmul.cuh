@@ -1,0 +1,44 @@
+/* Device helpers for MLX affine-quantized weights: loading one 32-value chunk
+ * of a packed row (BITS uint32 words, LSB-first, values may span words for
+ * 3/5/6 bits) and extracting code j of it. Shared by matmul.cu (GEMV and the
+ * dequantize-to-tile path) and elementwise.cu (quantized embedding rows). */
+#ifndef PT_BACKEND_CUDA_MATMUL_CUH
+#define PT_BACKEND_CUDA_MATMUL_CUH
+
+#include "backend/cuda/common.cuh"
+
+/* Loads the BITS words of 32-value chunk `c` of a row (row 16-byte aligned
+ * for BITS 4/8, 8-byte for 2/6, 4-byte for 3/5: guaranteed since rows are
+ * cols·BITS/8 bytes with cols a multiple of 32). 16-byte loads for 4/8 bits. */
+template <int BITS>
+__device__ __forceinline__ void pt_q_load(uint32_t (&w)[BITS], const uint32_t *row, int64_t c) {
+    const uint32_t *p = row + c * BITS;
+    if constexpr (BITS % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < BITS / 4; i++) {
+            uint4 v = __ldg(reinterpret_cast<const uint4 *>(p) + i);
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+    } else if constexpr (BITS % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < BITS / 2; i++) {
+            uint2 v = __ldg(reinterpret_cast<const uint2 *>(p) + i);
+            w[2 * i] = v.x; w[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BITS; i++) w[i] = __ldg(p + i);
+    }
+}
+
+/* Code j (0..31) of a loaded chunk; j is a compile-time constant after
+ * unrolling, so the shifts and the word-spanning case fold away. */
+template <int BITS>
+__device__ __forceinline__ uint32_t pt_q_code(const uint32_t (&w)[BITS], int j) {
+    const int bit = j * BITS, wi = bit >> 5, sh = bit & 31;
+    uint32_t q = w[wi] >> sh;
+    if (sh + BITS > 32) q |= w[wi + 1] << (32 - sh);
+    return q & ((1u << BITS) - 1u);
+}
+
+#endif
