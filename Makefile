@@ -52,9 +52,9 @@ CFLAGS   += -DPT_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 LDFLAGS  += -Wl,--no-as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib' -Wl,-rpath,'$$ORIGIN/../lib' \
             -Wl,-rpath,$(CUDA_HOME)/lib64
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
-# CUDA op tests (tests/cuda/test_*.c): built only with CUDA=1, shipped in the
+# CUDA op tests and benchmarks (tests/cuda/{test,bench}_*.c): built only with CUDA=1, shipped in the
 # GPU bundle and run there by `make check-cuda`.
-CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/test_*.c))
+CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/test_*.c tests/cuda/bench_*.c))
 else
 CU_OBJ   :=
 CUDA_TEST_BIN :=

@@ -3,8 +3,10 @@
 # assembles build/gpu-bundle/ to be carried to a GPU machine that has CUDA's
 # own libraries but none of our Debian packages:
 #   petrel            the CUDA-enabled binary
-#   tests/test_*      the CUDA test binaries (tests/cuda/*.c); `make check-cuda`
-#                     on the GPU machine runs them — nothing compiles there
+#   tests/test_*      the CUDA test binaries (tests/cuda/test_*.c); `make
+#                     check-cuda` on the GPU machine runs them — nothing
+#                     compiles there
+#   tests/bench_*     the CUDA op benchmarks (tests/cuda/bench_*.c)
 #   lib/              the non-system shared libraries the binaries link
 #                     (cJSON, libmicrohttpd, PCRE2, utf8proc and their own
 #                     dependencies), found through the binaries' RPATH
@@ -28,7 +30,7 @@ rm -rf "$DEST"
 mkdir -p "$DEST/lib" "$DEST/tests"
 cp "$BUILD_CUDA/petrel" "$DEST/"
 shopt -s nullglob
-tests=("$BUILD_CUDA"/tests/cuda/test_*)
+tests=("$BUILD_CUDA"/tests/cuda/test_* "$BUILD_CUDA"/tests/cuda/bench_*)
 [ ${#tests[@]} -gt 0 ] || { echo "gpu-bundle: no CUDA test binaries in $BUILD_CUDA/tests/cuda" >&2; exit 1; }
 for t in "${tests[@]}"; do
   case "$t" in *.d|*.o) continue ;; esac

@@ -31,6 +31,7 @@ static void *cuda_alloc(pt_backend *be, size_t bytes) {
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, bytes ? bytes : 1, c->stream);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         if (p) cudaFree(p);
         pt_error(PT_ERR_NOMEM, "cudaMalloc/cudaMemsetAsync of %zu bytes failed: %s (code %d): %s", bytes,
                  cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
@@ -126,7 +127,7 @@ static pt_status cuda_reserve(pt_backend *be, const pt_backend_limits *lim) {
 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-static pt_status cuda_prepare_weight(pt_backend *be, pt_weight *w, const char *name) {
+static pt_status cuda_prepare_weight(pt_backend *be, pt_matrix *w, const char *name) {
     pt_cuda *c = pt_cuda_of(be);
     const char *nm = name ? name : "weight";
     if (w->backend_data) return pt_error(PT_ERR_INVALID_ARG, "%s: weight already prepared", nm);
@@ -161,6 +162,7 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_weight *w, const char *n
     if (!cw) return pt_error(PT_ERR_NOMEM, "%s: out of host memory", nm);
     cudaError_t e = cudaMalloc(&cw->mem, total);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         free(cw);
         return pt_error(PT_ERR_NOMEM, "%s: cudaMalloc of %zu bytes failed: %s (code %d)", nm, total,
                         cudaGetErrorName(e), (int)e);
@@ -182,6 +184,7 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_weight *w, const char *n
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError();
         cudaFree(cw->mem);
         free(cw);
         return pt_error(PT_ERR_DEVICE, "%s: upload of %zu bytes failed: %s (code %d)", nm, total,
@@ -191,7 +194,7 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_weight *w, const char *n
     return PT_OK;
 }
 
-static void cuda_release_weight(pt_backend *be, pt_weight *w) {
+static void cuda_release_weight(pt_backend *be, pt_matrix *w) {
     pt_cuda_weight *cw = (pt_cuda_weight *)w->backend_data;
     if (!cw) return;
     cudaStreamSynchronize(pt_cuda_of(be)->stream);

@@ -14,18 +14,30 @@ extern "C" {
 }
 
 /* Evaluates a CUDA runtime call; on failure returns PT_ERR_DEVICE from the
- * enclosing function with "<call> failed: <name> (code N): <text> [file:line]". */
+ * enclosing function with "<call> failed: <name> (code N): <text> [file:line]".
+ * The runtime's last-error state is cleared, so a later launch check does not
+ * report this failure again. */
 #define CUDA_CHECK(call)                                                                   \
     do {                                                                                   \
         cudaError_t pt_cuda_e_ = (call);                                                   \
-        if (pt_cuda_e_ != cudaSuccess)                                                     \
+        if (pt_cuda_e_ != cudaSuccess) {                                                   \
+            (void)cudaGetLastError();                                                      \
             return pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d): %s [%s:%d]", #call,    \
                             cudaGetErrorName(pt_cuda_e_), (int)pt_cuda_e_,                 \
                             cudaGetErrorString(pt_cuda_e_), __FILE__, __LINE__);           \
+        }                                                                                  \
     } while (0)
 
-/* After a kernel launch: a bad configuration shows up here, not at the launch. */
-#define CUDA_CHECK_LAUNCH(name) CUDA_CHECK(cudaPeekAtLastError())
+/* After a kernel launch: a bad configuration shows up here, not at the
+ * launch. The message names the kernel. */
+#define CUDA_CHECK_LAUNCH(name)                                                            \
+    do {                                                                                   \
+        cudaError_t pt_cuda_e_ = cudaGetLastError();                                       \
+        if (pt_cuda_e_ != cudaSuccess)                                                     \
+            return pt_error(PT_ERR_DEVICE, "launch of the %s kernel failed: %s (code %d): %s [%s:%d]", \
+                            name, cudaGetErrorName(pt_cuda_e_), (int)pt_cuda_e_,           \
+                            cudaGetErrorString(pt_cuda_e_), __FILE__, __LINE__);           \
+    } while (0)
 
 typedef __nv_bfloat16 bf16;
 

@@ -26,7 +26,7 @@ extern "C" {
                             cublasGetStatusName(pt_blas_s_), (int)pt_blas_s_, __FILE__, __LINE__); \
     } while (0)
 
-/* The device copy of a pt_weight (pt_weight.backend_data). One cudaMalloc
+/* The device copy of a pt_matrix (pt_matrix.backend_data). One cudaMalloc
  * holds data, scales, biases and bias back to back (each 256-byte aligned). */
 typedef struct pt_cuda_weight {
     void *mem;            /* the allocation */
@@ -62,7 +62,7 @@ typedef struct pt_cuda {
 } pt_cuda;
 
 static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }
-static inline const pt_cuda_weight *pt_cuda_w(const pt_weight *w) { return (const pt_cuda_weight *)w->backend_data; }
+static inline const pt_cuda_weight *pt_cuda_w(const pt_matrix *w) { return (const pt_cuda_weight *)w->backend_data; }
 static inline int pt_cuda_bf(const pt_backend *be) { return be->act == PT_ACT_BF16; }
 
 /* Blocks for a grid-stride elementwise kernel over n items. */
@@ -82,16 +82,16 @@ __device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_
 
 /* Op entry points (one family per file). */
 /* matmul.cu */
-pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert);
+pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
 /* Batched quantized/dense GEMV over B items: y[b] = W[e_b] · x[b / x_div] (+bias),
  * e_b = experts[b] (device int32) or `expert` when experts == NULL. Rows of
  * x are K apart, rows of y N apart. Used by moe_ffn. */
-pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_weight *w,
+pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_matrix *w,
                              const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows,
                              int64_t y_stride);
 /* norm.cu */
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
-                           const void *w, pt_ftype wtype, pt_norm_style style, float eps);
+                           const void *w, pt_ftype wtype, pt_rms_style style, float eps);
 /* rope.cu */
 pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
                        const pt_rope *rope);
@@ -101,9 +101,9 @@ pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, con
 pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                             const pt_kv_layer *kv, const pt_attn *p);
 /* elementwise.cu */
-pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale);
+pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale);
 pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F,
-                      int64_t ld, pt_act_fn act);
+                      int64_t ld, pt_glu_kind act);
 pt_status pt_cuda_add(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
 pt_status pt_cuda_mul(pt_backend *be, float *y, const float *a, const float *b, int64_t n);
 pt_status pt_cuda_add_scaled(pt_backend *be, float *y, const float *a, const float *b, float s, int64_t n);
@@ -114,8 +114,8 @@ pt_status pt_cuda_argmax(pt_backend *be, int32_t *out, const float *x, int64_t T
 pt_status pt_cuda_moe_route(pt_backend *be, int32_t *idx, float *weights, const float *logits, int64_t T,
                             const pt_moe_route *p);
 pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
-                          const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
-                          const pt_weight *down, pt_act_fn act);
+                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                          const pt_matrix *down, pt_glu_kind act);
 /* Checks the kernel error word (synchronizes the stream). */
 pt_status pt_cuda_check_errors(pt_cuda *c);
 

@@ -57,7 +57,7 @@ __global__ void embed_dense_kernel(float *y, const int32_t *ids, int T, const vo
     }
 }
 
-pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_weight *table, float scale) {
+pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale) {
     pt_cuda *c = pt_cuda_of(be);
     const pt_cuda_weight *cw = pt_cuda_w(table);
     if (!cw) return pt_error(PT_ERR_INVALID_ARG, "embed: table not prepared on the CUDA backend");
@@ -103,13 +103,13 @@ __global__ void glu_kernel(float *y, const float *gate, const float *up, int64_t
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * F; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / F, f = i % F;
         const float g = gate[t * ld + f], u = up[t * ld + f];
-        const float a = fn == PT_ACT_SILU ? silu(g) : gelu_tanh(g);
+        const float a = fn == PT_GLU_SILU ? silu(g) : gelu_tanh(g);
         y[i] = pt_rnd(bf, pt_rnd(bf, a) * u);
     }
 }
 
 pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld,
-                      pt_act_fn act) {
+                      pt_glu_kind act) {
     pt_cuda *c = pt_cuda_of(be);
     PT_ASSERT(ld >= F);
     if (T * F == 0) return PT_OK;

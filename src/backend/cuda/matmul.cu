@@ -234,7 +234,7 @@ static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_
     return pt_error(PT_ERR_INTERNAL, "gemv: batch %d not instantiated (1, 2, 4, 8)", nt);
 }
 
-static gemv_args make_args(const pt_cuda *c, const pt_weight *w, float *y, const float *x) {
+static gemv_args make_args(const pt_cuda *c, const pt_matrix *w, float *y, const float *x) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     gemv_args a;
     a.y = y;
@@ -260,7 +260,7 @@ static gemv_args make_args(const pt_cuda *c, const pt_weight *w, float *y, const
     return a;
 }
 
-pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_weight *w,
+pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_matrix *w,
                              const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows, int64_t y_stride) {
     if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul: weight not prepared on the CUDA backend");
     if ((uintptr_t)x % 16) return pt_error(PT_ERR_INTERNAL, "gemv: input not 16-byte aligned");
@@ -317,7 +317,7 @@ __global__ void epilogue_kernel(float *y, int64_t T, int64_t N, const void *bias
 }
 
 template <typename OT>
-static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_weight *w, int64_t row_begin, int64_t nrows) {
+static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     unsigned blocks = pt_cuda_blocks(nrows * (w->cols / 32), 256);
     const uint32_t *codes = (const uint32_t *)cw->data;
@@ -335,7 +335,7 @@ static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_weight *w, int64_t
     return PT_OK;
 }
 
-static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     const int64_t N = w->rows, K = w->cols;
     const int bf = c->base.act == PT_ACT_BF16;
@@ -382,7 +382,7 @@ static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_
     return PT_OK;
 }
 
-pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_weight *w, int64_t expert) {
+pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
     pt_cuda *c = pt_cuda_of(be);
     if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul: weight not prepared on the CUDA backend");
     const int64_t E = w->n_experts > 1 ? w->n_experts : 1;

@@ -126,8 +126,8 @@ __global__ void moe_combine_kernel(float *y, const float *o, const int32_t *idx,
 }
 
 pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
-                          const float *weights, int top_k, const pt_weight *gate, const pt_weight *up,
-                          const pt_weight *down, pt_act_fn act) {
+                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                          const pt_matrix *down, pt_glu_kind act) {
     pt_cuda *c = pt_cuda_of(be);
     const int64_t H = down->rows, I = down->cols;
     PT_ASSERT(top_k > 0 && top_k <= 64);

@@ -32,9 +32,9 @@ __global__ void __launch_bounds__(NORM_THREADS)
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
         float v = xr[i], o;
         switch (style) {
-        case PT_NORM_W: o = pt_ld(wt, w, i) * pt_rnd(bf, v * inv); break;
-        case PT_NORM_W_F32: o = v * inv * pt_ld(wt, w, i); break;
-        case PT_NORM_1PW: o = v * inv * (1.0f + pt_ld(wt, w, i)); break;
+        case PT_RMS_W: o = pt_ld(wt, w, i) * pt_rnd(bf, v * inv); break;
+        case PT_RMS_W_F32: o = v * inv * pt_ld(wt, w, i); break;
+        case PT_RMS_1PW: o = v * inv * (1.0f + pt_ld(wt, w, i)); break;
         default: o = v * inv; break;
         }
         yr[i] = pt_rnd(bf, o);
@@ -42,10 +42,10 @@ __global__ void __launch_bounds__(NORM_THREADS)
 }
 
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
-                           const void *w, pt_ftype wtype, pt_norm_style style, float eps) {
+                           const void *w, pt_ftype wtype, pt_rms_style style, float eps) {
     pt_cuda *c = pt_cuda_of(be);
     PT_ASSERT(T >= 0 && D > 0);
-    PT_ASSERT(style == PT_NORM_NOSCALE || w != NULL);
+    PT_ASSERT(style == PT_RMS_NOSCALE || w != NULL);
     if (T == 0) return PT_OK;
     if (T > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "rms_norm: %lld rows", (long long)T);
     /* Short rows (per-head norms): fewer threads idle. */
