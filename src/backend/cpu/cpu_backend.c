@@ -120,7 +120,7 @@ static pt_status cpu_reserve(pt_backend *be, const pt_backend_limits *lim) {
     size_t D = lim->max_head_dim > 0 ? (size_t)lim->max_head_dim : 0;
     size_t S = lim->max_ctx > 0 ? (size_t)lim->max_ctx : 0;
     /* these mirror the requests in cpu_matmul.c / cpu_attention.c / cpu_ops.c */
-    size_t per = PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1);
+    size_t per = ((T + 11) / 12) * 12 * 256 + 256 * 32 + T * 32 + 64 * (K / 32 + 1) + 256; /* mm_gemm */
     if (8 * (K / 32 + 1) + K > per) per = 8 * (K / 32 + 1) + K;
     if (H * (S + D) > per) per = H * (S + D);
     if (D > per) per = D;

@@ -45,8 +45,11 @@ typedef struct pt_cpu_kernels {
                      const float *const *sc, const float *const *bi, int64_t K, int gs);
     /* dst[i] = f32 of bf16 src[i] */
     void (*cvt_bf16)(float *dst, const uint16_t *src, int64_t n);
-    /* out[r] = dot_f32(x, rows[r]) for r < nr (nr <= 4), each exactly as dot_f32 computes it */
-    void (*dot_f32_rows)(float *out, const float *x, const float *const *rows, int nr, int64_t n);
+    /* Prefill tile (mm_gemm): for t < mr (1..12), j < 32:
+     *   c[t·ldc + j] = (first ? 0 : c[t·ldc + j]) + Σ_{k<kc} xpk[k·12 + t] · wp[k·32 + j]
+     * as one sequential multiply-add chain per element, so an element's bits
+     * do not depend on mr or on the tile it is computed in. */
+    void (*gemm_32)(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first);
 } pt_cpu_kernels;
 
 extern const pt_cpu_kernels pt_cpu_kernels_scalar;
@@ -89,8 +92,6 @@ static inline float pt_ft_load(pt_ftype t, const void *p, int64_t i) {
 }
 void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n);
 
-/* Scratch floats the matmul needs per thread / shared for a given limit set. */
-#define PT_CPU_ROW_BLOCK 4
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
 /* Weight row access: dense rows, or quantized codes + f32 scales/biases. */

@@ -10,9 +10,9 @@
  *     fused kernel — dense dots convert bf16/f16 on the fly; quantized rows
  *     use the factored form y = Σ_g scale_g·Σ q·x + Σ_g bias_g·Σ x (the group
  *     sums of x computed once per call), so the codes are never dequantized.
- *   T >= PT_CPU_DIRECT_T (prefill): PT_CPU_ROW_BLOCK rows at a time are
- *     converted/dequantized to f32 in per-thread scratch and dotted with every
- *     token, so the dequantization cost is paid once per row, not per token. */
+ *   T >= PT_CPU_DIRECT_T (prefill): a packed GEMM (mm_gemm below) whose
+ *     weights are dequantized once per call into k-major panels, so the
+ *     dequantization cost is paid once per weight, not per token. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
@@ -47,6 +47,18 @@ void pt_cpu_qrow_params(const pt_matrix *w, int64_t expert, int64_t row, float *
  * the second byte is read only when the value reaches into it (so the last
  * value of the last row never reads past the buffer). */
 void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, float *dst) {
+    if (bits == 8) { /* byte per value */
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)row[i0 + i];
+        return;
+    }
+    if (bits == 4 && i0 % 2 == 0 && n % 2 == 0) { /* two values per byte, low nibble first */
+        const uint8_t *c = row + i0 / 2;
+        for (int64_t i = 0; i < n / 2; i++) {
+            dst[2 * i] = (float)(c[i] & 15);
+            dst[2 * i + 1] = (float)(c[i] >> 4);
+        }
+        return;
+    }
     unsigned mask = (1u << bits) - 1u;
     for (int64_t i = 0; i < n; i++) {
         uint64_t bit = (uint64_t)(i0 + i) * (uint64_t)bits;
@@ -127,7 +139,26 @@ static void mm_direct(void *arg, int ith, int nth) {
     }
 }
 
-static void mm_blocked(void *arg, int ith, int nth) {
+/* Prefill path: a packed GEMM. A thread's output rows are taken 32 at a time
+ * (a panel); K is walked in blocks of PT_GEMM_KC. For each block, the
+ * tokens' x is packed k-major in tiles of 12 tokens ([kc][12]) and the
+ * panel's weights are dequantized/converted k-major ([kc][32]); the kernel
+ * then keeps a 12 × 32 tile of sums in registers (outer products: one weight
+ * vector load, 12 broadcasts per k). Each output element is one sequential
+ * chain of multiply-adds over k, whatever the tile, panel or thread split;
+ * partial sums rest in y between K blocks (exact f32), then the bias and the
+ * rounding are applied once. A thread's last panel, if narrower than 32,
+ * accumulates in a per-thread edge buffer so no other thread's rows are
+ * touched. */
+#define PT_GEMM_KC 256
+#define PT_GEMM_MR 12
+
+static size_t gemm_scratch(int64_t T, int64_t K) {
+    int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
+    return (size_t)(tiles * PT_GEMM_MR * PT_GEMM_KC + PT_GEMM_KC * 32 + T * 32 + 64 * (K / 32 + 1) + PT_GEMM_KC);
+}
+
+static void mm_gemm(void *arg, int ith, int nth) {
     mm_ctx *m = arg;
     const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
@@ -135,28 +166,67 @@ static void mm_blocked(void *arg, int ith, int nth) {
     int64_t N = w->rows, K = w->cols, T = m->T;
     long n0, n1;
     pt_split_range(N, ith, nth, &n0, &n1);
-    float *tmp = pt_cpu_thread_scratch(m->c, ith);
-    float *sc = tmp + PT_CPU_ROW_BLOCK * K, *bi = sc + K / 32 + 1;
-    for (int64_t nb = n0; nb < n1; nb += PT_CPU_ROW_BLOCK) {
-        int nr = (int)(n1 - nb < PT_CPU_ROW_BLOCK ? n1 - nb : PT_CPU_ROW_BLOCK);
-        const float *rows[PT_CPU_ROW_BLOCK];
-        float bias[PT_CPU_ROW_BLOCK];
-        for (int r = 0; r < nr; r++) {
-            float *dst = tmp + (size_t)r * K;
-            bias[r] = bias_of(w, m->expert, nb + r);
-            if (w->bits) pt_cpu_dequant_row(w, m->expert, nb + r, dst, sc, bi);
-            else if (w->dtype == PT_FT_F32) {
-                rows[r] = pt_cpu_dense_row(w, m->expert, nb + r);
-                continue;
-            } else pt_ft_load_row(w->dtype, pt_cpu_dense_row(w, m->expert, nb + r), dst, K);
-            rows[r] = dst;
+    if (n0 >= n1) return;
+    int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
+    float *xpk = pt_cpu_thread_scratch(m->c, ith); /* [tiles][kc][12] */
+    float *wp = xpk + tiles * PT_GEMM_MR * PT_GEMM_KC; /* [kc][32] */
+    float *edge = wp + PT_GEMM_KC * 32;                  /* [T][32] */
+    float *prm = edge + T * 32;                          /* [32][2·ng]: scales | biases per row */
+    float *tmp = prm + 64 * (K / 32 + 1);                /* [kc] unpacked codes */
+    int64_t ng = w->bits ? K / w->group_size : 0;
+    for (int64_t kc0 = 0; kc0 < K; kc0 += PT_GEMM_KC) {
+        int64_t kc = K - kc0 < PT_GEMM_KC ? K - kc0 : PT_GEMM_KC;
+        for (int64_t ti = 0; ti < tiles; ti++) {
+            float *dst = xpk + ti * PT_GEMM_MR * PT_GEMM_KC;
+            for (int64_t t = 0; t < PT_GEMM_MR; t++) {
+                int64_t tt = ti * PT_GEMM_MR + t;
+                const float *src = m->x + tt * K + kc0;
+                if (tt < T)
+                    for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = src[kk];
+                else
+                    for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = 0.0f;
+            }
         }
-        for (int64_t t = 0; t < T; t++) {
-            float out[PT_CPU_ROW_BLOCK];
-            k->dot_f32_rows(out, m->x + t * K, rows, nr, K);
-            for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias[r]);
+        for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+            int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+            for (int r = 0; r < 32; r++) {
+                if (r >= nr) {
+                    for (int64_t kk = 0; kk < kc; kk++) wp[kk * 32 + r] = 0.0f;
+                    continue;
+                }
+                int64_t n = p0 + r;
+                if (w->bits) {
+                    float *sc = prm + (size_t)r * 2 * ng, *bi = sc + ng;
+                    if (kc0 == 0) pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+                    pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, kc0, kc, tmp);
+                    for (int64_t kk = 0; kk < kc;) { /* group by group: no division per element */
+                        int64_t g = (kc0 + kk) / w->group_size, end = (g + 1) * w->group_size - kc0;
+                        if (end > kc) end = kc;
+                        float sg = sc[g], bg = bi[g];
+                        for (; kk < end; kk++) wp[kk * 32 + r] = sg * tmp[kk] + bg;
+                    }
+                } else {
+                    const char *row = (const char *)pt_cpu_dense_row(w, m->expert, n);
+                    for (int64_t kk = 0; kk < kc; kk++)
+                        wp[kk * 32 + r] = pt_ft_load(w->dtype, row, kc0 + kk);
+                }
+            }
+            float *c = nr == 32 ? m->y + p0 : edge;
+            int64_t ldc = nr == 32 ? N : 32;
+            for (int64_t ti = 0; ti < tiles; ti++) {
+                int mr = (int)(T - ti * PT_GEMM_MR < PT_GEMM_MR ? T - ti * PT_GEMM_MR : PT_GEMM_MR);
+                k->gemm_32(c + ti * PT_GEMM_MR * ldc, ldc, xpk + ti * PT_GEMM_MR * PT_GEMM_KC, wp, mr, kc, kc0 == 0);
+            }
+            if (nr < 32 && kc0 + kc >= K)
+                for (int64_t t = 0; t < T; t++)
+                    for (int r = 0; r < nr; r++) m->y[t * N + p0 + r] = edge[t * 32 + r];
         }
     }
+    for (int64_t t = 0; t < T; t++)
+        for (long n = n0; n < n1; n++) {
+            float *yy = m->y + t * N + n;
+            *yy = pt_act_round(act, *yy + bias_of(w, m->expert, n));
+        }
 }
 
 /* Decode path for 4- and 8-bit weights: four rows per kernel call (x and its
@@ -223,8 +293,8 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
         }
         pt_pool_run(c->pool, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
     } else {
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)(PT_CPU_ROW_BLOCK * K + 2 * (K / 32 + 1)), 0));
-        pt_pool_run(c->pool, mm_blocked, &m);
+        PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(T, K), 0));
+        pt_pool_run(c->pool, mm_gemm, &m);
     }
     return PT_OK;
 }

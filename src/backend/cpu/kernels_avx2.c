@@ -134,8 +134,39 @@ static void cvt_bf16(float *dst, const uint16_t *src, int64_t n) {
     for (; i < n; i++) dst[i] = pt_bf16_to_f32(src[i]);
 }
 
-static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
-    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+/* 2 tokens × 32 columns per pass (8 of the 16 ymm registers hold sums). */
+static void gemm_32(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first) {
+    for (int t = 0; t < mr; t += 2) {
+        int two = t + 1 < mr;
+        float *c0 = c + t * ldc, *c1 = c + (t + 1) * ldc;
+        __m256 a0, a1, a2, a3, b0, b1, b2, b3;
+        if (first) {
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _mm256_setzero_ps();
+        } else {
+            a0 = _mm256_loadu_ps(c0), a1 = _mm256_loadu_ps(c0 + 8), a2 = _mm256_loadu_ps(c0 + 16),
+            a3 = _mm256_loadu_ps(c0 + 24);
+            b0 = b1 = b2 = b3 = _mm256_setzero_ps();
+            if (two)
+                b0 = _mm256_loadu_ps(c1), b1 = _mm256_loadu_ps(c1 + 8), b2 = _mm256_loadu_ps(c1 + 16),
+                b3 = _mm256_loadu_ps(c1 + 24);
+        }
+        for (int64_t k = 0; k < kc; k++) {
+            const float *wk = wp + k * 32;
+            __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8), w2 = _mm256_loadu_ps(wk + 16),
+                   w3 = _mm256_loadu_ps(wk + 24);
+            __m256 x0 = _mm256_broadcast_ss(xpk + k * 12 + t);
+            a0 = _mm256_fmadd_ps(x0, w0, a0), a1 = _mm256_fmadd_ps(x0, w1, a1);
+            a2 = _mm256_fmadd_ps(x0, w2, a2), a3 = _mm256_fmadd_ps(x0, w3, a3);
+            __m256 x1 = _mm256_broadcast_ss(xpk + k * 12 + t + (two ? 1 : 0));
+            b0 = _mm256_fmadd_ps(x1, w0, b0), b1 = _mm256_fmadd_ps(x1, w1, b1);
+            b2 = _mm256_fmadd_ps(x1, w2, b2), b3 = _mm256_fmadd_ps(x1, w3, b3);
+        }
+        _mm256_storeu_ps(c0, a0), _mm256_storeu_ps(c0 + 8, a1), _mm256_storeu_ps(c0 + 16, a2),
+            _mm256_storeu_ps(c0 + 24, a3);
+        if (two)
+            _mm256_storeu_ps(c1, b0), _mm256_storeu_ps(c1 + 8, b1), _mm256_storeu_ps(c1 + 16, b2),
+                _mm256_storeu_ps(c1 + 24, b3);
+    }
 }
 
 const pt_cpu_kernels pt_cpu_kernels_avx2 = {
@@ -150,5 +181,5 @@ const pt_cpu_kernels pt_cpu_kernels_avx2 = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
-    .dot_f32_rows = dot_f32_rows,
+    .gemm_32 = gemm_32,
 };

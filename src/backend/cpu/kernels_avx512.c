@@ -222,8 +222,44 @@ static void cvt_bf16(float *dst, const uint16_t *src, int64_t n) {
     if (i < n) _mm512_mask_storeu_ps(dst + i, tail_mask(n - i), maskz_load_bf16(tail_mask(n - i), src + i));
 }
 
-static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
-    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+/* Prefill tiles: R tokens × 32 columns, 2R zmm sums (R = 12 uses 24 of the
+ * 32 registers); per k two weight loads and R broadcasts feed 2R FMAs. */
+#define GEMM_TILE(R)                                                                                      \
+    static void gemm_tile##R(float *c, int64_t ldc, const float *xpk, const float *wp, int64_t kc,         \
+                             int first) {                                                                 \
+        __m512 lo[R], hi[R];                                                                              \
+        for (int t = 0; t < R; t++) {                                                                     \
+            lo[t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + t * ldc);                           \
+            hi[t] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(c + t * ldc + 16);                      \
+        }                                                                                                 \
+        for (int64_t k = 0; k < kc; k++) {                                                                \
+            __m512 w0 = _mm512_loadu_ps(wp + k * 32), w1 = _mm512_loadu_ps(wp + k * 32 + 16);             \
+            for (int t = 0; t < R; t++) {                                                                 \
+                __m512 b = _mm512_set1_ps(xpk[k * 12 + t]);                                               \
+                lo[t] = _mm512_fmadd_ps(b, w0, lo[t]);                                                    \
+                hi[t] = _mm512_fmadd_ps(b, w1, hi[t]);                                                    \
+            }                                                                                             \
+        }                                                                                                 \
+        for (int t = 0; t < R; t++) {                                                                     \
+            _mm512_storeu_ps(c + t * ldc, lo[t]);                                                         \
+            _mm512_storeu_ps(c + t * ldc + 16, hi[t]);                                                    \
+        }                                                                                                 \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+GEMM_TILE(12)
+GEMM_TILE(4)
+GEMM_TILE(1)
+#pragma GCC pop_options
+
+static void gemm_32(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first) {
+    int t = 0;
+    if (mr == 12) {
+        gemm_tile12(c, ldc, xpk, wp, kc, first);
+        return;
+    }
+    for (; t + 4 <= mr; t += 4) gemm_tile4(c + t * ldc, ldc, xpk + t, wp, kc, first);
+    for (; t < mr; t++) gemm_tile1(c + t * ldc, ldc, xpk + t, wp, kc, first);
 }
 
 const pt_cpu_kernels pt_cpu_kernels_avx512 = {
@@ -238,5 +274,5 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
-    .dot_f32_rows = dot_f32_rows,
+    .gemm_32 = gemm_32,
 };

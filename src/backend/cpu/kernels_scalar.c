@@ -83,8 +83,13 @@ static void cvt_bf16(float *dst, const uint16_t *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = pt_bf16_to_f32(src[i]);
 }
 
-static void dot_f32_rows(float *out, const float *x, const float *const *rows, int nr, int64_t n) {
-    for (int r = 0; r < nr; r++) out[r] = dot_f32(x, rows[r], n);
+static void gemm_32(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first) {
+    for (int t = 0; t < mr; t++)
+        for (int j = 0; j < 32; j++) {
+            float a = first ? 0.0f : c[t * ldc + j];
+            for (int64_t k = 0; k < kc; k++) a += xpk[k * 12 + t] * wp[k * 32 + j];
+            c[t * ldc + j] = a;
+        }
 }
 
 const pt_cpu_kernels pt_cpu_kernels_scalar = {
@@ -99,5 +104,5 @@ const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
-    .dot_f32_rows = dot_f32_rows,
+    .gemm_32 = gemm_32,
 };
