@@ -9,6 +9,7 @@
  * Threading: model-level entries (tokenize, detokenize, token_text,
  * chat_render, the detokenizer) are called from HTTP threads concurrently;
  * session entries only from the one inference thread.
+ * Memory returned through this table (ids, text) is malloc'd: free() it.
  */
 #ifndef PT_SERVER_ENGINE_H
 #define PT_SERVER_ENGINE_H

@@ -38,6 +38,7 @@ struct pt_http_server {
     char *api_key;
     size_t max_body;
     int port;
+    void (*on_status)(void *user, int status);
 };
 
 /* Per-request state, created on the first access call, freed on completion. */
@@ -152,9 +153,10 @@ static void stream_free(void *cls) {
     free(w);
 }
 
-static enum MHD_Result queue(struct MHD_Connection *c, pt_http_response *r) {
+static enum MHD_Result queue(pt_http_server *s, struct MHD_Connection *c, pt_http_response *r) {
     struct MHD_Response *mr;
     int status = r->status ? r->status : 500;
+    if (s->on_status) s->on_status(s->user, status);
     if (r->stream) {
         stream_wrap *w = malloc(sizeof *w);
         if (!w) {
@@ -188,7 +190,7 @@ static enum MHD_Result queue(struct MHD_Connection *c, pt_http_response *r) {
     return ok;
 }
 
-static enum MHD_Result queue_error(struct MHD_Connection *c, const char *path, int status,
+static enum MHD_Result queue_error(pt_http_server *s, struct MHD_Connection *c, const char *path, int status,
                                    const char *type, const char *msg, const char *hname,
                                    const char *hval) {
     pt_http_response r = {0};
@@ -197,7 +199,7 @@ static enum MHD_Result queue_error(struct MHD_Connection *c, const char *path, i
         snprintf(r.header_name, sizeof r.header_name, "%s", hname);
         snprintf(r.header_value, sizeof r.header_value, "%s", hval);
     }
-    enum MHD_Result ok = queue(c, &r);
+    enum MHD_Result ok = queue(s, c, &r);
     pt_sbuf_free(&r.body);
     return ok;
 }
@@ -229,7 +231,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
                 char msg[600];
                 snprintf(msg, sizeof msg, "no route for %s %.500s (GET /v1 lists the endpoints)",
                          method, url);
-                return queue_error(c, url, 404, "not_found_error", msg, NULL, NULL);
+                return queue_error(s, c, url, 404, "not_found_error", msg, NULL, NULL);
             }
             char allow[64] = "", msg[600];
             for (int i = 0; i < s->n_routes; i++)
@@ -239,11 +241,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
                 }
             snprintf(msg, sizeof msg, "method %s is not allowed on %.400s (allowed: %s)", method,
                      url, allow);
-            return queue_error(c, url, 405, "invalid_request_error", msg, "Allow", allow);
+            return queue_error(s, c, url, 405, "invalid_request_error", msg, "Allow", allow);
         }
         if (!cc->route->no_auth && !authorized(s, c)) {
             cc->refused = 1;
-            return queue_error(c, url, 401, "authentication_error",
+            return queue_error(s, c, url, 401, "authentication_error",
                                "invalid or missing API key: send 'Authorization: Bearer <key>'",
                                "WWW-Authenticate", "Bearer");
         }
@@ -256,7 +258,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
                 char msg[200];
                 snprintf(msg, sizeof msg, "request body of %.30s bytes exceeds the limit of %zu bytes",
                          cl, s->max_body);
-                return queue_error(c, url, 413, "invalid_request_error", msg, NULL, NULL);
+                return queue_error(s, c, url, 413, "invalid_request_error", msg, NULL, NULL);
             }
         }
         return MHD_YES;
@@ -272,13 +274,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
             *upload_size = 0;
             char msg[120];
             snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", s->max_body);
-            return queue_error(c, url, 413, "invalid_request_error", msg, NULL, NULL);
+            return queue_error(s, c, url, 413, "invalid_request_error", msg, NULL, NULL);
         }
         pt_sbuf_add(&cc->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cc->body.oom) return queue_error(c, url, 500, "server_error", "out of memory", NULL, NULL);
+    if (cc->body.oom) return queue_error(s, c, url, 500, "server_error", "out of memory", NULL, NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     pt_http_request req = {
         .method = method,
@@ -290,7 +292,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
     };
     pt_http_response resp = {0};
     cc->route->fn(s->user, &req, &resp);
-    enum MHD_Result ok = queue(c, &resp);
+    enum MHD_Result ok = queue(s, c, &resp);
     pt_sbuf_free(&resp.body);
     return ok;
 }
@@ -342,6 +344,7 @@ pt_status pt_http_start(const pt_http_config *cfg, const pt_http_route *routes, 
     s->n_routes = n_routes;
     s->user = user;
     s->max_body = cfg->max_body ? cfg->max_body : (size_t)16 << 20;
+    s->on_status = cfg->on_status;
     if (cfg->api_key && *cfg->api_key) s->api_key = strdup(cfg->api_key);
 
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |

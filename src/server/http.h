@@ -62,6 +62,7 @@ typedef struct pt_http_config {
     size_t max_body;  /* bytes; larger bodies get 413 */
     int max_connections;
     int timeout_s;    /* idle connection timeout (a stalled client is dropped) */
+    void (*on_status)(void *user, int status); /* called for every response queued */
 } pt_http_config;
 
 pt_status pt_http_start(const pt_http_config *cfg, const pt_http_route *routes, int n_routes,

@@ -1,0 +1,537 @@
+/* The inference thread, its slots and the prompt cache (see sched.h). */
+#include "server/sched.h"
+
+#include "base/error.h"
+#include "base/log.h"
+#include "server/stop.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Prompt tokens run per turn while other slots are generating, so a long
+ * prompt delays the others' next token by one chunk at most. */
+#define PREFILL_CHUNK 256
+
+double pt_srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+pt_srv_job *pt_srv_job_new(void) {
+    pt_srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    atomic_init(&j->refs, 1);
+    atomic_init(&j->cancelled, 0);
+    j->stop_index = -1;
+    return j;
+}
+
+void pt_srv_job_release(pt_srv_job *j) {
+    if (!j || atomic_fetch_sub(&j->refs, 1) != 1) return;
+    free(j->prompt);
+    for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
+    free(j->stop);
+    pt_jschema_free(&j->schema);
+    pt_sbuf_free(&j->text);
+    free(j->toks);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void pt_srv_job_cancel(pt_srv_job *j) { atomic_store(&j->cancelled, 1); }
+
+/* -------------------------------------------------------------- scheduler */
+
+typedef struct slot {
+    pt_srv_job *job; /* NULL = free */
+    void *session;
+    size_t n_prompted; /* prompt tokens already in the session */
+    void *detok;
+    pt_stop stop;
+    pt_jsm *jsm;      /* constrained decoding state, or NULL */
+    uint8_t *mask;    /* [vocab] */
+    int max_tokens;
+} slot;
+
+typedef struct idle_session {
+    void *session;
+    uint64_t stamp;
+} idle_session;
+
+struct pt_srv_sched {
+    pt_srv_engine *e;
+    int n_parallel, max_queue, n_ctx;
+    size_t cache_bytes;
+
+    pthread_t thread;
+    pthread_mutex_t mu; /* guards queue, stop, stats counters below */
+    pthread_cond_t cv;
+    int stopping;
+    pt_srv_job **queue; /* FIFO [q_cap] ring */
+    int q_head, q_len, q_cap;
+
+    /* inference-thread state */
+    slot *slots;
+    idle_session *idle; /* [cap_idle] */
+    int n_idle, cap_idle;
+    uint64_t clock;
+    pt_vocab_index vocab;
+    int vocab_ready;
+
+    /* stats (under mu) */
+    int n_active;
+    size_t idle_bytes;
+    uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
+};
+
+static void job_finish(pt_srv_job *j, pt_srv_finish f, const char *err) {
+    pthread_mutex_lock(&j->mu);
+    if (j->finish == PT_SRV_RUNNING) {
+        j->finish = f;
+        if (err) snprintf(j->error, sizeof j->error, "%s", err);
+        j->t_done = pt_srv_now();
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static size_t lcp(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static void evict_idle(pt_srv_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    int active = s->n_active;
+    pthread_mutex_unlock(&s->mu);
+    while (s->n_idle > 0 && s->n_idle + active > s->n_parallel) {
+        size_t bytes = 0;
+        for (int i = 0; i < s->n_idle; i++) bytes += s->e->session_bytes(s->idle[i].session);
+        if (bytes <= s->cache_bytes) break;
+        int lru = 0;
+        for (int i = 1; i < s->n_idle; i++)
+            if (s->idle[i].stamp < s->idle[lru].stamp) lru = i;
+        s->e->session_free(s->idle[lru].session);
+        s->idle[lru] = s->idle[--s->n_idle];
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < s->n_idle; i++) bytes += s->e->session_bytes(s->idle[i].session);
+    pthread_mutex_lock(&s->mu);
+    s->idle_bytes = bytes;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static pt_status build_vocab(pt_srv_sched *s) {
+    if (s->vocab_ready) return PT_OK;
+    int n = s->e->vocab_size(s->e->model);
+    char **text = calloc((size_t)n, sizeof(char *));
+    uint8_t *eos = calloc((size_t)n, 1);
+    if (!text || !eos) {
+        free(text);
+        free(eos);
+        return pt_error(PT_ERR_NOMEM, "out of memory indexing the vocabulary");
+    }
+    for (int i = 0; i < n; i++) {
+        eos[i] = (uint8_t)(s->e->is_eos(s->e->model, i) != 0);
+        if (s->e->token_text(s->e->model, i, 1, &text[i]) != PT_OK || !text[i]) {
+            for (int k = 0; k < i; k++) free(text[k]);
+            free(text);
+            free(eos);
+            return pt_error_prefix(PT_ERR_INTERNAL, "token %d", i);
+        }
+    }
+    pt_status st = pt_vocab_index_build(&s->vocab, n, text, eos);
+    free(eos);
+    if (st == PT_OK) s->vocab_ready = 1;
+    return st;
+}
+
+static void slot_release(pt_srv_sched *s, slot *sl, pt_srv_finish f, const char *err) {
+    pt_srv_job *j = sl->job;
+    /* release held-back text at a natural end */
+    if (f == PT_SRV_EOS || f == PT_SRV_LENGTH) {
+        pt_sbuf tail = {0};
+        const char *t;
+        size_t n;
+        if (sl->detok && s->e->detok_flush(sl->detok, &t, &n) == PT_OK && n)
+            pt_stop_feed(&sl->stop, t, n, &tail);
+        pt_stop_flush(&sl->stop, &tail);
+        if (tail.len) {
+            pthread_mutex_lock(&j->mu);
+            pt_sbuf_add(&j->text, tail.data, tail.len);
+            pthread_mutex_unlock(&j->mu);
+        }
+        pt_sbuf_free(&tail);
+    }
+    job_finish(j, f, err);
+    if (sl->detok) s->e->detok_free(sl->detok);
+    pt_stop_free(&sl->stop);
+    free(sl->jsm);
+    free(sl->mask);
+    if (sl->session) {
+        if (f == PT_SRV_ERROR) s->e->session_truncate(sl->session, 0);
+        if (s->n_idle == s->cap_idle) {
+            int cap = s->cap_idle * 2;
+            idle_session *p = realloc(s->idle, (size_t)cap * sizeof *p);
+            if (p) {
+                s->idle = p;
+                s->cap_idle = cap;
+            }
+        }
+        if (s->n_idle < s->cap_idle) s->idle[s->n_idle++] = (idle_session){sl->session, ++s->clock};
+        else s->e->session_free(sl->session);
+    }
+    memset(sl, 0, sizeof *sl);
+    pthread_mutex_lock(&s->mu);
+    s->n_active--;
+    pthread_mutex_unlock(&s->mu);
+    pt_srv_job_release(j);
+    evict_idle(s);
+}
+
+/* Binds a queued job to a free slot: picks a session (prompt cache), sets up
+ * detokenizer, stop strings and the constrained-decoding state. */
+static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
+    memset(sl, 0, sizeof *sl);
+    sl->job = j;
+    pt_stop_init(&sl->stop, (const char *const *)j->stop, j->n_stop);
+    int best = -1;
+    size_t best_lcp = 0;
+    for (int i = 0; i < s->n_idle; i++) {
+        void *ss = s->idle[i].session;
+        size_t l = lcp(s->e->session_tokens(ss), s->e->session_n_tokens(ss), j->prompt, j->n_prompt);
+        if (best < 0 || l > best_lcp || (l == best_lcp && s->idle[i].stamp > s->idle[best].stamp)) {
+            best = i;
+            best_lcp = l;
+        }
+    }
+    char err[512];
+    pt_status st = PT_OK;
+    size_t idle_bytes = 0, one = 0;
+    for (int i = 0; i < s->n_idle; i++) {
+        size_t b = s->e->session_bytes(s->idle[i].session);
+        idle_bytes += b;
+        if (b > one) one = b;
+    }
+    if (best >= 0 && best_lcp > 0) {
+        sl->session = s->idle[best].session;
+        s->idle[best] = s->idle[--s->n_idle];
+    } else if (s->n_idle > 0 && idle_bytes + one > s->cache_bytes) {
+        /* nothing shared and no room to keep every idle prefix: reuse the
+         * least recently used session */
+        int lru = 0;
+        for (int i = 1; i < s->n_idle; i++)
+            if (s->idle[i].stamp < s->idle[lru].stamp) lru = i;
+        best_lcp = 0;
+        sl->session = s->idle[lru].session;
+        s->idle[lru] = s->idle[--s->n_idle];
+    } else {
+        /* a fresh session keeps the idle ones' prefixes for later requests */
+        st = s->e->session_create(s->e->model, s->n_ctx, &sl->session);
+        best_lcp = 0;
+    }
+    pthread_mutex_lock(&s->mu);
+    s->n_active++;
+    pthread_mutex_unlock(&s->mu);
+    if (st != PT_OK) {
+        snprintf(err, sizeof err, "cannot create a session: %s", pt_last_error());
+        sl->session = NULL;
+        slot_release(s, sl, PT_SRV_ERROR, err);
+        return;
+    }
+    /* keep at least one prompt token to run, so logits exist */
+    size_t keep = best_lcp < j->n_prompt ? best_lcp : j->n_prompt - 1;
+    if (s->e->session_truncate(sl->session, keep) != PT_OK) {
+        keep = 0;
+        s->e->session_truncate(sl->session, 0);
+    }
+    sl->n_prompted = keep;
+    pthread_mutex_lock(&j->mu);
+    j->n_cached = keep;
+    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&s->mu);
+    if (keep) {
+        s->cache_hits++;
+        s->cache_tokens_reused += keep;
+    }
+    s->prompt_tokens += j->n_prompt;
+    pthread_mutex_unlock(&s->mu);
+
+    int room = s->e->session_n_ctx(sl->session) - (int)j->n_prompt;
+    sl->max_tokens = j->max_tokens < room ? j->max_tokens : room;
+    if (s->e->detok_create(s->e->model, 1, &sl->detok) != PT_OK) {
+        snprintf(err, sizeof err, "detokenizer: %s", pt_last_error());
+        sl->detok = NULL;
+        slot_release(s, sl, PT_SRV_ERROR, err);
+        return;
+    }
+    if (j->schema) {
+        if (build_vocab(s) != PT_OK) {
+            snprintf(err, sizeof err, "constrained decoding: %s", pt_last_error());
+            slot_release(s, sl, PT_SRV_ERROR, err);
+            return;
+        }
+        sl->jsm = malloc(sizeof *sl->jsm);
+        sl->mask = malloc((size_t)s->vocab.n_vocab);
+        if (!sl->jsm || !sl->mask) {
+            slot_release(s, sl, PT_SRV_ERROR, "out of memory");
+            return;
+        }
+        pt_jsm_init(sl->jsm, j->schema);
+    }
+}
+
+/* One unit of work for a slot: a prompt chunk, or one generated token. */
+static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
+    pt_srv_job *j = sl->job;
+    char err[600];
+    if (atomic_load(&j->cancelled)) {
+        slot_release(s, sl, PT_SRV_CANCELLED, NULL);
+        return;
+    }
+    if (sl->n_prompted < j->n_prompt) {
+        size_t n = j->n_prompt - sl->n_prompted;
+        if (others_active && n > PREFILL_CHUNK) n = PREFILL_CHUNK;
+        if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, n) != PT_OK) {
+            snprintf(err, sizeof err, "prompt: %s", pt_last_error());
+            slot_release(s, sl, PT_SRV_ERROR, err);
+            return;
+        }
+        sl->n_prompted += n;
+        return;
+    }
+    if ((int)j->n_generated >= sl->max_tokens) {
+        slot_release(s, sl, PT_SRV_LENGTH, NULL);
+        return;
+    }
+    const uint8_t *allowed = NULL;
+    if (sl->jsm) {
+        size_t na = pt_jsm_mask(sl->jsm, &s->vocab, sl->mask);
+        if (na == 0) {
+            slot_release(s, sl, PT_SRV_ERROR,
+                         "constrained decoding: no token of the vocabulary can continue the value");
+            return;
+        }
+        allowed = sl->mask;
+    }
+    pt_token_info tok;
+    if (s->e->session_sample(sl->session, &j->sp, allowed, &tok) != PT_OK) {
+        snprintf(err, sizeof err, "sampling: %s", pt_last_error());
+        slot_release(s, sl, PT_SRV_ERROR, err);
+        return;
+    }
+    double now = pt_srv_now();
+    if (s->e->is_eos(s->e->model, tok.id)) {
+        pthread_mutex_lock(&j->mu);
+        if (!j->t_first_token) j->t_first_token = now;
+        pthread_mutex_unlock(&j->mu);
+        slot_release(s, sl, PT_SRV_EOS, NULL);
+        return;
+    }
+    if (sl->jsm && !pt_jsm_feed(sl->jsm, s->vocab.text[tok.id], s->vocab.len[tok.id])) {
+        slot_release(s, sl, PT_SRV_ERROR, "constrained decoding: sampled a token outside the mask");
+        return;
+    }
+    const char *piece = NULL;
+    size_t plen = 0;
+    if (s->e->detok_push(sl->detok, tok.id, &piece, &plen) != PT_OK) {
+        snprintf(err, sizeof err, "detokenizer: %s", pt_last_error());
+        slot_release(s, sl, PT_SRV_ERROR, err);
+        return;
+    }
+    pt_sbuf out = {0};
+    int stopped = plen ? pt_stop_feed(&sl->stop, piece, plen, &out) : 0;
+    pthread_mutex_lock(&j->mu);
+    if (!j->t_first_token) j->t_first_token = now;
+    j->n_generated++;
+    if (out.len) pt_sbuf_add(&j->text, out.data, out.len);
+    if (j->want_logprobs) {
+        if (j->n_toks == j->cap_toks) {
+            size_t cap = j->cap_toks ? j->cap_toks * 2 : 64;
+            pt_token_info *t = realloc(j->toks, cap * sizeof *t);
+            if (t) {
+                j->toks = t;
+                j->cap_toks = cap;
+            }
+        }
+        if (j->n_toks < j->cap_toks) j->toks[j->n_toks++] = tok;
+    }
+    if (stopped) j->stop_index = sl->stop.matched;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    pt_sbuf_free(&out);
+    pthread_mutex_lock(&s->mu);
+    s->generated_tokens++;
+    pthread_mutex_unlock(&s->mu);
+    if (stopped) {
+        slot_release(s, sl, PT_SRV_STOP_STRING, NULL);
+        return;
+    }
+    if ((int)j->n_generated >= sl->max_tokens) {
+        slot_release(s, sl, PT_SRV_LENGTH, NULL);
+        return;
+    }
+    if (s->e->session_prompt(sl->session, &tok.id, 1) != PT_OK) {
+        snprintf(err, sizeof err, "decode: %s", pt_last_error());
+        slot_release(s, sl, PT_SRV_ERROR, err);
+    }
+}
+
+static void *inference_main(void *arg) {
+    pt_srv_sched *s = arg;
+    int rr = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        for (;;) {
+            if (s->stopping) break;
+            int free_slot = s->n_active < s->n_parallel;
+            if (s->n_active > 0 || (free_slot && s->q_len > 0)) break;
+            pthread_cond_wait(&s->cv, &s->mu);
+        }
+        if (s->stopping) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        /* admit queued jobs into free slots */
+        pt_srv_job *admit[64];
+        int n_admit = 0;
+        int free_slots = s->n_parallel - s->n_active;
+        while (s->q_len > 0 && n_admit < free_slots && n_admit < 64) {
+            admit[n_admit++] = s->queue[s->q_head];
+            s->q_head = (s->q_head + 1) % s->q_cap;
+            s->q_len--;
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int a = 0; a < n_admit; a++) {
+            for (int i = 0; i < s->n_parallel; i++)
+                if (!s->slots[i].job) {
+                    slot_start(s, &s->slots[i], admit[a]);
+                    break;
+                }
+        }
+        int active = 0;
+        for (int i = 0; i < s->n_parallel; i++) active += s->slots[i].job != NULL;
+        for (int k = 0; k < s->n_parallel; k++) {
+            slot *sl = &s->slots[(rr + k) % s->n_parallel];
+            if (sl->job) slot_step(s, sl, active > 1);
+        }
+        rr = (rr + 1) % s->n_parallel;
+    }
+    /* shutting down: fail what is left */
+    for (int i = 0; i < s->n_parallel; i++)
+        if (s->slots[i].job) slot_release(s, &s->slots[i], PT_SRV_ERROR, "the server is shutting down");
+    pthread_mutex_lock(&s->mu);
+    while (s->q_len > 0) {
+        pt_srv_job *j = s->queue[s->q_head];
+        s->q_head = (s->q_head + 1) % s->q_cap;
+        s->q_len--;
+        job_finish(j, PT_SRV_ERROR, "the server is shutting down");
+        pt_srv_job_release(j);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, size_t cache_bytes,
+                              int n_ctx, pt_srv_sched **out) {
+    *out = NULL;
+    if (n_parallel < 1 || n_parallel > 256)
+        return pt_error(PT_ERR_INVALID_ARG, "--parallel %d: expected 1..256", n_parallel);
+    if (max_queue < 0 || max_queue > 100000)
+        return pt_error(PT_ERR_INVALID_ARG, "--queue %d: expected 0..100000", max_queue);
+    pt_srv_sched *s = calloc(1, sizeof *s);
+    if (!s) return pt_error(PT_ERR_NOMEM, "out of memory");
+    s->e = e;
+    s->n_parallel = n_parallel;
+    s->max_queue = max_queue;
+    s->cache_bytes = cache_bytes;
+    /* jobs pass through the queue even when a slot is free */
+    s->q_cap = max_queue + n_parallel + 1;
+    s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
+    s->slots = calloc((size_t)n_parallel, sizeof *s->slots);
+    s->cap_idle = n_parallel + 8;
+    s->idle = calloc((size_t)s->cap_idle, sizeof *s->idle);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (!s->queue || !s->slots || !s->idle) {
+        pt_srv_sched_free(&s);
+        return pt_error(PT_ERR_NOMEM, "out of memory");
+    }
+    void *first;
+    pt_status st = e->session_create(e->model, n_ctx, &first);
+    if (st != PT_OK) {
+        pt_srv_sched_free(&s);
+        return pt_error_prefix(st, "creating a session");
+    }
+    s->n_ctx = e->session_n_ctx(first);
+    s->idle[s->n_idle++] = (idle_session){first, 0};
+    if (pthread_create(&s->thread, NULL, inference_main, s) != 0) {
+        e->session_free(first);
+        s->n_idle = 0;
+        pt_srv_sched_free(&s);
+        return pt_error(PT_ERR_INTERNAL, "cannot start the inference thread");
+    }
+    *out = s;
+    return PT_OK;
+}
+
+void pt_srv_sched_free(pt_srv_sched **ps) {
+    pt_srv_sched *s = *ps;
+    if (!s) return;
+    if (s->thread) {
+        pthread_mutex_lock(&s->mu);
+        s->stopping = 1;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    for (int i = 0; i < s->n_idle; i++) s->e->session_free(s->idle[i].session);
+    if (s->vocab_ready) pt_vocab_index_free(&s->vocab);
+    free(s->queue);
+    free(s->slots);
+    free(s->idle);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    *ps = NULL;
+}
+
+int pt_srv_sched_n_ctx(const pt_srv_sched *s) { return s->n_ctx; }
+
+int pt_srv_sched_submit(pt_srv_sched *s, pt_srv_job *j) {
+    pthread_mutex_lock(&s->mu);
+    /* a job waits only when every slot is busy; those count against --queue */
+    int waiting_after = s->q_len + 1 - (s->n_parallel - s->n_active);
+    if (s->stopping || (waiting_after > s->max_queue) || s->q_len + 1 > s->q_cap) {
+        pthread_mutex_unlock(&s->mu);
+        return -1;
+    }
+    atomic_fetch_add(&j->refs, 1);
+    j->t_submit = pt_srv_now();
+    s->queue[(s->q_head + s->q_len) % s->q_cap] = j;
+    s->q_len++;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+void pt_srv_sched_get_stats(pt_srv_sched *s, pt_srv_sched_stats *st) {
+    pthread_mutex_lock(&s->mu);
+    st->n_active = s->n_active;
+    st->n_queued = s->q_len;
+    st->n_idle_sessions = -1; /* owned by the inference thread; idle_bytes is published */
+    st->idle_bytes = s->idle_bytes;
+    st->cache_hits = s->cache_hits;
+    st->cache_tokens_reused = s->cache_tokens_reused;
+    st->prompt_tokens = s->prompt_tokens;
+    st->generated_tokens = s->generated_tokens;
+    pthread_mutex_unlock(&s->mu);
+}

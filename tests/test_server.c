@@ -1,0 +1,860 @@
+/* Server tests over loopback against the deterministic test model
+ * (test_server_engine.h): routes, errors and their status codes, OpenAI and
+ * Anthropic shapes (buffered and SSE), stop strings, tool calls, constrained
+ * JSON, logprobs, the prompt cache, 429, API keys, client disconnects, a
+ * load test of concurrent streams with random disconnects, and the official
+ * openai / @anthropic-ai/sdk clients driven by node (tests/node). */
+#include "test.h"
+
+#include "base/log.h"
+#include "server/server.h"
+#include "server/toolcall.h"
+#include "test_server_engine.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+static tm_model g_model = {.max_ctx = 512};
+static pt_srv_engine g_engine;
+static pt_server *g_srv;
+static int g_port;
+
+/* ----------------------------------------------------------- raw client */
+
+typedef struct resp {
+    int status;
+    char *head; /* status line + headers */
+    char *body;
+    size_t body_len;
+} resp;
+
+static void resp_free(resp *r) {
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int dial(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return;
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Sends raw bytes, reads to EOF (HTTP/1.0: the server closes). */
+static int raw(int port, const char *req, size_t len, resp *r) {
+    memset(r, 0, sizeof *r);
+    int fd = dial(port);
+    if (fd < 0) return -1;
+    send_all(fd, req, len);
+    pt_sbuf b = {0};
+    char buf[8192];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) pt_sbuf_add(&b, buf, (size_t)n);
+    close(fd);
+    if (!b.data) return -1;
+    char *sep = strstr(b.data, "\r\n\r\n");
+    if (!sep) {
+        pt_sbuf_free(&b);
+        return -1;
+    }
+    *sep = 0;
+    r->head = strdup(b.data);
+    r->body_len = b.len - (size_t)(sep + 4 - b.data);
+    r->body = malloc(r->body_len + 1);
+    memcpy(r->body, sep + 4, r->body_len);
+    r->body[r->body_len] = 0;
+    sscanf(r->head, "HTTP/1.%*d %d", &r->status);
+    pt_sbuf_free(&b);
+    return 0;
+}
+
+static int http(const char *method, const char *path, const char *body, const char *extra, resp *r) {
+    char head[1024];
+    size_t bl = body ? strlen(body) : 0;
+    snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+             method, path, extra ? extra : "", bl);
+    pt_sbuf q = {0};
+    pt_sbuf_adds(&q, head);
+    if (body) pt_sbuf_add(&q, body, bl);
+    int rc = raw(g_port, q.data, q.len, r);
+    pt_sbuf_free(&q);
+    return rc;
+}
+
+static cJSON *json_body(const resp *r) { return r->body ? cJSON_Parse(r->body) : NULL; }
+
+static const char *jstr(const cJSON *root, const char *path) {
+    /* dotted path with numeric indices: "choices.0.message.content" */
+    const cJSON *cur = root;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+        if (*tok >= '0' && *tok <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
+        else cur = cJSON_GetObjectItem(cur, tok);
+    }
+    return cJSON_IsString(cur) ? cur->valuestring : NULL;
+}
+
+static double jnum(const cJSON *root, const char *path) {
+    const cJSON *cur = root;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
+        if (*tok >= '0' && *tok <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
+        else cur = cJSON_GetObjectItem(cur, tok);
+    }
+    return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
+}
+
+static char *chat_body(const char *user, const char *extra_fields) {
+    cJSON *u = cJSON_CreateString(user);
+    char *us = cJSON_PrintUnformatted(u);
+    cJSON_Delete(u);
+    char *b = malloc(strlen(us) + (extra_fields ? strlen(extra_fields) : 0) + 200);
+    sprintf(b, "{\"model\":\"anything\",\"messages\":[{\"role\":\"user\",\"content\":%s}]%s%s}", us,
+            extra_fields ? "," : "", extra_fields ? extra_fields : "");
+    free(us);
+    return b;
+}
+
+/* Concatenates delta.content of every OpenAI SSE chunk; checks framing. */
+static int sse_collect(const char *body, pt_sbuf *content, char *finish, size_t fn, int *done_last,
+                       int *n_events, cJSON **last_usage) {
+    *done_last = 0;
+    *n_events = 0;
+    const char *p = body;
+    int ok = 1;
+    while (*p) {
+        const char *e = strstr(p, "\n\n");
+        if (!e) {
+            ok = 0;
+            break;
+        }
+        if (strncmp(p, "data: ", 6) != 0) {
+            ok = 0;
+            break;
+        }
+        (*n_events)++;
+        *done_last = 0;
+        if (!strncmp(p + 6, "[DONE]", 6)) {
+            *done_last = 1;
+        } else {
+            cJSON *j = cJSON_ParseWithLength(p + 6, (size_t)(e - p - 6));
+            if (!j) ok = 0;
+            const char *c = jstr(j, "choices.0.delta.content");
+            if (!c) c = jstr(j, "choices.0.text");
+            if (c) pt_sbuf_adds(content, c);
+            const char *f = jstr(j, "choices.0.finish_reason");
+            if (f) snprintf(finish, fn, "%s", f);
+            if (cJSON_GetObjectItem(j, "usage") && last_usage) {
+                cJSON_Delete(*last_usage);
+                *last_usage = cJSON_Duplicate(cJSON_GetObjectItem(j, "usage"), 1);
+            }
+            if (cJSON_GetObjectItem(j, "error")) snprintf(finish, fn, "ERROR");
+            cJSON_Delete(j);
+        }
+        p = e + 2;
+    }
+    return ok;
+}
+
+/* ----------------------------------------------------------------- tests */
+
+static void test_http_routes(void) {
+    resp r;
+    REQUIRE(http("GET", "/health", NULL, NULL, &r) == 0, "connect");
+    CHECK(r.status == 200 && strstr(r.body, "ok"), "health %d %s", r.status, r.body);
+    resp_free(&r);
+    http("GET", "/v1", NULL, NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "/v1/chat/completions") && strstr(r.body, "/metrics"),
+          "index %s", r.body);
+    resp_free(&r);
+    http("GET", "/v1/models", NULL, NULL, &r);
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 200 && jstr(j, "data.0.id") && !strcmp(jstr(j, "data.0.id"), "test-model"),
+          "models %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http("GET", "/nope", NULL, NULL, &r);
+    j = json_body(&r);
+    CHECK(r.status == 404 && jstr(j, "error.message"), "404: %d %s", r.status, r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http("GET", "/v1/chat/completions", NULL, NULL, &r);
+    CHECK(r.status == 405 && strstr(r.head, "Allow: POST"), "405: %d %s", r.status, r.head);
+    resp_free(&r);
+    http("DELETE", "/health", NULL, NULL, &r);
+    CHECK(r.status == 405, "405 on /health: %d", r.status);
+    resp_free(&r);
+}
+
+static void test_http_413_before_body(void) {
+    /* headers only, claiming a huge body: the answer must come without it */
+    const char *req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 999999999\r\n\r\n";
+    resp r;
+    REQUIRE(raw(g_port, req, strlen(req), &r) == 0, "response");
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 413 && jstr(j, "error.message") && strstr(jstr(j, "error.message"), "limit"),
+          "413: %d %s", r.status, r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void test_http_bad_requests(void) {
+    struct {
+        const char *body, *want;
+    } cases[] = {
+        {"{\"messages\": [", "not valid JSON"},
+        {"[1,2]", "expected a JSON object"},
+        {"", "empty"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"temperature\":\"hot\"}", "'temperature'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":1.5}", "'max_tokens'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"top_p\":7}", "'top_p'"},
+        {"{\"messages\":[{\"role\":\"wizard\",\"content\":\"hi\"}]}", "role"},
+        {"{\"messages\":[]}", "'messages'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "content"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[1]}", "'stop[0]'"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"n\":3}", "n = 1"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"a\":1,\"a\":2}", "duplicate"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"response_format\":{\"type\":"
+         "\"json_schema\",\"json_schema\":{\"schema\":{\"type\":\"string\",\"pattern\":\"x\"}}}}",
+         "pattern"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}", "UTF-8"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}", "UTF-8"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        resp r;
+        http("POST", "/v1/chat/completions", cases[i].body, NULL, &r);
+        cJSON *j = json_body(&r);
+        const char *msg = jstr(j, "error.message");
+        CHECK(r.status == 400 && msg && strstr(msg, cases[i].want) &&
+                  jstr(j, "error.type") && !strcmp(jstr(j, "error.type"), "invalid_request_error"),
+              "case %zu: %d %s", i, r.status, r.body);
+        cJSON_Delete(j);
+        resp_free(&r);
+    }
+    /* a prompt longer than the context */
+    char *big = malloc(2000);
+    memset(big, 'a', 1999);
+    big[1999] = 0;
+    char *b = chat_body(big, NULL);
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    CHECK(r.status == 400 && strstr(r.body, "context"), "long prompt: %d %s", r.status, r.body);
+    resp_free(&r);
+    free(b);
+    free(big);
+    /* the server still answers */
+    http("GET", "/health", NULL, NULL, &r);
+    CHECK(r.status == 200, "still serving");
+    resp_free(&r);
+}
+
+static void test_server_chat_basic(void) {
+    char *b = chat_body("SAY:Hi there \xe2\x9c\x93", "\"max_tokens\":50");
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 200, "status %d %s", r.status, r.body);
+    const char *c = jstr(j, "choices.0.message.content");
+    CHECK(c && !strcmp(c, "Hi there \xe2\x9c\x93"), "content '%s'", c ? c : "(null)");
+    CHECK(jstr(j, "choices.0.finish_reason") && !strcmp(jstr(j, "choices.0.finish_reason"), "stop"), "finish");
+    CHECK(jstr(j, "model") && !strcmp(jstr(j, "model"), "test-model"), "model echoed");
+    CHECK(jstr(j, "object") && !strcmp(jstr(j, "object"), "chat.completion"), "object");
+    CHECK(jnum(j, "usage.completion_tokens") == 12, "completion tokens %g", jnum(j, "usage.completion_tokens"));
+    CHECK(jnum(j, "usage.prompt_tokens") > 10 && jnum(j, "usage.prompt_tokens_details.cached_tokens") >= 0,
+          "usage %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+
+    /* max_tokens -> length */
+    b = chat_body("LOOP:ab", "\"max_tokens\":7");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    j = json_body(&r);
+    c = jstr(j, "choices.0.message.content");
+    CHECK(c && !strcmp(c, "abababa") && !strcmp(jstr(j, "choices.0.finish_reason"), "length"),
+          "length: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void test_server_stream_sse(void) {
+    char *b = chat_body("SAY:one two three", "\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    CHECK(r.status == 200 && strstr(r.head, "text/event-stream"), "sse head %s", r.head);
+    pt_sbuf content = {0};
+    char finish[32] = "";
+    int done_last, n_events;
+    cJSON *usage = NULL;
+    CHECK(sse_collect(r.body, &content, finish, sizeof finish, &done_last, &n_events, &usage),
+          "framing: %s", r.body);
+    CHECK(content.data && !strcmp(content.data, "one two three"), "content '%s'", content.data);
+    CHECK(!strcmp(finish, "stop") && done_last, "finish %s, [DONE] last %d", finish, done_last);
+    CHECK(usage && jnum(usage, "completion_tokens") == 13, "usage chunk");
+    cJSON_Delete(usage);
+    pt_sbuf_free(&content);
+    resp_free(&r);
+
+    /* stop strings are never shown, even split across tokens */
+    b = chat_body("SAY:one two three", "\"stream\":true,\"stop\":[\"two\",\"zzz\"]");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    content = (pt_sbuf){0};
+    sse_collect(r.body, &content, finish, sizeof finish, &done_last, &n_events, NULL);
+    CHECK(content.data && !strcmp(content.data, "one "), "stop stream '%s'", content.data);
+    CHECK(!strstr(r.body, "\"tw"), "no part of the stop string leaked");
+    CHECK(!strcmp(finish, "stop") && done_last, "finish");
+    pt_sbuf_free(&content);
+    resp_free(&r);
+
+    /* failure mid-way: an error event, then [DONE] */
+    b = chat_body("FAIL:3", "\"stream\":true");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    content = (pt_sbuf){0};
+    CHECK(sse_collect(r.body, &content, finish, sizeof finish, &done_last, &n_events, NULL), "framing");
+    CHECK(!strcmp(finish, "ERROR") && done_last && strstr(r.body, "scripted failure"),
+          "error then [DONE]: %s", r.body);
+    pt_sbuf_free(&content);
+    resp_free(&r);
+
+    /* the same failure without streaming: 500 with the message */
+    b = chat_body("FAIL:2", NULL);
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    CHECK(r.status == 500 && strstr(r.body, "scripted failure"), "500: %d %s", r.status, r.body);
+    resp_free(&r);
+}
+
+static void test_server_completions_logprobs(void) {
+    resp r;
+    http("POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":5,\"logprobs\":2,\"stop\":\"e\"}",
+         NULL, &r);
+    cJSON *j = json_body(&r);
+    /* BOS + 'x' = 2 tokens: cycle position 2 -> "cd" then 'e' stops */
+    const char *t = jstr(j, "choices.0.text");
+    CHECK(r.status == 200 && t && !strcmp(t, "cd"), "text '%s' %s", t ? t : "", r.body);
+    CHECK(jstr(j, "object") && !strcmp(jstr(j, "object"), "text_completion"), "object");
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItem(lp, "token_logprobs")) == 3, "3 token logprobs (stop token too)");
+    cJSON_Delete(j);
+    resp_free(&r);
+
+    char *b = chat_body("SAY:ok", "\"logprobs\":true,\"top_logprobs\":2");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    j = json_body(&r);
+    const char *tok = jstr(j, "choices.0.logprobs.content.1.token");
+    CHECK(tok && !strcmp(tok, "k"), "logprob token '%s'", tok ? tok : "");
+    CHECK(jnum(j, "choices.0.logprobs.content.0.logprob") == -0.25, "logprob value");
+    CHECK(jnum(j, "choices.0.logprobs.content.0.top_logprobs.1.logprob") == -1.5, "top logprob");
+    cJSON_Delete(j);
+    resp_free(&r);
+
+    /* prompt as token ids */
+    http("POST", "/v1/completions", "{\"prompt\":[104,105],\"max_tokens\":2}", NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "\"text\":\"cd\""), "ids prompt %s", r.body);
+    resp_free(&r);
+    http("POST", "/v1/completions", "{\"prompt\":[104,99999],\"max_tokens\":2}", NULL, &r);
+    CHECK(r.status == 400 && strstr(r.body, "prompt[1]"), "bad id %s", r.body);
+    resp_free(&r);
+}
+
+static void test_toolcall_parsing(void) {
+    pt_tool_call *c;
+    char *content;
+    const char *q = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                    "\"Paris\"}}\n</tool_call>\n<tool_call>{\"name\":\"t2\",\"arguments\":{}}</tool_call>";
+    int n = pt_toolcall_parse(q, strlen(q), &c, &content);
+    CHECK(n == 2 && !strcmp(c[0].name, "get_weather") && !strcmp(c[0].arguments, "{\"city\":\"Paris\"}") &&
+              !strcmp(c[1].name, "t2") && !strcmp(content, "Let me check."),
+          "qwen: n=%d content='%s'", n, content);
+    pt_toolcall_free(c, n);
+    free(content);
+    const char *l = "<|python_tag|>{\"name\": \"search\", \"parameters\": {\"q\": \"x\"}}";
+    n = pt_toolcall_parse(l, strlen(l), &c, &content);
+    CHECK(n == 1 && !strcmp(c[0].name, "search") && !strcmp(c[0].arguments, "{\"q\":\"x\"}"), "llama: %d", n);
+    pt_toolcall_free(c, n);
+    free(content);
+    const char *g = "```tool_code\nget_weather(city='Paris', days=3, units=None, tags=[\"a\", True])\n```";
+    n = pt_toolcall_parse(g, strlen(g), &c, &content);
+    CHECK(n == 1 && !strcmp(c[0].name, "get_weather") &&
+              !strcmp(c[0].arguments, "{\"city\":\"Paris\",\"days\":3,\"units\":null,\"tags\":[\"a\",true]}"),
+          "gemma: %d %s", n, n > 0 ? c[0].arguments : "");
+    pt_toolcall_free(c, n);
+    free(content);
+    const char *plain = "{not a call} and <tool_call> broken";
+    n = pt_toolcall_parse(plain, strlen(plain), &c, &content);
+    CHECK(n == 0 && !strcmp(content, plain), "plain text stays content");
+    pt_toolcall_free(c, 0);
+    free(content);
+    int in_call;
+    CHECK(pt_toolcall_stream_safe("Hello <tool", 11, &in_call) == 6 && !in_call, "hold marker prefix");
+    CHECK(pt_toolcall_stream_safe("Hi <tool_call>{", 15, &in_call) == 3 && in_call, "marker seen");
+}
+
+static void test_server_tool_calls(void) {
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}}}}}]";
+    char *b = chat_body("SAY:<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", tools);
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 200 && jstr(j, "choices.0.finish_reason") &&
+              !strcmp(jstr(j, "choices.0.finish_reason"), "tool_calls"),
+          "finish: %s", r.body);
+    const char *args = jstr(j, "choices.0.message.tool_calls.0.function.arguments");
+    CHECK(jstr(j, "choices.0.message.tool_calls.0.function.name") && args &&
+              !strcmp(args, "{\"city\":\"Paris\"}") && jstr(j, "choices.0.message.tool_calls.0.id"),
+          "call: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    /* streamed: no marker text leaks into content; tool_calls delta with index */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "%s,\"stream\":true", tools);
+    free(b);
+    b = chat_body("SAY:Checking. <tool_call>{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}</tool_call>", extra);
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    pt_sbuf content = {0};
+    char finish[32] = "";
+    int done_last, n_ev;
+    sse_collect(r.body, &content, finish, sizeof finish, &done_last, &n_ev, NULL);
+    CHECK(content.data && !strcmp(content.data, "Checking. "), "content '%s'", content.data);
+    CHECK(!strcmp(finish, "tool_calls") && done_last && strstr(r.body, "\"index\":0") &&
+              strstr(r.body, "Oslo") && !strstr(r.body, "<tool_call"),
+          "stream: %s", r.body);
+    pt_sbuf_free(&content);
+    resp_free(&r);
+    /* a tool result goes back through the template */
+    http("POST", "/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\",\"content\":null,"
+         "\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+         "\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"c1\","
+         "\"content\":\"sunny\"}],\"max_tokens\":3}",
+         NULL, &r);
+    CHECK(r.status == 200, "tool round trip: %d %s", r.status, r.body);
+    resp_free(&r);
+}
+
+static void test_server_json_schema(void) {
+    const char *rf = "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":"
+                     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
+                     "\"integer\"}},\"required\":[\"name\",\"n\"],\"additionalProperties\":false}}}";
+    /* a reply that already fits passes through unchanged */
+    char *b = chat_body("SAY:{\"name\":\"Bo\",\"n\":7}", rf);
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    cJSON *j = json_body(&r);
+    const char *c = jstr(j, "choices.0.message.content");
+    CHECK(c && !strcmp(c, "{\"name\":\"Bo\",\"n\":7}"), "fits: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    /* a reply that does not fit is forced into the schema */
+    b = chat_body("SAY:sure! here you go", rf);
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    j = json_body(&r);
+    c = jstr(j, "choices.0.message.content");
+    cJSON *doc = c ? cJSON_Parse(c) : NULL;
+    CHECK(doc && cJSON_IsString(cJSON_GetObjectItem(doc, "name")) &&
+              cJSON_IsNumber(cJSON_GetObjectItem(doc, "n")) && cJSON_GetArraySize(doc) == 2,
+          "forced: %s", c ? c : r.body);
+    cJSON_Delete(doc);
+    cJSON_Delete(j);
+    resp_free(&r);
+    b = chat_body("SAY:no", "\"response_format\":{\"type\":\"json_object\"}");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    j = json_body(&r);
+    c = jstr(j, "choices.0.message.content");
+    doc = c ? cJSON_Parse(c) : NULL;
+    CHECK(cJSON_IsObject(doc), "json_object: %s", c ? c : r.body);
+    cJSON_Delete(doc);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void test_server_anthropic(void) {
+    resp r;
+    http("POST", "/v1/messages",
+         "{\"model\":\"x\",\"max_tokens\":64,\"system\":\"be brief\",\"messages\":[{\"role\":\"user\","
+         "\"content\":[{\"type\":\"text\",\"text\":\"SAY:Bonjour\"}]}]}",
+         NULL, &r);
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 200 && jstr(j, "type") && !strcmp(jstr(j, "type"), "message") &&
+              !strcmp(jstr(j, "content.0.text"), "Bonjour") && !strcmp(jstr(j, "stop_reason"), "end_turn") &&
+              jnum(j, "usage.output_tokens") == 7,
+          "message: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http("POST", "/v1/messages", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", NULL, &r);
+    j = json_body(&r);
+    CHECK(r.status == 400 && jstr(j, "type") && !strcmp(jstr(j, "type"), "error") &&
+              jstr(j, "error.type") && strstr(jstr(j, "error.message"), "max_tokens"),
+          "anthropic error shape: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    /* streaming event grammar */
+    http("POST", "/v1/messages",
+         "{\"max_tokens\":64,\"stream\":true,\"stop_sequences\":[\"!\"],\"messages\":[{\"role\":\"user\","
+         "\"content\":\"SAY:Hey you!\"}]}",
+         NULL, &r);
+    const char *order[] = {"event: message_start", "event: content_block_start", "event: content_block_delta",
+                           "event: content_block_stop", "event: message_delta", "event: message_stop"};
+    const char *p = r.body;
+    for (int i = 0; i < 6; i++) {
+        const char *q = p ? strstr(p, order[i]) : NULL;
+        CHECK(q, "event %s in order: %s", order[i], r.body);
+        p = q ? q + 1 : NULL;
+    }
+    CHECK(strstr(r.body, "\"stop_reason\":\"stop_sequence\"") && strstr(r.body, "\"stop_sequence\":\"!\"") &&
+              !strstr(r.body, "[DONE]"),
+          "stop_sequence: %s", r.body);
+    resp_free(&r);
+    /* tool use */
+    http("POST", "/v1/messages",
+         "{\"max_tokens\":200,\"tools\":[{\"name\":\"calc\",\"input_schema\":{\"type\":\"object\"}}],"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"SAY:<tool_call>{\\\"name\\\":\\\"calc\\\",\\\"arguments\\\":{\\\"x\\\":2}}</tool_call>\"}]}",
+         NULL, &r);
+    j = json_body(&r);
+    CHECK(r.status == 200 && jstr(j, "stop_reason") && !strcmp(jstr(j, "stop_reason"), "tool_use") &&
+              jstr(j, "content.0.type") && !strcmp(jstr(j, "content.0.type"), "tool_use") &&
+              jnum(j, "content.0.input.x") == 2,
+          "tool_use: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+}
+
+static void test_server_tokenize(void) {
+    resp r;
+    http("POST", "/tokenize", "{\"content\":\"hi\",\"add_special\":true}", NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "[258,104,105]"), "tokenize %s", r.body);
+    resp_free(&r);
+    http("POST", "/detokenize", "{\"tokens\":[104,105]}", NULL, &r);
+    CHECK(r.status == 200 && strstr(r.body, "\"content\":\"hi\""), "detokenize %s", r.body);
+    resp_free(&r);
+    http("POST", "/detokenize", "{\"tokens\":[-1]}", NULL, &r);
+    CHECK(r.status == 400, "bad token %s", r.body);
+    resp_free(&r);
+    http("POST", "/tokenize", "{\"content\":3}", NULL, &r);
+    CHECK(r.status == 400 && strstr(r.body, "content"), "bad content %s", r.body);
+    resp_free(&r);
+}
+
+static void test_server_prompt_cache(void) {
+    /* two turns of one conversation: the second re-runs only the new part */
+    char big[300];
+    memset(big, 'q', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    char body[2000];
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"SAY:a\"}]}", big);
+    resp r;
+    http("POST", "/v1/chat/completions", body, NULL, &r);
+    resp_free(&r);
+    long before = atomic_load(&g_model.prompt_tokens_run);
+    snprintf(body, sizeof body,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"%s\"},{\"role\":\"user\",\"content\":\"SAY:a\"},"
+             "{\"role\":\"assistant\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"SAY:b\"}]}", big);
+    http("POST", "/v1/chat/completions", body, NULL, &r);
+    long ran = atomic_load(&g_model.prompt_tokens_run) - before;
+    cJSON *j = json_body(&r);
+    double cached = jnum(j, "usage.prompt_tokens_details.cached_tokens");
+    double prompt = jnum(j, "usage.prompt_tokens");
+    CHECK(r.status == 200 && cached >= 300 && cached < prompt, "cached %g of %g: %s", cached, prompt, r.body);
+    CHECK(ran < 80, "only the new turn was run: %ld tokens", ran);
+    printf("INFO prompt cache: %g of %g prompt tokens reused, %ld run\n", cached, prompt, ran);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http("GET", "/metrics", NULL, NULL, &r);
+    CHECK(strstr(r.body, "petrel_prompt_cache_hits_total") && strstr(r.body, "petrel_generated_tokens_total") &&
+              strstr(r.body, "petrel_time_to_first_token_seconds_bucket{le=\"+Inf\"}") &&
+              strstr(r.head, "text/plain"),
+          "metrics: %.300s", r.body);
+    resp_free(&r);
+}
+
+/* -------------------------------------------------- concurrency & load */
+
+typedef struct stream_client {
+    int port, disconnect_after, max_tokens;
+    int status, got_done, ok;
+    char retry_after;
+} stream_client;
+
+static void *stream_worker(void *arg) {
+    stream_client *c = arg;
+    char body[256], req[600];
+    snprintf(body, sizeof body,
+             "{\"stream\":true,\"max_tokens\":%d,\"messages\":[{\"role\":\"user\",\"content\":\"SLOW LOOP:xy\"}]}",
+             c->max_tokens);
+    snprintf(req, sizeof req,
+             "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+    int fd = dial(c->port);
+    if (fd < 0) return NULL;
+    send_all(fd, req, strlen(req));
+    pt_sbuf b = {0};
+    char buf[4096];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+        pt_sbuf_add(&b, buf, (size_t)n);
+        if (c->disconnect_after && b.len >= (size_t)c->disconnect_after) break;
+    }
+    close(fd);
+    if (b.data) {
+        sscanf(b.data, "HTTP/1.%*d %d", &c->status);
+        const char *end = b.len >= 14 ? b.data + b.len - 14 : b.data;
+        c->got_done = strstr(end, "data: [DONE]") != NULL;
+        c->retry_after = strstr(b.data, "Retry-After: 1") != NULL;
+        if (c->disconnect_after) c->ok = 1; /* we left; nothing to assert on the body */
+        else if (c->status == 200) c->ok = c->got_done;
+        else if (c->status == 429) c->ok = c->retry_after && strstr(b.data, "\"error\"") != NULL;
+    }
+    pt_sbuf_free(&b);
+    return NULL;
+}
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) kb = atol(line + 6);
+    if (f) fclose(f);
+    return kb;
+}
+
+static int metric_at(int port, const char *name) {
+    resp r;
+    int saved = g_port;
+    g_port = port;
+    http("GET", "/metrics", NULL, NULL, &r);
+    g_port = saved;
+    char pat[128];
+    snprintf(pat, sizeof pat, "\n%s ", name); /* the sample line, not # HELP / # TYPE */
+    const char *p = r.body ? strstr(r.body, pat) : NULL;
+    int v = p ? atoi(p + strlen(pat)) : -1;
+    resp_free(&r);
+    return v;
+}
+
+static int metric(const char *name) { return metric_at(g_port, name); }
+
+static void test_server_queue_429_and_disconnect(void) {
+    /* a second server with one slot and a queue of one */
+    pt_server_params p = pt_server_default_params();
+    p.port = 0;
+    p.n_parallel = 1;
+    p.max_queue = 1;
+    pt_server *s2;
+    REQUIRE(pt_server_start(&g_engine, &p, &s2) == PT_OK, "start: %s", pt_last_error());
+    int port = pt_server_port(s2);
+    stream_client c[3] = {{port, 40000, 2000, 0, 0, 0, 0}, {port, 0, 20, 0, 0, 0, 0}, {port, 0, 20, 0, 0, 0, 0}};
+    pthread_t t[3];
+    pthread_create(&t[0], NULL, stream_worker, &c[0]); /* occupies the slot, then disconnects */
+    usleep(100000);
+    pthread_create(&t[1], NULL, stream_worker, &c[1]); /* waits in the queue */
+    usleep(100000);
+    pthread_create(&t[2], NULL, stream_worker, &c[2]); /* queue full: 429 */
+    for (int i = 0; i < 3; i++) pthread_join(t[i], NULL);
+    CHECK(c[2].status == 429 && c[2].ok, "third: %d (Retry-After %d)", c[2].status, c[2].retry_after);
+    /* the first client left after ~40 kB, long before its 2000 tokens: its
+     * job is cancelled, which frees the slot for the queued one */
+    CHECK(c[1].status == 200 && c[1].ok, "queued one completed after the disconnect: %d", c[1].status);
+    CHECK(metric_at(port, "petrel_requests_cancelled_total") == 1, "one cancellation counted");
+    CHECK(metric_at(port, "petrel_requests_rejected_total") == 1, "one 429 counted");
+    pt_server_stop(&s2);
+}
+
+#define N_LOAD 48
+
+static void test_server_load_streams(void) {
+    long rss0 = -1;
+    int n_ok = 0, n_429 = 0, n_left = 0;
+    for (int round = 0; round < 3; round++) {
+        stream_client c[N_LOAD];
+        pthread_t t[N_LOAD];
+        unsigned seed = 1234u + (unsigned)round;
+        for (int i = 0; i < N_LOAD; i++) {
+            seed = seed * 1103515245u + 12345u;
+            c[i] = (stream_client){g_port, (seed >> 16) % 3 == 0 ? 200 + (int)((seed >> 8) % 500) : 0,
+                                   5 + (int)((seed >> 4) % 30), 0, 0, 0, 0};
+            pthread_create(&t[i], NULL, stream_worker, &c[i]);
+        }
+        for (int i = 0; i < N_LOAD; i++) {
+            pthread_join(t[i], NULL);
+            CHECK(c[i].ok, "round %d client %d: status %d done %d", round, i, c[i].status, c[i].got_done);
+            if (c[i].disconnect_after) n_left++;
+            else if (c[i].status == 200) n_ok++;
+            else n_429++;
+        }
+        if (round == 0) rss0 = rss_kb();
+    }
+    /* every slot comes back */
+    int busy = -1;
+    for (int k = 0; k < 100 && busy != 0; k++) {
+        busy = metric("petrel_slots_busy");
+        if (busy) usleep(20000);
+    }
+    long rss1 = rss_kb();
+    CHECK(busy == 0, "slots still busy: %d", busy);
+    CHECK(rss1 - rss0 < 64 * 1024, "memory grew by %ld kB over two rounds", rss1 - rss0);
+    printf("INFO load: %d streams completed, %d refused with 429, %d disconnected early; RSS %ld -> %ld kB\n",
+           n_ok, n_429, n_left, rss0, rss1);
+    resp r;
+    http("GET", "/health", NULL, NULL, &r);
+    CHECK(r.status == 200, "healthy after load");
+    resp_free(&r);
+}
+
+static void test_server_api_key(void) {
+    pt_server_params p = pt_server_default_params();
+    p.port = 0;
+    p.api_key = "sekret";
+    pt_server *s2;
+    REQUIRE(pt_server_start(&g_engine, &p, &s2) == PT_OK, "start");
+    int saved = g_port;
+    g_port = pt_server_port(s2);
+    resp r;
+    http("GET", "/v1/models", NULL, NULL, &r);
+    CHECK(r.status == 401 && strstr(r.body, "API key"), "no key: %d", r.status);
+    resp_free(&r);
+    http("GET", "/v1/models", NULL, "Authorization: Bearer wrong\r\n", &r);
+    CHECK(r.status == 401, "wrong key: %d", r.status);
+    resp_free(&r);
+    http("GET", "/v1/models", NULL, "Authorization: Bearer sekret\r\n", &r);
+    CHECK(r.status == 200, "right key: %d", r.status);
+    resp_free(&r);
+    http("GET", "/health", NULL, NULL, &r);
+    CHECK(r.status == 200, "health is open: %d", r.status);
+    resp_free(&r);
+    g_port = saved;
+    pt_server_stop(&s2);
+}
+
+static void test_server_curl(void) {
+    if (system("command -v curl >/dev/null 2>&1") != 0) TEST_SKIP("curl not installed");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "curl -sN --max-time 10 http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+             "-d '{\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"SAY:curl ok\"}]}'",
+             g_port);
+    FILE *f = popen(cmd, "r");
+    REQUIRE(f, "popen");
+    pt_sbuf b = {0};
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) pt_sbuf_add(&b, buf, n);
+    pclose(f);
+    pt_sbuf content = {0};
+    char finish[32] = "";
+    int done_last = 0, n_ev = 0;
+    CHECK(b.data && sse_collect(b.data, &content, finish, sizeof finish, &done_last, &n_ev, NULL) &&
+              content.data && !strcmp(content.data, "curl ok") && done_last,
+          "curl SSE (HTTP/1.1 chunked): %s", b.data ? b.data : "");
+    pt_sbuf_free(&content);
+    pt_sbuf_free(&b);
+    snprintf(cmd, sizeof cmd,
+             "curl -s -o /dev/null -w '%%{http_code}' --max-time 10 http://127.0.0.1:%d/v1/chat/completions "
+             "-H 'Content-Type: application/json' --data-binary '{\"messages\": oops}'",
+             g_port);
+    f = popen(cmd, "r");
+    char code[8] = "";
+    if (f) {
+        if (!fgets(code, sizeof code, f)) code[0] = 0;
+        pclose(f);
+    }
+    CHECK(!strcmp(code, "400"), "curl malformed: %s", code);
+}
+
+static void test_server_node_sdks(void) {
+    if (getenv("PETREL_SKIP_NODE")) TEST_SKIP("PETREL_SKIP_NODE is set");
+    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0)
+        TEST_SKIP("node/npm not installed: the official-client tests did not run");
+    if (system("test -d tests/node/node_modules/openai && test -d tests/node/node_modules/@anthropic-ai/sdk") != 0) {
+        if (system("cd tests/node && timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1") != 0)
+            TEST_SKIP("npm ci failed (registry unreachable?): the official-client tests did not run");
+    }
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "timeout 60 node tests/node/sdk.mjs http://127.0.0.1:%d 2>&1", g_port);
+    FILE *f = popen(cmd, "r");
+    REQUIRE(f, "popen");
+    char line[2048];
+    int pass = 0, fail = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "PASS ", 5)) pass++;
+        else if (!strncmp(line, "FAIL ", 5)) {
+            fail++;
+            CHECK(0, "node: %s", line + 5);
+        }
+        printf("INFO node: %s\n", line);
+    }
+    int rc = pclose(f);
+    CHECK(rc == 0 && fail == 0 && pass >= 8, "node exit %d, %d passed, %d failed", rc, pass, fail);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    pt_log_set_level(PT_LOG_ERROR);
+    tm_engine(&g_engine, &g_model);
+    pt_server_params p = pt_server_default_params();
+    p.port = 0;
+    p.n_parallel = 4;
+    p.max_queue = 16;
+    p.max_body = 1 << 20;
+    if (pt_server_start(&g_engine, &p, &g_srv) != PT_OK) {
+        printf("FAIL server_start: %s\n", pt_last_error());
+        return 1;
+    }
+    g_port = pt_server_port(g_srv);
+    TEST_RUN(test_http_routes);
+    TEST_RUN(test_http_413_before_body);
+    TEST_RUN(test_http_bad_requests);
+    TEST_RUN(test_server_chat_basic);
+    TEST_RUN(test_server_stream_sse);
+    TEST_RUN(test_server_completions_logprobs);
+    TEST_RUN(test_toolcall_parsing);
+    TEST_RUN(test_server_tool_calls);
+    TEST_RUN(test_server_json_schema);
+    TEST_RUN(test_server_anthropic);
+    TEST_RUN(test_server_tokenize);
+    TEST_RUN(test_server_prompt_cache);
+    TEST_RUN(test_server_api_key);
+    TEST_RUN(test_server_queue_429_and_disconnect);
+    TEST_RUN(test_server_load_streams);
+    TEST_RUN(test_server_curl);
+    TEST_RUN(test_server_node_sdks);
+    pt_server_stop(&g_srv);
+    return test_summary();
+}
