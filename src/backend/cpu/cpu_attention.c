@@ -74,18 +74,32 @@ static void attn_run(void *arg, int ith, int nth) {
         const float *q = a->q + (t * p->n_heads + (int64_t)kh * G) * hd;
         const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * (bf ? 2 : 4);
         const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * (bf ? 2 : 4);
-        for (int64_t j = 0; j < n; j++) {
-            const void *kr = kb + (size_t)((lo + j) % cap) * hd * (bf ? 2 : 4);
-            for (int g = 0; g < G; g++) {
-                float s = bf ? k->dot_bf16(q + g * hd, kr, hd) : k->dot_f32(q + g * hd, kr, hd);
-                s = pt_act_round(act, pt_act_round(act, s) * p->scale);
-                if (p->softcap > 0)
-                    s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
-                S[(size_t)g * n + j] = s;
-            }
+        /* the keys [lo, hi] occupy at most two contiguous runs of slots (the ring wraps once) */
+        int64_t s0 = lo % cap, n1 = cap - s0 < n ? cap - s0 : n;
+        int64_t runs[2][3] = {{0, s0, n1}, {n1, 0, n - n1}}; /* {index in S, first slot, length} */
+        size_t es = bf ? 2 : 4;
+        for (int r = 0; r < 2; r++) {
+            int64_t j0 = runs[r][0], len = runs[r][2];
+            if (len <= 0) continue;
+            const char *k0 = kb + (size_t)runs[r][1] * hd * es;
+            if (k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf)) continue;
+            for (int64_t j = 0; j < len; j++)
+                for (int g = 0; g < G; g++)
+                    S[(size_t)g * n + j0 + j] = bf ? k->dot_bf16(q + g * hd, (const uint16_t *)k0 + j * hd, hd)
+                                                   : k->dot_f32(q + g * hd, (const float *)k0 + j * hd, hd);
         }
         for (int g = 0; g < G; g++) {
             float *sg = S + (size_t)g * n;
+            if (p->softcap <= 0 && k->softmax_row) {
+                k->softmax_row(sg, n, p->scale, act == PT_ACT_BF16);
+                continue;
+            }
+            for (int64_t j = 0; j < n; j++) {
+                float s = pt_act_round(act, pt_act_round(act, sg[j]) * p->scale);
+                if (p->softcap > 0)
+                    s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
+                sg[j] = s;
+            }
             float m = -INFINITY, sum = 0.0f;
             for (int64_t j = 0; j < n; j++)
                 if (sg[j] > m) m = sg[j];
@@ -94,13 +108,17 @@ static void attn_run(void *arg, int ith, int nth) {
             for (int64_t j = 0; j < n; j++) sg[j] = pt_act_round(act, sg[j] * inv);
         }
         memset(acc, 0, (size_t)G * hd * sizeof(float));
-        for (int64_t j = 0; j < n; j++) {
-            const void *vr = vb + (size_t)((lo + j) % cap) * hd * (bf ? 2 : 4);
-            for (int g = 0; g < G; g++) {
-                float pj = S[(size_t)g * n + j];
-                if (bf) k->axpy_bf16(acc + g * hd, pj, vr, hd);
-                else k->axpy_f32(acc + g * hd, pj, vr, hd);
-            }
+        for (int r = 0; r < 2; r++) {
+            int64_t j0 = runs[r][0], len = runs[r][2];
+            if (len <= 0) continue;
+            const char *v0 = vb + (size_t)runs[r][1] * hd * es;
+            if (k->attn_pv && k->attn_pv(acc, S + j0, n, G, hd, v0, len, bf)) continue;
+            for (int64_t j = 0; j < len; j++)
+                for (int g = 0; g < G; g++) {
+                    float pj = S[(size_t)g * n + j0 + j];
+                    if (bf) k->axpy_bf16(acc + g * hd, pj, (const uint16_t *)v0 + j * hd, hd);
+                    else k->axpy_f32(acc + g * hd, pj, (const float *)v0 + j * hd, hd);
+                }
         }
         float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
         for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);

@@ -50,6 +50,18 @@ typedef struct pt_cpu_kernels {
      * as one sequential multiply-add chain per element, so an element's bits
      * do not depend on mr or on the tile it is computed in. */
     void (*gemm_32)(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first);
+    /* Attention over n contiguous cache rows (bf: bf16 rows, else f32), for
+     * the G query heads of one GQA group (q/out rows of hd floats):
+     *   scores: S[g·lds + j] = q_g · k_j
+     *   pv:     out[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d]   (sequential over j)
+     * They return 0 when they do not handle the shape (the caller then uses
+     * the generic loops over dot/axpy). NULL = never handled. */
+    int (*attn_scores)(float *S, int64_t lds, const float *q, int G, int hd, const void *k, int64_t n, int bf);
+    int (*attn_pv)(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n, int bf);
+    /* One attention row without soft-cap: s = round(round(s)·scale), then
+     * s = round(softmax(s)) (round = to bf16 when bf16 != 0, else identity).
+     * NULL = the caller's scalar loop (expf). */
+    void (*softmax_row)(float *s, int64_t n, float scale, int bf16);
 } pt_cpu_kernels;
 
 extern const pt_cpu_kernels pt_cpu_kernels_scalar;

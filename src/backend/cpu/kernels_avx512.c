@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 static inline __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1u); }
 
@@ -262,6 +263,123 @@ static void gemm_32(float *c, int64_t ldc, const float *xpk, const float *wp, in
     for (; t < mr; t++) gemm_tile1(c + t * ldc, ldc, xpk + t, wp, kc, first);
 }
 
+/* ---- attention (head_dim % 64 == 0) ----
+ * Scores: each key row is loaded and converted once for a block of B query
+ * heads of the same GQA group (B = 4, 2, 1), one f32 chain per head, reduced
+ * once per (key, head). P·V: the block's output rows stay in registers
+ * (B × 64 dims at a time) across all keys, each value row converted once. */
+#define ATTN_BLOCK(B)                                                                                         \
+    static void scores_b##B(float *S, int64_t lds, const float *q, int hd, const void *k, int64_t n, int bf) { \
+        for (int64_t j = 0; j < n; j++) {                                                                     \
+            __m512 acc[B];                                                                                    \
+            for (int g = 0; g < B; g++) acc[g] = _mm512_setzero_ps();                                         \
+            for (int d = 0; d < hd; d += 16) {                                                                \
+                __m512 kv = bf ? load_bf16((const uint16_t *)k + j * hd + d)                                  \
+                               : _mm512_loadu_ps((const float *)k + j * hd + d);                              \
+                for (int g = 0; g < B; g++) acc[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * hd + d), kv, acc[g]); \
+            }                                                                                                 \
+            for (int g = 0; g < B; g++) S[g * lds + j] = _mm512_reduce_add_ps(acc[g]);                        \
+        }                                                                                                     \
+    }                                                                                                         \
+    static void pv_b##B(float *out, const float *P, int64_t ldp, int hd, const void *v, int64_t n, int bf) {  \
+        for (int d0 = 0; d0 < hd; d0 += 64) {                                                                 \
+            __m512 o[B][4];                                                                                   \
+            for (int g = 0; g < B; g++)                                                                       \
+                for (int i = 0; i < 4; i++) o[g][i] = _mm512_loadu_ps(out + g * hd + d0 + 16 * i);            \
+            for (int64_t j = 0; j < n; j++) {                                                                 \
+                __m512 vv[4];                                                                                 \
+                for (int i = 0; i < 4; i++)                                                                   \
+                    vv[i] = bf ? load_bf16((const uint16_t *)v + j * hd + d0 + 16 * i)                        \
+                               : _mm512_loadu_ps((const float *)v + j * hd + d0 + 16 * i);                    \
+                for (int g = 0; g < B; g++) {                                                                 \
+                    __m512 p = _mm512_set1_ps(P[g * ldp + j]);                                                \
+                    for (int i = 0; i < 4; i++) o[g][i] = _mm512_fmadd_ps(p, vv[i], o[g][i]);                 \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int g = 0; g < B; g++)                                                                       \
+                for (int i = 0; i < 4; i++) _mm512_storeu_ps(out + g * hd + d0 + 16 * i, o[g][i]);            \
+        }                                                                                                     \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+ATTN_BLOCK(4)
+ATTN_BLOCK(2)
+ATTN_BLOCK(1)
+#pragma GCC pop_options
+
+static int attn_scores(float *S, int64_t lds, const float *q, int G, int hd, const void *k, int64_t n, int bf) {
+    if (hd % 64) return 0;
+    int g = 0;
+    for (; g + 4 <= G; g += 4) scores_b4(S + g * lds, lds, q + g * hd, hd, k, n, bf);
+    for (; g + 2 <= G; g += 2) scores_b2(S + g * lds, lds, q + g * hd, hd, k, n, bf);
+    for (; g < G; g++) scores_b1(S + g * lds, lds, q + g * hd, hd, k, n, bf);
+    return 1;
+}
+
+static int attn_pv(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n, int bf) {
+    if (hd % 64) return 0;
+    int g = 0;
+    for (; g + 4 <= G; g += 4) pv_b4(out + g * hd, P + g * ldp, ldp, hd, v, n, bf);
+    for (; g + 2 <= G; g += 2) pv_b2(out + g * hd, P + g * ldp, ldp, hd, v, n, bf);
+    for (; g < G; g++) pv_b1(out + g * hd, P + g * ldp, ldp, hd, v, n, bf);
+    return 1;
+}
+
+/* ---- softmax of one attention row (no soft-cap) ----
+ * s[j] = round(round(s[j])·scale) (bf16 mode: round = to bf16), then
+ * p = exp(s − max) / Σ, rounded. exp is a degree-6 polynomial on
+ * r = x − n·ln2 (|r| ≤ ln2/2; relative error ~2 ulp) scaled by 2^n with
+ * vscalefps, which underflows to 0 cleanly for very negative x. */
+static inline __m512 round_bf16_vec(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_blend_ps(nan, _mm512_castsi512_ps(r), _mm512_or_ps(v, _mm512_castsi512_ps(_mm512_set1_epi32(0x400000))));
+}
+
+static inline __m512 exp_vec(__m512 x) {
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), ln2hi = _mm512_set1_ps(0.693359375f),
+                 ln2lo = _mm512_set1_ps(-2.12194440e-4f);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, ln2hi, x);
+    r = _mm512_fnmadd_ps(n, ln2lo, r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static void softmax_row(float *s, int64_t n, float scale, int bf16) {
+    __m512 vs = _mm512_set1_ps(scale), vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+        __m512 v = _mm512_maskz_loadu_ps(m, s + j);
+        v = bf16 ? round_bf16_vec(_mm512_mul_ps(round_bf16_vec(v), vs)) : _mm512_mul_ps(v, vs);
+        _mm512_mask_storeu_ps(s + j, m, v);
+        vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+    }
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax)), vsum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+        __m512 e = exp_vec(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), mx));
+        _mm512_mask_storeu_ps(s + j, m, e);
+        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(m, e));
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 m = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+        __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv);
+        _mm512_mask_storeu_ps(s + j, m, bf16 ? round_bf16_vec(p) : p);
+    }
+}
+
 const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .name = "avx512",
     .dot_f32 = dot_f32,
@@ -275,4 +393,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
     .gemm_32 = gemm_32,
+    .attn_scores = attn_scores,
+    .attn_pv = attn_pv,
+    .softmax_row = softmax_row,
 };
