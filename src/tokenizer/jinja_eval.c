@@ -67,6 +67,7 @@ static pj_value *scope_get(pj_scope *s, const char *name) {
 
 static int eval(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value *out);
 static int exec_body(pj_ctx *c, pj_scope *s, const pj_node *body);
+static int call_loop(pj_ctx *c, const pj_loop *l, pj_args *a, pj_value *out);
 
 /* --------------------------------------------------------------- operators */
 
@@ -352,6 +353,11 @@ static int call_macro(pj_ctx *c, const pj_func *fn, pj_args *a, pj_value *out) {
     pj_value kwargs = pj_dict_new(c, 0);
     int *bound = pj_alloc(c, (size_t)(n_params + 1) * sizeof(int));
     if (!bound) return -1;
+    int catch_va = m->op & PJ_CATCH_VARARGS, catch_kw = m->op & PJ_CATCH_KWARGS;
+    if (a->n_pos > n_params && !catch_va) {
+        c->depth--;
+        return pj_fail(c, "TypeError", "macro '%s' takes not more than %d argument(s)", fn->name, n_params);
+    }
     for (int i = 0; i < a->n_pos; i++) {
         if (i < n_params) {
             pj_scope_set(c, s, m->names[i], a->pos[i]);
@@ -360,18 +366,18 @@ static int call_macro(pj_ctx *c, const pj_func *fn, pj_args *a, pj_value *out) {
     }
     for (int k = 0; k < a->n_kw; k++) {
         int found = 0;
-        for (int i = 0; i < n_params; i++)
+        for (int i = a->n_pos; i < n_params; i++)
             if (!strcmp(m->names[i], a->kw_names[k])) {
-                if (bound[i]) {
-                    c->depth--;
-                    return pj_fail(c, "TypeError", "macro '%s' got multiple values for argument '%s'", fn->name,
-                                   a->kw_names[k]);
-                }
                 pj_scope_set(c, s, m->names[i], a->kw[k]);
                 bound[i] = 1;
                 found = 1;
             }
-        if (!found) pj_dict_set(c, kwargs.d, pj_cstr(a->kw_names[k]), a->kw[k]);
+        if (found) continue;
+        if (!catch_kw) {
+            c->depth--;
+            return pj_fail(c, "TypeError", "macro '%s' takes no keyword argument '%s'", fn->name, a->kw_names[k]);
+        }
+        pj_dict_set(c, kwargs.d, pj_cstr(a->kw_names[k]), a->kw[k]);
     }
     for (int i = 0; i < n_params; i++) {
         if (bound[i]) continue;
@@ -408,7 +414,7 @@ static int call_macro(pj_ctx *c, const pj_func *fn, pj_args *a, pj_value *out) {
 int pj_call(pj_ctx *c, pj_value fn, pj_args *a, pj_value *out) {
     if (fn.type == PJ_UNDEF) return pj_check_defined(c, fn);
     if (fn.type != PJ_FUNC) {
-        if (fn.type == PJ_LOOP) return pj_fail(c, "TypeError", "recursive loops are not supported");
+        if (fn.type == PJ_LOOP) return call_loop(c, fn.loop, a, out);
         return pj_fail(c, "TypeError", "'%s' object is not callable", pj_type_name(fn));
     }
     switch (fn.fn->kind) {
@@ -579,19 +585,19 @@ static int assign(pj_ctx *c, pj_scope *s, const pj_node *target, pj_value v) {
     /* tuple unpacking */
     pj_value items;
     if (pj_iterate(c, v, &items)) return -1;
-    if (items.l->n != (size_t)target->n_kids)
-        return pj_fail(c, "ValueError", items.l->n < (size_t)target->n_kids
-                                            ? "not enough values to unpack (expected %d, got %zu)"
-                                            : "too many values to unpack (expected %d, got %zu)",
-                       target->n_kids, items.l->n);
+    if (items.l->n < (size_t)target->n_kids)
+        return pj_fail(c, "ValueError", "not enough values to unpack (expected %d, got %zu)", target->n_kids,
+                       items.l->n);
+    if (items.l->n > (size_t)target->n_kids)
+        return pj_fail(c, "ValueError", "too many values to unpack (expected %d)", target->n_kids);
     for (int i = 0; i < target->n_kids; i++)
         if (pj_scope_set(c, s, target->kids[i]->name, items.l->items[i])) return -1;
     return 0;
 }
 
-static int exec_for(pj_ctx *c, pj_scope *s, const pj_node *n) {
-    pj_value it, items;
-    if (eval(c, s, n->a, &it)) return -1;
+static int exec_for_items(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value it, int depth) {
+    pj_value items;
+    if (depth > PJ_MAX_CALL_DEPTH) return pj_fail(c, "RecursionError", "maximum recursion depth exceeded in a recursive loop");
     if (pj_iterate(c, it, &items)) return -1;
     if (n->d) { /* {% for x in xs if cond %}: filter first (loop.length counts the kept items) */
         pj_value kept = pj_list_new(c, items.l->n, 0);
@@ -607,7 +613,9 @@ static int exec_for(pj_ctx *c, pj_scope *s, const pj_node *n) {
     pj_loop *loop = pj_alloc(c, sizeof *loop);
     if (!loop) return -1;
     loop->items = items.l;
-    loop->depth = 1;
+    loop->depth = depth;
+    loop->node = n;
+    loop->scope = s;
     pj_value lv = {.type = PJ_LOOP, .loop = loop};
     for (size_t i = 0; i < items.l->n; i++) {
         loop->index0 = i;
@@ -617,6 +625,28 @@ static int exec_for(pj_ctx *c, pj_scope *s, const pj_node *n) {
         if (rc < 0) return -1;
         if (rc == 1) break;
     }
+    return 0;
+}
+
+static int exec_for(pj_ctx *c, pj_scope *s, const pj_node *n) {
+    pj_value it;
+    if (eval(c, s, n->a, &it)) return -1;
+    return exec_for_items(c, s, n, it, 1);
+}
+
+/* loop(children) inside a `for ... recursive`: renders the loop body over
+ * the children one level deeper and returns the text. */
+static int call_loop(pj_ctx *c, const pj_loop *l, pj_args *a, pj_value *out) {
+    if (!l->node->neg)
+        return pj_fail(c, "TypeError", "The loop must have the 'recursive' marker to be called recursively.");
+    if (a->n_pos != 1 || a->n_kw) return pj_fail(c, "TypeError", "loop() takes exactly one argument");
+    pj_buf buf = {.c = c};
+    pj_buf *saved = c->out;
+    c->out = &buf;
+    int rc = exec_for_items(c, l->scope, l->node, a->pos[0], l->depth + 1);
+    c->out = saved;
+    if (rc < 0) return -1;
+    *out = pj_buf_value(&buf);
     return 0;
 }
 

@@ -109,6 +109,8 @@ struct pj_loop {
     int depth;
     pj_value last_changed; /* loop.changed() memory */
     int has_changed;
+    const pj_node *node; /* the for statement (for recursive loop(...) calls) */
+    pj_scope *scope;     /* the scope the loop runs in */
 };
 
 /* ----------------------------------------------------------- syntax tree */
@@ -141,7 +143,7 @@ typedef enum pj_node_kind {
     PJ_N_IF,     /* a=cond, b=then body, c=else body (or nested IF for elif) */
     PJ_N_FOR,    /* target=t, a=iter, b=body, c=else body, d=filter cond, recursive */
     PJ_N_SET,    /* t=target, a=value (or b=body for a block set, with filter chain in d) */
-    PJ_N_MACRO,  /* name, params in names/kids(defaults), b=body */
+    PJ_N_MACRO,  /* name, params in names/kids(defaults), b=body; op: PJ_CATCH_* */
     PJ_N_CALLBLOCK, /* a=call expr, b=body, params in names/kids */
     PJ_N_FILTERBLOCK, /* d=filter chain (innermost a NULL), b=body */
     PJ_N_BREAK,
@@ -163,6 +165,11 @@ struct pj_node {
     const char **names; /* keyword names (CALL/FILTER/TEST: one per kid, NULL for positional) */
     int n_names;
 };
+
+/* A macro (or call block) whose body uses varargs / kwargs accepts extra
+ * positional / keyword arguments; jinja2 refuses them otherwise. */
+#define PJ_CATCH_VARARGS 1
+#define PJ_CATCH_KWARGS 2
 
 /* Operators (also token kinds). */
 enum {

@@ -265,6 +265,25 @@ static int is_cased(uint32_t cp) {
     return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
 }
 
+/* Unicode's unconditional special casings that Python applies and simple
+ * per-code-point mappings miss (ß -> SS, ligatures, İ -> i̇). want: 0 upper,
+ * 1 lower, 2 title. NULL when the simple mapping is right. */
+static const char *full_case(uint32_t cp, int want) {
+    switch (cp) {
+    case 0xdf: return want == 0 ? "SS" : want == 2 ? "Ss" : NULL;
+    case 0xfb00: return want == 0 ? "FF" : want == 2 ? "Ff" : NULL;
+    case 0xfb01: return want == 0 ? "FI" : want == 2 ? "Fi" : NULL;
+    case 0xfb02: return want == 0 ? "FL" : want == 2 ? "Fl" : NULL;
+    case 0xfb03: return want == 0 ? "FFI" : want == 2 ? "Ffi" : NULL;
+    case 0xfb04: return want == 0 ? "FFL" : want == 2 ? "Ffl" : NULL;
+    case 0xfb05:
+    case 0xfb06: return want == 0 ? "ST" : want == 2 ? "St" : NULL;
+    case 0x130: return want == 1 ? "i\xcc\x87" : NULL;
+    case 0x149: return want == 0 ? "\xca\xbcN" : want == 2 ? "\xca\xbcN" : NULL;
+    }
+    return NULL;
+}
+
 /* mode: 0 upper, 1 lower, 2 title (str.title), 3 capitalize, 4 swapcase */
 pj_value pj_case(pj_ctx *c, pj_value s, int mode);
 pj_value pj_case(pj_ctx *c, pj_value s, int mode) {
@@ -273,17 +292,25 @@ pj_value pj_case(pj_ctx *c, pj_value s, int mode) {
     for (size_t i = 0; i < s.len;) {
         size_t adv;
         uint32_t cp = pj_utf8_decode(s.s + i, s.len - i, &adv), r = cp;
+        int want = 0; /* 0 upper, 1 lower, 2 title, -1 keep */
         switch (mode) {
-        case 0: r = up(cp); break;
-        case 1: r = lo(cp); break;
-        case 2: r = prev_cased ? lo(cp) : ti(cp); break;
-        case 3: r = first ? ti(cp) : lo(cp); break;
-        case 4: r = utf8proc_islower((utf8proc_int32_t)cp) ? up(cp) : utf8proc_isupper((utf8proc_int32_t)cp) ? lo(cp) : cp; break;
+        case 0: want = 0; break;
+        case 1: want = 1; break;
+        case 2: want = prev_cased ? 1 : 2; break;
+        case 3: want = first ? 2 : 1; break;
+        case 4:
+            want = utf8proc_islower((utf8proc_int32_t)cp) ? 0 : utf8proc_isupper((utf8proc_int32_t)cp) ? 1 : -1;
+            break;
         }
+        if (want == 0) r = up(cp);
+        else if (want == 1) r = lo(cp);
+        else if (want == 2) r = ti(cp);
         prev_cased = is_cased(cp);
         first = 0;
+        const char *full = want >= 0 ? full_case(cp, want) : NULL;
         char tmp[4];
-        if (r == cp) pj_buf_put(&b, s.s + i, adv);
+        if (full) pj_buf_puts(&b, full);
+        else if (r == cp) pj_buf_put(&b, s.s + i, adv);
         else pj_buf_put(&b, tmp, (size_t)pj_utf8_encode(r, tmp));
         i += adv;
     }
@@ -888,7 +915,6 @@ static int format_spec(pj_ctx *c, pj_value v, const char *sp, size_t n, pj_buf *
     }
     char type = i < n ? sp[i++] : 0;
     if (i != n) return pj_fail(c, "ValueError", "Invalid format specifier");
-    (void)alt;
     pj_buf body = {.c = c};
     int numeric = v.type == PJ_INT || v.type == PJ_FLOAT || v.type == PJ_BOOL;
     if (v.type == PJ_STR || (!numeric && (type == 0 || type == 's'))) {
@@ -912,6 +938,11 @@ static int format_spec(pj_ctx *c, pj_value v, const char *sp, size_t n, pj_buf *
                 if (x < 0) tmp[t++] = '-';
                 while (m) tmp[t++] = bits[--m];
                 tmp[t] = 0;
+            } else if (alt && (type == 'x' || type == 'X' || type == 'o')) {
+                /* Python's '#': 0x / 0X / 0o prefixes after the sign */
+                unsigned long long u = x < 0 ? (unsigned long long)(-(x + 1)) + 1 : (unsigned long long)x;
+                snprintf(tmp, sizeof tmp, type == 'o' ? "%s0o%llo" : type == 'x' ? "%s0x%llx" : "%s0X%llX",
+                         x < 0 ? "-" : sign == '+' ? "+" : sign == ' ' ? " " : "", u);
             } else {
                 snprintf(f, sizeof f, "%%%sll%c", sign == '+' ? "+" : sign == ' ' ? " " : "", type == 'n' ? 'd' : type);
                 snprintf(tmp, sizeof tmp, f, (long long)x);
@@ -1010,7 +1041,7 @@ int pj_str_format(pj_ctx *c, pj_value fmt, pj_args *a, pj_value *out) {
         if (k == 0 || (f[0] >= '0' && f[0] <= '9')) {
             int idx = k == 0 ? auto_idx++ : atoi(f);
             if (idx >= a->n_pos)
-                return pj_fail(c, "IndexError", "Replacement index %d out of range for positional args tuple", idx);
+                return pj_fail(c, "IndexError", "tuple index out of range");
             v = a->pos[idx];
         } else {
             char name[128];

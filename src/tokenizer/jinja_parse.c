@@ -997,6 +997,22 @@ bad:
     return NULL;
 }
 
+/* 1 if the subtree loads `name` (jinja2's find_undeclared for varargs/kwargs). */
+static int refs_name(const pj_node *n, const char *name, int depth) {
+    if (!n || depth > 4 * MAX_DEPTH) return 0;
+    if (n->kind == PJ_N_NAME && !strcmp(n->name, name)) return 1;
+    if (refs_name(n->a, name, depth + 1) || refs_name(n->b, name, depth + 1) || refs_name(n->c, name, depth + 1) ||
+        refs_name(n->d, name, depth + 1) || refs_name(n->t, name, depth + 1))
+        return 1;
+    for (int i = 0; i < n->n_kids; i++)
+        if (refs_name(n->kids[i], name, depth + 1)) return 1;
+    return 0;
+}
+
+static void set_catch(pj_node *n) {
+    n->op = (refs_name(n->b, "varargs", 0) ? PJ_CATCH_VARARGS : 0) | (refs_name(n->b, "kwargs", 0) ? PJ_CATCH_KWARGS : 0);
+}
+
 static int parse_params(parser *p, pj_node *n) {
     kids ks = {0}; /* names: parameter names; kids: defaults (NULL for none) */
     if (expect_op(p, "(")) return -1;
@@ -1116,6 +1132,7 @@ static pj_node *parse_statement(parser *p) {
         if (parse_params(p, n) || expect_block_end(p)) return NULL;
         static const char *const ends[] = {"endmacro", NULL};
         if (!(n->b = parse_body(p, ends, "macro"))) return NULL;
+        set_catch(n);
         next(p);
     } else if (is_name(t, "call")) {
         next(p);
@@ -1132,6 +1149,7 @@ static pj_node *parse_statement(parser *p) {
         }
         static const char *const ends[] = {"endcall", NULL};
         if (expect_block_end(p) || !(n->b = parse_body(p, ends, "call"))) return NULL;
+        set_catch(n);
         next(p);
     } else if (is_name(t, "filter")) {
         next(p);

@@ -52,6 +52,8 @@ def render(env, source, variables):
         tmpl = env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as e:
         return "compile_error", e.message
+    except SyntaxError as e:  # e.g. {% break %} outside a loop reaches Python's compiler
+        return "compile_error", f"{type(e).__name__}: {e.msg}"
     try:
         return "output", tmpl.render(**variables)
     except Exception as e:  # the reference records every refusal the same way
