@@ -15,7 +15,7 @@
 static const char *FIXTURES[] = {
     "llama", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text", "gemma4_e", "gemma4_moe",
     "gemma4_dense", "qwen3_5_text", "gemma4_mm", "llama_mlx_q4", "llama_mlx_q8", "llama_mlx_mixed_3_6",
-    "gemma4_moe_mlx_q4",
+    "gemma4_moe_mlx_q4", "minicpm", "qwen3_moe_mlx_q4",
 };
 
 /* ---- hand-made files ---- */

@@ -128,21 +128,6 @@ def spec_list():
         num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
         decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})]))
-    hd = 16
-    short = [round(1.0 + 0.25 * i, 3) for i in range(hd // 2)]
-    long_ = [round(1.0 + 1.5 * i, 3) for i in range(hd // 2)]
-    S.append(("minicpm", "minicpm", "MiniCPM: scale_emb, scale_depth, dim_model_base, longrope (short factors: "
-              "max_position_embeddings == original_max_position_embeddings, as MiniCPM4)", [dict(
-                  hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True, scale_emb=12,
-                  scale_depth=1.4, dim_model_base=16,
-                  rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short,
-                                   "long_factor": long_, "original_max_position_embeddings": 256}),
-              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True, scale_emb=12,
-                   scale_depth=1.4, dim_model_base=16, rope_theta=10000.0,
-                   rope_scaling={"rope_type": "longrope", "short_factor": short, "long_factor": long_,
-                                 "original_max_position_embeddings": 256})]))
     S.append(("gemma2", "gemma2", "Gemma 2: (1+w) sandwich norms, attention and final soft-caps (5, 10), "
               "sliding window 16 on even layers, query_pre_attn_scalar 24", [dict(
                   hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -175,11 +160,11 @@ def spec_list():
               [g4]))
     S.append(("gemma4_moe", "gemma4_text", "Gemma 4 26B-A4B-style: MoE (8 experts, top-2) beside the dense MLP, "
               "attention_k_eq_v on full layers (1 global KV head), no per-layer inputs", [dict(
-                  hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                  hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=32, global_head_dim=64, num_global_key_value_heads=1,
                   rms_norm_eps=1e-6, tie_word_embeddings=True, sliding_window=WINDOW,
                   hidden_activation="gelu_pytorch_tanh", final_logit_softcapping=10.0,
-                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                  layer_types=["sliding_attention", "full_attention"],
                   hidden_size_per_layer_input=0, num_kv_shared_layers=0, use_double_wide_mlp=False,
                   attention_k_eq_v=True, enable_moe_block=True, num_experts=8, top_k_experts=2,
                   moe_intermediate_size=64)]))
@@ -288,6 +273,8 @@ def greedy(model, ids, n):
 
 @torch.no_grad()
 def hidden_states(model, ids):
+    if hasattr(model, "hidden_states_of"):
+        return model.hidden_states_of(ids)
     layers, norm = decoder_parts(model)
     rec = {}
     hooks = [layers[0].register_forward_pre_hook(
@@ -374,6 +361,34 @@ def max_diff(a, b):
 
 # ------------------------------------------------------------------ HF fixtures
 
+def hub_spelling(path):
+    """Rewrites a saved config.json in the spelling of the published checkpoints:
+    transformers 5.17 writes Qwen3-MoE's expert count as num_local_experts and
+    Gemma 4's full-attention head size as per_layer_config; hub configs say
+    num_experts and global_head_dim / num_global_key_value_heads.  The reload
+    check after this proves transformers reads both spellings identically."""
+    with open(path) as f:
+        c = json.load(f)
+    changed = []
+    for t in [c] + ([c["text_config"]] if isinstance(c.get("text_config"), dict) else []):
+        t.pop("_name_or_path", None)
+        if "num_local_experts" in t and t.get("model_type") in ("qwen3_moe",):
+            t["num_experts"] = t.pop("num_local_experts")
+            changed.append("num_experts")
+        if "per_layer_config" in t:
+            plc = t.pop("per_layer_config")
+            hds = {v.get("head_dim") for v in plc.values()}
+            kvs = {v.get("num_key_value_heads") for v in plc.values()} - {None}
+            assert len(hds) == 1 and len(kvs) <= 1, plc
+            t["global_head_dim"] = hds.pop()
+            if kvs:
+                t["num_global_key_value_heads"] = kvs.pop()
+            changed.append("global_head_dim")
+    with open(path, "w") as f:
+        json.dump(c, f, indent=2, sort_keys=True)
+    return changed
+
+
 def split_fused_experts_if_any(d, cfg, ref_logits, prompts):
     """transformers may save Qwen3-MoE experts fused ([E, 2I, H] gate_up_proj);
     Hugging Face hub checkpoints store one tensor per expert.  Rewrite to the hub
@@ -432,7 +447,8 @@ def build_hf_fixture(outdir, tok, tok_json, name, model_type, desc, variants, se
     ref_logits = logits_of(model, prompts[3]).float()
     model.to(torch.bfloat16).save_pretrained(d)
     write_tokenizer_files(d, tok_json)
-    info = {"fixture": name, "model_type": model_type, "description": desc, "seed": seed,
+    spelled = hub_spelling(os.path.join(d, "config.json"))
+    info = {"fixture": name, "config_respelled": spelled, "model_type": model_type, "description": desc, "seed": seed,
             "transformers": transformers.__version__, "torch": torch.__version__,
             "n_params": sum(p.numel() for p in model.parameters())}
     if model_type == "qwen3_moe":
@@ -477,7 +493,7 @@ def to_mlx_names(hf, family, cfg):
             return dict(mlx)
         return out, back
     if family == "qwen3_moe":
-        E = cfg["num_experts"]
+        E = cfg.get("num_experts") or cfg["num_local_experts"]
         L = cfg["num_hidden_layers"]
         I = cfg["moe_intermediate_size"]
         fused = "model.layers.0.mlp.experts.gate_up_proj" in hf
@@ -665,6 +681,7 @@ def build_gemma4_mm(outdir, tok_json, text_dir, text_model, prompts):
         log("  gemma4_mm load_state_dict:", missing)
         model.to(torch.bfloat16).save_pretrained(d)
         write_tokenizer_files(d, tok_json)
+        info["config_respelled"] = hub_spelling(os.path.join(d, "config.json"))
         m32 = load(d, torch.float32, Gemma4ForConditionalGeneration)
         m16 = load(d, torch.bfloat16, Gemma4ForConditionalGeneration)
         info["how"] = "Gemma4ForConditionalGeneration instantiated (vision_config=None, audio_config=None)"
@@ -709,8 +726,11 @@ class RefCache:
 
 
 @torch.no_grad()
-def ref_chunk(model, ids, pos0, caches, layer_bits, gs):
-    """One chunk of the llama-family forward with petrel's quantized-KV semantics."""
+def ref_chunk(model, ids, pos0, caches, layer_bits, gs, mup=None, record=None):
+    """One chunk of the llama-family forward with petrel's quantized-KV semantics.
+    mup = (scale_emb, residual_scale, logit_divisor) turns it into MiniCPM's
+    forward; record (a list) receives the hidden states (input of layer 0, each
+    layer's output, the final norm's output)."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
     m = model.model
     cfg = model.config
@@ -718,6 +738,10 @@ def ref_chunk(model, ids, pos0, caches, layer_bits, gs):
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // nh
     T = len(ids)
     x = m.embed_tokens(torch.tensor([ids]))
+    if mup:
+        x = x * mup[0]
+    if record is not None:
+        record.append(x[0].float())
     pos = torch.arange(pos0, pos0 + T)[None]
     cos, sin = m.rotary_emb(x, pos)
     for li, layer in enumerate(m.layers):
@@ -739,15 +763,28 @@ def ref_chunk(model, ids, pos0, caches, layer_bits, gs):
         rep = nh // nkv
         K = c.k.repeat_interleave(rep, 0)
         V = c.v.repeat_interleave(rep, 0)
-        scores = (q[0] * a.scaling) @ K.transpose(1, 2)  # [nh, T, S]
+        # (q K^T) * scale as transformers' eager attention does; with the
+        # power-of-two scales used here it equals (q * scale) K^T exactly.
+        scores = (q[0] @ K.transpose(1, 2)) * a.scaling  # [nh, T, S]
         qpos = torch.arange(pos0, pos0 + T)[:, None]
         kpos = torch.arange(S)[None, :]
         scores = scores.masked_fill(kpos > qpos, float("-inf"))
-        p = torch.softmax(scores.float(), dim=-1)
+        p = torch.softmax(scores.float(), dim=-1).to(V.dtype)
         o = (p @ V).transpose(0, 1).reshape(1, T, nh * hd)
-        x = x + a.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.lm_head(m.norm(x))[0].float()
+        if mup:
+            x = x + a.o_proj(o) * mup[1]
+            x = x + layer.mlp(layer.post_attention_layernorm(x)) * mup[1]
+        else:
+            x = x + a.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if record is not None:
+            record.append(x[0].float())
+    h = m.norm(x)
+    if record is not None:
+        record.append(h[0].float())
+    if mup:
+        h = h / mup[2]
+    return model.lm_head(h)[0]
 
 
 @torch.no_grad()
@@ -764,19 +801,114 @@ def ref_generate(model, prompt, layer_bits, gs, chunk, start, n_gen):
                 c.quantized = True
     outs = []
     for s in range(0, len(prompt), chunk):
-        outs.append(ref_chunk(model, prompt[s:s + chunk], s, caches, layer_bits, gs))
+        outs.append(ref_chunk(model, prompt[s:s + chunk], s, caches, layer_bits, gs).float())
         maybe_convert()
     prompt_logits = torch.cat(outs)
     toks = [int(prompt_logits[-1].argmax())]
     steps = []
     pos = len(prompt)
     for _ in range(n_gen - 1):
-        lg = ref_chunk(model, [toks[-1]], pos, caches, layer_bits, gs)
+        lg = ref_chunk(model, [toks[-1]], pos, caches, layer_bits, gs).float()
         maybe_convert()
         steps.append(lg[0])
         toks.append(int(lg[0].argmax()))
         pos += 1
     return prompt_logits, toks, torch.stack(steps)
+
+
+class MiniCPMRef(torch.nn.Module):
+    """MiniCPM's forward (transformers 5.17 has no minicpm model): transformers'
+    Llama modules plus MiniCPM's three scale factors -- embeddings x scale_emb,
+    each residual branch x scale_depth/sqrt(L), final norm output / (H /
+    dim_model_base) before lm_head -- with eager-style attention (ref_chunk)."""
+
+    def __init__(self, inner, scale_emb, scale_depth, dim_model_base):
+        super().__init__()
+        self.inner = inner
+        L, H = inner.config.num_hidden_layers, inner.config.hidden_size
+        self.mup = (scale_emb, scale_depth / math.sqrt(L), H / dim_model_base)
+
+    def _run(self, ids, record=None):
+        n = len(self.inner.model.layers)
+        return ref_chunk(self.inner, ids, 0, [RefCache() for _ in range(n)], [0] * n, 64, mup=self.mup,
+                         record=record)
+
+    @torch.no_grad()
+    def forward(self, input_ids, use_cache=False):
+        import types
+        return types.SimpleNamespace(logits=self._run(input_ids[0].tolist())[None])
+
+    @torch.no_grad()
+    def hidden_states_of(self, ids):
+        rec = []
+        self._run(ids, rec)
+        return torch.stack(rec)
+
+
+def build_minicpm(outdir, tok_json, seed, prompts):
+    name = "minicpm"
+    d = os.path.join(outdir, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    dims = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    mup = dict(scale_emb=12, scale_depth=1.4, dim_model_base=16)
+    hd = 16
+    short = [round(1.0 + 0.25 * i, 3) for i in range(hd // 2)]
+    long_ = [round(1.0 + 1.5 * i, 3) for i in range(hd // 2)]
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": short, "long_factor": long_,
+            "original_max_position_embeddings": 256}
+    inner, err = None, None
+    legacy = {"rope_theta": 10000.0, "rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
+    for variant in (dict(dims, rope_parameters=rope), dict(dims, **legacy)):
+        try:
+            lcfg = make_config("llama", variant)
+            torch.manual_seed(seed)
+            inner = AutoModelForCausalLM.from_config(lcfg, attn_implementation="eager").float().eval()
+            break
+        except Exception as e:
+            err = e
+            log("  minicpm rope variant failed: %r" % (e,))
+    if inner is None:
+        raise err
+    init_weights(inner, "minicpm", seed)
+    tmp = tempfile.mkdtemp()
+    try:
+        inner.to(torch.bfloat16).save_pretrained(tmp)  # Llama tensor names are MiniCPM's
+        with open(os.path.join(tmp, "config.json")) as f:
+            cfg = json.load(f)
+        shutil.copy(os.path.join(tmp, "model.safetensors"), d)
+        l32 = load(tmp, torch.float32)
+        l16 = load(tmp, torch.bfloat16)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    cfg.pop("rope_parameters", None)
+    cfg.pop("_name_or_path", None)
+    cfg.update(mup)
+    cfg.update({"model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "rope_theta": 10000.0,
+                "rope_scaling": {"rope_type": "longrope", "short_factor": short, "long_factor": long_,
+                                 "original_max_position_embeddings": 256}})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+    write_tokenizer_files(d, tok_json)
+    L, H = dims["num_hidden_layers"], dims["hidden_size"]
+    unit = MiniCPMRef(l32, 1.0, math.sqrt(L), H)
+    chk = max_diff(logits_of(unit, prompts[3]), logits_of(l32, prompts[3]))
+    assert chk <= 1e-4 * float(logits_of(l32, prompts[3]).abs().max()), chk
+    m32 = MiniCPMRef(l32, **mup)
+    m16 = MiniCPMRef(l16, **mup)
+    info = {"fixture": name, "model_type": "minicpm", "seed": seed,
+            "description": "MiniCPM: scale_emb 12, scale_depth 1.4, dim_model_base 16 (logits / 4), longrope "
+                           "(max_position_embeddings == original_max_position_embeddings, so the short factors "
+                           "and attention factor 1, as MiniCPM4)",
+            "reference": "transformers 5.17 has no minicpm model: transformers' Llama modules (longrope RoPE) "
+                         "plus MiniCPM's three scale factors (MiniCPMRef in make_fixtures.py); bf16 run = the "
+                         "Llama modules loaded in bf16, scale factors applied in bf16",
+            "unit_scales_vs_transformers_llama_max_abs_diff": chk,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+    w = GoldenWriter()
+    record_goldens(w, info, m32, m16, prompts)
+    finish(d, w, info)
 
 
 def add_qkv_references(d, w, info, m32, prompts):
@@ -847,6 +979,14 @@ def main():
             traceback.print_exc()
             status[name] = "FAILED: %r" % (e,)
             log("  FAILED", name, repr(e))
+    if not only or "minicpm" in only:
+        log("== minicpm (own reference)")
+        try:
+            build_minicpm(args.out, tok_json, 1099, prompts)
+            status["minicpm"] = "ok"
+        except Exception as e:
+            traceback.print_exc()
+            status["minicpm"] = "FAILED: %r" % (e,)
     mlx_specs = [
         ("llama_mlx_q4", "llama", "llama", 4, 64, None, "llama as MLX 4-bit g64 (tied: no lm_head; embedding quantized)"),
         ("llama_mlx_q8", "llama", "llama", 8, 64, None, "llama as MLX 8-bit g64"),

@@ -26,14 +26,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "oracle"))
+sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
+import demo_goldens  # noqa: E402
 import mlxq  # noqa: E402
 import stio  # noqa: E402
-from goldfile import GoldenWriter  # noqa: E402
 
 BOOKS = [("Ge", "Genesis"), ("Exo", "Exodus"), ("Lev", "Leviticus"), ("Num", "Numbers"), ("Deu", "Deuteronomy"),
          ("Josh", "Joshua"), ("Jdgs", "Judges"), ("Ruth", "Ruth"), ("1Sm", "1 Samuel"), ("2Sm", "2 Samuel"),
@@ -65,8 +66,6 @@ MODEL_CFG = dict(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_h
                  pad_token_id=EOT)
 SEQ = 512
 GROUP = 32
-GOLDEN_PROMPTS = [("plain", "In the beginning God"), ("chat", "Recite John 3:16."),
-                  ("chat", "What does Genesis 1:1 say?")]
 GOLDEN_MAX = 64
 
 
@@ -192,7 +191,7 @@ def train(model, stream, seconds, batch, lr_peak, log):
         opt.step()
         step += 1
         if step % 50 == 0:
-            losses.append((step, round(time.time() - t0, 1), float(loss)))
+            losses.append((step, round(time.time() - t0, 1), float(loss.detach())))
             if step % 500 == 0:
                 log("step %d t=%.0fs loss %.4f lr %.2e" % (step, time.time() - t0, float(loss), lr))
     model.eval()
@@ -281,7 +280,9 @@ def main():
             deq[k] = v.float()
     stio.write(os.path.join(mdir, "model.safetensors"), entries, {"format": "mlx"})
     cfgd = cfg.to_dict()
-    for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation_autoset"):
+    for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation_autoset",
+              "id2label", "label2id", "chunk_size_feed_forward", "is_encoder_decoder", "output_attentions",
+              "output_hidden_states", "problem_type", "return_dict", "pretraining_tp"):
         cfgd.pop(k, None)
     cfgd["architectures"] = ["LlamaForCausalLM"]
     cfgd["torch_dtype"] = "bfloat16"
@@ -292,48 +293,10 @@ def main():
         json.dump(cfgd, f, indent=4, sort_keys=True)
     write_tokenizer_files(mdir, tok_json)
     # Goldens: transformers (eager, CPU) on the dequantized weights.
-    ref = AutoModelForCausalLM.from_config(LlamaConfig(**MODEL_CFG), attn_implementation="eager")
-    missing = ref.load_state_dict(deq, strict=False)
-    log("dequantized load: %s" % (missing,))
-    ref.tie_weights()
-    ref.float().eval()
-    ref16 = AutoModelForCausalLM.from_config(LlamaConfig(**MODEL_CFG), attn_implementation="eager")
-    ref16.load_state_dict(deq, strict=False)
-    ref16.tie_weights()
-    # Keep RoPE frequencies fp32, as from_pretrained(dtype=bf16) does.
-    keep = {}
-    for mod in ref16.modules():
-        for b in ("inv_freq", "original_inv_freq"):
-            if isinstance(getattr(mod, b, None), torch.Tensor):
-                keep[(id(mod), b)] = (mod, getattr(mod, b).detach().clone().float())
-    ref16.to(torch.bfloat16).eval()
-    for (_, b), (mod, t) in keep.items():
-        setattr(mod, b, t)
-    w = GoldenWriter()
-    ginfo = {"model": "models/kjv-llama-4bit", "reference": "transformers LlamaForCausalLM, eager, CPU, on the "
-             "dequantized 4-bit g32 weights", "max_new_tokens": GOLDEN_MAX, "stop_ids": [IM_END, EOT],
-             "prompts": []}
-    for i, (kind, text) in enumerate(GOLDEN_PROMPTS):
-        rendered = text if kind == "plain" else render([{"role": "user", "content": text}], True)
-        ids = tok.encode(rendered).ids
-        g32, m32 = greedy(ref, ids, GOLDEN_MAX, (IM_END, EOT))
-        g16, _ = greedy(ref16, ids, GOLDEN_MAX, (IM_END, EOT))
-        w.add_list("prompt.%d.ids" % i, "i32", [len(ids)], ids)
-        w.add_list("prompt.%d.greedy.f32" % i, "i32", [len(g32)], g32)
-        w.add_list("prompt.%d.greedy.bf16" % i, "i32", [len(g16)], g16)
-        w.add_list("prompt.%d.greedy_margin.f32" % i, "f32", [len(m32)], m32)
-        ginfo["prompts"].append({"kind": kind, "text": text, "rendered": rendered, "ids": ids,
-                                 "greedy_f32_text": tok.decode(g32, skip_special_tokens=False),
-                                 "greedy_bf16_text": tok.decode(g16, skip_special_tokens=False),
-                                 "greedy_f32_eq_bf16": g32 == g16, "min_margin_f32": min(m32)})
-        log("golden %d (%s) %r -> %r" % (i, kind, text, tok.decode(g32, skip_special_tokens=False)))
-    w.add_list("meta.n_prompts", "i32", [1], [len(GOLDEN_PROMPTS)])
-    w.write(os.path.join(gdir, "golden.bin"))
-    with open(os.path.join(gdir, "golden.json"), "w") as f:
-        json.dump(ginfo, f, indent=2)
+    demo_goldens.write_goldens(mdir, gdir, log)
     # Unquantized comparison for the README.
     model.float().eval()
-    for kind, text in GOLDEN_PROMPTS:
+    for kind, text in demo_goldens.PROMPTS:
         rendered = text if kind == "plain" else render([{"role": "user", "content": text}], True)
         g, _ = greedy(model, tok.encode(rendered).ids, GOLDEN_MAX, (IM_END, EOT))
         log("unquantized %r -> %r" % (text, tok.decode(g, skip_special_tokens=False)))
