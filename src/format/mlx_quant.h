@@ -43,6 +43,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum pt_mlx_rule {
     PT_MLX_RULE_METAL = 0, /* MLX's GPU kernels (default; mlx-community checkpoints) */
@@ -59,12 +60,17 @@ static inline int64_t pt_mlx_packed_words(int64_t cols, int bits) { return cols 
 
 /* Code of element i of a packed row (row = the row's first word). Works for
  * every bit width; the 3/5/6-bit cases read across byte/word boundaries. */
+static inline uint32_t pt_mlx_load_u32(const uint32_t *p) {
+    uint32_t v; /* memcpy: tensors in a safetensors file need not be 4-byte aligned */
+    memcpy(&v, p, 4);
+    return v;
+}
 static inline uint32_t pt_mlx_code(const uint32_t *row, int64_t i, int bits) {
     uint64_t bit = (uint64_t)i * (uint64_t)bits;
     uint64_t w = bit >> 5;
     unsigned sh = (unsigned)(bit & 31);
-    uint64_t v = row[w] >> sh;
-    if (sh + (unsigned)bits > 32) v |= (uint64_t)row[w + 1] << (32 - sh);
+    uint64_t v = pt_mlx_load_u32(row + w) >> sh;
+    if (sh + (unsigned)bits > 32) v |= (uint64_t)pt_mlx_load_u32(row + w + 1) << (32 - sh);
     return (uint32_t)v & ((1u << bits) - 1u);
 }
 

@@ -497,6 +497,19 @@ static pt_status prepare_out_dir(const char *out) {
 }
 
 static pt_status write_all(plan *pl, const char *out_dir, const pt_quantize_params *p, pt_quantize_report *rep) {
+    /* Widest elements first (stable), so that with the data section 8-byte
+     * aligned every tensor is aligned to its element size: U32 codes and F32
+     * tensors, then 16-bit ones. */
+    out_t *sorted = malloc((size_t)(pl->n ? pl->n : 1) * sizeof *sorted);
+    if (!sorted) return pt_error(PT_ERR_NOMEM, "out of memory");
+    int m = 0;
+    for (size_t es = 8; es >= 1; es /= 2)
+        for (int i = 0; i < pl->n; i++)
+            if (pt_dtype_size(pl->v[i].dtype) == es) sorted[m++] = pl->v[i];
+    PT_ASSERT(m == pl->n);
+    free(pl->v);
+    pl->v = sorted;
+    pl->cap = pl->n;
     uint64_t limit = p->max_shard_bytes ? p->max_shard_bytes : (uint64_t)5 << 30;
     /* shards as mlx-lm's make_shards: start a new one when the next tensor would pass the limit */
     int n_shards = 1;

@@ -616,6 +616,9 @@ void pt_spec_for_each_weight(const pt_model_spec *s, pt_weight_visit_fn fn, void
 static void account(void *ctx, const pt_weight *w, int layer) {
     pt_model_spec *s = ctx;
     (void)layer;
+    size_t es = pt_dtype_size(w->dtype), qs = w->bits ? pt_dtype_size(w->qdtype) : 1;
+    if ((uintptr_t)w->data % es || (w->bits && ((uintptr_t)w->scales % qs || (uintptr_t)w->biases % qs)))
+        s->n_unaligned++;
     s->n_params += pt_weight_numel(w);
     s->weight_bytes += pt_weight_bytes(w);
     s->n_bound++;

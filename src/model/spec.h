@@ -202,6 +202,9 @@ typedef struct pt_model_spec {
     int64_t n_params;         /* logical parameters (unpacked) of bound weights */
     int64_t weight_bytes;     /* bytes of bound weights as stored */
     int n_bound, n_skipped;   /* tensors bound / skipped (vision, audio, mtp, rotary buffers) */
+    int n_unaligned;          /* bound weights whose data, scales or biases are not aligned to
+                               * their element size (safetensors does not promise alignment;
+                               * petrel's writer aligns): kernels that need alignment must copy */
 
     void *internal;           /* owned allocations */
 } pt_model_spec;
