@@ -12,6 +12,7 @@
 #include "server/json_schema.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,8 +165,9 @@ int pt_api_common_fields(pt_server *srv, const cJSON *root, pt_gen *g, int anthr
     if (r) j->sp.seed = (uint64_t)i64;
     else {
         /* an unseeded request still needs a seed; vary it per request */
-        static _Atomic uint64_t counter = 0x9E3779B97F4A7C15ull;
-        j->sp.seed = (uint64_t)(pt_srv_now() * 1e9) ^ (counter += 0x9E3779B97F4A7C15ull);
+        static _Atomic uint64_t counter = 0;
+        uint64_t k = atomic_fetch_add(&counter, 1) + 1;
+        j->sp.seed = (uint64_t)(pt_srv_now() * 1e9) ^ (k * 0x9E3779B97F4A7C15ull);
     }
     int64_t max_tokens = -1;
     const char *mt_keys[] = {"max_tokens", "max_completion_tokens"};

@@ -58,7 +58,10 @@ typedef struct pt_srv_engine {
     size_t (*session_bytes)(void *s);
 } pt_srv_engine;
 
-/* Fills `e` for a loaded petrel model (engine_petrel.c). */
-void pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model);
+/* Fills `e` for a loaded petrel model (engine_petrel.c); `dir` is the model
+ * directory (its config.json sizes the prompt-cache accounting). Release with
+ * pt_srv_engine_release; the model itself stays the caller's. */
+pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char *dir);
+void pt_srv_engine_release(pt_srv_engine *e);
 
 #endif

@@ -432,7 +432,7 @@ static void value_start(tset *ts, pt_jsm_thread *t, unsigned char c) {
     pt_jsm_frame *f = &t->f[t->depth - 1];
     const js_node *n = f->node;
     if (is_ws(c)) {
-        if (f->ws >= PT_JSM_MAX_WS) return;
+        if (f->ws >= PT_JSM_MAX_WS || t->depth == 1) return;
         f->ws++;
         emit(ts, t);
         return;

@@ -18,8 +18,8 @@
  * $schema, $id, $comment) are ignored. Any other keyword is an error naming
  * it: petrel does not pretend to enforce a constraint it ignores.
  *
- * Output form: no whitespace inside enum/const values; runs of whitespace
- * between tokens are capped (PT_JSM_MAX_WS) so a model cannot pad forever;
+ * Output form: no whitespace before the value or inside enum/const values,
+ * at most PT_JSM_MAX_WS in a row between tokens, so a model cannot pad forever;
  * numbers are capped at 24 characters; at most 64 properties per object and
  * 64 values per enum.
  */
@@ -34,7 +34,10 @@
 
 #define PT_JSM_DEPTH 32   /* nesting depth of the generated value */
 #define PT_JSM_THREADS 8  /* simultaneous anyOf alternatives */
-#define PT_JSM_MAX_WS 8   /* consecutive whitespace bytes allowed between tokens */
+/* Whitespace bytes allowed in a row between JSON tokens (none before the
+ * value). One: a model that likes padding otherwise spends its whole token
+ * budget on blanks, and compact JSON is as valid as pretty JSON. */
+#define PT_JSM_MAX_WS 1
 
 typedef struct pt_jschema pt_jschema;
 

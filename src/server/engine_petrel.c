@@ -1,0 +1,165 @@
+/* The server's engine table over the public API (include/petrel.h): each
+ * entry forwards to the pt_* call of the same meaning.
+ *
+ * Two adaptations: memory the API returns is copied into malloc'd buffers
+ * only where the API does not already use malloc (pt_free is free here, so
+ * ids and text pass through); and session_bytes, which the API does not
+ * report, is estimated from config.json as the KV cache at f32 — an upper
+ * bound for petrel's caches (bf16 and quantized KV are smaller), so the
+ * prompt-cache cap errs towards keeping fewer sessions.
+ */
+#include "server/engine.h"
+
+#include "base/error.h"
+#include "base/json.h"
+#include "base/mmap.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pm {
+    pt_model *m;
+    size_t kv_bytes_per_token; /* estimate; 0 if config.json could not be read */
+} pm;
+
+typedef struct ps {
+    pt_session *s;
+    size_t bytes;
+} ps;
+
+#define M(x) (((pm *)(x))->m)
+#define S(x) (((ps *)(x))->s)
+
+static const char *e_model_id(void *m) { return pt_model_id(M(m)); }
+static int e_vocab(void *m) { return pt_model_vocab_size(M(m)); }
+static int e_max_ctx(void *m) { return pt_model_max_ctx(M(m)); }
+static int e_is_eos(void *m, int32_t id) { return pt_model_is_eos(M(m), id); }
+static int e_has_tok(void *m) { return pt_model_has_tokenizer(M(m)); }
+static pt_sampling_params e_sampling(void *m) { return pt_sampling_default_params(M(m)); }
+
+static pt_status e_tokenize(void *m, const char *t, size_t n, int sp, int32_t **ids, size_t *k) {
+    return pt_tokenize(M(m), t, n, sp, ids, k);
+}
+static pt_status e_detokenize(void *m, const int32_t *ids, size_t n, int skip, char **t) {
+    return pt_detokenize(M(m), ids, n, skip, t);
+}
+static pt_status e_token_text(void *m, int32_t id, int skip, char **t) {
+    /* a control token (one that decodes to nothing without specials) has no
+     * text for the constrained-decoding mask */
+    if (skip) {
+        char *d = NULL;
+        pt_status st = pt_detokenize(M(m), &id, 1, 1, &d);
+        if (st != PT_OK) return st;
+        int empty = d[0] == 0;
+        pt_free(d);
+        if (empty) {
+            *t = strdup("");
+            return *t ? PT_OK : pt_error(PT_ERR_NOMEM, "out of memory");
+        }
+    }
+    return pt_token_text(M(m), id, t);
+}
+static pt_status e_render(void *m, const char *msgs, int gen, const char *extra, char **out) {
+    return pt_chat_render(M(m), msgs, gen, extra, out);
+}
+static pt_status e_detok_create(void *m, int skip, void **out) {
+    return pt_detokenizer_create(M(m), skip, (pt_detokenizer **)out);
+}
+static pt_status e_detok_push(void *d, int32_t id, const char **t, size_t *n) {
+    return pt_detokenizer_push(d, id, t, n);
+}
+static pt_status e_detok_flush(void *d, const char **t, size_t *n) { return pt_detokenizer_flush(d, t, n); }
+static void e_detok_free(void *d) {
+    pt_detokenizer *p = d;
+    pt_detokenizer_free(&p);
+}
+
+static pt_status e_session_create(void *m, int n_ctx, void **out) {
+    ps *w = calloc(1, sizeof *w);
+    if (!w) return pt_error(PT_ERR_NOMEM, "out of memory");
+    pt_session_params sp = pt_session_default_params();
+    sp.n_ctx = n_ctx;
+    pt_status st = pt_session_create(M(m), &sp, &w->s);
+    if (st != PT_OK) {
+        free(w);
+        return st;
+    }
+    w->bytes = ((pm *)m)->kv_bytes_per_token * (size_t)pt_session_n_ctx(w->s);
+    *out = w;
+    return PT_OK;
+}
+static void e_session_free(void *s) {
+    ps *w = s;
+    if (!w) return;
+    pt_session_free(&w->s);
+    free(w);
+}
+static int e_n_ctx(void *s) { return pt_session_n_ctx(S(s)); }
+static size_t e_n_tokens(void *s) { return pt_session_n_tokens(S(s)); }
+static const int32_t *e_tokens(void *s) { return pt_session_tokens(S(s)); }
+static pt_status e_truncate(void *s, size_t n) { return pt_session_truncate(S(s), n); }
+static pt_status e_prompt(void *s, const int32_t *ids, size_t n) { return pt_session_prompt(S(s), ids, n); }
+static pt_status e_sample(void *s, const pt_sampling_params *sp, const uint8_t *allowed, pt_token_info *o) {
+    return pt_session_sample(S(s), sp, allowed, o);
+}
+static size_t e_bytes(void *s) { return ((ps *)s)->bytes; }
+
+/* KV bytes per token at f32: sum over layers of 2 * kv_heads * head_dim * 4. */
+static size_t estimate_kv_per_token(const char *dir) {
+    cJSON *cfg = NULL;
+    char *path = dir ? pt_path_join(dir, "config.json") : NULL;
+    if (!path) return 0;
+    pt_status st = pt_json_load_file(path, 0, &cfg);
+    free(path);
+    if (st != PT_OK) return 0;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+    const cJSON *c = cJSON_IsObject(tc) ? tc : cfg;
+    int64_t layers = 0, heads = 0, kv = 0, hd = 0, hidden = 0;
+    pt_json_get_i64(c, "num_hidden_layers", 1, 1 << 20, &layers, "config");
+    pt_json_get_i64(c, "num_attention_heads", 1, 1 << 20, &heads, "config");
+    if (pt_json_get_i64(c, "num_key_value_heads", 1, 1 << 20, &kv, "config") != PT_OK) kv = heads;
+    if (pt_json_get_i64(c, "head_dim", 1, 1 << 20, &hd, "config") != PT_OK &&
+        pt_json_get_i64(c, "hidden_size", 1, 1 << 30, &hidden, "config") == PT_OK && heads > 0)
+        hd = hidden / heads;
+    cJSON_Delete(cfg);
+    pt_clear_error();
+    return (size_t)(layers * 2 * kv * hd * 4);
+}
+
+void pt_srv_engine_release(pt_srv_engine *e) {
+    free(e->model);
+    e->model = NULL;
+}
+
+pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char *dir) {
+    memset(e, 0, sizeof *e);
+    pm *holder = calloc(1, sizeof *holder);
+    if (!holder) return pt_error(PT_ERR_NOMEM, "out of memory");
+    holder->m = model;
+    holder->kv_bytes_per_token = estimate_kv_per_token(dir);
+    e->model = holder;
+    e->model_id = e_model_id;
+    e->vocab_size = e_vocab;
+    e->max_ctx = e_max_ctx;
+    e->is_eos = e_is_eos;
+    e->has_tokenizer = e_has_tok;
+    e->default_sampling = e_sampling;
+    e->tokenize = e_tokenize;
+    e->detokenize = e_detokenize;
+    e->token_text = e_token_text;
+    e->chat_render = e_render;
+    e->detok_create = e_detok_create;
+    e->detok_push = e_detok_push;
+    e->detok_flush = e_detok_flush;
+    e->detok_free = e_detok_free;
+    e->session_create = e_session_create;
+    e->session_free = e_session_free;
+    e->session_n_ctx = e_n_ctx;
+    e->session_n_tokens = e_n_tokens;
+    e->session_tokens = e_tokens;
+    e->session_truncate = e_truncate;
+    e->session_prompt = e_prompt;
+    e->session_sample = e_sample;
+    e->session_bytes = e_bytes;
+    return PT_OK;
+}
