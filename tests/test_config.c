@@ -81,6 +81,13 @@ static void test_gemma4(void) {
           "proportional");
     CHECK(c.query_pre_attn_scalar == 0, "gemma4 has no query_pre_attn_scalar default");
     pt_config_free(&c);
+    /* transformers 5 spelling of the full-attention sizes */
+    j = "{\"model_type\":\"gemma4_text\",\"vocab_size\":128,\"hidden_size\":64,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"sliding_window\":16,"
+        "\"per_layer_config\":{\"full_attention\":{\"head_dim\":64,\"num_key_value_heads\":1}}}";
+    REQUIRE(parse(j, &c) == PT_OK, "%s", pt_last_error());
+    CHECK(c.global_head_dim == 64 && c.n_global_kv_heads == 1, "per_layer_config");
+    pt_config_free(&c);
 }
 
 static void test_qwen3_5_and_moe(void) {
@@ -99,7 +106,7 @@ static void test_qwen3_5_and_moe(void) {
     CHECK(c.rope[PT_LAYER_FULL].theta == 1e7 && c.norm_topk_prob == 1 && c.attn_output_gate == 1, "defaults");
     pt_config_free(&c);
 
-    j = "{\"model_type\":\"qwen3_moe\"," LLAMA_BASE "\"num_experts\":8,\"num_experts_per_tok\":2,"
+    j = "{\"model_type\":\"qwen3_moe\"," LLAMA_BASE "\"num_local_experts\":8,\"num_experts_per_tok\":2,"
         "\"moe_intermediate_size\":32,\"norm_topk_prob\":true,\"mlp_only_layers\":[1],\"intermediate_size\":64}";
     REQUIRE(parse(j, &c) == PT_OK, "%s", pt_last_error());
     CHECK(c.n_mlp_only_layers == 1 && c.mlp_only_layers[0] == 1 && c.intermediate_size == 64, "mlp_only_layers");

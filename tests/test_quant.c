@@ -5,6 +5,7 @@
 #include "test.h"
 
 #include "base/half.h"
+#include "golden.h"
 #include "format/mlx_quant.h"
 
 #include <math.h>
@@ -165,6 +166,59 @@ static void test_error_bound(void) {
     CHECK(n_inside > 6 * 3 * 4 * COLS * 9 / 10, "only %ld elements inside the range", n_inside);
 }
 
+/* tests/fixtures/quant/vectors.bin: 24 cases computed by an independent
+ * (Python) implementation of the Metal rule; petrel must reproduce every
+ * packed word, scale and bias bit for bit. */
+static void test_oracle_vectors(void) {
+    char err[256];
+    golden *g = golden_open("tests/fixtures/quant/vectors.bin", err, sizeof err);
+    REQUIRE(g, "%s", err);
+    int n = golden_int(g, "meta.n_cases", 0);
+    CHECK(n >= 24, "only %d cases", n);
+    int n_words = 0;
+    for (int k = 0; k < n && !test_failed_current; k++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "case.%d.params", k);
+        const golden_array *pa = golden_get(g, nm, 0, GOLDEN_I32, 1);
+        snprintf(nm, sizeof nm, "case.%d.input", k);
+        const golden_array *in = golden_get(g, nm, 1, GOLDEN_F32, 2);
+        snprintf(nm, sizeof nm, "case.%d.words", k);
+        const golden_array *wd = golden_get(g, nm, 0, GOLDEN_U32, 2);
+        snprintf(nm, sizeof nm, "case.%d.scales", k);
+        const golden_array *sc = golden_get(g, nm, 1, GOLDEN_F32, 2);
+        snprintf(nm, sizeof nm, "case.%d.biases", k);
+        const golden_array *bi = golden_get(g, nm, 1, GOLDEN_F32, 2);
+        REQUIRE(pa && in && wd && sc && bi && pa->count == 3, "case %d incomplete", k);
+        const int32_t *prm = pa->data;
+        int bits = prm[0], gs = prm[1];
+        pt_dtype dt = prm[2] ? PT_DTYPE_F32 : PT_DTYPE_BF16;
+        int64_t rows = in->dims[0], cols = in->dims[1], pw = cols * bits / 32, ng = cols / gs;
+        REQUIRE(wd->dims[0] == rows && wd->dims[1] == pw && sc->dims[1] == ng, "case %d shapes", k);
+        size_t es = pt_dtype_size(dt);
+        uint32_t packed[256];
+        unsigned char s_out[64], b_out[64];
+        for (int64_t r = 0; r < rows; r++) {
+            REQUIRE(pt_mlx_quantize_row(in->f32 + r * cols, cols, bits, gs, PT_MLX_RULE_METAL, packed, s_out, b_out,
+                                        dt) == PT_OK, "quantize");
+            const uint32_t *want = (const uint32_t *)wd->data + r * pw;
+            for (int64_t w = 0; w < pw; w++)
+                if (packed[w] != want[w]) {
+                    CHECK(0, "case %d (bits %d gs %d %s) row %lld word %lld: 0x%08x, expected 0x%08x", k, bits, gs,
+                          pt_dtype_name(dt), (long long)r, (long long)w, packed[w], want[w]);
+                    break;
+                }
+            CHECK(!memcmp(s_out, (const char *)sc->data + r * ng * es, (size_t)ng * es), "case %d row %lld scales",
+                  k, (long long)r);
+            CHECK(!memcmp(b_out, (const char *)bi->data + r * ng * es, (size_t)ng * es), "case %d row %lld biases",
+                  k, (long long)r);
+            if (test_failed_current) break;
+            n_words += (int)pw;
+        }
+    }
+    printf("INFO quant vectors: %d cases, %d packed words reproduced bit for bit\n", n, n_words);
+    golden_close(g);
+}
+
 static void test_invalid_args(void) {
     float w[64] = {0};
     uint32_t p[64];
@@ -181,6 +235,7 @@ int main(void) {
     TEST_RUN(test_quantize_max_side);
     TEST_RUN(test_rule_differences);
     TEST_RUN(test_error_bound);
+    TEST_RUN(test_oracle_vectors);
     TEST_RUN(test_invalid_args);
     return test_summary();
 }

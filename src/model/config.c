@@ -546,6 +546,23 @@ static pt_status parse_body(pt_config *c, const char *what) {
     if (c->arch == PT_ARCH_GEMMA4) {
         PT_TRY(opt_int(&r, "global_head_dim", 0, 1 << 16, 0, &c->global_head_dim));
         PT_TRY(opt_int(&r, "num_global_key_value_heads", 0, 4096, 0, &c->n_global_kv_heads));
+        /* transformers 5 may save the full-attention sizes as
+         * per_layer_config: {"full_attention": {"head_dim", "num_key_value_heads"}} */
+        const cJSON *plc = find(&r, "per_layer_config");
+        if (plc) {
+            if (!cJSON_IsObject(plc))
+                return pt_error(PT_ERR_FORMAT, "%s: field \"per_layer_config\": expected an object", what);
+            const cJSON *fa = cJSON_GetObjectItemCaseSensitive(plc, "full_attention");
+            if (!fa && cJSON_GetArraySize(plc) == 1) fa = plc->child;
+            if (fa) {
+                rd sub = {.what = what, .text = fa, .top = fa, .family = c->model_type};
+                if (!cJSON_IsObject(fa))
+                    return pt_error(PT_ERR_FORMAT, "%s: per_layer_config.%s: expected an object", what, fa->string);
+                if (!c->global_head_dim) PT_TRY(opt_int(&sub, "head_dim", 0, 1 << 16, 0, &c->global_head_dim));
+                if (!c->n_global_kv_heads)
+                    PT_TRY(opt_int(&sub, "num_key_value_heads", 0, 4096, 0, &c->n_global_kv_heads));
+            }
+        }
         PT_TRY(opt_int(&r, "hidden_size_per_layer_input", 0, 1 << 16, 0, &c->hidden_size_per_layer_input));
         PT_TRY(opt_int(&r, "vocab_size_per_layer_input", 0, INT32_MAX, c->vocab_size, &c->vocab_size_per_layer_input));
         PT_TRY(opt_int(&r, "num_kv_shared_layers", 0, c->n_layers - 1, 0, &c->num_kv_shared_layers));
@@ -564,6 +581,7 @@ static pt_status parse_body(pt_config *c, const char *what) {
     if (c->arch == PT_ARCH_QWEN3_MOE || c->arch == PT_ARCH_QWEN3_5) {
         int64_t ne = 0;
         PT_TRY(opt_int(&r, "num_experts", 0, 1 << 16, 0, &ne));
+        if (!ne) PT_TRY(opt_int(&r, "num_local_experts", 0, 1 << 16, 0, &ne)); /* transformers 5 spelling */
         c->n_experts = ne;
         if (c->arch == PT_ARCH_QWEN3_MOE && ne == 0)
             return pt_error(PT_ERR_NOT_FOUND, "%s: missing field \"num_experts\" (required for model_type qwen3_moe)", what);

@@ -15,8 +15,9 @@ while IFS= read -r cfg; do
   else
     fail "$name" "exit $rc: $(head -c 400 "$TMP/err")"
   fi
-done < <(find tests/fixtures -name config.json -not -path '*/tokenizer*' | LC_ALL=C sort)
-[ $n_models -ge 7 ] && pass inspect_found_models || fail inspect_found_models "only $n_models model directories"
+done < <(for c in $(find tests/fixtures -name config.json | LC_ALL=C sort); do
+           d=$(dirname "$c"); ls "$d"/*.safetensors >/dev/null 2>&1 && echo "$c"; done)
+[ $n_models -ge 14 ] && pass inspect_found_models || fail inspect_found_models "only $n_models model directories"
 
 # --- exit codes and output ---
 expect_exit inspect_llama_exit0 0 "$PETREL" inspect tests/fixtures/format/llama
