@@ -281,6 +281,63 @@ static void test_matmul_bf16_mode(void) {
     pt_backend_free(&be);
 }
 
+/* The int8-activation lever: decode matmuls quantize x per weight group
+ * (step max|x|/127, round to nearest even) and take integer dots. Checked
+ * against that exact semantics (tight) and against the f32 reference (loose). */
+static void test_matmul_int8_act(void) {
+    static const int bitss[] = {4, 8}, gss[] = {32, 64, 128};
+    for (size_t ii = 0; ii < 3; ii++) {
+        pt_backend *be = NULL;
+        pt_cpu_params p = {.n_threads = 2, .act = PT_ACT_F32, .isa = all_isas[ii], .int8_act = 1};
+        if (pt_backend_cpu_create(&be, &p) != PT_OK) continue;
+        for (int bi = 0; bi < 2; bi++)
+            for (int gi = 0; gi < 3; gi++)
+                for (int64_t T = 1; T <= 2; T++) {
+                    int gs = gss[gi];
+                    int64_t N = 6 + gi, K = gs * (gi == 0 ? 2 + T : 2); /* K = 96: a 4-bit tail chunk of 32 */
+                    tweight tw;
+                    tw_make(&tw, 0, N, K, PT_FT_BF16, bitss[bi], gs, 1);
+                    float *x = malloc(sizeof(float) * (size_t)(T * K)), *y = malloc(sizeof(float) * (size_t)(T * N));
+                    double *ref = malloc(sizeof(double) * (size_t)(T * N)), *mag = malloc(sizeof(double) * (size_t)(T * N));
+                    fill(x, T * K, -1, 1);
+                    ref_matmul(&tw, 0, x, T, ref, mag);
+                    REQUIRE(be->ops->matmul(be, y, x, T, &tw.w, 0) == PT_OK, "matmul");
+                    int ok = 1;
+                    for (int64_t t = 0; t < T && ok; t++)
+                        for (int64_t n = 0; n < N && ok; n++) {
+                            /* the lever's semantics: codes·scale against quantized x, the
+                             * bias part (deq = s·q + b) against the exact group sums of x */
+                            double q = tw.bias[n];
+                            for (int64_t g = 0; g < K / gs; g++) {
+                                float amax = 0;
+                                for (int64_t j = g * gs; j < (g + 1) * gs; j++) amax = fmaxf(amax, fabsf(x[t * K + j]));
+                                float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+                                double b = pt_bf16_to_f32(((const uint16_t *)tw.biases)[n * (K / gs) + g]);
+                                for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                                    double xq = (double)d * (double)lrintf(x[t * K + j] * id);
+                                    q += (tw.deq[n * K + j] - b) * xq + b * x[t * K + j];
+                                }
+                            }
+                            double got = y[t * N + n];
+                            if (isnan(got) || fabs(got - q) > 2e-5 * mag[t * N + n] ||
+                                fabs(got - ref[t * N + n]) > 0.02 * mag[t * N + n]) {
+                                CHECK(0, "%s int8 q%d g%d K=%lld: y[%lld,%lld] = %.7g, lever semantics %.7g, exact %.7g",
+                                      pt_backend_cpu_isa_name(be), bitss[bi], gs, (long long)K, (long long)t,
+                                      (long long)n, got, q, ref[t * N + n]);
+                                ok = 0;
+                            }
+                        }
+                    free(x), free(y), free(ref), free(mag);
+                    tw_free(&tw);
+                    if (!ok) {
+                        pt_backend_free(&be);
+                        return;
+                    }
+                }
+        pt_backend_free(&be);
+    }
+}
+
 static void test_prepare_weight_rejects(void) {
     pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
     REQUIRE(be, "backend");
@@ -779,6 +836,7 @@ int main(void) {
     TEST_RUN(test_matmul_dense);
     TEST_RUN(test_matmul_quant_all_bits);
     TEST_RUN(test_matmul_bf16_mode);
+    TEST_RUN(test_matmul_int8_act);
     TEST_RUN(test_prepare_weight_rejects);
     TEST_RUN(test_embed);
     TEST_RUN(test_rms_norm);

@@ -301,6 +301,11 @@ typedef struct pt_cpu_params {
     pt_cpu_isa isa;     /* PT_ISA_AUTO: the best the CPU supports, unless the
                            environment variable PETREL_CPU_ISA=scalar|avx2|avx512
                            asks for another (an unsupported request is an error) */
+    int int8_act;       /* the --int8-act lever (L3, changes outputs): decode
+                           matmuls (T < 4) over 4- and 8-bit weights quantize x
+                           per weight group to int8 (symmetric, step max|x|/127)
+                           and use integer dot products (AVX-512 VNNI; plain C
+                           on other ISAs). Prefill and other weights unchanged. */
 } pt_cpu_params;
 
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params);

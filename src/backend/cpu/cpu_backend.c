@@ -124,7 +124,7 @@ static pt_status cpu_reserve(pt_backend *be, const pt_backend_limits *lim) {
     if (8 * (K / 32 + 1) + K > per) per = 8 * (K / 32 + 1) + K;
     if (H * (S + D) > per) per = H * (S + D);
     if (D > per) per = D;
-    size_t shared = T * (K + K / 32 + 1);
+    size_t shared = T * (K + 2 * (K / 32) + K / 2 + 1);
     PT_TRY(pt_cpu_need_scratch(c, per, shared));
     if (F > 0) { /* moe_ffn: gate|up [2F], h [F], o [K] */
         size_t moe = 3 * F + K;
@@ -233,6 +233,7 @@ pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {
     c->base.impl = c;
     c->nth = nth;
     c->isa = isa;
+    c->int8_act = p.int8_act != 0;
     c->k = isa == PT_ISA_AVX512 ? &pt_cpu_kernels_avx512 : isa == PT_ISA_AVX2 ? &pt_cpu_kernels_avx2
                                                                                 : &pt_cpu_kernels_scalar;
     *out = &c->base;

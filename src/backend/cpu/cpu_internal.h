@@ -20,6 +20,18 @@
  * no interleaving shuffle in the inner loop. */
 void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
 
+/* int8 activations for 4-bit codes: per 64-value chunk [x0 x2 .. x62 | x1 x3
+ * .. x63]; a final 32-value chunk (K % 64 == 32) as [x0 .. x30 | x1 .. x31]. */
+void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K);
+/* Plain C versions of the int8 kernels (the scalar/AVX2 table and shapes the
+ * AVX-512 kernel does not take). */
+void pt_cpu_qdot4_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs);
+void pt_cpu_qdot8_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs);
+
 typedef struct pt_cpu_kernels {
     const char *name;
     /* Σ x[i]·w[i] over n, f32 accumulation */
@@ -43,6 +55,14 @@ typedef struct pt_cpu_kernels {
                      const float *const *sc, const float *const *bi, int64_t K, int gs);
     void (*qdot8_x4)(float *out, const float *x, const float *xs, const uint8_t *const *codes,
                      const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* int8-activation lever (L3, changes outputs): x quantized per weight
+     * group to int8 with xd[g] = max|x|/127, integer dot products:
+     *   out[r] = Σ_g sc[r][g]·xd[g]·Σ_{j∈g} q_rj·xq_j + Σ_g bi[r][g]·xs[g]
+     * xq layout: 4-bit: pt_cpu_arrange_x4_i8; 8-bit: natural order. */
+    void (*qdot4_x4_i8)(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
+                        const float *const *sc, const float *const *bi, int64_t K, int gs);
+    void (*qdot8_x4_i8)(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
+                        const float *const *sc, const float *const *bi, int64_t K, int gs);
     /* dst[i] = f32 of bf16 src[i] */
     void (*cvt_bf16)(float *dst, const uint16_t *src, int64_t n);
     /* Prefill tile (mm_gemm): for t < mr (1..12), j < 32:
@@ -74,6 +94,7 @@ typedef struct pt_cpu {
     int nth;
     pt_cpu_isa isa;
     const pt_cpu_kernels *k;
+    int int8_act; /* the L3 lever (pt_cpu_params.int8_act) */
     pt_backend_limits lim;
     /* scratch, sized by reserve(); per-thread blocks of per_thread floats */
     float *scratch;

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,6 +94,8 @@ typedef struct {
     const float *x;  /* [T, K] */
     const float *xq; /* quantized direct path: [T, K] x as the kernel wants it (permuted for 4-bit) */
     const float *xs; /* quantized direct path: [T, ng] group sums of x */
+    const int8_t *xi8; /* int8 lever: [T, K] quantized x (arranged for 4-bit), else NULL */
+    const float *xd;   /* int8 lever: [T, ng] quantization steps */
     int64_t T;
     const pt_matrix *w;
     int64_t expert;
@@ -261,7 +264,11 @@ static void mm_direct_q48(void *arg, int ith, int nth) {
         }
         for (int64_t t = 0; t < T; t++) {
             float out[4];
-            if (w->bits == 4) k->qdot4_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            if (m->xi8 && w->bits == 4)
+                k->qdot4_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            else if (m->xi8)
+                k->qdot8_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            else if (w->bits == 4) k->qdot4_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             else k->qdot8_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias_of(w, m->expert, nb + r));
         }
@@ -276,12 +283,13 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
     if (T < PT_CPU_DIRECT_T) {
         int64_t ng = w->bits ? K / w->group_size : 0;
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + ng))));
+        /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement [2·T·K bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + 1))));
         if (w->bits) {
             float *xp = c->xbuf, *xs = c->xbuf + T * K;
             for (int64_t t = 0; t < T; t++) {
                 const float *xt = x + t * K;
-                if (w->bits == 4) pt_cpu_permute_x4(xp + t * K, xt, K);
+                if (w->bits == 4 && !c->int8_act) pt_cpu_permute_x4(xp + t * K, xt, K);
                 for (int64_t g = 0; g < ng; g++) {
                     float s = 0.0f;
                     for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++) s += xt[j];
@@ -290,6 +298,29 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
             }
             if (w->bits == 4) m.xq = xp;
             m.xs = xs;
+            if (c->int8_act && (w->bits == 4 || w->bits == 8)) {
+                float *xd = xs + T * ng;
+                int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
+                for (int64_t t = 0; t < T; t++) {
+                    const float *xt = x + t * K;
+                    for (int64_t g = 0; g < ng; g++) { /* symmetric per group: d = max|x| / 127 */
+                        float amax = 0.0f;
+                        for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++) {
+                            float a = xt[j] < 0 ? -xt[j] : xt[j];
+                            amax = a > amax ? a : amax;
+                        }
+                        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+                        xd[t * ng + g] = d;
+                        /* |x·id| <= 127: adding and subtracting 1.5·2^23 rounds to nearest even
+                         * (what lrintf does) without a libm call, and vectorizes */
+                        for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++)
+                            xi[t * K + j] = (int8_t)(int)((xt[j] * id + 12582912.0f) - 12582912.0f);
+                    }
+                    if (w->bits == 4) pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
+                }
+                m.xi8 = w->bits == 4 ? xa : xi;
+                m.xd = xd;
+            }
         }
         pt_pool_run(c->pool, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
     } else {

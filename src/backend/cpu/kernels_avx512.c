@@ -380,6 +380,90 @@ static void softmax_row(float *s, int64_t n, float scale, int bf16) {
     }
 }
 
+/* ---- int8 activations (L3 lever; AVX-512 VNNI on 256-bit vectors) ----
+ * vpdpbusd multiplies 32 unsigned codes by 32 signed int8 activations and
+ * adds groups of four into 8 int32 lanes: the dot of a 64-value 4-bit chunk
+ * is two of them (low nibbles against the even x, high against the odd),
+ * with no conversion to float until the end of a group. Integer sums are
+ * exact; the only rounding is x's quantization. A 32-value group is half a
+ * chunk: lanes 0-3 belong to the first group, 4-7 to the second. */
+/* the four rows are spelled out (not arrays indexed in loops) so the sums
+ * stay in registers */
+#define I8_FOR4(X) X(0) X(1) X(2) X(3)
+
+static inline float hsum256_ps(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
+                        const float *const *sc, const float *const *bi, int64_t K, int gs) {
+    if (K % 64) {
+        pt_cpu_qdot4_x4_i8_ref(out, xq, xd, xs, codes, sc, bi, K, gs);
+        return;
+    }
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+#define Q4I_DOT(acc, cr)                                                                          \
+    do {                                                                                          \
+        __m256i cb_ = _mm256_loadu_si256((const __m256i *)((cr) + c / 2));                        \
+        acc = _mm256_dpbusd_epi32(acc, _mm256_and_si256(cb_, m4), xe);                            \
+        acc = _mm256_dpbusd_epi32(acc, _mm256_and_si256(_mm256_srli_epi16(cb_, 4), m4), xo);      \
+    } while (0)
+    if (gs == 32) {
+        for (int64_t c = 0; c < K; c += 64) {
+            int64_t g = c / 32;
+            __m256i xe = _mm256_loadu_si256((const __m256i *)(xq + c)), xo = _mm256_loadu_si256((const __m256i *)(xq + c + 32));
+            __m256 dv = _mm256_set_m128(_mm_set1_ps(xd[g + 1]), _mm_set1_ps(xd[g]));
+#define Q4I_G32(r)                                                                                             \
+    {                                                                                                          \
+        __m256i acc = _mm256_setzero_si256();                                                                  \
+        Q4I_DOT(acc, c##r);                                                                                    \
+        __m256 sv = _mm256_set_m128(_mm_set1_ps(sc[r][g + 1]), _mm_set1_ps(sc[r][g]));                          \
+        f##r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(sv, dv), f##r);                          \
+    }
+            I8_FOR4(Q4I_G32)
+        }
+    } else {
+        for (int64_t g = 0; g < K / gs; g++) {
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t c = g * gs; c < (g + 1) * gs; c += 64) {
+                __m256i xe = _mm256_loadu_si256((const __m256i *)(xq + c)),
+                        xo = _mm256_loadu_si256((const __m256i *)(xq + c + 32));
+                Q4I_DOT(a0, c0);
+                Q4I_DOT(a1, c1);
+                Q4I_DOT(a2, c2);
+                Q4I_DOT(a3, c3);
+            }
+            __m256 dg = _mm256_set1_ps(xd[g]);
+#define Q4I_FIN(r) f##r = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a##r), _mm256_mul_ps(_mm256_set1_ps(sc[r][g]), dg), f##r);
+            I8_FOR4(Q4I_FIN)
+        }
+    }
+#define I8_OUT(r) out[r] = hsum256_ps(f##r) + dot_f32(bi[r], xs, K / gs);
+    I8_FOR4(I8_OUT)
+}
+
+static void qdot8_x4_i8(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
+                        const float *const *sc, const float *const *bi, int64_t K, int gs) {
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (int64_t g = 0; g < K / gs; g++) {
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t c = g * gs; c < (g + 1) * gs; c += 32) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + c));
+#define Q8I_DOT(r) a##r = _mm256_dpbusd_epi32(a##r, _mm256_loadu_si256((const __m256i *)(c##r + c)), xv);
+            I8_FOR4(Q8I_DOT)
+        }
+        __m256 dg = _mm256_set1_ps(xd[g]);
+        I8_FOR4(Q4I_FIN)
+    }
+    I8_FOR4(I8_OUT)
+}
+
 const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .name = "avx512",
     .dot_f32 = dot_f32,
@@ -392,6 +476,8 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
+    .qdot4_x4_i8 = qdot4_x4_i8,
+    .qdot8_x4_i8 = qdot8_x4_i8,
     .gemm_32 = gemm_32,
     .attn_scores = attn_scores,
     .attn_pv = attn_pv,

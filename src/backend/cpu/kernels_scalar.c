@@ -11,6 +11,48 @@ void pt_cpu_permute_x4(float *xp, const float *x, int64_t K) {
         }
 }
 
+void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K) {
+    for (int64_t c = 0; c < K; c += 64) {
+        int half = K - c >= 64 ? 32 : 16;
+        for (int i = 0; i < half; i++) {
+            dst[c + i] = xq[c + 2 * i];
+            dst[c + half + i] = xq[c + 2 * i + 1];
+        }
+    }
+}
+
+void pt_cpu_qdot4_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs) {
+    for (int r = 0; r < 4; r++) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < K / gs; g++) {
+            int32_t s = 0;
+            for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                int64_t cb = j - j % 64, half = K - cb >= 64 ? 32 : 16;
+                int q = j % 2 ? codes[r][j / 2] >> 4 : codes[r][j / 2] & 15;
+                s += q * xq[cb + (j % 64) / 2 + (j % 2) * half];
+            }
+            acc += sc[r][g] * xd[g] * (float)s + bi[r][g] * xs[g];
+        }
+        out[r] = acc;
+    }
+}
+
+void pt_cpu_qdot8_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs) {
+    for (int r = 0; r < 4; r++) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < K / gs; g++) {
+            int32_t s = 0;
+            for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += codes[r][j] * xq[j];
+            acc += sc[r][g] * xd[g] * (float)s + bi[r][g] * xs[g];
+        }
+        out[r] = acc;
+    }
+}
+
 static float dot_f32(const float *x, const float *w, int64_t n) {
     float a[4] = {0, 0, 0, 0};
     int64_t i = 0;
@@ -104,5 +146,7 @@ const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
+    .qdot4_x4_i8 = pt_cpu_qdot4_x4_i8_ref,
+    .qdot8_x4_i8 = pt_cpu_qdot8_x4_i8_ref,
     .gemm_32 = gemm_32,
 };
