@@ -2,7 +2,6 @@
  * reads a text file, encodes it whole REPS times on one thread and prints
  * MB/s (best and median) plus the token count. Built and run by
  * bench/tokenizer.sh beside the reference library. Not a test. */
-#define _GNU_SOURCE
 #include "base/mmap.h"
 #include "tokenizer/tokenizer.h"
 

@@ -139,6 +139,22 @@ static void test_edge_inputs(void) {
     roundtrip(t, w, L, "200k spaces");
     free(w);
     pt_tokenizer_free(&t);
+    /* A regex whose JIT match needs more than the default 32 KiB stack on a
+     * 200k-byte subject: the match is retried with a large stack. */
+    const char *js = "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?:ab|ba)+\"},"
+                     "\"behavior\":\"Isolated\",\"invert\":false}," MODEL_OK "}";
+    REQUIRE(pt_tokenizer_load_json(js, strlen(js), "t.json", &t) == PT_OK, "%s", pt_last_error());
+    w = malloc(L);
+    for (size_t i = 0; i < L; i++) w[i] = "ab"[i % 2];
+    int32_t *big = NULL;
+    size_t nb = 0;
+    CHECK(pt_tokenizer_encode(t, w, L, 0, &big, &nb) == PT_OK, "deep regex: %s", pt_last_error());
+    CHECK(nb == L / 2, "deep regex: %zu ids", nb);
+    for (size_t i = 0; i < nb; i++)
+        if (big[i] != 2) { CHECK(0, "id %zu is %d, want 2 (\"ab\")", i, big[i]); break; }
+    free(big);
+    free(w);
+    pt_tokenizer_free(&t);
     t = load("gemma");
     REQUIRE(t, "load gemma");
     roundtrip(t, "", 0, "gemma empty");

@@ -208,13 +208,7 @@ pt_status pt_tokenizer_encode(const pt_tokenizer *t, const char *text, size_t le
     tok_ids ids = {0};
     pt_status st = PT_OK;
     w.md = pcre2_match_data_create(1, NULL);
-    w.mc = pcre2_match_context_create(NULL);
-    /* A long word matched by \p{L}+ needs JIT stack proportional to its
-     * length; the 32 KiB default fails on very long words. The maximum is
-     * reserved lazily by PCRE2. */
-    w.js = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
-    if (!w.md || !w.mc || !w.js) st = pt_error(PT_ERR_NOMEM, "tokenizer: out of memory");
-    else pcre2_jit_stack_assign(w.mc, NULL, w.js);
+    if (!w.md) st = pt_error(PT_ERR_NOMEM, "tokenizer: out of memory");
     if (!st) st = tok_ids_push(&ids, 0); /* ensure a non-NULL array even when empty */
     ids.n = 0;
     if (!st) st = encode_all(t, &w, text ? text : "", len, add_special, &ids);
@@ -222,8 +216,6 @@ pt_status pt_tokenizer_encode(const pt_tokenizer *t, const char *text, size_t le
         if (ids.v[i] < 0 || ids.v[i] >= t->vocab_size)
             st = pt_error(PT_ERR_INTERNAL, "tokenizer: produced id %d outside the vocabulary", ids.v[i]);
     if (w.md) pcre2_match_data_free(w.md);
-    if (w.mc) pcre2_match_context_free(w.mc);
-    if (w.js) pcre2_jit_stack_free(w.js);
     tok_buf_free(&w.buf);
     tok_buf_free(&w.tmp);
     free(w.a.v);

@@ -388,6 +388,19 @@ pt_status tok_pattern_find(const tok_pattern *p, pcre2_match_data *md, pcre2_mat
         /* The subject was validated once up front; PCRE2_NO_UTF_CHECK avoids
          * re-validating the whole subject at every call (quadratic otherwise). */
         int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mc);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !mc) {
+            /* A very long match (e.g. a 100k-letter word under \p{L}+)
+             * outgrew the default 32 KiB JIT stack: retry this match with a
+             * large one. Rare, so it is not set up for every call. */
+            pcre2_match_context *c2 = pcre2_match_context_create(NULL);
+            pcre2_jit_stack *js = pcre2_jit_stack_create(32 * 1024, 256 * 1024 * 1024, NULL);
+            if (c2 && js) {
+                pcre2_jit_stack_assign(c2, NULL, js);
+                rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, c2);
+            }
+            if (js) pcre2_jit_stack_free(js);
+            if (c2) pcre2_match_context_free(c2);
+        }
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
