@@ -643,8 +643,12 @@ pt_status tok_load_root(pt_tokenizer *t, const void *root_json, const char *what
     }
     for (size_t k = 0; k < t->n_added; k++) {
         tok_added *a = &t->added[k];
-        t->pieces[a->id] = a->content;
-        t->piece_len[a->id] = (uint32_t)a->len;
+        /* The reference maps the id of a normalized added token back to its
+         * normalized content (what decode prints); the raw content still
+         * looks the id up. */
+        bool use_norm = a->normalized && a->norm && a->norm_len;
+        t->pieces[a->id] = use_norm ? a->norm : a->content;
+        t->piece_len[a->id] = (uint32_t)(use_norm ? a->norm_len : a->len);
         t->flags[a->id] = (uint8_t)(1 | (a->special ? 2 : 0));
     }
     for (size_t i = 0; i < t->post.n_before; i++)

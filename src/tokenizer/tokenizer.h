@@ -62,11 +62,12 @@ pt_status pt_tokenizer_token_text(const pt_tokenizer *t, int32_t id, char **text
 int32_t pt_tokenizer_vocab_size(const pt_tokenizer *t);
 
 /* The raw piece string of an id as it is stored in tokenizer.json (e.g. "Ġthe",
- * "▁the", "<0x0A>", "<|eot_id|>"); NULL for an id with no token (gaps). The
+ * "▁the", "<0x0A>", "<|eot_id|>"; a normalized added token gives its normalized
+ * content, as the reference does); NULL for an id with no token (gaps). The
  * pointer lives as long as the tokenizer. *len (may be NULL) gets its length. */
 const char *pt_tokenizer_id_to_piece(const pt_tokenizer *t, int32_t id, size_t *len);
 
-/* The id of a piece string (added tokens first, then the model vocabulary),
+/* The id of a piece string (added-token contents first, then the model vocabulary),
  * or -1 if none. */
 int32_t pt_tokenizer_piece_to_id(const pt_tokenizer *t, const char *piece, size_t len);
 

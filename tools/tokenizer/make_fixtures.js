@@ -257,7 +257,8 @@ function build() {
         special_tokens: { '[CLS]': { id: '[CLS]', ids: [1], tokens: ['[CLS]'] }, '[SEP]': { id: '[SEP]', ids: [2], tokens: ['[SEP]'] } } },
       decoder: null };
     const v = miscVocab(pipe, { prefix: '##' }, 600);
-    const toks = [added(0, '[UNK]'), added(1, '[CLS]'), added(2, '[SEP]'), added(v.next, '[MASK]', { lstrip: true, rstrip: true })];
+    const toks = [added(0, '[UNK]'), added(1, '[CLS]'), added(2, '[SEP]'), added(v.next, '[MASK]', { lstrip: true, rstrip: true }),
+                  added(v.next + 1, 'MiXeD Case', { special: false, normalized: true })];
     defs.push({ name: 'misc_prefix', pipe, model: emptyModel({ vocab: v.vocab, merges: v.merges, unk_token: '[UNK]', fuse_unk: true, continuing_subword_prefix: '##' }), added: toks });
   }
   {
