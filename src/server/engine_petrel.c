@@ -1,12 +1,12 @@
 /* The server's engine table over the public API (include/petrel.h): each
  * entry forwards to the pt_* call of the same meaning.
  *
- * Two adaptations: memory the API returns is copied into malloc'd buffers
- * only where the API does not already use malloc (pt_free is free here, so
- * ids and text pass through); and session_bytes, which the API does not
- * report, is estimated from config.json as the KV cache at f32 — an upper
- * bound for petrel's caches (bf16 and quantized KV are smaller), so the
- * prompt-cache cap errs towards keeping fewer sessions.
+ * Adaptations: memory the API returns passes through (pt_free is free());
+ * session_bytes, which the API does not report, is estimated from
+ * config.json as the KV cache at f32 — an upper bound for petrel's caches
+ * (bf16 and quantized KV are smaller), so the prompt-cache cap errs towards
+ * keeping fewer sessions; and a reused session is made to re-derive its RNG
+ * from each new request's seed (see e_sample).
  */
 #include "server/engine.h"
 
@@ -25,6 +25,9 @@ typedef struct pm {
 typedef struct ps {
     pt_session *s;
     size_t bytes;
+    int new_job;        /* set by truncate (every job starts with one) */
+    int seeded;
+    uint64_t last_seed; /* the seed of the previous sample call */
 } ps;
 
 #define M(x) (((pm *)(x))->m)
@@ -97,10 +100,28 @@ static void e_session_free(void *s) {
 static int e_n_ctx(void *s) { return pt_session_n_ctx(S(s)); }
 static size_t e_n_tokens(void *s) { return pt_session_n_tokens(S(s)); }
 static const int32_t *e_tokens(void *s) { return pt_session_tokens(S(s)); }
-static pt_status e_truncate(void *s, size_t n) { return pt_session_truncate(S(s), n); }
+static pt_status e_truncate(void *s, size_t n) {
+    ((ps *)s)->new_job = 1;
+    return pt_session_truncate(S(s), n);
+}
 static pt_status e_prompt(void *s, const int32_t *ids, size_t n) { return pt_session_prompt(S(s), ids, n); }
+/* The session re-derives its RNG only when the seed changes, so a reused
+ * session given the same seed as its previous job would continue that job's
+ * stream: two identical seeded requests would differ. One throwaway draw
+ * under another seed (sampling does not append a token) makes the real call
+ * re-derive the RNG from the request's seed. */
 static pt_status e_sample(void *s, const pt_sampling_params *sp, const uint8_t *allowed, pt_token_info *o) {
-    return pt_session_sample(S(s), sp, allowed, o);
+    ps *w = s;
+    if (w->new_job && w->seeded && w->last_seed == sp->seed) {
+        pt_sampling_params other = *sp;
+        other.seed = sp->seed ^ 0x5bd1e995u;
+        pt_token_info scratch;
+        PT_TRY(pt_session_sample(w->s, &other, allowed, &scratch));
+    }
+    w->new_job = 0;
+    w->seeded = 1;
+    w->last_seed = sp->seed;
+    return pt_session_sample(w->s, sp, allowed, o);
 }
 static size_t e_bytes(void *s) { return ((ps *)s)->bytes; }
 
