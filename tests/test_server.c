@@ -6,6 +6,7 @@
  * openai / @anthropic-ai/sdk clients driven by node (tests/node). */
 #include "test.h"
 
+#include "base/json.h"
 #include "base/log.h"
 #include "server/server.h"
 #include "server/toolcall.h"
@@ -375,6 +376,19 @@ static void test_server_completions_logprobs(void) {
     CHECK(tok && !strcmp(tok, "k"), "logprob token '%s'", tok ? tok : "");
     CHECK(jnum(j, "choices.0.logprobs.content.0.logprob") == -0.25, "logprob value");
     CHECK(jnum(j, "choices.0.logprobs.content.0.top_logprobs.1.logprob") == -1.5, "top logprob");
+    cJSON_Delete(j);
+    resp_free(&r);
+
+    /* a token that is part of a UTF-8 sequence: "token" stays valid UTF-8
+     * (U+FFFD), "bytes" has the raw byte */
+    b = chat_body("SAY:\xe2\x9c\x93", "\"logprobs\":true");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    j = json_body(&r);
+    CHECK(r.status == 200 && pt_utf8_invalid_offset(r.body, r.body_len) < 0, "response is valid UTF-8");
+    tok = jstr(j, "choices.0.logprobs.content.0.token");
+    CHECK(tok && !strcmp(tok, "\xef\xbf\xbd") && jnum(j, "choices.0.logprobs.content.0.bytes.0") == 0xe2,
+          "partial token: %s", r.body);
     cJSON_Delete(j);
     resp_free(&r);
 

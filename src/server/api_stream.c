@@ -12,6 +12,7 @@
 #include "server/api.h"
 
 #include "base/error.h"
+#include "base/json.h"
 #include "server/toolcall.h"
 
 #include <errno.h>
@@ -65,6 +66,30 @@ static char *tok_text(pt_server *srv, int32_t id) {
     return t;
 }
 
+/* A token alone may be part of a UTF-8 sequence (byte-fallback tokens); JSON
+ * strings must be valid UTF-8, so each invalid byte becomes U+FFFD here (the
+ * raw bytes are reported in "bytes"). */
+static char *valid_utf8(const char *t) {
+    pt_sbuf b = {0};
+    size_t n = strlen(t);
+    while (n) {
+        long bad = pt_utf8_invalid_offset(t, n);
+        if (bad < 0) {
+            pt_sbuf_add(&b, t, n);
+            break;
+        }
+        pt_sbuf_add(&b, t, (size_t)bad);
+        pt_sbuf_adds(&b, "\xEF\xBF\xBD");
+        t += bad + 1;
+        n -= (size_t)bad + 1;
+    }
+    if (!b.data || b.oom) {
+        pt_sbuf_free(&b);
+        return strdup("");
+    }
+    return b.data;
+}
+
 /* Chat logprobs for tokens [from, to): {"content":[{token,logprob,bytes,top_logprobs}]} */
 static cJSON *chat_logprobs(pt_server *srv, const pt_gen *g, const pt_token_info *toks, size_t from,
                             size_t to) {
@@ -72,19 +97,21 @@ static cJSON *chat_logprobs(pt_server *srv, const pt_gen *g, const pt_token_info
     cJSON *arr = cJSON_AddArrayToObject(lp, "content");
     for (size_t i = from; i < to; i++) {
         cJSON *e = cJSON_CreateObject();
-        char *t = tok_text(srv, toks[i].id);
-        cJSON_AddStringToObject(e, "token", t ? t : "");
+        char *t = tok_text(srv, toks[i].id), *v = t ? valid_utf8(t) : NULL;
+        cJSON_AddStringToObject(e, "token", v ? v : "");
         cJSON_AddNumberToObject(e, "logprob", toks[i].logprob);
         cJSON_AddItemToObject(e, "bytes", bytes_json(t ? t : ""));
         free(t);
+        free(v);
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int k = 0; k < toks[i].n_top && k < g->top_logprobs; k++) {
             cJSON *x = cJSON_CreateObject();
-            char *tt = tok_text(srv, toks[i].top_ids[k]);
-            cJSON_AddStringToObject(x, "token", tt ? tt : "");
+            char *tt = tok_text(srv, toks[i].top_ids[k]), *vv = tt ? valid_utf8(tt) : NULL;
+            cJSON_AddStringToObject(x, "token", vv ? vv : "");
             cJSON_AddNumberToObject(x, "logprob", toks[i].top_logprobs[k]);
             cJSON_AddItemToObject(x, "bytes", bytes_json(tt ? tt : ""));
             free(tt);
+            free(vv);
             cJSON_AddItemToArray(top, x);
         }
         cJSON_AddItemToArray(arr, e);
@@ -100,16 +127,18 @@ static cJSON *completion_logprobs(pt_server *srv, const pt_gen *g, const pt_toke
     cJSON *tl = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
     for (size_t i = from; i < to; i++) {
-        char *t = tok_text(srv, toks[i].id);
-        cJSON_AddItemToArray(tk, cJSON_CreateString(t ? t : ""));
+        char *t = tok_text(srv, toks[i].id), *v = t ? valid_utf8(t) : NULL;
+        cJSON_AddItemToArray(tk, cJSON_CreateString(v ? v : ""));
         free(t);
+        free(v);
         cJSON_AddItemToArray(tl, cJSON_CreateNumber(toks[i].logprob));
         cJSON *o = cJSON_CreateObject();
         for (int k = 0; k < toks[i].n_top && k < g->top_logprobs; k++) {
-            char *tt = tok_text(srv, toks[i].top_ids[k]);
-            if (tt && !cJSON_GetObjectItemCaseSensitive(o, tt))
-                cJSON_AddNumberToObject(o, tt, toks[i].top_logprobs[k]);
+            char *tt = tok_text(srv, toks[i].top_ids[k]), *vv = tt ? valid_utf8(tt) : NULL;
+            if (vv && !cJSON_GetObjectItemCaseSensitive(o, vv))
+                cJSON_AddNumberToObject(o, vv, toks[i].top_logprobs[k]);
             free(tt);
+            free(vv);
         }
         cJSON_AddItemToArray(top, o);
     }
