@@ -11,6 +11,7 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 
 #define FIX "tests/fixtures/tokenizers/"
 
@@ -151,36 +152,42 @@ static void run_golden(const char *name) {
     pt_tokenizer_free(&t);
 }
 
-#define GOLDEN_TEST(nm) \
-    static void test_golden_##nm(void) { run_golden(#nm); }
-GOLDEN_TEST(gpt2)
-GOLDEN_TEST(gpt2_prefix_space)
-GOLDEN_TEST(llama3)
-GOLDEN_TEST(qwen2)
-GOLDEN_TEST(qwen35)
-GOLDEN_TEST(gemma)
-GOLDEN_TEST(spm_llama2)
-GOLDEN_TEST(spm_metaspace)
-GOLDEN_TEST(misc_prefix)
-GOLDEN_TEST(misc_suffix)
-GOLDEN_TEST(misc_invert)
+static int cmpstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 int main(void) {
     if (pt_json_load_file(FIX "corpus.json", 0, &g_corpus) != PT_OK) {
         printf("FAIL corpus: %s\n", pt_last_error());
         return 1;
     }
-    TEST_RUN(test_golden_gpt2);
-    TEST_RUN(test_golden_gpt2_prefix_space);
-    TEST_RUN(test_golden_llama3);
-    TEST_RUN(test_golden_qwen2);
-    TEST_RUN(test_golden_qwen35);
-    TEST_RUN(test_golden_gemma);
-    TEST_RUN(test_golden_spm_llama2);
-    TEST_RUN(test_golden_spm_metaspace);
-    TEST_RUN(test_golden_misc_prefix);
-    TEST_RUN(test_golden_misc_suffix);
-    TEST_RUN(test_golden_misc_invert);
+    /* every NAME.golden.json beside its NAME.json is one test */
+    DIR *d = opendir(FIX);
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < 64) {
+        size_t l = strlen(e->d_name);
+        if (l > 12 && !strcmp(e->d_name + l - 12, ".golden.json")) names[n++] = strndup(e->d_name, l - 12);
+    }
+    if (d) closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmpstr);
+    for (int i = 0; i < n; i++) {
+        char tname[96];
+        snprintf(tname, sizeof tname, "test_golden_%s", names[i]);
+        test_current = tname;
+        test_failed_current = 0;
+        run_golden(names[i]);
+        if (test_failed_current) test_n_fail++;
+        else {
+            test_n_pass++;
+            printf("PASS %s\n", tname);
+        }
+        fflush(stdout);
+        free(names[i]);
+    }
+    if (n < 13) {
+        printf("FAIL test_golden_count: found %d golden files in " FIX ", expected at least 13\n", n);
+        test_n_fail++;
+    }
     cJSON_Delete(g_corpus);
     return test_summary();
 }

@@ -241,6 +241,11 @@ function build() {
       normalizer: { type: 'Sequence', normalizers: [{ type: 'Prepend', prepend: '\u2581' }, { type: 'Replace', pattern: { String: ' ' }, content: '\u2581' }] },
       pre_tokenizer: null, post_processor: template('<bos>', 2, ['<eos>', 1]),
       decoder: dec([{ type: 'Strip', content: ' ', start: 1, stop: 0 }]) } });
+    defs.push({ name: 'spm_metaspace_always', model, added: base.concat(turns), pipe: {
+      normalizer: { type: 'NFKD' },
+      pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'always', split: false },
+      post_processor: null,
+      decoder: { type: 'Sequence', decoders: [{ type: 'Replace', pattern: { Regex: '\u2581' }, content: ' ' }, { type: 'ByteFallback' }, { type: 'Fuse' }, { type: 'Strip', content: ' ', start: 1, stop: 0 }] } } });
     defs.push({ name: 'spm_metaspace', model, added: base.concat(turns), pipe: {
       normalizer: { type: 'NFKC' },
       pre_tokenizer: { type: 'Metaspace', replacement: '\u2581', prepend_scheme: 'first', split: true },
@@ -277,6 +282,11 @@ function build() {
       post_processor: null, decoder: null };
     const v = miscVocab(pipe, {}, 500);
     defs.push({ name: 'misc_invert', pipe, model: emptyModel({ vocab: v.vocab, merges: v.merges, unk_token: '[UNK]' }), added: [] });
+    const bert = { normalizer: { type: 'Sequence', normalizers: [{ type: 'NFKD' }, { type: 'Lowercase' }] },
+      pre_tokenizer: { type: 'BertPreTokenizer' }, post_processor: { type: 'BertProcessing', sep: ['[SEP]', 2], cls: ['[CLS]', 1] },
+      decoder: { type: 'Strip', content: '#', start: 2, stop: 0 } };
+    defs.push({ name: 'misc_bert', pipe: bert, model: emptyModel({ vocab: v.vocab, merges: v.merges, unk_token: '[UNK]', fuse_unk: true }),
+      added: [added(0, '[UNK]'), added(1, '[CLS]'), added(2, '[SEP]')] });
   }
   return defs;
 }
