@@ -14,6 +14,8 @@
 #include "tokenizer/jinja.h"
 
 #include <cjson/cJSON.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define FEATURES "tests/fixtures/templates/features.json"
 
@@ -110,9 +112,36 @@ static void test_model_dir_loading(void) {
     free(out);
     pt_chat_template_free(&t);
     CHECK(t == NULL, "free sets NULL");
-    /* tokenizer_config.json wins, with its special tokens */
+    /* chat_template.json is the last resort */
+    write_file(dir, "chat_template.json", "{\"chat_template\": \"P\"}");
+    /* chat_template.jinja wins over tokenizer_config.json, which brings its special tokens */
     write_file(dir, "tokenizer_config.json",
                "{\"chat_template\": \"C{{ bos_token }}\", \"bos_token\": {\"content\": \"<s>\"}, \"eos_token\": \"</s>\"}");
+    REQUIRE(pt_chat_template_load(dir, NULL, &t) == PT_OK, "%s", pt_last_error());
+    out = render(t, "{\"messages\": [{\"content\": \"y\"}]}");
+    CHECK(out && !strcmp(out, "Jy"), "chat_template.jinja first: got %s", out ? out : "(null)");
+    free(out);
+    pt_chat_template_free(&t);
+    /* additional_chat_templates/NAME.jinja: named templates beside the default */
+    char *extra = pt_path_join(dir, "additional_chat_templates");
+    mkdir(extra, 0755);
+    write_file(extra, "tool_use.jinja", "X{{ tools|length }}");
+    REQUIRE(pt_chat_template_load(dir, NULL, &t) == PT_OK, "%s", pt_last_error());
+    out = render(t, "{\"tools\": [1]}");
+    CHECK(out && !strcmp(out, "X1"), "additional tool_use template: got %s", out ? out : "(null)");
+    free(out);
+    out = render(t, "{\"messages\": [{\"content\": \"z\"}]}");
+    CHECK(out && !strcmp(out, "Jz"), "chat_template.jinja is the default: got %s", out ? out : "(null)");
+    free(out);
+    pt_chat_template_free(&t);
+    char *extra_file = pt_path_join(extra, "tool_use.jinja");
+    unlink(extra_file);
+    rmdir(extra);
+    free(extra_file);
+    free(extra);
+    char *jp = pt_path_join(dir, "chat_template.jinja");
+    unlink(jp);
+    free(jp);
     REQUIRE(pt_chat_template_load(dir, NULL, &t) == PT_OK, "%s", pt_last_error());
     CHECK(pt_chat_template_bos(t) && !strcmp(pt_chat_template_bos(t), "<s>"), "bos from {content}");
     CHECK(pt_chat_template_eos(t) && !strcmp(pt_chat_template_eos(t), "</s>"), "eos string");
@@ -151,6 +180,12 @@ static void test_model_dir_loading(void) {
     write_file(dir, "tokenizer_config.json", "{\"chat_template\": \"{% if %}\"}");
     CHECK(pt_chat_template_load(dir, NULL, &t) == PT_ERR_FORMAT && strstr(pt_last_error(), "tokenizer_config.json"),
           "syntax error names the file: %s", pt_last_error());
+    write_file(dir, "tokenizer_config.json", "{}");
+    REQUIRE(pt_chat_template_load(dir, NULL, &t) == PT_OK, "%s", pt_last_error());
+    out = render(t, "{}");
+    CHECK(out && !strcmp(out, "P"), "chat_template.json last: got %s", out ? out : "(null)");
+    free(out);
+    pt_chat_template_free(&t);
     write_file(dir, "tokenizer_config.json", "{\"chat_template\": [{\"name\": \"other\", \"template\": \"x\"}]}");
     REQUIRE(pt_chat_template_load(dir, NULL, &t) == PT_OK, "%s", pt_last_error());
     out = NULL;

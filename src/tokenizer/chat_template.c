@@ -1,6 +1,6 @@
 /* Chat templates: finding a model's template (explicit file,
- * tokenizer_config.json's chat_template string or named list,
- * chat_template.jinja) and rendering conversations with the Jinja engine.
+ * chat_template.jinja, tokenizer_config.json's chat_template string or named
+ * list, chat_template.json) and rendering conversations with the Jinja engine.
  * Not the engine itself (jinja*.c) and not tokenization. */
 #include "tokenizer/chat_template.h"
 
@@ -9,6 +9,7 @@
 #include "base/mmap.h"
 #include "tokenizer/jinja.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,62 +80,105 @@ static char *token_text(const cJSON *cfg, const char *key) {
     return cJSON_IsString(v) ? strdup(v->valuestring) : NULL;
 }
 
+/* additional_chat_templates/NAME.jinja next to chat_template.jinja: more
+ * named templates (transformers keeps chat_template.jinja as "default"). */
+static pt_status add_extra_templates(pt_chat_template *t, const char *model_dir) {
+    char *dir = pt_path_join(model_dir, "additional_chat_templates");
+    if (!dir) return pt_error(PT_ERR_NOMEM, "out of memory");
+    pt_status st = PT_OK;
+    DIR *d = pt_is_dir(dir) ? opendir(dir) : NULL;
+    if (d) {
+        /* name the single template "default" first */
+        if (t->n == 1 && !t->list[0].name) {
+            t->list[0].name = strdup("default");
+            if (!t->list[0].name) st = pt_error(PT_ERR_NOMEM, "out of memory");
+        }
+        struct dirent *e;
+        while (st == PT_OK && (e = readdir(d))) {
+            size_t n = strlen(e->d_name);
+            if (n <= 6 || strcmp(e->d_name + n - 6, ".jinja")) continue;
+            char *path = pt_path_join(dir, e->d_name);
+            char *src = NULL;
+            size_t len = 0;
+            if (!path) st = pt_error(PT_ERR_NOMEM, "out of memory");
+            else if ((st = pt_read_file(path, &src, &len)) == PT_OK) {
+                char name[256];
+                snprintf(name, sizeof name, "%.*s", (int)(n - 6 < 255 ? n - 6 : 255), e->d_name);
+                st = add(t, name, src, len, path);
+            }
+            free(src);
+            free(path);
+        }
+        closedir(d);
+    }
+    free(dir);
+    return st;
+}
+
 pt_status pt_chat_template_load(const char *model_dir, const char *override_path, pt_chat_template **out) {
     *out = NULL;
     char *cfg_path = pt_path_join(model_dir, "tokenizer_config.json");
     char *jinja_path = pt_path_join(model_dir, "chat_template.jinja");
-    if (!cfg_path || !jinja_path) {
-        free(cfg_path);
-        free(jinja_path);
-        return pt_error(PT_ERR_NOMEM, "out of memory");
-    }
+    char *json_path = pt_path_join(model_dir, "chat_template.json");
     pt_status st = PT_OK;
-    cJSON *cfg = NULL;
+    cJSON *cfg = NULL, *ctj = NULL;
     pt_chat_template *t = NULL;
+    if (!cfg_path || !jinja_path || !json_path) {
+        st = pt_error(PT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     if (pt_is_file(cfg_path)) {
         st = pt_json_load_file(cfg_path, 0, &cfg);
         if (st != PT_OK) goto done;
     }
+    const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
+    char what[4096];
     if (override_path) {
         st = pt_chat_template_from_file(override_path, &t);
-    } else {
-        const cJSON *ct = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "chat_template") : NULL;
-        char what[4096];
-        if (cJSON_IsString(ct)) {
-            snprintf(what, sizeof what, "%s:chat_template", cfg_path);
-            st = pt_chat_template_from_string(ct->valuestring, strlen(ct->valuestring), what, &t);
-        } else if (cJSON_IsArray(ct)) {
-            t = calloc(1, sizeof *t);
-            if (!t) {
-                st = pt_error(PT_ERR_NOMEM, "out of memory");
-                goto done;
-            }
-            int i = 0;
-            for (const cJSON *e = ct->child; e; e = e->next, i++) {
-                const char *name = pt_json_get_str(e, "name");
-                const char *src = pt_json_get_str(e, "template");
-                if (!name || !src) {
-                    st = pt_error(PT_ERR_FORMAT, "%s: chat_template[%d]: expected {\"name\": string, \"template\": string}",
-                                  cfg_path, i);
-                    goto done;
-                }
-                snprintf(what, sizeof what, "%s:chat_template[%s]", cfg_path, name);
-                st = add(t, name, src, strlen(src), what);
-                if (st != PT_OK) goto done;
-            }
-            if (t->n == 0) {
-                st = pt_error(PT_ERR_FORMAT, "%s: chat_template is an empty list", cfg_path);
-                goto done;
-            }
-        } else if (ct && !cJSON_IsNull(ct)) {
-            st = pt_error(PT_ERR_FORMAT, "%s: chat_template: expected a string or a list of named templates", cfg_path);
+    } else if (pt_is_file(jinja_path)) {
+        /* transformers: chat_template.jinja overrides tokenizer_config.json's */
+        st = pt_chat_template_from_file(jinja_path, &t);
+        if (st == PT_OK) st = add_extra_templates(t, model_dir);
+    } else if (cJSON_IsString(ct)) {
+        snprintf(what, sizeof what, "%s:chat_template", cfg_path);
+        st = pt_chat_template_from_string(ct->valuestring, strlen(ct->valuestring), what, &t);
+    } else if (cJSON_IsArray(ct)) {
+        t = calloc(1, sizeof *t);
+        if (!t) {
+            st = pt_error(PT_ERR_NOMEM, "out of memory");
             goto done;
-        } else if (pt_is_file(jinja_path)) {
-            st = pt_chat_template_from_file(jinja_path, &t);
-        } else {
-            st = pt_error(PT_ERR_NOT_FOUND, "%s has no chat template (no chat_template in tokenizer_config.json, no chat_template.jinja)",
-                          model_dir);
         }
+        int i = 0;
+        for (const cJSON *e = ct->child; e; e = e->next, i++) {
+            const char *name = pt_json_get_str(e, "name");
+            const char *src = pt_json_get_str(e, "template");
+            if (!name || !src) {
+                st = pt_error(PT_ERR_FORMAT, "%s: chat_template[%d]: expected {\"name\": string, \"template\": string}",
+                              cfg_path, i);
+                goto done;
+            }
+            snprintf(what, sizeof what, "%s:chat_template[%s]", cfg_path, name);
+            st = add(t, name, src, strlen(src), what);
+            if (st != PT_OK) goto done;
+        }
+        if (t->n == 0) st = pt_error(PT_ERR_FORMAT, "%s: chat_template is an empty list", cfg_path);
+    } else if (ct && !cJSON_IsNull(ct)) {
+        st = pt_error(PT_ERR_FORMAT, "%s: chat_template: expected a string or a list of named templates", cfg_path);
+    } else if (pt_is_file(json_path)) {
+        /* a processor's chat_template.json: {"chat_template": "..."} */
+        st = pt_json_load_file(json_path, 0, &ctj);
+        const char *src = st == PT_OK ? pt_json_get_str(ctj, "chat_template") : NULL;
+        if (st == PT_OK && !src)
+            st = pt_error(PT_ERR_FORMAT, "%s: expected a \"chat_template\" string", json_path);
+        if (st == PT_OK) {
+            snprintf(what, sizeof what, "%s:chat_template", json_path);
+            st = pt_chat_template_from_string(src, strlen(src), what, &t);
+        }
+    } else {
+        st = pt_error(PT_ERR_NOT_FOUND,
+                      "%s has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json, "
+                      "no chat_template.json)",
+                      model_dir);
     }
     if (st == PT_OK && cfg) {
         t->bos = token_text(cfg, "bos_token");
@@ -144,8 +188,10 @@ done:
     if (st != PT_OK) pt_chat_template_free(&t);
     *out = t;
     cJSON_Delete(cfg);
+    cJSON_Delete(ctj);
     free(cfg_path);
     free(jinja_path);
+    free(json_path);
     return st;
 }
 

@@ -1,12 +1,15 @@
 /* Chat templates: finding a model's template and rendering a conversation
  * with it exactly as transformers' apply_chat_template does.
  *
- * Where the template comes from (first match wins):
+ * Where the template comes from (first match wins, as in transformers):
  *   1. an explicit file (`--chat-template FILE`, pt_model_params.chat_template_path);
- *   2. tokenizer_config.json "chat_template": a string, or a list of
- *      {"name", "template"} objects (transformers' rule: "tool_use" when the
- *      render has tools and the list has one, else "default");
- *   3. chat_template.jinja in the model directory.
+ *   2. chat_template.jinja in the model directory (it overrides the config's),
+ *      with additional_chat_templates/NAME.jinja as more named templates;
+ *   3. tokenizer_config.json "chat_template": a string, or a list of
+ *      {"name", "template"} objects;
+ *   4. chat_template.json ({"chat_template": "..."}, a processor's file).
+ * With named templates, transformers' rule picks: "tool_use" when the render
+ * has non-null tools and there is one, else "default".
  *
  * Variables: the caller passes one JSON object whose members are the
  * template's variables, as apply_chat_template passes them: messages, tools,
