@@ -751,6 +751,26 @@ static void test_server_load_streams(void) {
     resp_free(&r);
 }
 
+static void test_http_stalled_clients(void) {
+    /* one client stalls mid-body, another never reads its stream */
+    int stall = dial(g_port);
+    const char *part = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"mess";
+    send_all(stall, part, strlen(part));
+    int deaf = dial(g_port);
+    const char *body = "{\"stream\":true,\"max_tokens\":300,\"messages\":[{\"role\":\"user\",\"content\":\"LOOP:zzzz\"}]}";
+    char req[512];
+    snprintf(req, sizeof req, "POST /v1/chat/completions HTTP/1.0\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    send_all(deaf, req, strlen(req));
+    char *b = chat_body("SAY:not blocked", NULL);
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    CHECK(r.status == 200 && strstr(r.body, "not blocked"), "served beside stalled clients: %d", r.status);
+    resp_free(&r);
+    close(stall);
+    close(deaf);
+}
+
 static void test_server_api_key(void) {
     pt_server_params p = pt_server_default_params();
     p.port = 0;
@@ -864,6 +884,7 @@ int main(void) {
     TEST_RUN(test_server_anthropic);
     TEST_RUN(test_server_tokenize);
     TEST_RUN(test_server_prompt_cache);
+    TEST_RUN(test_http_stalled_clients);
     TEST_RUN(test_server_api_key);
     TEST_RUN(test_server_queue_429_and_disconnect);
     TEST_RUN(test_server_load_streams);
