@@ -224,6 +224,27 @@ static void test_http_413_before_body(void) {
     resp_free(&r);
 }
 
+static void test_http_413_chunked(void) {
+    /* no Content-Length: the cap is found while reading; the 413 still comes */
+    pt_sbuf q = {0};
+    pt_sbuf_adds(&q, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n");
+    char *chunk = malloc(65536);
+    memset(chunk, 'a', 65536);
+    for (int i = 0; i < 24; i++) { /* 1.5 MiB against a 1 MiB cap */
+        pt_sbuf_adds(&q, "10000\r\n");
+        pt_sbuf_add(&q, chunk, 65536);
+        pt_sbuf_adds(&q, "\r\n");
+    }
+    pt_sbuf_adds(&q, "0\r\n\r\n");
+    free(chunk);
+    resp r;
+    REQUIRE(raw(g_port, q.data, q.len, &r) == 0, "response");
+    pt_sbuf_free(&q);
+    CHECK(r.status == 413 && strstr(r.body, "limit"), "chunked 413: %d %s", r.status, r.body ? r.body : "");
+    resp_free(&r);
+}
+
 static void test_http_bad_requests(void) {
     struct {
         const char *body, *want;
@@ -874,6 +895,7 @@ int main(void) {
     g_port = pt_server_port(g_srv);
     TEST_RUN(test_http_routes);
     TEST_RUN(test_http_413_before_body);
+    TEST_RUN(test_http_413_chunked);
     TEST_RUN(test_http_bad_requests);
     TEST_RUN(test_server_chat_basic);
     TEST_RUN(test_server_stream_sse);

@@ -46,6 +46,7 @@ typedef struct conn_ctx {
     const pt_http_route *route;
     pt_sbuf body;
     int refused; /* an error response was queued early: ignore the body */
+    int too_big; /* a body without Content-Length passed the cap */
 } conn_ctx;
 
 /* ---------------------------------------------------------------- errors */
@@ -267,14 +268,25 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *c, const char
         *upload_size = 0; /* discard; the error response is already queued */
         return MHD_YES;
     }
+    if (cc->too_big) {
+        /* A chunked upload (no Content-Length) grew past the cap: the rest is
+         * discarded and the 413 goes out once the upload ends — libmicrohttpd
+         * does not send a response queued in the middle of an upload. */
+        if (*upload_size) {
+            *upload_size = 0;
+            return MHD_YES;
+        }
+        char msg[120];
+        snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", s->max_body);
+        cc->refused = 1;
+        return queue_error(s, c, url, 413, "invalid_request_error", msg, NULL, NULL);
+    }
     if (*upload_size) {
         if (cc->body.len + *upload_size > s->max_body) {
-            /* chunked upload without Content-Length that grew past the cap */
-            cc->refused = 1;
+            cc->too_big = 1;
+            pt_sbuf_free(&cc->body);
             *upload_size = 0;
-            char msg[120];
-            snprintf(msg, sizeof msg, "request body exceeds the limit of %zu bytes", s->max_body);
-            return queue_error(s, c, url, 413, "invalid_request_error", msg, NULL, NULL);
+            return MHD_YES;
         }
         pt_sbuf_add(&cc->body, upload, *upload_size);
         *upload_size = 0;
