@@ -96,7 +96,10 @@ def documents(verses, rng):
         chapters.setdefault((b, c), []).append((v, t))
     docs = []
     for (b, c), vs in chapters.items():
+        # Twice: with a reference per verse, and as running text (so that a
+        # plain prompt such as "In the beginning God" continues the verse).
         docs.append("".join("%s %d:%d %s\n" % (b, c, v, t) for v, t in vs))
+        docs.append("".join("%s\n" % t for v, t in vs))
     idx = {(b, c, v): i for i, (b, c, v, _) in enumerate(verses)}
     n_chat = 0
     for rep in range(2):
@@ -161,11 +164,14 @@ def write_tokenizer_files(d, tok_json):
         json.dump({"eos_token_id": [IM_END, EOT], "pad_token_id": EOT, "do_sample": False}, f, indent=2)
 
 
-def train(model, stream, seconds, batch, lr_peak, log):
+def train(model, stream, starts, seconds, batch, lr_peak, log):
+    """Half of each batch starts at a document start (as a prompt does), half
+    at a random position."""
     dev = torch.device("cuda")
     model.to(dev).train()
     data = torch.tensor(stream, dtype=torch.long, device=dev)
     n = data.numel() - SEQ - 1
+    starts = torch.tensor([s for s in starts if s < n], dtype=torch.long, device=dev)
     opt = torch.optim.AdamW(model.parameters(), lr=lr_peak, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     g = torch.Generator(device=dev).manual_seed(0)
     t0 = time.time()
@@ -180,6 +186,8 @@ def train(model, stream, seconds, batch, lr_peak, log):
         for pg in opt.param_groups:
             pg["lr"] = lr
         off = torch.randint(0, n, (batch, 1), device=dev, generator=g)
+        at_doc = starts[torch.randint(0, starts.numel(), (batch // 2, 1), device=dev, generator=g)]
+        off = torch.cat([at_doc, off[batch // 2:]])
         seq = data[off + ar]
         x, y = seq[:, :-1], seq[:, 1:]
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -193,7 +201,7 @@ def train(model, stream, seconds, batch, lr_peak, log):
         if step % 50 == 0:
             losses.append((step, round(time.time() - t0, 1), float(loss.detach())))
             if step % 500 == 0:
-                log("step %d t=%.0fs loss %.4f lr %.2e" % (step, time.time() - t0, float(loss), lr))
+                log("step %d t=%.0fs loss %.4f lr %.2e" % (step, time.time() - t0, float(loss.detach()), lr))
     model.eval()
     # Final loss: mean over 20 fresh batches without updates.
     with torch.no_grad():
@@ -244,7 +252,7 @@ def main():
     t_all = time.time()
     verses = parse(args.text)
     docs, n_chap, n_chat = documents(verses, rng)
-    log("documents: %d plain chapters, %d chat conversations" % (n_chap, n_chat))
+    log("documents: %d plain chapters (each twice), %d chat conversations" % (n_chap, n_chat))
     mdir = os.path.join(args.out, "model")
     gdir = os.path.join(args.out, "golden")
     os.makedirs(mdir, exist_ok=True)
@@ -253,8 +261,9 @@ def main():
     tok = build_tokenizer(docs, tok_json, MODEL_CFG["vocab_size"])
     log("tokenizer: %d tokens (%.0fs)" % (tok.get_vocab_size(), time.time() - t_all))
     rng.shuffle(docs)
-    stream = []
+    stream, starts = [], []
     for enc in tok.encode_batch(docs):
+        starts.append(len(stream))
         stream.extend(enc.ids)
         stream.append(EOT)
     log("stream: %d tokens" % len(stream))
@@ -262,11 +271,11 @@ def main():
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     n_params = sum(p.numel() for p in model.parameters())
     log("model: %d parameters" % n_params)
-    steps, losses, final_loss = train(model, stream, args.seconds, args.batch, args.lr, log)
+    steps, losses, final_loss = train(model, stream, starts, args.seconds, args.batch, args.lr, log)
     log("trained %d steps, final loss %.4f (t=%.0fs)" % (steps, final_loss, time.time() - t_all))
     # bf16 weights, then MLX 4-bit g32 (every Linear and the tied embedding).
     sd = {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    entries, deq = {}, {}
+    entries = {}
     for k, v in sorted(sd.items()):
         if k.endswith(".weight") and v.ndim == 2 and v.shape[-1] % GROUP == 0:
             p = k[: -len(".weight")]
@@ -274,10 +283,8 @@ def main():
             entries[k] = stio.u32_bytes(packed)
             entries[p + ".scales"] = stio.tensor_bytes(s)
             entries[p + ".biases"] = stio.tensor_bytes(b)
-            deq[k] = mlxq.dequantize_torch(packed, s, b, 4, GROUP).reshape(v.shape)
         else:
             entries[k] = stio.tensor_bytes(v)
-            deq[k] = v.float()
     stio.write(os.path.join(mdir, "model.safetensors"), entries, {"format": "mlx"})
     cfgd = cfg.to_dict()
     for k in ("_name_or_path", "transformers_version", "torch_dtype", "dtype", "_attn_implementation_autoset",
