@@ -90,10 +90,12 @@ pt_status pt_rope_table_build(const pt_rope_config *r, int hd, int64_t max_pos, 
         break;
     }
     case PT_ROPE_LONGROPE: {
-        if (r->n_short_factor != n || r->n_long_factor != n)
+        if (r->n_short_factor != n || r->n_long_factor != n) {
+            pt_rope_table_free(t);
             return pt_error(PT_ERR_FORMAT, "%s: longrope short_factor/long_factor have %d/%d entries, expected %d "
                                            "(rotary dim / 2)",
                             what, r->n_short_factor, r->n_long_factor, n);
+        }
         t->inv_freq_long = calloc((size_t)n, sizeof(float));
         if (!t->inv_freq_long) return pt_error(PT_ERR_NOMEM, "out of memory");
         for (int i = 0; i < n; i++) {
@@ -108,7 +110,7 @@ pt_status pt_rope_table_build(const pt_rope_config *r, int hd, int64_t max_pos, 
             t->attn_scaling = (float)sqrt(1 + log((double)max_pos / om) / log(om));
         break;
     }
-    default: return pt_error(PT_ERR_UNSUPPORTED, "%s: RoPE type %d", what, (int)r->type);
+    default: pt_rope_table_free(t); return pt_error(PT_ERR_UNSUPPORTED, "%s: RoPE type %d", what, (int)r->type);
     }
     return PT_OK;
 }
