@@ -3,13 +3,15 @@
  * several shapes including odd sizes, for every ISA this CPU supports
  * (scalar, avx2, avx512), in f32 and bf16 activation modes. Tolerance per
  * element: atol + rtol·|ref|; a NaN always fails. Also: every bits/group-size
- * combination of MLX quantized matmul and embed, and 1 vs 2 vs 3 threads
+ * combination of MLX quantized matmul and embed, attention over full and
+ * quantized KV caches, the int8-activation lever, and 1 vs 2 vs 3 threads
  * bit-identical. */
 #include "test.h"
 
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "format/mlx_quant.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -599,8 +601,153 @@ static void test_attention_errors(void) {
     pt_attn p = {.n_heads = 1, .head_dim = 8, .scale = 1};
     int32_t pos[1] = {5};
     CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_RANGE, "window exceeds the ring");
-    kv.bits = 4;
-    CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_UNSUPPORTED, "quantized KV reports unsupported");
+    kv.capacity = 8;
+    kv.bits = 7;
+    kv.group_size = 8;
+    CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_UNSUPPORTED, "7-bit KV reports unsupported");
+    pt_backend_free(&be);
+}
+
+/* ---- quantized KV ---- */
+
+typedef struct {
+    int nh, nkv, hd, T, pos0, window, bits, gs, ring;
+} qattn_case;
+
+static int run_qattn_case(pt_backend *be, const qattn_case *c) {
+    int nh = c->nh, nkv = c->nkv, hd = c->hd, T = c->T, S = c->pos0 + T, ng = hd / c->gs;
+    int64_t cap = c->ring ? c->window + T - 1 + c->ring : S;
+    pt_act_dtype act = be->act;
+    pt_ftype sdt = act == PT_ACT_BF16 ? PT_FT_BF16 : PT_FT_F32;
+    pt_dtype sd = act == PT_ACT_BF16 ? PT_DTYPE_BF16 : PT_DTYPE_F32;
+    size_t es = sdt == PT_FT_F32 ? 4 : 2, wpr = (size_t)hd * c->bits / 32;
+    float *K = malloc(sizeof(float) * (size_t)S * nkv * hd), *V = malloc(sizeof(float) * (size_t)S * nkv * hd);
+    float *q = malloc(sizeof(float) * (size_t)T * nh * hd), *out = malloc(sizeof(float) * (size_t)T * nh * hd);
+    double *ref = malloc(sizeof(double) * (size_t)T * nh * hd);
+    fill_bf16vals(K, (int64_t)S * nkv * hd, -1, 1);
+    fill_bf16vals(V, (int64_t)S * nkv * hd, -1, 1);
+    fill_bf16vals(q, (int64_t)T * nh * hd, -1, 1);
+    pt_kv_layer kv = {.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = sdt, .bits = c->bits, .group_size = c->gs};
+    kv.k = be->ops->alloc(be, 4 * wpr * (size_t)cap * nkv);
+    kv.v = be->ops->alloc(be, 4 * wpr * (size_t)cap * nkv);
+    kv.k_scales = be->ops->alloc(be, es * (size_t)ng * cap * nkv);
+    kv.k_biases = be->ops->alloc(be, es * (size_t)ng * cap * nkv);
+    kv.v_scales = be->ops->alloc(be, es * (size_t)ng * cap * nkv);
+    kv.v_biases = be->ops->alloc(be, es * (size_t)ng * cap * nkv);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)S);
+    for (int i = 0; i < S; i++) pos[i] = i;
+    for (int p0 = 0; p0 < c->pos0; p0 += 3) {
+        int n = c->pos0 - p0 < 3 ? c->pos0 - p0 : 3;
+        be->ops->kv_append(be, &kv, K + (size_t)p0 * nkv * hd, V + (size_t)p0 * nkv * hd, n, pos + p0);
+    }
+    pt_status st = be->ops->kv_append(be, &kv, K + (size_t)c->pos0 * nkv * hd, V + (size_t)c->pos0 * nkv * hd, T,
+                                      pos + c->pos0);
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .window = c->window};
+    if (st == PT_OK) st = be->ops->attention(be, out, q, T, pos + c->pos0, &kv, &p);
+    int ok = st == PT_OK;
+    CHECK(ok, "quantized attention: %s", pt_last_error());
+    /* reference: dequantize every row with the MLX quantizer's own codes */
+    float *Kd = malloc(sizeof(float) * (size_t)S * nkv * hd), *Vd = malloc(sizeof(float) * (size_t)S * nkv * hd);
+    uint32_t *cw = malloc(4 * wpr);
+    float scb[2][8];
+    for (int64_t r = 0; r < (int64_t)S * nkv; r++) {
+        pt_mlx_quantize_row(K + r * hd, hd, c->bits, c->gs, PT_MLX_RULE_METAL, cw, scb[0], scb[1], PT_DTYPE_F32);
+        if (sd == PT_DTYPE_BF16)
+            for (int g = 0; g < ng; g++) scb[0][g] = pt_round_bf16(scb[0][g]), scb[1][g] = pt_round_bf16(scb[1][g]);
+        pt_mlx_dequantize_row(cw, scb[0], scb[1], PT_DTYPE_F32, c->bits, c->gs, hd, Kd + r * hd);
+        pt_mlx_quantize_row(V + r * hd, hd, c->bits, c->gs, PT_MLX_RULE_METAL, cw, scb[0], scb[1], PT_DTYPE_F32);
+        if (sd == PT_DTYPE_BF16)
+            for (int g = 0; g < ng; g++) scb[0][g] = pt_round_bf16(scb[0][g]), scb[1][g] = pt_round_bf16(scb[1][g]);
+        pt_mlx_dequantize_row(cw, scb[0], scb[1], PT_DTYPE_F32, c->bits, c->gs, hd, Vd + r * hd);
+    }
+    double *sc = malloc(sizeof(double) * (size_t)S);
+    for (int t = 0; ok && t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / (nh / nkv), qp = c->pos0 + t;
+            int lo = c->window && qp - c->window + 1 > 0 ? qp - c->window + 1 : 0;
+            double m = -INFINITY, sum = 0;
+            for (int j = lo; j <= qp; j++) {
+                double s = 0;
+                for (int i = 0; i < hd; i++)
+                    s += rnd_act(act, (double)q[(t * nh + h) * hd + i] * p.scale) * Kd[((size_t)j * nkv + kh) * hd + i];
+                sc[j] = rnd_act(act, s);
+                if (sc[j] > m) m = sc[j];
+            }
+            for (int j = lo; j <= qp; j++) sum += (sc[j] = exp(sc[j] - m));
+            for (int j = lo; j <= qp; j++) sc[j] = rnd_act(act, sc[j] / sum);
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = lo; j <= qp; j++) o += sc[j] * Vd[((size_t)j * nkv + kh) * hd + i];
+                ref[(t * nh + h) * hd + i] = rnd_act(act, o);
+            }
+        }
+    if (ok) {
+        char what[160];
+        snprintf(what, sizeof what, "%s qattn q%d g%d nh=%d nkv=%d hd=%d T=%d pos0=%d win=%d act=%d",
+                 pt_backend_cpu_isa_name(be), c->bits, c->gs, nh, nkv, hd, T, c->pos0, c->window, act);
+        ok = close_enough(what, out, ref, (int64_t)T * nh * hd, act ? 2e-2 : 1e-5, act ? 1.0 / 64 : 1e-4);
+    }
+    void *bufs[] = {kv.k, kv.v, kv.k_scales, kv.k_biases, kv.v_scales, kv.v_biases};
+    for (int i = 0; i < 6; i++) be->ops->dealloc(be, bufs[i]);
+    free(K), free(V), free(q), free(out), free(ref), free(pos), free(Kd), free(Vd), free(cw), free(sc);
+    return ok;
+}
+
+static void test_attention_quantized_kv(void) {
+    static const qattn_case cases[] = {
+        {4, 4, 64, 1, 20, 0, 4, 64, 0}, {8, 2, 64, 5, 9, 0, 8, 32, 0}, {4, 1, 128, 3, 30, 0, 4, 128, 0},
+        {4, 2, 64, 6, 11, 4, 4, 64, 2}, {2, 2, 32, 2, 7, 0, 2, 32, 0},  {6, 2, 96, 1, 17, 0, 8, 32, 0},
+    };
+    for (size_t ii = 0; ii < 3; ii++)
+        for (int am = 0; am < 2; am++) {
+            pt_backend *be = mk(2, am ? PT_ACT_BF16 : PT_ACT_F32, all_isas[ii]);
+            if (!be) continue;
+            for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+                if (!run_qattn_case(be, &cases[ci])) {
+                    pt_backend_free(&be);
+                    return;
+                }
+            pt_backend_free(&be);
+        }
+}
+
+/* Converting a full-precision cache gives exactly the rows kv_append would
+ * have quantized. */
+static void test_kv_quantize(void) {
+    pt_backend *be = mk(1, PT_ACT_BF16, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    int nkv = 2, hd = 64, S = 9, gs = 32, bits = 4, ng = hd / gs;
+    float *K = malloc(sizeof(float) * S * nkv * hd), *V = malloc(sizeof(float) * S * nkv * hd);
+    fill_bf16vals(K, S * nkv * hd, -2, 2);
+    fill_bf16vals(V, S * nkv * hd, -2, 2);
+    int32_t pos[9];
+    for (int i = 0; i < S; i++) pos[i] = i;
+    pt_kv_layer full = {.n_kv = nkv, .head_dim = hd, .capacity = S, .dtype = PT_FT_BF16};
+    full.k = be->ops->alloc(be, 2 * S * nkv * hd);
+    full.v = be->ops->alloc(be, 2 * S * nkv * hd);
+    pt_kv_layer qa = {.n_kv = nkv, .head_dim = hd, .capacity = S, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs};
+    pt_kv_layer qb = qa;
+    pt_kv_layer *qs[2] = {&qa, &qb};
+    for (int i = 0; i < 2; i++) {
+        qs[i]->k = be->ops->alloc(be, 4 * S * nkv * hd * bits / 32);
+        qs[i]->v = be->ops->alloc(be, 4 * S * nkv * hd * bits / 32);
+        qs[i]->k_scales = be->ops->alloc(be, 2 * S * nkv * ng);
+        qs[i]->k_biases = be->ops->alloc(be, 2 * S * nkv * ng);
+        qs[i]->v_scales = be->ops->alloc(be, 2 * S * nkv * ng);
+        qs[i]->v_biases = be->ops->alloc(be, 2 * S * nkv * ng);
+    }
+    REQUIRE(be->ops->kv_append(be, &full, K, V, S, pos) == PT_OK, "append full");
+    REQUIRE(be->ops->kv_append(be, &qa, K, V, S, pos) == PT_OK, "append quantized");
+    REQUIRE(be->ops->kv_quantize(be, &qb, &full, 0, S) == PT_OK, "kv_quantize: %s", pt_last_error());
+    CHECK(memcmp(qa.k, qb.k, 4 * S * nkv * hd * bits / 32) == 0, "K codes");
+    CHECK(memcmp(qa.v, qb.v, 4 * S * nkv * hd * bits / 32) == 0, "V codes");
+    CHECK(memcmp(qa.k_scales, qb.k_scales, 2 * S * nkv * ng) == 0 && memcmp(qa.v_biases, qb.v_biases, 2 * S * nkv * ng) == 0,
+          "scales/biases");
+    CHECK(be->ops->kv_quantize(be, &full, &qa, 0, S) == PT_ERR_INVALID_ARG, "direction checked");
+    void *bufs[] = {full.k, full.v, qa.k, qa.v, qa.k_scales, qa.k_biases, qa.v_scales, qa.v_biases,
+                    qb.k, qb.v, qb.k_scales, qb.k_biases, qb.v_scales, qb.v_biases};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) be->ops->dealloc(be, bufs[i]);
+    free(K), free(V);
     pt_backend_free(&be);
 }
 
@@ -843,6 +990,8 @@ int main(void) {
     TEST_RUN(test_rope);
     TEST_RUN(test_attention);
     TEST_RUN(test_attention_errors);
+    TEST_RUN(test_attention_quantized_kv);
+    TEST_RUN(test_kv_quantize);
     TEST_RUN(test_glu_and_elementwise);
     TEST_RUN(test_moe_route);
     TEST_RUN(test_moe_ffn);

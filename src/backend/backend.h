@@ -103,10 +103,14 @@ typedef struct pt_matrix {
  *     still finds its whole window.
  * dtype: f32 or bf16 storage (full precision).
  *
- * Quantized KV (bits 4 or 8; DESIGN.md "Quantized KV, exactly"): k/v hold
- * uint32 codes [n_kv, capacity, head_dim·bits/32] and k_scales/k_biases/
- * v_scales/v_biases [n_kv, capacity, head_dim/group_size] of dtype. Backends
- * that do not implement it yet return PT_ERR_UNSUPPORTED. */
+ * Quantized KV (bits 2..8 as MLX allows, 4 or 8 from the flags; DESIGN.md
+ * "Quantized KV, exactly"): k/v hold uint32 codes [n_kv, capacity,
+ * head_dim·bits/32] and k_scales/k_biases/v_scales/v_biases [n_kv, capacity,
+ * head_dim/group_size] of dtype (the activation dtype), each row quantized
+ * over head_dim in groups with MLX's affine rule (src/format/mlx_quant.h).
+ * Attention over it computes mlx-lm's quantized attention: q is multiplied by
+ * the scale first (rounded in bf16 mode), scores = q·dequant(K) in f32
+ * (rounded), softmax in f32 (rounded), output = p·dequant(V). */
 typedef struct pt_kv_layer {
     int n_kv;
     int head_dim;
@@ -240,6 +244,12 @@ typedef struct pt_backend_ops {
      * converting to the cache's storage. */
     pt_status (*kv_append)(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                            const int32_t *pos);
+
+    /* Copies the rows of positions [p0, p1) from a full-precision cache into
+     * a quantized cache of the same shape (DESIGN.md: a cache is converted
+     * whole once it holds --quantized-kv-start tokens; new rows are then
+     * quantized by kv_append). Positions go to slots pos % capacity in both. */
+    pt_status (*kv_quantize)(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1);
 
     /* out[T, n_heads·head_dim] = attention of q[T, n_heads, head_dim] over the
      * cache (which already holds this chunk's K/V, via kv_append). One op for

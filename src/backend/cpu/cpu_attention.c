@@ -6,20 +6,87 @@
  * exactly once. Scores for the group live in per-thread scratch
  * [group, n_keys]; the softmax is exact (two passes: scores, then p·V).
  *
- * Full-precision caches (f32, bf16) only; a quantized cache returns
- * PT_ERR_UNSUPPORTED until its kernels exist. */
+ * Quantized caches (MLX affine codes per token and head, DESIGN.md
+ * "Quantized KV, exactly") are written with the MLX quantizer of
+ * src/format/mlx_quant.h; attention over them scores 4 keys at a time with
+ * the quantized matvec kernels (the factored form scale·Σq·x + bias·Σx, the
+ * pre-scaled query playing x) and dequantizes each value row once for the
+ * whole GQA group. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
+#include "format/mlx_quant.h"
 
 #include <math.h>
 #include <string.h>
 
+static pt_dtype sdtype_of(pt_ftype t) { return t == PT_FT_F32 ? PT_DTYPE_F32 : t == PT_FT_F16 ? PT_DTYPE_F16 : PT_DTYPE_BF16; }
+
+static pt_status check_qkv(const pt_kv_layer *kv, const char *op) {
+    if (!pt_mlx_bits_ok(kv->bits) || !pt_mlx_group_ok(kv->group_size) || kv->head_dim % kv->group_size)
+        return pt_error(PT_ERR_UNSUPPORTED, "%s: quantized KV with %d bits, group size %d, head_dim %d not supported", op,
+                        kv->bits, kv->group_size, kv->head_dim);
+    return PT_OK;
+}
+
+/* Row (head h, slot) of a quantized cache: codes, scales, biases. */
+static inline uint32_t *qkv_codes(void *base, const pt_kv_layer *kv, int h, int64_t slot) {
+    return (uint32_t *)base + ((size_t)h * (size_t)kv->capacity + (size_t)slot) * (size_t)(kv->head_dim * kv->bits / 32);
+}
+static inline void *qkv_param(void *base, const pt_kv_layer *kv, int h, int64_t slot) {
+    return (char *)base + ((size_t)h * (size_t)kv->capacity + (size_t)slot) * (size_t)(kv->head_dim / kv->group_size) *
+                              pt_ftype_size(kv->dtype);
+}
+
+static pt_status quantize_row(pt_kv_layer *kv, int h, int64_t slot, const float *krow, const float *vrow) {
+    pt_dtype sd = sdtype_of(kv->dtype);
+    PT_TRY(pt_mlx_quantize_row(krow, kv->head_dim, kv->bits, kv->group_size, PT_MLX_RULE_METAL,
+                               qkv_codes(kv->k, kv, h, slot), qkv_param(kv->k_scales, kv, h, slot),
+                               qkv_param(kv->k_biases, kv, h, slot), sd));
+    return pt_mlx_quantize_row(vrow, kv->head_dim, kv->bits, kv->group_size, PT_MLX_RULE_METAL,
+                               qkv_codes(kv->v, kv, h, slot), qkv_param(kv->v_scales, kv, h, slot),
+                               qkv_param(kv->v_biases, kv, h, slot), sd);
+}
+
+pt_status pt_cpu_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1) {
+    pt_cpu *c = pt_cpu_of(be);
+    if (src->bits || !dst->bits || src->n_kv != dst->n_kv || src->head_dim != dst->head_dim)
+        return pt_error(PT_ERR_INVALID_ARG,
+                        "kv_quantize: needs a full-precision source and a quantized destination of the same shape "
+                        "(source %d bits, %d heads of %d; destination %d bits, %d heads of %d)",
+                        src->bits, src->n_kv, src->head_dim, dst->bits, dst->n_kv, dst->head_dim);
+    PT_TRY(check_qkv(dst, "kv_quantize"));
+    if (p0 < 0 || p1 < p0 || p1 - p0 > src->capacity || p1 - p0 > dst->capacity)
+        return pt_error(PT_ERR_RANGE, "kv_quantize: positions [%lld, %lld) do not fit the caches", (long long)p0,
+                        (long long)p1);
+    int hd = src->head_dim;
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * hd), 0));
+    float *kr = pt_cpu_thread_scratch(c, 0), *vr = kr + hd;
+    size_t es = pt_ftype_size(src->dtype);
+    for (int64_t p = p0; p < p1; p++)
+        for (int h = 0; h < src->n_kv; h++) {
+            size_t off = ((size_t)h * (size_t)src->capacity + (size_t)(p % src->capacity)) * (size_t)hd * es;
+            pt_ft_load_row(src->dtype, (const char *)src->k + off, kr, hd);
+            pt_ft_load_row(src->dtype, (const char *)src->v + off, vr, hd);
+            PT_TRY(quantize_row(dst, h, p % dst->capacity, kr, vr));
+        }
+    return PT_OK;
+}
+
 pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                            const int32_t *pos) {
     (void)be;
-    if (kv->bits) return pt_error(PT_ERR_UNSUPPORTED, "kv_append: quantized KV cache not implemented on the CPU yet");
     int hd = kv->head_dim;
+    if (kv->bits) {
+        PT_TRY(check_qkv(kv, "kv_append"));
+        for (int64_t t = 0; t < T; t++) {
+            if (pos[t] < 0) return pt_error(PT_ERR_RANGE, "kv_append: negative position %d", pos[t]);
+            for (int h = 0; h < kv->n_kv; h++)
+                PT_TRY(quantize_row(kv, h, pos[t] % kv->capacity, k + (t * kv->n_kv + h) * hd,
+                                    v + (t * kv->n_kv + h) * hd));
+        }
+        return PT_OK;
+    }
     for (int64_t t = 0; t < T; t++) {
         if (pos[t] < 0) return pt_error(PT_ERR_RANGE, "kv_append: negative position %d", pos[t]);
         int64_t slot = pos[t] % kv->capacity;
@@ -125,11 +192,105 @@ static void attn_run(void *arg, int ith, int nth) {
     }
 }
 
+/* Quantized cache: per (token, KV head) item. Scratch per thread:
+ * S [G, n] | qx [G, hd] (pre-scaled query, permuted for 4-bit) | qs [G, ng]
+ * (its group sums) | acc [G, hd] | sc/bi [4 rows × 2 × ng] | vrow [hd]. */
+static void attn_run_q(void *arg, int ith, int nth) {
+    attn_ctx *a = arg;
+    const pt_kv_layer *kv = a->kv;
+    const pt_attn *p = a->p;
+    const pt_cpu_kernels *k = a->c->k;
+    pt_act_dtype act = a->c->base.act;
+    int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv, gs = kv->group_size, bits = kv->bits;
+    int64_t ng = hd / gs, cap = kv->capacity;
+    int fast = bits == 4 || bits == 8;
+    long i0, i1;
+    pt_split_range(a->T * nkv, ith, nth, &i0, &i1);
+    float *scr = pt_cpu_thread_scratch(a->c, ith);
+    for (long it = i0; it < i1; it++) {
+        int64_t t = it / nkv;
+        int kh = (int)(it % nkv);
+        int64_t hi = a->pos[t];
+        int64_t lo = p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
+        int64_t n = hi - lo + 1;
+        float *S = scr, *qx = S + (size_t)G * n, *qs = qx + (size_t)G * hd, *acc = qs + (size_t)G * ng;
+        float *prm = acc + (size_t)G * hd, *vrow = prm + 8 * ng;
+        const float *q = a->q + (t * p->n_heads + (int64_t)kh * G) * hd;
+        for (int g = 0; g < G; g++) { /* mlx-lm: q *= scale first, in the activation dtype */
+            float *xg = qx + (size_t)g * hd;
+            for (int i = 0; i < hd; i++) vrow[i] = pt_act_round(act, q[g * hd + i] * p->scale);
+            for (int64_t b = 0; b < ng; b++) {
+                float sum = 0.0f;
+                for (int i = (int)b * gs; i < (int)(b + 1) * gs; i++) sum += vrow[i];
+                qs[(size_t)g * ng + b] = sum;
+            }
+            if (bits == 4) pt_cpu_permute_x4(xg, vrow, hd);
+            else memcpy(xg, vrow, (size_t)hd * sizeof(float));
+        }
+        for (int64_t j0 = 0; j0 < n; j0 += 4) {
+            int nr = (int)(n - j0 < 4 ? n - j0 : 4);
+            const uint8_t *codes[4];
+            const float *sc[4], *bi[4];
+            for (int r = 0; r < 4; r++) {
+                int64_t slot = (lo + j0 + (r < nr ? r : nr - 1)) % cap;
+                codes[r] = (const uint8_t *)qkv_codes(kv->k, kv, kh, slot);
+                float *s_ = prm + (size_t)r * 2 * ng, *b_ = s_ + ng;
+                pt_ft_load_row(kv->dtype, qkv_param(kv->k_scales, kv, kh, slot), s_, ng);
+                pt_ft_load_row(kv->dtype, qkv_param(kv->k_biases, kv, kh, slot), b_, ng);
+                sc[r] = s_;
+                bi[r] = b_;
+            }
+            for (int g = 0; g < G; g++) {
+                float o4[4];
+                const float *xg = qx + (size_t)g * hd, *xsg = qs + (size_t)g * ng;
+                if (fast && bits == 4) k->qdot4_x4(o4, xg, xsg, codes, sc, bi, hd, gs);
+                else if (fast) k->qdot8_x4(o4, xg, xsg, codes, sc, bi, hd, gs);
+                else
+                    for (int r = 0; r < nr; r++) { /* other widths: unpack, then the same factored form */
+                        pt_cpu_unpack_codes(codes[r], bits, 0, hd, vrow);
+                        float v = 0.0f;
+                        for (int64_t b = 0; b < ng; b++)
+                            v += sc[r][b] * k->dot_f32(xg + b * gs, vrow + b * gs, gs) + bi[r][b] * xsg[b];
+                        o4[r] = v;
+                    }
+                for (int r = 0; r < nr; r++) S[(size_t)g * n + j0 + r] = pt_act_round(act, o4[r]);
+            }
+        }
+        for (int g = 0; g < G; g++) {
+            float *sg = S + (size_t)g * n;
+            if (p->softcap > 0)
+                for (int64_t j = 0; j < n; j++)
+                    sg[j] = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, sg[j] / p->softcap))) * p->softcap);
+            if (k->softmax_row) {
+                k->softmax_row(sg, n, 1.0f, act == PT_ACT_BF16);
+                continue;
+            }
+            float m = -INFINITY, sum = 0.0f;
+            for (int64_t j = 0; j < n; j++)
+                if (sg[j] > m) m = sg[j];
+            for (int64_t j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - m));
+            for (int64_t j = 0; j < n; j++) sg[j] = pt_act_round(act, sg[j] / sum);
+        }
+        memset(acc, 0, (size_t)G * hd * sizeof(float));
+        for (int64_t j = 0; j < n; j++) { /* each value row dequantized once for the group */
+            int64_t slot = (lo + j) % cap;
+            pt_cpu_unpack_codes((const uint8_t *)qkv_codes(kv->v, kv, kh, slot), bits, 0, hd, vrow);
+            pt_ft_load_row(kv->dtype, qkv_param(kv->v_scales, kv, kh, slot), prm, ng);
+            pt_ft_load_row(kv->dtype, qkv_param(kv->v_biases, kv, kh, slot), prm + ng, ng);
+            for (int64_t b = 0; b < ng; b++)
+                for (int i = (int)b * gs; i < (int)(b + 1) * gs; i++) vrow[i] = prm[b] * vrow[i] + prm[ng + b];
+            for (int g = 0; g < G; g++) k->axpy_f32(acc + (size_t)g * hd, S[(size_t)g * n + j], vrow, hd);
+        }
+        float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
+        for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
+    }
+}
+
 pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                            const pt_kv_layer *kv, const pt_attn *p) {
     pt_cpu *c = pt_cpu_of(be);
-    if (kv->bits) return pt_error(PT_ERR_UNSUPPORTED, "attention: quantized KV cache not implemented on the CPU yet");
-    if (kv->dtype == PT_FT_F16) return pt_error(PT_ERR_UNSUPPORTED, "attention: f16 KV cache not supported on the CPU");
+    if (kv->bits) PT_TRY(check_qkv(kv, "attention"));
+    else if (kv->dtype == PT_FT_F16) return pt_error(PT_ERR_UNSUPPORTED, "attention: f16 KV cache not supported on the CPU");
     if (p->head_dim != kv->head_dim || kv->n_kv <= 0 || p->n_heads % kv->n_kv)
         return pt_error(PT_ERR_INVALID_ARG, "attention: %d heads of dim %d do not fit a cache of %d KV heads of dim %d",
                         p->n_heads, p->head_dim, kv->n_kv, kv->head_dim);
@@ -144,8 +305,14 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
         if (hi - lo + 1 > maxn) maxn = hi - lo + 1;
     }
     int G = p->n_heads / kv->n_kv;
-    PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + p->head_dim), 0));
     attn_ctx a = {c, out, q, T, pos, kv, p};
+    if (kv->bits) {
+        size_t ng = (size_t)(p->head_dim / kv->group_size);
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng + (size_t)p->head_dim, 0));
+        pt_pool_run(c->pool, attn_run_q, &a);
+        return PT_OK;
+    }
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + p->head_dim), 0));
     pt_pool_run(c->pool, attn_run, &a);
     return PT_OK;
 }

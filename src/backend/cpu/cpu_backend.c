@@ -201,6 +201,7 @@ static const pt_backend_ops cpu_ops = {
     .matmul = pt_cpu_matmul,
     .rope = pt_cpu_rope,
     .kv_append = pt_cpu_kv_append,
+    .kv_quantize = pt_cpu_kv_quantize,
     .attention = pt_cpu_attention,
     .glu = pt_cpu_glu,
     .add = pt_cpu_add,

@@ -142,6 +142,7 @@ pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, co
                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                          const pt_matrix *down, pt_glu_kind act);
 pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale);
+pt_status pt_cpu_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1);
 pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                            const pt_kv_layer *kv, const pt_attn *p);
 pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
