@@ -81,7 +81,67 @@ static void test_reference_goldens(void) {
     cJSON_Delete(goldens);
 }
 
+/* The same templates over more conversations (several tool calls, reasoning,
+ * multimodal content, roles out of order...), rendered by jinja2 into
+ * tests/fixtures/templates/shared-extra-goldens.json. Inputs are JSON text
+ * rendered through the exact path (1.0 stays a float). */
+static void test_extra_conversations(void) {
+    const char *shared = test_shared_dir();
+    if (!shared) TEST_SKIP("../shared is absent: the templates are not available here");
+    cJSON *g = NULL;
+    REQUIRE(pt_json_load_file("tests/fixtures/templates/shared-extra-goldens.json", 0, &g) == PT_OK, "%s",
+            pt_last_error());
+    struct tm now;
+    pt_chat_template_parse_time("2026-03-14T15:09:26", &now);
+    const cJSON *inputs = cJSON_GetObjectItemCaseSensitive(g, "inputs");
+    int total = 0, ok = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(g, "records")) {
+        const char *name = pt_json_get_str(r, "template"), *cname = pt_json_get_str(r, "case");
+        const char *input = cname ? pt_json_get_str(inputs, cname) : NULL;
+        total++;
+        char tpath[8192];
+        snprintf(tpath, sizeof tpath, "%s/data/chat-templates/%s", shared, name ? name : "?");
+        pt_chat_template *t = NULL;
+        pt_status st = pt_chat_template_from_file(tpath, &t);
+        if (cJSON_GetObjectItemCaseSensitive(r, "compile_error")) {
+            CHECK(st != PT_OK, "%s: jinja2 refuses to compile it, petrel parsed it", name);
+            ok += st != PT_OK;
+            pt_chat_template_free(&t);
+            continue;
+        }
+        CHECK(st == PT_OK && input, "%s / %s: %s", name, cname, st == PT_OK ? "no input" : pt_last_error());
+        if (st != PT_OK || !input) {
+            pt_chat_template_free(&t);
+            continue;
+        }
+        char *out = NULL;
+        size_t out_len = 0;
+        st = pt_chat_template_render_json(t, input, strlen(input), &now, &out, &out_len);
+        const char *exp = pt_json_get_str(r, "output"), *err = pt_json_get_str(r, "error");
+        if (exp) {
+            size_t exp_len = strlen(exp);
+            int same = st == PT_OK && out_len == exp_len && !memcmp(out, exp, exp_len);
+            CHECK(same, "%s / %s: %s", name, cname, st == PT_OK ? "output differs" : pt_last_error());
+            if (!same && st == PT_OK) first_diff(out, out_len, exp, exp_len);
+            ok += same;
+        } else {
+            const char *msg = st == PT_OK ? "" : pt_last_error();
+            size_t ml = strlen(msg), el = err ? strlen(err) : 0;
+            int same = st == PT_ERR_FORMAT && err && ml >= el && !strcmp(msg + ml - el, err);
+            CHECK(same, "%s / %s: jinja2 raised '%s', petrel: '%s'", name, cname, err ? err : "?", msg);
+            ok += same;
+        }
+        free(out);
+        pt_chat_template_free(&t);
+    }
+    printf("INFO chat-template extra conversations: %d of %d match\n", ok, total);
+    CHECK(total >= 500, "expected the full extra set, found %d records", total);
+    cJSON_Delete(g);
+}
+
 int main(void) {
     TEST_RUN(test_reference_goldens);
+    TEST_RUN(test_extra_conversations);
     return test_summary();
 }

@@ -11,6 +11,10 @@ usage:
         DIR/goldens/TEMPLATE__INPUT.out (the output) or .err (the error)
   render.py --features CASES.json OUT   render each {"name", "template",
         "vars"} case of CASES.json into OUT (adds "output" or "error")
+  render.py --shared-extra TEMPLATE_DIR FIXTURES_DIR   render every template
+        in TEMPLATE_DIR (../shared/data/chat-templates) over FIXTURES_DIR's
+        inputs/*.json and extra-conversations.json into
+        FIXTURES_DIR/shared-extra-goldens.json
   render.py --cases CASES.json TEMPLATE_DIR OUT   render every template in
         TEMPLATE_DIR over every case in CASES.json ({"name": {vars...}}) and
         write OUT (a JSON list of {template, case, input, output|error})
@@ -106,6 +110,29 @@ def main():
         with open(sys.argv[3], "w", encoding="utf-8") as f:
             json.dump(cases, f, ensure_ascii=False, indent=1)
             f.write("\n")
+        return 0
+    if sys.argv[1] == "--shared-extra":
+        tdir, fdir = sys.argv[2], sys.argv[3]
+        inputs = {}
+        for inp in sorted(os.listdir(os.path.join(fdir, "inputs"))):
+            inputs[inp[:-5]] = json.load(open(os.path.join(fdir, "inputs", inp), encoding="utf-8"))
+        inputs.update(json.load(open(os.path.join(fdir, "extra-conversations.json"), encoding="utf-8")))
+        records = []
+        for name in sorted(os.listdir(tdir)):
+            if not name.endswith(".jinja"):
+                continue
+            src = open(os.path.join(tdir, name), encoding="utf-8").read()
+            for case, variables in inputs.items():
+                kind, val = render(env, src, variables)
+                records.append({"template": name, "case": case, kind: val})
+        out = {"about": "the 65 templates of ../shared/data/chat-templates rendered over these inputs by Python's"
+                        " jinja2 in apply_chat_template's environment (tools/templates/render.py --shared-extra);"
+                        " strftime_now pinned to 2026-03-14T15:09:26; each input is JSON text (kept as text so 1.0"
+                        " stays a float)",
+               "inputs": {k: json.dumps(v, ensure_ascii=False) for k, v in inputs.items()},
+               "records": records}
+        with open(os.path.join(fdir, "shared-extra-goldens.json"), "w", encoding="utf-8") as f:
+            json.dump(out, f, ensure_ascii=False, indent=0)
         return 0
     if sys.argv[1] == "--cases":
         cases = json.load(open(sys.argv[2]))
