@@ -11,6 +11,7 @@
 #include "server/json_schema.h"
 
 #include "base/error.h"
+#include "base/json.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -807,7 +808,8 @@ pt_status pt_vocab_index_build(pt_vocab_index *vi, int n_vocab, char **text, con
     vi->order = malloc((size_t)n_vocab * sizeof *vi->order);
     vi->lcp = malloc((size_t)n_vocab * sizeof *vi->lcp);
     vi->is_eos = malloc((size_t)n_vocab);
-    if (!vi->len || !vi->order || !vi->lcp || !vi->is_eos) {
+    vi->plain = malloc((size_t)n_vocab);
+    if (!vi->len || !vi->order || !vi->lcp || !vi->is_eos || !vi->plain) {
         pt_vocab_index_free(vi);
         return pt_error(PT_ERR_NOMEM, "out of memory indexing the vocabulary");
     }
@@ -816,6 +818,12 @@ pt_status pt_vocab_index_build(pt_vocab_index *vi, int n_vocab, char **text, con
         if (vi->len[i] > vi->max_len) vi->max_len = vi->len[i];
         vi->order[i] = i;
         vi->is_eos[i] = is_eos[i];
+        int plain = vi->len[i] > 0 && pt_utf8_invalid_offset(text[i], vi->len[i]) < 0;
+        for (uint32_t k = 0; k < vi->len[i] && plain; k++) {
+            unsigned char c = (unsigned char)text[i][k];
+            plain = c >= 0x20 && c != 0x7F && c != '"' && c != '\\';
+        }
+        vi->plain[i] = (uint8_t)plain;
     }
     /* qsort has no context argument; the index is built once, under the
      * server's vocabulary lock, so a file-level pointer is safe here. */
@@ -842,13 +850,32 @@ void pt_vocab_index_free(pt_vocab_index *vi) {
     free(vi->order);
     free(vi->lcp);
     free(vi->is_eos);
+    free(vi->plain);
     memset(vi, 0, sizeof *vi);
+}
+
+/* 1 when every thread is inside a string where any plain token (see
+ * pt_vocab_index.plain) is valid and leaves it inside the string: a string
+ * value, or a free-form key (additionalProperties allowed), between
+ * characters. Most of a large vocabulary is plain, so this skips feeding it. */
+static int in_plain_string(const pt_jsm *m) {
+    for (int i = 0; i < m->n; i++) {
+        const pt_jsm_thread *t = &m->t[i];
+        if (t->done || t->depth == 0) return 0;
+        const pt_jsm_frame *f = &t->f[t->depth - 1];
+        if (f->sub != S_NORMAL || f->ws != 0) return 0;
+        if (f->kind == K_STR) continue;
+        if (f->kind == K_KEY && ((const js_node *)f->node)->additional) continue;
+        return 0;
+    }
+    return m->n > 0;
 }
 
 size_t pt_jsm_mask(const pt_jsm *m, const pt_vocab_index *vi, uint8_t *allowed) {
     memset(allowed, 0, (size_t)vi->n_vocab);
     size_t n_allowed = 0;
     int accepts = pt_jsm_accepts(m);
+    int fast_plain = in_plain_string(m);
     /* states[d] = the state after the first d bytes of the current token */
     size_t depth = (size_t)vi->max_len + 1;
     pt_jsm *states = malloc((depth + 1) * sizeof *states);
@@ -872,6 +899,11 @@ size_t pt_jsm_mask(const pt_jsm *m, const pt_vocab_index *vi, uint8_t *allowed) 
             continue;
         }
         if (len == 0) continue; /* control tokens never extend a value */
+        if (fast_plain && vi->plain[id]) {
+            allowed[id] = 1;
+            n_allowed++;
+            continue;
+        }
         if (dead != UINT32_MAX && run >= dead) continue;
         uint32_t d = run < valid ? run : valid;
         int ok = 1;

@@ -81,6 +81,7 @@ typedef struct pt_vocab_index {
     int32_t *order;   /* [n_vocab] ids sorted by text bytes */
     uint32_t *lcp;    /* [n_vocab] common prefix of order[i] with order[i-1] */
     uint8_t *is_eos;  /* [n_vocab] */
+    uint8_t *plain;   /* [n_vocab] 1: complete UTF-8 with no '"', '\\' or control byte */
     uint32_t max_len;
 } pt_vocab_index;
 
