@@ -5,7 +5,8 @@
 #   2. overhead: `petrel generate` tok/s and first-token time against the same
 #      prompt streamed through POST /v1/completions (same tokens: temperature 0),
 #      alternating direct / HTTP runs (A B A B) so machine noise hits both;
-#   3. N parallel streams: aggregate tok/s with N = 1, 2, 4 concurrent streams.
+#   3. N parallel streams: aggregate tok/s with N = 1, 2, 4 concurrent streams;
+#   4. the constrained-decoding mask on a 151k-token vocabulary.
 # Usage: bench/server_bench.sh [MODEL_DIR] [THREADS] [REPS]
 # The HTTP client is bench/server_client.py (python3 standard library; a harness only).
 set -eu
@@ -57,3 +58,8 @@ python3 "$CLIENT" ab "$PETREL" "$MODEL" "$T" "$PROMPT" "$N_GEN" "$REPS" "$PORT"
 echo "## parallel streams (aggregate over N concurrent streams)"
 for n in 1 2 4; do python3 "$CLIENT" stream "$PORT" "$PROMPT" "$N_GEN" "$n"; done
 stop_server
+
+echo "## constrained-decoding mask (151k-token synthetic vocabulary)"
+cc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc $(pkg-config --cflags libcjson) bench/server_mask_bench.c \
+  "${PETREL%/petrel}/libpetrel.a" $(pkg-config --libs libcjson) -lm -o "$TMP/mask_bench"
+"$TMP/mask_bench"
