@@ -181,6 +181,11 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep);
  * PT_ERR_RANGE if a token id is outside the vocabulary or the context would
  * overflow (the session is left unchanged). */
 pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids);
+/* Like pt_session_prompt, and writes the logits of every one of the n_ids
+ * positions to out: f32 [n_ids x vocab], row-major (the caller allocates it).
+ * Used by `petrel logits` and `petrel perplexity`. */
+pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids, float *out);
+
 /* Logits of the last processed position [vocab] (f32), or NULL if none. */
 const float *pt_session_logits(const pt_session *s);
 
@@ -194,7 +199,11 @@ typedef struct pt_token_info {
 
 /* Samples the next token from the current logits. allowed: NULL, or a
  * vocab-sized byte mask (non-zero = allowed) for constrained decoding.
- * Does not append the token: call pt_session_prompt(s, &id, 1) for that. */
+ * Does not append the token: call pt_session_prompt(s, &id, 1) for that.
+ * The session's RNG is seeded from sp->seed on first use and whenever the
+ * seed changes; successive calls with one seed continue one stream.
+ * Penalties look at the session's tokens. logprob/top_logprobs are the
+ * log-softmax of the raw logits (before penalties, temperature, filters). */
 pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
                             pt_token_info *out);
 
@@ -208,7 +217,10 @@ typedef enum pt_finish_reason {
 } pt_finish_reason;
 
 /* Called for each generated token with the newly complete text (may be empty).
- * Return non-zero to stop generation (finish reason CANCELLED). */
+ * Return non-zero to stop generation (finish reason CANCELLED). Text held
+ * back (an incomplete UTF-8 sequence, or a possible start of a stop string)
+ * arrives with a later token, or in a final call whose tok->id is -1. An eos
+ * token does not produce a call; a stop string is never passed on. */
 typedef int (*pt_token_callback)(void *user, const pt_token_info *tok, const char *text, size_t len);
 
 typedef struct pt_generate_params {
@@ -221,7 +233,14 @@ typedef struct pt_generate_params {
 pt_generate_params pt_generate_default_params(const pt_model *model);
 
 /* Prompts the session with `prompt` (appended to what it holds) and
- * generates until eos, a stop string, max_tokens or cancellation. */
+ * generates until eos, a stop string, max_tokens or cancellation. n_prompt 0
+ * continues from the session's current logits. The sampler is re-seeded from
+ * params->sampling.seed at the start. Afterwards the session holds the prompt
+ * and every generated token except the last one (the eos, the token that
+ * completed a stop string, or the max_tokens-th), which was sampled but not
+ * run through the model. Stop strings need a tokenizer (PT_ERR_NOT_FOUND
+ * otherwise). stats: prompt_seconds covers the prefill, generate_seconds the
+ * rest, first_token_seconds from the call to the first sampled token. */
 pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt,
                       const pt_generate_params *params, pt_token_callback cb, void *user,
                       pt_finish_reason *finish, pt_generate_stats *stats);

@@ -1,11 +1,294 @@
-/* petrel bench — not built yet; answers with a clear error. */
+/* petrel bench: prompt processing (pp) and token generation (tg) speed, on a
+ * model directory or a synthetic model of a published shape, with the
+ * achieved bandwidth against the machine's measured read bandwidth.
+ *
+ * Method (llama-bench's): a pp test prefills `depth` tokens untimed, then
+ * times prefilling n_prompt random tokens; a tg test prefills `depth` tokens
+ * untimed, then times n_gen single-token decode steps (each step runs the
+ * whole model and the lm_head, as generation does; no sampling). Each test
+ * runs -r times after one untimed warm-up; tokens/s is reported as the mean,
+ * standard deviation and median over the repetitions.
+ *
+ * gbps = bytes a step must read / time: for tg, the weights one decode step
+ * reads (MoE: the active experts' share) plus the KV cache at the average
+ * depth; for pp, the weights once per forward chunk plus the cache. bw_fraction
+ * = gbps / the read bandwidth measured here (a >= 2 GiB streaming read with
+ * the same number of threads). */
+#include "cli/args.h"
 #include "cli/cli.h"
 
+#include "base/error.h"
+#include "base/threadpool.h"
+#include "model/model.h"
+#include "runtime/bandwidth.h"
+#include "runtime/session.h"
+
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void help(FILE *f) {
+    fprintf(f,
+            "usage: petrel bench (-m DIR | --synthetic NAME --quant q4|q8|bf16) [options]\n\n"
+            "Measures prompt processing (pp) and token generation (tg) tokens/s.\n\n"
+            "  --synthetic NAME     a published shape with random weights: %s\n"
+            "  --quant q4|q8|bf16   weights of the synthetic model (MLX affine, group 64, or bf16)\n"
+            "  -p N[,N...]          prompt lengths for pp tests (default 512; 0 = none)\n"
+            "  -n N[,N...]          generated tokens for tg tests (default 128; 0 = none)\n"
+            "  -d N[,N...]          context depth before each test (default 0)\n"
+            "  -r N                 repetitions per test (default 5); the median is reported too\n"
+            "  --bw-gib N           size of the bandwidth measurement buffer in GiB (default 2; 0 skips\n"
+            "                       the measurement and reports bw_fraction 0)\n"
+            "  --json               stdout holds only a JSON array, one row per test, with\n"
+            "                       llama-bench's keys (n_prompt, n_gen, n_depth, avg_ts, stddev_ts)\n"
+            "                       plus median_ts, samples_ts, gbps and bw_fraction\n"
+            "  -h, --help           this help\n",
+            pt_synthetic_names());
+    cli_common_help(f);
+}
+
+#define MAX_LIST 16
+
+static int parse_list(const char *cmd, const char *flag, const char *s, int *out, int *n) {
+    *n = 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_LIST) {
+            fprintf(stderr, "petrel %s: %s: at most %d values\n", cmd, flag, MAX_LIST);
+            return 0;
+        }
+        if (!cli_parse_int(cmd, flag, tok, 0, 1 << 24, &out[(*n)++])) return 0;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "petrel %s: %s: no value\n", cmd, flag);
+        return 0;
+    }
+    return 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t rng_state = 88172645463325252ull;
+static int32_t rand_id(int vocab) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (int32_t)(rng_state % (uint64_t)vocab);
+}
+
+/* Prefills the session to exactly `depth` random tokens (reusing what it holds). */
+static pt_status to_depth(pt_session *s, int depth, int32_t *buf, int vocab) {
+    if ((int)pt_session_n_tokens(s) > depth) PT_TRY(pt_session_truncate(s, 0));
+    int have = (int)pt_session_n_tokens(s);
+    if (have == depth) return PT_OK;
+    for (int i = 0; i < depth - have; i++) buf[i] = rand_id(vocab);
+    return pt_session_prompt(s, buf, (size_t)(depth - have));
+}
+
+typedef struct {
+    int n_prompt, n_gen, n_depth, reps;
+    double *samples;
+    double avg, stddev, median, gbps, bw_fraction;
+} row;
+
+static pt_status run_test(pt_session *s, row *r, int32_t *buf, int vocab) {
+    for (int rep = -1; rep < r->reps; rep++) { /* rep -1: warm-up */
+        PT_TRY(to_depth(s, r->n_depth, buf, vocab));
+        double t0, dt;
+        if (r->n_prompt > 0) {
+            for (int i = 0; i < r->n_prompt; i++) buf[i] = rand_id(vocab);
+            t0 = now_s();
+            PT_TRY(pt_session_prompt(s, buf, (size_t)r->n_prompt));
+            dt = now_s() - t0;
+            if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
+        } else {
+            /* the decode steps start from a context of depth + 1 tokens */
+            int32_t id = rand_id(vocab);
+            PT_TRY(pt_session_prompt(s, &id, 1));
+            t0 = now_s();
+            for (int i = 0; i < r->n_gen; i++) {
+                id = rand_id(vocab);
+                PT_TRY(pt_session_prompt(s, &id, 1));
+            }
+            dt = now_s() - t0;
+            if (rep >= 0) r->samples[rep] = r->n_gen / dt;
+        }
+        PT_TRY(pt_session_truncate(s, (size_t)r->n_depth));
+    }
+    double sum = 0, sq = 0;
+    for (int i = 0; i < r->reps; i++) sum += r->samples[i];
+    r->avg = sum / r->reps;
+    for (int i = 0; i < r->reps; i++) sq += (r->samples[i] - r->avg) * (r->samples[i] - r->avg);
+    r->stddev = r->reps > 1 ? sqrt(sq / (r->reps - 1)) : 0;
+    double *sorted = malloc((size_t)r->reps * sizeof *sorted);
+    if (!sorted) return PT_ERR_NOMEM;
+    memcpy(sorted, r->samples, (size_t)r->reps * sizeof *sorted);
+    qsort(sorted, (size_t)r->reps, sizeof *sorted, cmp_d);
+    r->median = r->reps % 2 ? sorted[r->reps / 2] : 0.5 * (sorted[r->reps / 2 - 1] + sorted[r->reps / 2]);
+    free(sorted);
+    return PT_OK;
+}
 
 int cmd_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "petrel bench: not implemented yet\n");
-    return 1;
+    const char *cmd = "bench";
+    cli_common c;
+    if (cli_common_init(&c, cmd)) return 2;
+    const char *synthetic = NULL, *quant = NULL;
+    int pp[MAX_LIST] = {512}, n_pp = 1, tg[MAX_LIST] = {128}, n_tg = 1, dd[MAX_LIST] = {0}, n_dd = 1;
+    int reps = 5, json = 0, bw_gib = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int missing = 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            help(stdout);
+            return 0;
+        }
+        int r = cli_common_parse(&c, cmd, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if ((v = cli_flag_value("--synthetic", argc, argv, &i, &missing))) synthetic = v;
+        else if (!missing && (v = cli_flag_value("--quant", argc, argv, &i, &missing))) quant = v;
+        else if (!missing && (v = cli_flag_value("-p", argc, argv, &i, &missing))) {
+            if (!parse_list(cmd, "-p", v, pp, &n_pp)) return 2;
+        } else if (!missing && (v = cli_flag_value("-n", argc, argv, &i, &missing))) {
+            if (!parse_list(cmd, "-n", v, tg, &n_tg)) return 2;
+        } else if (!missing && (v = cli_flag_value("-d", argc, argv, &i, &missing))) {
+            if (!parse_list(cmd, "-d", v, dd, &n_dd)) return 2;
+        } else if (!missing && (v = cli_flag_value("-r", argc, argv, &i, &missing))) {
+            if (!cli_parse_int(cmd, "-r", v, 1, 1000, &reps)) return 2;
+        } else if (!missing && (v = cli_flag_value("--bw-gib", argc, argv, &i, &missing))) {
+            if (!cli_parse_int(cmd, "--bw-gib", v, 0, 64, &bw_gib)) return 2;
+            if (bw_gib == 1) return cli_usage_error(cmd, "--bw-gib: 1 GiB is too small (2 or more, or 0 to skip)");
+        } else if (missing)
+            return cli_usage_error(cmd, "%s needs a value", a);
+        else if (!strcmp(a, "--json"))
+            json = 1;
+        else
+            return cli_usage_error(cmd, "unknown option '%s'", a);
+    }
+    if (synthetic && c.model_dir) return cli_usage_error(cmd, "give either -m DIR or --synthetic NAME, not both");
+    if (!synthetic && !c.model_dir) return cli_usage_error(cmd, "no model given (-m DIR or --synthetic NAME)");
+    if (synthetic && !quant) return cli_usage_error(cmd, "--synthetic needs --quant q4|q8|bf16");
+    if (!synthetic && quant) return cli_usage_error(cmd, "--quant applies to --synthetic models only");
+
+    /* the tests: pp rows then tg rows, for each depth */
+    row rows[3 * MAX_LIST * MAX_LIST];
+    int n_rows = 0, max_ctx = 1;
+    for (int d = 0; d < n_dd; d++) {
+        for (int i = 0; i < n_pp; i++)
+            if (pp[i] > 0) rows[n_rows++] = (row){.n_prompt = pp[i], .n_depth = dd[d], .reps = reps};
+        for (int i = 0; i < n_tg; i++)
+            if (tg[i] > 0) rows[n_rows++] = (row){.n_gen = tg[i], .n_depth = dd[d], .reps = reps};
+    }
+    if (n_rows == 0) return cli_usage_error(cmd, "nothing to measure (-p 0 and -n 0)");
+    for (int i = 0; i < n_rows; i++) {
+        int need = rows[i].n_depth + rows[i].n_prompt + rows[i].n_gen + 1;
+        if (need > max_ctx) max_ctx = need;
+    }
+
+    pt_model *m = NULL;
+    if (synthetic) {
+        if (!json) fprintf(stderr, "building synthetic %s %s (random weights)...\n", synthetic, quant);
+        if (pt_model_synthetic(synthetic, quant, &c.mp, &m) != PT_OK) return cli_fail(cmd);
+    } else if (pt_model_load(c.model_dir, &c.mp, &m) != PT_OK) {
+        return cli_fail(cmd);
+    }
+    int rc = 1;
+    pt_session *s = NULL;
+    int32_t *buf = NULL;
+    pt_session_params sp = {.n_ctx = c.n_ctx ? c.n_ctx : max_ctx};
+    if (sp.n_ctx < max_ctx) {
+        fprintf(stderr, "petrel %s: error: --ctx %d is smaller than the largest test needs (%d)\n", cmd, sp.n_ctx,
+                max_ctx);
+        goto done;
+    }
+    if (pt_session_create(m, &sp, &s) != PT_OK) {
+        cli_fail(cmd);
+        goto done;
+    }
+    int nth = c.mp.n_threads > 0 ? c.mp.n_threads : pt_cpu_count();
+    double bw = 0;
+    if (!json && bw_gib) fprintf(stderr, "measuring read bandwidth (%d GiB, %d threads)...\n", bw_gib, nth);
+    if (bw_gib && pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw) != PT_OK) {
+        cli_fail(cmd);
+        goto done;
+    }
+    const pt_net *net = &m->net;
+    double wbytes = (double)pt_net_decode_bytes(net), kvb = (double)pt_net_kv_bytes_per_token(net);
+    int vocab = (int)net->vocab;
+    buf = malloc((size_t)max_ctx * sizeof *buf);
+    double *samples = calloc((size_t)n_rows * (size_t)reps, sizeof *samples);
+    if (!buf || !samples) {
+        fprintf(stderr, "petrel %s: error: out of memory\n", cmd);
+        free(samples);
+        goto done;
+    }
+    if (!json) {
+        printf("model: %s | %s | weights read per token %.1f MiB | read bandwidth %.1f GB/s\n\n", pt_model_id(m),
+               pt_model_backend_name(m), wbytes / 1048576.0, bw);
+        printf("| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |\n", "test", "depth", "reps", "t/s (mean ± sd)",
+               "median", "GB/s", "of BW");
+        printf("|%.*s|\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------");
+        fflush(stdout);
+    }
+    for (int i = 0; i < n_rows; i++) {
+        row *r = &rows[i];
+        r->samples = samples + (size_t)i * reps;
+        if (run_test(s, r, buf, vocab) != PT_OK) {
+            cli_fail(cmd);
+            free(samples);
+            goto done;
+        }
+        double bytes_per_tok;
+        if (r->n_gen) {
+            bytes_per_tok = wbytes + kvb * (r->n_depth + 1 + r->n_gen / 2.0);
+        } else {
+            int chunk = s->fwd.chunk;
+            double chunks = ceil((double)r->n_prompt / chunk);
+            bytes_per_tok = (wbytes * chunks + kvb * (r->n_depth + r->n_prompt / 2.0) * chunks) / r->n_prompt;
+        }
+        r->gbps = r->median * bytes_per_tok / 1e9;
+        r->bw_fraction = bw > 0 ? r->gbps / bw : 0;
+        if (!json) {
+            char name[32], ts[40];
+            snprintf(name, sizeof name, r->n_gen ? "tg%d" : "pp%d", r->n_gen ? r->n_gen : r->n_prompt);
+            snprintf(ts, sizeof ts, "%.2f ± %.2f", r->avg, r->stddev);
+            printf("| %-14s | %7d | %8d | %20s | %10.2f | %8.2f | %6.1f%% |\n", name, r->n_depth, r->reps, ts,
+                   r->median, r->gbps, 100 * r->bw_fraction);
+            fflush(stdout);
+        }
+    }
+    if (json) {
+        printf("[\n");
+        for (int i = 0; i < n_rows; i++) {
+            row *r = &rows[i];
+            printf("  {\"model\": \"%s\", \"backend\": \"cpu\", \"n_threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+                   "\"n_depth\": %d, \"n_reps\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"median_ts\": %.6f, "
+                   "\"samples_ts\": [",
+                   pt_model_id(m), nth, r->n_prompt, r->n_gen, r->n_depth, r->reps, r->avg, r->stddev, r->median);
+            for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->samples[k]);
+            printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f}%s\n", r->gbps,
+                   r->bw_fraction, bw, i + 1 < n_rows ? "," : "");
+        }
+        printf("]\n");
+    }
+    free(samples);
+    rc = 0;
+done:
+    free(buf);
+    pt_session_free(&s);
+    pt_model_free(&m);
+    return rc;
 }

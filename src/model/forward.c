@@ -1,0 +1,217 @@
+/* The forward driver for the Llama-style decoder families (llama, qwen2,
+ * qwen3, qwen3_moe, minicpm): per-session buffers and the pass itself, read
+ * entirely from pt_net (every per-layer constant resolved at load by
+ * llama.c). Differences between the families are data in pt_layer/pt_net
+ * (biases, QK-norm, MoE, residual and embedding scales), never a branch on
+ * an architecture name.
+ *
+ * Every step calls the backend op table; nothing here knows which backend
+ * runs it. Buffers are sized once in pt_fwd_init, so a decode step
+ * allocates nothing. */
+#include "model/model.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define OPS(m) ((m)->be->ops)
+
+static void *balloc(pt_model *m, size_t bytes, pt_status *st) {
+    if (*st != PT_OK) return NULL;
+    void *p = OPS(m)->alloc(m->be, bytes ? bytes : 64);
+    if (!p) *st = pt_error_prefix(PT_ERR_NOMEM, "allocating %zu bytes of session buffers", bytes);
+    return p;
+}
+
+pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
+    memset(st, 0, sizeof *st);
+    const pt_net *n = &m->net;
+    st->n_ctx = n_ctx;
+    st->chunk = m->params.prefill_chunk < n_ctx ? m->params.prefill_chunk : n_ctx;
+    st->logit_rows = st->chunk < 8 ? st->chunk : 8;
+    size_t C = (size_t)st->chunk, H = (size_t)n->hidden;
+    size_t QD = (size_t)n->max_heads * n->max_head_dim, KD = (size_t)n->max_kv * n->max_head_dim;
+    size_t F = (size_t)n->max_ffn;
+    pt_status s = PT_OK;
+    st->kv = calloc((size_t)n->n_layers, sizeof *st->kv);
+    if (!st->kv) return pt_error(PT_ERR_NOMEM, "out of memory for the KV cache descriptors");
+    size_t esz = pt_ftype_size(n->kv_dtype);
+    for (int l = 0; l < n->n_layers; l++) {
+        const pt_layer *L = &n->layers[l];
+        pt_kv_layer *kv = &st->kv[l];
+        kv->n_kv = L->n_kv;
+        kv->head_dim = L->head_dim;
+        kv->capacity = n_ctx;
+        kv->dtype = n->kv_dtype;
+        kv->bits = 0;
+        size_t bytes = (size_t)L->n_kv * (size_t)n_ctx * (size_t)L->head_dim * esz;
+        kv->k = balloc(m, bytes, &s);
+        kv->v = balloc(m, bytes, &s);
+    }
+    st->x = balloc(m, C * H * 4, &s);
+    st->xn = balloc(m, C * H * 4, &s);
+    st->y = balloc(m, C * H * 4, &s);
+    st->q = balloc(m, C * QD * 4, &s);
+    st->k = balloc(m, C * KD * 4, &s);
+    st->v = balloc(m, C * KD * 4, &s);
+    st->att = balloc(m, C * QD * 4, &s);
+    st->gate = balloc(m, C * F * 4, &s);
+    st->up = balloc(m, C * F * 4, &s);
+    st->act = balloc(m, C * F * 4, &s);
+    if (n->max_experts > 0) {
+        st->rlogits = balloc(m, C * (size_t)n->max_experts * 4, &s);
+        st->rweights = balloc(m, C * (size_t)n->max_top_k * 4, &s);
+        st->ridx = balloc(m, C * (size_t)n->max_top_k * 4, &s);
+    }
+    st->ids_dev = balloc(m, C * 4, &s);
+    st->pos_dev = balloc(m, C * 4, &s);
+    st->logits = balloc(m, (size_t)st->logit_rows * (size_t)n->vocab * 4, &s);
+    st->pos_host = malloc(C * sizeof *st->pos_host);
+    if (s == PT_OK && !st->pos_host) s = pt_error(PT_ERR_NOMEM, "out of memory for positions");
+    if (s == PT_OK) {
+        pt_backend_limits lim = {0};
+        lim.max_tokens = st->chunk;
+        lim.max_ctx = n_ctx;
+        lim.max_heads = n->max_heads;
+        lim.max_head_dim = n->max_head_dim;
+        int64_t mc = n->hidden;
+        if ((int64_t)QD > mc) mc = (int64_t)QD;
+        if ((int64_t)F > mc) mc = (int64_t)F;
+        lim.max_cols = mc;
+        lim.max_ffn = n->max_ffn;
+        lim.max_top_k = n->max_top_k;
+        s = OPS(m)->reserve(m->be, &lim);
+    }
+    if (s != PT_OK) {
+        pt_fwd_free(m, st);
+        return s;
+    }
+    return PT_OK;
+}
+
+void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
+    if (st->kv) {
+        for (int l = 0; l < m->net.n_layers; l++) {
+            if (st->kv[l].k) OPS(m)->dealloc(m->be, st->kv[l].k);
+            if (st->kv[l].v) OPS(m)->dealloc(m->be, st->kv[l].v);
+        }
+        free(st->kv);
+    }
+    void *bufs[] = {st->x,       st->xn,       st->y,    st->q,       st->k,      st->v,      st->att,
+                    st->gate,    st->up,       st->act,  st->rlogits, st->rweights, st->ridx, st->ids_dev,
+                    st->pos_dev, st->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
+    free(st->pos_host);
+    memset(st, 0, sizeof *st);
+}
+
+/* Feed-forward of one layer: st->xn (normed) -> st->y [T, H]. */
+static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T, int pos0) {
+    pt_backend *be = m->be;
+    if (!L->is_moe) {
+        PT_TRY(OPS(m)->matmul(be, st->gate, st->xn, T, &L->w_gate, 0));
+        PT_TRY(OPS(m)->matmul(be, st->up, st->xn, T, &L->w_up, 0));
+        PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, PT_GLU_SILU));
+        return OPS(m)->matmul(be, st->y, st->act, T, &L->w_down, 0);
+    }
+    PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xn, T, &L->router, 0));
+    if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
+    PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
+    return OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
+                           &L->ex_down, PT_GLU_SILU);
+}
+
+static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int64_t n) {
+    if (L->residual_scale != 1.0f) return OPS(m)->add_scaled(m->be, st->x, st->x, st->y, L->residual_scale, n);
+    return OPS(m)->add(m->be, st->x, st->x, st->y, n);
+}
+
+pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits, float *out) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    const int64_t H = n->hidden;
+    if (T < 1 || T > st->chunk || n_logits < 0 || n_logits > T || pos0 < 0 || pos0 + T > st->n_ctx)
+        return pt_error(PT_ERR_INTERNAL, "forward: bad call (T %d, chunk %d, pos0 %d, n_ctx %d, logits %d)", T,
+                        st->chunk, pos0, st->n_ctx, n_logits);
+    for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
+    PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
+    PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
+    PT_TRY(OPS(m)->embed(be, st->x, st->ids_dev, T, &n->embed, n->embed_scale));
+    if (m->hidden_cb) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
+    for (int l = 0; l < n->n_layers; l++) {
+        const pt_layer *L = &n->layers[l];
+        const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
+        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, PT_RMS_W, n->eps));
+        PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
+        PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
+        PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
+        if (L->q_norm)
+            PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, PT_RMS_W,
+                                    n->eps));
+        if (L->k_norm)
+            PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
+                                    PT_RMS_W, n->eps));
+        pt_rope rope = L->rope;
+        if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
+            /* longrope past the original context: the long-factor table */
+            rope.inv_freq = L->inv_freq_long;
+            rope.attn_scale = L->attn_long_scale;
+        }
+        PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
+        PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
+        PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, &st->kv[l], &L->attn));
+        PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
+        PT_TRY(residual(m, st, L, (int64_t)T * H));
+        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, PT_RMS_W, n->eps));
+        PT_TRY(ffn(m, st, L, l, T, pos0));
+        PT_TRY(residual(m, st, L, (int64_t)T * H));
+        if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
+    }
+    if (n_logits == 0) return PT_OK;
+    /* only the rows that need logits: the final norm and the lm_head */
+    const int r0 = T - n_logits;
+    float *hn = st->xn + (size_t)r0 * H;
+    PT_TRY(OPS(m)->rms_norm(be, hn, st->x + (size_t)r0 * H, NULL, n_logits, H, n->final_norm, n->norm_type,
+                            PT_RMS_W, n->eps));
+    if (m->hidden_cb) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
+    if (n->logit_scale != 1.0f) PT_TRY(OPS(m)->scale(be, hn, hn, n->logit_scale, (int64_t)n_logits * H));
+    for (int r = 0; r < n_logits; r += st->logit_rows) {
+        int nb = n_logits - r < st->logit_rows ? n_logits - r : st->logit_rows;
+        PT_TRY(OPS(m)->matmul(be, st->logits, hn + (size_t)r * H, nb, &n->lm_head, 0));
+        PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
+    }
+    return PT_OK;
+}
+
+static int64_t weight_bytes(const pt_matrix *w) {
+    if (!w->rows) return 0;
+    int64_t ne = w->n_experts > 0 ? w->n_experts : 1;
+    if (w->bits)
+        return ne * w->rows * (w->cols * w->bits / 8 + 2 * (w->cols / w->group_size) * (int64_t)pt_ftype_size(w->dtype));
+    return ne * w->rows * w->cols * (int64_t)pt_ftype_size(w->dtype);
+}
+
+int64_t pt_net_decode_bytes(const pt_net *n) {
+    int64_t b = weight_bytes(&n->lm_head);
+    for (int l = 0; l < n->n_layers; l++) {
+        const pt_layer *L = &n->layers[l];
+        b += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) + weight_bytes(&L->wo);
+        if (L->is_moe) {
+            int64_t ex = weight_bytes(&L->ex_gate) + weight_bytes(&L->ex_up) + weight_bytes(&L->ex_down);
+            b += weight_bytes(&L->router) + ex / L->route.n_experts * L->route.top_k;
+        } else {
+            b += weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
+        }
+    }
+    return b;
+}
+
+int64_t pt_net_kv_bytes_per_token(const pt_net *n) {
+    int64_t b = 0;
+    for (int l = 0; l < n->n_layers; l++)
+        b += 2 * (int64_t)n->layers[l].n_kv * n->layers[l].head_dim * (int64_t)pt_ftype_size(n->kv_dtype);
+    return b;
+}

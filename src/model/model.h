@@ -1,0 +1,159 @@
+/* The loaded model (struct pt_model behind include/petrel.h) and the forward
+ * driver's interface.
+ *
+ * A model is: the backend that runs it, its network (pt_net: every per-layer
+ * constant resolved and every weight bound, built once at load from the
+ * model spec), its tokenizer and chat template when present, and the
+ * generation defaults. The forward pass (llama.c) reads pt_net only; it never
+ * looks at config strings or architecture names.
+ *
+ * Per-session state (KV cache, activation buffers) is pt_fwd_state: sized
+ * once at session creation for the context and the prefill chunk, so a
+ * decode step allocates nothing.
+ *
+ * Not here: sampling (runtime/sampler.h), the generate loop
+ * (runtime/generate.c), the public API glue (runtime/api.c). */
+#ifndef PT_MODEL_MODEL_H
+#define PT_MODEL_MODEL_H
+
+#include "petrel.h"
+
+#include "backend/backend.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+struct pt_tokenizer;
+struct pt_chat_template;
+struct pt_model_dir;
+struct pt_tensor_set;
+struct pt_model_spec;
+
+/* One decoder layer, every constant resolved. */
+typedef struct pt_layer {
+    /* attention */
+    int n_heads, n_kv, head_dim;
+    pt_matrix wq, wk, wv, wo;     /* [n_heads*hd, H], [n_kv*hd, H] x2, [H, n_heads*hd]; q/k/v may carry a bias */
+    const void *attn_norm;        /* [H] */
+    const void *q_norm, *k_norm;  /* [hd] per-head QK-norm (Qwen3), NULL if none */
+    pt_rope rope;                 /* inv_freq in backend memory */
+    const float *inv_freq_long;   /* longrope: the table used past the original context, else NULL */
+    int64_t rope_switch_len;      /* longrope: use inv_freq_long when pos0+T exceeds this */
+    float attn_long_scale;        /* attention factor with the long table */
+    pt_attn attn;
+    /* feed-forward */
+    const void *ffn_norm;         /* [H] */
+    int is_moe;
+    int64_t ffn;                  /* dense intermediate size */
+    pt_matrix w_gate, w_up, w_down;
+    pt_matrix router;             /* MoE: [E, H] */
+    pt_matrix ex_gate, ex_up, ex_down; /* MoE: stacked [E, I, H], [E, I, H], [E, H, I] */
+    pt_moe_route route;
+    int64_t moe_ffn;
+    /* MiniCPM: residual branch scale (scale_depth / sqrt(L)); 1 = plain add */
+    float residual_scale;
+} pt_layer;
+
+typedef struct pt_net {
+    int n_layers;
+    pt_layer *layers;
+    int64_t hidden, vocab;
+    int max_ctx;                  /* max_position_embeddings */
+    float eps;
+    pt_ftype norm_type;           /* element type of every norm weight */
+    pt_matrix embed;              /* [V, H] */
+    float embed_scale;            /* MiniCPM scale_emb; 1 otherwise */
+    const void *final_norm;       /* [H] */
+    pt_matrix lm_head;            /* [V, H]; the embedding table when tied */
+    int tied;
+    float logit_scale;            /* MiniCPM 1/(H/dim_model_base); 1 otherwise */
+    pt_ftype kv_dtype;            /* KV storage: the activation dtype */
+    /* sizes of the largest buffers */
+    int max_heads, max_kv, max_head_dim;
+    int64_t max_ffn;              /* largest dense or MoE intermediate size */
+    int max_top_k, max_experts;
+} pt_net;
+
+struct pt_model {
+    char *dir;
+    char *id;                       /* directory basename */
+    pt_model_params params;         /* resolved levers */
+    pt_device device;               /* the device actually running it */
+    pt_backend *be;
+    pt_net net;
+    struct pt_model_dir *mdir;      /* config.json & co. (owned) */
+    struct pt_tensor_set *weights;  /* the mapped tensor set (owned) */
+    struct pt_model_spec *spec;     /* the model spec the net was built from (owned) */
+    void **owned_list;              /* host copies of converted weights (malloc) */
+    int n_owned, cap_owned;
+    void **dev_list;                /* backend buffers: norm weights, rope tables */
+    int n_dev, cap_dev;
+    struct pt_tokenizer *tok;       /* NULL without tokenizer.json */
+    struct pt_chat_template *tmpl;  /* NULL without a chat template */
+    int32_t *eos;                   /* the eos set */
+    size_t n_eos;
+    pt_sampling_params gen_defaults;
+    char backend_name[96];
+    pthread_mutex_t lock;           /* serializes forward passes: the backend's scratch is shared */
+    /* Debugging / parity: when set, called with the residual stream after the
+     * embedding (layer -1), after each layer, and the final-norm output
+     * (layer n_layers, only rows that get logits): x [T, H] at positions
+     * pos0.. . Reads backend memory directly, so CPU backend only. */
+    void (*hidden_cb)(void *user, int layer, const float *x, int T, int pos0, int64_t H);
+    void *hidden_user;
+    /* Likewise for MoE layers: the router logits [T, n_experts] of layer `layer`. */
+    void (*route_cb)(void *user, int layer, const float *logits, int T, int pos0, int n_experts, int top_k);
+    void *route_user;
+};
+
+/* Per-session forward state. */
+typedef struct pt_fwd_state {
+    int n_ctx;
+    int chunk;                      /* largest T per forward call */
+    pt_kv_layer *kv;                /* [n_layers] */
+    /* activations, backend memory, f32: */
+    float *x;                       /* [chunk, H] residual stream */
+    float *xn;                      /* [chunk, H] normed input of a block */
+    float *y;                       /* [chunk, H] output of a block (before the residual add) */
+    float *q;                       /* [chunk, max_heads*hd] */
+    float *k, *v;                   /* [chunk, max_kv*hd] */
+    float *att;                     /* [chunk, max_heads*hd] attention output */
+    float *gate, *up, *act;         /* [chunk, max_ffn] projections and act(gate)*up */
+    float *rlogits, *rweights;      /* MoE router [chunk, E], weights [chunk, top_k] */
+    int32_t *ridx;                  /* [chunk, top_k] */
+    int32_t *ids_dev, *pos_dev;     /* [chunk] */
+    int32_t *pos_host;              /* [chunk] */
+    float *logits;                  /* [logit_rows, V] */
+    int logit_rows;
+} pt_fwd_state;
+
+/* Sizes the state for n_ctx tokens and reserves the backend's scratch. */
+pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx);
+void pt_fwd_free(pt_model *m, pt_fwd_state *st);
+
+/* Runs T (1..st->chunk) tokens at positions pos0..pos0+T-1 (the cache holds
+ * positions < pos0). Writes the logits of the last n_logits rows (0..T) to
+ * host memory out [n_logits, V]. Ids must already be checked against the
+ * vocabulary. Callers hold m->lock. */
+pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits,
+                     float *out);
+
+/* Builds m->net from the spec and weights (llama.c); frees it. */
+pt_status pt_net_build(pt_model *m);
+void pt_net_free(pt_model *m);
+
+/* Bytes of weights one decode step reads (MoE: the router plus top_k of
+ * E experts' share), and bytes of KV cache per token of context. */
+int64_t pt_net_decode_bytes(const pt_net *n);
+int64_t pt_net_kv_bytes_per_token(const pt_net *n);
+
+/* A model of a published shape with random weights (synthetic.c):
+ * name "llama-3.2-1b", quant "q4" | "q8" | "bf16". */
+pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model_params *params, pt_model **out);
+/* The known synthetic names, for messages. */
+const char *pt_synthetic_names(void);
+
+/* Loads everything (model.c). */
+pt_status pt_model_load_impl(const char *dir, const pt_model_params *params, pt_model **out);
+
+#endif

@@ -1,0 +1,279 @@
+/* Synthetic models for `petrel bench --synthetic NAME --quant q4|q8|bf16`:
+ * the real shapes of published models (../shared/reference/performance.md,
+ * confirmed against the families' published config.json files) with random
+ * weights, built straight into pt_net. Speed does not depend on the weight
+ * values, so these measure what a real checkpoint of that shape would run at
+ * without downloading one. Not a model: the text it would generate is noise.
+ *
+ * Quantized variants use MLX affine layout, group size 64, for every matrix
+ * including the embedding (as mlx-community checkpoints do); bf16 variants
+ * store bf16 matrices and run bf16 activations. */
+#include "model/model.h"
+
+#include "base/error.h"
+#include "base/half.h"
+#include "base/threadpool.h"
+#include "runtime/levers.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct synth_shape {
+    const char *name;
+    int hidden, layers, heads, kv, head_dim, ffn, vocab, tied, qk_norm;
+    double theta;
+    int experts, top_k, moe_ffn; /* 0 = dense */
+    int cpu;                     /* runs on the CPU (memory) */
+} synth_shape;
+
+static const synth_shape shapes[] = {
+    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1},
+    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1},
+    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1},
+    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1},
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0},
+};
+
+const char *pt_synthetic_names(void) {
+    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, qwen3-30b-a3b (GPU only)";
+}
+
+static uint64_t xs(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+typedef struct {
+    pt_model *m;
+    int bits; /* 0 = bf16 */
+    uint64_t seed;
+} synth_ctx;
+
+static void *own_alloc(pt_model *m, size_t bytes) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? m->cap_owned * 2 : 256;
+        void **nl = realloc(m->owned_list, (size_t)cap * sizeof *nl);
+        if (!nl) return NULL;
+        m->owned_list = nl;
+        m->cap_owned = cap;
+    }
+    void *p = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    if (p) m->owned_list[m->n_owned++] = p;
+    return p;
+}
+
+/* Random 16-bit floats around `center` with spread `amp`. */
+static void fill_bf16(uint16_t *p, size_t n, float center, float amp, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)((xs(s) >> 40) & 0xffffff) / 16777216.0f;
+        p[i] = pt_f32_to_bf16(center + amp * (2 * u - 1));
+    }
+}
+
+static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t rows, int64_t cols, const char *what) {
+    memset(w, 0, sizeof *w);
+    w->rows = rows;
+    w->cols = cols;
+    w->n_experts = E;
+    int64_t ne = E > 0 ? E : 1;
+    w->dtype = PT_FT_BF16;
+    uint64_t s = c->seed += 0x9e3779b97f4a7c15ull;
+    if (c->bits) {
+        w->bits = c->bits;
+        w->group_size = 64;
+        size_t words = (size_t)(ne * rows * (cols * c->bits / 32));
+        size_t groups = (size_t)(ne * rows * (cols / 64));
+        uint64_t *d = own_alloc(c->m, words * 4 + 8);
+        uint16_t *sc = own_alloc(c->m, groups * 2), *bi = own_alloc(c->m, groups * 2);
+        if (!d || !sc || !bi) return pt_error(PT_ERR_NOMEM, "synthetic %s: out of memory", what);
+        for (size_t i = 0; i < (words + 1) / 2; i++) d[i] = xs(&s);
+        /* codes q in [0, 2^bits): w = scale*q + bias spans about [-0.05, 0.05] */
+        float amp = 0.1f / (float)((1 << c->bits) - 1);
+        fill_bf16(sc, groups, amp, amp * 0.1f, &s);
+        fill_bf16(bi, groups, -0.05f, 0.005f, &s);
+        w->data = d;
+        w->scales = sc;
+        w->biases = bi;
+    } else {
+        size_t n = (size_t)(ne * rows * cols);
+        uint16_t *d = own_alloc(c->m, n * 2);
+        if (!d) return pt_error(PT_ERR_NOMEM, "synthetic %s: out of memory (%zu bytes)", what, n * 2);
+        fill_bf16(d, n, 0, 0.05f, &s);
+        w->data = d;
+    }
+    return c->m->be->ops->prepare_weight(c->m->be, w, what);
+}
+
+static pt_status synth_vec(synth_ctx *c, int64_t n, float value, const void **out) {
+    uint16_t *h = malloc((size_t)n * 2);
+    if (!h) return pt_error(PT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) h[i] = pt_f32_to_bf16(value);
+    pt_model *m = c->m;
+    size_t bytes = (size_t)n * 2;
+    void *dev = m->be->ops->alloc(m->be, bytes);
+    if (!dev) {
+        free(h);
+        return pt_error(PT_ERR_NOMEM, "out of memory");
+    }
+    pt_status st = m->be->ops->upload(m->be, dev, h, bytes);
+    free(h);
+    if (st != PT_OK) return st;
+    if (m->n_dev == m->cap_dev) {
+        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
+        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
+        if (!nl) return pt_error(PT_ERR_NOMEM, "out of memory");
+        m->dev_list = nl;
+        m->cap_dev = cap;
+    }
+    m->dev_list[m->n_dev++] = dev;
+    *out = dev;
+    return PT_OK;
+}
+
+static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
+    synth_ctx c = {m, bits, 0x1234567887654321ull};
+    pt_net *n = &m->net;
+    n->n_layers = sh->layers;
+    n->hidden = sh->hidden;
+    n->vocab = sh->vocab;
+    n->max_ctx = 131072;
+    n->eps = 1e-5f;
+    n->norm_type = PT_FT_BF16;
+    n->kv_dtype = PT_FT_BF16;
+    n->embed_scale = 1.0f;
+    n->logit_scale = 1.0f;
+    n->layers = calloc((size_t)sh->layers, sizeof *n->layers);
+    if (!n->layers) return pt_error(PT_ERR_NOMEM, "out of memory");
+    const int64_t H = sh->hidden, qd = (int64_t)sh->heads * sh->head_dim, kd = (int64_t)sh->kv * sh->head_dim;
+    PT_TRY(synth_weight(&c, &n->embed, 0, sh->vocab, H, "embed"));
+    if (sh->tied) {
+        n->lm_head = n->embed;
+        n->tied = 1;
+    } else {
+        PT_TRY(synth_weight(&c, &n->lm_head, 0, sh->vocab, H, "lm_head"));
+    }
+    PT_TRY(synth_vec(&c, H, 1.0f, &n->final_norm));
+    /* default RoPE table (the scaling kind does not change the cost) */
+    int half = sh->head_dim / 2;
+    float *inv = malloc((size_t)half * sizeof *inv);
+    if (!inv) return pt_error(PT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++) inv[i] = 1.0f / powf((float)sh->theta, (float)(2 * i) / (float)sh->head_dim);
+    const void *inv_dev = NULL;
+    pt_status st = PT_OK;
+    {
+        void *dev = m->be->ops->alloc(m->be, (size_t)half * 4);
+        if (!dev) st = pt_error(PT_ERR_NOMEM, "out of memory");
+        else st = m->be->ops->upload(m->be, dev, inv, (size_t)half * 4);
+        if (st == PT_OK) {
+            if (m->n_dev == m->cap_dev) {
+                int cap = m->cap_dev ? m->cap_dev * 2 : 64;
+                void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
+                if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
+                else {
+                    m->dev_list = nl;
+                    m->cap_dev = cap;
+                }
+            }
+            if (st == PT_OK) m->dev_list[m->n_dev++] = dev;
+            inv_dev = dev;
+        }
+    }
+    free(inv);
+    PT_TRY(st);
+    for (int l = 0; l < sh->layers; l++) {
+        pt_layer *L = &n->layers[l];
+        L->n_heads = sh->heads;
+        L->n_kv = sh->kv;
+        L->head_dim = sh->head_dim;
+        L->residual_scale = 1.0f;
+        PT_TRY(synth_vec(&c, H, 1.0f, &L->attn_norm));
+        PT_TRY(synth_vec(&c, H, 1.0f, &L->ffn_norm));
+        if (sh->qk_norm) {
+            PT_TRY(synth_vec(&c, sh->head_dim, 1.0f, &L->q_norm));
+            PT_TRY(synth_vec(&c, sh->head_dim, 1.0f, &L->k_norm));
+        }
+        PT_TRY(synth_weight(&c, &L->wq, 0, qd, H, "q_proj"));
+        PT_TRY(synth_weight(&c, &L->wk, 0, kd, H, "k_proj"));
+        PT_TRY(synth_weight(&c, &L->wv, 0, kd, H, "v_proj"));
+        PT_TRY(synth_weight(&c, &L->wo, 0, H, qd, "o_proj"));
+        L->rope.rot_dim = sh->head_dim;
+        L->rope.inv_freq = inv_dev;
+        L->rope.attn_scale = 1.0f;
+        L->attn.n_heads = sh->heads;
+        L->attn.head_dim = sh->head_dim;
+        L->attn.scale = 1.0f / sqrtf((float)sh->head_dim);
+        if (sh->experts) {
+            L->is_moe = 1;
+            L->moe_ffn = sh->moe_ffn;
+            L->route = (pt_moe_route){.n_experts = sh->experts, .top_k = sh->top_k, .renorm = 1};
+            PT_TRY(synth_weight(&c, &L->router, 0, sh->experts, H, "router"));
+            PT_TRY(synth_weight(&c, &L->ex_gate, sh->experts, sh->moe_ffn, H, "experts.gate"));
+            PT_TRY(synth_weight(&c, &L->ex_up, sh->experts, sh->moe_ffn, H, "experts.up"));
+            PT_TRY(synth_weight(&c, &L->ex_down, sh->experts, H, sh->moe_ffn, "experts.down"));
+            n->max_experts = sh->experts;
+            n->max_top_k = sh->top_k;
+            n->max_ffn = sh->moe_ffn;
+        } else {
+            L->ffn = sh->ffn;
+            PT_TRY(synth_weight(&c, &L->w_gate, 0, sh->ffn, H, "gate_proj"));
+            PT_TRY(synth_weight(&c, &L->w_up, 0, sh->ffn, H, "up_proj"));
+            PT_TRY(synth_weight(&c, &L->w_down, 0, H, sh->ffn, "down_proj"));
+            n->max_ffn = sh->ffn;
+        }
+    }
+    n->max_heads = sh->heads;
+    n->max_kv = sh->kv;
+    n->max_head_dim = sh->head_dim;
+    return PT_OK;
+}
+
+pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model_params *params, pt_model **out) {
+    *out = NULL;
+    const synth_shape *sh = NULL;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (!strcmp(shapes[i].name, name)) sh = &shapes[i];
+    if (!sh)
+        return pt_error(PT_ERR_INVALID_ARG, "--synthetic %s: unknown shape (known: %s; gemma shapes come with the "
+                                            "gemma families)",
+                        name, pt_synthetic_names());
+    int bits = !strcmp(quant, "q4") ? 4 : !strcmp(quant, "q8") ? 8 : !strcmp(quant, "bf16") ? 0 : -1;
+    if (bits < 0) return pt_error(PT_ERR_INVALID_ARG, "--quant %s: expected q4, q8 or bf16", quant);
+    pt_model_params p = params ? *params : pt_model_default_params();
+    pt_levers_resolve(&p);
+    if (p.device == PT_DEVICE_CUDA)
+        return pt_error(PT_ERR_UNSUPPORTED, "--device cuda: the CUDA engine is not wired in yet (use --device cpu)");
+    if (!sh->cpu)
+        return pt_error(PT_ERR_UNSUPPORTED, "--synthetic %s is a GPU-only shape (too large for a CPU run)", name);
+    PT_TRY(pt_levers_check(&p, PT_DEVICE_CPU));
+    pt_model *m = calloc(1, sizeof *m);
+    if (!m) return pt_error(PT_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&m->lock, NULL);
+    m->params = p;
+    m->device = PT_DEVICE_CPU;
+    pt_cpu_params cp = {.n_threads = p.n_threads, .act = PT_ACT_BF16, .isa = PT_ISA_AUTO};
+    pt_status st = pt_backend_cpu_create(&m->be, &cp);
+    if (st == PT_OK) st = build(m, sh, bits);
+    char id[96];
+    snprintf(id, sizeof id, "%s-%s (synthetic)", name, quant);
+    m->id = strdup(id);
+    m->dir = strdup(id);
+    m->eos = malloc(sizeof *m->eos);
+    if (st == PT_OK && (!m->id || !m->dir || !m->eos)) st = pt_error(PT_ERR_NOMEM, "out of memory");
+    if (st != PT_OK) {
+        pt_model_free(&m);
+        return st;
+    }
+    int nth = p.n_threads > 0 ? p.n_threads : pt_cpu_count();
+    snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, bf16 activations, synthetic)",
+             pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s");
+    m->gen_defaults.temperature = 0;
+    m->gen_defaults.top_p = 1;
+    m->gen_defaults.repetition_penalty = 1;
+    *out = m;
+    return PT_OK;
+}

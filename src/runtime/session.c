@@ -1,0 +1,142 @@
+/* Sessions: context tokens, chunked prefill, logits, sampling (petrel.h's
+ * pt_session_*). The forward pass itself is src/model/llama.c; the generate
+ * loop is generate.c. */
+#include "runtime/session.h"
+
+#include "base/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+pt_session_params pt_session_default_params(void) {
+    pt_session_params p = {0};
+    return p;
+}
+
+pt_status pt_session_create(pt_model *model, const pt_session_params *params, pt_session **out) {
+    if (!out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_create: out is NULL");
+    *out = NULL;
+    if (!model) return pt_error(PT_ERR_INVALID_ARG, "pt_session_create: model is NULL");
+    pt_session_params p = params ? *params : pt_session_default_params();
+    int max = model->net.max_ctx;
+    if (p.n_ctx < 0) return pt_error(PT_ERR_INVALID_ARG, "context length %d is negative", p.n_ctx);
+    if (p.n_ctx == 0) p.n_ctx = max < 4096 ? max : 4096;
+    if (p.n_ctx > max)
+        return pt_error(PT_ERR_RANGE, "context length %d exceeds the model's maximum of %d tokens "
+                                      "(max_position_embeddings in config.json)",
+                        p.n_ctx, max);
+    pt_session *s = calloc(1, sizeof *s);
+    if (!s) return pt_error(PT_ERR_NOMEM, "out of memory for a session");
+    s->m = model;
+    s->n_ctx = p.n_ctx;
+    s->tokens = malloc((size_t)p.n_ctx * sizeof *s->tokens);
+    s->logits = malloc((size_t)model->net.vocab * sizeof *s->logits);
+    if (!s->tokens || !s->logits) {
+        pt_session_free(&s);
+        return pt_error(PT_ERR_NOMEM, "out of memory for a session of %d tokens", p.n_ctx);
+    }
+    pt_status st = pt_sampler_init(&s->sampler, (int)model->net.vocab);
+    if (st == PT_OK) {
+        pthread_mutex_lock(&model->lock);
+        st = pt_fwd_init(model, &s->fwd, p.n_ctx);
+        pthread_mutex_unlock(&model->lock);
+    }
+    if (st != PT_OK) {
+        pt_session_free(&s);
+        return st;
+    }
+    *out = s;
+    return PT_OK;
+}
+
+void pt_session_free(pt_session **session) {
+    if (!session || !*session) return;
+    pt_session *s = *session;
+    if (s->fwd.kv) pt_fwd_free(s->m, &s->fwd);
+    pt_sampler_free(&s->sampler);
+    free(s->tokens);
+    free(s->logits);
+    free(s);
+    *session = NULL;
+}
+
+int pt_session_n_ctx(const pt_session *s) { return s ? s->n_ctx : 0; }
+size_t pt_session_n_tokens(const pt_session *s) { return s ? s->n_tokens : 0; }
+const int32_t *pt_session_tokens(const pt_session *s) { return s ? s->tokens : NULL; }
+
+pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
+    if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_truncate: session is NULL");
+    if (n_keep > s->n_tokens)
+        return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
+    if (n_keep < s->n_tokens) s->has_logits = 0;
+    s->n_tokens = n_keep;
+    return PT_OK;
+}
+
+pt_status pt_session_check_ids(const pt_session *s, const int32_t *ids, size_t n) {
+    int64_t V = s->m->net.vocab;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= V)
+            return pt_error(PT_ERR_RANGE, "token id %d (at prompt position %zu) is outside the vocabulary [0, %lld)",
+                            ids[i], i, (long long)V);
+    if (n > (size_t)s->n_ctx - s->n_tokens)
+        return pt_error(PT_ERR_RANGE,
+                        "%zu tokens do not fit in the context: %zu already held, context length %d "
+                        "(raise --ctx, up to the model's maximum %d)",
+                        n, s->n_tokens, s->n_ctx, s->m->net.max_ctx);
+    return PT_OK;
+}
+
+/* Runs ids through the model chunk by chunk. out_all: NULL (keep only the
+ * last position's logits in s->logits) or [n, V] host memory for every row. */
+static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *out_all) {
+    if (!ids && n) return pt_error(PT_ERR_INVALID_ARG, "token ids are NULL");
+    if (n == 0) return pt_error(PT_ERR_INVALID_ARG, "the prompt is empty (no tokens to process)");
+    PT_TRY(pt_session_check_ids(s, ids, n));
+    pt_model *m = s->m;
+    int64_t V = m->net.vocab;
+    pt_status st = PT_OK;
+    pthread_mutex_lock(&m->lock);
+    size_t done = 0;
+    while (done < n) {
+        int T = (int)(n - done < (size_t)s->fwd.chunk ? n - done : (size_t)s->fwd.chunk);
+        int last = done + (size_t)T == n;
+        int n_logits = out_all ? T : last ? 1 : 0;
+        float *dst = out_all ? out_all + done * V : s->logits;
+        st = pt_fwd_run(m, &s->fwd, ids + done, T, (int)(s->n_tokens + done), n_logits, dst);
+        if (st != PT_OK) break;
+        memcpy(s->tokens + s->n_tokens + done, ids + done, (size_t)T * sizeof *ids);
+        done += (size_t)T;
+    }
+    pthread_mutex_unlock(&m->lock);
+    /* a failed chunk leaves the cache holding the chunks before it */
+    s->n_tokens += done;
+    if (st != PT_OK) {
+        s->has_logits = 0;
+        return st;
+    }
+    if (out_all) memcpy(s->logits, out_all + (n - 1) * V, (size_t)V * sizeof(float));
+    s->has_logits = 1;
+    return PT_OK;
+}
+
+pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids) {
+    if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_prompt: session is NULL");
+    return run_tokens(s, ids, n_ids, NULL);
+}
+
+pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids, float *out) {
+    if (!s || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_eval_logits: NULL argument");
+    return run_tokens(s, ids, n_ids, out);
+}
+
+const float *pt_session_logits(const pt_session *s) { return s && s->has_logits ? s->logits : NULL; }
+
+pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
+                            pt_token_info *out) {
+    if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: NULL argument");
+    if (!s->has_logits)
+        return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: no logits yet (prompt the session first)");
+    if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
+    return pt_sampler_sample(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, out);
+}
