@@ -601,6 +601,15 @@ static void test_attention_errors(void) {
     pt_attn p = {.n_heads = 1, .head_dim = 8, .scale = 1};
     int32_t pos[1] = {5};
     CHECK(be->ops->attention(be, out, buf, 1, pos, &kv, &p) == PT_ERR_RANGE, "window exceeds the ring");
+    /* a ring of window + chunk - 2 rows: the chunk's last row overwrote a key its first query needs */
+    int32_t pos3[3] = {10, 11, 12};
+    float q3[24] = {0}, out3[24];
+    pt_kv_layer ring = {.n_kv = 1, .head_dim = 8, .capacity = 4, .dtype = PT_FT_F32, .k = buf, .v = buf};
+    pt_attn pw = {.n_heads = 1, .head_dim = 8, .scale = 1, .window = 3};
+    CHECK(be->ops->attention(be, out3, q3, 3, pos3, &ring, &pw) == PT_ERR_RANGE, "ring too small for the chunk");
+    ring.capacity = 5;
+    CHECK(be->ops->attention(be, out3, q3, 3, pos3, &ring, &pw) == PT_OK, "ring of window + chunk - 1: %s",
+          pt_last_error());
     kv.capacity = 8;
     kv.bits = 7;
     kv.group_size = 8;

@@ -294,14 +294,17 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     if (p->head_dim != kv->head_dim || kv->n_kv <= 0 || p->n_heads % kv->n_kv)
         return pt_error(PT_ERR_INVALID_ARG, "attention: %d heads of dim %d do not fit a cache of %d KV heads of dim %d",
                         p->n_heads, p->head_dim, kv->n_kv, kv->head_dim);
-    int64_t maxn = 0;
+    int64_t maxn = 0, newest = T > 0 ? pos[T - 1] : 0;
     for (int64_t t = 0; t < T; t++) {
         int64_t hi = pos[t];
         int64_t lo = p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
         if (hi < 0) return pt_error(PT_ERR_RANGE, "attention: negative position %lld", (long long)hi);
-        if (hi - lo + 1 > kv->capacity)
-            return pt_error(PT_ERR_RANGE, "attention: position %lld needs %lld keys but the cache holds %lld",
-                            (long long)hi, (long long)(hi - lo + 1), (long long)kv->capacity);
+        /* the chunk's newest row must not have overwritten the oldest row this query needs */
+        if (newest - lo + 1 > kv->capacity)
+            return pt_error(PT_ERR_RANGE,
+                            "attention: position %lld needs keys from %lld while the cache (capacity %lld) already "
+                            "holds position %lld",
+                            (long long)hi, (long long)lo, (long long)kv->capacity, (long long)newest);
         if (hi - lo + 1 > maxn) maxn = hi - lo + 1;
     }
     int G = p->n_heads / kv->n_kv;

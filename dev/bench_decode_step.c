@@ -1,0 +1,141 @@
+/* Whole decode step of a synthetic llama-3.2-1b through the op table (not
+ * part of the build or the tests): 16 layers, hidden 2048, 32/8 heads of 64,
+ * FFN 8192, vocab 128256 tied, MLX 4- or 8-bit weights (group 64, bf16
+ * scales, random codes), bf16 activations and KV cache at depth D. Measures
+ * tokens/s and the weight bytes read per second against a streaming read of
+ * the same size on the same threads, interleaved (A B A B).
+ *   dev/build.sh && dev/bench_decode_step [bits] [threads] [depth] [steps] [int8_act] */
+#include "backend/backend.h"
+#include "base/half.h"
+#include "base/threadpool.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static size_t total_bytes;
+
+static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
+    int gs = 64;
+    size_t cb = (size_t)N * K * bits / 8, pb = (size_t)N * (K / gs) * 2;
+    uint8_t *c = aligned_alloc(64, cb);
+    uint16_t *p = aligned_alloc(64, 2 * pb);
+    for (size_t i = 0; i < cb; i++) c[i] = (uint8_t)((i * 2654435761u) >> 13);
+    for (size_t i = 0; i < pb; i++) p[i] = pt_f32_to_bf16(0.002f * (float)((int)(i % 11) - 5));
+    total_bytes += cb + 2 * pb;
+    pt_matrix m = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = c, .scales = p,
+                   .biases = p + N * (K / gs)};
+    be->ops->prepare_weight(be, &m, "w");
+    return m;
+}
+
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+    long long out[64];
+} rd_ctx;
+static void rd_run(void *arg, int ith, int nth) {
+    rd_ctx *r = arg;
+    long b, e;
+    pt_split_range((long)(r->n / 256), ith, nth, &b, &e);
+    __m512i a = _mm512_setzero_si512();
+    for (long i = b; i < e; i++) {
+        const __m512i *q = (const __m512i *)(r->p + (size_t)i * 256);
+        a = _mm512_add_epi32(a, _mm512_add_epi32(_mm512_add_epi32(_mm512_load_si512(q), _mm512_load_si512(q + 1)),
+                                                 _mm512_add_epi32(_mm512_load_si512(q + 2), _mm512_load_si512(q + 3))));
+    }
+    r->out[ith] = _mm512_reduce_add_epi32(a);
+}
+
+int main(int argc, char **argv) {
+    int bits = argc > 1 ? atoi(argv[1]) : 4, nth = argc > 2 ? atoi(argv[2]) : 2;
+    int D = argc > 3 ? atoi(argv[3]) : 128, steps = argc > 4 ? atoi(argv[4]) : 8, i8 = argc > 5 ? atoi(argv[5]) : 0;
+    const int L = 16, H = 2048, nh = 32, nkv = 8, hd = 64, F = 8192, V = 128256;
+    pt_backend *be;
+    pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16, .int8_act = i8};
+    if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
+    pt_matrix emb = qmat(be, V, H, bits);
+    pt_matrix wq[16], wk[16], wv[16], wo[16], wg[16], wu[16], wd[16];
+    for (int l = 0; l < L; l++) {
+        wq[l] = qmat(be, nh * hd, H, bits), wk[l] = qmat(be, nkv * hd, H, bits), wv[l] = qmat(be, nkv * hd, H, bits);
+        wo[l] = qmat(be, H, nh * hd, bits), wg[l] = qmat(be, F, H, bits), wu[l] = qmat(be, F, H, bits);
+        wd[l] = qmat(be, H, F, bits);
+    }
+    uint16_t *norm = aligned_alloc(64, 2 * H);
+    for (int i = 0; i < H; i++) norm[i] = pt_f32_to_bf16(1.0f);
+    float inv[32];
+    for (int i = 0; i < 32; i++) inv[i] = powf(500000.0f, -2.0f * i / 64);
+    pt_rope rope = {.rot_dim = 64, .inv_freq = inv, .attn_scale = 1};
+    pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
+    int cap = D + steps + 1;
+    pt_kv_layer kv[16];
+    for (int l = 0; l < L; l++) {
+        kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
+        kv[l].k = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
+        kv[l].v = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
+        uint16_t *k = kv[l].k, *v = kv[l].v;
+        for (size_t i = 0; i < (size_t)cap * nkv * hd; i++) k[i] = v[i] = pt_f32_to_bf16(0.01f * (float)(i % 37) - 0.18f);
+    }
+    pt_backend_limits lim = {.max_tokens = 1, .max_ctx = cap, .max_heads = nh, .max_head_dim = hd, .max_cols = F};
+    be->ops->reserve(be, &lim);
+    float *x = aligned_alloc(64, 4 * H), *xn = aligned_alloc(64, 4 * H), *q = aligned_alloc(64, 4 * nh * hd);
+    float *k = aligned_alloc(64, 4 * nkv * hd), *v = aligned_alloc(64, 4 * nkv * hd), *att = aligned_alloc(64, 4 * nh * hd);
+    float *g = aligned_alloc(64, 4 * F), *u = aligned_alloc(64, 4 * F), *y = aligned_alloc(64, 4 * H);
+    float *logits = aligned_alloc(64, 4 * (size_t)V);
+    int32_t tok = 1, pos = D, am;
+    /* the streaming-read reference over a buffer as large as the weights */
+    uint8_t *rbuf = aligned_alloc(64, total_bytes + 256);
+    memset(rbuf, 1, total_bytes + 256);
+    pt_pool *pool;
+    pt_pool_create(&pool, nth);
+    rd_ctx rc = {.p = rbuf, .n = total_bytes};
+    double best_step = 1e30, best_rd = 1e30;
+    for (int s = 0; s < steps; s++) {
+        double t0 = now();
+        pt_pool_run(pool, rd_run, &rc);
+        double t1 = now();
+        be->ops->embed(be, x, &tok, 1, &emb, 1.0f);
+        for (int l = 0; l < L; l++) {
+            be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
+            be->ops->matmul(be, q, xn, 1, &wq[l], 0);
+            be->ops->matmul(be, k, xn, 1, &wk[l], 0);
+            be->ops->matmul(be, v, xn, 1, &wv[l], 0);
+            be->ops->rope(be, q, 1, nh, hd, &pos, &rope);
+            be->ops->rope(be, k, 1, nkv, hd, &pos, &rope);
+            be->ops->kv_append(be, &kv[l], k, v, 1, &pos);
+            be->ops->attention(be, att, q, 1, &pos, &kv[l], &ap);
+            be->ops->matmul(be, y, att, 1, &wo[l], 0);
+            be->ops->add(be, x, x, y, H);
+            be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
+            be->ops->matmul(be, g, xn, 1, &wg[l], 0);
+            be->ops->matmul(be, u, xn, 1, &wu[l], 0);
+            be->ops->glu(be, g, g, u, 1, F, F, PT_GLU_SILU);
+            be->ops->matmul(be, y, g, 1, &wd[l], 0);
+            be->ops->add(be, x, x, y, H);
+        }
+        be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
+        be->ops->matmul(be, logits, xn, 1, &emb, 0);
+        be->ops->argmax(be, &am, logits, 1, V);
+        double t2 = now();
+        tok = am;
+        if (t1 - t0 < best_rd) best_rd = t1 - t0;
+        if (t2 - t1 < best_step) best_step = t2 - t1;
+    }
+    double gb = total_bytes / 1e9;
+    printf("llama-3.2-1b q%d%s threads=%d depth=%d: %.2f tok/s, weights %.2f GB -> %.1f GB/s; streaming read %.1f GB/s; "
+           "bw_fraction %.2f\n",
+           bits, i8 ? " int8-act" : "", nth, D, 1.0 / best_step, gb, gb / best_step, gb / best_rd,
+           (gb / best_step) / (gb / best_rd));
+    pt_pool_free(&pool);
+    pt_backend_free(&be);
+    return 0;
+}
