@@ -196,7 +196,7 @@ static void test_matmul_dense(void) {
                     tweight tw;
                     tw_make(&tw, 0, shapes[s][0], shapes[s][1], (pt_ftype)dt, 0, 0, (int)(s & 1));
                     REQUIRE(be->ops->prepare_weight(be, &tw.w, "w") == PT_OK, "prepare: %s", pt_last_error());
-                    char what[128];
+                    char what[256];
                     snprintf(what, sizeof what, "%s %s N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
                              pt_ftype_name((pt_ftype)dt), (long long)shapes[s][0], (long long)shapes[s][1],
                              (long long)Ts[ti]);
@@ -227,7 +227,7 @@ static void test_matmul_quant_all_bits(void) {
                     tweight tw;
                     tw_make(&tw, ti == 2 ? 3 : 0, N, K, dt, bitss[bi], gs, (int)(gi == 1));
                     REQUIRE(be->ops->prepare_weight(be, &tw.w, "wq") == PT_OK, "prepare: %s", pt_last_error());
-                    char what[160];
+                    char what[256];
                     snprintf(what, sizeof what, "%s q%d g%d N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
                              bitss[bi], gs, (long long)N, (long long)K, (long long)Ts[ti]);
                     int ok = check_matmul_case(be, &tw, Ts[ti], ti == 2 ? 2 : 0, what);
@@ -260,7 +260,7 @@ static void test_matmul_bf16_mode(void) {
                 for (int64_t T = 1; T <= 5; T += 2) {
                     int64_t N = 9 + gi + 4 * bi, K = gss[gi] * (2 + bi);
                     tw_make(&tw, 0, N, K, PT_FT_BF16, bitss[bi], gss[gi], bi == 1);
-                    char what[96];
+                    char what[256];
                     snprintf(what, sizeof what, "%s bf16 q%d g%d N=%lld K=%lld T=%lld", pt_backend_cpu_isa_name(be),
                              bitss[bi], gss[gi], (long long)N, (long long)K, (long long)T);
                     int ok = check_matmul_case(be, &tw, T, 0, what);
@@ -387,7 +387,7 @@ static void test_embed(void) {
                         if (scale != 1.0f) v = rnd_act(act, v * scale);
                         ref[t * H + i] = v;
                     }
-                char what[64];
+                char what[256];
                 snprintf(what, sizeof what, "embed act=%d bits=%d gs=%d", am, bits, gs);
                 int ok = close_enough(what, y, ref, 4 * H, 1e-6, act == PT_ACT_BF16 ? 1.0 / 128 : 1e-6);
                 int32_t bad[1] = {(int32_t)V};
@@ -440,7 +440,7 @@ static void test_rms_norm(void) {
                         }
                         pt_status s = be->ops->rms_norm(be, y, x, fused ? res : NULL, T, D, w, PT_FT_BF16,
                                                         (pt_rms_style)style, 1e-5f);
-                        char what[96];
+                        char what[256];
                         snprintf(what, sizeof what, "%s rms_norm act=%d D=%lld style=%d fused=%d",
                                  pt_backend_cpu_isa_name(be), am, (long long)D, style, fused);
                         int ok = s == PT_OK && close_enough(what, y, ref, T * D, 1e-6, am ? 1.0 / 128 : 1e-5);
@@ -488,7 +488,7 @@ static void test_rope(void) {
                     }
                 }
             REQUIRE(be->ops->rope(be, x, T, nh, hd, pos, &r) == PT_OK, "rope");
-            char what[64];
+            char what[256];
             snprintf(what, sizeof what, "rope act=%d hd=%d rot=%d", am, hd, rot);
             /* f32 mode: cosf/sinf of large angles differ from the double reference by a few ulp */
             int ok = close_enough(what, x, ref, T * nh * hd, am ? 1e-2 : 2e-5, am ? 1.0 / 64 : 1e-5);
@@ -559,7 +559,7 @@ static int run_attn_case(pt_backend *be, const attn_case *c, float *out_keep) {
             }
         }
     if (ok) {
-        char what[160];
+        char what[256];
         snprintf(what, sizeof what, "%s attn nh=%d nkv=%d hd=%d T=%d pos0=%d win=%d cap=%d dt=%s act=%d",
                  pt_backend_cpu_isa_name(be), nh, nkv, hd, T, c->pos0, c->window, c->softcap > 0,
                  pt_ftype_name(c->dt), act);
@@ -691,7 +691,7 @@ static int run_qattn_case(pt_backend *be, const qattn_case *c) {
             }
         }
     if (ok) {
-        char what[160];
+        char what[256];
         snprintf(what, sizeof what, "%s qattn q%d g%d nh=%d nkv=%d hd=%d T=%d pos0=%d win=%d act=%d",
                  pt_backend_cpu_isa_name(be), c->bits, c->gs, nh, nkv, hd, T, c->pos0, c->window, act);
         ok = close_enough(what, out, ref, (int64_t)T * nh * hd, act ? 2e-2 : 1e-5, act ? 1.0 / 64 : 1e-4);
@@ -805,7 +805,7 @@ static void test_glu_and_elementwise(void) {
             if (op == 2) be->ops->add_scaled(be, y, a, b, 0.3f, n);
             if (op == 3) be->ops->scale(be, y, a, 0.3f, n);
             if (op == 4) be->ops->softcap(be, y, a, 30.0f, n);
-            char what[32];
+            char what[256];
             snprintf(what, sizeof what, "elementwise op %d act %d", op, am);
             CHECK(close_enough(what, y, ref, n, 1e-6, rtol), "elementwise");
         }
@@ -910,7 +910,7 @@ static void test_moe_ffn(void) {
             }
             pt_status s = be->ops->moe_ffn(be, y, x, T, idx, wts, k, &g.w, fused ? NULL : &u.w, &d.w, PT_GLU_SILU);
             REQUIRE(s == PT_OK, "moe_ffn: %s", pt_last_error());
-            char what[48];
+            char what[256];
             snprintf(what, sizeof what, "moe_ffn fused=%d act=%d", fused, am);
             CHECK(close_enough(what, y, ref, T * H, am ? 2e-2 : 1e-4, am ? 1.0 / 32 : 1e-4), "moe");
             tw_free(&g);
