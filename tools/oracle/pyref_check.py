@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Independent check of committed goldens: a pure-Python (no numpy/torch)
-forward pass of the llama-family fixtures, written from the formulas in
-architectures.md, compared with the fp32 logits transformers recorded.
+forward pass of every fixture family (Llama/Qwen2/Qwen3/Qwen3-MoE/MiniCPM,
+Gemma 2/3/4, Qwen3.5 with the sequential delta-rule recurrence), written from
+the formulas in architectures.md, compared with the fp32 logits transformers
+recorded.
 
-  python3 tools/oracle/pyref_check.py [fixture ...]   (default: the llama, qwen, minicpm, gemma2, gemma3_text fixtures)
+  python3 tools/oracle/pyref_check.py [fixture ...]   (default: every fixture)
 
 Reads the committed model.safetensors (bf16, or MLX packed codes, which it
-dequantizes with mlxq.py), runs the shortest prompt in double precision and
-prints max |logit difference| / max |logit| (fp32 rounding in the reference
-gives ~1e-6).  Exits 1 if any fixture exceeds 1e-4.  What it is not: a
-reference for other families, or fast (seconds per fixture).
+dequantizes with mlxq.py), runs prompt 1 (Gemma, Qwen3.5: prompt 3, longer
+than the sliding window) in double precision and prints max |logit
+difference| / max |logit|.  Exits 1 if any fixture exceeds 1e-4.  What it is
+not: fast (seconds per fixture), or a reference for quantized KV.
 """
 import json
 import math
@@ -64,14 +66,14 @@ def load_weights(d, cfg):
             continue
         base = name[: -len(".weight")] if name.endswith(".weight") else None
         if q and base and base + ".scales" in t:
-            p = q.get(base) if isinstance(q.get(base), dict) else q
+            p = dict(q, **q[base]) if isinstance(q.get(base), dict) else q
             bits, gs = p["bits"], p["group_size"]
             words = rows(t[name])
             sc, bi = rows(t[base + ".scales"]), rows(t[base + ".biases"])
             ncol = len(sc[0]) * gs
             w[name] = mlxq.dequantize_rows_py(words, sc, bi, bits, gs, ncol)
-        elif len(sv[0]) == 2:
-            w[name] = rows(sv)
+        elif len(sv[0]) >= 2:
+            w[name] = rows(sv)  # 3-D expert tensors: [E * out] rows of `in`
         else:
             w[name] = sv[1]
     return w
@@ -295,14 +297,278 @@ def forward_gemma(d, prompt):
     return max(abs(a - b) for a, b in zip(got, ref)) / mx
 
 
+def forward_gemma4(d, prompt):
+    """Gemma 4 text (or the gemma4 wrapper's text_config): plain-w norms, v_norm
+    without scale, attention scale 1, proportional RoPE and global_head_dim on
+    full layers, K=V on full layers when attention_k_eq_v, KV sharing,
+    double-wide MLP on shared layers, per-layer inputs, MoE beside the dense
+    MLP, layer_scalar, final soft-cap."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    tc = cfg.get("text_config", cfg)
+    w = load_weights(d, cfg)
+    pre = "model."
+    for cand in ("model.language_model.", "language_model.model."):  # HF wrapper, MLX-community wrapper
+        if cand + "embed_tokens.weight" in w:
+            pre = cand
+    H, nh, L = tc["hidden_size"], tc["num_attention_heads"], tc["num_hidden_layers"]
+    eps, W, types = tc["rms_norm_eps"], tc["sliding_window"], tc["layer_types"]
+    rp = tc["rope_parameters"]
+    first_shared = L - (tc.get("num_kv_shared_layers") or 0)
+    ple_dim = tc.get("hidden_size_per_layer_input") or 0
+
+    def hd_of(lt):
+        return tc["global_head_dim"] if lt == "full_attention" and tc.get("global_head_dim") else tc["head_dim"]
+
+    def nkv_of(lt):
+        if lt == "full_attention" and tc.get("attention_k_eq_v"):
+            return tc["num_global_key_value_heads"]
+        return tc["num_key_value_heads"]
+
+    invs = {}
+    for lt in set(types):
+        r, hd = rp[lt], hd_of(lt)
+        inv = [1.0 / r["rope_theta"] ** (2 * i / hd) for i in range(hd // 2)]
+        if r.get("rope_type") == "proportional":
+            n_rot = int(r["partial_rotary_factor"] * hd // 2)
+            inv = [v if i < n_rot else 0.0 for i, v in enumerate(inv)]
+            inv = [v / r.get("factor", 1.0) for v in inv]
+        invs[lt] = inv
+    g = goldfile.read(os.path.join(d, "golden.bin"))
+    _, sh, b = g["prompt.%d.ids" % prompt]
+    ids = struct.unpack("<%di" % sh[0], b)
+    T = len(ids)
+    E = w[pre + "embed_tokens.weight"]
+    xs = [[v * math.sqrt(H) for v in E[i]] for i in ids]
+    if ple_dim:
+        P = w[pre + "embed_tokens_per_layer.weight"]
+        ple = []
+        for t, i in enumerate(ids):
+            tok = [v * math.sqrt(ple_dim) for v in P[i]]
+            proj = [v * H ** -0.5 for v in matvec(w[pre + "per_layer_model_projection.weight"], xs[t])]
+            per = []
+            for l in range(L):
+                c = rmsnorm(proj[l * ple_dim:(l + 1) * ple_dim], w[pre + "per_layer_projection_norm.weight"], eps)
+                per.append([(a + b) * 2 ** -0.5 for a, b in zip(c, tok[l * ple_dim:(l + 1) * ple_dim])])
+            ple.append(per)
+    shared = {}
+    for l in range(L):
+        p = pre + "layers.%d." % l
+        lt = types[l]
+        hd, nkv = hd_of(lt), nkv_of(lt)
+        qs = []
+        ks, vs = [], []
+        for t in range(T):
+            h = rmsnorm(xs[t], w[p + "input_layernorm.weight"], eps)
+            q = matvec(w[p + "self_attn.q_proj.weight"], h)
+            qs.append([rope(rmsnorm(q[j * hd:(j + 1) * hd], w[p + "self_attn.q_norm.weight"], eps), t, invs[lt])
+                       for j in range(nh)])
+            if l < first_shared:
+                k = matvec(w[p + "self_attn.k_proj.weight"], h)
+                v = matvec(w[p + "self_attn.v_proj.weight"], h) if p + "self_attn.v_proj.weight" in w else k
+                ks.append([rope(rmsnorm(k[j * hd:(j + 1) * hd], w[p + "self_attn.k_norm.weight"], eps), t, invs[lt])
+                           for j in range(nkv)])
+                vs.append([rmsnorm(v[j * hd:(j + 1) * hd], [1.0] * hd, eps) for j in range(nkv)])
+        if l < first_shared:
+            shared[lt] = (ks, vs)  # the last non-shared layer of each type wins
+        else:
+            ks, vs = shared[lt]
+            nkv = len(ks[0])
+        new = []
+        for t in range(T):
+            lo = max(0, t - W + 1) if lt == "sliding_attention" else 0
+            o = []
+            for j in range(nh):
+                kv = j // (nh // nkv)
+                sc = [sum(a * b for a, b in zip(qs[t][j], ks[u][kv])) for u in range(lo, t + 1)]
+                m = max(sc)
+                e = [math.exp(s - m) for s in sc]
+                z = sum(e)
+                o += [sum(e[u - lo] / z * vs[u][kv][i] for u in range(lo, t + 1)) for i in range(hd)]
+            a = rmsnorm(matvec(w[p + "self_attn.o_proj.weight"], o), w[p + "post_attention_layernorm.weight"], eps)
+            x = [xv + av for xv, av in zip(xs[t], a)]
+            hm = rmsnorm(x, w[p + "pre_feedforward_layernorm.weight"], eps)
+            gt, up = matvec(w[p + "mlp.gate_proj.weight"], hm), matvec(w[p + "mlp.up_proj.weight"], hm)
+            y = matvec(w[p + "mlp.down_proj.weight"], [gelu_tanh(a) * b for a, b in zip(gt, up)])
+            if p + "router.proj.weight" in w:
+                y1 = rmsnorm(y, w[p + "post_feedforward_layernorm_1.weight"], eps)
+                zr = [v * s * H ** -0.5 for v, s in zip(rmsnorm(x, [1.0] * H, eps), w[p + "router.scale"])]
+                sc = matvec(w[p + "router.proj.weight"], zr)
+                m = max(sc)
+                e = [math.exp(v - m) for v in sc]
+                prob = [v / sum(e) for v in e]
+                top = sorted(range(len(prob)), key=lambda i: -prob[i])[:tc["top_k_experts"]]
+                tot = sum(prob[i] for i in top)
+                x2 = rmsnorm(x, w[p + "pre_feedforward_layernorm_2.weight"], eps)
+                I = tc["moe_intermediate_size"]
+                y2 = [0.0] * H
+                for i in top:
+                    if p + "experts.gate_up_proj" in w:  # HF: fused [E, 2I, H], gate rows first
+                        GU, DN = w[p + "experts.gate_up_proj"], w[p + "experts.down_proj"]
+                        Wg, Wu = GU[i * 2 * I:i * 2 * I + I], GU[i * 2 * I + I:(i + 1) * 2 * I]
+                    else:  # MLX: experts.switch_glu.{gate,up,down}_proj stacked [E, out, in]
+                        sg = p + "experts.switch_glu."
+                        Wg = w[sg + "gate_proj.weight"][i * I:(i + 1) * I]
+                        Wu = w[sg + "up_proj.weight"][i * I:(i + 1) * I]
+                        DN = w[sg + "down_proj.weight"]
+                    gg, uu = matvec(Wg, x2), matvec(Wu, x2)
+                    ye = matvec(DN[i * H:(i + 1) * H], [gelu_tanh(a) * b for a, b in zip(gg, uu)])
+                    wt = prob[i] / tot * w[p + "router.per_expert_scale"][i]
+                    y2 = [a + wt * b for a, b in zip(y2, ye)]
+                y2 = rmsnorm(y2, w[p + "post_feedforward_layernorm_2.weight"], eps)
+                y = [a + b for a, b in zip(y1, y2)]
+            y = rmsnorm(y, w[p + "post_feedforward_layernorm.weight"], eps)
+            x = [a + b for a, b in zip(x, y)]
+            if ple_dim:
+                gte = [gelu_tanh(v) for v in matvec(w[p + "per_layer_input_gate.weight"], x)]
+                pp = matvec(w[p + "per_layer_projection.weight"], [a * b for a, b in zip(gte, ple[t][l])])
+                pp = rmsnorm(pp, w[p + "post_per_layer_input_norm.weight"], eps)
+                x = [a + b for a, b in zip(x, pp)]
+            new.append([v * w[p + "layer_scalar"][0] for v in x])
+        xs = new
+    cap = tc.get("final_logit_softcapping")
+    logits = [matvec(E, rmsnorm(x, w[pre + "norm.weight"], eps)) for x in xs]
+    if cap:
+        logits = [[cap * math.tanh(v / cap) for v in row] for row in logits]
+    _, sh, b = g["prompt.%d.logits.f32" % prompt]
+    ref = struct.unpack("<%df" % (sh[0] * sh[1]), b)
+    got = [v for row in logits for v in row]
+    mx = max(abs(v) for v in ref)
+    return max(abs(a - b) for a, b in zip(got, ref)) / mx
+
+
+def forward_qwen35(d, prompt):
+    """Qwen3.5 text: (1+w) norms; gated DeltaNet layers by the sequential
+    recurrence (architectures.md 9.2); gated full attention with partial RoPE."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    w = load_weights(d, cfg)
+    H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, L = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
+    Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    Dk, Dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    rp = cfg["rope_parameters"]
+    rdim = int(hd * rp.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+    inv = [1.0 / rp["rope_theta"] ** (2 * i / rdim) for i in range(rdim // 2)]
+    g = goldfile.read(os.path.join(d, "golden.bin"))
+    _, sh, b = g["prompt.%d.ids" % prompt]
+    ids = struct.unpack("<%di" % sh[0], b)
+    T = len(ids)
+    xs = [list(w["model.embed_tokens.weight"][i]) for i in ids]
+
+    def silu(z):
+        return z / (1 + math.exp(-z))
+
+    def l2n(x):
+        r = 1.0 / math.sqrt(sum(v * v for v in x) + 1e-6)
+        return [v * r for v in x]
+    for l in range(L):
+        p = "model.layers.%d." % l
+        hs = [rmsnorm1p(x, w[p + "input_layernorm.weight"], eps) for x in xs]
+        outs = []
+        if cfg["layer_types"][l] == "linear_attention":
+            a = p + "linear_attn."
+            mixed = [matvec(w[a + "in_proj_qkv.weight"], h) for h in hs]
+            conv = w[a + "conv1d.weight"]  # [C rows of K]
+            C = len(conv)
+            S = [[[0.0] * Dv for _ in range(Dk)] for _ in range(Hv)]
+            A = [math.exp(v) for v in w[a + "A_log"]]
+            for t in range(T):
+                y = []
+                for c in range(C):
+                    acc = 0.0
+                    for j in range(K):
+                        src = t - (K - 1) + j
+                        if src >= 0:
+                            acc += conv[c][j] * mixed[src][c]
+                    y.append(silu(acc))
+                q, k, v = y[:Hk * Dk], y[Hk * Dk:2 * Hk * Dk], y[2 * Hk * Dk:]
+                z = matvec(w[a + "in_proj_z.weight"], hs[t])
+                bb = matvec(w[a + "in_proj_b.weight"], hs[t])
+                aa = matvec(w[a + "in_proj_a.weight"], hs[t])
+                o_all = []
+                for hv in range(Hv):
+                    kh = hv // (Hv // Hk)
+                    qv = [x * Dk ** -0.5 for x in l2n(q[kh * Dk:(kh + 1) * Dk])]
+                    kv = l2n(k[kh * Dk:(kh + 1) * Dk])
+                    vv = v[hv * Dv:(hv + 1) * Dv]
+                    beta = 1 / (1 + math.exp(-bb[hv]))
+                    sp = aa[hv] + w[a + "dt_bias"][hv]
+                    sp = sp + math.log1p(math.exp(-sp)) if sp > 0 else math.log1p(math.exp(sp))
+                    alpha = math.exp(-A[hv] * sp)
+                    St = S[hv]
+                    for i in range(Dk):
+                        for j in range(Dv):
+                            St[i][j] *= alpha
+                    m = [sum(St[i][j] * kv[i] for i in range(Dk)) for j in range(Dv)]
+                    dl = [beta * (vv[j] - m[j]) for j in range(Dv)]
+                    for i in range(Dk):
+                        for j in range(Dv):
+                            St[i][j] += kv[i] * dl[j]
+                    o = [sum(St[i][j] * qv[i] for i in range(Dk)) for j in range(Dv)]
+                    o = rmsnorm(o, w[a + "norm.weight"], eps)
+                    o_all += [ov * silu(zv) for ov, zv in zip(o, z[hv * Dv:(hv + 1) * Dv])]
+                outs.append(matvec(w[a + "out_proj.weight"], o_all))
+        else:
+            a = p + "self_attn."
+            qs, ks, vs, gates = [], [], [], []
+            for t in range(T):
+                qg = matvec(w[a + "q_proj.weight"], hs[t])
+                k = matvec(w[a + "k_proj.weight"], hs[t])
+                v = matvec(w[a + "v_proj.weight"], hs[t])
+                qh, gt = [], []
+                for j in range(nh):
+                    blk = qg[j * 2 * hd:(j + 1) * 2 * hd]
+                    qq = rmsnorm1p(blk[:hd], w[a + "q_norm.weight"], eps)
+                    qh.append(rope(qq[:rdim], t, inv) + qq[rdim:])
+                    gt += blk[hd:]
+                kh = []
+                for j in range(nkv):
+                    kk = rmsnorm1p(k[j * hd:(j + 1) * hd], w[a + "k_norm.weight"], eps)
+                    kh.append(rope(kk[:rdim], t, inv) + kk[rdim:])
+                qs.append(qh)
+                ks.append(kh)
+                vs.append([v[j * hd:(j + 1) * hd] for j in range(nkv)])
+                gates.append(gt)
+            for t in range(T):
+                o = []
+                for j in range(nh):
+                    kv = j // (nh // nkv)
+                    sc = [sum(x * y for x, y in zip(qs[t][j], ks[u][kv])) / math.sqrt(hd) for u in range(t + 1)]
+                    m = max(sc)
+                    e = [math.exp(s - m) for s in sc]
+                    zz = sum(e)
+                    o += [sum(e[u] / zz * vs[u][kv][i] for u in range(t + 1)) for i in range(hd)]
+                o = [ov / (1 + math.exp(-gv)) for ov, gv in zip(o, gates[t])]
+                outs.append(matvec(w[a + "o_proj.weight"], o))
+        xs = [[x + y for x, y in zip(xs[t], outs[t])] for t in range(T)]
+        for t in range(T):
+            h = rmsnorm1p(xs[t], w[p + "post_attention_layernorm.weight"], eps)
+            dn = swiglu(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"], h)
+            xs[t] = [x + y for x, y in zip(xs[t], dn)]
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    logits = [matvec(head, rmsnorm1p(x, w["model.norm.weight"], eps)) for x in xs]
+    _, sh, b = g["prompt.%d.logits.f32" % prompt]
+    ref = struct.unpack("<%df" % (sh[0] * sh[1]), b)
+    got = [v for row in logits for v in row]
+    mx = max(abs(v) for v in ref)
+    return max(abs(a - b) for a, b in zip(got, ref)) / mx
+
+
 def main():
     names = sys.argv[1:] or ["llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", "llama_mlx_q4", "llama_mlx_q8",
-                             "llama_mlx_mixed_3_6", "qwen3_moe_mlx_q4", "gemma2", "gemma3_text"]
+                             "llama_mlx_mixed_3_6", "qwen3_moe_mlx_q4", "gemma2", "gemma3_text", "gemma4_dense",
+                             "gemma4_e", "gemma4_moe", "gemma4_mm", "gemma4_moe_mlx_q4", "qwen3_5_text"]
     bad = 0
     for n in names:
         d = os.path.join(ROOT, "tests", "fixtures", n)
         # Gemma: prompt 3 (44 ids), longer than the sliding window of 16.
-        r = forward_gemma(d, 3) if n.startswith("gemma") else forward(d)
+        if n.startswith("qwen3_5"):
+            r = forward_qwen35(d, 3)
+        elif n.startswith("gemma4"):
+            r = forward_gemma4(d, 3)
+        elif n.startswith("gemma"):
+            r = forward_gemma(d, 3)
+        else:
+            r = forward(d)
         print("%-22s max|d|/max|logit| = %.2e" % (n, r))
         bad += r > 1e-4
     sys.exit(1 if bad else 0)
