@@ -200,7 +200,9 @@ static void mm_gemm(void *arg, int ith, int nth) {
                 int64_t n = p0 + r;
                 if (w->bits) {
                     float *sc = prm + (size_t)r * 2 * ng, *bi = sc + ng;
-                    if (kc0 == 0) pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+                    /* prm holds one panel's rows: reload for every panel of every k block
+                     * (caching from kc0 == 0 gave later panels the last panel's scales) */
+                    pt_cpu_qrow_params(w, m->expert, n, sc, bi);
                     pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, kc0, kc, tmp);
                     for (int64_t kk = 0; kk < kc;) { /* group by group: no division per element */
                         int64_t g = (kc0 + kk) / w->group_size, end = (g + 1) * w->group_size - kc0;
