@@ -5,7 +5,9 @@ Gemma 2/3/4, Qwen3.5 with the sequential delta-rule recurrence), written from
 the formulas in architectures.md, compared with the fp32 logits transformers
 recorded.
 
-  python3 tools/oracle/pyref_check.py [fixture ...]   (default: every fixture)
+  python3 tools/oracle/pyref_check.py [--qkv] [fixture ...]   (default: every fixture)
+
+--qkv also recomputes the llama fixture's quantized-KV scenarios (~1 minute).
 
 Reads the committed model.safetensors (bf16, or MLX packed codes, which it
 dequantizes with mlxq.py), runs prompt 1 (Gemma, Qwen3.5: prompt 3, longer
@@ -553,8 +555,103 @@ def forward_qwen35(d, prompt):
     return max(abs(a - b) for a, b in zip(got, ref)) / mx
 
 
+def qkv_check(d, s):
+    """Quantized-KV scenario s of the llama fixture, recomputed in pure Python
+    (chunked prefill, whole-cache conversion after a chunk or step once the
+    cache holds >= start rows, rows quantized on write afterwards, attention
+    over dequantized rows).  Returns (max |d| / max |logit| over the prompt
+    logits, greedy tokens equal).  A code could flip where double-precision K/V
+    sit on a rounding boundary that fp32 K/V do not; none does in the committed
+    scenarios (agreement ~4e-7), while quantizing the first chunk too (a wrong
+    conversion rule) shows as 5e-3 at 8 bits and 8e-2 at 4 bits."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    w = load_weights(d, cfg)
+    H, nh, nkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or H // nh
+    eps, L = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
+    inv = inv_freqs(cfg, hd)
+    g = goldfile.read(os.path.join(d, "golden.bin"))
+
+    def arr(name, fmt):
+        _, sh, b = g[name]
+        n = 1
+        for x in sh:
+            n *= x
+        return sh, struct.unpack("<%d%s" % (n, fmt), b)
+    _, (bits_label, gs, chunk, start) = arr("qkv.%d.params" % s, "i")
+    _, layer_bits = arr("qkv.%d.layer_bits" % s, "i")
+    _, ids = arr("prompt.3.ids", "i")
+    (npos, V), ref = arr("qkv.%d.prompt_logits" % s, "f")
+    _, ref_greedy = arr("qkv.%d.greedy" % s, "i")
+
+    def fq(row, bits):
+        row = [mlxq.f32(v) for v in row]
+        wd, sc, bi = mlxq.quantize_rows_py([row], bits, gs, out_dtype="f32")
+        return mlxq.dequantize_rows_py(wd, sc, bi, bits, gs, len(row))[0]
+    cache = [{"k": [], "v": [], "q": False} for _ in range(L)]  # k/v: list over positions of [nkv][hd]
+    E = w["model.embed_tokens.weight"]
+
+    def run(tokens, pos0):
+        xs = [list(E[i]) for i in tokens]
+        T = len(tokens)
+        for l in range(L):
+            p = "model.layers.%d." % l
+            c = cache[l]
+            qs = []
+            for t in range(T):
+                h = rmsnorm(xs[t], w[p + "input_layernorm.weight"], eps)
+                q, k, v = (matvec(w[p + "self_attn.%s_proj.weight" % n], h) for n in "qkv")
+                qs.append([rope(q[j * hd:(j + 1) * hd], pos0 + t, inv) for j in range(nh)])
+                kh = [rope(k[j * hd:(j + 1) * hd], pos0 + t, inv) for j in range(nkv)]
+                vh = [v[j * hd:(j + 1) * hd] for j in range(nkv)]
+                if c["q"]:
+                    kh = [fq(x, layer_bits[l]) for x in kh]
+                    vh = [fq(x, layer_bits[l]) for x in vh]
+                c["k"].append(kh)
+                c["v"].append(vh)
+            for t in range(T):
+                o = []
+                for j in range(nh):
+                    kv = j // (nh // nkv)
+                    n = pos0 + t + 1
+                    sc = [sum(a * b for a, b in zip(qs[t][j], c["k"][u][kv])) / math.sqrt(hd) for u in range(n)]
+                    m = max(sc)
+                    e = [math.exp(x - m) for x in sc]
+                    z = sum(e)
+                    o += [sum(e[u] / z * c["v"][u][kv][i] for u in range(n)) for i in range(hd)]
+                a = matvec(w[p + "self_attn.o_proj.weight"], o)
+                xs[t] = [x + y for x, y in zip(xs[t], a)]
+                h = rmsnorm(xs[t], w[p + "post_attention_layernorm.weight"], eps)
+                dn = swiglu(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"], h)
+                xs[t] = [x + y for x, y in zip(xs[t], dn)]
+        return [matvec(E, rmsnorm(x, w["model.norm.weight"], eps)) for x in xs]
+
+    def convert():
+        for l, c in enumerate(cache):
+            if layer_bits[l] and not c["q"] and len(c["k"]) >= start:
+                c["k"] = [[fq(x, layer_bits[l]) for x in row] for row in c["k"]]
+                c["v"] = [[fq(x, layer_bits[l]) for x in row] for row in c["v"]]
+                c["q"] = True
+    logits = []
+    for s0 in range(0, len(ids), chunk):
+        logits += run(ids[s0:s0 + chunk], s0)
+        convert()
+    got = [v for row in logits for v in row]
+    mx = max(abs(v) for v in ref)
+    rel = max(abs(a - b) for a, b in zip(got, ref)) / mx
+    toks = [max(range(V), key=lambda i: logits[-1][i])]
+    pos = len(ids)
+    while len(toks) < len(ref_greedy):
+        lg = run([toks[-1]], pos)[0]
+        convert()
+        toks.append(max(range(V), key=lambda i: lg[i]))
+        pos += 1
+    return rel, tuple(toks) == tuple(ref_greedy)
+
+
 def main():
-    names = sys.argv[1:] or ["llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", "llama_mlx_q4", "llama_mlx_q8",
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", "llama_mlx_q4", "llama_mlx_q8",
                              "llama_mlx_mixed_3_6", "qwen3_moe_mlx_q4", "gemma2", "gemma3_text", "gemma4_dense",
                              "gemma4_e", "gemma4_moe", "gemma4_mm", "gemma4_moe_mlx_q4", "qwen3_5_text"]
     bad = 0
@@ -571,6 +668,12 @@ def main():
             r = forward(d)
         print("%-22s max|d|/max|logit| = %.2e" % (n, r))
         bad += r > 1e-4
+        if n == "llama" and "--qkv" in flags:
+            for sc in range(4):
+                rel, same = qkv_check(d, sc)
+                print("%-22s max|d|/max|logit| = %.2e, greedy %s" % ("  qkv scenario %d" % sc, rel,
+                                                                    "equal" if same else "DIFFERENT"))
+                bad += rel > 1e-4 or not same
     sys.exit(1 if bad else 0)
 
 
