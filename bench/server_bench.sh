@@ -13,9 +13,9 @@ set -eu
 cd "$(dirname "$0")/.."
 MODEL=${1:-$(ls -d models/*/ | head -1)}
 T=${2:-1}
-REPS=${3:-3}
+REPS=${3:-8}
 N_GEN=${N_GEN:-64}
-PROMPT=${PROMPT:-"In the beginning"}
+PROMPT=${PROMPT:-"In the beginning|And God said|Blessed are the|Now the serpent was|The heavens declare|For God so loved|And Jesus answered|And the LORD spake unto Moses"}
 PETREL=${PETREL:-build/petrel}
 TMP=$(mktemp -d); trap 'kill $PID 2>/dev/null; rm -rf "$TMP"' EXIT
 PID=
@@ -24,6 +24,7 @@ echo "commit $(git rev-parse --short HEAD)  model $MODEL  threads $T  n_gen $N_G
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
 
 start_server() { # extra args...
+  : >"$TMP/err"
   "$PETREL" serve -m "$MODEL" --port 0 -t "$T" "$@" 2>"$TMP/err" &
   PID=$!
   PORT=""
@@ -37,6 +38,7 @@ stop_server() { kill "$PID"; wait "$PID" 2>/dev/null || true; PID=; }
 
 echo "## start to ready"
 for r in $(seq 1 "$REPS"); do
+  : >"$TMP/err"
   t0=$(date +%s.%N)
   "$PETREL" serve -m "$MODEL" --port 0 -t "$T" 2>"$TMP/err" &
   PID=$!

@@ -7,6 +7,9 @@ a measuring harness, not part of petrel).
   server_client.py ab PETREL MODEL THREADS PROMPT N_GEN REPS PORT
       alternates `petrel generate` and one HTTP stream of the same prompt
       REPS times (A B A B, so machine noise hits both) and prints medians.
+      PROMPT may hold several prompts separated by '|', used in turn, so
+      that consecutive HTTP requests do not share a cached prompt (the
+      comparison is then prefill against prefill).
 """
 import http.client
 import json
@@ -53,7 +56,7 @@ def stream(port, prompt, n_gen, n_par):
 
 def main():
     if sys.argv[1] == "stream":
-        port, prompt, n_gen, n_par = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        port, prompt, n_gen, n_par = int(sys.argv[2]), sys.argv[3].split("|")[0], int(sys.argv[4]), int(sys.argv[5])
         res = stream(port, prompt, n_gen, n_par)
         total = sum(r[1] for r in res)
         span = max(r[4] for r in res) - min(r[3] for r in res)
@@ -63,7 +66,9 @@ def main():
         return
     petrel, model, threads, prompt, n_gen, reps, port = sys.argv[2:9]
     d_tps, d_ttft, h_tps, h_ttft = [], [], [], []
+    prompts = prompt.split("|")
     for r in range(int(reps)):
+        prompt = prompts[r % len(prompts)]
         err = subprocess.run([petrel, "generate", "-m", model, "-p", prompt, "--max-tokens", n_gen,
                               "--temp", "0", "-t", threads], capture_output=True, text=True).stderr
         m = re.search(r"generation: (\d+) tokens, ([\d.]+) tok/s \| first token: ([\d.]+) ms", err)

@@ -2,11 +2,10 @@
  * entry forwards to the pt_* call of the same meaning.
  *
  * Adaptations: memory the API returns passes through (pt_free is free());
- * session_bytes, which the API does not report, is estimated from
- * config.json as the KV cache at f32 — an upper bound for petrel's caches
- * (bf16 and quantized KV are smaller), so the prompt-cache cap errs towards
- * keeping fewer sessions; and a reused session is made to re-derive its RNG
- * from each new request's seed (see e_sample).
+ * session_bytes, which the API does not report, is measured once, as the
+ * address space the first session added (see e_session_create), and never
+ * taken below config.json's KV cache at f32; and a reused session is made to
+ * re-derive its RNG from each new request's seed (see e_sample).
  */
 #include "server/engine.h"
 
@@ -14,12 +13,15 @@
 #include "base/json.h"
 #include "base/mmap.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct pm {
     pt_model *m;
     size_t kv_bytes_per_token; /* estimate; 0 if config.json could not be read */
+    size_t session_bytes;      /* measured when the first session is made; 0 = not yet */
 } pm;
 
 typedef struct ps {
@@ -77,17 +79,39 @@ static void e_detok_free(void *d) {
     pt_detokenizer_free(&p);
 }
 
+/* The process's address-space size in bytes (/proc/self/statm), 0 if unknown. */
+static size_t vm_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (!f) return 0;
+    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+    fclose(f);
+    return (size_t)pages * (size_t)sysconf(_SC_PAGESIZE);
+}
+
 static pt_status e_session_create(void *m, int n_ctx, void **out) {
+    pm *h = m;
     ps *w = calloc(1, sizeof *w);
     if (!w) return pt_error(PT_ERR_NOMEM, "out of memory");
     pt_session_params sp = pt_session_default_params();
     sp.n_ctx = n_ctx;
-    pt_status st = pt_session_create(M(m), &sp, &w->s);
+    /* The first session is made before the HTTP threads exist, so the growth
+     * of the address space across its creation is its memory (KV cache plus
+     * activation and logit buffers); every session of the server has the same
+     * context, hence the same size. */
+    size_t before = h->session_bytes ? 0 : vm_bytes();
+    pt_status st = pt_session_create(h->m, &sp, &w->s);
     if (st != PT_OK) {
         free(w);
         return st;
     }
-    w->bytes = ((pm *)m)->kv_bytes_per_token * (size_t)pt_session_n_ctx(w->s);
+    if (!h->session_bytes) {
+        size_t after = vm_bytes();
+        size_t kv = h->kv_bytes_per_token * (size_t)pt_session_n_ctx(w->s);
+        h->session_bytes = after > before && after - before > kv ? after - before : kv;
+        if (!h->session_bytes) h->session_bytes = 1;
+    }
+    w->bytes = h->session_bytes;
     *out = w;
     return PT_OK;
 }

@@ -84,6 +84,7 @@ struct pt_srv_sched {
     uint64_t clock;
     pt_vocab_index vocab;
     int vocab_ready;
+    int spare_failed;
 
     /* stats (under mu) */
     int n_active;
@@ -221,9 +222,17 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
         idle_bytes += b;
         if (b > one) one = b;
     }
+    int spare = -1;
+    for (int i = 0; i < s->n_idle; i++)
+        if (s->e->session_n_tokens(s->idle[i].session) == 0) spare = i;
     if (best >= 0 && best_lcp > 0) {
         sl->session = s->idle[best].session;
         s->idle[best] = s->idle[--s->n_idle];
+    } else if (spare >= 0) {
+        /* an empty session made ahead of time (make_spare) */
+        best_lcp = 0;
+        sl->session = s->idle[spare].session;
+        s->idle[spare] = s->idle[--s->n_idle];
     } else if (s->n_idle > 0 && idle_bytes + one > s->cache_bytes) {
         /* nothing shared and no room to keep every idle prefix: reuse the
          * least recently used session */
@@ -385,6 +394,37 @@ static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
     }
 }
 
+/* Creating a session costs tens of milliseconds (its buffers are allocated
+ * and touched), which a request would otherwise pay in its time to first
+ * token whenever the prompt cache grows. So while nothing runs, one empty
+ * session is made ahead of time if the cache has room for it (or the pool
+ * is still below --parallel sessions). Called with s->mu held; returns 1 if
+ * it made one (the lock was released meanwhile). */
+static int make_spare(pt_srv_sched *s) {
+    if (s->spare_failed) return 0;
+    size_t bytes = 0, one = 0;
+    for (int i = 0; i < s->n_idle; i++) {
+        void *ss = s->idle[i].session;
+        if (s->e->session_n_tokens(ss) == 0) return 0; /* a spare is waiting */
+        size_t b = s->e->session_bytes(ss);
+        bytes += b;
+        if (b > one) one = b;
+    }
+    if (s->n_idle >= s->n_parallel && bytes + one > s->cache_bytes) return 0;
+    if (s->n_idle == s->cap_idle) return 0;
+    pthread_mutex_unlock(&s->mu);
+    void *ss = NULL;
+    pt_status st = s->e->session_create(s->e->model, s->n_ctx, &ss);
+    pthread_mutex_lock(&s->mu);
+    if (st != PT_OK) {
+        s->spare_failed = 1; /* out of memory: requests will say so themselves */
+        return 0;
+    }
+    s->idle[s->n_idle++] = (idle_session){ss, ++s->clock};
+    s->idle_bytes = bytes + s->e->session_bytes(ss);
+    return 1;
+}
+
 static void *inference_main(void *arg) {
     pt_srv_sched *s = arg;
     int rr = 0;
@@ -394,6 +434,7 @@ static void *inference_main(void *arg) {
             if (s->stopping) break;
             int free_slot = s->n_active < s->n_parallel;
             if (s->n_active > 0 || (free_slot && s->q_len > 0)) break;
+            if (make_spare(s)) continue;
             pthread_cond_wait(&s->cv, &s->mu);
         }
         if (s->stopping) {
