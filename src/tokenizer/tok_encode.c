@@ -110,8 +110,9 @@ static pt_status split_added(const pt_tokenizer *t, const tok_trie *tr, const ch
             pos = best_end; /* matches never overlap */
             if (a->single_word) {
                 int adv;
-                bool start_space = start == 0 || !tok_is_alnum(last_cp(s, start));
-                bool stop_space = stop == n || !tok_is_alnum(tok_utf8_next((const unsigned char *)s + stop, n - stop, &adv));
+                /* the reference tests its regex word class (\w) on the neighbours */
+                bool start_space = start == 0 || !tok_is_word(last_cp(s, start));
+                bool stop_space = stop == n || !tok_is_word(tok_utf8_next((const unsigned char *)s + stop, n - stop, &adv));
                 if (!start_space || !stop_space) continue;
             }
             if (a->lstrip) {

@@ -54,7 +54,7 @@ int tok_utf8_encode(uint32_t cp, char out[4]);
  * subpart becomes one U+FFFD). */
 pt_status tok_buf_put_lossy(tok_buf *b, const unsigned char *s, size_t n);
 bool tok_is_whitespace(uint32_t cp);   /* Rust char::is_whitespace */
-bool tok_is_alnum(uint32_t cp);        /* Rust char::is_alphanumeric */
+bool tok_is_word(uint32_t cp);         /* the regex \w of the reference (UTS #18 word class) */
 bool tok_is_punct(uint32_t cp);        /* ASCII punctuation or Unicode P* */
 
 /* ---- string -> id hash map (open addressing, strings in one blob) -------- */

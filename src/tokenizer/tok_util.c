@@ -107,13 +107,17 @@ bool tok_is_whitespace(uint32_t c) {
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
            c == 0x205F || c == 0x3000;
 }
-bool tok_is_alnum(uint32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z');
+/* UTS #18 \w, which the reference's regex engine uses for single_word:
+ * letters, Nl, marks, Nd, Pc, the joiners and the circled/squared Latin letters. */
+bool tok_is_word(uint32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || ((c | 32) >= 'a' && (c | 32) <= 'z') || c == '_';
+    if (c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) ||
+        (c >= 0x1F150 && c <= 0x1F169) || (c >= 0x1F170 && c <= 0x1F189))
+        return true;
     utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
-    /* Rust: Alphabetic (letters, Nl, Other_Alphabetic marks) or Numeric (N*).
-     * utf8proc has no Other_Alphabetic; spacing marks (Mc) approximate it. */
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || k == UTF8PROC_CATEGORY_MC ||
-           (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || k == UTF8PROC_CATEGORY_NL ||
+           (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) || k == UTF8PROC_CATEGORY_ND ||
+           k == UTF8PROC_CATEGORY_PC;
 }
 bool tok_is_punct(uint32_t c) {
     if (c < 0x80) return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) ||

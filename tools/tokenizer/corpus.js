@@ -77,7 +77,8 @@ function specialCases(tokens) {
   const out = [];
   for (const t of tokens) {
     out.push(t, `${t}${t}`, `hello${t}world`, `hello ${t} world`, `hello  ${t}  world`, `${t}\nline`,
-             `line\n${t}`, ` ${t}`, `${t} `, `x${t.slice(0, Math.max(1, t.length - 1))}y`, `a ${t}b ${t} c${t}d`);
+             `line\n${t}`, ` ${t}`, `${t} `, `x${t.slice(0, Math.max(1, t.length - 1))}y`, `a ${t}b ${t} c${t}d`,
+             `_${t}_`, `${t}\u00b2`, `\u0301${t}`, `${t}\u0903`, `\u216b${t}`, `.${t},`, `\t${t}\u3000`);
   }
   if (tokens.length >= 2) out.push(tokens.join(''), tokens.join(' '), tokens.join('\n'), `Q: ${tokens[0]}hi${tokens[1]} A:`);
   return out;
