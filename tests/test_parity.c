@@ -1,7 +1,7 @@
 /* Parity against the transformers goldens for every fixture of the
  * Llama-style families (tests/fixtures/<name>/golden.bin, written by
- * tools/oracle/): llama, qwen2, qwen3, qwen3_moe, minicpm and their MLX
- * quantized variants.
+ * tools/oracle/): llama, qwen2, qwen3, qwen3_moe, minicpm, gemma2,
+ * gemma3_text and the MLX quantized variants.
  *
  * Gates (DESIGN.md "Numerics and parity tiers", L1):
  *   fp32: max|Δlogit| <= 1e-4 × max|logit| over every position of every prompt;
@@ -428,7 +428,7 @@ out:
     golden_close(&g);
 }
 
-static const char *const families[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", NULL};
+static const char *const families[] = {"llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", "gemma2", "gemma3_text", NULL};
 
 static void test_parity_fixtures(void) {
     DIR *d = opendir("tests/fixtures");

@@ -1,5 +1,6 @@
 /* The forward driver for the Llama-style decoder families (llama, qwen2,
- * qwen3, qwen3_moe, minicpm): per-session buffers and the pass itself, read
+ * qwen3, qwen3_moe, minicpm, and Gemma 2/3's sandwich-norm variant of the
+ * same block): per-session buffers and the pass itself, read
  * entirely from pt_net (every per-layer constant resolved at load by
  * llama.c). Differences between the families are data in pt_layer/pt_net
  * (biases, QK-norm, MoE, residual and embedding scales), never a branch on
@@ -113,14 +114,14 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, in
     if (!L->is_moe) {
         PT_TRY(OPS(m)->matmul(be, st->gate, st->xn, T, &L->w_gate, 0));
         PT_TRY(OPS(m)->matmul(be, st->up, st->xn, T, &L->w_up, 0));
-        PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, PT_GLU_SILU));
+        PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
         return OPS(m)->matmul(be, st->y, st->act, T, &L->w_down, 0);
     }
     PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xn, T, &L->router, 0));
     if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
     PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
     return OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
-                           &L->ex_down, PT_GLU_SILU);
+                           &L->ex_down, L->glu);
 }
 
 static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int64_t n) {
@@ -143,16 +144,16 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
         const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
-        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, PT_RMS_W, n->eps));
+        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, L->norm_style, n->eps));
         PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
         PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
         PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
         if (L->q_norm)
-            PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, PT_RMS_W,
+            PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, L->qk_style,
                                     n->eps));
         if (L->k_norm)
             PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
-                                    PT_RMS_W, n->eps));
+                                    L->qk_style, n->eps));
         pt_rope rope = L->rope;
         if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
             /* longrope past the original context: the long-factor table */
@@ -164,9 +165,15 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
         PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
         PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, &st->kv[l], &L->attn));
         PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
+        if (L->sandwich)
+            PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
+                                    n->eps));
         PT_TRY(residual(m, st, L, (int64_t)T * H));
-        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, PT_RMS_W, n->eps));
+        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
         PT_TRY(ffn(m, st, L, l, T, pos0));
+        if (L->sandwich)
+            PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm, n->norm_type, L->norm_style,
+                                    n->eps));
         PT_TRY(residual(m, st, L, (int64_t)T * H));
         if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
@@ -175,12 +182,14 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     const int r0 = T - n_logits;
     float *hn = st->xn + (size_t)r0 * H;
     PT_TRY(OPS(m)->rms_norm(be, hn, st->x + (size_t)r0 * H, NULL, n_logits, H, n->final_norm, n->norm_type,
-                            PT_RMS_W, n->eps));
+                            n->final_style, n->eps));
     if (m->hidden_cb) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
     if (n->logit_scale != 1.0f) PT_TRY(OPS(m)->scale(be, hn, hn, n->logit_scale, (int64_t)n_logits * H));
     for (int r = 0; r < n_logits; r += st->logit_rows) {
         int nb = n_logits - r < st->logit_rows ? n_logits - r : st->logit_rows;
         PT_TRY(OPS(m)->matmul(be, st->logits, hn + (size_t)r * H, nb, &n->lm_head, 0));
+        if (n->final_softcap > 0)
+            PT_TRY(OPS(m)->softcap(be, st->logits, st->logits, n->final_softcap, (int64_t)nb * n->vocab));
         PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
     }
     return PT_OK;

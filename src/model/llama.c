@@ -1,5 +1,6 @@
 /* The Llama-style decoder families — llama (Llama 3.x, MiniCPM5), qwen2,
- * qwen3, qwen3_moe and minicpm — built once from the model spec into pt_net
+ * qwen3, qwen3_moe, minicpm, and gemma2 / gemma3 (the same block with (1+w)
+ * sandwich norms, GeGLU, soft-caps and sliding windows) — built once from the model spec into pt_net
  * (model.h), the structure the forward driver (forward.c) reads.
  *
  * What differs between these families is all in the spec and becomes data
@@ -303,12 +304,11 @@ static pt_status check_layer(const pt_model_spec *sp, const pt_layer_spec *L) {
     else if (L->k_eq_v) what = "attention_k_eq_v";
     else if (L->attn_output_gate) what = "the attention output gate";
     else if (L->v_norm != PT_NORM_NONE) what = "a value norm";
-    else if (L->sandwich_norms) what = "sandwich norms";
-    else if (L->norm_style != PT_NORM_W) what = "norms other than rms(x)*w";
-    else if ((L->q_norm != PT_NORM_NONE && L->q_norm != PT_NORM_W) ||
-             (L->k_norm != PT_NORM_NONE && L->k_norm != PT_NORM_W))
-        what = "QK-norms other than rms(x)*w";
-    else if (L->act != PT_ACT_SILU) what = "activations other than SwiGLU";
+    else if (L->norm_style != PT_NORM_W && L->norm_style != PT_NORM_1PW) what = "this block norm style";
+    else if ((L->q_norm != PT_NORM_NONE && L->q_norm != PT_NORM_W && L->q_norm != PT_NORM_1PW) ||
+             (L->k_norm != PT_NORM_NONE && L->k_norm != PT_NORM_W && L->k_norm != PT_NORM_1PW))
+        what = "this QK-norm style";
+    else if (L->act != PT_ACT_SILU && L->act != PT_ACT_GELU_TANH) what = "this activation";
     else if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK) what = "this MoE router";
     else if (L->shared_expert_intermediate > 0) what = "a shared expert";
     else if (L->moe_parallel_dense) what = "a parallel dense + MoE block";
@@ -326,10 +326,8 @@ pt_status pt_net_build(pt_model *m) {
     pt_net *n = &m->net;
     memset(n, 0, sizeof *n);
     const char *unsup = NULL;
-    if (sp->final_softcap != 0) unsup = "a final logit soft-cap";
-    else if (sp->embed_scale_round_to_dtype) unsup = "a dtype-rounded embedding scale";
-    else if (sp->ple_dim > 0) unsup = "per-layer embeddings";
-    else if (sp->final_norm_style != PT_NORM_W) unsup = "this final norm";
+    if (sp->ple_dim > 0) unsup = "per-layer embeddings";
+    else if (sp->final_norm_style != PT_NORM_W && sp->final_norm_style != PT_NORM_1PW) unsup = "this final norm";
     if (unsup)
         return pt_error(PT_ERR_UNSUPPORTED, "%s: %s is not implemented in petrel's engine yet", pt_arch_name(sp->arch),
                         unsup);
@@ -339,6 +337,10 @@ pt_status pt_net_build(pt_model *m) {
     n->max_ctx = sp->max_ctx > 0 && sp->max_ctx < (1 << 30) ? (int)sp->max_ctx : (1 << 30);
     n->eps = sp->rms_eps;
     n->embed_scale = sp->embed_scale;
+    /* Gemma multiplies by sqrt(H) held in the activation dtype */
+    if (sp->embed_scale_round_to_dtype && m->be->act == PT_ACT_BF16) n->embed_scale = pt_round_bf16(sp->embed_scale);
+    n->final_style = sp->final_norm_style == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
+    n->final_softcap = sp->final_softcap;
     n->logit_scale = sp->logit_scale;
     n->kv_dtype = m->be->act == PT_ACT_BF16 ? PT_FT_BF16 : PT_FT_F32;
     n->norm_type = n->kv_dtype;
@@ -365,14 +367,27 @@ pt_status pt_net_build(pt_model *m) {
         const int64_t qd = (int64_t)S->n_heads * S->head_dim, kd = (int64_t)S->n_kv_heads * S->head_dim;
 #define NAME(s) (snprintf(what, sizeof what, "model.layers.%d.%s", l, s), what)
         PT_TRY(upload_vec(m, &w->input_norm, H, &L->attn_norm, n->norm_type, NAME("input_layernorm")));
-        PT_TRY(upload_vec(m, &w->post_attn_norm, H, &L->ffn_norm, n->norm_type, NAME("post_attention_layernorm")));
+        L->norm_style = S->norm_style == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
+        L->qk_style = S->q_norm == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
+        L->glu = S->act == PT_ACT_GELU_TANH ? PT_GLU_GELU_TANH : PT_GLU_SILU;
+        L->sandwich = S->sandwich_norms;
+        if (S->sandwich_norms) {
+            /* Gemma: post-attention and post-FFN norms on the branch outputs, its own pre-FFN norm */
+            PT_TRY(upload_vec(m, &w->post_attn_norm, H, &L->post_attn_norm, n->norm_type,
+                              NAME("post_attention_layernorm")));
+            PT_TRY(upload_vec(m, &w->pre_ffn_norm, H, &L->ffn_norm, n->norm_type, NAME("pre_feedforward_layernorm")));
+            PT_TRY(upload_vec(m, &w->post_ffn_norm, H, &L->post_ffn_norm, n->norm_type,
+                              NAME("post_feedforward_layernorm")));
+        } else {
+            PT_TRY(upload_vec(m, &w->post_attn_norm, H, &L->ffn_norm, n->norm_type, NAME("post_attention_layernorm")));
+        }
         PT_TRY(bind(m, &L->wq, &w->q_proj, &w->q_bias, qd, H, NAME("self_attn.q_proj")));
         PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
         PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
         PT_TRY(bind(m, &L->wo, &w->o_proj, &w->o_bias, H, qd, NAME("self_attn.o_proj")));
-        if (S->q_norm == PT_NORM_W)
+        if (S->q_norm != PT_NORM_NONE)
             PT_TRY(upload_vec(m, &w->q_norm, S->head_dim, &L->q_norm, n->norm_type, NAME("self_attn.q_norm")));
-        if (S->k_norm == PT_NORM_W)
+        if (S->k_norm != PT_NORM_NONE)
             PT_TRY(upload_vec(m, &w->k_norm, S->head_dim, &L->k_norm, n->norm_type, NAME("self_attn.k_norm")));
         /* RoPE tables */
         L->rope.rot_dim = S->rope_dims;
@@ -468,10 +483,12 @@ pt_status pt_model_spec_open(const pt_model_dir *md, const pt_tensor_set *ts, pt
     case PT_ARCH_QWEN2:
     case PT_ARCH_QWEN3:
     case PT_ARCH_QWEN3_MOE:
-    case PT_ARCH_MINICPM: return PT_OK;
+    case PT_ARCH_MINICPM:
+    case PT_ARCH_GEMMA2:
+    case PT_ARCH_GEMMA3: return PT_OK;
     default:
         return pt_error(PT_ERR_UNSUPPORTED, "model family %s is not supported by petrel's engine yet (llama, qwen2, "
-                                            "qwen3, qwen3_moe and minicpm are)",
+                                            "qwen3, qwen3_moe, minicpm, gemma2 and gemma3 are)",
                         pt_arch_name(sp->arch));
     }
 }

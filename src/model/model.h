@@ -35,14 +35,19 @@ typedef struct pt_layer {
     int n_heads, n_kv, head_dim;
     pt_matrix wq, wk, wv, wo;     /* [n_heads*hd, H], [n_kv*hd, H] x2, [H, n_heads*hd]; q/k/v may carry a bias */
     const void *attn_norm;        /* [H] */
-    const void *q_norm, *k_norm;  /* [hd] per-head QK-norm (Qwen3), NULL if none */
+    const void *q_norm, *k_norm;  /* [hd] per-head QK-norm (Qwen3, Gemma 3), NULL if none */
+    pt_rms_style norm_style;      /* every block norm: w·x̂ (Llama/Qwen) or (1+w)·x̂ (Gemma) */
+    pt_rms_style qk_style;
+    int sandwich;                 /* Gemma: post_attn_norm / post_ffn_norm on the branch outputs */
+    const void *post_attn_norm, *post_ffn_norm; /* [H], sandwich only */
     pt_rope rope;                 /* inv_freq in backend memory */
     const float *inv_freq_long;   /* longrope: the table used past the original context, else NULL */
     int64_t rope_switch_len;      /* longrope: use inv_freq_long when pos0+T exceeds this */
     float attn_long_scale;        /* attention factor with the long table */
     pt_attn attn;
     /* feed-forward */
-    const void *ffn_norm;         /* [H] */
+    const void *ffn_norm;         /* [H] the FFN's input norm */
+    pt_glu_kind glu;              /* SwiGLU or GeGLU (tanh) */
     int is_moe;
     int64_t ffn;                  /* dense intermediate size */
     pt_matrix w_gate, w_up, w_down;
@@ -64,6 +69,8 @@ typedef struct pt_net {
     pt_matrix embed;              /* [V, H] */
     float embed_scale;            /* MiniCPM scale_emb; 1 otherwise */
     const void *final_norm;       /* [H] */
+    pt_rms_style final_style;
+    float final_softcap;          /* Gemma 2: cap·tanh(logits/cap); 0 = none */
     pt_matrix lm_head;            /* [V, H]; the embedding table when tied */
     int tied;
     float logit_scale;            /* MiniCPM 1/(H/dim_model_base); 1 otherwise */
