@@ -241,6 +241,26 @@ static void test_matmul_quant_all_bits(void) {
     }
 }
 
+/* Prefill GEMM with several 32-row panels per thread and K over several
+ * 256-wide blocks: every panel must use its own rows' scales. */
+static void test_matmul_quant_many_panels(void) {
+    static const int bitss[] = {4, 3, 8};
+    for (int nth = 1; nth <= 2; nth++) {
+        pt_backend *be = mk(nth, PT_ACT_F32, PT_ISA_AUTO);
+        REQUIRE(be, "backend");
+        for (int bi = 0; bi < 3; bi++) {
+            tweight tw;
+            tw_make(&tw, 0, 101, 640, PT_FT_BF16, bitss[bi], 64, 1);
+            char what[96];
+            snprintf(what, sizeof what, "q%d N=101 K=640 T=13 threads=%d", bitss[bi], nth);
+            int ok = check_matmul_case(be, &tw, 13, 0, what);
+            tw_free(&tw);
+            if (!ok) break;
+        }
+        pt_backend_free(&be);
+    }
+}
+
 static void test_matmul_bf16_mode(void) {
     pt_backend *be = mk(2, PT_ACT_BF16, PT_ISA_AUTO);
     REQUIRE(be, "backend: %s", pt_last_error());
@@ -991,6 +1011,7 @@ int main(void) {
     TEST_RUN(test_isa_env);
     TEST_RUN(test_matmul_dense);
     TEST_RUN(test_matmul_quant_all_bits);
+    TEST_RUN(test_matmul_quant_many_panels);
     TEST_RUN(test_matmul_bf16_mode);
     TEST_RUN(test_matmul_int8_act);
     TEST_RUN(test_prepare_weight_rejects);
