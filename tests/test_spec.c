@@ -323,6 +323,18 @@ static void roundtrip(const char *name, int bits, int gs, const char *mixed, uin
                 if (test_failed_current) break;
                 if (y->bits) {
                     CHECK(check_quantized(x, y, PT_MLX_RULE_METAL, &st), "%s: %s", name, y->name);
+                    if (y->ndim == 2 && !test_failed_current) { /* pt_weight_row_f32 = code*scale + bias */
+                        int64_t cols = y->shape[1];
+                        float *row = malloc((size_t)cols * sizeof *row);
+                        pt_weight_row_f32(y, y->shape[0] - 1, row);
+                        int64_t r = y->shape[0] - 1, g = (cols - 1) / y->group_size;
+                        const uint32_t *pr = (const uint32_t *)y->data + r * (cols * y->bits / 32);
+                        float want = (float)pt_mlx_code(pr, cols - 1, y->bits) *
+                                         pt_mlx_load_param(y->scales, y->qdtype, r * (cols / y->group_size) + g) +
+                                     pt_mlx_load_param(y->biases, y->qdtype, r * (cols / y->group_size) + g);
+                        CHECK(row[cols - 1] == want, "%s: row_f32 %g vs %g", y->name, row[cols - 1], want);
+                        free(row);
+                    }
                     if (!mixed) CHECK(y->bits == bits || y->bits == 8, "%s: %s bits %d", name, y->name, y->bits);
                 } else {
                     /* Qwen3.5 from a Hugging Face file: zero-centred norms get +1 folded in */

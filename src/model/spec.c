@@ -11,6 +11,7 @@
 #include "base/arena.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "format/mlx_quant.h"
 #include "model/rope.h"
 
 #include <math.h>
@@ -72,11 +73,26 @@ static int starts(const char *s, const char *p) { return !strncmp(s, p, strlen(p
 /* Tensors petrel does not use, by design. */
 static int skipped_name(const char *n) {
     static const char *parts[] = {"vision_tower", "multi_modal_projector", "audio_tower", "embed_vision",
-                                  "embed_audio",  "vision_embedder",       "rotary_emb.inv_freq"};
+                                  "embed_audio",  "vision_embedder",       "rotary_emb.inv_freq",
+                                  /* activation-clipping buffers of Gemma 3n/4 towers (mlx-lm drops them too) */
+                                  ".input_max", ".input_min", ".output_max", ".output_min"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
         if (strstr(n, parts[i])) return 1;
     return starts(n, "model.visual.") || starts(n, "visual.") || starts(n, "mtp.") || starts(n, "model.mtp.") ||
            starts(n, "language_model.mtp.") || starts(n, "model.language_model.mtp.");
+}
+
+void pt_weight_row_f32(const pt_weight *w, int64_t r, float *out) {
+    int64_t cols = w->shape[w->ndim - 1];
+    if (w->bits) {
+        int64_t ng = cols / w->group_size;
+        size_t es = pt_dtype_size(w->qdtype);
+        pt_mlx_dequantize_row((const uint32_t *)w->data + r * (cols * w->bits / 32),
+                              (const char *)w->scales + r * ng * es, (const char *)w->biases + r * ng * es, w->qdtype,
+                              w->bits, w->group_size, cols, out);
+        return;
+    }
+    for (int64_t c = 0; c < cols; c++) out[c] = pt_mlx_load_param(w->data, w->dtype, r * cols + c);
 }
 
 static pt_status canon_names(ctx *c) {

@@ -221,6 +221,11 @@ void pt_spec_free(pt_model_spec *s);
  * hold a fixed-size state instead and do not count. */
 int64_t pt_spec_kv_bytes_per_token(const pt_model_spec *s, int kv_bits, int group_size);
 
+/* Row r of a 2-D weight as f32 (dense F32/F16/BF16 widened; MLX-quantized
+ * dequantized as code*scale + bias), out has shape[1] floats. For embedding
+ * lookups and reference paths, not for hot loops. */
+void pt_weight_row_f32(const pt_weight *w, int64_t r, float *out);
+
 /* Calls fn for every bound weight: model-level ones with layer -1, then each
  * layer's (expert views once per expert), in a fixed order. A tied lm_head is
  * not visited separately. */
