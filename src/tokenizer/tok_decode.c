@@ -268,6 +268,10 @@ pt_status pt_tok_stream_push(pt_tok_stream *s, int32_t id, const char **text, si
     *len = 0;
     if (id < 0 || id >= s->t->vocab_size)
         return pt_error(PT_ERR_RANGE, "tokenizer: id %d is outside the vocabulary [0, %d)", id, s->t->vocab_size);
+    /* A skipped special token is dropped before the decoder runs, so it
+     * changes nothing; not keeping it stops a run of them from growing the
+     * window (and the cost of every push). */
+    if (s->skip_special && (s->t->flags[id] & 2)) return PT_OK;
     if (s->prefix.n == 0 && s->window.n > 0) {
         s->cur.n = 0;
         PT_TRY(tok_decode_tokens(s->t, s->window.v, s->window.n, s->skip_special, &s->cur));
