@@ -21,7 +21,7 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-static tm_model g_model = {.max_ctx = 512};
+static tm_model g_model = {.max_ctx = 2048};
 static pt_srv_engine g_engine;
 static pt_server *g_srv;
 static int g_port;
@@ -279,9 +279,9 @@ static void test_http_bad_requests(void) {
         resp_free(&r);
     }
     /* a prompt longer than the context */
-    char *big = malloc(2000);
-    memset(big, 'a', 1999);
-    big[1999] = 0;
+    char *big = malloc(3000);
+    memset(big, 'a', 2999);
+    big[2999] = 0;
     char *b = chat_body(big, NULL);
     resp r;
     http("POST", "/v1/chat/completions", b, NULL, &r);
@@ -323,6 +323,25 @@ static void test_server_chat_basic(void) {
           "length: %s", r.body);
     cJSON_Delete(j);
     resp_free(&r);
+}
+
+static void test_server_long_prompt_chunks(void) {
+    /* 1500 prompt tokens run in chunks (1024 + the rest) and the reply follows */
+    char *big = malloc(1600);
+    memset(big, 'p', 1500);
+    strcpy(big + 1500, " SAY:done");
+    char *b = chat_body(big, NULL);
+    long before = atomic_load(&g_model.prompt_tokens_run);
+    resp r;
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    cJSON *j = json_body(&r);
+    const char *c = jstr(j, "choices.0.message.content");
+    CHECK(r.status == 200 && c && !strcmp(c, "done"), "long prompt: %d %.200s", r.status, r.body);
+    CHECK(atomic_load(&g_model.prompt_tokens_run) - before >= 1500, "prompt ran");
+    cJSON_Delete(j);
+    resp_free(&r);
+    free(b);
+    free(big);
 }
 
 static void test_server_stream_sse(void) {
@@ -898,6 +917,7 @@ int main(void) {
     TEST_RUN(test_http_413_chunked);
     TEST_RUN(test_http_bad_requests);
     TEST_RUN(test_server_chat_basic);
+    TEST_RUN(test_server_long_prompt_chunks);
     TEST_RUN(test_server_stream_sse);
     TEST_RUN(test_server_completions_logprobs);
     TEST_RUN(test_toolcall_parsing);

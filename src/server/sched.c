@@ -10,8 +10,11 @@
 #include <time.h>
 
 /* Prompt tokens run per turn while other slots are generating, so a long
- * prompt delays the others' next token by one chunk at most. */
+ * prompt delays the others' next token by one chunk at most; alone, a larger
+ * chunk, still bounded so that a disconnect or a new request is noticed
+ * between chunks of a long prompt. */
 #define PREFILL_CHUNK 256
+#define PREFILL_CHUNK_ALONE 1024
 
 double pt_srv_now(void) {
     struct timespec ts;
@@ -308,7 +311,8 @@ static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
     }
     if (sl->n_prompted < j->n_prompt) {
         size_t n = j->n_prompt - sl->n_prompted;
-        if (others_active && n > PREFILL_CHUNK) n = PREFILL_CHUNK;
+        size_t cap = others_active ? PREFILL_CHUNK : PREFILL_CHUNK_ALONE;
+        if (n > cap) n = cap;
         if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, n) != PT_OK) {
             snprintf(err, sizeof err, "prompt: %s", pt_last_error());
             slot_release(s, sl, PT_SRV_ERROR, err);
