@@ -11,6 +11,8 @@
 #include "base/mmap.h"
 #include "tokenizer/tokenizer.h"
 
+#include <pthread.h>
+
 #define FIX "tests/fixtures/tokenizers/"
 
 /* A minimal valid tokenizer body: vocab a b ab, merge "a b". */
@@ -284,7 +286,43 @@ static void test_stream_byte_fallback(void) {
     pt_tokenizer_free(&t);
 }
 
+/* One loaded tokenizer is read-only: two threads encoding at once get the
+ * same ids as one thread alone. */
+typedef struct { const pt_tokenizer *t; const char *text; size_t len; int32_t *ids; size_t n; int rc; } enc_job;
+static void *enc_thread(void *p) {
+    enc_job *j = p;
+    for (int r = 0; r < 20 && j->rc == 0; r++) {
+        free(j->ids);
+        j->ids = NULL;
+        j->rc = pt_tokenizer_encode(j->t, j->text, j->len, 1, &j->ids, &j->n);
+    }
+    return NULL;
+}
+static void test_threads(void) {
+    pt_tokenizer *t = load("qwen2");
+    REQUIRE(t, "load");
+    const char *texts[2] = {"Hello world, it's <|im_start|> 12345 \xe4\xb8\xad\xe6\x96\x87 caf\xc3\xa9 \xf0\x9f\x98\x80\n\n",
+                            "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82 \xd9\x85\xd8\xb1\xd8\xad\xd8\xa8\xd8\xa7 they'll   go<think>x</think>"};
+    enc_job ref[2], j[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        ref[k] = (enc_job){t, texts[k], strlen(texts[k]), NULL, 0, 0};
+        ref[k].rc = pt_tokenizer_encode(t, ref[k].text, ref[k].len, 1, &ref[k].ids, &ref[k].n);
+        j[k] = (enc_job){t, texts[k], strlen(texts[k]), NULL, 0, 0};
+    }
+    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, enc_thread, &j[k]);
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    for (int k = 0; k < 2; k++) {
+        CHECK(ref[k].rc == 0 && j[k].rc == 0, "encode failed");
+        CHECK(j[k].n == ref[k].n && !memcmp(j[k].ids, ref[k].ids, ref[k].n * sizeof(int32_t)), "thread %d ids differ", k);
+        free(ref[k].ids);
+        free(j[k].ids);
+    }
+    pt_tokenizer_free(&t);
+}
+
 int main(void) {
+    TEST_RUN(test_threads);
     TEST_RUN(test_bad_files);
     TEST_RUN(test_bad_input);
     TEST_RUN(test_edge_inputs);
