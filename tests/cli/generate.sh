@@ -101,3 +101,22 @@ printf 'Hello\nWho are you?\n' > "$TMP/chat.txt"
 "$PETREL" chat -m "$FIX" --max-tokens 6 --temp 0 < "$TMP/chat.txt" > "$TMP/out" 2> "$TMP/err"; rc=$?
 if [ $rc -eq 0 ] && [ "$(grep -c 'prompt tokens' "$TMP/err")" -eq 2 ]; then pass chat_two_turns; else fail chat_two_turns "rc $rc: $(head -c 300 "$TMP/err")"; fi
 expect_stderr chat_reuses_cache "\([1-9][0-9]* reused\)"
+
+# stop strings and eos on the bundled demo model (greedy output is fixed by its goldens)
+DEMO=models/kjv-llama-4bit
+if [ -f "$DEMO/config.json" ]; then
+  expect_exit demo_generate 0 "$PETREL" generate -m "$DEMO" -p "In the beginning God" --max-tokens 12 --temp 0 -t 1
+  expect_stdout demo_generate_text "created the heaven and the earth"
+  expect_exit demo_stop 0 "$PETREL" generate -m "$DEMO" -p "In the beginning God" --max-tokens 30 --temp 0 --stop heaven -t 1
+  if [ "$(cat "$TMP/out")" = " created the " ]; then pass demo_stop_text; else fail demo_stop_text "got '$(head -c 100 "$TMP/out")'"; fi
+  expect_stderr demo_stop_reason "finish: stop"
+  expect_exit demo_chat_eos 0 "$PETREL" generate -m "$DEMO" --chat -p "Recite John 3:16." --max-tokens 80 --temp 0 -t 1
+  expect_stdout demo_chat_text "For God so loved the world"
+  expect_stderr demo_chat_eos_reason "finish: eos"
+  expect_exit demo_seeded_a 0 "$PETREL" generate -m "$DEMO" -p "And" --max-tokens 16 --temp 0.9 --top-p 0.9 --seed 42 --print-ids -t 1
+  cp "$TMP/out" "$TMP/seed_a"
+  expect_exit demo_seeded_b 0 "$PETREL" generate -m "$DEMO" -p "And" --max-tokens 16 --temp 0.9 --top-p 0.9 --seed 42 --print-ids -t 2
+  if cmp -s "$TMP/out" "$TMP/seed_a"; then pass demo_seed_reproducible; else fail demo_seed_reproducible "two runs with --seed 42 differ"; fi
+else
+  echo "SKIP demo: $DEMO absent"
+fi
