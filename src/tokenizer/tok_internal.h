@@ -70,8 +70,11 @@ typedef struct tok_strmap {
     size_t blob_n, blob_cap;
 } tok_strmap;
 uint64_t tok_hash(const void *s, size_t n);
-/* Inserts (replacing the value of an existing key). */
-pt_status tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t val);
+/* Inserts (replacing the value of an existing key; *existed, if not NULL,
+ * tells which). */
+pt_status tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t val, bool *existed);
+/* Sizes the map for n entries up front (no rehashing while loading). */
+pt_status tok_strmap_reserve(tok_strmap *m, size_t n);
 /* -1 if absent. */
 int32_t tok_strmap_get(const tok_strmap *m, const char *s, size_t n);
 void tok_strmap_free(tok_strmap *m);
@@ -83,6 +86,7 @@ typedef struct tok_pairmap {
     size_t cap, n;
 } tok_pairmap;
 pt_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged);
+pt_status tok_pairmap_reserve(tok_pairmap *m, size_t n);
 static inline bool tok_pairmap_get(const tok_pairmap *m, int32_t a, int32_t b, int32_t *rank,
                                    int32_t *merged) {
     if (!m->cap) return false;

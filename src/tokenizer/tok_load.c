@@ -429,14 +429,16 @@ static pt_status load_bpe(pt_tokenizer *t, const cJSON *m) {
     }
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
     if (!cJSON_IsObject(vocab)) return pt_error(PT_ERR_FORMAT, "model.vocab: expected an object of token -> id");
+    size_t n_vocab = 0;
+    for (const cJSON *e = vocab->child; e; e = e->next) n_vocab++;
+    PT_TRY(tok_strmap_reserve(&b->vocab, n_vocab));
     for (const cJSON *e = vocab->child; e; e = e->next) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 16777215.0 ||
             e->valuedouble != (double)(int32_t)e->valuedouble)
             return pt_error(PT_ERR_FORMAT, "model.vocab[\"%.60s\"]: expected an id in [0, 16777215]", e->string);
-        size_t n = strlen(e->string);
-        if (tok_strmap_get(&b->vocab, e->string, n) >= 0)
-            return pt_error(PT_ERR_FORMAT, "model.vocab: duplicate token \"%.60s\"", e->string);
-        PT_TRY(tok_strmap_put(&b->vocab, e->string, n, (int32_t)e->valuedouble));
+        bool dup;
+        PT_TRY(tok_strmap_put(&b->vocab, e->string, strlen(e->string), (int32_t)e->valuedouble, &dup));
+        if (dup) return pt_error(PT_ERR_FORMAT, "model.vocab: duplicate token \"%.60s\"", e->string);
         if ((int32_t)e->valuedouble >= t->vocab_size) t->vocab_size = (int32_t)e->valuedouble + 1;
     }
     b->unk_id = -1;
@@ -448,6 +450,7 @@ static pt_status load_bpe(pt_tokenizer *t, const cJSON *m) {
     }
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
     if (merges && !cJSON_IsArray(merges)) return pt_error(PT_ERR_FORMAT, "model.merges: expected an array");
+    if (merges) PT_TRY(tok_pairmap_reserve(&b->merges, (size_t)cJSON_GetArraySize(merges)));
     int32_t rank = 0;
     char *tmp = NULL;
     size_t tmp_cap = 0;
@@ -565,7 +568,7 @@ static pt_status load_added(pt_tokenizer *t, const cJSON *arr) {
         t->n_added++;
         if (a->id >= t->vocab_size) t->vocab_size = a->id + 1;
         if (tok_strmap_get(&t->added_map, a->content, a->len) < 0)
-            PT_TRY(tok_strmap_put(&t->added_map, a->content, a->len, a->id));
+            PT_TRY(tok_strmap_put(&t->added_map, a->content, a->len, a->id, NULL));
     }
     /* Tries: non-normalized tokens match the raw text; normalized ones match
      * the normalized text, so their content is normalized first. */

@@ -147,8 +147,7 @@ uint64_t tok_hash(const void *s, size_t n) {
     return h;
 }
 
-static pt_status strmap_grow(tok_strmap *m) {
-    size_t cap = m->cap ? m->cap * 2 : 1024;
+static pt_status strmap_grow(tok_strmap *m, size_t cap) {
     uint32_t *slots = calloc(cap, sizeof *slots), *hashes = malloc(cap * sizeof *hashes);
     if (!slots || !hashes) {
         free(slots);
@@ -170,15 +169,34 @@ static pt_status strmap_grow(tok_strmap *m) {
     return PT_OK;
 }
 
-pt_status tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t val) {
+pt_status tok_strmap_reserve(tok_strmap *m, size_t n) {
+    size_t cap = m->cap ? m->cap : 1024;
+    while (cap < 2 * n) cap *= 2;
+    if (cap > m->cap) PT_TRY(strmap_grow(m, cap));
+    if (n > m->ecap) {
+        uint32_t *off = realloc(m->off, n * sizeof *off);
+        if (off) m->off = off;
+        uint32_t *len = realloc(m->len, n * sizeof *len);
+        if (len) m->len = len;
+        int32_t *v = realloc(m->val, n * sizeof *v);
+        if (v) m->val = v;
+        if (!off || !len || !v) return pt_error(PT_ERR_NOMEM, "tokenizer: out of memory");
+        m->ecap = n;
+    }
+    return PT_OK;
+}
+
+pt_status tok_strmap_put(tok_strmap *m, const char *s, size_t n, int32_t val, bool *existed) {
+    if (existed) *existed = false;
     if (n > UINT32_MAX / 2) return pt_error(PT_ERR_FORMAT, "tokenizer: token of %zu bytes", n);
-    if ((m->n + 1) * 2 > m->cap) PT_TRY(strmap_grow(m)); /* load factor <= 1/2 */
+    if ((m->n + 1) * 2 > m->cap) PT_TRY(strmap_grow(m, m->cap ? m->cap * 2 : 1024)); /* load factor <= 1/2 */
     uint32_t h = (uint32_t)tok_hash(s, n);
     size_t mask = m->cap - 1, i = h & mask;
     while (m->slots[i]) {
         uint32_t e = m->slots[i] - 1;
         if (m->hashes[i] == h && m->len[e] == n && memcmp(m->blob + m->off[e], s, n) == 0) {
             m->val[e] = val;
+            if (existed) *existed = true;
             return PT_OK;
         }
         i = (i + 1) & mask;
@@ -239,33 +257,41 @@ void tok_strmap_free(tok_strmap *m) {
 }
 
 /* ---- pair map ---------------------------------------------------------------- */
-pt_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged) {
-    if ((m->n + 1) * 2 > m->cap) {
-        size_t cap = m->cap ? m->cap * 2 : 1024;
-        uint64_t *keys = calloc(cap, sizeof *keys);
-        int32_t *r = malloc(cap * sizeof *r), *mg = malloc(cap * sizeof *mg);
-        if (!keys || !r || !mg) {
-            free(keys);
-            free(r);
-            free(mg);
-            return pt_error(PT_ERR_NOMEM, "tokenizer: out of memory (merges)");
-        }
-        for (size_t i = 0; i < m->cap; i++) {
-            if (!m->keys[i]) continue;
-            size_t j = (size_t)((m->keys[i] * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
-            while (keys[j]) j = (j + 1) & (cap - 1);
-            keys[j] = m->keys[i];
-            r[j] = m->rank[i];
-            mg[j] = m->merged[i];
-        }
-        free(m->keys);
-        free(m->rank);
-        free(m->merged);
-        m->keys = keys;
-        m->rank = r;
-        m->merged = mg;
-        m->cap = cap;
+static pt_status pairmap_grow(tok_pairmap *m, size_t cap) {
+    uint64_t *keys = calloc(cap, sizeof *keys);
+    int32_t *r = malloc(cap * sizeof *r), *mg = malloc(cap * sizeof *mg);
+    if (!keys || !r || !mg) {
+        free(keys);
+        free(r);
+        free(mg);
+        return pt_error(PT_ERR_NOMEM, "tokenizer: out of memory (merges)");
     }
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->keys[i]) continue;
+        size_t j = (size_t)((m->keys[i] * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+        while (keys[j]) j = (j + 1) & (cap - 1);
+        keys[j] = m->keys[i];
+        r[j] = m->rank[i];
+        mg[j] = m->merged[i];
+    }
+    free(m->keys);
+    free(m->rank);
+    free(m->merged);
+    m->keys = keys;
+    m->rank = r;
+    m->merged = mg;
+    m->cap = cap;
+    return PT_OK;
+}
+
+pt_status tok_pairmap_reserve(tok_pairmap *m, size_t n) {
+    size_t cap = m->cap ? m->cap : 1024;
+    while (cap < 2 * n) cap *= 2;
+    return cap > m->cap ? pairmap_grow(m, cap) : PT_OK;
+}
+
+pt_status tok_pairmap_put(tok_pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t merged) {
+    if ((m->n + 1) * 2 > m->cap) PT_TRY(pairmap_grow(m, m->cap ? m->cap * 2 : 1024));
     uint64_t k = (((uint64_t)(uint32_t)a << 32) | (uint32_t)b) + 1;
     size_t mask = m->cap - 1, i = (size_t)((k * 0x9E3779B97F4A7C15ull) >> 20) & mask;
     while (m->keys[i] && m->keys[i] != k) i = (i + 1) & mask;
