@@ -111,10 +111,11 @@ int cmd_serve(int argc, char **argv) {
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ready = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    int v6 = strchr(p.host, ':') != NULL; /* an IPv6 address goes in brackets in a URL */
     fprintf(stderr,
-            "petrel serve: ready on http://%s:%d  model %s  backend %s  parallel %d  queue %d  "
+            "petrel serve: ready on http://%s%s%s:%d  model %s  backend %s  parallel %d  queue %d  "
             "(%.3f s to ready)%s\n",
-            p.host, pt_server_port(srv), pt_model_id(model), pt_model_backend_name(model), p.n_parallel,
+            v6 ? "[" : "", p.host, v6 ? "]" : "", pt_server_port(srv), pt_model_id(model), pt_model_backend_name(model), p.n_parallel,
             p.max_queue, ready, p.api_key ? "  API key required" : "");
     fflush(stderr);
 
