@@ -60,6 +60,14 @@ seed() { # name dir: target-specific seeds from the fixtures
       for f in $(find tests/fixtures -name 'generation_config.json' | head -10); do i=$((i+1)); { printf '\1'; cat "$f"; } >"$2/gen$i"; done
       for f in $(find tests/fixtures -name 'tokenizer_config.json' -size -64k | head -10); do i=$((i+1)); { printf '\2'; cat "$f"; } >"$2/tok$i"; done
       for f in $(find tests/fixtures -name 'kv_config.json' | head -10); do i=$((i+1)); { printf '\3'; cat "$f"; } >"$2/kv$i"; done ;;
+    spec) local i=0 c n
+      for c in $(find tests/fixtures -name config.json | LC_ALL=C sort); do
+        [ -f "$(dirname "$c")/model.safetensors" ] || continue
+        [ "$(stat -c %s "$(dirname "$c")/model.safetensors")" -lt 400000 ] || continue
+        i=$((i+1)); n=$(stat -c %s "$c")
+        { printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $((n&255)) $(((n>>8)&255)) $(((n>>16)&255)) $(((n>>24)&255)))"
+          cat "$c" "$(dirname "$c")/model.safetensors"; } >"$2/model$i"
+      done ;;
   esac
 }
 
