@@ -20,6 +20,8 @@
  * no interleaving shuffle in the inner loop. */
 void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
 
+void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
+                          int gs, int bits);
 /* int8 activations for 4-bit codes: per 64-value chunk [x0 x2 .. x62 | x1 x3
  * .. x63]; a final 32-value chunk (K % 64 == 32) as [x0 .. x30 | x1 .. x31]. */
 void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K);
@@ -63,6 +65,12 @@ typedef struct pt_cpu_kernels {
                         const float *const *sc, const float *const *bi, int64_t K, int gs);
     void (*qdot8_x4_i8)(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
                         const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* Prefill panel packing, 4- and 8-bit rows: dst[0..n) = scale·q + bias for
+     * values [k0, k0 + n) of a row (k0, n multiples of 32), in natural order
+     * for 8 bits and, for 4 bits, per 32-value block the 16 even values then
+     * the 16 odd ones (the codes' byte order). */
+    void (*dequant_q)(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi, int gs,
+                      int bits);
     /* dst[i] = f32 of bf16 src[i] */
     void (*cvt_bf16)(float *dst, const uint16_t *src, int64_t n);
     /* Prefill tile (mm_gemm): for t < mr (1..12), j < 32:

@@ -177,6 +177,10 @@ static void mm_gemm(void *arg, int ith, int nth) {
     float *prm = edge + T * 32;                          /* [32][2·ng]: scales | biases per row */
     float *tmp = prm + 64 * (K / 32 + 1);                /* [kc] unpacked codes */
     int64_t ng = w->bits ? K / w->group_size : 0;
+    /* 4-bit rows dequantize fastest in the codes' byte order (low nibbles of a
+     * 16-byte block, then high nibbles): the panel takes k in that order and
+     * x is packed in the same order, which leaves every dot product intact */
+    int perm4 = w->bits == 4;
     for (int64_t kc0 = 0; kc0 < K; kc0 += PT_GEMM_KC) {
         int64_t kc = K - kc0 < PT_GEMM_KC ? K - kc0 : PT_GEMM_KC;
         for (int64_t ti = 0; ti < tiles; ti++) {
@@ -184,7 +188,12 @@ static void mm_gemm(void *arg, int ith, int nth) {
             for (int64_t t = 0; t < PT_GEMM_MR; t++) {
                 int64_t tt = ti * PT_GEMM_MR + t;
                 const float *src = m->x + tt * K + kc0;
-                if (tt < T)
+                if (tt < T && perm4) /* the 4-bit panel order: per 32-block, evens then odds */
+                    for (int64_t kk = 0; kk < kc; kk++) {
+                        int64_t i = kk & 31;
+                        dst[kk * PT_GEMM_MR + t] = src[(kk & ~(int64_t)31) + (i < 16 ? 2 * i : 2 * (i - 16) + 1)];
+                    }
+                else if (tt < T)
                     for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = src[kk];
                 else
                     for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = 0.0f;
@@ -203,6 +212,11 @@ static void mm_gemm(void *arg, int ith, int nth) {
                     /* prm holds one panel's rows: reload for every panel of every k block
                      * (caching from kc0 == 0 gave later panels the last panel's scales) */
                     pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+                    if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization, then the transposed store */
+                        k->dequant_q(tmp, pt_cpu_qrow_codes(w, m->expert, n), kc0, kc, sc, bi, w->group_size, w->bits);
+                        for (int64_t kk = 0; kk < kc; kk++) wp[kk * 32 + r] = tmp[kk];
+                        continue;
+                    }
                     pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, kc0, kc, tmp);
                     for (int64_t kk = 0; kk < kc;) { /* group by group: no division per element */
                         int64_t g = (kc0 + kk) / w->group_size, end = (g + 1) * w->group_size - kc0;

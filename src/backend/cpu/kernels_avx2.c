@@ -181,6 +181,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx2 = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
+    .dequant_q = pt_cpu_dequant_q_ref,
     .qdot4_x4_i8 = pt_cpu_qdot4_x4_i8_ref,
     .qdot8_x4_i8 = pt_cpu_qdot8_x4_i8_ref,
     .gemm_32 = gemm_32,

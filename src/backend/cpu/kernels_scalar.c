@@ -53,6 +53,23 @@ void pt_cpu_qdot8_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const
     }
 }
 
+void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
+                          int gs, int bits) {
+    for (int64_t b = 0; b < n; b += 32) {
+        int64_t g = (k0 + b) / gs;
+        float s = sc[g], o = bi[g];
+        for (int i = 0; i < 32; i++) {
+            float q;
+            if (bits == 8) q = (float)row[k0 + b + i];
+            else {
+                uint8_t c = row[(k0 + b) / 2 + (i & 15)];
+                q = (float)(i < 16 ? c & 15 : c >> 4);
+            }
+            dst[b + i] = s * q + o;
+        }
+    }
+}
+
 static float dot_f32(const float *x, const float *w, int64_t n) {
     float a[4] = {0, 0, 0, 0};
     int64_t i = 0;
@@ -146,6 +163,7 @@ const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .qdot4_x4 = qdot4_x4,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
+    .dequant_q = pt_cpu_dequant_q_ref,
     .qdot4_x4_i8 = pt_cpu_qdot4_x4_i8_ref,
     .qdot8_x4_i8 = pt_cpu_qdot8_x4_i8_ref,
     .gemm_32 = gemm_32,
