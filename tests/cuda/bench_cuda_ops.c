@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "mini_decode.h"
 
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -90,6 +91,8 @@ int main(int argc, char **argv) {
     char desc[300];
     pt_cuda_device_describe(&info, desc, sizeof desc);
     printf("device: %s\n", desc);
+    pt_backend_limits lim = {.max_tokens = 1, .max_ctx = 32768, .max_heads = 32, .max_head_dim = 128, .max_cols = 14336};
+    if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
 
     /* Roofline: device-to-device copy of 2 GiB (bytes read + written). */
     size_t cb = (size_t)2 << 30;
@@ -109,6 +112,9 @@ int main(int argc, char **argv) {
     printf("copy: %.0f GB/s (read + write)\n", copy_gbs);
     cudaFree(a);
     cudaFree(b);
+    double read_gbs = 0;
+    if (pt_cuda_read_bandwidth((size_t)4 << 30, &read_gbs) != PT_OK) DIE("read bandwidth");
+    printf("read: %.0f GB/s (4 GiB, 16-byte loads)\n", read_gbs);
 
     static const struct { const char *name; int64_t N, K; } shapes[] = {
         {"1b q/o", 2048, 2048},   {"1b k/v", 512, 2048},     {"1b gate/up", 8192, 2048}, {"1b down", 2048, 8192},
@@ -167,6 +173,53 @@ int main(int argc, char **argv) {
         be->ops->dealloc(be, kv.k), be->ops->dealloc(be, kv.v), be->ops->dealloc(be, q), be->ops->dealloc(be, o);
         be->ops->dealloc(be, pd);
     }
+    /* Synthetic decode steps (mini_decode.h) at depth 512: eager launches vs
+     * one CUDA graph replay per token. "step" = device time per token with
+     * steps queued back to back; "tok/s" = the full per-token loop (upload
+     * the token and position, run, download the argmax). */
+    static const struct { const char *name; mini_shape s; } models[] = {
+        {"llama-3.2-1b q4", {16, 2048, 32, 8, 64, 8192, 128256, 4, 64, 4096}},
+        {"llama-3.1-8b q4", {32, 4096, 32, 8, 128, 14336, 128256, 4, 64, 4096}},
+    };
+    printf("%-16s %-6s %10s %10s %8s %9s\n", "decode", "mode", "step us", "tok/s", "GB/s", "of read");
+    for (size_t mi = 0; mi < 2; mi++) {
+        mini_model m;
+        if (mini_init(&m, be, &models[mi].s) != PT_OK) DIE("mini model");
+        int32_t id = 17, pos = 512, out;
+        be->ops->upload(be, m.id, &id, 4);
+        be->ops->upload(be, m.pos, &pos, 4);
+        pt_cuda_graph *g = NULL;
+        if (pt_cuda_graph_begin(be) != PT_OK || mini_step(&m) != PT_OK || pt_cuda_graph_end(be, &g) != PT_OK)
+            DIE("capture");
+        double bytes = mini_bytes(&models[mi].s, 513);
+        for (int mode = 0; mode < 2; mode++) {
+            for (int i = 0; i < 3; i++) mode ? pt_cuda_graph_launch(be, g) : mini_step(&m);
+            be->ops->sync(be);
+            double t[16];
+            for (int r = 0; r < 9; r++) { /* back to back: device time per step */
+                double t0 = now();
+                for (int i = 0; i < 10; i++) mode ? pt_cuda_graph_launch(be, g) : mini_step(&m);
+                be->ops->sync(be);
+                t[r] = (now() - t0) / 10;
+            }
+            qsort(t, 9, sizeof t[0], cmpd);
+            double step = t[4];
+            double t0 = now();
+            for (int i = 0; i < 20; i++) {
+                be->ops->upload(be, m.id, &id, 4);
+                be->ops->upload(be, m.pos, &pos, 4);
+                mode ? pt_cuda_graph_launch(be, g) : mini_step(&m);
+                be->ops->download(be, &out, m.out_id, 4);
+                id = out;
+            }
+            double tok = (now() - t0) / 20;
+            printf("%-16s %-6s %10.1f %10.1f %8.0f %8.0f%%\n", models[mi].name, mode ? "graph" : "eager", step * 1e6,
+                   1.0 / tok, bytes / step / 1e9, 100.0 * bytes / step / 1e9 / read_gbs);
+        }
+        pt_cuda_graph_free(&g);
+        mini_free(&m);
+    }
+    printf("(GB/s: weights + KV read per step / step time; 'of read': against the measured read bandwidth)\n");
     pt_backend_free(&be);
     return 0;
 }

@@ -14,6 +14,7 @@
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "mini_decode.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -426,7 +427,11 @@ static void test_attention(void) {
         {6, 3, 80, 100, 60, 5, 16, 0, PT_FT_BF16},      /* sliding window, head_dim 80 */
         {4, 1, 256, 64, 150, 4, 32, 50.0f, PT_FT_BF16}, /* rotating cache, soft-cap, head_dim 256 */
         {2, 2, 96, 40, 5, 9, 0, 30.0f, PT_FT_F32},
-        {16, 8, 64, 3000, 2900, 1, 0, 0, PT_FT_BF16},   /* long decode */
+        {16, 8, 64, 3000, 2900, 1, 0, 0, PT_FT_BF16},   /* long decode: split over the sequence */
+        {6, 3, 80, 100, 60, 1, 16, 0, PT_FT_BF16},      /* split decode: window, head_dim 80 */
+        {4, 1, 256, 64, 150, 1, 32, 50.0f, PT_FT_BF16}, /* split decode: ring, soft-cap, GQA 4, hd 256 */
+        {16, 2, 128, 4000, 3999, 1, 0, 0, PT_FT_F32},   /* split decode: GQA 8, f32 cache */
+        {16, 1, 64, 500, 10, 1, 0, 0, PT_FT_BF16},      /* GQA 16: the one-block-per-head kernel */
     };
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
@@ -563,6 +568,62 @@ static void test_argmax(void) {
     free(x);
 }
 
+/* ---- compiled decode: a captured step replays bit-identically ---- */
+
+static void test_graph_replay(void) {
+    NEED_GPU();
+    mini_shape sh = {2, 256, 4, 2, 64, 512, 1000, 4, 64, 64};
+    for (int a = 0; a < 2; a++) {
+        pt_backend *G = G_[a];
+        mini_model m;
+        pt_status st = mini_init(&m, G, &sh);
+        REQUIRE(st == PT_OK, "mini model: %s", pt_last_error());
+        enum { STEPS = 6 };
+        float *eager = malloc((size_t)STEPS * sh.vocab * 4), *rep = malloc((size_t)sh.vocab * 4);
+        int32_t eid[STEPS], gid;
+        size_t kb = (size_t)sh.kv_heads * sh.ctx * sh.head_dim * 2;
+        void *zeros = calloc(kb, 1);
+        for (int pass = 0; pass < 2 && !test_failed_current; pass++) {
+            for (int l = 0; l < sh.layers; l++) {
+                G->ops->upload(G, m.kv[l].k, zeros, kb);
+                G->ops->upload(G, m.kv[l].v, zeros, kb);
+            }
+            pt_cuda_graph *g = NULL;
+            if (pass == 1) {
+                REQUIRE(pt_cuda_graph_begin(G) == PT_OK, "begin: %s", pt_last_error());
+                st = mini_step(&m);
+                pt_status st2 = pt_cuda_graph_end(G, &g);
+                REQUIRE(st == PT_OK && st2 == PT_OK, "capture: %s", pt_last_error());
+            }
+            for (int t = 0; t < STEPS; t++) {
+                int32_t id = (t * 37 + 5) % sh.vocab, pos = t;
+                G->ops->upload(G, m.id, &id, 4);
+                G->ops->upload(G, m.pos, &pos, 4);
+                st = pass ? pt_cuda_graph_launch(G, g) : mini_step(&m);
+                if (st == PT_OK) st = G->ops->download(G, pass ? rep : eager + (size_t)t * sh.vocab, m.logits, (size_t)sh.vocab * 4);
+                if (st == PT_OK) st = G->ops->download(G, pass ? &gid : &eid[t], m.out_id, 4);
+                CHECK(st == PT_OK, "step %d pass %d: %s", t, pass, pt_last_error());
+                if (pass) {
+                    CHECK(memcmp(rep, eager + (size_t)t * sh.vocab, (size_t)sh.vocab * 4) == 0,
+                          "act=%d step %d: replayed logits differ from eager", a, t);
+                    CHECK(gid == eid[t], "step %d: token %d vs %d", t, gid, eid[t]);
+                }
+            }
+            pt_cuda_graph_free(&g);
+        }
+        /* a synchronizing call inside a capture is an error, not a broken graph */
+        REQUIRE(pt_cuda_graph_begin(G) == PT_OK, "begin: %s", pt_last_error());
+        int32_t v = 1;
+        pt_status up = G->ops->upload(G, m.pos, &v, 4);
+        pt_cuda_graph *g = NULL;
+        pt_status en = pt_cuda_graph_end(G, &g);
+        CHECK(up != PT_OK || en != PT_OK, "upload inside a capture went unnoticed");
+        pt_cuda_graph_free(&g);
+        free(zeros), free(eager), free(rep);
+        mini_free(&m);
+    }
+}
+
 int main(void) {
     TEST_RUN(test_matmul_quantized);
     TEST_RUN(test_matmul_dense);
@@ -574,6 +635,7 @@ int main(void) {
     TEST_RUN(test_glu_elementwise);
     TEST_RUN(test_moe);
     TEST_RUN(test_argmax);
+    TEST_RUN(test_graph_replay);
     for (int a = 0; a < 2; a++) {
         pt_backend_free(&G_[a]);
         pt_backend_free(&C_[a]);

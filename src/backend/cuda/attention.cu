@@ -176,8 +176,204 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     }
 }
 
+/* ---- decode (T == 1): split over the sequence ------------------------------
+ * A single query row has too little parallelism for one block per head
+ * (32 blocks on 132 SMs). Three kernels, each over (KV head, split) blocks so
+ * the G query heads sharing a KV head share its loads:
+ *   1. scores: one thread per key computes the G scores (16-byte K loads,
+ *      q in shared memory), stores them to scratch, and each block leaves
+ *      its partial (max, sum of exp) per head;
+ *   2. p·V: every block merges all splits' (max, sum) into the exact row
+ *      max M and sum L, forms p = round(exp(s - M) / L) as the reference
+ *      does and accumulates p·v for its keys (lanes split head_dim);
+ *   3. merge: the splits' partial outputs are added in split order.
+ * No atomics: the result does not depend on scheduling. */
+
+#define DEC_THREADS 128
+#define DEC_MAX_G 8
+
+/* The key range of the single query (positions come from device memory, so
+ * a captured graph replays with new ones): keys lo + [0, n), split into
+ * `nsplit` ranges of `per` keys. n is clamped to the scores' row stride. */
+__device__ __forceinline__ void dec_range(const attn_args &a, int nsplit, int64_t stride, int64_t &lo, int64_t &n,
+                                          int64_t &per) {
+    const int64_t hi = a.pos[0];
+    lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    n = hi - lo + 1;
+    if (n > stride) n = stride;
+    if (n < 0) n = 0;
+    per = (n + nsplit - 1) / nsplit;
+}
+
+/* Scores of keys [lo + split·per, +per) for the G heads of KV head kh. */
+template <typename KT>
+__global__ void __launch_bounds__(DEC_THREADS)
+    dec_scores_kernel(attn_args a, int64_t stride, float *S, float2 *ML) {
+    extern __shared__ float qs[]; /* [G, hd] */
+    __shared__ float red[32];
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    int64_t lo, n, per;
+    dec_range(a, nsplit, stride, lo, n, per);
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.q[(int64_t)kh * G * hd + i];
+    __syncthreads();
+    const KT *kb = (const KT *)a.k + (int64_t)kh * a.cap * hd;
+    float m[DEC_MAX_G], l[DEC_MAX_G];
+#pragma unroll
+    for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        const KT *kr = kb + ((lo + j) % a.cap) * hd;
+        float d[DEC_MAX_G];
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
+        constexpr int V = 16 / sizeof(KT);
+        for (int e0 = 0; e0 < hd; e0 += V) {
+            uint4 u = *reinterpret_cast<const uint4 *>(kr + e0);
+            const KT *kv = reinterpret_cast<const KT *>(&u);
+            float kf[V];
+#pragma unroll
+            for (int i = 0; i < V; i++) kf[i] = to_f(kv[i]);
+#pragma unroll
+            for (int g = 0; g < DEC_MAX_G; g++) {
+                if (g >= G) break;
+#pragma unroll
+                for (int i = 0; i < V; i++) d[g] = fmaf(qs[g * hd + e0 + i], kf[i], d[g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) {
+            if (g >= G) break;
+            float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
+            if (a.softcap > 0.f) s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
+            S[((int64_t)kh * G + g) * stride + j] = s;
+            if (s > m[g]) {
+                l[g] = l[g] * expf(m[g] - s) + 1.f;
+                m[g] = s;
+            } else {
+                l[g] += expf(s - m[g]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float bm = pt_block_max(m[g], red);
+        const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
+        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
+    }
+}
+
+template <typename KT, int NPL>
+__global__ void __launch_bounds__(DEC_THREADS)
+    dec_pv_kernel(attn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
+    __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
+    __shared__ float acc_s[DEC_THREADS / 32][DEC_MAX_G * NPL * 32];
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t lo, n, per;
+    dec_range(a, nsplit, stride, lo, n, per);
+    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
+        const float2 *ml = ML + ((int64_t)kh * G + threadIdx.x) * nsplit;
+        float M = -INFINITY;
+        for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[s].x);
+        float L = 0.f;
+        for (int s = 0; s < nsplit; s++)
+            if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
+        sM[threadIdx.x] = M;
+        sInv[threadIdx.x] = 1.0f / L;
+    }
+    __syncthreads();
+    const KT *vb = (const KT *)a.v + (int64_t)kh * a.cap * hd;
+    float acc[DEC_MAX_G][NPL];
+#pragma unroll
+    for (int g = 0; g < DEC_MAX_G; g++)
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc[g][i] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    for (int64_t j = j0 + warp; j < j1; j += DEC_THREADS / 32) {
+        const KT *vr = vb + ((lo + j) % a.cap) * hd;
+        float vv[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int e = lane + 32 * i;
+            vv[i] = e < hd ? to_f(vr[e]) : 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) {
+            if (g >= G) break;
+            const float p = pt_rnd(a.bf, expf(S[((int64_t)kh * G + g) * stride + j] - sM[g]) * sInv[g]);
+#pragma unroll
+            for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < DEC_MAX_G; g++) {
+        if (g >= G) break;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
+    }
+    __syncthreads();
+    /* partial output of this split: P[head, split, hd], warps added in order */
+    for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
+        const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
+        if (e >= hd) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_THREADS / 32; w++) v += acc_s[w][idx];
+        P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
+    }
+}
+
+__global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int nsplit, int bf) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nh * hd; i += gridDim.x * blockDim.x) {
+        const int h = i / hd, e = i % hd;
+        float v = 0.f;
+        for (int s = 0; s < nsplit; s++) v += P[((int64_t)h * nsplit + s) * hd + e];
+        out[i] = pt_rnd(bf, v);
+    }
+}
+
+/* Decode through the split kernels; PT_ERR_UNSUPPORTED (no message) when the
+ * shape or the reserved scratch does not allow it: the caller falls back to
+ * the one-block-per-head kernel. */
+template <typename KT>
+static pt_status launch_decode_split(pt_cuda *c, const attn_args &a) {
+    const int G = a.nh / a.nkv;
+    if (G > DEC_MAX_G || a.hd > 256 || (a.hd * (int)sizeof(KT)) % 16 || (uintptr_t)a.k % 16) return PT_ERR_UNSUPPORTED;
+    /* Scores are stored with a row stride that bounds the key count: the
+     * cache capacity, or the reserved context if that is smaller. */
+    int64_t stride = a.cap;
+    if (c->lim.max_ctx > 0 && c->lim.max_ctx < stride) stride = c->lim.max_ctx;
+    /* enough (KV head, split) blocks for two waves over the SMs; fixed for a
+     * cache, so a captured graph stays valid as the context grows */
+    int64_t nsplit = (2 * (int64_t)c->sm_count + a.nkv - 1) / a.nkv;
+    if (nsplit > (stride + 63) / 64) nsplit = (stride + 63) / 64;
+    if (nsplit < 1) nsplit = 1;
+    if ((size_t)a.nh * (size_t)stride > c->dec_s_floats || (size_t)a.nh * nsplit > c->dec_ml_count ||
+        (size_t)a.nh * nsplit * a.hd > c->dec_p_floats)
+        return PT_ERR_UNSUPPORTED;
+    dim3 grid((unsigned)a.nkv, (unsigned)nsplit);
+    dec_scores_kernel<KT><<<grid, DEC_THREADS, (size_t)G * a.hd * sizeof(float), c->stream>>>(a, stride, c->dec_s,
+                                                                                            c->dec_ml);
+    CUDA_CHECK_LAUNCH("decode attention scores");
+    switch ((a.hd + 31) / 32) {
+#define PT_NPL(N)                                                                                         \
+    case N:                                                                                               \
+        dec_pv_kernel<KT, N><<<grid, DEC_THREADS, 0, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
+        break;
+        PT_NPL(1) PT_NPL(2) PT_NPL(3) PT_NPL(4) PT_NPL(5) PT_NPL(6) PT_NPL(7) PT_NPL(8)
+#undef PT_NPL
+    }
+    CUDA_CHECK_LAUNCH("decode attention p·v");
+    dec_merge_kernel<<<(a.nh * a.hd + 255) / 256, 256, 0, c->stream>>>(a.out, c->dec_p, a.nh, a.hd, (int)nsplit, a.bf);
+    CUDA_CHECK_LAUNCH("decode attention merge");
+    return PT_OK;
+}
+
 template <typename KT>
 static pt_status launch_attn(pt_cuda *c, const attn_args &a, int64_t T) {
+    if (T == 1) {
+        pt_status st = launch_decode_split<KT>(c, a);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     const int npl = (a.hd + 31) / 32;
     dim3 grid((unsigned)(T * a.nh)), block(ATTN_WARPS * 32);
     switch (npl) {

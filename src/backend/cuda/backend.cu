@@ -20,6 +20,9 @@ static void cuda_free(pt_backend *be) {
     if (c->moe_g) cudaFree(c->moe_g);
     if (c->moe_o) cudaFree(c->moe_o);
     if (c->err_dev) cudaFree(c->err_dev);
+    if (c->dec_s) cudaFree(c->dec_s);
+    if (c->dec_ml) cudaFree(c->dec_ml);
+    if (c->dec_p) cudaFree(c->dec_p);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -121,6 +124,17 @@ static pt_status cuda_reserve(pt_backend *be, const pt_backend_limits *lim) {
             c->moe_cols = (size_t)l.max_cols;
         }
     }
+    /* decode attention: scores per head and key, partials per split */
+    if (l.max_heads > 0 && l.max_ctx > 0) {
+        size_t splits = 2 * (size_t)c->sm_count, hd = l.max_head_dim > 0 ? (size_t)l.max_head_dim : 256;
+        size_t have_s = c->dec_s_floats * 4, have_ml = c->dec_ml_count * 8, have_p = c->dec_p_floats * 4;
+        PT_TRY(grow((void **)&c->dec_s, &have_s, (size_t)l.max_heads * (size_t)l.max_ctx * 4));
+        PT_TRY(grow((void **)&c->dec_ml, &have_ml, (size_t)l.max_heads * splits * 8));
+        PT_TRY(grow((void **)&c->dec_p, &have_p, (size_t)l.max_heads * splits * hd * 4));
+        c->dec_s_floats = have_s / 4;
+        c->dec_ml_count = have_ml / 8;
+        c->dec_p_floats = have_p / 4;
+    }
     c->lim = l;
     return PT_OK;
 }
@@ -203,6 +217,61 @@ static void cuda_release_weight(pt_backend *be, pt_matrix *w) {
     w->backend_data = NULL;
 }
 
+/* ---- CUDA graphs (cuda.h) ---- */
+
+struct pt_cuda_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+
+static pt_status need_cuda(pt_backend *be) {
+    if (!be || strcmp(be->ops->name, "cuda"))
+        return pt_error(PT_ERR_UNSUPPORTED, "CUDA graphs need the CUDA backend (this one is %s)",
+                        be ? be->ops->name : "none");
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_graph_begin(pt_backend *be) {
+    PT_TRY(need_cuda(be));
+    /* Thread-local mode: a synchronizing call from this thread during the
+     * capture fails loudly instead of silently breaking the graph. */
+    CUDA_CHECK(cudaStreamBeginCapture(pt_cuda_of(be)->stream, cudaStreamCaptureModeThreadLocal));
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_graph_end(pt_backend *be, pt_cuda_graph **out) {
+    *out = NULL;
+    PT_TRY(need_cuda(be));
+    pt_cuda *c = pt_cuda_of(be);
+    pt_cuda_graph *g = (pt_cuda_graph *)calloc(1, sizeof *g);
+    if (!g) return pt_error(PT_ERR_NOMEM, "CUDA graph: out of host memory");
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g->graph);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&g->exec, g->graph, 0);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (g->graph) cudaGraphDestroy(g->graph);
+        free(g);
+        return pt_error(PT_ERR_DEVICE, "CUDA graph capture failed: %s (code %d): %s (an op inside the capture "
+                        "synchronized, or it failed)", cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+    }
+    *out = g;
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g) {
+    PT_TRY(need_cuda(be));
+    CUDA_CHECK(cudaGraphLaunch(g->exec, pt_cuda_of(be)->stream));
+    return PT_OK;
+}
+
+extern "C" void pt_cuda_graph_free(pt_cuda_graph **g) {
+    if (!g || !*g) return;
+    cudaGraphExecDestroy((*g)->exec);
+    cudaGraphDestroy((*g)->graph);
+    free(*g);
+    *g = NULL;
+}
+
 static const pt_backend_ops cuda_ops = {
     "cuda",
     cuda_free,
@@ -235,6 +304,8 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     pt_cuda_device_info info;
     PT_TRY(pt_cuda_device_query(p->device, &info));
     c->device = p->device;
+    const char *fg = getenv("PETREL_CUDA_FAST_GEMV");
+    c->no_fast_gemv = fg && !strcmp(fg, "0");
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

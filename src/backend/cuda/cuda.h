@@ -43,6 +43,11 @@ int pt_cuda_device_count(char *why, size_t n);
  * CUDA. */
 pt_status pt_cuda_device_query(int index, pt_cuda_device_info *info);
 
+/* Measures the device's read bandwidth (GB/s, best of 5 passes over `bytes`
+ * of device memory with 16-byte loads): the roofline the benchmarks report
+ * fractions of. PT_ERR_DEVICE naming the failing call. */
+pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs);
+
 /* One line describing the device ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"). */
 void pt_cuda_device_describe(const pt_cuda_device_info *info, char *buf, size_t n);
 
@@ -73,6 +78,23 @@ typedef struct pt_cuda_params {
  * (dense weights as they are). PT_ERR_UNSUPPORTED in a build without CUDA;
  * PT_ERR_DEVICE naming the CUDA call and code when the device is unusable. */
 pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params);
+
+/* ---- Compiled decode: CUDA graphs ------------------------------------------
+ * The ops enqueued on a CUDA backend between pt_cuda_graph_begin and
+ * pt_cuda_graph_end are captured (not run) into a graph; pt_cuda_graph_launch
+ * replays it. Every op reads its per-token values (token ids, positions) from
+ * backend memory, so one capture serves every decode step: upload the new
+ * ids/positions (outside the capture), launch, download the result. Replay
+ * is bit-identical to running the same ops eagerly (a test holds it).
+ * Rules while capturing: no upload/download/sync/alloc/prepare_weight (they
+ * synchronize; the error names the call), and the shapes and buffers must be
+ * those of every later replay. PT_ERR_UNSUPPORTED on a non-CUDA backend or in
+ * a build without CUDA. */
+typedef struct pt_cuda_graph pt_cuda_graph;
+pt_status pt_cuda_graph_begin(pt_backend *be);
+pt_status pt_cuda_graph_end(pt_backend *be, pt_cuda_graph **out);
+pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g);
+void pt_cuda_graph_free(pt_cuda_graph **g);
 
 #ifdef __cplusplus
 }

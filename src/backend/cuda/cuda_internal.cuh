@@ -44,6 +44,7 @@ typedef struct pt_cuda {
     cudaStream_t stream;
     cublasHandle_t blas;
     pt_backend_limits lim;
+    int no_fast_gemv;     /* PETREL_CUDA_FAST_GEMV=0: the generic GEMV only (A/B and tests) */
     /* Matmul scratch (reserve): a weight tile dequantized/converted for
      * cuBLAS, and the input converted to the tile's type. */
     void *tile;           /* [tile_elems] bf16 or f32 */
@@ -55,6 +56,11 @@ typedef struct pt_cuda {
     float *moe_g;         /* [max_tokens·max_top_k, 2·max_ffn] f32 */
     float *moe_o;         /* [max_tokens·max_top_k, max_cols]  f32 */
     size_t moe_rows, moe_ffn, moe_cols;
+    /* Split decode attention scratch (attention.cu). */
+    float *dec_s;         /* [max_heads, max_ctx] scores                     */
+    float2 *dec_ml;       /* [max_heads, splits] partial (max, sum of exp)   */
+    float *dec_p;         /* [max_heads, splits, max_head_dim] partial p·v   */
+    size_t dec_s_floats, dec_ml_count, dec_p_floats;
     /* Errors found by kernels: a device word set by the kernel (1: an
      * embedding id out of range, 2: an expert index out of range) and the
      * offending value, checked at the next synchronization. */

@@ -77,3 +77,64 @@ extern "C" pt_status pt_cuda_device_query(int index, pt_cuda_device_info *info) 
     info->kernel_ok = 1;
     return PT_OK;
 }
+
+/* Streams `bytes` of device memory with 16-byte loads (each block keeps
+ * several loads in flight) and folds them into one word so the reads cannot
+ * be dropped: the read-bandwidth roofline for the benchmarks. */
+__global__ void pt_cuda_read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = __ldcs(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x12345678u) *sink = acc; /* practically never: keeps the loads alive */
+}
+
+extern "C" pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs) {
+    *gbs = 0;
+    void *buf = NULL;
+    unsigned *sink = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    pt_status st = PT_OK;
+    cudaDeviceProp prop;
+    float best = 1e30f;
+    const size_t n = bytes / 16;
+#define PT_RB(call)                                                                                   \
+    do {                                                                                              \
+        cudaError_t e_ = (call);                                                                      \
+        if (e_ != cudaSuccess) {                                                                      \
+            (void)cudaGetLastError();                                                                 \
+            st = pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d)", #call, cudaGetErrorName(e_), (int)e_); \
+            goto done;                                                                                \
+        }                                                                                             \
+    } while (0)
+    PT_RB(cudaGetDeviceProperties(&prop, 0));
+    PT_RB(cudaMalloc(&buf, n * 16));
+    PT_RB(cudaMalloc((void **)&sink, sizeof(unsigned)));
+    PT_RB(cudaMemset(buf, 0x5a, n * 16));
+    PT_RB(cudaEventCreate(&e0));
+    PT_RB(cudaEventCreate(&e1));
+    for (int r = 0; r < 6; r++) {
+        PT_RB(cudaEventRecord(e0));
+        pt_cuda_read_kernel<<<prop.multiProcessorCount * 8, 512>>>((const uint4 *)buf, n, sink);
+        PT_RB(cudaGetLastError());
+        PT_RB(cudaEventRecord(e1));
+        PT_RB(cudaEventSynchronize(e1));
+        float ms = 0;
+        PT_RB(cudaEventElapsedTime(&ms, e0, e1));
+        if (r > 0 && ms < best) best = ms; /* the first run warms up */
+    }
+    *gbs = (double)(n * 16) / (best * 1e-3) / 1e9;
+done:
+#undef PT_RB
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (buf) cudaFree(buf);
+    if (sink) cudaFree(sink);
+    return st;
+}

@@ -24,10 +24,34 @@ pt_status pt_cuda_device_query(int index, pt_cuda_device_info *info) {
     return pt_error(PT_ERR_UNSUPPORTED, "this petrel was built without CUDA (build with make CUDA=1)");
 }
 
+pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs) {
+    (void)bytes;
+    *gbs = 0;
+    return pt_error(PT_ERR_UNSUPPORTED, "this petrel was built without CUDA (build with make CUDA=1)");
+}
+
 pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params) {
     (void)params;
     *out = NULL;
     return pt_error(PT_ERR_UNSUPPORTED, "the CUDA backend: this petrel was built without CUDA (build with make CUDA=1)");
+}
+
+pt_status pt_cuda_graph_begin(pt_backend *be) {
+    (void)be;
+    return pt_error(PT_ERR_UNSUPPORTED, "CUDA graphs: this petrel was built without CUDA");
+}
+pt_status pt_cuda_graph_end(pt_backend *be, pt_cuda_graph **out) {
+    (void)be;
+    *out = NULL;
+    return pt_error(PT_ERR_UNSUPPORTED, "CUDA graphs: this petrel was built without CUDA");
+}
+pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g) {
+    (void)be;
+    (void)g;
+    return pt_error(PT_ERR_UNSUPPORTED, "CUDA graphs: this petrel was built without CUDA");
+}
+void pt_cuda_graph_free(pt_cuda_graph **g) {
+    if (g) *g = NULL;
 }
 #endif
 

@@ -188,6 +188,141 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
     }
 }
 
+/* ---- the decode GEMV for 4- and 8-bit codes (one token) ---------------------
+ * The code → float conversion is the cost that keeps a plain GEMV from the
+ * bandwidth limit (an int→float convert runs at a quarter of the FMA rate).
+ * Instead each code is OR-ed into the mantissa of 2^23 and 2^23 subtracted,
+ * which is exact: 4-bit codes stay in place inside each 16-bit half of the
+ * word (code i of a half is worth q·16^i), so the matching x is multiplied by
+ * 16^-i as it is loaded — a power of two, so every product q·x is the same
+ * float as in gemv_q_kernel; 8-bit codes are moved into place with one byte
+ * permute. About three instructions per value (mask-or, subtract, fma)
+ * instead of ~7. x is read through L1 (shared by the warp's ROWS rows), the
+ * next chunk's weights are loaded before the current one is consumed, and
+ * the accumulation order matches gemv_q_kernel: per 32-value chunk, then
+ * scale·Σqx + bias·Σx. */
+#define FAST_WARPS 4
+
+template <int BITS, int ROWS>
+__global__ void __launch_bounds__(FAST_WARPS * 32) gemv_fast_kernel(gemv_args a) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y;
+    bool eok;
+    const int64_t e = item_expert(a, b, eok);
+    const int64_t rl0 = ((int64_t)blockIdx.x * FAST_WARPS + warp) * ROWS;
+    if (rl0 >= a.nrows) return;
+    const int64_t K = a.K;
+    const float4 *xg = reinterpret_cast<const float4 *>(a.x + (b / a.x_div) * K);
+    constexpr int VPC = 128 / BITS; /* values per 16-byte chunk: 32 or 16 */
+    const int64_t wpr = K * BITS / 32, ngroups = K / a.gs, nchunks = K / VPC;
+    const uint4 *rowp[ROWS];
+    int64_t grow[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        const int64_t rl = rl0 + r < a.nrows ? rl0 + r : rl0;
+        grow[r] = e * a.rows + a.row0 + rl;
+        rowp[r] = reinterpret_cast<const uint4 *>((const uint32_t *)a.data + grow[r] * wpr);
+    }
+    float acc[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) acc[r] = 0.f;
+    const float MAGIC = 8388608.0f;
+    const bool bf_scales = a.st == PT_FT_BF16;
+    uint4 wn[ROWS];
+    if (lane < nchunks)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + lane);
+    for (int64_t c = lane; c < nchunks; c += 32) {
+        uint4 w[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) w[r] = wn[r];
+        if (c + 32 < nchunks) /* prefetch: the next chunk's loads overlap this chunk's arithmetic */
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + c + 32);
+        float sc[ROWS], bi[ROWS];
+        const int64_t g = c * VPC / a.gs;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int64_t gi = grow[r] * ngroups + g;
+            if (bf_scales) {
+                sc[r] = __bfloat162float(((const __nv_bfloat16 *)a.scales)[gi]);
+                bi[r] = __bfloat162float(((const __nv_bfloat16 *)a.biases)[gi]);
+            } else {
+                sc[r] = pt_ld(a.st, a.scales, gi);
+                bi[r] = pt_ld(a.st, a.biases, gi);
+            }
+        }
+        float d[ROWS], sx = 0.f;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) d[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < VPC / 4; q++) {
+            const float4 xv = __ldg(xg + c * (VPC / 4) + q);
+            sx += xv.x + xv.y + xv.z + xv.w;
+            float xr[4];
+            if constexpr (BITS == 4) { /* code i of a 16-bit half is worth q·16^i */
+                xr[0] = xv.x, xr[1] = xv.y * 0.0625f, xr[2] = xv.z * 0.00390625f, xr[3] = xv.w * 0.000244140625f;
+            } else {
+                xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
+            }
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const uint32_t word = BITS == 4 ? ((q >> 1) == 0 ? w[r].x : (q >> 1) == 1 ? w[r].y : (q >> 1) == 2 ? w[r].z : w[r].w)
+                                                : (q == 0 ? w[r].x : q == 1 ? w[r].y : q == 2 ? w[r].z : w[r].w);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    uint32_t bits;
+                    if constexpr (BITS == 4) {
+                        const uint32_t half = (q & 1) ? word >> 16 : word;
+                        bits = (half & (0xFu << (4 * i))) | 0x4B000000u;
+                    } else {
+                        bits = __byte_perm(word, 0x4B000000u, (unsigned)(i | (4 << 4) | (5 << 8) | (7 << 12)));
+                    }
+                    d[r] = fmaf(__uint_as_float(bits) - MAGIC, xr[i], d[r]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) acc[r] += sc[r] * d[r] + bi[r] * sx;
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float v = pt_warp_sum(acc[r]);
+        if (lane == 0 && rl0 + r < a.nrows) {
+            if (a.bias) v += pt_ld(a.bt, a.bias, grow[r]);
+            a.y[b * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
+        }
+    }
+}
+
+template <int BITS, int ROWS>
+static pt_status launch_fast(const pt_cuda *c, const gemv_args &a, int64_t B) {
+    const int64_t rows_per_block = FAST_WARPS * ROWS;
+    dim3 grid((unsigned)((a.nrows + rows_per_block - 1) / rows_per_block), (unsigned)B);
+    gemv_fast_kernel<BITS, ROWS><<<grid, FAST_WARPS * 32, 0, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH("gemv (4/8-bit)");
+    return PT_OK;
+}
+
+/* The fast kernel applies to one token per item, 4/8-bit codes and a 16-byte
+ * aligned x. Returns PT_ERR_UNSUPPORTED (no message) otherwise. ROWS per
+ * warp: as many as keep >= 2 blocks per SM. */
+static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B) {
+    if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16) return PT_ERR_UNSUPPORTED;
+    const int64_t target = 2 * (int64_t)c->sm_count;
+    int rows = 1;
+    if (B * (a.nrows / (FAST_WARPS * 4)) >= target) rows = 4;
+    else if (B * (a.nrows / (FAST_WARPS * 2)) >= target) rows = 2;
+    if (bits == 4) {
+        if (rows == 4) return launch_fast<4, 4>(c, a, B);
+        if (rows == 2) return launch_fast<4, 2>(c, a, B);
+        return launch_fast<4, 1>(c, a, B);
+    }
+    if (rows == 4) return launch_fast<8, 4>(c, a, B);
+    if (rows == 2) return launch_fast<8, 2>(c, a, B);
+    return launch_fast<8, 1>(c, a, B);
+}
+
 template <int NT>
 static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B) {
     const int64_t rows_per_block = PT_GEMV_WARPS * PT_GEMV_ROWS;
@@ -225,6 +360,10 @@ static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, 
 
 static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B, int nt) {
     if (B > 65535) return pt_error(PT_ERR_INTERNAL, "gemv: %lld items exceed the grid", (long long)B);
+    if (nt == 1 && !c->no_fast_gemv) {
+        pt_status st = try_fast(c, a, bits, B);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     switch (nt) {
     case 1: return launch_gemv_nt<1>(c, a, bits, dt, B);
     case 2: return launch_gemv_nt<2>(c, a, bits, dt, B);
