@@ -1,5 +1,6 @@
 /* Synthetic models for `petrel bench --synthetic NAME --quant q4|q8|bf16`:
  * the real shapes of published models (../shared/reference/performance.md,
+ * gemma-3-4b with its 5:1 sliding (1024) / full pattern and Gemma block,
  * confirmed against the families' published config.json files) with random
  * weights, built straight into pt_net. Speed does not depend on the weight
  * values, so these measure what a real checkpoint of that shape would run at
@@ -26,18 +27,21 @@ typedef struct synth_shape {
     double theta;
     int experts, top_k, moe_ffn; /* 0 = dense */
     int cpu;                     /* runs on the CPU (memory) */
+    int gemma;                   /* Gemma 3 block: (1+w) sandwich norms, GeGLU, sqrt(H) embedding scale */
+    int window, full_every;      /* sliding window and full-attention period (layer i full iff (i+1) % n == 0) */
 } synth_shape;
 
 static const synth_shape shapes[] = {
-    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1},
-    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1},
-    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1},
-    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1},
-    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0},
+    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
+    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
+    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
+    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1, 0, 0, 0},
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0, 0, 0, 0},
+    {"gemma-3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1, 1, 1000000.0, 0, 0, 0, 1, 1, 1024, 6},
 };
 
 const char *pt_synthetic_names(void) {
-    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, qwen3-30b-a3b (GPU only)";
+    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, gemma-3-4b, qwen3-30b-a3b (GPU only)";
 }
 
 static uint64_t xs(uint64_t *s) {
@@ -157,7 +161,11 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     } else {
         PT_TRY(synth_weight(&c, &n->lm_head, 0, sh->vocab, H, "lm_head"));
     }
-    PT_TRY(synth_vec(&c, H, 1.0f, &n->final_norm));
+    PT_TRY(synth_vec(&c, H, sh->gemma ? 0.0f : 1.0f, &n->final_norm));
+    if (sh->gemma) {
+        n->final_style = PT_RMS_1PW;
+        n->embed_scale = pt_round_bf16(sqrtf((float)sh->hidden));
+    }
     /* default RoPE table (the scaling kind does not change the cost) */
     int half = sh->head_dim / 2;
     float *inv = malloc((size_t)half * sizeof *inv);
@@ -191,11 +199,12 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
         L->n_kv = sh->kv;
         L->head_dim = sh->head_dim;
         L->residual_scale = 1.0f;
-        PT_TRY(synth_vec(&c, H, 1.0f, &L->attn_norm));
-        PT_TRY(synth_vec(&c, H, 1.0f, &L->ffn_norm));
+        const float one = sh->gemma ? 0.0f : 1.0f; /* neutral weight: w, or (1+w) with w = 0 */
+        PT_TRY(synth_vec(&c, H, one, &L->attn_norm));
+        PT_TRY(synth_vec(&c, H, one, &L->ffn_norm));
         if (sh->qk_norm) {
-            PT_TRY(synth_vec(&c, sh->head_dim, 1.0f, &L->q_norm));
-            PT_TRY(synth_vec(&c, sh->head_dim, 1.0f, &L->k_norm));
+            PT_TRY(synth_vec(&c, sh->head_dim, one, &L->q_norm));
+            PT_TRY(synth_vec(&c, sh->head_dim, one, &L->k_norm));
         }
         PT_TRY(synth_weight(&c, &L->wq, 0, qd, H, "q_proj"));
         PT_TRY(synth_weight(&c, &L->wk, 0, kd, H, "k_proj"));
@@ -207,6 +216,14 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
         L->attn.n_heads = sh->heads;
         L->attn.head_dim = sh->head_dim;
         L->attn.scale = 1.0f / sqrtf((float)sh->head_dim);
+        if (sh->gemma) {
+            L->norm_style = L->qk_style = PT_RMS_1PW;
+            L->glu = PT_GLU_GELU_TANH;
+            L->sandwich = 1;
+            PT_TRY(synth_vec(&c, H, 0.0f, &L->post_attn_norm));
+            PT_TRY(synth_vec(&c, H, 0.0f, &L->post_ffn_norm));
+            if (sh->full_every && (l + 1) % sh->full_every != 0) L->attn.window = sh->window;
+        }
         if (sh->experts) {
             L->is_moe = 1;
             L->moe_ffn = sh->moe_ffn;
