@@ -518,6 +518,85 @@ static void test_server_tool_calls(void) {
     resp_free(&r);
 }
 
+static void test_server_forced_tool_call(void) {
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"],"
+                        "\"additionalProperties\":false}}},{\"type\":\"function\",\"function\":{\"name\":\"get_time\","
+                        "\"parameters\":{\"type\":\"object\",\"properties\":{\"zone\":{\"enum\":[\"UTC\",\"CET\"]}},"
+                        "\"required\":[\"zone\"],\"additionalProperties\":false}}}]";
+    const char *choices[] = {"\"tool_choice\":\"required\"",
+                             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}"};
+    for (int k = 0; k < 2; k++) {
+        for (int stream = 0; stream < 2; stream++) {
+            char extra[2048];
+            snprintf(extra, sizeof extra, "%s,%s%s", tools, choices[k], stream ? ",\"stream\":true" : "");
+            /* the scripted reply is plain text: the call is forced anyway */
+            char *b = chat_body("SAY:I would rather chat.", extra);
+            resp r;
+            http("POST", "/v1/chat/completions", b, NULL, &r);
+            free(b);
+            char name[64] = "", args[512] = "", finish[32] = "";
+            if (!stream) {
+                cJSON *j = json_body(&r);
+                const char *n = jstr(j, "choices.0.message.tool_calls.0.function.name");
+                const char *a = jstr(j, "choices.0.message.tool_calls.0.function.arguments");
+                const char *f = jstr(j, "choices.0.finish_reason");
+                snprintf(name, sizeof name, "%s", n ? n : "");
+                snprintf(args, sizeof args, "%s", a ? a : "");
+                snprintf(finish, sizeof finish, "%s", f ? f : "");
+                cJSON_Delete(j);
+            } else {
+                const char *p = r.body ? strstr(r.body, "\"tool_calls\"") : NULL;
+                cJSON *j = NULL;
+                if (p) {
+                    const char *ln = p;
+                    while (ln > r.body && ln[-1] != '\n') ln--;
+                    const char *e = strstr(ln, "\n\n");
+                    j = e ? cJSON_ParseWithLength(ln + 6, (size_t)(e - ln - 6)) : NULL;
+                }
+                const char *n = jstr(j, "choices.0.delta.tool_calls.0.function.name");
+                const char *a = jstr(j, "choices.0.delta.tool_calls.0.function.arguments");
+                snprintf(name, sizeof name, "%s", n ? n : "");
+                snprintf(args, sizeof args, "%s", a ? a : "");
+                if (r.body && strstr(r.body, "\"finish_reason\":\"tool_calls\"")) strcpy(finish, "tool_calls");
+                cJSON_Delete(j);
+            }
+            cJSON *a = cJSON_Parse(args);
+            int ok_name = k == 0 ? (!strcmp(name, "get_weather") || !strcmp(name, "get_time")) : !strcmp(name, "get_time");
+            int ok_args = cJSON_IsObject(a) &&
+                          (!strcmp(name, "get_weather") ? cJSON_IsString(cJSON_GetObjectItem(a, "city"))
+                                                        : cJSON_IsString(cJSON_GetObjectItem(a, "zone")));
+            CHECK(r.status == 200 && ok_name && ok_args && !strcmp(finish, "tool_calls"),
+                  "choice %d stream %d: name '%s' args '%s' finish '%s': %.300s", k, stream, name, args, finish, r.body);
+            cJSON_Delete(a);
+            resp_free(&r);
+        }
+    }
+    /* Anthropic: {"type":"tool","name":...} */
+    resp r;
+    http("POST", "/v1/messages",
+         "{\"max_tokens\":200,\"tool_choice\":{\"type\":\"tool\",\"name\":\"calc\"},\"tools\":[{\"name\":\"calc\","
+         "\"input_schema\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"],"
+         "\"additionalProperties\":false}}],"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"SAY:no thanks\"}]}",
+         NULL, &r);
+    cJSON *j = json_body(&r);
+    CHECK(r.status == 200 && jstr(j, "stop_reason") && !strcmp(jstr(j, "stop_reason"), "tool_use") &&
+              jstr(j, "content.0.name") && !strcmp(jstr(j, "content.0.name"), "calc") &&
+              cJSON_IsNumber(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "content"), 0), "input"), "x")),
+          "anthropic forced: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    /* an unknown name is a 400 */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}", tools);
+    char *b = chat_body("hi", extra);
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    CHECK(r.status == 400 && strstr(r.body, "nope"), "unknown tool: %d %s", r.status, r.body);
+    resp_free(&r);
+}
+
 static void test_server_json_schema(void) {
     const char *rf = "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":"
                      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"n\":{\"type\":"
@@ -923,6 +1002,7 @@ int main(void) {
     TEST_RUN(test_toolcall_parsing);
     TEST_RUN(test_server_tool_calls);
     TEST_RUN(test_server_json_schema);
+    TEST_RUN(test_server_forced_tool_call);
     TEST_RUN(test_server_anthropic);
     TEST_RUN(test_server_tokenize);
     TEST_RUN(test_server_prompt_cache);

@@ -23,6 +23,14 @@ typedef struct pt_srv_histogram {
     uint64_t n;
 } pt_srv_histogram;
 
+/* How the model's chat template writes a tool call (learned by probing it). */
+typedef enum pt_tool_format {
+    PT_TOOLS_UNKNOWN = 0,
+    PT_TOOLS_QWEN,  /* <tool_call>{"name","arguments"}</tool_call> */
+    PT_TOOLS_LLAMA, /* {"name","parameters"} */
+    PT_TOOLS_GEMMA, /* ```tool_code name(...)``` */
+} pt_tool_format;
+
 struct pt_server {
     pt_srv_engine *e;
     pt_srv_sched *sched;
@@ -35,6 +43,8 @@ struct pt_server {
     uint64_t n_429, n_cancelled, n_errors;
     uint64_t completions_ok;
     pt_srv_histogram h_request, h_ttft;
+    pt_tool_format tool_format; /* valid once tool_format_known */
+    int tool_format_known;
 };
 
 typedef enum { API_CHAT, API_COMPLETION, API_MESSAGES } pt_api_kind;
@@ -47,7 +57,7 @@ typedef struct pt_gen {
     int include_usage;
     int logprobs, top_logprobs;
     int tools;    /* tool calls are parsed out of the reply */
-    int echo_model; /* unused; the model id is always echoed */
+    const char *call_prefix, *call_suffix; /* a forced tool call's markers, or NULL */
     char id[48];
     long created;
 } pt_gen;
@@ -76,6 +86,14 @@ void pt_api_run(pt_server *srv, pt_gen *g, const pt_http_request *req, pt_http_r
 int pt_api_render_chat(pt_server *srv, const cJSON *messages, const cJSON *tools,
                        const cJSON *kwargs, char **prompt, const char *path,
                        pt_http_response *resp);
+
+/* Forced tool calls (api_tools.c): constrains g's job to one call of the
+ * offered tools (only: NULL or the one name allowed). 400 in resp on failure. */
+int pt_api_force_tool_call(pt_server *srv, pt_gen *g, const cJSON *tools, const char *only,
+                           const char *path, pt_http_response *resp);
+/* Appends a forced call's opening marker to the rendered prompt (realloc). 0 on OOM. */
+int pt_api_prompt_with_prefix(const pt_gen *g, char **prompt);
+pt_tool_format pt_api_tool_format(pt_server *srv);
 
 /* Records a finished job in the metrics. */
 void pt_api_record(pt_server *srv, pt_srv_job *job);

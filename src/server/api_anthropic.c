@@ -134,8 +134,11 @@ static cJSON *convert_messages(const cJSON *root, const char *path, pt_http_resp
     return out;
 }
 
-static cJSON *convert_tools(const cJSON *root, const char *path, pt_http_response *resp, int *bad) {
+static cJSON *convert_tools(const cJSON *root, const char *path, pt_http_response *resp, int *bad,
+                            int *forced, const char **only) {
     *bad = 0;
+    *forced = 0;
+    *only = NULL;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!t || cJSON_IsNull(t)) return NULL;
     if (!cJSON_IsArray(t)) {
@@ -152,6 +155,16 @@ static cJSON *convert_tools(const cJSON *root, const char *path, pt_http_respons
         return NULL;
     }
     if (tct && !strcmp(tct, "none")) return NULL;
+    if (tct && !strcmp(tct, "any")) *forced = 1;
+    if (tct && !strcmp(tct, "tool")) {
+        *only = pt_json_get_str(tc, "name");
+        if (!*only) {
+            *bad = 1;
+            pt_api_bad(resp, path, "'tool_choice': {\"type\":\"tool\"} needs a \"name\"");
+            return NULL;
+        }
+        *forced = 1;
+    }
     cJSON *out = cJSON_CreateArray();
     int i = 0;
     for (const cJSON *e = t->child; e; e = e->next, i++) {
@@ -190,17 +203,23 @@ void pt_route_messages(void *user, const pt_http_request *req, pt_http_response 
     g.job = pt_srv_job_new();
     cJSON *msgs = NULL, *tools = NULL;
     char *prompt = NULL;
-    int bad = 0;
+    int bad = 0, forced = 0;
+    const char *only = NULL;
     if (!g.job) {
         pt_http_error(resp, req->path, 500, "api_error", "out of memory");
         goto done;
     }
     if (!pt_api_common_fields(srv, root, &g, 1, req->path, resp)) goto done;
     if (!(msgs = convert_messages(root, req->path, resp))) goto done;
-    tools = convert_tools(root, req->path, resp, &bad);
+    tools = convert_tools(root, req->path, resp, &bad, &forced, &only);
     if (bad) goto done;
     g.tools = tools != NULL;
+    if (tools && forced && !pt_api_force_tool_call(srv, &g, tools, only, req->path, resp)) goto done;
     if (!pt_api_render_chat(srv, msgs, tools, NULL, &prompt, req->path, resp)) goto done;
+    if (!pt_api_prompt_with_prefix(&g, &prompt)) {
+        pt_http_error(resp, req->path, 500, "api_error", "out of memory");
+        goto done;
+    }
     if (!pt_api_set_prompt(srv, &g, prompt, 0, req->path, resp)) goto done;
     pt_api_run(srv, &g, req, resp);
 done:

@@ -19,9 +19,11 @@ static void new_id(pt_gen *g, const char *prefix) {
 
 /* tools: an array of {"type":"function","function":{"name",...}}; tool_choice
  * "none" hides them from the template (no call is wanted). */
-static int parse_tools(const cJSON *root, const cJSON **tools, const char *path,
-                       pt_http_response *resp) {
+static int parse_tools(const cJSON *root, const cJSON **tools, int *forced, const char **only,
+                       const char *path, pt_http_response *resp) {
     *tools = NULL;
+    *forced = 0;
+    *only = NULL;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!t || cJSON_IsNull(t)) return 1;
     if (!cJSON_IsArray(t)) return pt_api_bad(resp, path, "'tools': expected an array");
@@ -40,7 +42,15 @@ static int parse_tools(const cJSON *root, const cJSON **tools, const char *path,
             if (strcmp(v, "none") && strcmp(v, "auto") && strcmp(v, "required"))
                 return pt_api_bad(resp, path, "'tool_choice': expected none, auto, required or an object");
             if (!strcmp(v, "none")) return 1;
-        } else if (!cJSON_IsObject(tc)) {
+            *forced = !strcmp(v, "required");
+        } else if (cJSON_IsObject(tc)) {
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
+            *only = pt_json_get_str(fn, "name");
+            if (!*only)
+                return pt_api_bad(resp, path,
+                                  "'tool_choice': expected {\"type\":\"function\",\"function\":{\"name\":...}}");
+            *forced = 1;
+        } else {
             return pt_api_bad(resp, path, "'tool_choice': expected none, auto, required or an object");
         }
     }
@@ -57,17 +67,24 @@ void pt_route_chat(void *user, const pt_http_request *req, pt_http_response *res
     g.job = pt_srv_job_new();
     char *prompt = NULL;
     const cJSON *tools = NULL;
+    const char *only = NULL;
+    int forced = 0;
     if (!g.job) {
         pt_http_error(resp, req->path, 500, "server_error", "out of memory");
         goto done;
     }
     if (!pt_api_common_fields(srv, root, &g, 0, req->path, resp)) goto done;
-    if (!parse_tools(root, &tools, req->path, resp)) goto done;
+    if (!parse_tools(root, &tools, &forced, &only, req->path, resp)) goto done;
     g.tools = tools != NULL;
+    if (tools && forced && !pt_api_force_tool_call(srv, &g, tools, only, req->path, resp)) goto done;
     if (!pt_api_render_chat(srv, cJSON_GetObjectItemCaseSensitive(root, "messages"), tools,
                             cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs"), &prompt,
                             req->path, resp))
         goto done;
+    if (!pt_api_prompt_with_prefix(&g, &prompt)) {
+        pt_http_error(resp, req->path, 500, "server_error", "out of memory");
+        goto done;
+    }
     /* the template writes every special token itself (BOS included) */
     if (!pt_api_set_prompt(srv, &g, prompt, 0, req->path, resp)) goto done;
     pt_api_run(srv, &g, req, resp);

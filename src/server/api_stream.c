@@ -162,6 +162,20 @@ static void tool_calls_json(cJSON *parent, const char *key, pt_tool_call *calls,
     }
 }
 
+/* Tool calls in the reply; a forced call's reply is the bare JSON, which
+ * gets its markers back first so the parser sees the model's own form. */
+static int parse_calls(const pt_gen *g, const char *text, size_t len, pt_tool_call **calls,
+                       char **content) {
+    if (!g->call_prefix) return pt_toolcall_parse(text, len, calls, content);
+    pt_sbuf b = {0};
+    pt_sbuf_adds(&b, g->call_prefix);
+    pt_sbuf_add(&b, text, len);
+    pt_sbuf_adds(&b, g->call_suffix ? g->call_suffix : "");
+    int n = b.oom ? -1 : pt_toolcall_parse(b.data, b.len, calls, content);
+    pt_sbuf_free(&b);
+    return n;
+}
+
 /* ------------------------------------------------------ buffered answers */
 
 char *pt_api_openai_response(pt_server *srv, pt_gen *g) {
@@ -182,7 +196,7 @@ char *pt_api_openai_response(pt_server *srv, pt_gen *g) {
         cJSON_AddStringToObject(msg, "role", "assistant");
         pt_tool_call *calls = NULL;
         char *content = NULL;
-        if (g->tools) n_calls = pt_toolcall_parse(text, j->text.len, &calls, &content);
+        if (g->tools) n_calls = parse_calls(g, text, j->text.len, &calls, &content);
         if (n_calls > 0) {
             if (content && content[0]) cJSON_AddStringToObject(msg, "content", content);
             else cJSON_AddNullToObject(msg, "content");
@@ -221,7 +235,7 @@ char *pt_api_anthropic_response(pt_server *srv, pt_gen *g) {
     const char *text = j->text.data ? j->text.data : "";
     pt_tool_call *calls = NULL;
     char *rest = NULL;
-    int n_calls = g->tools ? pt_toolcall_parse(text, j->text.len, &calls, &rest) : 0;
+    int n_calls = g->tools ? parse_calls(g, text, j->text.len, &calls, &rest) : 0;
     if (n_calls < 0) n_calls = 0;
     const char *body = n_calls ? (rest ? rest : "") : text;
     if (body[0] || n_calls == 0) {
@@ -449,7 +463,7 @@ static void stream_finish(gen_stream *st) {
     int n_calls = 0;
     if (st->g.tools) {
         /* release held text: tool calls, or content after all */
-        n_calls = pt_toolcall_parse(text + st->content_sent, j->text.len - st->content_sent, &calls,
+        n_calls = parse_calls(&st->g, text + st->content_sent, j->text.len - st->content_sent, &calls,
                                     &rest);
         if (n_calls < 0) n_calls = 0;
         const char *tail = n_calls ? (rest ? rest : "") : text + st->content_sent;
