@@ -485,6 +485,31 @@ static void test_quantize_reproduces_oracle(void) {
     reproduce("gemma4_moe", "gemma4_moe_mlx_q4", 4, NULL, "language_model.");
 }
 
+/* The written bytes do not depend on the thread count. */
+static void test_quantize_threads(void) {
+    char dir[512], o1[600], o3[600];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(o1, sizeof o1, "%s/t1", dir);
+    snprintf(o3, sizeof o3, "%s/t3", dir);
+    pt_quantize_params p = {.bits = 3, .group_size = 32, .n_threads = 1};
+    pt_quantize_report rep;
+    REQUIRE(pt_quantize_model(FIX "gemma4_mlx", o1, &p, &rep) == PT_OK, "%s", pt_last_error());
+    p.n_threads = 3;
+    REQUIRE(pt_quantize_model(FIX "gemma4_mlx", o3, &p, &rep) == PT_OK, "%s", pt_last_error());
+    char a[700], b[700], *x, *y;
+    size_t nx, ny;
+    snprintf(a, sizeof a, "%s/model.safetensors", o1);
+    snprintf(b, sizeof b, "%s/model.safetensors", o3);
+    REQUIRE(pt_read_file(a, &x, &nx) == PT_OK && pt_read_file(b, &y, &ny) == PT_OK, "read");
+    CHECK(nx == ny && !memcmp(x, y, nx), "1 and 3 threads wrote different bytes");
+    free(x);
+    free(y);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd)) {
+    }
+}
+
 static void test_quantize_refuses(void) {
     char dir[512], out[600], out2[600];
     test_tmpdir(dir, sizeof dir);
@@ -518,6 +543,7 @@ int main(void) {
     TEST_RUN(test_quantize_roundtrip);
     TEST_RUN(test_quantize_oracle_fixtures);
     TEST_RUN(test_quantize_reproduces_oracle);
+    TEST_RUN(test_quantize_threads);
     TEST_RUN(test_quantize_refuses);
     return test_summary();
 }

@@ -14,7 +14,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: petrel quantize IN OUT --bits B --group-size G [--mixed RECIPE]\n"
+            "usage: petrel quantize IN OUT --bits B --group-size G [--mixed RECIPE] [-t N]\n"
             "\n"
             "Writes an MLX-format checkpoint of the float model in IN to the new (or empty)\n"
             "directory OUT, with mlx-lm's tensor names: packed uint32 weights with scales and\n"
@@ -29,6 +29,7 @@ static void usage(FILE *f) {
             "                     recipes (v_proj/down_proj of the first and last eighth of the\n"
             "                     layers and every third layer between, and lm_head, at the high\n"
             "                     width; everything else at the low width)\n"
+            "  -t N               threads (default: all CPUs; the output does not depend on it)\n"
             "  --cpu-rule         round as MLX's CPU kernel does (half to even) instead of its\n"
             "                     GPU kernels (what mlx-community checkpoints were made with)\n");
 }
@@ -68,6 +69,10 @@ int cmd_quantize(int argc, char **argv) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (i + 1 >= argc || !parse_int(argv[i + 1], &p.n_threads) || p.n_threads < 1)
+                return cli_usage_error("quantize", "%s needs a positive thread count", a);
+            i++;
         } else if (!strcmp(a, "--bits") || !strcmp(a, "--group-size") || !strcmp(a, "--mixed")) {
             if (i + 1 >= argc) return cli_usage_error("quantize", "%s needs a value", a);
             const char *v = argv[++i];

@@ -11,6 +11,7 @@
 #include "base/half.h"
 #include "base/json.h"
 #include "base/mmap.h"
+#include "base/threadpool.h"
 #include "format/safetensors.h"
 #include "model/config.h"
 #include "model/spec.h"
@@ -370,44 +371,82 @@ typedef struct {
     int64_t done, total;
 } sink;
 
-static pt_status produce(const plan *pl, int idx, sink *k) {
+/* Rows are produced in blocks, split across the thread pool (each thread
+ * converts/quantizes its contiguous rows into the block buffer; the output
+ * bytes do not depend on the split), then the block is written in order. */
+typedef struct {
+    const plan *pl;
+    const out_t *o;
+    int64_t r0, nrows;
+    unsigned char *buf; /* [nrows, row_bytes] */
+    size_t row_bytes;
+    float *rows;        /* [nth, cols] scratch */
+    unsigned char *q;   /* [nth, q_bytes] packed | scales | biases scratch */
+    size_t q_bytes;
+    pt_status *st;      /* [nth] */
+} block_job;
+
+static void block_fn(void *ctx, int ith, int nth) {
+    block_job *j = ctx;
+    const out_t *o = j->o;
+    long b, e;
+    pt_split_range((long)j->nrows, ith, nth, &b, &e);
+    float *row = j->rows + (size_t)ith * (size_t)o->cols;
+    for (long r = b; r < e; r++) {
+        unsigned char *dst = j->buf + (size_t)r * j->row_bytes;
+        if (o->role == ROLE_DENSE) {
+            get_row(o, o->dtype, j->r0 + r, row);
+            store_row(row, o->cols, o->dtype, dst);
+            continue;
+        }
+        /* A module's packed weight, scales and biases are three tensors that a
+         * shard boundary may separate, so each role re-quantizes its rows and
+         * keeps its own part: three passes of cheap arithmetic, no module-sized
+         * buffer. */
+        int64_t pw = o->cols * o->bits / 32, ng = o->cols / o->group_size;
+        size_t es = pt_dtype_size(j->pl->dtype);
+        unsigned char *q = j->q + (size_t)ith * j->q_bytes;
+        uint32_t *packed = (uint32_t *)q;
+        unsigned char *sc = q + pw * 4, *bi = sc + ng * es;
+        get_row(o, j->pl->dtype, j->r0 + r, row);
+        pt_status st = pt_mlx_quantize_row(row, o->cols, o->bits, o->group_size, j->pl->p->rule, packed, sc, bi,
+                                           j->pl->dtype);
+        if (st) {
+            j->st[ith] = st;
+            return;
+        }
+        memcpy(dst, o->role == ROLE_PACKED ? (void *)packed : o->role == ROLE_SCALES ? (void *)sc : (void *)bi,
+               j->row_bytes);
+    }
+}
+
+static pt_status produce(const plan *pl, int idx, sink *k, pt_pool *pool) {
     const out_t *o = &pl->v[idx];
     pt_st_writer *w = k->w[o->shard];
-    float *row = malloc((size_t)o->cols * sizeof *row);
-    if (!row) return pt_error(PT_ERR_NOMEM, "out of memory");
-    pt_status s = PT_OK;
-    if (o->role == ROLE_DENSE) {
-        size_t es = pt_dtype_size(o->dtype);
-        void *buf = malloc((size_t)o->cols * es);
-        if (!buf) s = pt_error(PT_ERR_NOMEM, "out of memory");
-        for (int64_t r = 0; r < o->rows && !s; r++) {
-            get_row(o, o->dtype, r, row);
-            store_row(row, o->cols, o->dtype, buf);
-            s = pt_st_writer_write(w, buf, (size_t)o->cols * es);
-        }
-        free(buf);
-    } else {
-        /* A module's packed weight, scales and biases are three tensors that a
-         * shard boundary may separate, so each role re-quantizes the rows and
-         * keeps its own part: three passes of cheap arithmetic, one row of
-         * memory. */
-        int64_t pw = o->cols * o->bits / 32, ng = o->cols / o->group_size;
-        size_t es = pt_dtype_size(pl->dtype);
-        uint32_t *packed = malloc((size_t)pw * 4);
-        void *sc = malloc((size_t)ng * es), *bi = malloc((size_t)ng * es);
-        if (!packed || !sc || !bi) s = pt_error(PT_ERR_NOMEM, "out of memory");
-        for (int64_t r = 0; r < o->rows && !s; r++) {
-            get_row(o, pl->dtype, r, row);
-            s = pt_mlx_quantize_row(row, o->cols, o->bits, o->group_size, pl->p->rule, packed, sc, bi, pl->dtype);
-            if (s) break;
-            if (o->role == ROLE_PACKED) s = pt_st_writer_write(w, packed, (size_t)pw * 4);
-            else s = pt_st_writer_write(w, o->role == ROLE_SCALES ? sc : bi, (size_t)ng * es);
-        }
-        free(packed);
-        free(sc);
-        free(bi);
+    int nth = pt_pool_size(pool);
+    block_job j = {.pl = pl, .o = o};
+    j.row_bytes = (size_t)(o->nbytes / (uint64_t)(o->rows ? o->rows : 1));
+    int64_t pw = o->bits ? o->cols * o->bits / 32 : 0, ng = o->bits ? o->cols / o->group_size : 0;
+    j.q_bytes = (size_t)(pw * 4 + 2 * ng * (int64_t)pt_dtype_size(pl->dtype) + 64) & ~(size_t)63; /* keeps packed aligned */
+    int64_t block = j.row_bytes ? (int64_t)((8u << 20) / j.row_bytes) : 1; /* ~8 MiB per block */
+    if (block < 1) block = 1;
+    if (block > o->rows) block = o->rows ? o->rows : 1;
+    j.buf = malloc((size_t)block * j.row_bytes + 1);
+    j.rows = malloc((size_t)nth * (size_t)o->cols * sizeof(float) + 1);
+    j.q = malloc((size_t)nth * j.q_bytes);
+    j.st = calloc((size_t)nth, sizeof *j.st);
+    pt_status s = j.buf && j.rows && j.q && j.st ? PT_OK : pt_error(PT_ERR_NOMEM, "out of memory");
+    for (int64_t r0 = 0; r0 < o->rows && !s; r0 += block) {
+        j.r0 = r0;
+        j.nrows = o->rows - r0 < block ? o->rows - r0 : block;
+        pt_pool_run(pool, block_fn, &j);
+        for (int t = 0; t < nth && !s; t++) s = j.st[t];
+        if (!s) s = pt_st_writer_write(w, j.buf, (size_t)j.nrows * j.row_bytes);
     }
-    free(row);
+    free(j.buf);
+    free(j.rows);
+    free(j.q);
+    free(j.st);
     if (s) return pt_error_prefix(s, "writing '%s'", o->name);
     k->done += (int64_t)o->nbytes;
     if (pl->p->progress) pl->p->progress(pl->p->progress_ctx, k->done, k->total);
@@ -538,7 +577,10 @@ static pt_status write_all(plan *pl, const char *out_dir, const pt_quantize_para
         if (!s) s = path ? pt_st_writer_begin(k.w[sh], path) : pt_error(PT_ERR_NOMEM, "out of memory");
         free(path);
     }
-    for (int i = 0; i < pl->n && !s; i++) s = produce(pl, i, &k);
+    pt_pool *pool = NULL;
+    if (!s) s = pt_pool_create(&pool, p->n_threads > 0 ? p->n_threads : pt_cpu_count());
+    for (int i = 0; i < pl->n && !s; i++) s = produce(pl, i, &k, pool);
+    pt_pool_free(&pool);
     for (int sh = 0; sh < n_shards && !s; sh++) s = pt_st_writer_finish(k.w[sh]);
     if (!s) { /* the index, as mlx-lm writes it (always, sorted weight_map) */
         cJSON *idx = cJSON_CreateObject(), *md = cJSON_AddObjectToObject(idx, "metadata");

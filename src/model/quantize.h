@@ -26,6 +26,7 @@ typedef struct pt_quantize_params {
     const char *mixed;   /* NULL, "mixed_2_6", "mixed_3_4", "mixed_3_6" or "mixed_4_6" */
     pt_mlx_rule rule;    /* PT_MLX_RULE_METAL (default: what mlx-community checkpoints use) */
     uint64_t max_shard_bytes; /* 0 = 5 GiB, as mlx-lm */
+    int n_threads;       /* 0 = all online CPUs; the output does not depend on it */
     /* called after each output tensor (may be NULL) */
     void (*progress)(void *ctx, int64_t done_bytes, int64_t total_bytes);
     void *progress_ctx;
