@@ -70,6 +70,12 @@ static void test_bad_files(void) {
     expect_load_error("{\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\",\"ids\":[99],\"tokens\":[\"<s>\"]}}}," MODEL_OK "}",
                       PT_ERR_FORMAT, "post_processor id 99 is outside the vocabulary");
     expect_load_error("{\"added_tokens\":[{\"id\":5}]," MODEL_OK "}", PT_ERR_FORMAT, "added_tokens[0].content");
+    /* strings that would be inserted into text must be valid UTF-8 (found by the fuzzer) */
+    expect_load_error("{\"normalizer\":{\"type\":\"Prepend\",\"prepend\":\"\xff_\"}," MODEL_OK "}", PT_ERR_FORMAT,
+                      "normalizer.prepend: not valid UTF-8");
+    expect_load_error("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\xc3\":0}}}", PT_ERR_FORMAT, "not valid UTF-8");
+    expect_load_error("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\"\xe2\x96\"},\"behavior\":\"Isolated\"}," MODEL_OK "}",
+                      PT_ERR_FORMAT, "pattern: not valid UTF-8");
     expect_load_error("{\"added_tokens\":[{\"id\":-3,\"content\":\"x\"}]," MODEL_OK "}", PT_ERR_FORMAT, "added_tokens[0].id");
 
     pt_tokenizer *t = NULL;

@@ -125,7 +125,10 @@ static pt_status apply_dec(const pt_tokenizer *t, const tok_dec *d, tlist *in, t
             tok_match *m = NULL;
             size_t nm = 0, cap = 0;
             pcre2_match_data *md = d->pat.re ? pcre2_match_data_create(1, NULL) : NULL;
-            pt_status st = tok_pattern_find(&d->pat, md, NULL, TOK(in, i), in->len[i], &m, &nm, &cap);
+            pt_status st = PT_OK;
+            /* tokens are valid UTF-8 (checked at load); a regex never sees anything else */
+            if (!d->pat.re || pt_utf8_invalid_offset(TOK(in, i), in->len[i]) < 0)
+                st = tok_pattern_find(&d->pat, md, NULL, TOK(in, i), in->len[i], &m, &nm, &cap);
             if (md) pcre2_match_data_free(md);
             size_t prev = 0;
             if (!st) st = tl_open(out);

@@ -218,7 +218,6 @@ pt_status pt_tokenizer_encode(const pt_tokenizer *t, const char *text, size_t le
             st = pt_error(PT_ERR_INTERNAL, "tokenizer: produced id %d outside the vocabulary", ids.v[i]);
     if (w.md) pcre2_match_data_free(w.md);
     tok_buf_free(&w.buf);
-    tok_buf_free(&w.tmp);
     free(w.a.v);
     free(w.b.v);
     free(w.m);

@@ -265,7 +265,6 @@ typedef struct tok_work {
     size_t sp_cap;
     pcre2_match_data *md;
     pcre2_match_context *mc; /* NULL: defaults (see tok_pattern_find) */
-    tok_buf tmp;
 } tok_work;
 pt_status tok_pretokenize(const pt_tokenizer *t, const tok_pre *pre, tok_work *w, tok_pieces *in,
                           tok_pieces *out);

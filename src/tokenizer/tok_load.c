@@ -43,6 +43,10 @@ static pt_status get_string(const cJSON *o, const char *key, const char **out, c
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!cJSON_IsString(v))
         return pt_error(PT_ERR_FORMAT, "%s.%s: expected a string%s", what, key, v ? "" : " (missing)");
+    /* Strings inserted into text must be valid UTF-8: regexes later match
+     * that text without re-checking it. */
+    if (pt_utf8_invalid_offset(v->valuestring, strlen(v->valuestring)) >= 0)
+        return pt_error(PT_ERR_FORMAT, "%s.%s: not valid UTF-8", what, key);
     *out = v->valuestring;
     return PT_OK;
 }
@@ -67,6 +71,9 @@ static pt_status load_pattern(const cJSON *o, tok_pattern *p, const char *what) 
         return pt_error(PT_ERR_FORMAT, "%s.pattern: expected {\"String\": ...} or {\"Regex\": ...}", what);
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(pat, "String");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+    if ((cJSON_IsString(s) && pt_utf8_invalid_offset(s->valuestring, strlen(s->valuestring)) >= 0) ||
+        (cJSON_IsString(r) && pt_utf8_invalid_offset(r->valuestring, strlen(r->valuestring)) >= 0))
+        return pt_error(PT_ERR_FORMAT, "%s.pattern: not valid UTF-8", what);
     if (cJSON_IsString(s)) {
         p->literal_len = strlen(s->valuestring);
         p->literal = xstrdup_n(s->valuestring, p->literal_len);
@@ -419,6 +426,9 @@ static pt_status load_bpe(pt_tokenizer *t, const cJSON *m) {
     PT_TRY(get_bool(m, "ignore_merges", false, &b->ignore_merges, "model"));
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(m, "continuing_subword_prefix");
     const cJSON *suf = cJSON_GetObjectItemCaseSensitive(m, "end_of_word_suffix");
+    if ((cJSON_IsString(pre) && pt_utf8_invalid_offset(pre->valuestring, strlen(pre->valuestring)) >= 0) ||
+        (cJSON_IsString(suf) && pt_utf8_invalid_offset(suf->valuestring, strlen(suf->valuestring)) >= 0))
+        return pt_error(PT_ERR_FORMAT, "model: continuing_subword_prefix / end_of_word_suffix is not valid UTF-8");
     if (cJSON_IsString(pre) && pre->valuestring[0]) {
         b->prefix_len = strlen(pre->valuestring);
         b->prefix = xstrdup_n(pre->valuestring, b->prefix_len);
@@ -436,6 +446,8 @@ static pt_status load_bpe(pt_tokenizer *t, const cJSON *m) {
         if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 16777215.0 ||
             e->valuedouble != (double)(int32_t)e->valuedouble)
             return pt_error(PT_ERR_FORMAT, "model.vocab[\"%.60s\"]: expected an id in [0, 16777215]", e->string);
+        if (pt_utf8_invalid_offset(e->string, strlen(e->string)) >= 0)
+            return pt_error(PT_ERR_FORMAT, "model.vocab: a token is not valid UTF-8");
         bool dup;
         PT_TRY(tok_strmap_put(&b->vocab, e->string, strlen(e->string), (int32_t)e->valuedouble, &dup));
         if (dup) return pt_error(PT_ERR_FORMAT, "model.vocab: duplicate token \"%.60s\"", e->string);

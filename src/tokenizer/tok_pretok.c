@@ -159,7 +159,7 @@ static pt_status split_pred(tok_work *w, const tok_piece *pc, char_pred pred, ui
 }
 
 /* Appends a copy of the piece to the work buffer with `pre` prepended and
- * every occurrence of byte-string `from` replaced by `to`. */
+ * points the piece at the copy. */
 static pt_status rewrite_piece(tok_work *w, tok_piece *pc, const char *pre, size_t pre_len) {
     size_t off = w->buf.n;
     PT_TRY(tok_buf_reserve(&w->buf, pre_len + pc->len + 1));
