@@ -293,6 +293,75 @@ static void test_generate(void) {
     pt_model_free(&m);
 }
 
+typedef struct {
+    char text[4096];
+    size_t len;
+    int32_t ids[256];
+    int n;
+} text_ctx;
+
+static int on_text(void *user, const pt_token_info *t, const char *text, size_t len) {
+    text_ctx *c = user;
+    if (t->id >= 0 && c->n < 256) c->ids[c->n++] = t->id;
+    if (c->len + len < sizeof c->text) {
+        memcpy(c->text + c->len, text, len);
+        c->len += len;
+        c->text[c->len] = 0;
+    }
+    return 0;
+}
+
+/* Streaming text and stop strings on the bundled demo model (real tokenizer). */
+static void test_stream_and_stop(void) {
+    const char *dir = "models/kjv-llama-4bit";
+    if (!pt_is_dir(dir)) TEST_SKIP("demo model absent");
+    pt_model_params mp = pt_model_default_params();
+    mp.n_threads = 1;
+    pt_model *m = NULL;
+    REQUIRE(pt_model_load(dir, &mp, &m) == PT_OK, "%s", pt_last_error());
+    pt_session *s = NULL;
+    pt_session_params sp = {.n_ctx = 128};
+    REQUIRE(pt_session_create(m, &sp, &s) == PT_OK, "%s", pt_last_error());
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *prompt = "In the beginning God";
+    REQUIRE(pt_tokenize(m, prompt, strlen(prompt), 1, &ids, &n) == PT_OK, "%s", pt_last_error());
+    pt_generate_params gp = pt_generate_default_params(m);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 24;
+    text_ctx a = {0};
+    pt_finish_reason fin;
+    pt_generate_stats st;
+    REQUIRE(pt_generate(s, ids, n, &gp, on_text, &a, &fin, &st) == PT_OK, "%s", pt_last_error());
+    /* the streamed text is the detokenized ids */
+    char *whole = NULL;
+    REQUIRE(pt_detokenize(m, a.ids, (size_t)a.n, 1, &whole) == PT_OK, "%s", pt_last_error());
+    CHECK(!strcmp(whole, a.text), "stream '%s' vs decode '%s'", a.text, whole);
+    const char *at = strstr(whole, "heaven and");
+    REQUIRE(at, "expected the Genesis text, got '%s'", whole);
+    /* stop strings: the earliest of several wins, nothing of it is emitted */
+    const char *stops[] = {"the earth", "heaven and"};
+    gp.stop = stops;
+    gp.n_stop = 2;
+    text_ctx b = {0};
+    pt_session_truncate(s, 0);
+    REQUIRE(pt_generate(s, ids, n, &gp, on_text, &b, &fin, &st) == PT_OK, "%s", pt_last_error());
+    CHECK(fin == PT_FINISH_STOP, "finish %d", (int)fin);
+    CHECK(b.len == (size_t)(at - whole) && !strncmp(b.text, whole, b.len), "stopped text '%s'", b.text);
+    /* a stop string that never occurs: everything arrives, held-back text included */
+    const char *never[] = {"heaven and hell"};
+    gp.stop = never;
+    gp.n_stop = 1;
+    text_ctx c = {0};
+    pt_session_truncate(s, 0);
+    REQUIRE(pt_generate(s, ids, n, &gp, on_text, &c, &fin, &st) == PT_OK, "%s", pt_last_error());
+    CHECK(fin == PT_FINISH_LENGTH && !strcmp(c.text, whole), "held-back text flushed: '%s'", c.text);
+    pt_free(whole);
+    pt_free(ids);
+    pt_session_free(&s);
+    pt_model_free(&m);
+}
+
 int main(void) {
     test_tmpdir(g_dir, sizeof g_dir);
     if (!write_model(g_dir, 64)) {
@@ -303,6 +372,7 @@ int main(void) {
     TEST_RUN(test_chunking);
     TEST_RUN(test_threads_bit_identical);
     TEST_RUN(test_generate);
+    TEST_RUN(test_stream_and_stop);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) printf("INFO could not remove %s\n", g_dir);
