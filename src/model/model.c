@@ -3,6 +3,7 @@
  * template, the eos set and the generation defaults. Freed in reverse. */
 #include "model/model.h"
 
+#include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/mmap.h"
 #include "base/threadpool.h"
@@ -80,11 +81,8 @@ static pt_status eos_set(pt_model *m) {
 static pt_status load(pt_model *m, const char *dir, const pt_model_params *params) {
     m->params = params ? *params : pt_model_default_params();
     pt_levers_resolve(&m->params);
-    pt_device dev = m->params.device;
-    if (dev == PT_DEVICE_CUDA)
-        return pt_error(PT_ERR_UNSUPPORTED, "--device cuda: the CUDA engine is not wired into model loading yet "
-                                            "(use --device cpu)");
-    m->device = PT_DEVICE_CPU;
+    char devdesc[400];
+    PT_TRY(pt_device_resolve(m->params.device, &m->device, devdesc, sizeof devdesc));
     PT_TRY(pt_levers_check(&m->params, m->device));
     if (m->params.dtype != PT_COMPUTE_MODEL && m->params.dtype != PT_COMPUTE_F32 &&
         m->params.dtype != PT_COMPUTE_BF16)
@@ -103,12 +101,20 @@ static pt_status load(pt_model *m, const char *dir, const pt_model_params *param
                        : m->params.dtype == PT_COMPUTE_F32 ? PT_ACT_F32
                        : ckpt_bf16                          ? PT_ACT_BF16
                                                             : PT_ACT_F32;
-    pt_cpu_params cp = {.n_threads = m->params.n_threads, .act = act, .isa = PT_ISA_AUTO};
-    PT_TRY(pt_backend_cpu_create(&m->be, &cp));
-    PT_TRY(pt_net_build(m));
-    int nth = m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count();
-    snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s)",
-             pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch);
+    if (m->device == PT_DEVICE_CUDA) {
+        pt_cuda_params gp = {0, act};
+        PT_TRY(pt_backend_cuda_create(&m->be, &gp));
+        PT_TRY(pt_net_build(m));
+        snprintf(m->backend_name, sizeof m->backend_name, "%.48s, %s act., %.16s", devdesc,
+                 act == PT_ACT_BF16 ? "bf16" : "f32", arch);
+    } else {
+        pt_cpu_params cp = {.n_threads = m->params.n_threads, .act = act, .isa = PT_ISA_AUTO};
+        PT_TRY(pt_backend_cpu_create(&m->be, &cp));
+        PT_TRY(pt_net_build(m));
+        int nth = m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count();
+        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s)",
+                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch);
+    }
 
     if (m->mdir->has_tokenizer_json) PT_TRY(pt_tokenizer_load_dir(dir, &m->tok));
     pt_status st = pt_chat_template_load(dir, m->params.chat_template_path, &m->tmpl);

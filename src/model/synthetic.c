@@ -11,6 +11,7 @@
  * store bf16 matrices and run bf16 activations. */
 #include "model/model.h"
 
+#include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "base/threadpool.h"
@@ -262,18 +263,25 @@ pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model
     if (bits < 0) return pt_error(PT_ERR_INVALID_ARG, "--quant %s: expected q4, q8 or bf16", quant);
     pt_model_params p = params ? *params : pt_model_default_params();
     pt_levers_resolve(&p);
-    if (p.device == PT_DEVICE_CUDA)
-        return pt_error(PT_ERR_UNSUPPORTED, "--device cuda: the CUDA engine is not wired in yet (use --device cpu)");
-    if (!sh->cpu)
+    pt_device dev;
+    char devdesc[400];
+    PT_TRY(pt_device_resolve(p.device, &dev, devdesc, sizeof devdesc));
+    if (!sh->cpu && dev != PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED, "--synthetic %s is a GPU-only shape (too large for a CPU run)", name);
-    PT_TRY(pt_levers_check(&p, PT_DEVICE_CPU));
+    PT_TRY(pt_levers_check(&p, dev));
     pt_model *m = calloc(1, sizeof *m);
     if (!m) return pt_error(PT_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&m->lock, NULL);
     m->params = p;
-    m->device = PT_DEVICE_CPU;
-    pt_cpu_params cp = {.n_threads = p.n_threads, .act = PT_ACT_BF16, .isa = PT_ISA_AUTO};
-    pt_status st = pt_backend_cpu_create(&m->be, &cp);
+    m->device = dev;
+    pt_status st;
+    if (dev == PT_DEVICE_CUDA) {
+        pt_cuda_params gp = {0, PT_ACT_BF16};
+        st = pt_backend_cuda_create(&m->be, &gp);
+    } else {
+        pt_cpu_params cp = {.n_threads = p.n_threads, .act = PT_ACT_BF16, .isa = PT_ISA_AUTO};
+        st = pt_backend_cpu_create(&m->be, &cp);
+    }
     if (st == PT_OK) st = build(m, sh, bits);
     char id[96];
     snprintf(id, sizeof id, "%s-%s (synthetic)", name, quant);
@@ -286,8 +294,11 @@ pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model
         return st;
     }
     int nth = p.n_threads > 0 ? p.n_threads : pt_cpu_count();
-    snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, bf16 activations, synthetic)",
-             pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s");
+    if (dev == PT_DEVICE_CUDA)
+        snprintf(m->backend_name, sizeof m->backend_name, "%.60s, bf16 act., synthetic", devdesc);
+    else
+        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, bf16 activations, synthetic)",
+                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s");
     m->gen_defaults.temperature = 0;
     m->gen_defaults.top_p = 1;
     m->gen_defaults.repetition_penalty = 1;

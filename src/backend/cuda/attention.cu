@@ -71,6 +71,12 @@ pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, con
     return PT_OK;
 }
 
+/* Quantized KV (DESIGN.md L2) is not on the GPU yet: an honest error. */
+pt_status pt_cuda_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1) {
+    (void)be, (void)dst, (void)src, (void)p0, (void)p1;
+    return pt_error(PT_ERR_UNSUPPORTED, "kv_quantize: quantized KV cache not implemented on CUDA yet");
+}
+
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }

@@ -288,6 +288,7 @@ static const pt_backend_ops cuda_ops = {
     pt_cuda_matmul,
     pt_cuda_rope,
     pt_cuda_kv_append,
+    pt_cuda_kv_quantize,
     pt_cuda_attention,
     pt_cuda_glu,
     pt_cuda_add,

@@ -104,6 +104,7 @@ pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int hea
 /* attention.cu */
 pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                             const int32_t *pos);
+pt_status pt_cuda_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1);
 pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                             const pt_kv_layer *kv, const pt_attn *p);
 /* elementwise.cu */

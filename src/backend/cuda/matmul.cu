@@ -201,16 +201,20 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
  * next chunk's weights are loaded before the current one is consumed, and
  * the accumulation order matches gemv_q_kernel: per 32-value chunk, then
  * scale·Σqx + bias·Σx. */
-#define FAST_WARPS 4
+#define FAST_MAX_WARPS 8
 
+/* Block = W warps (blockDim.x = 32·W) sharing ROWS rows: the row's chunks are
+ * dealt to all 32·W lanes (split-K inside the block), so a narrow matrix
+ * still puts enough loads in flight on every SM; the W partial sums of a
+ * row are added in warp order through shared memory (deterministic). */
 template <int BITS, int ROWS>
-__global__ void __launch_bounds__(FAST_WARPS * 32) gemv_fast_kernel(gemv_args a) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__global__ void __launch_bounds__(FAST_MAX_WARPS * 32) gemv_fast_kernel(gemv_args a) {
+    __shared__ float red[FAST_MAX_WARPS][ROWS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
     const int64_t b = blockIdx.y;
     bool eok;
     const int64_t e = item_expert(a, b, eok);
-    const int64_t rl0 = ((int64_t)blockIdx.x * FAST_WARPS + warp) * ROWS;
-    if (rl0 >= a.nrows) return;
+    const int64_t rl0 = (int64_t)blockIdx.x * ROWS;
     const int64_t K = a.K;
     const float4 *xg = reinterpret_cast<const float4 *>(a.x + (b / a.x_div) * K);
     constexpr int VPC = 128 / BITS; /* values per 16-byte chunk: 32 or 16 */
@@ -228,17 +232,19 @@ __global__ void __launch_bounds__(FAST_WARPS * 32) gemv_fast_kernel(gemv_args a)
     for (int r = 0; r < ROWS; r++) acc[r] = 0.f;
     const float MAGIC = 8388608.0f;
     const bool bf_scales = a.st == PT_FT_BF16;
+    const int64_t step = 32 * (int64_t)W;
+    const int64_t c0 = warp * 32 + lane;
     uint4 wn[ROWS];
-    if (lane < nchunks)
+    if (c0 < nchunks)
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + lane);
-    for (int64_t c = lane; c < nchunks; c += 32) {
+        for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + c0);
+    for (int64_t c = c0; c < nchunks; c += step) {
         uint4 w[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++) w[r] = wn[r];
-        if (c + 32 < nchunks) /* prefetch: the next chunk's loads overlap this chunk's arithmetic */
+        if (c + step < nchunks) /* prefetch: the next chunk's loads overlap this chunk's arithmetic */
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + c + 32);
+            for (int r = 0; r < ROWS; r++) wn[r] = __ldg(rowp[r] + c + step);
         float sc[ROWS], bi[ROWS];
         const int64_t g = c * VPC / a.gs;
 #pragma unroll
@@ -267,8 +273,8 @@ __global__ void __launch_bounds__(FAST_WARPS * 32) gemv_fast_kernel(gemv_args a)
             }
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
-                const uint32_t word = BITS == 4 ? ((q >> 1) == 0 ? w[r].x : (q >> 1) == 1 ? w[r].y : (q >> 1) == 2 ? w[r].z : w[r].w)
-                                                : (q == 0 ? w[r].x : q == 1 ? w[r].y : q == 2 ? w[r].z : w[r].w);
+                const int wi = BITS == 4 ? q >> 1 : q;
+                const uint32_t word = wi == 0 ? w[r].x : wi == 1 ? w[r].y : wi == 2 ? w[r].z : w[r].w;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     uint32_t bits;
@@ -287,40 +293,52 @@ __global__ void __launch_bounds__(FAST_WARPS * 32) gemv_fast_kernel(gemv_args a)
     }
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
-        float v = pt_warp_sum(acc[r]);
-        if (lane == 0 && rl0 + r < a.nrows) {
-            if (a.bias) v += pt_ld(a.bt, a.bias, grow[r]);
-            a.y[b * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
-        }
+        const float v = pt_warp_sum(acc[r]);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && rl0 + threadIdx.x < a.nrows) {
+        const int r = threadIdx.x;
+        float v = 0.f;
+        for (int w = 0; w < W; w++) v += red[w][r];
+        /* the row index recomputed: grow[] indexed by a thread-dependent r
+         * would move to local memory */
+        if (a.bias) v += pt_ld(a.bt, a.bias, e * a.rows + a.row0 + rl0 + r);
+        a.y[b * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
     }
 }
 
 template <int BITS, int ROWS>
-static pt_status launch_fast(const pt_cuda *c, const gemv_args &a, int64_t B) {
-    const int64_t rows_per_block = FAST_WARPS * ROWS;
-    dim3 grid((unsigned)((a.nrows + rows_per_block - 1) / rows_per_block), (unsigned)B);
-    gemv_fast_kernel<BITS, ROWS><<<grid, FAST_WARPS * 32, 0, c->stream>>>(a);
+static pt_status launch_fast(const pt_cuda *c, const gemv_args &a, int64_t B, int W) {
+    dim3 grid((unsigned)((a.nrows + ROWS - 1) / ROWS), (unsigned)B);
+    gemv_fast_kernel<BITS, ROWS><<<grid, W * 32, 0, c->stream>>>(a);
     CUDA_CHECK_LAUNCH("gemv (4/8-bit)");
     return PT_OK;
 }
 
 /* The fast kernel applies to one token per item, 4/8-bit codes and a 16-byte
- * aligned x. Returns PT_ERR_UNSUPPORTED (no message) otherwise. ROWS per
- * warp: as many as keep >= 2 blocks per SM. */
+ * aligned x. Returns PT_ERR_UNSUPPORTED (no message) otherwise.
+ * Shape choice: W warps per row group so every lane gets >= 2 chunks (up to
+ * 8), then the most rows per block (4, 2, 1) that still gives ~24 warps per
+ * SM; if even one row per block falls short, W grows to one chunk per lane. */
 static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B) {
     if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16) return PT_ERR_UNSUPPORTED;
-    const int64_t target = 2 * (int64_t)c->sm_count;
+    const int64_t nchunks = a.K * bits / 128, target = 24 * (int64_t)c->sm_count;
+    int W = 1;
+    while (W < FAST_MAX_WARPS && nchunks >= 64LL * W * 2) W *= 2;
     int rows = 1;
-    if (B * (a.nrows / (FAST_WARPS * 4)) >= target) rows = 4;
-    else if (B * (a.nrows / (FAST_WARPS * 2)) >= target) rows = 2;
+    if (B * (a.nrows / 4) * W >= target) rows = 4;
+    else if (B * (a.nrows / 2) * W >= target) rows = 2;
+    else
+        while (W < FAST_MAX_WARPS && nchunks >= 32LL * W * 2 && B * a.nrows * W < target) W *= 2;
     if (bits == 4) {
-        if (rows == 4) return launch_fast<4, 4>(c, a, B);
-        if (rows == 2) return launch_fast<4, 2>(c, a, B);
-        return launch_fast<4, 1>(c, a, B);
+        if (rows == 4) return launch_fast<4, 4>(c, a, B, W);
+        if (rows == 2) return launch_fast<4, 2>(c, a, B, W);
+        return launch_fast<4, 1>(c, a, B, W);
     }
-    if (rows == 4) return launch_fast<8, 4>(c, a, B);
-    if (rows == 2) return launch_fast<8, 2>(c, a, B);
-    return launch_fast<8, 1>(c, a, B);
+    if (rows == 4) return launch_fast<8, 4>(c, a, B, W);
+    if (rows == 2) return launch_fast<8, 2>(c, a, B, W);
+    return launch_fast<8, 1>(c, a, B, W);
 }
 
 template <int NT>
