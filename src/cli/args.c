@@ -2,6 +2,7 @@
 #include "cli/args.h"
 
 #include "cli/cli.h"
+#include "base/threadpool.h"
 #include "runtime/levers.h"
 
 #include <ctype.h>
@@ -241,10 +242,14 @@ void cli_print_config(FILE *f, cli_common *c) {
     pt_device dev = p.device == PT_DEVICE_CUDA ? PT_DEVICE_CUDA : PT_DEVICE_CPU;
     char buf[1024];
     pt_levers_format(&p, dev, buf, sizeof buf);
-    fprintf(f, "device: %s\nthreads: %d\nctx: %d\ntier: %s\n%s",
-            p.device == PT_DEVICE_CUDA ? "cuda" : p.device == PT_DEVICE_CPU ? "cpu" : "auto (cpu)",
-            p.n_threads, c->n_ctx, c->tier ? (c->tier == 1 ? "l1" : c->tier == 2 ? "l2" : "l3") : "none",
-            buf);
+    char thr[48], ctx[48];
+    if (p.n_threads > 0) snprintf(thr, sizeof thr, "%d", p.n_threads);
+    else snprintf(thr, sizeof thr, "%d (all online CPUs)", pt_cpu_count());
+    if (c->n_ctx > 0) snprintf(ctx, sizeof ctx, "%d", c->n_ctx);
+    else snprintf(ctx, sizeof ctx, "default (min(model maximum, 4096))");
+    fprintf(f, "device: %s\nthreads: %s\nctx: %s\ntier: %s\n%s",
+            p.device == PT_DEVICE_CUDA ? "cuda" : p.device == PT_DEVICE_CPU ? "cpu" : "auto (cpu)", thr, ctx,
+            c->tier ? (c->tier == 1 ? "l1" : c->tier == 2 ? "l2" : "l3") : "none", buf);
 }
 
 int cli_load(const char *cmd, cli_common *c, pt_model **model, pt_session **session) {

@@ -23,6 +23,7 @@
 #include "runtime/bandwidth.h"
 #include "runtime/session.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,18 +272,23 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     if (json) {
+        cJSON *idj = cJSON_CreateString(pt_model_id(m)); /* escaped for JSON */
+        char *id_json = idj ? cJSON_PrintUnformatted(idj) : NULL;
+        cJSON_Delete(idj);
         printf("[\n");
         for (int i = 0; i < n_rows; i++) {
             row *r = &rows[i];
-            printf("  {\"model\": \"%s\", \"backend\": \"cpu\", \"n_threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+            printf("  {\"model\": %s, \"backend\": \"cpu\", \"n_threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
                    "\"n_depth\": %d, \"n_reps\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"median_ts\": %.6f, "
                    "\"samples_ts\": [",
-                   pt_model_id(m), nth, r->n_prompt, r->n_gen, r->n_depth, r->reps, r->avg, r->stddev, r->median);
+                   id_json ? id_json : "\"?\"", nth, r->n_prompt, r->n_gen, r->n_depth, r->reps, r->avg, r->stddev,
+                   r->median);
             for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->samples[k]);
             printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f}%s\n", r->gbps,
                    r->bw_fraction, bw, i + 1 < n_rows ? "," : "");
         }
         printf("]\n");
+        free(id_json);
     }
     free(samples);
     rc = 0;
