@@ -35,6 +35,10 @@ typedef struct pt_jinja_vars {
     size_t vars_json_len;
     const cJSON *vars;
     const struct tm *now; /* strftime_now's time; NULL = the current local time */
+    /* Guards against runaway templates (0 = the defaults): evaluation steps
+     * (default 50 million) and bytes of values (default 512 MiB). */
+    long max_steps;
+    size_t max_bytes;
 } pt_jinja_vars;
 
 /* Renders. *out is malloc'd and NUL-terminated (the output may itself hold NUL

@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bound on evaluated nodes per render: a template loops at most this much. */
+/* Default bounds per render: evaluated nodes and bytes of values. */
 #define PJ_MAX_STEPS 50000000L
+#define PJ_MAX_BYTES ((size_t)512 << 20)
 #define PJ_MAX_CALL_DEPTH 150
 
 struct pj_scope {
@@ -172,9 +173,18 @@ static int binop(pj_ctx *c, int op, pj_value a, pj_value b, pj_value *out) {
             return 0;
         case PJ_OP_POW:
             if (ints && b.i >= 0) {
-                int64_t acc = 1, base = a.i;
-                for (int64_t e = b.i; e > 0; e--)
-                    if (__builtin_mul_overflow(acc, base, &acc)) return pj_fail(c, "OverflowError", "integer overflow");
+                /* exponentiation by squaring; 0, 1 and -1 never overflow */
+                int64_t acc = 1, base = a.i, e = b.i;
+                if (base == 0 || base == 1) acc = e == 0 ? 1 : base;
+                else if (base == -1) acc = (e & 1) ? -1 : 1;
+                else
+                    while (e > 0) {
+                        if ((e & 1) && __builtin_mul_overflow(acc, base, &acc))
+                            return pj_fail(c, "OverflowError", "integer overflow (petrel's templates have no big ints)");
+                        e >>= 1;
+                        if (e && __builtin_mul_overflow(base, base, &base))
+                            return pj_fail(c, "OverflowError", "integer overflow (petrel's templates have no big ints)");
+                    }
                 *out = pj_int(acc);
             } else {
                 if (x == 0 && y < 0) return pj_fail(c, "ZeroDivisionError", "0.0 cannot be raised to a negative power");
@@ -195,6 +205,7 @@ static int binop(pj_ctx *c, int op, pj_value a, pj_value b, pj_value *out) {
             return c->failed ? -1 : 0;
         }
         if (is_seq(a) && is_seq(b) && (a.flags & PJ_F_TUPLE) == (b.flags & PJ_F_TUPLE)) {
+            if (pj_charge(c, (a.l->n + b.l->n) / 8)) return -1;
             *out = pj_list_new(c, a.l->n + b.l->n, a.flags & PJ_F_TUPLE);
             for (size_t i = 0; i < a.l->n; i++) pj_list_push(c, out, a.l->items[i]);
             for (size_t i = 0; i < b.l->n; i++) pj_list_push(c, out, b.l->items[i]);
@@ -229,9 +240,13 @@ static int contains(pj_ctx *c, pj_value item, pj_value seq, int *out) {
         return 0;
     case PJ_LIST:
         *out = 0;
+        if (pj_charge(c, seq.l->n)) return -1;
         for (size_t i = 0; i < seq.l->n && !*out; i++) *out = pj_equal(item, seq.l->items[i]);
         return 0;
-    case PJ_DICT: *out = pj_dict_get(seq.d, item) != NULL; return 0;
+    case PJ_DICT:
+        if (pj_charge(c, seq.d->n)) return -1;
+        *out = pj_dict_get(seq.d, item) != NULL;
+        return 0;
     default:
         return pj_fail(c, "TypeError", "argument of type '%s' is not iterable", pj_type_name(seq));
     }
@@ -443,9 +458,24 @@ static int eval_filter(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value *input
     return pj_apply_filter(c, n->name, v, &a, out);
 }
 
+/* Recursion bound of the evaluator: deep enough for any real template (macro
+ * recursion included), small enough for the C stack. */
+#define PJ_MAX_EVAL_DEPTH 3000
+
+static int eval_node(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value *out);
 static int eval(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value *out) {
+    if (++c->edepth > PJ_MAX_EVAL_DEPTH) {
+        c->edepth--;
+        return pj_fail(c, "RecursionError", "maximum recursion depth exceeded");
+    }
+    int rc = eval_node(c, s, n, out);
+    c->edepth--;
+    return rc;
+}
+
+static int eval_node(pj_ctx *c, pj_scope *s, const pj_node *n, pj_value *out) {
     if (c->failed) return -1;
-    if (++c->steps > PJ_MAX_STEPS) return pj_fail(c, "RuntimeError", "the template ran too long");
+    if (++c->steps > c->max_steps) return pj_fail(c, "RuntimeError", "the template ran too long");
     c->line = n->line;
     pj_value a, b;
     switch (n->kind) {
@@ -650,9 +680,20 @@ static int call_loop(pj_ctx *c, const pj_loop *l, pj_args *a, pj_value *out) {
     return 0;
 }
 
+static int exec_stmt_node(pj_ctx *c, pj_scope *s, const pj_node *n);
 static int exec_stmt(pj_ctx *c, pj_scope *s, const pj_node *n) {
+    if (++c->edepth > PJ_MAX_EVAL_DEPTH) {
+        c->edepth--;
+        return pj_fail(c, "RecursionError", "maximum recursion depth exceeded");
+    }
+    int rc = exec_stmt_node(c, s, n);
+    c->edepth--;
+    return rc;
+}
+
+static int exec_stmt_node(pj_ctx *c, pj_scope *s, const pj_node *n) {
     if (c->failed) return -1;
-    if (++c->steps > PJ_MAX_STEPS) return pj_fail(c, "RuntimeError", "the template ran too long");
+    if (++c->steps > c->max_steps) return pj_fail(c, "RuntimeError", "the template ran too long");
     c->line = n->line;
     pj_value v;
     switch (n->kind) {
@@ -745,214 +786,6 @@ static int exec_body(pj_ctx *c, pj_scope *s, const pj_node *body) {
     return 0;
 }
 
-/* ------------------------------------------------------- JSON -> values */
-
-typedef struct jp {
-    pj_ctx *c;
-    const char *s;
-    size_t n, i;
-    int depth;
-} jp;
-
-static void jp_ws(jp *p) {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
-        p->i++;
-}
-
-static int jp_fail(jp *p, const char *what) {
-    return pj_fail(p->c, "ValueError", "variables JSON: %s at byte %zu", what, p->i);
-}
-
-static int jp_hex4(jp *p, uint32_t *out) {
-    if (p->i + 4 > p->n) return jp_fail(p, "truncated \\u escape");
-    uint32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        char h = p->s[p->i++];
-        int d = (h >= '0' && h <= '9') ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
-        if (d < 0) return jp_fail(p, "bad \\u escape");
-        v = v * 16 + (uint32_t)d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int jp_string(jp *p, pj_value *out) {
-    p->i++; /* opening quote */
-    pj_buf b = {.c = p->c};
-    size_t run = p->i;
-    while (p->i < p->n && p->s[p->i] != '"') {
-        unsigned char ch = (unsigned char)p->s[p->i];
-        if (ch < 0x20) return jp_fail(p, "control character in string");
-        if (ch != '\\') {
-            p->i++;
-            continue;
-        }
-        pj_buf_put(&b, p->s + run, p->i - run);
-        p->i++;
-        if (p->i >= p->n) break;
-        char e = p->s[p->i++];
-        char tmp[4];
-        uint32_t cp;
-        switch (e) {
-        case '"': pj_buf_put(&b, "\"", 1); break;
-        case '\\': pj_buf_put(&b, "\\", 1); break;
-        case '/': pj_buf_put(&b, "/", 1); break;
-        case 'b': pj_buf_put(&b, "\b", 1); break;
-        case 'f': pj_buf_put(&b, "\f", 1); break;
-        case 'n': pj_buf_put(&b, "\n", 1); break;
-        case 'r': pj_buf_put(&b, "\r", 1); break;
-        case 't': pj_buf_put(&b, "\t", 1); break;
-        case 'u':
-            if (jp_hex4(p, &cp)) return -1;
-            if (cp >= 0xd800 && cp < 0xdc00 && p->i + 6 <= p->n && p->s[p->i] == '\\' && p->s[p->i + 1] == 'u') {
-                uint32_t lo;
-                size_t save = p->i;
-                p->i += 2;
-                if (jp_hex4(p, &lo)) return -1;
-                if (lo >= 0xdc00 && lo < 0xe000) cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-                else p->i = save;
-            }
-            if (cp >= 0xd800 && cp < 0xe000) return jp_fail(p, "lone surrogate escape (not representable in UTF-8)");
-            pj_buf_put(&b, tmp, (size_t)pj_utf8_encode(cp, tmp));
-            break;
-        default: return jp_fail(p, "bad escape");
-        }
-        run = p->i;
-    }
-    if (p->i >= p->n) return jp_fail(p, "unterminated string");
-    pj_buf_put(&b, p->s + run, p->i - run);
-    p->i++;
-    *out = pj_buf_value(&b);
-    return p->c->failed ? -1 : 0;
-}
-
-static int jp_value(jp *p, pj_value *out) {
-    jp_ws(p);
-    if (p->i >= p->n) return jp_fail(p, "unexpected end");
-    if (++p->depth > 500) return jp_fail(p, "nested too deeply");
-    char ch = p->s[p->i];
-    int rc = 0;
-    if (ch == '{') {
-        p->i++;
-        *out = pj_dict_new(p->c, 4);
-        jp_ws(p);
-        if (p->i < p->n && p->s[p->i] == '}') p->i++;
-        else
-            for (;;) {
-                jp_ws(p);
-                pj_value k, v;
-                if (p->i >= p->n || p->s[p->i] != '"') return jp_fail(p, "expected a string key");
-                if (jp_string(p, &k)) return -1;
-                jp_ws(p);
-                if (p->i >= p->n || p->s[p->i] != ':') return jp_fail(p, "expected ':'");
-                p->i++;
-                if (jp_value(p, &v)) return -1;
-                pj_dict_set(p->c, out->d, k, v); /* a repeated key keeps the last value, like json.loads */
-                jp_ws(p);
-                if (p->i < p->n && p->s[p->i] == ',') {
-                    p->i++;
-                    continue;
-                }
-                if (p->i < p->n && p->s[p->i] == '}') {
-                    p->i++;
-                    break;
-                }
-                return jp_fail(p, "expected ',' or '}'");
-            }
-    } else if (ch == '[') {
-        p->i++;
-        *out = pj_list_new(p->c, 4, 0);
-        jp_ws(p);
-        if (p->i < p->n && p->s[p->i] == ']') p->i++;
-        else
-            for (;;) {
-                pj_value v;
-                if (jp_value(p, &v)) return -1;
-                pj_list_push(p->c, out, v);
-                jp_ws(p);
-                if (p->i < p->n && p->s[p->i] == ',') {
-                    p->i++;
-                    continue;
-                }
-                if (p->i < p->n && p->s[p->i] == ']') {
-                    p->i++;
-                    break;
-                }
-                return jp_fail(p, "expected ',' or ']'");
-            }
-    } else if (ch == '"') {
-        rc = jp_string(p, out);
-    } else if (p->n - p->i >= 4 && !memcmp(p->s + p->i, "true", 4)) {
-        *out = pj_bool(1);
-        p->i += 4;
-    } else if (p->n - p->i >= 5 && !memcmp(p->s + p->i, "false", 5)) {
-        *out = pj_bool(0);
-        p->i += 5;
-    } else if (p->n - p->i >= 4 && !memcmp(p->s + p->i, "null", 4)) {
-        *out = pj_none();
-        p->i += 4;
-    } else if (ch == '-' || (ch >= '0' && ch <= '9')) {
-        size_t st = p->i;
-        int is_float = 0;
-        if (p->s[p->i] == '-') p->i++;
-        while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
-        if (p->i < p->n && p->s[p->i] == '.') {
-            is_float = 1;
-            p->i++;
-            while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
-        }
-        if (p->i < p->n && (p->s[p->i] == 'e' || p->s[p->i] == 'E')) {
-            is_float = 1;
-            p->i++;
-            if (p->i < p->n && (p->s[p->i] == '+' || p->s[p->i] == '-')) p->i++;
-            while (p->i < p->n && p->s[p->i] >= '0' && p->s[p->i] <= '9') p->i++;
-        }
-        char num[64];
-        size_t len = p->i - st;
-        if (len == 0 || len >= sizeof num || (len == 1 && ch == '-')) return jp_fail(p, "bad number");
-        memcpy(num, p->s + st, len);
-        num[len] = 0;
-        if (is_float) *out = pj_float(strtod(num, NULL));
-        else {
-            char *end;
-            long long v = strtoll(num, &end, 10);
-            if ((v == LLONG_MAX || v == LLONG_MIN) && len > 18) *out = pj_float(strtod(num, NULL));
-            else *out = pj_int(v);
-        }
-    } else return jp_fail(p, "unexpected character");
-    p->depth--;
-    return rc;
-}
-
-static int from_cjson(pj_ctx *c, const cJSON *j, pj_value *out, int depth) {
-    if (depth > 500) return pj_fail(c, "ValueError", "variables nested too deeply");
-    if (cJSON_IsNull(j)) *out = pj_none();
-    else if (cJSON_IsTrue(j)) *out = pj_bool(1);
-    else if (cJSON_IsFalse(j)) *out = pj_bool(0);
-    else if (cJSON_IsNumber(j)) {
-        double d = j->valuedouble;
-        if (d == floor(d) && fabs(d) < 9007199254740992.0) *out = pj_int((int64_t)d);
-        else *out = pj_float(d);
-    } else if (cJSON_IsString(j)) *out = pj_str_copy(c, j->valuestring, strlen(j->valuestring));
-    else if (cJSON_IsArray(j)) {
-        *out = pj_list_new(c, (size_t)cJSON_GetArraySize(j), 0);
-        for (const cJSON *e = j->child; e; e = e->next) {
-            pj_value v;
-            if (from_cjson(c, e, &v, depth + 1)) return -1;
-            pj_list_push(c, out, v);
-        }
-    } else if (cJSON_IsObject(j)) {
-        *out = pj_dict_new(c, (size_t)cJSON_GetArraySize(j));
-        for (const cJSON *e = j->child; e; e = e->next) {
-            pj_value v;
-            if (from_cjson(c, e, &v, depth + 1)) return -1;
-            pj_dict_set(c, out->d, pj_str_copy(c, e->string, strlen(e->string)), v);
-        }
-    } else return pj_fail(c, "ValueError", "unsupported JSON value");
-    return c->failed ? -1 : 0;
-}
-
 /* ------------------------------------------------------------- entry points */
 
 pt_status pt_jinja_parse(const char *src, size_t len, const char *name, pt_jinja_template **out) {
@@ -991,6 +824,8 @@ pt_status pt_jinja_render(const pt_jinja_template *t, const pt_jinja_vars *vars,
     pt_arena arena;
     pt_arena_init(&arena, 1 << 16);
     pj_ctx c = {.arena = &arena, .tname = t->name};
+    c.max_steps = vars && vars->max_steps > 0 ? vars->max_steps : PJ_MAX_STEPS;
+    c.max_bytes = vars && vars->max_bytes > 0 ? vars->max_bytes : PJ_MAX_BYTES;
     if (vars && vars->now) c.now = *vars->now;
     else {
         time_t now = time(NULL);
@@ -999,16 +834,12 @@ pt_status pt_jinja_render(const pt_jinja_template *t, const pt_jinja_vars *vars,
     pt_status st = PT_OK;
     pj_value v = pj_dict_new(&c, 0);
     if (vars && vars->vars_json) {
-        jp p = {.c = &c, .s = vars->vars_json, .n = vars->vars_json_len};
-        if (jp_value(&p, &v) == 0) {
-            jp_ws(&p);
-            if (p.i != p.n) jp_fail(&p, "trailing characters");
-        }
-        if (!c.failed && v.type != PJ_DICT) pj_fail(&c, "ValueError", "variables must be a JSON object");
+        if (pj_value_from_json(&c, vars->vars_json, vars->vars_json_len, &v) == 0 && v.type != PJ_DICT)
+            pj_fail(&c, "ValueError", "variables must be a JSON object");
         if (c.failed) st = pt_error(PT_ERR_INVALID_ARG, "%s", c.err);
     } else if (vars && vars->vars) {
         if (!cJSON_IsObject(vars->vars)) pj_fail(&c, "ValueError", "variables must be a JSON object");
-        else from_cjson(&c, vars->vars, &v, 0);
+        else pj_value_from_cjson(&c, vars->vars, &v);
         if (c.failed) st = pt_error(PT_ERR_INVALID_ARG, "%s", c.err);
     }
     if (st == PT_OK) {

@@ -6,6 +6,7 @@
  * does. Not attribute access or methods (jinja_methods.c). */
 #include "tokenizer/jinja_internal.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ static pj_value lower_key(pj_ctx *c, pj_value v, int case_sensitive) {
 /* Stable merge sort of values by key (Python's sorted). */
 static int sort_values(pj_ctx *c, pj_value *vals, pj_value *keys, size_t n, int reverse) {
     if (n < 2) return 0;
+    if (pj_charge(c, n * 20)) return -1;
     pj_value *tv = pj_alloc(c, n * sizeof *tv), *tk = pj_alloc(c, n * sizeof *tk);
     if (!tv || !tk) return -1;
     for (size_t w = 1; w < n; w *= 2)
@@ -177,6 +179,7 @@ static int do_indent(pj_ctx *c, pj_value v, pj_args *a, pj_value *out) {
 }
 
 static int parse_int_text(pj_value s, int64_t base, int64_t *out) {
+    if (base != 0 && (base < 2 || base > 36)) return -1; /* Python: ValueError, so |int gives its default */
     pj_value t = pj_strip(s, 3, NULL);
     char buf[80];
     size_t k = 0;
@@ -186,12 +189,25 @@ static int parse_int_text(pj_value s, int64_t base, int64_t *out) {
     }
     buf[k] = 0;
     if (k == 0 || k >= sizeof buf - 1) return -1;
-    char *end;
+    char *end = buf;
+    errno = 0;
     long long v = strtoll(buf, &end, (int)base);
-    if (*end) return -1;
+    if (*end || end == buf || errno) return -1;
     *out = v;
     return 0;
 }
+/* Digits only (after an optional sign), too long for strtoll: Python would
+ * make a big int, which petrel's values cannot hold. */
+static int looks_like_big_int(pj_value s) {
+    pj_value t = pj_strip(s, 3, NULL);
+    size_t i = t.len && (t.s[0] == '-' || t.s[0] == '+') ? 1 : 0, digits = 0;
+    for (; i < t.len; i++) {
+        if (t.s[i] >= '0' && t.s[i] <= '9') digits++;
+        else if (t.s[i] != '_') return 0;
+    }
+    return digits >= 19;
+}
+
 static int parse_float_text(pj_value s, double *out) {
     pj_value t = pj_strip(s, 3, NULL);
     char buf[80];
@@ -422,6 +438,7 @@ int pj_apply_filter(pj_ctx *c, const char *name, pj_value v, pj_args *a, pj_valu
         if (name[0] == 'u') {
             *out = gen_of(c, n);
             for (size_t i = 0; i < n; i++) {
+                if (pj_charge(c, i)) return -1;
                 int seen = 0;
                 for (size_t j = 0; j < i && !seen; j++) seen = pj_equal(keys[i], keys[j]);
                 if (!seen) pj_list_push(c, out, vals[i]);
@@ -518,13 +535,16 @@ int pj_apply_filter(pj_ctx *c, const char *name, pj_value v, pj_args *a, pj_valu
         if (v.type == PJ_INT) *out = v;
         else if (v.type == PJ_BOOL) *out = pj_int(v.i);
         else if (v.type == PJ_FLOAT) {
-            if (!isfinite(v.f)) return pj_fail(c, "OverflowError", "cannot convert float infinity or NaN to integer");
-            *out = pj_int((int64_t)v.f);
+            if (pj_float_to_int(c, v.f, &iv)) return -1;
+            *out = pj_int(iv);
         } else if (v.type == PJ_STR && parse_int_text(v, base.type == PJ_INT ? base.i : 10, &iv) == 0) *out = pj_int(iv);
         else if (v.type == PJ_STR && parse_float_text(v, &dv) == 0) {
-            if (!isfinite(dv)) return pj_fail(c, "OverflowError", "cannot convert float infinity or NaN to integer");
-            *out = pj_int((int64_t)dv);
-        } else *out = def;
+            if (pj_float_to_int(c, dv, &iv)) return -1;
+            *out = pj_int(iv);
+        } else if (v.type == PJ_STR && looks_like_big_int(v))
+            return pj_fail(c, "OverflowError", "integer %.*s does not fit in 64 bits (petrel's templates have no big ints)",
+                           (int)(v.len > 40 ? 40 : v.len), v.s);
+        else *out = def;
         return 0;
     }
     if (!strcmp(name, "float")) {
@@ -540,7 +560,10 @@ int pj_apply_filter(pj_ctx *c, const char *name, pj_value v, pj_args *a, pj_valu
     if (!strcmp(name, "abs")) {
         if (pj_check_defined(c, v)) return -1;
         if (v.type == PJ_FLOAT) *out = pj_float(fabs(v.f));
-        else if (v.type == PJ_INT || v.type == PJ_BOOL) *out = pj_int(v.i < 0 ? -v.i : v.i);
+        else if (v.type == PJ_INT || v.type == PJ_BOOL) {
+            if (v.i == INT64_MIN) return pj_fail(c, "OverflowError", "integer overflow");
+            *out = pj_int(v.i < 0 ? -v.i : v.i);
+        }
         else return pj_fail(c, "TypeError", "bad operand type for abs(): '%s'", pj_type_name(v));
         return 0;
     }
@@ -792,14 +815,14 @@ static int g_range(pj_ctx *c, const pj_value *self, const char *name, pj_args *a
         if (a->n_pos == 3) v[2] = a->pos[2].i;
     }
     if (v[2] == 0) return pj_fail(c, "ValueError", "range() arg 3 must not be zero");
-    int64_t n = 0;
-    if (v[2] > 0 && v[1] > v[0]) n = (v[1] - v[0] + v[2] - 1) / v[2];
-    if (v[2] < 0 && v[1] < v[0]) n = (v[0] - v[1] - v[2] - 1) / -v[2];
+    __int128 n = 0; /* 128-bit: the span of two int64 bounds overflows int64 */
+    if (v[2] > 0 && v[1] > v[0]) n = ((__int128)v[1] - v[0] + v[2] - 1) / v[2];
+    if (v[2] < 0 && v[1] < v[0]) n = ((__int128)v[0] - v[1] - v[2] - 1) / -(__int128)v[2];
     if (n > 100000) return pj_fail(c, "OverflowError", "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     *out = pj_list_new(c, (size_t)n, PJ_F_RANGE);
     if (c->failed) return -1;
     memcpy(out->l->range, v, sizeof v);
-    for (int64_t i = 0; i < n; i++) pj_list_push(c, out, pj_int(v[0] + i * v[2]));
+    for (int64_t i = 0; i < (int64_t)n; i++) pj_list_push(c, out, pj_int((int64_t)(v[0] + (__int128)i * v[2])));
     return c->failed ? -1 : 0;
 }
 

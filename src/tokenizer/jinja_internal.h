@@ -199,12 +199,21 @@ struct pj_ctx {
     pj_scope *globals;
     struct tm now; /* strftime_now */
     long steps;    /* evaluation steps, bounded against runaway templates */
+    long max_steps;
+    size_t max_bytes; /* arena bytes one render may use */
     int depth;     /* macro call depth */
+    int edepth;    /* evaluator recursion depth (expressions + statements), bounds the C stack */
+    int rdepth;    /* repr()/str() nesting depth */
 };
 
 /* Sets the error ("Type: message", printf-style) unless one is set; returns -1. */
 int pj_fail(pj_ctx *c, const char *type, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void *pj_alloc(pj_ctx *c, size_t n); /* arena allocation; NULL + error when over the limit */
+/* Counts `work` steps against the render's bound (linear scans, sorts, ...);
+ * -1 with an error once over it. */
+int pj_charge(pj_ctx *c, size_t work);
+/* int(f) truncating toward zero; OverflowError for inf/nan or beyond int64. */
+int pj_float_to_int(pj_ctx *c, double f, int64_t *out);
 
 /* constructors */
 pj_value pj_undef_v(pj_ctx *c, const char *msg, int security);
@@ -273,6 +282,10 @@ int pj_getitem(pj_ctx *c, pj_value obj, pj_value key, pj_value *out);
 int pj_call(pj_ctx *c, pj_value fn, pj_args *a, pj_value *out); /* jinja_eval.c */
 int pj_install_globals(pj_ctx *c, pj_scope *g);
 int pj_scope_set(pj_ctx *c, pj_scope *s, const char *name, pj_value v);
+/* JSON text -> value (exact: ints stay ints, floats floats); -1 + ValueError. */
+int pj_value_from_json(pj_ctx *c, const char *text, size_t len, pj_value *out);
+/* cJSON -> value (integral numbers below 2^53 become ints). */
+int pj_value_from_cjson(pj_ctx *c, const cJSON *j, pj_value *out);
 /* str % args */
 int pj_percent_format(pj_ctx *c, pj_value fmt, pj_value args, pj_value *out);
 /* str.format(*args, **kwargs) */

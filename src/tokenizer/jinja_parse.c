@@ -1,58 +1,17 @@
-/* Lexer and parser of the Jinja engine: template text -> syntax tree, with
- * jinja2's whitespace rules for apply_chat_template's environment
- * (trim_blocks, lstrip_blocks, `-`/`+` markers, one trailing newline of the
- * template dropped, newlines normalized to \n) and jinja2's expression
- * grammar and operator precedence. Not the evaluator (jinja_eval.c). */
-#include "tokenizer/jinja_internal.h"
+/* Parser of the Jinja engine: tokens (jinja_lex.c) -> syntax tree, with
+ * jinja2's grammar, operator precedence and compile-time checks (unknown
+ * tags; unknown filters and tests outside if-statements). Not the evaluator
+ * (jinja_eval.c). */
+#include "tokenizer/jinja_parse.h"
 
 #include "base/error.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    T_EOF,
-    T_TEXT,
-    T_VAR_BEGIN,
-    T_VAR_END,
-    T_BLOCK_BEGIN,
-    T_BLOCK_END,
-    T_NAME,
-    T_STRING,
-    T_INT,
-    T_FLOAT,
-    T_OP, /* punctuation; op holds its text (1-2 chars) */
-};
-
-typedef struct tok {
-    int type;
-    int line;
-    const char *s; /* TEXT/NAME/STRING(unescaped)/OP text */
-    size_t len;
-    int64_t i;
-    double f;
-} tok;
-
-typedef struct parser {
-    pt_jinja_template *t;
-    tok *toks;
-    size_t n, cap, pos;
-    char err[512];
-    int err_line;
-    int failed;
-    int depth; /* nesting, bounded so hostile input cannot exhaust the stack */
-    /* the open blocks, for "innermost block" messages */
-    const char *open[64];
-    int n_open;
-} parser;
-
-#define MAX_DEPTH 200
-
-static int perr(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int perr(parser *p, int line, const char *fmt, ...) {
+int pj_perr(parser *p, int line, const char *fmt, ...) {
     if (p->failed) return -1;
     p->failed = 1;
     p->err_line = line;
@@ -63,349 +22,10 @@ static int perr(parser *p, int line, const char *fmt, ...) {
     return -1;
 }
 
-static void *palloc(parser *p, size_t n) {
+void *pj_palloc(parser *p, size_t n) {
     void *m = pt_arena_alloc(&p->t->arena, n ? n : 1);
-    if (!m) perr(p, 0, "out of memory");
+    if (!m) pj_perr(p, 0, "out of memory");
     return m;
-}
-
-static int push_tok(parser *p, tok t) {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 256;
-        tok *nt = realloc(p->toks, cap * sizeof(tok));
-        if (!nt) return perr(p, t.line, "out of memory");
-        p->toks = nt;
-        p->cap = cap;
-    }
-    p->toks[p->n++] = t;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ lexer */
-
-static int is_ws(char ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v'; }
-
-/* Python's str.rstrip() length / "is all whitespace" over UTF-8 text. */
-static size_t rstrip_len(const char *s, size_t n) {
-    while (n > 0) {
-        /* step back one code point */
-        size_t k = n - 1;
-        while (k > 0 && ((unsigned char)s[k] & 0xc0) == 0x80 && n - k < 4) k--;
-        size_t adv;
-        uint32_t cp = pj_utf8_decode(s + k, n - k, &adv);
-        if (k + adv != n || !pj_is_space(cp)) break;
-        n = k;
-    }
-    return n;
-}
-static int all_space(const char *s, size_t n) {
-    if (n == 0) return 0;
-    for (size_t i = 0; i < n;) {
-        size_t adv;
-        if (!pj_is_space(pj_utf8_decode(s + i, n - i, &adv))) return 0;
-        i += adv;
-    }
-    return 1;
-}
-static int count_nl(const char *s, size_t n) {
-    int k = 0;
-    for (size_t i = 0; i < n; i++) k += s[i] == '\n';
-    return k;
-}
-
-/* Applies the strip rules to the text before a tag (sign: '-', '+' or 0). */
-static size_t strip_before(const char *text, size_t n, char sign, int lstrip_ok, int line_starting) {
-    if (sign == '-') return rstrip_len(text, n);
-    if (sign != '+' && lstrip_ok) {
-        size_t l_pos = 0;
-        for (size_t i = n; i > 0; i--)
-            if (text[i - 1] == '\n') {
-                l_pos = i;
-                break;
-            }
-        if ((l_pos > 0 || line_starting) && all_space(text + l_pos, n - l_pos)) return l_pos;
-    }
-    return n;
-}
-
-/* Decodes a Python string literal body (unicode-escape) into the arena. */
-static int unescape(parser *p, const char *s, size_t n, int line, const char **out, size_t *out_len) {
-    char *o = palloc(p, n + 1);
-    if (!o) return -1;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] != '\\' || i + 1 >= n) {
-            o[k++] = s[i];
-            continue;
-        }
-        char e = s[++i];
-        uint32_t cp;
-        int digits = 0;
-        switch (e) {
-        case '\n': break;
-        case '\\': o[k++] = '\\'; break;
-        case '\'': o[k++] = '\''; break;
-        case '"': o[k++] = '"'; break;
-        case 'a': o[k++] = '\a'; break;
-        case 'b': o[k++] = '\b'; break;
-        case 'f': o[k++] = '\f'; break;
-        case 'n': o[k++] = '\n'; break;
-        case 'r': o[k++] = '\r'; break;
-        case 't': o[k++] = '\t'; break;
-        case 'v': o[k++] = '\v'; break;
-        case 'x': digits = 2; break;
-        case 'u': digits = 4; break;
-        case 'U': digits = 8; break;
-        default:
-            if (e >= '0' && e <= '7') {
-                cp = 0;
-                int m = 0;
-                while (m < 3 && i < n && s[i] >= '0' && s[i] <= '7') cp = cp * 8 + (uint32_t)(s[i++] - '0'), m++;
-                i--;
-                k += (size_t)pj_utf8_encode(cp, o + k);
-            } else {
-                o[k++] = '\\';
-                o[k++] = e;
-            }
-        }
-        if (digits) {
-            cp = 0;
-            for (int m = 0; m < digits; m++) {
-                char h = (i + 1 + (size_t)m < n) ? s[i + 1 + (size_t)m] : 0;
-                int v = (h >= '0' && h <= '9') ? h - '0' : (h >= 'a' && h <= 'f') ? h - 'a' + 10
-                        : (h >= 'A' && h <= 'F') ? h - 'A' + 10 : -1;
-                if (v < 0) return perr(p, line, "(unicode error) truncated \\%c escape", e);
-                cp = cp * 16 + (uint32_t)v;
-            }
-            if (cp > 0x10ffff) return perr(p, line, "(unicode error) illegal Unicode character");
-            i += (size_t)digits;
-            k += (size_t)pj_utf8_encode(cp, o + k);
-        }
-    }
-    o[k] = 0;
-    *out = o;
-    *out_len = k;
-    return 0;
-}
-
-static const char *const OPS2[] = {"//", "**", "==", "!=", "<=", ">=", NULL};
-static const char OPS1[] = "+-/*%~[](){}<>=.:|,;";
-
-/* Lexes the inside of a {{ }} / {% %} tag starting at *pos; stops after the
- * end marker. Returns 0, or -1 on error. *line_starting set for the next text. */
-static int lex_tag(parser *p, const char *src, size_t n, size_t *pos, int *line, int is_block,
-                   int *line_starting) {
-    size_t i = *pos;
-    int balance = 0;
-    for (;;) {
-        while (i < n && is_ws(src[i])) {
-            if (src[i] == '\n') (*line)++;
-            i++;
-        }
-        if (i >= n) return perr(p, *line, "unexpected end of template, expected end of %s tag",
-                                is_block ? "block" : "print");
-        /* end markers first (only with balanced brackets) */
-        if (balance == 0) {
-            char c0 = src[i];
-            const char *end = is_block ? "%}" : "}}";
-            size_t off = (c0 == '-' || (c0 == '+' && is_block)) ? 1 : 0;
-            if (i + off + 2 <= n && !memcmp(src + i + off, end, 2)) {
-                i += off + 2;
-                *line_starting = 0;
-                if (off && c0 == '-') {
-                    while (i < n && is_ws(src[i])) {
-                        if (src[i] == '\n') (*line)++;
-                        i++;
-                    }
-                    *line_starting = i > 0 && src[i - 1] == '\n';
-                } else if (is_block && !off && i < n && src[i] == '\n') {
-                    i++; /* trim_blocks */
-                    (*line)++;
-                    *line_starting = 1;
-                }
-                *pos = i;
-                return push_tok(p, (tok){.type = is_block ? T_BLOCK_END : T_VAR_END, .line = *line});
-            }
-        }
-        char ch = src[i];
-        tok t = {.line = *line, .s = src + i};
-        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch == '_') {
-            size_t j = i;
-            while (j < n && ((src[j] >= 'a' && src[j] <= 'z') || (src[j] >= 'A' && src[j] <= 'Z') ||
-                             (src[j] >= '0' && src[j] <= '9') || src[j] == '_'))
-                j++;
-            t.type = T_NAME;
-            t.len = j - i;
-            i = j;
-        } else if (ch >= '0' && ch <= '9') {
-            size_t j = i;
-            int is_float = 0;
-            while (j < n && ((src[j] >= '0' && src[j] <= '9') || src[j] == '_')) j++;
-            if (j + 1 < n && src[j] == '.' && src[j + 1] >= '0' && src[j + 1] <= '9') {
-                is_float = 1;
-                j++;
-                while (j < n && ((src[j] >= '0' && src[j] <= '9') || src[j] == '_')) j++;
-            }
-            if (j < n && (src[j] == 'e' || src[j] == 'E')) {
-                size_t k = j + 1;
-                if (k < n && (src[k] == '+' || src[k] == '-')) k++;
-                if (k < n && src[k] >= '0' && src[k] <= '9') {
-                    is_float = 1;
-                    j = k;
-                    while (j < n && ((src[j] >= '0' && src[j] <= '9') || src[j] == '_')) j++;
-                }
-            }
-            char num[64];
-            size_t m = 0;
-            for (size_t k = i; k < j && m < sizeof num - 1; k++)
-                if (src[k] != '_') num[m++] = src[k];
-            num[m] = 0;
-            if (is_float) {
-                t.type = T_FLOAT;
-                t.f = strtod(num, NULL);
-            } else {
-                t.type = T_INT;
-                errno = 0;
-                long long v = strtoll(num, NULL, 10);
-                if (errno) return perr(p, *line, "integer literal %s is out of range", num);
-                t.i = v;
-            }
-            i = j;
-        } else if (ch == '\'' || ch == '"') {
-            size_t j = i + 1;
-            int l0 = *line;
-            while (j < n && src[j] != ch) {
-                if (src[j] == '\\' && j + 1 < n) j++;
-                if (src[j] == '\n') (*line)++;
-                j++;
-            }
-            if (j >= n) return perr(p, l0, "unexpected end of string");
-            t.type = T_STRING;
-            if (unescape(p, src + i + 1, j - i - 1, l0, &t.s, &t.len)) return -1;
-            i = j + 1;
-        } else {
-            t.type = T_OP;
-            t.len = 0;
-            for (int k = 0; OPS2[k]; k++)
-                if (i + 1 < n && src[i] == OPS2[k][0] && src[i + 1] == OPS2[k][1]) t.len = 2;
-            if (!t.len && strchr(OPS1, ch) && ch) t.len = 1;
-            if (!t.len) return perr(p, *line, "unexpected char '%c' at %zu", ch, i);
-            if (t.len == 1 && (ch == '(' || ch == '[' || ch == '{')) balance++;
-            if (t.len == 1 && (ch == ')' || ch == ']' || ch == '}')) {
-                if (balance == 0) return perr(p, *line, "unexpected '%c'", ch);
-                balance--;
-            }
-            i += t.len;
-        }
-        if (push_tok(p, t)) return -1;
-    }
-}
-
-static int lex(parser *p, const char *src, size_t n) {
-    size_t pos = 0;
-    int line = 1, line_starting = 1;
-    while (pos < n) {
-        /* find the next tag start */
-        size_t k = pos;
-        char kind = 0;
-        while (k + 1 < n) {
-            if (src[k] == '{' && (src[k + 1] == '{' || src[k + 1] == '%' || src[k + 1] == '#')) {
-                kind = src[k + 1];
-                break;
-            }
-            k++;
-        }
-        if (!kind) {
-            push_tok(p, (tok){.type = T_TEXT, .line = line, .s = src + pos, .len = n - pos});
-            break;
-        }
-        char sign = (k + 2 < n && (src[k + 2] == '-' || src[k + 2] == '+')) ? src[k + 2] : 0;
-        size_t after = k + 2 + (sign ? 1 : 0);
-        /* {% raw %} ? */
-        int is_raw = 0;
-        size_t raw_end = 0;
-        if (kind == '%') {
-            size_t j = after;
-            while (j < n && is_ws(src[j])) j++;
-            if (j + 3 <= n && !memcmp(src + j, "raw", 3)) {
-                j += 3;
-                while (j < n && is_ws(src[j])) j++;
-                if (j + 3 <= n && src[j] == '-' && !memcmp(src + j + 1, "%}", 2)) {
-                    is_raw = 1;
-                    j += 3;
-                    while (j < n && is_ws(src[j])) j++;
-                    raw_end = j;
-                } else if (j + 2 <= n && !memcmp(src + j, "%}", 2)) {
-                    is_raw = 1;
-                    raw_end = j + 2;
-                }
-            }
-        }
-        size_t tlen = strip_before(src + pos, k - pos, sign, kind != '{', line_starting);
-        if (tlen) push_tok(p, (tok){.type = T_TEXT, .line = line, .s = src + pos, .len = tlen});
-        line += count_nl(src + pos, k - pos);
-        if (p->failed) return -1;
-        if (kind == '#') {
-            const char *e = NULL;
-            for (size_t j = after; j + 1 < n; j++)
-                if (src[j] == '#' && src[j + 1] == '}') {
-                    e = src + j;
-                    break;
-                }
-            if (!e) return perr(p, line, "Missing end of comment tag");
-            size_t j = (size_t)(e - src);
-            line += count_nl(src + after, j - after);
-            char esign = j > after ? src[j - 1] : 0;
-            j += 2;
-            if (esign == '-') {
-                while (j < n && is_ws(src[j])) line += src[j++] == '\n';
-            } else if (esign != '+' && j < n && src[j] == '\n') {
-                j++;
-                line++;
-            }
-            line_starting = j > 0 && src[j - 1] == '\n';
-            pos = j;
-            continue;
-        }
-        if (is_raw) {
-            line += count_nl(src + k, raw_end - k);
-            /* find {%[-+]? endraw [-+]?%} */
-            size_t j = raw_end, body_end = 0, end_after = 0;
-            char esign = 0;
-            for (; j + 1 < n; j++) {
-                if (src[j] != '{' || src[j + 1] != '%') continue;
-                size_t m = j + 2;
-                char s1 = (m < n && (src[m] == '-' || src[m] == '+')) ? src[m] : 0;
-                if (s1) m++;
-                while (m < n && is_ws(src[m])) m++;
-                if (m + 6 > n || memcmp(src + m, "endraw", 6)) continue;
-                m += 6;
-                while (m < n && is_ws(src[m])) m++;
-                char s2 = (m < n && (src[m] == '-' || src[m] == '+')) ? src[m] : 0;
-                if (m + (s2 ? 1 : 0) + 2 > n || memcmp(src + m + (s2 ? 1 : 0), "%}", 2)) continue;
-                m += (s2 ? 1 : 0) + 2;
-                if (s2 == '-')
-                    while (m < n && is_ws(src[m])) m++;
-                else if (!s2 && m < n && src[m] == '\n') m++;
-                body_end = j;
-                end_after = m;
-                esign = s1;
-                break;
-            }
-            if (!end_after) return perr(p, line, "Missing end of raw directive");
-            int ls = raw_end > 0 && src[raw_end - 1] == '\n';
-            size_t blen = strip_before(src + raw_end, body_end - raw_end, esign, 1, ls);
-            if (blen) push_tok(p, (tok){.type = T_TEXT, .line = line, .s = src + raw_end, .len = blen});
-            line += count_nl(src + raw_end, end_after - raw_end);
-            line_starting = src[end_after - 1] == '\n';
-            pos = end_after;
-            continue;
-        }
-        push_tok(p, (tok){.type = kind == '%' ? T_BLOCK_BEGIN : T_VAR_BEGIN, .line = line});
-        pos = after;
-        if (lex_tag(p, src, n, &pos, &line, kind == '%', &line_starting)) return -1;
-    }
-    return push_tok(p, (tok){.type = T_EOF, .line = line});
 }
 
 /* ----------------------------------------------------------------- parser */
@@ -442,16 +62,16 @@ static int expect_op(parser *p, const char *op) {
         return 0;
     }
     char b[64];
-    return perr(p, cur(p)->line, "expected token '%s', got %s", op, tok_desc(cur(p), b, sizeof b));
+    return pj_perr(p, cur(p)->line, "expected token '%s', got %s", op, tok_desc(cur(p), b, sizeof b));
 }
 static const char *tok_name(parser *p, const tok *t) {
-    char *s = palloc(p, t->len + 1);
+    char *s = pj_palloc(p, t->len + 1);
     if (s) memcpy(s, t->s, t->len);
     return s;
 }
 
 static pj_node *mk(parser *p, int kind, int line) {
-    pj_node *n = palloc(p, sizeof *n);
+    pj_node *n = pj_palloc(p, sizeof *n);
     if (n) {
         n->kind = kind;
         n->line = line;
@@ -468,8 +88,8 @@ typedef struct kids {
 static int kids_push(parser *p, kids *ks, pj_node *n, const char *name) {
     if (ks->n == ks->cap) {
         int cap = ks->cap ? ks->cap * 2 : 4;
-        pj_node **k = palloc(p, (size_t)cap * sizeof *k);
-        const char **nm = palloc(p, (size_t)cap * sizeof *nm);
+        pj_node **k = pj_palloc(p, (size_t)cap * sizeof *k);
+        const char **nm = pj_palloc(p, (size_t)cap * sizeof *nm);
         if (!k || !nm) return -1;
         if (ks->n) {
             memcpy(k, ks->k, (size_t)ks->n * sizeof *k);
@@ -497,7 +117,7 @@ static pj_node *parse_primary(parser *p);
 static pj_node *parse_postfix(parser *p, pj_node *n);
 
 static int enter(parser *p) {
-    if (++p->depth > MAX_DEPTH) return perr(p, cur(p)->line, "template nested too deeply");
+    if (++p->depth > MAX_DEPTH) return pj_perr(p, cur(p)->line, "template nested too deeply");
     return 0;
 }
 
@@ -527,7 +147,7 @@ static pj_node *parse_tuple(parser *p, int with_condexpr, int explicit_parens, c
         if (ks.n) return ks.k[0];
         if (!explicit_parens) {
             char b[64];
-            perr(p, cur(p)->line, "Expected an expression, got %s", tok_desc(cur(p), b, sizeof b));
+            pj_perr(p, cur(p)->line, "Expected an expression, got %s", tok_desc(cur(p), b, sizeof b));
             return NULL;
         }
     }
@@ -545,7 +165,7 @@ static int parse_call_args(parser *p, kids *ks) {
             if (is_op(cur(p), ")")) break;
         }
         if (is_op(cur(p), "*") || is_op(cur(p), "**"))
-            return perr(p, cur(p)->line, "*args and **kwargs in calls are not supported");
+            return pj_perr(p, cur(p)->line, "*args and **kwargs in calls are not supported");
         if (cur(p)->type == T_NAME && is_op(peek(p, 1), "=")) {
             const char *name = tok_name(p, cur(p));
             next(p);
@@ -555,7 +175,7 @@ static int parse_call_args(parser *p, kids *ks) {
             kids_push(p, ks, e, name);
             seen_kw = 1;
         } else {
-            if (seen_kw) return perr(p, cur(p)->line, "invalid syntax for function call expression");
+            if (seen_kw) return pj_perr(p, cur(p)->line, "invalid syntax for function call expression");
             pj_node *e = parse_expr(p, 1);
             if (!e) return -1;
             kids_push(p, ks, e, NULL);
@@ -568,7 +188,7 @@ static int parse_call_args(parser *p, kids *ks) {
 static const char *parse_dotted_name(parser *p) {
     if (cur(p)->type != T_NAME) {
         char b[64];
-        perr(p, cur(p)->line, "expected token 'name', got %s", tok_desc(cur(p), b, sizeof b));
+        pj_perr(p, cur(p)->line, "expected token 'name', got %s", tok_desc(cur(p), b, sizeof b));
         return NULL;
     }
     size_t len = cur(p)->len;
@@ -579,7 +199,7 @@ static const char *parse_dotted_name(parser *p) {
         len = (size_t)(cur(p)->s + cur(p)->len - start);
         next(p);
     }
-    char *s = palloc(p, len + 1);
+    char *s = pj_palloc(p, len + 1);
     if (s) memcpy(s, start, len);
     return s;
 }
@@ -629,7 +249,7 @@ static pj_node *parse_test(parser *p, pj_node *arg) {
                 is_op(t, "[") || is_op(t, "{")) &&
                !is_name(t, "else") && !is_name(t, "or") && !is_name(t, "and")) {
         if (is_name(t, "is")) {
-            perr(p, t->line, "You cannot chain multiple tests with is");
+            pj_perr(p, t->line, "You cannot chain multiple tests with is");
             return NULL;
         }
         pj_node *a = parse_primary(p);
@@ -715,7 +335,7 @@ static pj_node *parse_postfix(parser *p, pj_node *n) {
                 next(p);
                 n = g;
             } else {
-                perr(p, a->line, "expected name or number");
+                pj_perr(p, a->line, "expected name or number");
                 return NULL;
             }
         } else if (is_op(t, "[")) {
@@ -752,7 +372,7 @@ static pj_node *parse_primary(parser *p) {
         /* adjacent literals concatenate */
         size_t len = 0, k = p->pos;
         while (p->toks[k].type == T_STRING) len += p->toks[k++].len;
-        char *s = palloc(p, len + 1);
+        char *s = pj_palloc(p, len + 1);
         if (!s) return NULL;
         size_t o = 0;
         while (cur(p)->type == T_STRING) {
@@ -796,7 +416,7 @@ static pj_node *parse_primary(parser *p) {
         kids_set(n, &ks);
     } else {
         char b[64];
-        perr(p, t->line, "unexpected %s", tok_desc(t, b, sizeof b));
+        pj_perr(p, t->line, "unexpected %s", tok_desc(t, b, sizeof b));
     }
     p->depth--;
     return p->failed ? NULL : n;
@@ -965,7 +585,7 @@ static int expect_block_end(parser *p) {
         return 0;
     }
     char b[64];
-    return perr(p, cur(p)->line, "expected token 'end of statement block', got %s",
+    return pj_perr(p, cur(p)->line, "expected token 'end of statement block', got %s",
                 tok_desc(cur(p), b, sizeof b));
 }
 
@@ -993,7 +613,7 @@ static pj_node *parse_target(parser *p, int with_ns, const char *const *end_name
         return n;
     }
 bad:
-    perr(p, t->line, "can't assign to '%s'", n->kind == PJ_N_CONST ? "const" : "expression");
+    pj_perr(p, t->line, "can't assign to '%s'", n->kind == PJ_N_CONST ? "const" : "expression");
     return NULL;
 }
 
@@ -1018,7 +638,7 @@ static int parse_params(parser *p, pj_node *n) {
     if (expect_op(p, "(")) return -1;
     while (!is_op(cur(p), ")")) {
         if (ks.n && expect_op(p, ",")) return -1;
-        if (cur(p)->type != T_NAME) return perr(p, cur(p)->line, "expected a parameter name");
+        if (cur(p)->type != T_NAME) return pj_perr(p, cur(p)->line, "expected a parameter name");
         const char *name = tok_name(p, cur(p));
         next(p);
         pj_node *def = NULL;
@@ -1027,7 +647,7 @@ static int parse_params(parser *p, pj_node *n) {
             def = parse_expr(p, 1);
             if (!def) return -1;
         } else if (ks.n && ks.k[ks.n - 1])
-            return perr(p, cur(p)->line, "non-default argument follows default argument");
+            return pj_perr(p, cur(p)->line, "non-default argument follows default argument");
         kids_push(p, &ks, def, name);
     }
     next(p);
@@ -1039,7 +659,7 @@ static pj_node *parse_statement(parser *p) {
     tok *t = cur(p); /* the tag name, after {% */
     int line = t->line;
     if (t->type != T_NAME) {
-        perr(p, line, "tag name expected");
+        pj_perr(p, line, "tag name expected");
         return NULL;
     }
     pj_node *n = NULL;
@@ -1080,7 +700,7 @@ static pj_node *parse_statement(parser *p) {
         static const char *const iter_end[] = {"recursive", NULL};
         if (!n || !(n->t = parse_target(p, 0, in_end))) return NULL;
         if (!is_name(cur(p), "in")) {
-            perr(p, cur(p)->line, "expected 'in' in for loop");
+            pj_perr(p, cur(p)->line, "expected 'in' in for loop");
             return NULL;
         }
         next(p);
@@ -1112,7 +732,7 @@ static pj_node *parse_statement(parser *p) {
             return expect_block_end(p) ? NULL : n;
         }
         if (n->t->kind != PJ_N_NAME && n->t->kind != PJ_N_GETATTR) {
-            perr(p, line, "expected token '=' after a tuple target");
+            pj_perr(p, line, "expected token '=' after a tuple target");
             return NULL;
         }
         if (is_op(cur(p), "|") && !(n->d = parse_filter(p, NULL, 0))) return NULL;
@@ -1124,7 +744,7 @@ static pj_node *parse_statement(parser *p) {
         n = mk(p, PJ_N_MACRO, line);
         if (!n) return NULL;
         if (cur(p)->type != T_NAME) {
-            perr(p, line, "expected a macro name");
+            pj_perr(p, line, "expected a macro name");
             return NULL;
         }
         n->name = tok_name(p, cur(p));
@@ -1144,7 +764,7 @@ static pj_node *parse_statement(parser *p) {
         n->name = "caller";
         if (!(n->a = parse_expr(p, 1))) return NULL;
         if (n->a->kind != PJ_N_CALL) {
-            perr(p, line, "expected call");
+            pj_perr(p, line, "expected call");
             return NULL;
         }
         static const char *const ends[] = {"endcall", NULL};
@@ -1165,7 +785,7 @@ static pj_node *parse_statement(parser *p) {
         while (n && cur(p)->type != T_BLOCK_END) {
             if (ks.n && expect_op(p, ",")) return NULL;
             if (cur(p)->type != T_NAME || !is_op(peek(p, 1), "=")) {
-                perr(p, cur(p)->line, "expected an assignment in with");
+                pj_perr(p, cur(p)->line, "expected an assignment in with");
                 return NULL;
             }
             const char *name = tok_name(p, cur(p));
@@ -1187,7 +807,7 @@ static pj_node *parse_statement(parser *p) {
             if (!strcmp(p->open[i], "macro") || !strcmp(p->open[i], "call")) in_loop = 0;
         }
         if (!in_loop) {
-            perr(p, line, "'%.*s' outside of a loop", (int)t->len, t->s);
+            pj_perr(p, line, "'%.*s' outside of a loop", (int)t->len, t->s);
             return NULL;
         }
         n = mk(p, is_name(t, "break") ? PJ_N_BREAK : PJ_N_CONTINUE, line);
@@ -1196,7 +816,7 @@ static pj_node *parse_statement(parser *p) {
         static const char *const unsupported[] = {"block", "extends", "include", "import", "from", "autoescape", NULL};
         for (int i = 0; unsupported[i]; i++)
             if (is_name(t, unsupported[i])) {
-                perr(p, line, "the '%s' tag is not supported by petrel's template engine", unsupported[i]);
+                pj_perr(p, line, "the '%s' tag is not supported by petrel's template engine", unsupported[i]);
                 return NULL;
             }
         /* jinja2's message for an unknown tag */
@@ -1205,7 +825,7 @@ static pj_node *parse_statement(parser *p) {
         if (p->n_open > 0 && k > 0 && (size_t)k < sizeof msg)
             snprintf(msg + k, sizeof msg - (size_t)k, " The innermost block that needs to be closed is '%s'.",
                      p->open[p->n_open - 1]);
-        perr(p, line, "%s", msg);
+        pj_perr(p, line, "%s", msg);
         return NULL;
     }
     if (n && (n->kind == PJ_N_BREAK || n->kind == PJ_N_CONTINUE)) return expect_block_end(p) ? NULL : n;
@@ -1219,7 +839,7 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
     if (enter(p)) return NULL;
     if (block) {
         if (p->n_open >= (int)(sizeof p->open / sizeof p->open[0])) {
-            perr(p, cur(p)->line, "blocks nested too deeply");
+            pj_perr(p, cur(p)->line, "blocks nested too deeply");
             return NULL;
         }
         p->open[p->n_open++] = block;
@@ -1230,7 +850,7 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
         tok *t = cur(p);
         if (t->type == T_EOF) {
             if (end_tags) {
-                perr(p, t->line, "Unexpected end of template. Jinja was looking for the following tags: '%s'. "
+                pj_perr(p, t->line, "Unexpected end of template. Jinja was looking for the following tags: '%s'. "
                      "The innermost block that needs to be closed is '%s'.", end_tags[0], block);
                 return NULL;
             }
@@ -1249,7 +869,7 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
             if (!n || !(n->a = parse_tuple(p, 1, 0, NULL, 0))) return NULL;
             if (cur(p)->type != T_VAR_END) {
                 char b[64];
-                perr(p, cur(p)->line, "expected token 'end of print statement', got %s", tok_desc(cur(p), b, sizeof b));
+                pj_perr(p, cur(p)->line, "expected token 'end of print statement', got %s", tok_desc(cur(p), b, sizeof b));
                 return NULL;
             }
             next(p);
@@ -1261,14 +881,14 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
             for (int k = 0; end_tags && end_tags[k]; k++) is_end |= is_name(name, end_tags[k]);
             if (is_end) break;
             if (name->type == T_NAME && name->len > 3 && !memcmp(name->s, "end", 3)) {
-                perr(p, name->line, "Encountered unknown tag '%.*s'.%s%s%s", (int)(name->len > 40 ? 40 : name->len),
+                pj_perr(p, name->line, "Encountered unknown tag '%.*s'.%s%s%s", (int)(name->len > 40 ? 40 : name->len),
                      name->s, block ? " The innermost block that needs to be closed is '" : "",
                      block ? block : "", block ? "'." : "");
                 return NULL;
             }
             if (name->type == T_NAME && end_tags &&
                 (is_name(name, "elif") || is_name(name, "else"))) {
-                perr(p, name->line, "Encountered unknown tag '%.*s'. Jinja was looking for the following tags: '%s'. "
+                pj_perr(p, name->line, "Encountered unknown tag '%.*s'. Jinja was looking for the following tags: '%s'. "
                      "The innermost block that needs to be closed is '%s'.", (int)name->len, name->s, end_tags[0], block);
                 return NULL;
             }
@@ -1276,7 +896,7 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
             if (!n) return NULL;
             kids_push(p, &ks, n, NULL);
         } else {
-            perr(p, t->line, "unexpected token");
+            pj_perr(p, t->line, "unexpected token");
             return NULL;
         }
     }
@@ -1293,9 +913,9 @@ static pj_node *parse_body(parser *p, const char *const *end_tags, const char *b
  * and block-set bodies start a new, hard frame. */
 static int check_unknown(parser *p, const pj_node *n, int soft, int depth) {
     if (!n || p->failed) return p->failed ? -1 : 0;
-    if (depth > 4 * MAX_DEPTH) return perr(p, n->line, "template nested too deeply");
+    if (depth > 4 * MAX_DEPTH) return pj_perr(p, n->line, "template nested too deeply");
     if ((n->kind == PJ_N_FILTER || n->kind == PJ_N_TEST) && n->op && !soft)
-        return perr(p, n->line, "No %s named '%s'.", n->kind == PJ_N_FILTER ? "filter" : "test", n->name);
+        return pj_perr(p, n->line, "No %s named '%s'.", n->kind == PJ_N_FILTER ? "filter" : "test", n->name);
     int inner_soft = soft;
     if (n->kind == PJ_N_IF || n->kind == PJ_N_COND) inner_soft = 1;
     const pj_node *kids4[4] = {n->a, n->b, n->c, n->d};
@@ -1329,7 +949,7 @@ pt_status pj_parse(pt_jinja_template *t, const char *src, size_t len) {
     if (n > 0 && norm[n - 1] == '\n') n--;
     norm[n] = 0;
     pt_status st = PT_OK;
-    if (lex(&p, norm, n) == 0) {
+    if (pj_lex(&p, norm, n) == 0) {
         t->root = parse_body(&p, NULL, NULL);
         if (t->root) check_unknown(&p, t->root, 0, 0);
     }

@@ -14,9 +14,6 @@
 #include <string.h>
 #include <utf8proc.h>
 
-/* Upper bound on arena bytes one render may use: a template that builds
- * gigabytes of strings fails instead of exhausting memory. */
-#define PJ_ARENA_LIMIT ((size_t)512 << 20)
 
 int pj_fail(pj_ctx *c, const char *type, const char *fmt, ...) {
     if (c->failed) return -1;
@@ -32,13 +29,29 @@ int pj_fail(pj_ctx *c, const char *type, const char *fmt, ...) {
 }
 
 void *pj_alloc(pj_ctx *c, size_t n) {
-    if (c->arena->used + n > PJ_ARENA_LIMIT) {
-        pj_fail(c, "MemoryError", "the template used more than %zu MiB", PJ_ARENA_LIMIT >> 20);
+    /* a template that builds gigabytes of strings fails instead of exhausting memory */
+    if (c->arena->used + n > c->max_bytes) {
+        pj_fail(c, "MemoryError", "the template used more than %zu MiB", c->max_bytes >> 20);
         return NULL;
     }
     void *p = pt_arena_alloc(c->arena, n ? n : 1);
     if (!p) pj_fail(c, "MemoryError", "out of memory");
     return p;
+}
+
+int pj_charge(pj_ctx *c, size_t work) {
+    c->steps += (long)(work > (size_t)1 << 40 ? (size_t)1 << 40 : work);
+    if (c->steps > c->max_steps) return pj_fail(c, "RuntimeError", "the template ran too long");
+    return c->failed ? -1 : 0;
+}
+
+int pj_float_to_int(pj_ctx *c, double f, int64_t *out) {
+    if (!isfinite(f)) return pj_fail(c, "OverflowError", "cannot convert float infinity or NaN to integer");
+    /* [-2^63, 2^63): beyond, Python makes a big int, which petrel's values cannot hold */
+    if (!(f >= -9223372036854775808.0 && f < 9223372036854775808.0))
+        return pj_fail(c, "OverflowError", "integer %.17g does not fit in 64 bits (petrel's templates have no big ints)", f);
+    *out = (int64_t)f;
+    return 0;
 }
 
 /* ---------------------------------------------------------- constructors */
@@ -342,8 +355,8 @@ static int repr_str(pj_buf *b, const char *s, size_t n) {
 
 static int str_or_repr(pj_ctx *c, pj_value v, pj_buf *b, int repr) {
     char tmp[64];
-    if (++c->depth > 200) {
-        c->depth--;
+    if (++c->rdepth > 500) {
+        c->rdepth--;
         return pj_fail(c, "RecursionError", "maximum recursion depth exceeded while getting the repr of an object");
     }
     int rc = 0;
@@ -404,7 +417,7 @@ static int str_or_repr(pj_ctx *c, pj_value v, pj_buf *b, int repr) {
         break;
     case PJ_LOOP: rc = pj_buf_printf(b, "<LoopContext %zu/%zu>", v.loop->index0 + 1, v.loop->items->n); break;
     }
-    c->depth--;
+    c->rdepth--;
     return c->failed ? -1 : rc;
 }
 
@@ -669,6 +682,8 @@ int pj_check_defined(pj_ctx *c, pj_value v) {
 }
 
 int pj_iterate(pj_ctx *c, pj_value v, pj_value *out) {
+    if (pj_charge(c, v.type == PJ_LIST ? v.l->n / 8 : v.type == PJ_DICT ? v.d->n : v.type == PJ_STR ? v.len : 0))
+        return -1;
     switch (v.type) {
     case PJ_UNDEF: *out = pj_list_new(c, 0, 0); return c->failed ? -1 : 0;
     case PJ_LIST: *out = v; return 0;

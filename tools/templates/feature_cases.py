@@ -162,6 +162,7 @@ C = [
     ("e_neg_str", "{{ -'a' }}"),
     ("e_call_loop_recursive", "{% for x in [1] %}{{ loop([]) }}{% endfor %}"),
     ("e_dict_unhashable", "{{ {[1]: 2} }}"),
+    ("p_int_edges", "{{ '0x1A'|int(0, 61) }} {{ '0x1A'|int(5, 1) }} {{ 'x'|int(3, 0) }} {{ 2 ** 62 }} {{ (-2) ** 63 }} {{ 1 ** 999999999999 }} {{ 0 ** 0 }} {{ (-1) ** 7 }} {{ range(-9000000000000000000, 9000000000000000000, 900000000000000000)|list|length }} {{ range(5, -5, -3)|list }} {{ -9223372036854775807 - 1 }}"),
     ("p_recursive_loop", "{% for item in tree recursive %}<{{ item.name }}:{{ loop.depth }}{% if item.children %}[{{ loop(item.children) }}]{% endif %}>{% endfor %}"),
     ("e_macro_extra_args", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}"),
     ("e_macro_unknown_kw", "{% macro m(a) %}{{ a }}{% endmacro %}{{ m(b=2) }}"),
