@@ -12,6 +12,7 @@
 #include "model/model.h"
 
 #include "base/error.h"
+#include "runtime/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -37,19 +38,13 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
     pt_status s = PT_OK;
     st->kv = calloc((size_t)n->n_layers, sizeof *st->kv);
     if (!st->kv) return pt_error(PT_ERR_NOMEM, "out of memory for the KV cache descriptors");
-    size_t esz = pt_ftype_size(n->kv_dtype);
-    for (int l = 0; l < n->n_layers; l++) {
-        const pt_layer *L = &n->layers[l];
-        pt_kv_layer *kv = &st->kv[l];
-        kv->n_kv = L->n_kv;
-        kv->head_dim = L->head_dim;
-        kv->capacity = n_ctx;
-        kv->dtype = n->kv_dtype;
-        kv->bits = 0;
-        size_t bytes = (size_t)L->n_kv * (size_t)n_ctx * (size_t)L->head_dim * esz;
-        kv->k = balloc(m, bytes, &s);
-        kv->v = balloc(m, bytes, &s);
+    st->cache = calloc(1, sizeof *st->cache);
+    if (!st->cache) {
+        pt_fwd_free(m, st);
+        return pt_error(PT_ERR_NOMEM, "out of memory for the KV cache");
     }
+    /* full or rotating, full-precision or quantized: runtime/kv_cache.c */
+    s = pt_kv_cache_init(m, st->cache, st->kv, n_ctx, st->chunk);
     st->x = balloc(m, C * H * 4, &s);
     st->xn = balloc(m, C * H * 4, &s);
     st->y = balloc(m, C * H * 4, &s);
@@ -92,13 +87,11 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
 }
 
 void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
-    if (st->kv) {
-        for (int l = 0; l < m->net.n_layers; l++) {
-            if (st->kv[l].k) OPS(m)->dealloc(m->be, st->kv[l].k);
-            if (st->kv[l].v) OPS(m)->dealloc(m->be, st->kv[l].v);
-        }
-        free(st->kv);
+    if (st->cache) {
+        pt_kv_cache_free(m, st->cache);
+        free(st->cache);
     }
+    free(st->kv);
     void *bufs[] = {st->x,       st->xn,       st->y,    st->q,       st->k,      st->v,      st->att,
                     st->gate,    st->up,       st->act,  st->rlogits, st->rweights, st->ridx, st->ids_dev,
                     st->pos_dev, st->logits};
@@ -177,6 +170,8 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
         PT_TRY(residual(m, st, L, (int64_t)T * H));
         if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
+    /* quantized KV: convert the caches once they hold quantized_kv_start tokens */
+    PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + T));
     if (n_logits == 0) return PT_OK;
     /* only the rows that need logits: the final norm and the lm_head */
     const int r0 = T - n_logits;

@@ -117,7 +117,8 @@ struct pt_model {
 typedef struct pt_fwd_state {
     int n_ctx;
     int chunk;                      /* largest T per forward call */
-    pt_kv_layer *kv;                /* [n_layers] */
+    pt_kv_layer *kv;                /* [n_layers] the caches attention reads now */
+    struct pt_kv_cache *cache;      /* their storage and quantized-KV state (runtime/kv_cache.h) */
     /* activations, backend memory, f32: */
     float *x;                       /* [chunk, H] residual stream */
     float *xn;                      /* [chunk, H] normed input of a block */

@@ -4,6 +4,7 @@
 #include "runtime/session.h"
 
 #include "base/error.h"
+#include "runtime/kv_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,7 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_truncate: session is NULL");
     if (n_keep > s->n_tokens)
         return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
+    if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
     if (n_keep < s->n_tokens) s->has_logits = 0;
     s->n_tokens = n_keep;
     return PT_OK;
