@@ -47,8 +47,9 @@ static void test_values(void) {
           "resolved defaults");
     CHECK(pt_levers_check(&p, PT_DEVICE_CPU) == PT_OK, "defaults are runnable: %s", pt_last_error());
     p.int8_act = PT_LEVER_ON;
-    CHECK(pt_levers_check(&p, PT_DEVICE_CPU) == PT_ERR_UNSUPPORTED && strstr(pt_last_error(), "int8"),
-          "int8 not implemented: %s", pt_last_error());
+    CHECK(pt_levers_check(&p, PT_DEVICE_CPU) == PT_OK, "int8-act runs on the CPU: %s", pt_last_error());
+    CHECK(pt_levers_check(&p, PT_DEVICE_CUDA) == PT_ERR_UNSUPPORTED && strstr(pt_last_error(), "int8"),
+          "int8 not on CUDA: %s", pt_last_error());
     p.int8_act = PT_LEVER_OFF;
     p.kv_quant = 4;
     CHECK(pt_levers_check(&p, PT_DEVICE_CPU) == PT_OK, "kv-quant runs on the CPU: %s", pt_last_error());

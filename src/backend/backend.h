@@ -162,6 +162,8 @@ typedef struct pt_attn {
     float scale;        /* hd^-0.5, query_pre_attn_scalar^-0.5, or 1 */
     float softcap;      /* 0 = none */
     int window;         /* 0 = full causal; W = sliding window of W keys incl. self */
+    int fused_decode;   /* L3 lever --fused-decode-attn: a decode step (T == 1) over a quantized cache may
+                         * use an online-softmax kernel (same math, not bit-identical) */
 } pt_attn;
 
 /* MoE routing. scores = softmax(logits) over n_experts in f32; the top k

@@ -156,7 +156,9 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
         PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
         PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
         PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
-        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, &st->kv[l], &L->attn));
+        pt_attn attn = L->attn;
+        attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, &st->kv[l], &attn));
         PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,

@@ -108,7 +108,8 @@ static pt_status load(pt_model *m, const char *dir, const pt_model_params *param
         snprintf(m->backend_name, sizeof m->backend_name, "%.48s, %s act., %.16s", devdesc,
                  act == PT_ACT_BF16 ? "bf16" : "f32", arch);
     } else {
-        pt_cpu_params cp = {.n_threads = m->params.n_threads, .act = act, .isa = PT_ISA_AUTO};
+        pt_cpu_params cp = {.n_threads = m->params.n_threads, .act = act, .isa = PT_ISA_AUTO,
+                            .int8_act = m->params.int8_act == PT_LEVER_ON};
         PT_TRY(pt_backend_cpu_create(&m->be, &cp));
         PT_TRY(pt_net_build(m));
         int nth = m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count();

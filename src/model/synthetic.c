@@ -279,7 +279,8 @@ pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model
         pt_cuda_params gp = {0, PT_ACT_BF16};
         st = pt_backend_cuda_create(&m->be, &gp);
     } else {
-        pt_cpu_params cp = {.n_threads = p.n_threads, .act = PT_ACT_BF16, .isa = PT_ISA_AUTO};
+        pt_cpu_params cp = {.n_threads = p.n_threads, .act = PT_ACT_BF16, .isa = PT_ISA_AUTO,
+                            .int8_act = p.int8_act == PT_LEVER_ON};
         st = pt_backend_cpu_create(&m->be, &cp);
     }
     if (st == PT_OK) st = build(m, sh, bits);

@@ -165,21 +165,3 @@ pt_status pt_kv_cache_truncate(const pt_model *m, pt_kv_cache *c, pt_kv_layer *l
     c->converted = 0;
     return PT_OK;
 }
-
-int64_t pt_kv_bytes_per_token_spec(const pt_model_spec *sp, int kv_quant, int group_size, int act_bytes) {
-    int64_t b = 0;
-    for (int l = 0; l < sp->n_layers; l++) {
-        const pt_layer_spec *S = &sp->layers[l];
-        if (S->kind == PT_LAYER_LINEAR || !S->has_kv) continue;
-        int bits = 0, gs = group_size > 0 ? group_size : 64;
-        if (kv_quant == 4 || kv_quant == 8) bits = kv_quant;
-        else if (kv_quant == PT_KV_QUANT_CONFIG && S->kv_config_bits) {
-            bits = S->kv_config_bits;
-            gs = S->kv_config_group_size;
-        }
-        int64_t row = bits ? (int64_t)S->head_dim * bits / 8 + 2 * (int64_t)(S->head_dim / gs) * act_bytes
-                           : (int64_t)S->head_dim * act_bytes;
-        b += 2 * (int64_t)S->n_kv_heads * row;
-    }
-    return b;
-}

@@ -61,14 +61,4 @@ pt_status pt_kv_cache_step_done(pt_model *m, pt_kv_cache *c, pt_kv_layer *live, 
  * (the caller starts over from 0). */
 pt_status pt_kv_cache_truncate(const pt_model *m, pt_kv_cache *c, pt_kv_layer *live, int64_t n_keep);
 
-/* Bytes of KV cache one token of context takes for a model spec in a
- * --kv-quant mode (0, 4, 8 or PT_KV_QUANT_CONFIG), with group size
- * group_size and act_bytes per full-precision element or scale/bias: codes +
- * scales + biases for quantized layers, act_bytes per element otherwise.
- * Layers without a cache of their own (KV-shared, linear attention) count 0;
- * sliding-window layers count like the others (their ring stops growing at
- * the window, which the caller may note). */
-struct pt_model_spec;
-int64_t pt_kv_bytes_per_token_spec(const struct pt_model_spec *sp, int kv_quant, int group_size, int act_bytes);
-
 #endif

@@ -128,13 +128,13 @@ pt_status pt_levers_check(const pt_model_params *p, pt_device device) {
                         "--kv-quant %s: the quantized KV cache is not implemented on CUDA yet (use --kv-quant off, "
                         "--device cpu, or --l1)",
                         p->kv_quant == PT_KV_QUANT_CONFIG ? "config" : p->kv_quant == 4 ? "4" : "8");
-    if (p->fused_decode_attn == PT_LEVER_ON)
+    if (p->fused_decode_attn == PT_LEVER_ON && device == PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED,
-                        "--fused-decode-attn on: the fused decode attention over a quantized KV cache is "
-                        "not implemented yet (use --fused-decode-attn off, or --l1)");
-    if (p->int8_act == PT_LEVER_ON)
+                        "--fused-decode-attn on: the fused decode attention is not implemented on CUDA yet "
+                        "(use --fused-decode-attn off, --device cpu, or --l1)");
+    if (p->int8_act == PT_LEVER_ON && device == PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED,
-                        "--int8-act on: int8 activations are not implemented yet (use --int8-act off, or --l1)");
+                        "--int8-act on: int8 activations are a CPU kernel (use --int8-act off, --device cpu, or --l1)");
     if (p->prefill_chunk < 1) return pt_error(PT_ERR_INVALID_ARG, "prefill_chunk must be >= 1");
     return PT_OK;
 }

@@ -308,6 +308,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
         if (hi - lo + 1 > maxn) maxn = hi - lo + 1;
     }
     int G = p->n_heads / kv->n_kv;
+    if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
     attn_ctx a = {c, out, q, T, pos, kv, p};
     if (kv->bits) {
         size_t ng = (size_t)(p->head_dim / kv->group_size);

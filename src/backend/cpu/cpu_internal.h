@@ -135,6 +135,11 @@ void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n);
 
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
+/* --fused-decode-attn: one decode query at position pos over a quantized
+ * cache (attn_qkv_fused.c); the caller has validated kv and p. */
+pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t pos, const pt_kv_layer *kv,
+                                 const pt_attn *p);
+
 /* Weight row access: dense rows, or quantized codes + f32 scales/biases. */
 const void *pt_cpu_dense_row(const pt_matrix *w, int64_t expert, int64_t row);
 const uint8_t *pt_cpu_qrow_codes(const pt_matrix *w, int64_t expert, int64_t row);
