@@ -121,9 +121,13 @@ static void test_load_and_errors(void) {
     pt_model *none = NULL;
     CHECK(pt_model_load("/nonexistent/petrel-model", NULL, &none) == PT_ERR_NOT_FOUND && !none, "missing dir");
     pt_model_params mp = pt_model_default_params();
-    mp.int8_act = PT_LEVER_ON;
-    CHECK(pt_model_load(g_dir, &mp, &none) == PT_ERR_UNSUPPORTED && strstr(pt_last_error(), "int8"),
-          "unimplemented lever: %s", pt_last_error());
+    mp.int8_act = PT_LEVER_ON; /* an L3 lever the CPU implements */
+    CHECK(pt_model_load(g_dir, &mp, &none) == PT_OK && none, "int8-act loads: %s", pt_last_error());
+    pt_model_free(&none);
+    mp.int8_act = PT_LEVER_OFF;
+    mp.device = PT_DEVICE_CUDA; /* not on CUDA: refused by name (or no CUDA device at all) */
+    mp.kv_quant = 4;
+    CHECK(pt_model_load(g_dir, &mp, &none) != PT_OK && !none, "kv-quant on CUDA refused");
 }
 
 /* logits of all positions, by one eval, by chunked prefill and by decoding one at a time */

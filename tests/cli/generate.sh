@@ -70,8 +70,9 @@ expect_exit generate_ctx_over_max 1 "$PETREL" generate -m "$FIX" --prompt-ids 5 
 expect_stderr generate_ctx_over_max_msg "maximum"
 expect_exit generate_prompt_too_long 1 "$PETREL" generate -m "$FIX" --prompt-ids 1,2,3,4,5,6 --ctx 4
 expect_stderr generate_prompt_too_long_msg "do not fit in the context"
-expect_exit generate_unimplemented_lever 1 "$PETREL" generate -m "$FIX" --prompt-ids 5 --int8-act on
-expect_stderr generate_unimplemented_lever_msg "not implemented yet"
+expect_exit generate_kv_group_mismatch 1 "$PETREL" generate -m "$FIX" --prompt-ids 5 --kv-quant 4 --kv-group-size 128
+expect_stderr generate_kv_group_mismatch_msg "does not divide"
+expect_exit generate_l3 0 "$PETREL" generate -m "$FIX" --prompt-ids 5 --l3 --kv-group-size 32 --max-tokens 4
 expect_exit example_generate 0 "${BUILD:-build}/examples/generate" "$FIX" --ids 5,6,7 6
 if grep -qE '^[0-9]+( [0-9]+)* ?$' "$TMP/out"; then pass example_generate_ids; else fail example_generate_ids "$(head -c 200 "$TMP/out")"; fi
 expect_stderr example_generate_stats "generated"
