@@ -63,6 +63,18 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
     st->ids_dev = balloc(m, C * 4, &s);
     st->pos_dev = balloc(m, C * 4, &s);
     st->logits = balloc(m, (size_t)st->logit_rows * (size_t)n->vocab * 4, &s);
+    for (int l = 0; l < n->n_layers; l++)
+        if (n->layers[l].moe_dense && !st->y2) {
+            st->y2 = balloc(m, C * H * 4, &s);
+            st->xr = balloc(m, C * H * 4, &s);
+        }
+    const size_t LP = (size_t)n->n_layers * (size_t)n->ple_dim;
+    if (n->ple_dim > 0) {
+        st->ple = balloc(m, C * LP * 4, &s);
+        st->ple2 = balloc(m, C * LP * 4, &s);
+        st->pg = balloc(m, C * (size_t)n->ple_dim * 4, &s);
+        st->pa = balloc(m, C * (size_t)n->ple_dim * 4, &s);
+    }
     st->pos_host = malloc(C * sizeof *st->pos_host);
     if (s == PT_OK && !st->pos_host) s = pt_error(PT_ERR_NOMEM, "out of memory for positions");
     if (s == PT_OK) {
@@ -74,6 +86,7 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
         int64_t mc = n->hidden;
         if ((int64_t)QD > mc) mc = (int64_t)QD;
         if ((int64_t)F > mc) mc = (int64_t)F;
+        if ((int64_t)LP > mc) mc = (int64_t)LP;
         lim.max_cols = mc;
         lim.max_ffn = n->max_ffn;
         lim.max_top_k = n->max_top_k;
@@ -94,11 +107,37 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
     free(st->kv);
     void *bufs[] = {st->x,       st->xn,       st->y,    st->q,       st->k,      st->v,      st->att,
                     st->gate,    st->up,       st->act,  st->rlogits, st->rweights, st->ridx, st->ids_dev,
-                    st->pos_dev, st->logits};
+                    st->pos_dev, st->logits,   st->ple,  st->ple2,    st->pg,     st->pa,
+                    st->y2,      st->xr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
     memset(st, 0, sizeof *st);
+}
+
+/* Gemma 4's MoE block (model.h): st->xn = ffn_norm(x) on entry, st->x the
+ * residual stream r; the whole branch, post_ffn_norm included, -> st->y. */
+static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T, int pos0) {
+    pt_backend *be = m->be;
+    const pt_net *n = &m->net;
+    const int64_t H = n->hidden;
+    /* dense path */
+    PT_TRY(OPS(m)->matmul(be, st->gate, st->xn, T, &L->w_gate, 0));
+    PT_TRY(OPS(m)->matmul(be, st->up, st->xn, T, &L->w_up, 0));
+    PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
+    PT_TRY(OPS(m)->matmul(be, st->y2, st->act, T, &L->w_down, 0));
+    PT_TRY(OPS(m)->rms_norm(be, st->y2, st->y2, NULL, T, H, L->post_ffn_norm_1, n->norm_type, L->norm_style, n->eps));
+    /* router on the un-normed residual stream */
+    PT_TRY(OPS(m)->rms_norm(be, st->xr, st->x, NULL, T, H, L->router_in_scale, PT_FT_F32, PT_RMS_W_F32, n->eps));
+    PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xr, T, &L->router, 0));
+    if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
+    PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
+    /* experts on their own pre-norm */
+    PT_TRY(OPS(m)->rms_norm(be, st->xr, st->x, NULL, T, H, L->pre_ffn_norm_2, n->norm_type, L->norm_style, n->eps));
+    PT_TRY(OPS(m)->moe_ffn(be, st->y, st->xr, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
+                           &L->ex_down, L->glu));
+    PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm_2, n->norm_type, L->norm_style, n->eps));
+    return OPS(m)->add(be, st->y, st->y2, st->y, (int64_t)T * H);
 }
 
 /* Feed-forward of one layer: st->xn (normed) -> st->y [T, H]. */
@@ -110,11 +149,44 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, in
         PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
         return OPS(m)->matmul(be, st->y, st->act, T, &L->w_down, 0);
     }
+    if (L->moe_dense) return ffn_gemma4(m, st, L, l, T, pos0);
     PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xn, T, &L->router, 0));
     if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
     PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
     return OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
                            &L->ex_down, L->glu);
+}
+
+/* Gemma 4 per-layer inputs for the chunk, from the embedding output st->x:
+ * ple[T, L, pd] = (norm(proj(x)·H^-0.5) + table[ids]·sqrt(pd)) · 2^-0.5. */
+static pt_status ple_inputs(pt_model *m, pt_fwd_state *st, int T) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    const int64_t LP = (int64_t)n->n_layers * n->ple_dim;
+    PT_TRY(OPS(m)->embed(be, st->ple, st->ids_dev, T, &n->ple_embed, n->ple_embed_scale));
+    PT_TRY(OPS(m)->matmul(be, st->ple2, st->x, T, &n->ple_model_proj, 0));
+    PT_TRY(OPS(m)->scale(be, st->ple2, st->ple2, n->ple_proj_scale, (int64_t)T * LP));
+    PT_TRY(OPS(m)->rms_norm(be, st->ple2, st->ple2, NULL, (int64_t)T * n->n_layers, n->ple_dim, n->ple_proj_norm,
+                            n->norm_type, n->layers[0].norm_style, n->eps));
+    PT_TRY(OPS(m)->add(be, st->ple, st->ple2, st->ple, (int64_t)T * LP));
+    return OPS(m)->scale(be, st->ple, st->ple, n->ple_input_scale, (int64_t)T * LP);
+}
+
+/* The per-layer input gate of layer l, added to the residual stream:
+ * x += norm(proj(gelu(gate(x)) ⊙ ple[:, l, :])). The layer's slice of ple
+ * has row stride L·pd while the gate's rows are pd apart, so the gated
+ * product runs one token at a time (pd is small: 256 in E2B/E4B). */
+static pt_status ple_gate(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    const int64_t pd = n->ple_dim, LP = (int64_t)n->n_layers * pd, H = n->hidden;
+    PT_TRY(OPS(m)->matmul(be, st->pg, st->x, T, &L->ple_gate, 0));
+    for (int t = 0; t < T; t++)
+        PT_TRY(OPS(m)->glu(be, st->pa + (size_t)t * pd, st->pg + (size_t)t * pd, st->ple + (size_t)t * LP + (size_t)l * pd,
+                           1, pd, pd, PT_GLU_GELU_TANH));
+    PT_TRY(OPS(m)->matmul(be, st->y, st->pa, T, &L->ple_proj, 0));
+    PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->ple_post_norm, n->norm_type, L->norm_style, n->eps));
+    return OPS(m)->add(be, st->x, st->x, st->y, (int64_t)T * H);
 }
 
 static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int64_t n) {
@@ -134,17 +206,26 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
     PT_TRY(OPS(m)->embed(be, st->x, st->ids_dev, T, &n->embed, n->embed_scale));
     if (m->hidden_cb) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
+    if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, T));
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
         const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
         PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, L->norm_style, n->eps));
+        const int own_kv = !L->kv_shared;
+        pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
         PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
-        PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
-        PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
+        if (own_kv) PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
+        if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
+            PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
+        else if (own_kv)
+            PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
+        if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
+            PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
+                                    n->eps));
         if (L->q_norm)
             PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, L->qk_style,
                                     n->eps));
-        if (L->k_norm)
+        if (own_kv && L->k_norm)
             PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
                                     L->qk_style, n->eps));
         pt_rope rope = L->rope;
@@ -154,11 +235,14 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
             rope.attn_scale = L->attn_long_scale;
         }
         PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
-        PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
-        PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+        if (own_kv) {
+            PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
+            PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+        }
         pt_attn attn = L->attn;
         attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
-        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, &st->kv[l], &attn));
+        /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
+        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
         PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
@@ -170,6 +254,8 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm, n->norm_type, L->norm_style,
                                     n->eps));
         PT_TRY(residual(m, st, L, (int64_t)T * H));
+        if (L->ple_gate.rows) PT_TRY(ple_gate(m, st, L, l, T));
+        if (L->has_layer_scalar) PT_TRY(OPS(m)->scale(be, st->x, st->x, L->layer_scalar, (int64_t)T * H));
         if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
     /* quantized KV: convert the caches once they hold quantized_kv_start tokens */
@@ -218,6 +304,7 @@ int64_t pt_net_decode_bytes(const pt_net *n) {
 int64_t pt_net_kv_bytes_per_token(const pt_net *n) {
     int64_t b = 0;
     for (int l = 0; l < n->n_layers; l++)
-        b += 2 * (int64_t)n->layers[l].n_kv * n->layers[l].head_dim * (int64_t)pt_ftype_size(n->kv_dtype);
+        if (!n->layers[l].kv_shared) /* KV-shared layers own no cache */
+            b += 2 * (int64_t)n->layers[l].n_kv * n->layers[l].head_dim * (int64_t)pt_ftype_size(n->kv_dtype);
     return b;
 }

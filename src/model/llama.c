@@ -300,20 +300,18 @@ static pt_status bind_experts(pt_model *m, pt_matrix *dst, const pt_weight *ex, 
 static pt_status check_layer(const pt_model_spec *sp, const pt_layer_spec *L) {
     const char *what = NULL;
     if (L->kind == PT_LAYER_LINEAR) what = "linear-attention (Gated DeltaNet) layers";
-    else if (!L->has_kv || L->kv_donor != L->index) what = "KV-shared layers";
-    else if (L->k_eq_v) what = "attention_k_eq_v";
+    else if (!L->has_kv && (L->kv_donor < 0 || L->kv_donor >= L->index)) what = "this KV donor";
     else if (L->attn_output_gate) what = "the attention output gate";
-    else if (L->v_norm != PT_NORM_NONE) what = "a value norm";
+    else if (L->v_norm != PT_NORM_NONE && L->v_norm != PT_NORM_NOSCALE) what = "this value norm";
     else if (L->norm_style != PT_NORM_W && L->norm_style != PT_NORM_1PW) what = "this block norm style";
     else if ((L->q_norm != PT_NORM_NONE && L->q_norm != PT_NORM_W && L->q_norm != PT_NORM_1PW) ||
              (L->k_norm != PT_NORM_NONE && L->k_norm != PT_NORM_W && L->k_norm != PT_NORM_1PW))
         what = "this QK-norm style";
     else if (L->act != PT_ACT_SILU && L->act != PT_ACT_GELU_TANH) what = "this activation";
-    else if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK) what = "this MoE router";
+    else if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK && L->router != PT_ROUTER_GEMMA4)
+        what = "this MoE router";
     else if (L->shared_expert_intermediate > 0) what = "a shared expert";
-    else if (L->moe_parallel_dense) what = "a parallel dense + MoE block";
-    else if (L->has_layer_scalar) what = "layer scalars";
-    else if (L->has_ple) what = "per-layer inputs";
+    else if (L->moe_parallel_dense != (L->router == PT_ROUTER_GEMMA4)) what = "this parallel dense + MoE block";
     else if (L->rope_dims > L->head_dim || L->rope_dims % 2) what = "this rotary dimension";
     if (what)
         return pt_error(PT_ERR_UNSUPPORTED, "%s layer %d: %s are not implemented in petrel's engine yet",
@@ -326,8 +324,10 @@ pt_status pt_net_build(pt_model *m) {
     pt_net *n = &m->net;
     memset(n, 0, sizeof *n);
     const char *unsup = NULL;
-    if (sp->ple_dim > 0) unsup = "per-layer embeddings";
+    if (sp->ple_dim > 0 && sp->ple_vocab < sp->vocab) unsup = "a per-layer embedding smaller than the vocabulary";
     else if (sp->final_norm_style != PT_NORM_W && sp->final_norm_style != PT_NORM_1PW) unsup = "this final norm";
+    /* Gemma 4's plain-weight norms multiply in f32 before rounding (Gemma4RMSNorm) */
+    const pt_rms_style w_style = sp->arch == PT_ARCH_GEMMA4 ? PT_RMS_W_F32 : PT_RMS_W;
     if (unsup)
         return pt_error(PT_ERR_UNSUPPORTED, "%s: %s is not implemented in petrel's engine yet", pt_arch_name(sp->arch),
                         unsup);
@@ -339,7 +339,7 @@ pt_status pt_net_build(pt_model *m) {
     n->embed_scale = sp->embed_scale;
     /* Gemma multiplies by sqrt(H) held in the activation dtype */
     if (sp->embed_scale_round_to_dtype && m->be->act == PT_ACT_BF16) n->embed_scale = pt_round_bf16(sp->embed_scale);
-    n->final_style = sp->final_norm_style == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
+    n->final_style = sp->final_norm_style == PT_NORM_1PW ? PT_RMS_1PW : w_style;
     n->final_softcap = sp->final_softcap;
     n->logit_scale = sp->logit_scale;
     n->kv_dtype = m->be->act == PT_ACT_BF16 ? PT_FT_BF16 : PT_FT_F32;
@@ -356,6 +356,18 @@ pt_status pt_net_build(pt_model *m) {
         PT_TRY(bind(m, &n->lm_head, &sp->lm_head, NULL, sp->vocab, H, "lm_head"));
     }
     PT_TRY(upload_vec(m, &sp->final_norm, H, &n->final_norm, n->norm_type, "model.norm"));
+    if (sp->ple_dim > 0) { /* Gemma 4 per-layer inputs */
+        const int64_t LP = (int64_t)sp->n_layers * sp->ple_dim;
+        n->ple_dim = sp->ple_dim;
+        PT_TRY(bind(m, &n->ple_embed, &sp->ple_embed, NULL, sp->ple_vocab, LP, "model.embed_tokens_per_layer"));
+        PT_TRY(bind(m, &n->ple_model_proj, &sp->ple_model_proj, NULL, LP, H, "model.per_layer_model_projection"));
+        PT_TRY(upload_vec(m, &sp->ple_proj_norm, sp->ple_dim, &n->ple_proj_norm, n->norm_type,
+                          "model.per_layer_projection_norm"));
+        /* like the main embedding, the table's multiplier is held in the activation dtype */
+        n->ple_embed_scale = m->be->act == PT_ACT_BF16 ? pt_round_bf16(sp->ple_embed_scale) : sp->ple_embed_scale;
+        n->ple_proj_scale = sp->ple_proj_scale;
+        n->ple_input_scale = sp->ple_input_scale;
+    }
     for (int l = 0; l < sp->n_layers; l++) {
         const pt_layer_spec *S = &sp->layers[l];
         pt_layer *L = &n->layers[l];
@@ -367,8 +379,19 @@ pt_status pt_net_build(pt_model *m) {
         const int64_t qd = (int64_t)S->n_heads * S->head_dim, kd = (int64_t)S->n_kv_heads * S->head_dim;
 #define NAME(s) (snprintf(what, sizeof what, "model.layers.%d.%s", l, s), what)
         PT_TRY(upload_vec(m, &w->input_norm, H, &L->attn_norm, n->norm_type, NAME("input_layernorm")));
-        L->norm_style = S->norm_style == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
-        L->qk_style = S->q_norm == PT_NORM_1PW ? PT_RMS_1PW : PT_RMS_W;
+        L->norm_style = S->norm_style == PT_NORM_1PW ? PT_RMS_1PW : w_style;
+        L->qk_style = S->q_norm == PT_NORM_1PW ? PT_RMS_1PW : w_style;
+        L->k_eq_v = S->k_eq_v;
+        L->v_norm = S->v_norm == PT_NORM_NOSCALE;
+        L->has_layer_scalar = S->has_layer_scalar;
+        if (S->has_layer_scalar) {
+            const pt_weight *ls = &w->layer_scalar;
+            if (!ls->data || ls->bits)
+                return pt_error(PT_ERR_FORMAT, "%s: layer_scalar is missing or quantized", NAME("layer_scalar"));
+            L->layer_scalar = ls->dtype == PT_DTYPE_F32    ? *(const float *)ls->data
+                              : ls->dtype == PT_DTYPE_BF16 ? pt_bf16_to_f32(*(const uint16_t *)ls->data)
+                                                           : pt_f16_to_f32(*(const uint16_t *)ls->data);
+        }
         L->glu = S->act == PT_ACT_GELU_TANH ? PT_GLU_GELU_TANH : PT_GLU_SILU;
         L->sandwich = S->sandwich_norms;
         if (S->sandwich_norms) {
@@ -382,8 +405,18 @@ pt_status pt_net_build(pt_model *m) {
             PT_TRY(upload_vec(m, &w->post_attn_norm, H, &L->ffn_norm, n->norm_type, NAME("post_attention_layernorm")));
         }
         PT_TRY(bind(m, &L->wq, &w->q_proj, &w->q_bias, qd, H, NAME("self_attn.q_proj")));
-        PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
-        PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
+        L->kv_shared = !S->has_kv;
+        L->kv_src = S->has_kv ? l : S->kv_donor;
+        if (S->has_kv) { /* a KV-shared layer reads its donor's cache and has no K/V projections */
+            PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
+            if (!S->k_eq_v) PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
+        }
+        if (S->has_ple) {
+            PT_TRY(bind(m, &L->ple_gate, &w->ple_gate, NULL, sp->ple_dim, H, NAME("per_layer_input_gate")));
+            PT_TRY(bind(m, &L->ple_proj, &w->ple_proj, NULL, H, sp->ple_dim, NAME("per_layer_projection")));
+            PT_TRY(upload_vec(m, &w->ple_post_norm, H, &L->ple_post_norm, n->norm_type,
+                              NAME("post_per_layer_input_norm")));
+        }
         PT_TRY(bind(m, &L->wo, &w->o_proj, &w->o_bias, H, qd, NAME("self_attn.o_proj")));
         if (S->q_norm != PT_NORM_NONE)
             PT_TRY(upload_vec(m, &w->q_norm, S->head_dim, &L->q_norm, n->norm_type, NAME("self_attn.q_norm")));
@@ -420,7 +453,26 @@ pt_status pt_net_build(pt_model *m) {
             if (S->n_experts > n->max_experts) n->max_experts = S->n_experts;
             if (S->top_k > n->max_top_k) n->max_top_k = S->top_k;
             if (S->moe_intermediate > n->max_ffn) n->max_ffn = S->moe_intermediate;
-        } else {
+            if (S->router == PT_ROUTER_GEMMA4) {
+                /* router input rms(x)·scale·H^-0.5 as one weighted norm; per-expert output scale */
+                float *v = own(m, sizeof(float) * (size_t)(H > S->n_experts ? H : S->n_experts));
+                if (!v) return pt_error(PT_ERR_NOMEM, "out of memory");
+                pt_weight_row_f32(&w->router_scale, 0, v);
+                for (int64_t i = 0; i < H; i++) v[i] *= (float)(1.0 / sqrt((double)H));
+                PT_TRY(upload_floats(m, v, H, &L->router_in_scale));
+                pt_weight_row_f32(&w->router_per_expert_scale, 0, v);
+                PT_TRY(upload_floats(m, v, S->n_experts, &L->route.per_expert_scale));
+                L->route.renorm = 1;
+                L->moe_dense = 1;
+                PT_TRY(upload_vec(m, &w->post_ffn_norm_1, H, &L->post_ffn_norm_1, n->norm_type,
+                                  NAME("post_feedforward_layernorm_1")));
+                PT_TRY(upload_vec(m, &w->pre_ffn_norm_2, H, &L->pre_ffn_norm_2, n->norm_type,
+                                  NAME("pre_feedforward_layernorm_2")));
+                PT_TRY(upload_vec(m, &w->post_ffn_norm_2, H, &L->post_ffn_norm_2, n->norm_type,
+                                  NAME("post_feedforward_layernorm_2")));
+            }
+        }
+        if (S->mlp != PT_MLP_MOE || S->moe_parallel_dense) {
             L->ffn = S->intermediate;
             PT_TRY(bind(m, &L->w_gate, &w->gate_proj, NULL, S->intermediate, H, NAME("mlp.gate_proj")));
             PT_TRY(bind(m, &L->w_up, &w->up_proj, NULL, S->intermediate, H, NAME("mlp.up_proj")));
@@ -446,13 +498,16 @@ void pt_net_free(pt_model *m) {
     if (n->layers) {
         for (int l = 0; l < n->n_layers; l++) {
             pt_layer *L = &n->layers[l];
-            pt_matrix *ws[] = {&L->wq,     &L->wk,    &L->wv,     &L->wo,    &L->w_gate, &L->w_up,
-                               &L->w_down, &L->router, &L->ex_gate, &L->ex_up, &L->ex_down};
+            pt_matrix *ws[] = {&L->wq,     &L->wk,     &L->wv,      &L->wo,    &L->w_gate,   &L->w_up,
+                               &L->w_down, &L->router, &L->ex_gate, &L->ex_up, &L->ex_down, &L->ple_gate,
+                               &L->ple_proj};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) release(m, ws[i]);
         }
         free(n->layers);
     }
     if (!n->tied) release(m, &n->lm_head);
+    release(m, &n->ple_embed);
+    release(m, &n->ple_model_proj);
     release(m, &n->embed);
     for (int i = 0; i < m->n_dev; i++) OPS(m)->dealloc(m->be, m->dev_list[i]);
     free(m->dev_list);
@@ -485,7 +540,8 @@ pt_status pt_model_spec_open(const pt_model_dir *md, const pt_tensor_set *ts, pt
     case PT_ARCH_QWEN3_MOE:
     case PT_ARCH_MINICPM:
     case PT_ARCH_GEMMA2:
-    case PT_ARCH_GEMMA3: return PT_OK;
+    case PT_ARCH_GEMMA3:
+    case PT_ARCH_GEMMA4: return PT_OK; /* Gemma 4 variants with features not implemented are refused by pt_net_build */
     default:
         return pt_error(PT_ERR_UNSUPPORTED, "model family %s is not supported by petrel's engine yet (llama, qwen2, "
                                             "qwen3, qwen3_moe, minicpm, gemma2 and gemma3 are)",

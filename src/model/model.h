@@ -57,6 +57,21 @@ typedef struct pt_layer {
     int64_t moe_ffn;
     /* MiniCPM: residual branch scale (scale_depth / sqrt(L)); 1 = plain add */
     float residual_scale;
+    /* Gemma 4 */
+    int k_eq_v;                   /* no v_proj: V is the raw k_proj output (full layers of 31B / 26B-A4B) */
+    int v_norm;                   /* V rows RMS-normalised without a weight */
+    int has_layer_scalar;         /* the residual stream is multiplied by layer_scalar after the layer */
+    float layer_scalar;
+    /* Gemma 4 MoE block: the dense MLP (w_gate/w_up/w_down, ffn) runs beside the experts:
+     * y = post_ffn_norm(post_ffn_norm_1(dense(ffn_norm(x))) + post_ffn_norm_2(experts(pre_ffn_norm_2(x)))),
+     * routed on rms(x)·router_in_scale (router.scale · H^-0.5, f32) */
+    int moe_dense;
+    const void *post_ffn_norm_1, *pre_ffn_norm_2, *post_ffn_norm_2; /* [H] */
+    const float *router_in_scale; /* [H] f32; NULL = route on ffn_norm(x) */
+    int kv_shared;                /* KV-shared: computes only Q, owns no cache, attends over layer kv_src's */
+    int kv_src;
+    pt_matrix ple_gate, ple_proj; /* per-layer input gate [pd, H] and projection [H, pd]; rows 0 = none */
+    const void *ple_post_norm;    /* [H] */
 } pt_layer;
 
 typedef struct pt_net {
@@ -75,6 +90,12 @@ typedef struct pt_net {
     int tied;
     float logit_scale;            /* MiniCPM 1/(H/dim_model_base); 1 otherwise */
     pt_ftype kv_dtype;            /* KV storage: the activation dtype */
+    /* Gemma 4 per-layer inputs (ple_dim 0 = none) */
+    int ple_dim;
+    pt_matrix ple_embed;          /* [V, L*pd] */
+    pt_matrix ple_model_proj;     /* [L*pd, H] */
+    const void *ple_proj_norm;    /* [pd] */
+    float ple_embed_scale, ple_proj_scale, ple_input_scale;
     /* sizes of the largest buffers */
     int max_heads, max_kv, max_head_dim;
     int64_t max_ffn;              /* largest dense or MoE intermediate size */
@@ -132,6 +153,9 @@ typedef struct pt_fwd_state {
     int32_t *ids_dev, *pos_dev;     /* [chunk] */
     int32_t *pos_host;              /* [chunk] */
     float *logits;                  /* [logit_rows, V] */
+    float *y2, *xr;                 /* [chunk, H] Gemma 4 MoE: second branch output, router input */
+    float *ple, *ple2;              /* Gemma 4 per-layer inputs [chunk, L*pd] and scratch */
+    float *pg, *pa;                 /* [chunk, pd] per-layer gate and act(gate)·input */
     int logit_rows;
 } pt_fwd_state;
 

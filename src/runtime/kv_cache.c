@@ -63,6 +63,7 @@ pt_status pt_kv_cache_init(pt_model *m, pt_kv_cache *c, pt_kv_layer *live, int n
     pt_status s = PT_OK;
     for (int l = 0; l < n->n_layers && s == PT_OK; l++) {
         const pt_layer *L = &n->layers[l];
+        if (L->kv_shared) continue; /* KV-shared: reads its donor's cache, owns none */
         int64_t cap = pt_kv_layer_capacity(n, l, n_ctx, chunk);
         int bits, gs;
         pt_kv_layer_quant(m, l, &bits, &gs);
