@@ -974,13 +974,47 @@ static void run_pipeline(pt_backend *be, float *out_mm, float *out_attn) {
     run_attn_case(be, &c, out_attn);
 }
 
+static void test_quantized_kv_threads(void) {
+    /* quantized-KV attention: same bits for 1 and 3 threads */
+    float out[2][5 * 8 * 64];
+    for (int i = 0; i < 2; i++) {
+        pt_backend *be = mk(i ? 3 : 1, PT_ACT_BF16, PT_ISA_AUTO);
+        REQUIRE(be, "backend");
+        rng_state = 777;
+        int nh = 8, nkv = 2, hd = 64, T = 5, S = 25, gs = 64, ng = 1;
+        float *K = malloc(sizeof(float) * S * nkv * hd), *V = malloc(sizeof(float) * S * nkv * hd);
+        float *q = malloc(sizeof(float) * T * nh * hd);
+        fill_bf16vals(K, S * nkv * hd, -1, 1);
+        fill_bf16vals(V, S * nkv * hd, -1, 1);
+        fill_bf16vals(q, T * nh * hd, -1, 1);
+        pt_kv_layer kv = {.n_kv = nkv, .head_dim = hd, .capacity = S, .dtype = PT_FT_BF16, .bits = 4, .group_size = gs};
+        kv.k = be->ops->alloc(be, 4 * (size_t)S * nkv * hd / 8);
+        kv.v = be->ops->alloc(be, 4 * (size_t)S * nkv * hd / 8);
+        kv.k_scales = be->ops->alloc(be, 2 * (size_t)S * nkv * ng);
+        kv.k_biases = be->ops->alloc(be, 2 * (size_t)S * nkv * ng);
+        kv.v_scales = be->ops->alloc(be, 2 * (size_t)S * nkv * ng);
+        kv.v_biases = be->ops->alloc(be, 2 * (size_t)S * nkv * ng);
+        int32_t pos[25];
+        for (int j = 0; j < S; j++) pos[j] = j;
+        be->ops->kv_append(be, &kv, K, V, S, pos);
+        pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
+        REQUIRE(be->ops->attention(be, out[i], q, T, pos + S - T, &kv, &p) == PT_OK, "attention");
+        void *bufs[] = {kv.k, kv.v, kv.k_scales, kv.k_biases, kv.v_scales, kv.v_biases};
+        for (int b = 0; b < 6; b++) be->ops->dealloc(be, bufs[b]);
+        free(K), free(V), free(q);
+        pt_backend_free(&be);
+    }
+    CHECK(memcmp(out[0], out[1], sizeof out[0]) == 0, "quantized-KV attention differs between 1 and 3 threads");
+}
+
 static void test_threads_bit_identical(void) {
     float mm[3][8 * 301 + 129], at[3][5 * 8 * 64];
     int nths[3] = {1, 2, 3};
-    for (int am = 0; am < 2; am++) {
+    for (int am = 0; am < 3; am++) { /* f32, bf16, bf16 with the int8-activation lever */
         for (int i = 0; i < 3; i++) {
-            pt_backend *be = mk(nths[i], am ? PT_ACT_BF16 : PT_ACT_F32, PT_ISA_AUTO);
-            REQUIRE(be, "backend");
+            pt_backend *be = NULL;
+            pt_cpu_params cp = {.n_threads = nths[i], .act = am ? PT_ACT_BF16 : PT_ACT_F32, .int8_act = am == 2};
+            REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "backend");
             run_pipeline(be, mm[i], at[i]);
             pt_backend_free(&be);
         }
@@ -1027,5 +1061,6 @@ int main(void) {
     TEST_RUN(test_moe_ffn);
     TEST_RUN(test_argmax);
     TEST_RUN(test_threads_bit_identical);
+    TEST_RUN(test_quantized_kv_threads);
     return test_summary();
 }
