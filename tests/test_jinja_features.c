@@ -215,6 +215,32 @@ static void test_numbers_from_json(void) {
     pt_chat_template_free(&t);
 }
 
+static void test_render_chat(void) {
+    const char *src = "{{ bos_token }}|{{ eos_token }}|{% for m in messages %}{{ m.content }}{% endfor %}|"
+                      "{{ add_generation_prompt }}|{{ tools|tojson if tools is defined }}|{{ enable_thinking is defined }}";
+    pt_chat_template *t = NULL;
+    REQUIRE(pt_chat_template_from_string(src, strlen(src), "chat", &t) == PT_OK, "%s", pt_last_error());
+    char *out = NULL;
+    const char *msgs = "[{\"role\": \"user\", \"content\": \"q\\\"\"}]";
+    const char *extra = " { \"tools\": [{\"default\": 1.0, \"n\": 2}], \"eos_token\": \"E\", "
+                        "\"messages\": [], \"add_generation_prompt\": false } ";
+    REQUIRE(pt_chat_template_render_chat(t, msgs, 1, extra, "<\"b\">", "e", NULL, &out, NULL) == PT_OK, "%s",
+            pt_last_error());
+    CHECK(!strcmp(out, "<\"b\">|E|q\"|True|[{\"default\": 1.0, \"n\": 2}]|False"), "got %s", out);
+    free(out);
+    REQUIRE(pt_chat_template_render_chat(t, "[]", 0, NULL, NULL, NULL, NULL, &out, NULL) == PT_OK, "%s",
+            pt_last_error());
+    CHECK(!strcmp(out, "|||False||False"), "got %s", out);
+    free(out);
+    CHECK(pt_chat_template_render_chat(t, "{}", 0, NULL, NULL, NULL, NULL, &out, NULL) == PT_ERR_INVALID_ARG,
+          "messages must be an array");
+    CHECK(pt_chat_template_render_chat(t, "[]", 0, "[1]", NULL, NULL, NULL, &out, NULL) == PT_ERR_INVALID_ARG,
+          "extra must be an object");
+    CHECK(pt_chat_template_render_chat(t, "[]", 0, "{}", NULL, NULL, NULL, &out, NULL) == PT_OK, "empty extra");
+    free(out);
+    pt_chat_template_free(&t);
+}
+
 static void test_error_has_line(void) {
     pt_jinja_template *t = NULL;
     const char *src = "line1\n{% if true %}\n{{ raise_exception('boom') }}\n{% endif %}";
@@ -256,6 +282,7 @@ int main(void) {
     run_features();
     TEST_RUN(test_model_dir_loading);
     TEST_RUN(test_numbers_from_json);
+    TEST_RUN(test_render_chat);
     TEST_RUN(test_error_has_line);
     TEST_RUN(test_resource_limits);
     return test_summary();

@@ -245,6 +245,104 @@ pt_status pt_chat_template_render_json(const pt_chat_template *t, const char *va
     return pt_jinja_render(tmpl, &v, out, out_len);
 }
 
+/* Appends s as a JSON string literal. */
+static int put_json_str(char **buf, size_t *n, size_t *cap, const char *s) {
+    size_t need = *n + strlen(s) * 6 + 3;
+    if (need > *cap) {
+        size_t c = *cap * 2 > need ? *cap * 2 : need;
+        char *nb = realloc(*buf, c);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = c;
+    }
+    char *o = *buf + *n;
+    *o++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            *o++ = '\\';
+            *o++ = (char)*p;
+        } else if (*p < 0x20) o += sprintf(o, "\\u%04x", *p);
+        else *o++ = (char)*p;
+    }
+    *o++ = '"';
+    *n = (size_t)(o - *buf);
+    return 0;
+}
+
+static int put_raw(char **buf, size_t *n, size_t *cap, const char *s, size_t len) {
+    if (*n + len + 1 > *cap) {
+        size_t c = *cap * 2 > *n + len + 1 ? *cap * 2 : *n + len + 1;
+        char *nb = realloc(*buf, c);
+        if (!nb) return -1;
+        *buf = nb;
+        *cap = c;
+    }
+    memcpy(*buf + *n, s, len);
+    *n += len;
+    return 0;
+}
+
+pt_status pt_chat_template_render_chat(const pt_chat_template *t, const char *messages_json,
+                                       int add_generation_prompt, const char *extra_json,
+                                       const char *bos_token, const char *eos_token,
+                                       const struct tm *now, char **out, size_t *out_len) {
+    *out = NULL;
+    /* validate the pieces (cJSON), then splice their text into one object so
+     * that the exact parser sees the caller's numbers as written:
+     * {bos, eos, <extra members>, "messages": ..., "add_generation_prompt": ...}
+     * — a later key wins, so extra overrides the tokens and the arguments win. */
+    cJSON *m = messages_json ? cJSON_Parse(messages_json) : NULL;
+    int ok = cJSON_IsArray(m);
+    cJSON_Delete(m);
+    if (!ok) return pt_error(PT_ERR_INVALID_ARG, "chat messages: expected a JSON array of {\"role\", \"content\"}");
+    const char *inner = NULL;
+    size_t inner_len = 0;
+    if (extra_json) {
+        cJSON *e = cJSON_Parse(extra_json);
+        ok = cJSON_IsObject(e);
+        cJSON_Delete(e);
+        if (!ok) return pt_error(PT_ERR_INVALID_ARG, "chat variables: expected a JSON object");
+        const char *b = strchr(extra_json, '{'), *end = strrchr(extra_json, '}');
+        if (b && end && end > b) {
+            inner = b + 1;
+            inner_len = (size_t)(end - inner);
+            while (inner_len && (inner[0] == ' ' || inner[0] == '\n' || inner[0] == '\t' || inner[0] == '\r'))
+                inner++, inner_len--;
+        }
+    }
+    if (!bos_token) bos_token = pt_chat_template_bos(t);
+    if (!eos_token) eos_token = pt_chat_template_eos(t);
+    size_t n = 0, cap = 256 + strlen(messages_json) + (extra_json ? strlen(extra_json) : 0);
+    char *buf = malloc(cap);
+    int rc = buf ? 0 : -1;
+    const char *sep = "";
+    if (!rc) rc = put_raw(&buf, &n, &cap, "{", 1);
+    if (!rc && bos_token) {
+        rc = put_raw(&buf, &n, &cap, "\"bos_token\": ", 13) || put_json_str(&buf, &n, &cap, bos_token);
+        sep = ", ";
+    }
+    if (!rc && eos_token) {
+        rc = put_raw(&buf, &n, &cap, sep, strlen(sep)) || put_raw(&buf, &n, &cap, "\"eos_token\": ", 13) ||
+             put_json_str(&buf, &n, &cap, eos_token);
+        sep = ", ";
+    }
+    if (!rc && inner_len) {
+        rc = put_raw(&buf, &n, &cap, sep, strlen(sep)) || put_raw(&buf, &n, &cap, inner, inner_len);
+        sep = ", ";
+    }
+    if (!rc) rc = put_raw(&buf, &n, &cap, sep, strlen(sep)) || put_raw(&buf, &n, &cap, "\"messages\": ", 12) ||
+                  put_raw(&buf, &n, &cap, messages_json, strlen(messages_json));
+    const char *agp = add_generation_prompt ? ", \"add_generation_prompt\": true}" : ", \"add_generation_prompt\": false}";
+    if (!rc) rc = put_raw(&buf, &n, &cap, agp, strlen(agp));
+    if (rc) {
+        free(buf);
+        return pt_error(PT_ERR_NOMEM, "out of memory");
+    }
+    pt_status st = pt_chat_template_render_json(t, buf, n, now, out, out_len);
+    free(buf);
+    return st;
+}
+
 pt_status pt_chat_template_parse_time(const char *text, struct tm *tm) {
     memset(tm, 0, sizeof *tm);
     int y, mo, d, h, mi, s;

@@ -64,6 +64,18 @@ pt_status pt_chat_template_render_json(const pt_chat_template *t, const char *va
                                        size_t len, const struct tm *now, char **out,
                                        size_t *out_len);
 
+/* The chat call in one piece, exact for numbers: messages_json (a JSON
+ * array), add_generation_prompt, and extra_json (NULL or a JSON object of
+ * more variables: tools, documents, enable_thinking, ...). bos_token /
+ * eos_token: NULL = the ones tokenizer_config.json names (when it does);
+ * extra_json's members override them; messages and add_generation_prompt
+ * always come from the arguments. Errors as pt_chat_template_render, with
+ * PT_ERR_INVALID_ARG naming which JSON argument is malformed. */
+pt_status pt_chat_template_render_chat(const pt_chat_template *t, const char *messages_json,
+                                       int add_generation_prompt, const char *extra_json,
+                                       const char *bos_token, const char *eos_token,
+                                       const struct tm *now, char **out, size_t *out_len);
+
 /* Parses "YYYY-MM-DDTHH:MM:SS" (a local time) into *tm. PT_ERR_INVALID_ARG
  * naming the text otherwise. */
 pt_status pt_chat_template_parse_time(const char *text, struct tm *tm);
