@@ -18,6 +18,7 @@
 #include "runtime/kv_cache.h"
 
 #include <math.h>
+#include <string.h>
 
 static double kl(const float *ref, const float *ours, int V) {
     double mr = -INFINITY, mo = -INFINITY, sr = 0, so = 0, k = 0;
@@ -116,7 +117,58 @@ static void test_kv_quant_goldens(void) {
     golden_close(g);
 }
 
+/* Quantized KV on rotating caches shared across layers (gemma4_e: sliding
+ * window 16, layers 2-3 read the caches of 0-1), prefill chunks of 5 so the
+ * rings wrap and the conversion happens mid-prompt, then decode steps with
+ * the fused kernel: the logits must be bit-identical for 1 and 2 threads
+ * (DESIGN.md: CPU output independent of the thread count in every tier). */
+static void run_rotating_shared(int threads, int fused, float *out, int n_steps) {
+    char err[256];
+    golden *g = golden_open_fixture("gemma4_e", err, sizeof err);
+    REQUIRE(g, "%s", err);
+    int n = 0;
+    const int32_t *ids = golden_prompt_ids(g, golden_n_prompts(g) - 1, &n);
+    pt_model_params mp = pt_model_default_params();
+    mp.device = PT_DEVICE_CPU;
+    mp.n_threads = threads;
+    mp.kv_quant = 8;
+    mp.kv_group_size = 32;
+    mp.prefill_chunk = 5;
+    mp.quantized_kv_start = 12;
+    mp.fused_decode_attn = fused ? PT_LEVER_ON : PT_LEVER_OFF;
+    pt_model *m = NULL;
+    REQUIRE(pt_model_load("tests/fixtures/gemma4_e", &mp, &m) == PT_OK, "load: %s", pt_last_error());
+    int V = pt_model_vocab_size(m);
+    pt_session *s = NULL;
+    pt_session_params sp = {.n_ctx = n + n_steps + 1};
+    REQUIRE(pt_session_create(m, &sp, &s) == PT_OK, "session: %s", pt_last_error());
+    REQUIRE(pt_session_eval_logits(s, ids, (size_t)n, out) == PT_OK, "prefill: %s", pt_last_error());
+    for (int j = 0; j < n_steps; j++) {
+        int32_t t = golden_argmax(pt_session_logits(s), V);
+        REQUIRE(pt_session_prompt(s, &t, 1) == PT_OK, "decode: %s", pt_last_error());
+        memcpy(out + (size_t)(n + j) * V, pt_session_logits(s), sizeof(float) * V);
+    }
+    pt_session_free(&s);
+    pt_model_free(&m);
+    golden_close(g);
+}
+
+static void test_kv_quant_rotating_shared_threads(void) {
+    const int n_steps = 24, rows = 44 + n_steps, V = 320;
+    float *a = calloc((size_t)rows * V, sizeof *a), *b = calloc((size_t)rows * V, sizeof *b);
+    REQUIRE(a && b, "memory");
+    for (int fused = 0; fused < 2; fused++) {
+        run_rotating_shared(1, fused, a, n_steps);
+        run_rotating_shared(2, fused, b, n_steps);
+        CHECK(!memcmp(a, b, sizeof(float) * (size_t)rows * V),
+              "gemma4_e, 8-bit KV, rings, shared caches%s: 1 and 2 threads differ", fused ? ", fused decode" : "");
+    }
+    free(a);
+    free(b);
+}
+
 int main(void) {
     TEST_RUN(test_kv_quant_goldens);
+    TEST_RUN(test_kv_quant_rotating_shared_threads);
     return test_summary();
 }

@@ -294,10 +294,14 @@ int64_t pt_net_decode_bytes(const pt_net *n) {
         if (L->is_moe) {
             int64_t ex = weight_bytes(&L->ex_gate) + weight_bytes(&L->ex_up) + weight_bytes(&L->ex_down);
             b += weight_bytes(&L->router) + ex / L->route.n_experts * L->route.top_k;
-        } else {
-            b += weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
         }
+        if (!L->is_moe || L->moe_dense) /* Gemma 4 runs the dense MLP beside the experts */
+            b += weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);
+        b += weight_bytes(&L->ple_gate) + weight_bytes(&L->ple_proj);
     }
+    /* per-layer inputs: the projection, and one row of the table per token */
+    b += weight_bytes(&n->ple_model_proj);
+    if (n->ple_embed.rows) b += weight_bytes(&n->ple_embed) / n->ple_embed.rows;
     return b;
 }
 

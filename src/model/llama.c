@@ -1,6 +1,8 @@
 /* The Llama-style decoder families — llama (Llama 3.x, MiniCPM5), qwen2,
- * qwen3, qwen3_moe, minicpm, and gemma2 / gemma3 (the same block with (1+w)
- * sandwich norms, GeGLU, soft-caps and sliding windows) — built once from the model spec into pt_net
+ * qwen3, qwen3_moe, minicpm, gemma2 / gemma3 (the same block with (1+w)
+ * sandwich norms, GeGLU, soft-caps and sliding windows) and gemma4 (plus
+ * per-layer inputs, KV sharing, v_norm, K=V, layer scalars and the MoE block
+ * beside the dense MLP; docs/gemma.md) — built once from the model spec into pt_net
  * (model.h), the structure the forward driver (forward.c) reads.
  *
  * What differs between these families is all in the spec and becomes data
@@ -8,7 +10,7 @@
  * experts (qwen3_moe), the embedding / residual / logit scales (minicpm), the
  * RoPE table of each rope type (default, linear, llama3, yarn, longrope with
  * its short and long tables). A spec feature these families never use
- * (sandwich norms, soft-caps, shared KV, linear attention, ...) is refused
+ * (linear attention, Qwen3.5's output gate, a shared expert, ...) is refused
  * with PT_ERR_UNSUPPORTED naming it, never ignored.
  *
  * Weights stay in the mapping; only three cases copy: under an explicit

@@ -5,6 +5,7 @@
 #include "runtime/kv_cache.h"
 
 #include "base/error.h"
+#include "base/log.h"
 #include "model/spec.h"
 
 #include <stdlib.h>
@@ -110,6 +111,9 @@ pt_status pt_kv_cache_init(pt_model *m, pt_kv_cache *c, pt_kv_layer *live, int n
         pt_kv_cache_free(m, c);
         return s;
     }
+    if (m->params.kv_quant == PT_KV_QUANT_CONFIG && !c->any_quant)
+        PT_LOGW("--kv-quant config: no kv_config.json entry selects a layer of this model; the KV cache stays "
+                "full precision");
     return PT_OK;
 }
 
