@@ -14,6 +14,7 @@
  * depth; for pp, the weights once per forward chunk plus the cache. bw_fraction
  * = gbps / the read bandwidth measured here (a >= 2 GiB streaming read with
  * the same number of threads). */
+#include "backend/cuda/cuda.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 
@@ -221,8 +222,14 @@ int cmd_bench(int argc, char **argv) {
     }
     int nth = c.mp.n_threads > 0 ? c.mp.n_threads : pt_cpu_count();
     double bw = 0;
-    if (!json && bw_gib) fprintf(stderr, "measuring read bandwidth (%d GiB, %d threads)...\n", bw_gib, nth);
-    if (bw_gib && pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw) != PT_OK) {
+    const int on_gpu = m->device == PT_DEVICE_CUDA;
+    if (!json && bw_gib) {
+        if (on_gpu) fprintf(stderr, "measuring read bandwidth (%d GiB of GPU memory)...\n", bw_gib);
+        else fprintf(stderr, "measuring read bandwidth (%d GiB, %d threads)...\n", bw_gib, nth);
+    }
+    /* the roofline of the device that runs the model: GPU memory on CUDA */
+    if (bw_gib && (on_gpu ? pt_cuda_read_bandwidth((size_t)bw_gib << 30, &bw)
+                          : pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw)) != PT_OK) {
         cli_fail(cmd);
         goto done;
     }

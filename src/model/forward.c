@@ -11,6 +11,7 @@
  * allocates nothing. */
 #include "model/model.h"
 
+#include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "runtime/kv_cache.h"
 
@@ -112,6 +113,8 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
+    pt_cuda_graph_free(&st->graph[0]);
+    pt_cuda_graph_free(&st->graph[1]);
     memset(st, 0, sizeof *st);
 }
 
@@ -194,16 +197,14 @@ static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int6
     return OPS(m)->add(m->be, st->x, st->x, st->y, n);
 }
 
-pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits, float *out) {
+/* The pass itself, enqueue only (capturable into a CUDA graph): embedding,
+ * layers, and with n_logits > 0 the final norm of the last n_logits rows,
+ * whose start is returned in *hn_out. The ids and positions are already in
+ * st->ids_dev / st->pos_dev. */
+static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_logits, float **hn_out) {
     const pt_net *n = &m->net;
     pt_backend *be = m->be;
     const int64_t H = n->hidden;
-    if (T < 1 || T > st->chunk || n_logits < 0 || n_logits > T || pos0 < 0 || pos0 + T > st->n_ctx)
-        return pt_error(PT_ERR_INTERNAL, "forward: bad call (T %d, chunk %d, pos0 %d, n_ctx %d, logits %d)", T,
-                        st->chunk, pos0, st->n_ctx, n_logits);
-    for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
-    PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
-    PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
     PT_TRY(OPS(m)->embed(be, st->x, st->ids_dev, T, &n->embed, n->embed_scale));
     if (m->hidden_cb) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
     if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, T));
@@ -258,8 +259,7 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
         if (L->has_layer_scalar) PT_TRY(OPS(m)->scale(be, st->x, st->x, L->layer_scalar, (int64_t)T * H));
         if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
-    /* quantized KV: convert the caches once they hold quantized_kv_start tokens */
-    PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + T));
+    *hn_out = NULL;
     if (n_logits == 0) return PT_OK;
     /* only the rows that need logits: the final norm and the lm_head */
     const int r0 = T - n_logits;
@@ -268,11 +268,69 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
                             n->final_style, n->eps));
     if (m->hidden_cb) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
     if (n->logit_scale != 1.0f) PT_TRY(OPS(m)->scale(be, hn, hn, n->logit_scale, (int64_t)n_logits * H));
+    *hn_out = hn;
+    return PT_OK;
+}
+
+/* Logits of nb rows starting at hn into st->logits (enqueue only). */
+static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const float *hn, int nb) {
+    const pt_net *n = &m->net;
+    PT_TRY(OPS(m)->matmul(m->be, st->logits, hn, nb, &n->lm_head, 0));
+    if (n->final_softcap > 0)
+        PT_TRY(OPS(m)->softcap(m->be, st->logits, st->logits, n->final_softcap, (int64_t)nb * n->vocab));
+    return PT_OK;
+}
+
+/* CUDA compiled decode (DESIGN.md "Compiled decode"): a single-token step is
+ * captured once into a CUDA graph and replayed for every later token; the
+ * kernels read the token id and position from device memory, so only the
+ * uploads before and the logits download after run outside the graph.
+ * Replay is bit-identical to eager execution (tests/cuda test_graph_replay).
+ * Not used with the debug callbacks, which read activations on the host. */
+static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float *out) {
+    const pt_net *n = &m->net;
+    int use_long = 0;
+    for (int l = 0; l < n->n_layers; l++)
+        if (n->layers[l].inv_freq_long && (int64_t)pos0 + 1 > n->layers[l].rope_switch_len) use_long = 1;
+    if (!st->graph[use_long]) {
+        PT_TRY(pt_cuda_graph_begin(m->be));
+        float *hn = NULL;
+        pt_status s = fwd_body(m, st, 1, pos0, 1, &hn);
+        if (s == PT_OK) s = fwd_logits(m, st, hn, 1);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());
+        pt_status e = pt_cuda_graph_end(m->be, &st->graph[use_long]);
+        if (s != PT_OK) return pt_error(s, "compiled decode: capturing the step: %s", msg);
+        PT_TRY(e);
+    }
+    PT_TRY(pt_cuda_graph_launch(m->be, st->graph[use_long]));
+    PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1));
+    return OPS(m)->download(m->be, out, st->logits, (size_t)n->vocab * 4);
+}
+
+pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits, float *out) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    const int64_t H = n->hidden;
+    if (T < 1 || T > st->chunk || n_logits < 0 || n_logits > T || pos0 < 0 || pos0 + T > st->n_ctx)
+        return pt_error(PT_ERR_INTERNAL, "forward: bad call (T %d, chunk %d, pos0 %d, n_ctx %d, logits %d)", T,
+                        st->chunk, pos0, st->n_ctx, n_logits);
+    for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
+    PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
+    PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
+    /* A graph bakes the cache descriptors in: not with quantized KV, whose
+     * conversion swaps them. */
+    if (T == 1 && n_logits == 1 && m->device == PT_DEVICE_CUDA && m->params.compiled_decode == PT_LEVER_ON &&
+        !m->hidden_cb && !m->route_cb && !st->cache->any_quant)
+        return fwd_decode_graph(m, st, pos0, out);
+    float *hn = NULL;
+    PT_TRY(fwd_body(m, st, T, pos0, n_logits, &hn));
+    /* quantized KV: convert the caches once they hold quantized_kv_start
+     * tokens (the logits below do not read the caches) */
+    PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + T));
     for (int r = 0; r < n_logits; r += st->logit_rows) {
         int nb = n_logits - r < st->logit_rows ? n_logits - r : st->logit_rows;
-        PT_TRY(OPS(m)->matmul(be, st->logits, hn + (size_t)r * H, nb, &n->lm_head, 0));
-        if (n->final_softcap > 0)
-            PT_TRY(OPS(m)->softcap(be, st->logits, st->logits, n->final_softcap, (int64_t)nb * n->vocab));
+        PT_TRY(fwd_logits(m, st, hn + (size_t)r * H, nb));
         PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
     }
     return PT_OK;

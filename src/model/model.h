@@ -157,6 +157,9 @@ typedef struct pt_fwd_state {
     float *ple, *ple2;              /* Gemma 4 per-layer inputs [chunk, L*pd] and scratch */
     float *pg, *pa;                 /* [chunk, pd] per-layer gate and act(gate)·input */
     int logit_rows;
+    /* CUDA compiled decode: the captured single-token step, one per RoPE
+     * table in use (longrope switches tables past its original context). */
+    struct pt_cuda_graph *graph[2];
 } pt_fwd_state;
 
 /* Sizes the state for n_ctx tokens and reserves the backend's scratch. */

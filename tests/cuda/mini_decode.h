@@ -117,7 +117,7 @@ static inline pt_status mini_step(mini_model *m) {
     const mini_shape *s = &m->s;
     int H = s->hidden, D = s->head_dim, nq = s->heads * D, nk = s->kv_heads * D;
     pt_rope rope = {D, m->inv_freq, 1.0f};
-    pt_attn at = {s->heads, D, 1.0f / sqrtf((float)D), 0.0f, 0};
+    pt_attn at = {.n_heads = s->heads, .head_dim = D, .scale = 1.0f / sqrtf((float)D)};
     PT_TRY(op->embed(be, m->res, m->id, 1, &m->embed, 1.0f));
     /* zero residual add for layer 0: res holds the embedding, x = 0 */
     PT_TRY(op->scale(be, m->x, m->res, 0.0f, H));
