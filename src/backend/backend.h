@@ -177,6 +177,28 @@ typedef struct pt_moe_route {
     const float *per_expert_scale; /* NULL = none */
 } pt_moe_route;
 
+/* The gated delta rule of a Gated DeltaNet layer (Qwen3.5). Per token t and
+ * value head h (key head kh = h / (Hv/Hk)), all in f32:
+ *   q = l2norm(q_kh)·q_scale, k = l2norm(k_kh), l2norm(x) = x·rsqrt(Σx² + 1e-6)
+ *   β = σ(b[h]),  g = −exp(A_log[h])·softplus(a[h] + dt_bias[h]),  α = exp(g)
+ *   S ← α·S;  δ = β·(v − Sᵀk);  S ← S + k⊗δ;  o = Sᵀq      (S: [Dk, Dv])
+ * chunk == 0 runs exactly that, token by token. chunk > 0 (64 in the
+ * reference) runs the same recurrence in chunked (WY) form for prefill:
+ * equal up to f32 rounding (tests/test_deltanet.c). bf16 mode rounds the
+ * normalized q and k and β (the reference computes them in bf16) and the
+ * output. */
+typedef struct pt_delta {
+    int n_k_heads, n_v_heads; /* Hk, Hv (Hv a multiple of Hk) */
+    int k_dim, v_dim;         /* Dk, Dv */
+    float q_scale;            /* Dk^-0.5 */
+    const float *A_log;       /* backend memory f32 [Hv] */
+    const float *dt_bias;     /* backend memory f32 [Hv] */
+    int chunk;                /* 0 = token by token; else the chunk length */
+} pt_delta;
+
+/* Largest conv1d kernel conv1d_silu takes. */
+#define PT_CONV_MAX_K 16
+
 /* Scratch limits, reserved once before the forward pass (ops allocate
  * nothing per call). Zero fields mean "not used". */
 typedef struct pt_backend_limits {
@@ -295,6 +317,40 @@ typedef struct pt_backend_ops {
     /* out[t] = index of the largest x[t, 0..V) (first one on ties; NaN is
      * never selected unless the row is all NaN, then 0). */
     pt_status (*argmax)(pt_backend *be, int32_t *out, const float *x, int64_t T, int64_t V);
+
+    /* -- Gated DeltaNet and gated attention (Qwen3.5; NULL where a backend
+     *    does not implement them: the model then fails to load) -- */
+
+    /* Causal depthwise conv1d + SiLU over x[T, C], kernel w[C, K] (wtype),
+     * no bias: y[t, c] = silu(Σ_{j<K} w[c, j] · X[t + j][c]) with
+     * X = [state; x] (state: the K-1 rows before x, oldest first, f32
+     * [K-1, C] backend memory). Afterwards state holds the last K-1 rows of X.
+     * The sum runs j = 0..K-1 in f32; bf16 mode rounds the conv output, then
+     * the SiLU. y must not alias x. K <= PT_CONV_MAX_K. */
+    pt_status (*conv1d_silu)(pt_backend *be, float *y, const float *x, int64_t T, int64_t C, int K, const void *w,
+                             pt_ftype wtype, float *state);
+
+    /* The gated delta rule (see pt_delta) over T tokens:
+     * qkv[T, 2·Hk·Dk + Hv·Dv] (the conv output: [q | k | v]), b, a [T, Hv] (the
+     * in_proj_b / in_proj_a outputs), state [Hv, Dk, Dv] f32 (updated in
+     * place), out[T, Hv·Dv]. */
+    pt_status (*delta_rule)(pt_backend *be, float *out, const float *qkv, const float *b, const float *a, int64_t T,
+                            float *state, const struct pt_delta *p);
+
+    /* Gated RMSNorm over rows x[R, D] with gate z[R, D] and weight w[D]:
+     * y = round(round(w · round(x̂)) · silu(z)), x̂ = x / sqrt(mean(x²) + eps),
+     * silu(z) in f32 (rounding only in bf16 mode). y may alias x. */
+    pt_status (*rms_norm_gated)(pt_backend *be, float *y, const float *x, const float *z, int64_t R, int64_t D,
+                                const void *w, pt_ftype wtype, float eps);
+
+    /* Strided row copy: dst[r·ldd + i] = src[r·lds + i] for r < rows, i < n
+     * (splits per-head [q | gate] rows). Must not overlap. */
+    pt_status (*copy_rows)(pt_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                           int64_t n);
+
+    /* y = x · σ(g) over n floats; bf16 mode rounds σ(g), then the product.
+     * y may alias x. */
+    pt_status (*sigmoid_mul)(pt_backend *be, float *y, const float *x, const float *g, int64_t n);
 } pt_backend_ops;
 
 struct pt_backend {

@@ -1,6 +1,7 @@
 /* The forward driver for the Llama-style decoder families (llama, qwen2,
- * qwen3, qwen3_moe, minicpm, and Gemma 2/3's sandwich-norm variant of the
- * same block): per-session buffers and the pass itself, read
+ * qwen3, qwen3_moe, minicpm, Gemma 2/3's sandwich-norm variant of the same
+ * block, and Qwen3.5, whose gated attention / Gated DeltaNet mixers live in
+ * qwen3_5.c): per-session buffers and the pass itself, read
  * entirely from pt_net (every per-layer constant resolved at load by
  * llama.c). Differences between the families are data in pt_layer/pt_net
  * (biases, QK-norm, MoE, residual and embedding scales), never a branch on
@@ -88,11 +89,13 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
         if ((int64_t)QD > mc) mc = (int64_t)QD;
         if ((int64_t)F > mc) mc = (int64_t)F;
         if ((int64_t)LP > mc) mc = (int64_t)LP;
+        if (n->max_lin_value > mc) mc = n->max_lin_value; /* DeltaNet out_proj */
         lim.max_cols = mc;
         lim.max_ffn = n->max_ffn;
         lim.max_top_k = n->max_top_k;
         s = OPS(m)->reserve(m->be, &lim);
     }
+    if (s == PT_OK) s = pt_qwen35_fwd_init(m, st); /* Qwen3.5 states and scratch; nothing for other families */
     if (s != PT_OK) {
         pt_fwd_free(m, st);
         return s;
@@ -101,6 +104,7 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
 }
 
 void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
+    pt_qwen35_fwd_free(m, st);
     if (st->cache) {
         pt_kv_cache_free(m, st->cache);
         free(st->cache);
@@ -208,43 +212,48 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_
     PT_TRY(OPS(m)->embed(be, st->x, st->ids_dev, T, &n->embed, n->embed_scale));
     if (m->hidden_cb) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
     if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, T));
+    if (st->conv_state) PT_TRY(pt_qwen35_begin(m, st, pos0));
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
-        const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
         PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, L->norm_style, n->eps));
-        const int own_kv = !L->kv_shared;
-        pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
-        PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
-        if (own_kv) PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
-        if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
-            PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
-        else if (own_kv)
-            PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
-        if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
-            PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
-                                    n->eps));
-        if (L->q_norm)
-            PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, L->qk_style,
-                                    n->eps));
-        if (own_kv && L->k_norm)
-            PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
-                                    L->qk_style, n->eps));
-        pt_rope rope = L->rope;
-        if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
-            /* longrope past the original context: the long-factor table */
-            rope.inv_freq = L->inv_freq_long;
-            rope.attn_scale = L->attn_long_scale;
+        if (L->is_linear || L->attn_gate) {
+            PT_TRY(pt_qwen35_mixer(m, st, L, l, T)); /* Qwen3.5: qwen3_5.c */
+        } else {
+            const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
+            const int own_kv = !L->kv_shared;
+            pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
+            PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
+            if (own_kv) PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
+            if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
+                PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
+            else if (own_kv)
+                PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
+            if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
+                PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
+                                        n->eps));
+            if (L->q_norm)
+                PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, L->qk_style,
+                                        n->eps));
+            if (own_kv && L->k_norm)
+                PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
+                                        L->qk_style, n->eps));
+            pt_rope rope = L->rope;
+            if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
+                /* longrope past the original context: the long-factor table */
+                rope.inv_freq = L->inv_freq_long;
+                rope.attn_scale = L->attn_long_scale;
+            }
+            PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
+            if (own_kv) {
+                PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
+                PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+            }
+            pt_attn attn = L->attn;
+            attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+            /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
+            PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
+            PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
         }
-        PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
-        if (own_kv) {
-            PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
-            PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
-        }
-        pt_attn attn = L->attn;
-        attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
-        /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
-        PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
-        PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
                                     n->eps));
@@ -259,6 +268,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_
         if (L->has_layer_scalar) PT_TRY(OPS(m)->scale(be, st->x, st->x, L->layer_scalar, (int64_t)T * H));
         if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
+    if (st->conv_state) st->lin_pos = (int64_t)pos0 + T; /* the DeltaNet states now hold positions < pos0 + T */
     *hn_out = NULL;
     if (n_logits == 0) return PT_OK;
     /* only the rows that need logits: the final norm and the lm_head */
@@ -349,6 +359,8 @@ int64_t pt_net_decode_bytes(const pt_net *n) {
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
         b += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) + weight_bytes(&L->wo);
+        b += weight_bytes(&L->lin_qkv) + weight_bytes(&L->lin_z) + weight_bytes(&L->lin_b) + weight_bytes(&L->lin_a) +
+             weight_bytes(&L->lin_out);
         if (L->is_moe) {
             int64_t ex = weight_bytes(&L->ex_gate) + weight_bytes(&L->ex_up) + weight_bytes(&L->ex_down);
             b += weight_bytes(&L->router) + ex / L->route.n_experts * L->route.top_k;

@@ -301,9 +301,14 @@ static pt_status bind_experts(pt_model *m, pt_matrix *dst, const pt_weight *ex, 
 /* The features of a layer spec these families never use: refuse them. */
 static pt_status check_layer(const pt_model_spec *sp, const pt_layer_spec *L) {
     const char *what = NULL;
-    if (L->kind == PT_LAYER_LINEAR) what = "linear-attention (Gated DeltaNet) layers";
-    else if (!L->has_kv && (L->kv_donor < 0 || L->kv_donor >= L->index)) what = "this KV donor";
-    else if (L->attn_output_gate) what = "the attention output gate";
+    const int qwen35 = sp->arch == PT_ARCH_QWEN3_5; /* DeltaNet layers and the output gate: qwen3_5.c */
+    if (L->kind == PT_LAYER_LINEAR && !qwen35) what = "linear-attention (Gated DeltaNet) layers";
+    else if (L->kind == PT_LAYER_LINEAR) {
+        if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK) what = "this MoE router";
+        else if (L->shared_expert_intermediate > 0) what = "a shared expert";
+        else if (L->act != PT_ACT_SILU) what = "this activation";
+    } else if (!L->has_kv && (L->kv_donor < 0 || L->kv_donor >= L->index)) what = "this KV donor";
+    else if (L->attn_output_gate && !qwen35) what = "the attention output gate";
     else if (L->v_norm != PT_NORM_NONE && L->v_norm != PT_NORM_NOSCALE) what = "this value norm";
     else if (L->norm_style != PT_NORM_W && L->norm_style != PT_NORM_1PW) what = "this block norm style";
     else if ((L->q_norm != PT_NORM_NONE && L->q_norm != PT_NORM_W && L->q_norm != PT_NORM_1PW) ||
@@ -406,38 +411,44 @@ pt_status pt_net_build(pt_model *m) {
         } else {
             PT_TRY(upload_vec(m, &w->post_attn_norm, H, &L->ffn_norm, n->norm_type, NAME("post_attention_layernorm")));
         }
-        PT_TRY(bind(m, &L->wq, &w->q_proj, &w->q_bias, qd, H, NAME("self_attn.q_proj")));
-        L->kv_shared = !S->has_kv;
-        L->kv_src = S->has_kv ? l : S->kv_donor;
-        if (S->has_kv) { /* a KV-shared layer reads its donor's cache and has no K/V projections */
-            PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
-            if (!S->k_eq_v) PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
+        if (S->kind == PT_LAYER_LINEAR) {
+            PT_TRY(pt_qwen35_bind_linear(m, S, L, l)); /* Qwen3.5 Gated DeltaNet: qwen3_5.c */
+        } else {
+            L->attn_gate = S->attn_output_gate; /* Qwen3.5: q_proj rows [q | gate] per head */
+            PT_TRY(bind(m, &L->wq, &w->q_proj, &w->q_bias, S->attn_output_gate ? 2 * qd : qd, H,
+                        NAME("self_attn.q_proj")));
+            L->kv_shared = !S->has_kv;
+            L->kv_src = S->has_kv ? l : S->kv_donor;
+            if (S->has_kv) { /* a KV-shared layer reads its donor's cache and has no K/V projections */
+                PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
+                if (!S->k_eq_v) PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
+            }
+            if (S->has_ple) {
+                PT_TRY(bind(m, &L->ple_gate, &w->ple_gate, NULL, sp->ple_dim, H, NAME("per_layer_input_gate")));
+                PT_TRY(bind(m, &L->ple_proj, &w->ple_proj, NULL, H, sp->ple_dim, NAME("per_layer_projection")));
+                PT_TRY(upload_vec(m, &w->ple_post_norm, H, &L->ple_post_norm, n->norm_type,
+                                  NAME("post_per_layer_input_norm")));
+            }
+            PT_TRY(bind(m, &L->wo, &w->o_proj, &w->o_bias, H, qd, NAME("self_attn.o_proj")));
+            if (S->q_norm != PT_NORM_NONE)
+                PT_TRY(upload_vec(m, &w->q_norm, S->head_dim, &L->q_norm, n->norm_type, NAME("self_attn.q_norm")));
+            if (S->k_norm != PT_NORM_NONE)
+                PT_TRY(upload_vec(m, &w->k_norm, S->head_dim, &L->k_norm, n->norm_type, NAME("self_attn.k_norm")));
+            /* RoPE tables */
+            L->rope.rot_dim = S->rope_dims;
+            L->rope.attn_scale = S->rope_attn_scaling;
+            PT_TRY(upload_floats(m, S->inv_freq, S->rope_dims / 2, &L->rope.inv_freq));
+            if (S->inv_freq_long) {
+                PT_TRY(upload_floats(m, S->inv_freq_long, S->rope_dims / 2, &L->inv_freq_long));
+                L->rope_switch_len = S->rope_original_max;
+                L->attn_long_scale = S->rope_attn_scaling;
+            }
+            L->attn.n_heads = S->n_heads;
+            L->attn.head_dim = S->head_dim;
+            L->attn.scale = S->attn_scale;
+            L->attn.softcap = S->attn_softcap;
+            L->attn.window = S->kind == PT_LAYER_SLIDING ? S->sliding_window : 0;
         }
-        if (S->has_ple) {
-            PT_TRY(bind(m, &L->ple_gate, &w->ple_gate, NULL, sp->ple_dim, H, NAME("per_layer_input_gate")));
-            PT_TRY(bind(m, &L->ple_proj, &w->ple_proj, NULL, H, sp->ple_dim, NAME("per_layer_projection")));
-            PT_TRY(upload_vec(m, &w->ple_post_norm, H, &L->ple_post_norm, n->norm_type,
-                              NAME("post_per_layer_input_norm")));
-        }
-        PT_TRY(bind(m, &L->wo, &w->o_proj, &w->o_bias, H, qd, NAME("self_attn.o_proj")));
-        if (S->q_norm != PT_NORM_NONE)
-            PT_TRY(upload_vec(m, &w->q_norm, S->head_dim, &L->q_norm, n->norm_type, NAME("self_attn.q_norm")));
-        if (S->k_norm != PT_NORM_NONE)
-            PT_TRY(upload_vec(m, &w->k_norm, S->head_dim, &L->k_norm, n->norm_type, NAME("self_attn.k_norm")));
-        /* RoPE tables */
-        L->rope.rot_dim = S->rope_dims;
-        L->rope.attn_scale = S->rope_attn_scaling;
-        PT_TRY(upload_floats(m, S->inv_freq, S->rope_dims / 2, &L->rope.inv_freq));
-        if (S->inv_freq_long) {
-            PT_TRY(upload_floats(m, S->inv_freq_long, S->rope_dims / 2, &L->inv_freq_long));
-            L->rope_switch_len = S->rope_original_max;
-            L->attn_long_scale = S->rope_attn_scaling;
-        }
-        L->attn.n_heads = S->n_heads;
-        L->attn.head_dim = S->head_dim;
-        L->attn.scale = S->attn_scale;
-        L->attn.softcap = S->attn_softcap;
-        L->attn.window = S->kind == PT_LAYER_SLIDING ? S->sliding_window : 0;
         L->residual_scale = S->residual_scale;
         if (S->mlp == PT_MLP_MOE) {
             L->is_moe = 1;
@@ -489,6 +500,16 @@ pt_status pt_net_build(pt_model *m) {
     return PT_OK;
 }
 
+pt_status pt_net_bind(pt_model *m, pt_matrix *dst, const pt_weight *src, int64_t rows, int64_t cols,
+                      const char *what) {
+    return bind(m, dst, src, NULL, rows, cols, what);
+}
+
+pt_status pt_net_upload_vec(pt_model *m, const pt_weight *w, int64_t n, const void **out, pt_ftype want,
+                            const char *what) {
+    return upload_vec(m, w, n, out, want, what);
+}
+
 static void release(pt_model *m, pt_matrix *w) {
     if (w->rows) OPS(m)->release_weight(m->be, w);
     memset(w, 0, sizeof *w);
@@ -502,7 +523,7 @@ void pt_net_free(pt_model *m) {
             pt_layer *L = &n->layers[l];
             pt_matrix *ws[] = {&L->wq,     &L->wk,     &L->wv,      &L->wo,    &L->w_gate,   &L->w_up,
                                &L->w_down, &L->router, &L->ex_gate, &L->ex_up, &L->ex_down, &L->ple_gate,
-                               &L->ple_proj};
+                               &L->ple_proj, &L->lin_qkv, &L->lin_z, &L->lin_b, &L->lin_a, &L->lin_out};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) release(m, ws[i]);
         }
         free(n->layers);
@@ -543,10 +564,11 @@ pt_status pt_model_spec_open(const pt_model_dir *md, const pt_tensor_set *ts, pt
     case PT_ARCH_MINICPM:
     case PT_ARCH_GEMMA2:
     case PT_ARCH_GEMMA3:
+    case PT_ARCH_QWEN3_5:
     case PT_ARCH_GEMMA4: return PT_OK; /* Gemma 4 variants with features not implemented are refused by pt_net_build */
     default:
         return pt_error(PT_ERR_UNSUPPORTED, "model family %s is not supported by petrel's engine yet (llama, qwen2, "
-                                            "qwen3, qwen3_moe, minicpm, gemma2 and gemma3 are)",
+                                            "qwen3, qwen3_moe, minicpm, gemma2, gemma3 and qwen3_5 are)",
                         pt_arch_name(sp->arch));
     }
 }

@@ -72,6 +72,20 @@ typedef struct pt_layer {
     int kv_src;
     pt_matrix ple_gate, ple_proj; /* per-layer input gate [pd, H] and projection [H, pd]; rows 0 = none */
     const void *ple_post_norm;    /* [H] */
+    /* Qwen3.5 (qwen3_5.c): gated attention — wq yields [q | gate] per head
+     * ([n_heads·2·hd, H]) and the attention output is multiplied by σ(gate) */
+    int attn_gate;
+    /* Qwen3.5 Gated DeltaNet mixer in place of attention (qwen3_5.c) */
+    int is_linear;
+    pt_matrix lin_qkv;            /* [conv_dim, H], conv_dim = 2·Hk·Dk + Hv·Dv */
+    pt_matrix lin_z;              /* [Hv·Dv, H] */
+    pt_matrix lin_b, lin_a;       /* [Hv, H] */
+    pt_matrix lin_out;            /* [H, Hv·Dv] */
+    const void *lin_conv;         /* [conv_dim, K] norm_type */
+    const void *lin_norm;         /* [Dv] norm_type, plain w */
+    int lin_K;
+    int64_t lin_conv_dim;
+    pt_delta delta;               /* heads, dims, A_log / dt_bias (f32 backend memory) */
 } pt_layer;
 
 typedef struct pt_net {
@@ -100,6 +114,10 @@ typedef struct pt_net {
     int max_heads, max_kv, max_head_dim;
     int64_t max_ffn;              /* largest dense or MoE intermediate size */
     int max_top_k, max_experts;
+    /* Gated DeltaNet layers: how many, the largest conv_dim / value dim / Hv */
+    int n_linear;
+    int64_t max_lin_conv, max_lin_value;
+    int max_lin_heads;
 } pt_net;
 
 struct pt_model {
@@ -160,6 +178,16 @@ typedef struct pt_fwd_state {
     /* CUDA compiled decode: the captured single-token step, one per RoPE
      * table in use (longrope switches tables past its original context). */
     struct pt_cuda_graph *graph[2];
+    /* Gated DeltaNet layers (qwen3_5.c), NULL without any: per layer (NULL
+     * for attention layers) the conv state [K-1, conv_dim] and the recurrent
+     * state [Hv, Dk, Dv], f32 backend memory; they hold positions < lin_pos
+     * (-1: unknown, after a failed call — only a restart at 0 is valid). */
+    float **conv_state, **rec_state;
+    int64_t lin_pos;
+    float *lq;                      /* [chunk, max(conv_dim, 2·n_heads·hd)] */
+    float *lo;                      /* [chunk, max(conv_dim, n_heads·hd)] */
+    float *lz;                      /* [chunk, value_dim] */
+    float *lb, *la;                 /* [chunk, Hv] */
 } pt_fwd_state;
 
 /* Sizes the state for n_ctx tokens and reserves the backend's scratch. */
@@ -172,6 +200,27 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st);
  * vocabulary. Callers hold m->lock. */
 pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits,
                      float *out);
+
+/* Qwen3.5 (qwen3_5.c): binds a Gated DeltaNet layer's mixer weights;
+ * sizes / frees the linear states and scratch (called by pt_fwd_init /
+ * pt_fwd_free); checks and resets the states at the start of a forward call
+ * (begin) and records the positions they hold (end); runs a layer's mixer
+ * (gated attention or DeltaNet) from st->xn into st->y. */
+struct pt_layer_spec;
+struct pt_weight;
+pt_status pt_qwen35_bind_linear(pt_model *m, const struct pt_layer_spec *S, pt_layer *L, int l);
+pt_status pt_qwen35_fwd_init(pt_model *m, pt_fwd_state *st);
+void pt_qwen35_fwd_free(pt_model *m, pt_fwd_state *st);
+pt_status pt_qwen35_begin(pt_model *m, pt_fwd_state *st, int pos0);
+pt_status pt_qwen35_mixer(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T);
+
+/* Weight binding helpers shared by the family builders (llama.c): a matrix
+ * of the given shape (prepared for the backend), and a float vector of n
+ * elements uploaded as `want` (norm weights: the net's norm_type; f32 tables). */
+pt_status pt_net_bind(pt_model *m, pt_matrix *dst, const struct pt_weight *src, int64_t rows, int64_t cols,
+                      const char *what);
+pt_status pt_net_upload_vec(pt_model *m, const struct pt_weight *w, int64_t n, const void **out, pt_ftype want,
+                            const char *what);
 
 /* Builds m->net from the spec and weights (llama.c); frees it. */
 pt_status pt_net_build(pt_model *m);

@@ -7,6 +7,7 @@ static const pt_arch runnable[] = {
     PT_ARCH_LLAMA, PT_ARCH_QWEN2, PT_ARCH_QWEN3, PT_ARCH_QWEN3_MOE, PT_ARCH_MINICPM,
     PT_ARCH_GEMMA2, PT_ARCH_GEMMA3, /* parity: tests/test_parity.c, tests/test_kv_rotating.c */
     PT_ARCH_GEMMA4,                 /* parity: tests/test_parity_gemma.c */
+    PT_ARCH_QWEN3_5,                /* parity: tests/test_parity_qwen35.c */
 };
 
 int pt_arch_runnable(pt_arch a) {

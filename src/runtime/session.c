@@ -65,12 +65,25 @@ int pt_session_n_ctx(const pt_session *s) { return s ? s->n_ctx : 0; }
 size_t pt_session_n_tokens(const pt_session *s) { return s ? s->n_tokens : 0; }
 const int32_t *pt_session_tokens(const pt_session *s) { return s ? s->tokens : NULL; }
 
+static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *out_all);
+
 pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_truncate: session is NULL");
     if (n_keep > s->n_tokens)
         return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
     if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
     if (n_keep < s->n_tokens) s->has_logits = 0;
+    if (n_keep < s->n_tokens && n_keep > 0 && s->fwd.conv_state) {
+        /* Recurrent (Gated DeltaNet) state cannot be cut back like a KV
+         * cache: recompute the kept prefix from position 0. */
+        int32_t *keep = malloc(n_keep * sizeof *keep);
+        if (!keep) return pt_error(PT_ERR_NOMEM, "out of memory truncating a session");
+        memcpy(keep, s->tokens, n_keep * sizeof *keep);
+        s->n_tokens = 0;
+        pt_status st = run_tokens(s, keep, n_keep, NULL);
+        free(keep);
+        return st;
+    }
     s->n_tokens = n_keep;
     return PT_OK;
 }

@@ -212,6 +212,11 @@ static const pt_backend_ops cpu_ops = {
     .moe_route = pt_cpu_moe_route,
     .moe_ffn = pt_cpu_moe_ffn,
     .argmax = pt_cpu_argmax,
+    .conv1d_silu = pt_cpu_conv1d_silu,
+    .delta_rule = pt_cpu_delta_rule,
+    .rms_norm_gated = pt_cpu_rms_norm_gated,
+    .copy_rows = pt_cpu_copy_rows,
+    .sigmoid_mul = pt_cpu_sigmoid_mul,
 };
 
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {

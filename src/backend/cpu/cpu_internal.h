@@ -174,6 +174,16 @@ pt_status pt_cpu_softcap(pt_backend *be, float *y, const float *x, float cap, in
 pt_status pt_cpu_moe_route(pt_backend *be, int32_t *idx, float *weights, const float *logits, int64_t T,
                            const pt_moe_route *p);
 pt_status pt_cpu_argmax(pt_backend *be, int32_t *out, const float *x, int64_t T, int64_t V);
+/* Gated DeltaNet / gated attention ops (cpu_deltanet.c). */
+pt_status pt_cpu_conv1d_silu(pt_backend *be, float *y, const float *x, int64_t T, int64_t C, int K, const void *w,
+                             pt_ftype wtype, float *state);
+pt_status pt_cpu_delta_rule(pt_backend *be, float *out, const float *qkv, const float *b, const float *a, int64_t T,
+                            float *state, const pt_delta *p);
+pt_status pt_cpu_rms_norm_gated(pt_backend *be, float *y, const float *x, const float *z, int64_t R, int64_t D,
+                                const void *w, pt_ftype wtype, float eps);
+pt_status pt_cpu_copy_rows(pt_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                           int64_t n);
+pt_status pt_cpu_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g, int64_t n);
 
 /* Activation functions in f32 (shared by glu and moe_ffn). */
 float pt_cpu_silu(float g);
