@@ -300,7 +300,7 @@ int cmd_inspect(int argc, char **argv) {
     }
     qtab q = {0};
     pt_spec_for_each_weight(&s, q_visit, &q);
-    int runnable = pt_arch_runnable(s.arch);
+    int runnable = pt_spec_runnable(&s);
     int rc = 0;
     if (q.oom) {
         fprintf(stderr, "petrel inspect: out of memory\n");

@@ -234,5 +234,8 @@ void pt_spec_for_each_weight(const pt_model_spec *s, pt_weight_visit_fn fn, void
 
 /* Families petrel's engine can run now (one table, spec.c). */
 int pt_arch_runnable(pt_arch a);
+/* Whether this spec's model can run: its family is runnable and it uses no
+ * variant of it the engine lacks (Qwen3.5 MoE). */
+int pt_spec_runnable(const pt_model_spec *s);
 
 #endif
