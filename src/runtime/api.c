@@ -95,40 +95,13 @@ pt_status pt_chat_render(const pt_model *m, const char *messages_json, int add_g
     *out = NULL;
     if (!m->tmpl)
         return pt_error(PT_ERR_NOT_FOUND, "%s has no chat template (give one with --chat-template FILE)", m->dir);
-    cJSON *msgs = cJSON_Parse(messages_json);
-    if (!msgs || !cJSON_IsArray(msgs)) {
-        cJSON_Delete(msgs);
-        return pt_error(PT_ERR_INVALID_ARG, "chat messages: expected a JSON array of {\"role\", \"content\"}");
-    }
-    cJSON *vars = NULL;
-    if (extra_json) {
-        vars = cJSON_Parse(extra_json);
-        if (!vars || !cJSON_IsObject(vars)) {
-            cJSON_Delete(vars);
-            cJSON_Delete(msgs);
-            return pt_error(PT_ERR_INVALID_ARG, "chat variables: expected a JSON object");
-        }
-    } else {
-        vars = cJSON_CreateObject();
-    }
-    pt_status st = PT_OK;
-    if (!vars) st = pt_error(PT_ERR_NOMEM, "out of memory");
-    if (st == PT_OK) {
-        cJSON_DeleteItemFromObjectCaseSensitive(vars, "messages");
-        cJSON_AddItemToObject(vars, "messages", msgs);
-        msgs = NULL;
-        cJSON_DeleteItemFromObjectCaseSensitive(vars, "add_generation_prompt");
-        cJSON_AddBoolToObject(vars, "add_generation_prompt", add_generation_prompt != 0);
-        const char *bos = pt_chat_template_bos(m->tmpl), *eos = pt_chat_template_eos(m->tmpl);
-        if (!bos && m->tok) bos = pt_tokenizer_bos_token(m->tok);
-        if (!eos && m->tok) eos = pt_tokenizer_eos_token(m->tok);
-        if (bos && !cJSON_GetObjectItemCaseSensitive(vars, "bos_token")) cJSON_AddStringToObject(vars, "bos_token", bos);
-        if (eos && !cJSON_GetObjectItemCaseSensitive(vars, "eos_token")) cJSON_AddStringToObject(vars, "eos_token", eos);
-        st = pt_chat_template_render(m->tmpl, vars, NULL, out, NULL);
-    }
-    cJSON_Delete(msgs);
-    cJSON_Delete(vars);
-    return st;
+    /* The text-level render keeps JSON numbers exact (a tool schema's 1.0
+     * stays a float), as transformers renders them. */
+    const char *bos = pt_chat_template_bos(m->tmpl), *eos = pt_chat_template_eos(m->tmpl);
+    if (!bos && m->tok) bos = pt_tokenizer_bos_token(m->tok);
+    if (!eos && m->tok) eos = pt_tokenizer_eos_token(m->tok);
+    return pt_chat_template_render_chat(m->tmpl, messages_json, add_generation_prompt, extra_json, bos, eos,
+                                        NULL, out, NULL);
 }
 
 pt_sampling_params pt_sampling_default_params(const pt_model *m) {
