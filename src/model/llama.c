@@ -10,8 +10,10 @@
  * experts (qwen3_moe), the embedding / residual / logit scales (minicpm), the
  * RoPE table of each rope type (default, linear, llama3, yarn, longrope with
  * its short and long tables). A spec feature these families never use
- * (linear attention, Qwen3.5's output gate, a shared expert, ...) is refused
- * with PT_ERR_UNSUPPORTED naming it, never ignored.
+ * (a shared expert, ...) is refused with PT_ERR_UNSUPPORTED naming it, never
+ * ignored. Qwen3.5 uses this builder too: its Gated DeltaNet layers are bound
+ * by qwen3_5.c (pt_qwen35_bind_linear) and its gated attention reads a
+ * q_proj twice as tall ([q | gate] per head).
  *
  * Weights stay in the mapping; only three cases copy: under an explicit
  * --dtype bf16 (PT_COMPUTE_BF16), float weights of another dtype are cast to
