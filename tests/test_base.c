@@ -7,6 +7,9 @@
 #include "base/json.h"
 #include "base/threadpool.h"
 
+#include <stdatomic.h>
+#include <time.h>
+
 #include <stdint.h>
 
 static void test_error_message(void) {
@@ -96,6 +99,65 @@ static void test_threadpool(void) {
     CHECK(pt_pool_create(&p, 0) == PT_ERR_INVALID_ARG, "0 threads rejected");
 }
 
+typedef struct {
+    atomic_int *hits; /* [n] how often each index was visited */
+    long grain;
+    int nth;
+    atomic_int bad_bounds, bad_ith;
+    int slow; /* sleep in chunk 0 to mimic a descheduled thread */
+} for_ctx;
+
+static void for_fn(void *vctx, long b, long e, int ith) {
+    for_ctx *c = vctx;
+    if (b % c->grain != 0 || e <= b) atomic_fetch_add(&c->bad_bounds, 1);
+    if (ith < 0 || ith >= c->nth) atomic_fetch_add(&c->bad_ith, 1);
+    if (c->slow && b == 0) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    for (long i = b; i < e; i++) atomic_fetch_add(&c->hits[i], 1);
+}
+
+/* pt_pool_for: every index exactly once per job, chunks aligned to the grain,
+ * thread ids in range; mixed with static jobs on the same pool; more threads
+ * than CPUs (the oversubscribed case) with one slow chunk. */
+static void test_threadpool_for(void) {
+    static atomic_int hits[5000];
+    const long sizes[] = {1, 3, 7, 64, 1000, 4999};
+    const long grains[] = {1, 4, 32};
+    for (int nt = 1; nt <= 6; nt++) {
+        pt_pool *pool;
+        REQUIRE(pt_pool_create(&pool, nt) == PT_OK, "create %d", nt);
+        int wrong = 0, bounds = 0, iths = 0;
+        for (int rep = 0; rep < 20; rep++)
+            for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+                for (size_t gi = 0; gi < sizeof grains / sizeof *grains; gi++) {
+                    long n = sizes[si];
+                    for (long i = 0; i < n; i++) atomic_store(&hits[i], 0);
+                    for_ctx c = {hits, grains[gi], nt, 0, 0, nt >= 5 && rep == 0};
+                    pt_pool_for(pool, n, grains[gi], for_fn, &c);
+                    for (long i = 0; i < n; i++) wrong += atomic_load(&hits[i]) != 1;
+                    bounds += atomic_load(&c.bad_bounds);
+                    iths += atomic_load(&c.bad_ith);
+                    if (gi == 0 && si == 4) { /* a static job between range jobs */
+                        double out[1001] = {0};
+                        pool_ctx pc = {1001, out, pool, 2};
+                        pt_pool_run(pool, pool_fn, &pc);
+                        for (long i = 0; i < 1001; i++) wrong += out[i] != (double)i * 3;
+                    }
+                }
+        CHECK(wrong == 0, "nt=%d: %d indices visited wrongly", nt, wrong);
+        CHECK(bounds == 0, "nt=%d: %d chunks not aligned to the grain", nt, bounds);
+        CHECK(iths == 0, "nt=%d: %d thread ids out of range", nt, iths);
+        pt_pool_for(pool, 0, 1, for_fn, NULL); /* empty: fn never called */
+        pt_pool_free(&pool);
+    }
+    atomic_store(&hits[0], 0);
+    for_ctx c = {hits, 1, 1, 0, 0, 0};
+    pt_pool_for(NULL, 1, 1, for_fn, &c); /* no pool: runs on the caller */
+    CHECK(atomic_load(&hits[0]) == 1, "NULL pool runs inline");
+}
+
 static void test_json(void) {
     cJSON *j;
     const char *dup = "{\"a\":1,\"b\":{\"x\":1,\"x\":2}}";
@@ -134,6 +196,7 @@ int main(void) {
     TEST_RUN(test_f16_roundtrip);
     TEST_RUN(test_arena);
     TEST_RUN(test_threadpool);
+    TEST_RUN(test_threadpool_for);
     TEST_RUN(test_json);
     TEST_RUN(test_utf8);
     return test_summary();

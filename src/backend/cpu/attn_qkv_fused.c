@@ -54,7 +54,7 @@ static size_t scratch_floats(int G, int hd, int ng) {
     return (size_t)G * hd + (size_t)G * ng + (size_t)G * PT_FUSED_BLOCK + 8 * (size_t)ng + (size_t)hd;
 }
 
-static void fused_blocks(void *arg, int ith, int nth) {
+static void fused_blocks(void *arg, long i0, long i1, int ith) {
     fused_ctx *a = arg;
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
@@ -62,8 +62,6 @@ static void fused_blocks(void *arg, int ith, int nth) {
     pt_act_dtype act = a->c->base.act;
     const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv, gs = kv->group_size, bits = kv->bits;
     const int64_t ng = hd / gs, cap = kv->capacity;
-    long i0, i1;
-    pt_split_range(nkv * a->nblk, ith, nth, &i0, &i1);
     float *qx = pt_cpu_thread_scratch(a->c, ith), *qs = qx + (size_t)G * hd, *S = qs + (size_t)G * ng;
     float *prm = S + (size_t)G * PT_FUSED_BLOCK, *vrow = prm + 8 * ng;
     int prepared = -1; /* the KV head whose scaled query is in qx/qs */
@@ -146,13 +144,12 @@ static void fused_blocks(void *arg, int ith, int nth) {
     }
 }
 
-static void fused_merge(void *arg, int ith, int nth) {
+static void fused_merge(void *arg, long i0, long i1, int ith) {
+    (void)ith;
     fused_ctx *a = arg;
     const pt_attn *p = a->p;
     pt_act_dtype act = a->c->base.act;
     const int nkv = a->kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
-    long i0, i1;
-    pt_split_range((long)nkv * G, ith, nth, &i0, &i1);
     for (long it = i0; it < i1; it++) {
         int kh = (int)(it / G), g = (int)(it % G);
         const size_t stride = (size_t)G * (2 + hd);
@@ -181,7 +178,7 @@ pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t 
     int64_t n = pos - lo + 1, nblk = (n + PT_FUSED_BLOCK - 1) / PT_FUSED_BLOCK;
     PT_TRY(pt_cpu_need_scratch(c, scratch_floats(G, hd, ng), (size_t)nkv * (size_t)nblk * G * (2 + (size_t)hd)));
     fused_ctx a = {c, out, q, lo, n, nblk, kv, p, c->xbuf};
-    pt_pool_run(c->pool, fused_blocks, &a);
-    pt_pool_run(c->pool, fused_merge, &a);
+    pt_pool_for(c->pool, (long)nkv * nblk, 1, fused_blocks, &a);
+    pt_pool_for(c->pool, (long)nkv * G, 1, fused_merge, &a);
     return PT_OK;
 }

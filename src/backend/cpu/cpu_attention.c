@@ -118,7 +118,7 @@ typedef struct {
     const pt_attn *p;
 } attn_ctx;
 
-static void attn_run(void *arg, int ith, int nth) {
+static void attn_run(void *arg, long i0, long i1, int ith) {
     attn_ctx *a = arg;
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
@@ -127,8 +127,6 @@ static void attn_run(void *arg, int ith, int nth) {
     int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
     int64_t cap = kv->capacity;
     int bf = kv->dtype == PT_FT_BF16;
-    long i0, i1;
-    pt_split_range(a->T * nkv, ith, nth, &i0, &i1);
     float *scr = pt_cpu_thread_scratch(a->c, ith);
     for (long it = i0; it < i1; it++) {
         int64_t t = it / nkv;
@@ -195,7 +193,7 @@ static void attn_run(void *arg, int ith, int nth) {
 /* Quantized cache: per (token, KV head) item. Scratch per thread:
  * S [G, n] | qx [G, hd] (pre-scaled query, permuted for 4-bit) | qs [G, ng]
  * (its group sums) | acc [G, hd] | sc/bi [4 rows × 2 × ng] | vrow [hd]. */
-static void attn_run_q(void *arg, int ith, int nth) {
+static void attn_run_q(void *arg, long i0, long i1, int ith) {
     attn_ctx *a = arg;
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
@@ -204,8 +202,6 @@ static void attn_run_q(void *arg, int ith, int nth) {
     int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv, gs = kv->group_size, bits = kv->bits;
     int64_t ng = hd / gs, cap = kv->capacity;
     int fast = bits == 4 || bits == 8;
-    long i0, i1;
-    pt_split_range(a->T * nkv, ith, nth, &i0, &i1);
     float *scr = pt_cpu_thread_scratch(a->c, ith);
     for (long it = i0; it < i1; it++) {
         int64_t t = it / nkv;
@@ -313,10 +309,10 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     if (kv->bits) {
         size_t ng = (size_t)(p->head_dim / kv->group_size);
         PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng + (size_t)p->head_dim, 0));
-        pt_pool_run(c->pool, attn_run_q, &a);
+        pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run_q, &a);
         return PT_OK;
     }
     PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + p->head_dim), 0));
-    pt_pool_run(c->pool, attn_run, &a);
+    pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run, &a);
     return PT_OK;
 }

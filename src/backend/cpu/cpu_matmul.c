@@ -101,14 +101,12 @@ typedef struct {
     int64_t expert;
 } mm_ctx;
 
-static void mm_direct(void *arg, int ith, int nth) {
+static void mm_direct(void *arg, long n0, long n1, int ith) {
     mm_ctx *m = arg;
     const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
     pt_act_dtype act = m->c->base.act;
     int64_t N = w->rows, K = w->cols, T = m->T;
-    long n0, n1;
-    pt_split_range(N, ith, nth, &n0, &n1);
     float *tmp = pt_cpu_thread_scratch(m->c, ith);
     for (int64_t n = n0; n < n1; n++) {
         float bias = bias_of(w, m->expert, n);
@@ -161,14 +159,12 @@ static size_t gemm_scratch(int64_t T, int64_t K) {
     return (size_t)(tiles * PT_GEMM_MR * PT_GEMM_KC + PT_GEMM_KC * 32 + T * 32 + 64 * (K / 32 + 1) + PT_GEMM_KC);
 }
 
-static void mm_gemm(void *arg, int ith, int nth) {
+static void mm_gemm(void *arg, long n0, long n1, int ith) {
     mm_ctx *m = arg;
     const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
     pt_act_dtype act = m->c->base.act;
     int64_t N = w->rows, K = w->cols, T = m->T;
-    long n0, n1;
-    pt_split_range(N, ith, nth, &n0, &n1);
     if (n0 >= n1) return;
     int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
     float *xpk = pt_cpu_thread_scratch(m->c, ith); /* [tiles][kc][12] */
@@ -252,14 +248,12 @@ static void mm_gemm(void *arg, int ith, int nth) {
  * group sums loaded once for the four), scales/biases converted to f32 per
  * block. A thread's last block repeats its last row to fill four; the
  * duplicate's result is dropped. */
-static void mm_direct_q48(void *arg, int ith, int nth) {
+static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     mm_ctx *m = arg;
     const pt_matrix *w = m->w;
     const pt_cpu_kernels *k = m->c->k;
     pt_act_dtype act = m->c->base.act;
     int64_t N = w->rows, K = w->cols, T = m->T, ng = K / w->group_size;
-    long n0, n1;
-    pt_split_range(N, ith, nth, &n0, &n1);
     float *tmp = pt_cpu_thread_scratch(m->c, ith);
     size_t pbytes = pt_ftype_size(w->dtype);
     for (int64_t nb = n0; nb < n1; nb += 4) {
@@ -338,10 +332,12 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
                 m.xd = xd;
             }
         }
-        pt_pool_run(c->pool, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
+        /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
+        pt_pool_for(c->pool, (long)w->rows, 4, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
     } else {
         PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(T, K), 0));
-        pt_pool_run(c->pool, mm_gemm, &m);
+        /* chunks of 32-row panels: only the last chunk has a narrow edge panel */
+        pt_pool_for(c->pool, (long)w->rows, 32, mm_gemm, &m);
     }
     return PT_OK;
 }
@@ -357,13 +353,11 @@ typedef struct {
     float scale;
 } emb_ctx;
 
-static void emb_run(void *arg, int ith, int nth) {
+static void emb_run(void *arg, long t0, long t1, int ith) {
     emb_ctx *e = arg;
     const pt_matrix *w = e->w;
     pt_act_dtype act = e->c->base.act;
     int64_t H = w->cols;
-    long t0, t1;
-    pt_split_range(e->T, ith, nth, &t0, &t1);
     float *tmp = pt_cpu_thread_scratch(e->c, ith);
     for (long t = t0; t < t1; t++) {
         float *yt = e->y + (int64_t)t * H;
@@ -389,7 +383,7 @@ pt_status pt_cpu_embed(pt_backend *be, float *y, const int32_t *ids, int T, cons
     if (T <= 0) return PT_OK;
     PT_TRY(pt_cpu_need_scratch(c, (size_t)(2 * (table->cols / 32 + 1)), 0));
     emb_ctx e = {.c = c, .y = y, .ids = ids, .T = T, .w = table, .scale = scale};
-    pt_pool_run(c->pool, emb_run, &e);
+    pt_pool_for(c->pool, (long)T, 1, emb_run, &e);
     for (int t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= table->rows)
             return pt_error(PT_ERR_RANGE, "embed: token id %d at position %d outside the vocabulary [0, %lld)", ids[t],

@@ -28,11 +28,10 @@ typedef struct {
     float eps;
 } norm_ctx;
 
-static void norm_run(void *arg, int ith, int nth) {
+static void norm_run(void *arg, long r0, long r1, int ith) {
+    (void)ith;
     norm_ctx *n = arg;
     pt_act_dtype act = n->c->base.act;
-    long r0, r1;
-    pt_split_range(n->T, ith, nth, &r0, &r1);
     int64_t D = n->D;
     for (long r = r0; r < r1; r++) {
         const float *x = n->x + r * D;
@@ -68,8 +67,8 @@ pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *resid
     PT_ASSERT(T >= 0 && D > 0);
     PT_ASSERT(style == PT_RMS_NOSCALE || w != NULL);
     norm_ctx n = {pt_cpu_of(be), y, x, residual, T, D, w, wtype, style, eps};
-    if (T * D < PT_CPU_PAR_MIN) norm_run(&n, 0, 1);
-    else pt_pool_run(pt_cpu_of(be)->pool, norm_run, &n);
+    if (T * D < PT_CPU_PAR_MIN) norm_run(&n, 0, (long)T, 0);
+    else pt_pool_for(pt_cpu_of(be)->pool, (long)T, 1, norm_run, &n);
     return PT_OK;
 }
 
@@ -84,13 +83,11 @@ typedef struct {
     const pt_rope *rope;
 } rope_ctx;
 
-static void rope_run(void *arg, int ith, int nth) {
+static void rope_run(void *arg, long i0, long i1, int ith) {
     rope_ctx *r = arg;
     pt_act_dtype act = r->c->base.act;
     int half = r->rope->rot_dim / 2;
     float *cs = pt_cpu_thread_scratch(r->c, ith), *sn = cs + half;
-    long i0, i1;
-    pt_split_range(r->T * r->nh, ith, nth, &i0, &i1);
     int64_t cur_t = -1;
     for (long it = i0; it < i1; it++) {
         int64_t t = it / r->nh;
@@ -118,8 +115,9 @@ pt_status pt_cpu_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head
     pt_cpu *c = pt_cpu_of(be);
     PT_TRY(pt_cpu_need_scratch(c, (size_t)rope->rot_dim, 0));
     rope_ctx r = {c, x, T, n_heads, head_dim, pos, rope};
-    if (T * n_heads * head_dim < PT_CPU_PAR_MIN / 4) rope_run(&r, 0, 1);
-    else pt_pool_run(c->pool, rope_run, &r);
+    /* chunks of whole tokens: a token's cos/sin are computed once */
+    if (T * n_heads * head_dim < PT_CPU_PAR_MIN / 4) rope_run(&r, 0, (long)(T * n_heads), 0);
+    else pt_pool_for(c->pool, (long)(T * n_heads), n_heads, rope_run, &r);
     return PT_OK;
 }
 
@@ -139,11 +137,10 @@ typedef struct {
     pt_glu_kind fn;
 } glu_ctx;
 
-static void glu_run(void *arg, int ith, int nth) {
+static void glu_run(void *arg, long i0, long i1, int ith) {
+    (void)ith;
     glu_ctx *q = arg;
     pt_act_dtype act = q->c->base.act;
-    long i0, i1;
-    pt_split_range(q->T * q->F, ith, nth, &i0, &i1);
     for (long i = i0; i < i1; i++) {
         int64_t t = i / q->F, f = i % q->F;
         float g = q->g[t * q->ld + f], u = q->u[t * q->ld + f];
@@ -156,8 +153,8 @@ pt_status pt_cpu_glu(pt_backend *be, float *y, const float *gate, const float *u
                      pt_glu_kind act) {
     PT_ASSERT(ld >= F);
     glu_ctx q = {pt_cpu_of(be), y, gate, up, T, F, ld, act};
-    if (T * F < PT_CPU_PAR_MIN / 4) glu_run(&q, 0, 1);
-    else pt_pool_run(pt_cpu_of(be)->pool, glu_run, &q);
+    if (T * F < PT_CPU_PAR_MIN / 4) glu_run(&q, 0, (long)(T * F), 0);
+    else pt_pool_for(pt_cpu_of(be)->pool, (long)(T * F), 64, glu_run, &q);
     return PT_OK;
 }
 
@@ -174,11 +171,10 @@ typedef struct {
     int64_t n;
 } ew_ctx;
 
-static void ew_run(void *arg, int ith, int nth) {
+static void ew_run(void *arg, long i0, long i1, int ith) {
+    (void)ith;
     ew_ctx *e = arg;
     pt_act_dtype act = e->c->base.act;
-    long i0, i1;
-    pt_split_range(e->n, ith, nth, &i0, &i1);
     float *y = e->y;
     const float *a = e->a, *b = e->b;
     float s = e->s;
@@ -204,8 +200,8 @@ static void ew_run(void *arg, int ith, int nth) {
 
 static pt_status ew(pt_backend *be, ew_kind kind, float *y, const float *a, const float *b, float s, int64_t n) {
     ew_ctx e = {pt_cpu_of(be), kind, y, a, b, s, n};
-    if (n < PT_CPU_PAR_MIN) ew_run(&e, 0, 1);
-    else pt_pool_run(pt_cpu_of(be)->pool, ew_run, &e);
+    if (n < PT_CPU_PAR_MIN) ew_run(&e, 0, (long)n, 0);
+    else pt_pool_for(pt_cpu_of(be)->pool, (long)n, 64, ew_run, &e);
     return PT_OK;
 }
 
