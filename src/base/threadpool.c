@@ -16,36 +16,47 @@
  * Why this shape: on an oversubscribed machine a worker can be descheduled for
  * milliseconds. With a static split the caller then waits for that worker's
  * whole share; here the running threads take the remaining chunks, and the
- * caller waits only for chunks already started. Waits spin briefly, then
- * yield (the caller) or sleep on a condition variable (idle workers), so a
- * descheduled thread gets the CPU back instead of competing with spinners. */
+ * caller waits only for chunks already started.
+ *
+ * Waits spin briefly (about the gap between two ops of a decode step), then
+ * sleep on a futex: idle workers on `seq` (bumped per job), the caller on
+ * `done`. Spinning longer is a loss on a shared machine: Linux's autogroup
+ * scheduling gives all threads of a session one share of the CPUs, so a
+ * spinning worker takes its time from the thread doing the work. Each sleep
+ * follows the same pattern, which cannot lose a wake-up: the sleeper raises a
+ * waiter count and then re-checks the word inside FUTEX_WAIT (which returns at
+ * once if the word changed); the waker changes the word and then reads the
+ * count (all sequentially consistent), so one of the two sees the other. */
 #include "base/threadpool.h"
 
 #include "base/error.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define ST_STATIC ((uint64_t)1 << 32)
 #define ST_GEN_SHIFT 33
 #define ST_MAX_CHUNKS 0xffff
-/* pause iterations before an idle worker sleeps / a waiting caller yields */
-#define SPIN_IDLE 20000
-#define SPIN_WAIT 2000
+/* pause iterations before an idle worker / a waiting caller sleeps (~50 µs) */
+#define SPIN_IDLE 1000
+#define SPIN_WAIT 1000
 
 struct pt_pool {
     int n;
     pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
     _Atomic uint64_t state; /* the job word (see the header comment) */
-    atomic_int sleepers;    /* workers waiting on cv */
+    atomic_uint seq;        /* bumped after each new job word or stop: idle workers' futex */
+    atomic_int sleepers;    /* workers asleep (or going to sleep) on seq */
     atomic_int stop;
-    atomic_long done; /* static job: workers finished; range job: chunks finished */
+    atomic_uint done;          /* static job: workers finished; range job: chunks finished (futex) */
+    atomic_int caller_waiting; /* the caller sleeps (or is going to) on done */
     /* the current job; written only while no thread can be running it */
     pt_pool_fn sfn;
     pt_pool_range_fn rfn;
@@ -60,6 +71,20 @@ typedef struct {
     pt_pool *pool;
     int ith;
 } worker_arg;
+
+static void futex_wait(atomic_uint *addr, unsigned expected) {
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake(atomic_uint *addr) {
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* A chunk or a static share is finished: count it, wake the caller if it sleeps. */
+static void mark_done(pt_pool *p) {
+    atomic_fetch_add(&p->done, 1);
+    if (atomic_load(&p->caller_waiting)) futex_wake(&p->done);
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__)
@@ -80,22 +105,22 @@ static void run_chunks(pt_pool *p, uint64_t s, int ith) {
         long b = (long)nxt * p->chunk, e = b + p->chunk;
         if (e > p->items) e = p->items;
         p->rfn(p->ctx, b, e, ith);
-        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        mark_done(p);
         s = atomic_load_explicit(&p->state, memory_order_acquire);
     }
 }
 
-/* Blocks a worker until the job word differs from s (or stop). */
-static void wait_change(pt_pool *p, uint64_t s) {
+/* Blocks a worker until the job word differs from s (or stop). q is the
+ * value of seq read before s was loaded: a job published after that load has
+ * bumped seq, so the futex wait returns at once. */
+static void wait_change(pt_pool *p, uint64_t s, unsigned q) {
     for (int spins = 0; spins < SPIN_IDLE; spins++) {
         if (atomic_load_explicit(&p->state, memory_order_acquire) != s || atomic_load(&p->stop)) return;
         cpu_relax();
     }
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add(&p->sleepers, 1); /* seq_cst: pairs with the publisher's store then load */
-    while (atomic_load(&p->state) == s && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+    atomic_fetch_add(&p->sleepers, 1);
+    futex_wait(&p->seq, q);
     atomic_fetch_sub(&p->sleepers, 1);
-    pthread_mutex_unlock(&p->mu);
 }
 
 static void *worker_main(void *arg) {
@@ -105,21 +130,22 @@ static void *worker_main(void *arg) {
     free(wa);
     uint64_t last_static = 0; /* generation of the last static job this worker ran */
     for (;;) {
-        uint64_t s = atomic_load_explicit(&p->state, memory_order_acquire);
+        unsigned q = atomic_load(&p->seq);
+        uint64_t s = atomic_load(&p->state);
         if (atomic_load(&p->stop)) return NULL;
         if (s & ST_STATIC) {
             uint64_t gen = s >> ST_GEN_SHIFT;
             if (gen != last_static) { /* the caller waits for every worker: fields are stable */
                 last_static = gen;
                 p->sfn(p->ctx, ith, p->n);
-                atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+                mark_done(p);
                 continue;
             }
         } else if (((s >> 16) & 0xffff) < (s & 0xffff)) {
             run_chunks(p, s, ith);
             continue;
         }
-        wait_change(p, s);
+        wait_change(p, s, q);
     }
 }
 
@@ -135,8 +161,6 @@ pt_status pt_pool_create(pt_pool **out, int n_threads) {
     pt_pool *p = calloc(1, sizeof *p);
     if (!p) return pt_error(PT_ERR_NOMEM, "out of memory");
     p->n = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!p->threads) {
         free(p);
@@ -165,13 +189,10 @@ pt_status pt_pool_create(pt_pool **out, int n_threads) {
 void pt_pool_free(pt_pool **pool) {
     pt_pool *p = *pool;
     if (!p) return;
-    pthread_mutex_lock(&p->mu);
     atomic_store(&p->stop, 1);
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    atomic_fetch_add(&p->seq, 1);
+    futex_wake(&p->seq);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
     free(p->threads);
     free(p);
     *pool = NULL;
@@ -180,30 +201,28 @@ void pt_pool_free(pt_pool **pool) {
 int pt_pool_size(const pt_pool *pool) { return pool ? pool->n : 1; }
 
 /* Publishes a job word (the job's fields are already written) and wakes any
- * sleeping worker. Store-then-load, both seq_cst, against the worker's
- * increment-then-load of `sleepers`: either we see the sleeper or it sees
- * the new word, and the broadcast under the mutex cannot be lost. */
+ * sleeping worker (see the header comment for why no wake-up is lost). */
 static void publish(pt_pool *p, uint64_t word) {
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store(&p->state, word);
-    if (atomic_load(&p->sleepers) > 0) {
-        pthread_mutex_lock(&p->mu);
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-    }
+    atomic_fetch_add(&p->seq, 1);
+    if (atomic_load(&p->sleepers) > 0) futex_wake(&p->seq);
 }
 
 static uint64_t next_gen(const pt_pool *p) {
     return ((atomic_load_explicit(&p->state, memory_order_relaxed) >> ST_GEN_SHIFT) + 1) << ST_GEN_SHIFT;
 }
 
-/* The caller's wait: spin, then yield so a descheduled worker can finish. */
-static void wait_done(pt_pool *p, long target) {
-    int spins = 0;
-    while (atomic_load_explicit(&p->done, memory_order_acquire) < target) {
-        if (++spins < SPIN_WAIT) cpu_relax();
-        else sched_yield();
+/* The caller's wait for `target` finished units: spin, then sleep on done
+ * (a descheduled worker gets the CPU instead of a spinning caller). */
+static void wait_done(pt_pool *p, unsigned target) {
+    for (int spins = 0; spins < SPIN_WAIT; spins++) {
+        if (atomic_load_explicit(&p->done, memory_order_acquire) >= target) return;
+        cpu_relax();
     }
+    atomic_store(&p->caller_waiting, 1);
+    for (unsigned d; (d = atomic_load(&p->done)) < target;) futex_wait(&p->done, d);
+    atomic_store(&p->caller_waiting, 0);
 }
 
 void pt_pool_run(pt_pool *pool, pt_pool_fn fn, void *ctx) {
@@ -215,7 +234,7 @@ void pt_pool_run(pt_pool *pool, pt_pool_fn fn, void *ctx) {
     pool->ctx = ctx;
     publish(pool, next_gen(pool) | ST_STATIC);
     fn(ctx, 0, pool->n);
-    wait_done(pool, pool->n - 1);
+    wait_done(pool, (unsigned)(pool->n - 1));
 }
 
 void pt_pool_for(pt_pool *pool, long n, long grain, pt_pool_range_fn fn, void *ctx) {
@@ -240,7 +259,7 @@ void pt_pool_for(pt_pool *pool, long n, long grain, pt_pool_range_fn fn, void *c
     uint64_t word = next_gen(pool) | (uint64_t)nch;
     publish(pool, word);
     run_chunks(pool, word, 0);
-    wait_done(pool, nch);
+    wait_done(pool, (unsigned)nch);
 }
 
 void pt_pool_barrier(pt_pool *pool) {
