@@ -186,6 +186,21 @@ pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids);
  * Used by `petrel logits` and `petrel perplexity`. */
 pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids, float *out);
 
+/* Continuous batching: appends ids[i] to sessions[i] for every i < n and
+ * runs all n tokens through the model in one forward step (the per-token
+ * matmuls, norms and activations over [n, ...] rows, so the weights are read
+ * once for all n; attention per session over its own cache at its own
+ * position). Afterwards each session's logits are those of its new token,
+ * bit-identical to what pt_session_prompt(sessions[i], &ids[i], 1) would
+ * have computed: a request's results never depend on which other requests
+ * share its steps (docs/batching.md). Sessions must be distinct and of one
+ * model; n >= 1 (any n; large n is simply more rows). Everything is checked
+ * before anything runs: a bad id, a full context, a repeated or NULL session
+ * or one of another model is PT_ERR_RANGE / PT_ERR_INVALID_ARG naming the
+ * index i, and no session is changed. If the forward itself fails, no
+ * session's token count advances and every session loses its logits. */
+pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *ids, int n);
+
 /* Logits of the last processed position [vocab] (f32), or NULL if none. */
 const float *pt_session_logits(const pt_session *s);
 

@@ -351,6 +351,18 @@ typedef struct pt_backend_ops {
     /* y = x · σ(g) over n floats; bf16 mode rounds σ(g), then the product.
      * y may alias x. */
     pt_status (*sigmoid_mul)(pt_backend *be, float *y, const float *x, const float *g, int64_t n);
+
+    /* Batch-invariant matmul (continuous batching, docs/batching.md): the
+     * same y[T, N] = x[T, K] · Wᵀ as matmul, with one more guarantee: row t
+     * of y is bit-identical to matmul(x_t, T = 1), for every T. A batched
+     * decode step runs the B slots' rows through this, so a request's tokens
+     * do not depend on which other requests share its steps, while the
+     * weights are still read once for all B rows. matmul itself may pick a
+     * different kernel (another reduction order) for larger T, which is why
+     * this is a separate entry. NULL = not implemented by the backend:
+     * callers then run matmul one row at a time (invariant, no weight reuse).
+     * Kept last in the table so positional initializers stay valid. */
+    pt_status (*matmul_rows)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
 } pt_backend_ops;
 
 struct pt_backend {

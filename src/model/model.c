@@ -157,6 +157,7 @@ pt_status pt_model_load(const char *dir, const pt_model_params *params, pt_model
 void pt_model_free(pt_model **model) {
     if (!model || !*model) return;
     pt_model *m = *model;
+    if (m->batch_free) m->batch_free(m);
     pt_net_free(m);
     pt_backend_free(&m->be);
     pt_model_spec_close(&m->spec);

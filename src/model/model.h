@@ -150,6 +150,10 @@ struct pt_model {
     /* Likewise for MoE layers: the router logits [T, n_experts] of layer `layer`. */
     void (*route_cb)(void *user, int layer, const float *logits, int T, int pos0, int n_experts, int top_k);
     void *route_user;
+    /* Continuous batching (runtime/batch.c): the batched decode step's
+     * activation buffers, created on first use; batch_free releases them. */
+    void *batch;
+    void (*batch_free)(struct pt_model *m);
 };
 
 /* Per-session forward state. */

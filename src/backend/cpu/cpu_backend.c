@@ -217,6 +217,7 @@ static const pt_backend_ops cpu_ops = {
     .rms_norm_gated = pt_cpu_rms_norm_gated,
     .copy_rows = pt_cpu_copy_rows,
     .sigmoid_mul = pt_cpu_sigmoid_mul,
+    .matmul_rows = pt_cpu_matmul_rows,
 };
 
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {

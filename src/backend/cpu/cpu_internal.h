@@ -151,6 +151,8 @@ void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, fl
 
 /* Ops implemented in the cpu_*.c files. */
 pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
+pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
+                             int64_t expert);
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                          const pt_matrix *down, pt_glu_kind act);

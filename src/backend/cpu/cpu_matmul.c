@@ -12,7 +12,10 @@
  *     sums of x computed once per call), so the codes are never dequantized.
  *   T >= PT_CPU_DIRECT_T (prefill): a packed GEMM (mm_gemm below) whose
  *     weights are dequantized once per call into k-major panels, so the
- *     dequantization cost is paid once per weight, not per token. */
+ *     dequantization cost is paid once per weight, not per token.
+ * The two paths round differently, so a row's result depends on which one
+ * ran; matmul_rows (continuous batching) always takes the decode path so a
+ * batched row is bit-identical to the same row decoded alone. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
@@ -285,13 +288,15 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     }
 }
 
-pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
+/* direct: the decode kernels for every row (any T); else chosen by T. */
+static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert,
+                        int direct) {
     pt_cpu *c = pt_cpu_of(be);
     PT_ASSERT(T >= 0 && expert >= 0 && (expert == 0 || expert < w->n_experts));
     if (T == 0) return PT_OK;
     int64_t K = w->cols;
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
-    if (T < PT_CPU_DIRECT_T) {
+    if (direct || T < PT_CPU_DIRECT_T) {
         int64_t ng = w->bits ? K / w->group_size : 0;
         /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement [2·T·K bytes] */
         PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + 1))));
@@ -340,6 +345,19 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
         pt_pool_for(c->pool, (long)w->rows, 32, mm_gemm, &m);
     }
     return PT_OK;
+}
+
+pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
+    return mm_run(be, y, x, T, w, expert, 0);
+}
+
+/* Batch-invariant matmul (backend.h matmul_rows): every T goes through the
+ * decode kernels above, whose per-row arithmetic is the T == 1 arithmetic
+ * (the token loop is inside the weight-row loop, so a block of weight rows is
+ * read from memory once and reused from cache by all T tokens). */
+pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
+                             int64_t expert) {
+    return mm_run(be, y, x, T, w, expert, 1);
 }
 
 /* ---- embedding ---- */

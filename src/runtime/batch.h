@@ -1,0 +1,34 @@
+/* Continuous batching, internal side (docs/batching.md): the batched decode
+ * step behind petrel.h's pt_session_decode_batch.
+ *
+ * One step appends one token to each of B sessions of one model and runs the
+ * B rows through the network together: embedding, norms, projections,
+ * activations and the lm_head over [B, ...] (matmuls through the backend's
+ * batch-invariant matmul_rows), RoPE at each row's own position, and KV
+ * append + attention per session over its own cache. Every row's arithmetic
+ * is the arithmetic of a single-token pt_fwd_run, so results are
+ * bit-identical to decoding each session alone (tests/test_batch.c).
+ *
+ * What this is not: no scheduling (the server's scheduler decides which
+ * sessions step together), no prefill (a joining request's prompt goes
+ * through pt_session_prompt, chunked by the caller), no sampling.
+ *
+ * The step's activation buffers belong to the model (m->batch), sized for the
+ * largest B seen so far and reused; a step allocates nothing once warm. */
+#ifndef PT_RUNTIME_BATCH_H
+#define PT_RUNTIME_BATCH_H
+
+#include "model/model.h"
+
+/* Runs one batched decode step: row b is token ids[b] of the forward state
+ * sts[b] at position pos[b] (its cache holds positions < pos[b]); writes row
+ * b's logits to outs[b] (host memory [V]). Ids must already be checked
+ * against the vocabulary and positions against each state's context; the
+ * states must be distinct. Callers hold m->lock. */
+pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
+                           float *const *outs);
+
+/* Frees the model's batch buffers (installed as m->batch_free). */
+void pt_batch_free(pt_model *m);
+
+#endif

@@ -1,0 +1,218 @@
+/* Continuous batching (pt_session_decode_batch, docs/batching.md): batch
+ * invariance as a tested property. For each model (the bundled 4-bit demo
+ * model and the family fixtures: 8-bit, mixed 3/6-bit, QK-norm, MoE, sliding
+ * window + sandwich norms, MiniCPM scales, longrope), a request's greedy
+ * tokens and its logits bit for bit are the same whether it is decoded alone
+ * or in a batch with others:
+ *   - batch sizes 1..8, sessions at different positions;
+ *   - sessions joining (prefilled between steps) and leaving at different
+ *     steps, one cancelled mid-batch;
+ *   - the reference decoded with 1 thread, the batches with 1 and 2 threads.
+ * Plus the argument checks (nothing changes on a rejected call). */
+#include "test.h"
+
+#include "base/mmap.h"
+#include "petrel.h"
+
+#include <stdint.h>
+
+enum { MAXS = 8, STEPS = 6 };
+
+static pt_model *load(const char *dir, int threads, pt_compute_dtype dt) {
+    pt_model_params mp = pt_model_default_params();
+    mp.n_threads = threads;
+    mp.dtype = dt;
+    mp.device = PT_DEVICE_CPU;
+    pt_model *m = NULL;
+    if (pt_model_load(dir, &mp, &m) != PT_OK) printf("    load %s: %s\n", dir, pt_last_error());
+    return m;
+}
+
+static int argmax(const float *x, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Prompt of session i: lengths differ so the sessions decode at different
+ * positions; session 7's is long enough to cross a longrope switch (64). */
+static int prompt_len(int i) { return i == 7 ? 60 : 2 + 3 * i; }
+static int32_t prompt_id(int i, int j, int V) { return (int32_t)((i * 131 + j * 37 + 5) % V); }
+
+/* Reference: each session decoded alone; logits [MAXS][STEPS + 1][V] (step 0
+ * = after the prompt), tokens [MAXS][STEPS]. */
+typedef struct {
+    int V;
+    float *logits;
+    int32_t tok[MAXS][STEPS];
+} ref_t;
+
+static float *ref_row(ref_t *r, int i, int step) { return r->logits + ((size_t)i * (STEPS + 1) + step) * r->V; }
+
+static int make_ref(pt_model *m, ref_t *r) {
+    r->V = pt_model_vocab_size(m);
+    r->logits = malloc((size_t)MAXS * (STEPS + 1) * r->V * sizeof(float));
+    if (!r->logits) return 0;
+    for (int i = 0; i < MAXS; i++) {
+        pt_session *s = NULL;
+        if (pt_session_create(m, NULL, &s) != PT_OK) return 0;
+        int32_t p[64];
+        for (int j = 0; j < prompt_len(i); j++) p[j] = prompt_id(i, j, r->V);
+        if (pt_session_prompt(s, p, (size_t)prompt_len(i)) != PT_OK) return 0;
+        memcpy(ref_row(r, i, 0), pt_session_logits(s), (size_t)r->V * 4);
+        for (int t = 0; t < STEPS; t++) {
+            int32_t id = argmax(pt_session_logits(s), r->V);
+            r->tok[i][t] = id;
+            if (pt_session_prompt(s, &id, 1) != PT_OK) return 0;
+            memcpy(ref_row(r, i, t + 1), pt_session_logits(s), (size_t)r->V * 4);
+        }
+        pt_session_free(&s);
+    }
+    return 1;
+}
+
+/* One batched run. Session i joins at step join[i] (prefilled then, while
+ * the others are mid-decode) and decodes until it has done last[i] steps
+ * (< STEPS: it left early, e.g. cancelled). Checks every logits row and
+ * token against the reference; returns the number of mismatches. */
+static int run_batched(pt_model *m, ref_t *r, int n, const int *join, const int *last, int *max_b) {
+    pt_session *ss[MAXS] = {0};
+    int done[MAXS] = {0}, bad = 0;
+    *max_b = 0;
+    for (int i = 0; i < n; i++)
+        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
+            printf("    session: %s\n", pt_last_error());
+            return 1000;
+        }
+    for (int step = 0; step < STEPS + MAXS; step++) {
+        pt_session *b[MAXS];
+        int32_t ids[MAXS];
+        int who[MAXS], B = 0;
+        for (int i = 0; i < n; i++) {
+            if (step == join[i]) {
+                int32_t p[64];
+                for (int j = 0; j < prompt_len(i); j++) p[j] = prompt_id(i, j, r->V);
+                if (pt_session_prompt(ss[i], p, (size_t)prompt_len(i)) != PT_OK) return 1000;
+                if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, 0), (size_t)r->V * 4)) bad++;
+            }
+            if (step >= join[i] && done[i] < last[i]) {
+                int32_t id = argmax(pt_session_logits(ss[i]), r->V);
+                if (id != r->tok[i][done[i]]) bad++;
+                b[B] = ss[i];
+                ids[B] = id;
+                who[B++] = i;
+            }
+        }
+        if (!B) continue;
+        if (B > *max_b) *max_b = B;
+        if (pt_session_decode_batch(b, ids, B) != PT_OK) {
+            printf("    decode_batch: %s\n", pt_last_error());
+            return 1000;
+        }
+        for (int k = 0; k < B; k++) {
+            int i = who[k];
+            done[i]++;
+            if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, done[i]), (size_t)r->V * 4)) {
+                if (bad < 3) printf("    session %d step %d (batch of %d): logits differ\n", i, done[i], B);
+                bad++;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (pt_session_n_tokens(ss[i]) != (size_t)(prompt_len(i) + last[i])) bad++;
+        pt_session_free(&ss[i]);
+    }
+    return bad;
+}
+
+/* every_size: batch sizes 1..8; else 1, 3 and 8 (the fixtures, for time). */
+static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
+    if (!pt_is_dir(dir)) {
+        printf("INFO batch: %s absent, skipped\n", dir);
+        return;
+    }
+    pt_model *m1 = load(dir, 1, dt);
+    CHECK(m1, "load %s", dir);
+    if (!m1) return;
+    ref_t r;
+    int ok = make_ref(m1, &r);
+    CHECK(ok, "%s: reference decode: %s", dir, pt_last_error());
+    for (int th = 1; ok && th <= 2; th++) {
+        pt_model *m = th == 1 ? m1 : load(dir, 2, dt);
+        CHECK(m, "load %s with 2 threads", dir);
+        if (!m) break;
+        int full[MAXS], zero[MAXS] = {0}, max_b = 0;
+        for (int i = 0; i < MAXS; i++) full[i] = STEPS;
+        /* batch sizes 1..8, all joining together (different positions) */
+        for (int n = 1; n <= MAXS; n++) {
+            if (!every_size && n != 1 && n != 3 && n != MAXS) continue;
+            int bad = run_batched(m, &r, n, zero, full, &max_b);
+            CHECK(bad == 0 && max_b == n, "%s dtype %d threads %d: batch of %d: %d mismatches", dir, (int)dt, th, n,
+                  bad);
+        }
+        /* joining and leaving between steps; session 2 cancelled after 2 steps,
+         * session 5 after 1 */
+        int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
+        int bad = run_batched(m, &r, MAXS, join, last, &max_b);
+        CHECK(bad == 0, "%s dtype %d threads %d: join/leave schedule: %d mismatches", dir, (int)dt, th, bad);
+        if (m != m1) pt_model_free(&m);
+    }
+    free(r.logits);
+    pt_model_free(&m1);
+}
+
+static void test_batch_invariance_demo(void) {
+    check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 1);
+    check_model("models/kjv-llama-4bit", PT_COMPUTE_F32, 0);
+}
+
+static void test_batch_invariance_families(void) {
+    const char *dirs[] = {"tests/fixtures/llama",       "tests/fixtures/llama_mlx_q8", "tests/fixtures/llama_mlx_mixed_3_6",
+                          "tests/fixtures/qwen3",       "tests/fixtures/qwen3_moe",    "tests/fixtures/qwen3_moe_mlx_q4",
+                          "tests/fixtures/gemma3_text", "tests/fixtures/minicpm"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) check_model(dirs[i], PT_COMPUTE_MODEL, 0);
+}
+
+static void test_batch_errors(void) {
+    const char *dir = "models/kjv-llama-4bit";
+    if (!pt_is_dir(dir)) TEST_SKIP("demo model absent");
+    pt_model *m = load(dir, 1, PT_COMPUTE_MODEL), *m2 = load(dir, 1, PT_COMPUTE_MODEL);
+    REQUIRE(m && m2, "load");
+    int V = pt_model_vocab_size(m);
+    pt_session *a = NULL, *b = NULL, *c = NULL;
+    pt_session_params sp = pt_session_default_params();
+    sp.n_ctx = 4;
+    REQUIRE(pt_session_create(m, NULL, &a) == PT_OK && pt_session_create(m, &sp, &b) == PT_OK &&
+                pt_session_create(m2, NULL, &c) == PT_OK,
+            "sessions");
+    int32_t p[4] = {5, 6, 7, 8};
+    REQUIRE(pt_session_prompt(a, p, 2) == PT_OK && pt_session_prompt(b, p, 4) == PT_OK, "prompt");
+    int32_t ids[2] = {9, 10};
+    pt_session *aa[2] = {a, a}, *ab[2] = {a, b}, *ac[2] = {a, c}, *an[2] = {a, NULL};
+    CHECK(pt_session_decode_batch(aa, ids, 2) == PT_ERR_INVALID_ARG, "same session twice");
+    CHECK(strstr(pt_last_error(), "same session"), "message: %s", pt_last_error());
+    CHECK(pt_session_decode_batch(ac, ids, 2) == PT_ERR_INVALID_ARG, "another model");
+    CHECK(pt_session_decode_batch(an, ids, 2) == PT_ERR_INVALID_ARG, "NULL session");
+    CHECK(pt_session_decode_batch(ab, ids, 0) == PT_ERR_INVALID_ARG, "n = 0");
+    CHECK(pt_session_decode_batch(ab, ids, 2) == PT_ERR_RANGE, "session b's context is full");
+    CHECK(strstr(pt_last_error(), "session 1"), "message names the index: %s", pt_last_error());
+    int32_t bad[1] = {V};
+    CHECK(pt_session_decode_batch(ab, bad, 1) == PT_ERR_RANGE, "id outside the vocabulary");
+    CHECK(pt_session_n_tokens(a) == 2 && pt_session_n_tokens(b) == 4, "rejected calls change nothing");
+    CHECK(pt_session_logits(a) != NULL, "a keeps its logits");
+    CHECK(pt_session_decode_batch(ab, ids, 1) == PT_OK && pt_session_n_tokens(a) == 3, "a batch of one");
+    CHECK(pt_session_tokens(a)[2] == 9, "the token is appended");
+    pt_session_free(&a);
+    pt_session_free(&b);
+    pt_session_free(&c);
+    pt_model_free(&m);
+    pt_model_free(&m2);
+}
+
+int main(void) {
+    TEST_RUN(test_batch_errors);
+    TEST_RUN(test_batch_invariance_demo);
+    TEST_RUN(test_batch_invariance_families);
+    return test_summary();
+}
