@@ -1,7 +1,8 @@
 /* Continuous batching (pt_session_decode_batch, docs/batching.md): batch
  * invariance as a tested property. For each model (the bundled 4-bit demo
  * model and the family fixtures: 8-bit, mixed 3/6-bit, QK-norm, MoE, sliding
- * window + sandwich norms, MiniCPM scales, longrope), a request's greedy
+ * window + sandwich norms, MiniCPM scales, longrope, Gemma 4 per-layer inputs
+ * and KV sharing, Gemma 4 MoE; the demo model with quantized KV), a request's greedy
  * tokens and its logits bit for bit are the same whether it is decoded alone
  * or in a batch with others:
  *   - batch sizes 1..8, sessions at different positions;
@@ -18,8 +19,14 @@
 
 enum { MAXS = 8, STEPS = 6 };
 
+static int g_kv_quant; /* --kv-quant for the next loads (0 = off) */
+
 static pt_model *load(const char *dir, int threads, pt_compute_dtype dt) {
     pt_model_params mp = pt_model_default_params();
+    if (g_kv_quant) {
+        mp.kv_quant = g_kv_quant;
+        mp.quantized_kv_start = 8; /* converted mid-run: some sessions before, some after */
+    }
     mp.n_threads = threads;
     mp.dtype = dt;
     mp.device = PT_DEVICE_CPU;
@@ -165,12 +172,16 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
 static void test_batch_invariance_demo(void) {
     check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 1);
     check_model("models/kjv-llama-4bit", PT_COMPUTE_F32, 0);
+    g_kv_quant = 8; /* quantized KV: each session's cache converts at its own step */
+    check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 0);
+    g_kv_quant = 0;
 }
 
 static void test_batch_invariance_families(void) {
     const char *dirs[] = {"tests/fixtures/llama",       "tests/fixtures/llama_mlx_q8", "tests/fixtures/llama_mlx_mixed_3_6",
                           "tests/fixtures/qwen3",       "tests/fixtures/qwen3_moe",    "tests/fixtures/qwen3_moe_mlx_q4",
-                          "tests/fixtures/gemma3_text", "tests/fixtures/minicpm"};
+                          "tests/fixtures/gemma3_text", "tests/fixtures/minicpm",     "tests/fixtures/gemma4_e",
+                          "tests/fixtures/gemma4_moe",  "tests/fixtures/qwen3_5_text"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) check_model(dirs[i], PT_COMPUTE_MODEL, 0);
 }
 

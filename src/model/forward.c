@@ -9,7 +9,15 @@
  *
  * Every step calls the backend op table; nothing here knows which backend
  * runs it. Buffers are sized once in pt_fwd_init, so a decode step
- * allocates nothing. */
+ * allocates nothing.
+ *
+ * The same pass serves continuous batching (pt_fwd_run_rows, driven by
+ * runtime/batch.c): T rows that are each the next token of a different
+ * sequence. Then the per-token ops run over the T rows as usual, matmuls go
+ * through the batch-invariant matmul_rows, and the per-sequence ops (RoPE
+ * table choice, KV append, attention) run row by row on each row's own
+ * session state — so every row computes exactly what a single-token
+ * pt_fwd_run of its session computes. */
 #include "model/model.h"
 
 #include "backend/cuda/cuda.h"
@@ -26,6 +34,17 @@ static void *balloc(pt_model *m, size_t bytes, pt_status *st) {
     void *p = OPS(m)->alloc(m->be, bytes ? bytes : 64);
     if (!p) *st = pt_error_prefix(PT_ERR_NOMEM, "allocating %zu bytes of session buffers", bytes);
     return p;
+}
+
+/* y[T, N] = x[T, K]·Wᵀ. With batched rows (r != NULL) through matmul_rows,
+ * whose row t equals the T = 1 matmul bit for bit (or T = 1 matmuls when the
+ * backend has no matmul_rows): a row's result never depends on its batch. */
+static pt_status mmul(pt_model *m, const pt_fwd_rows *r, float *y, const float *x, int T, const pt_matrix *w) {
+    if (!r) return OPS(m)->matmul(m->be, y, x, T, w, 0);
+    if (OPS(m)->matmul_rows) return OPS(m)->matmul_rows(m->be, y, x, T, w, 0);
+    for (int t = 0; t < T; t++)
+        PT_TRY(OPS(m)->matmul(m->be, y + (size_t)t * w->rows, x + (size_t)t * w->cols, 1, w, 0));
+    return PT_OK;
 }
 
 pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
@@ -124,20 +143,21 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
 
 /* Gemma 4's MoE block (model.h): st->xn = ffn_norm(x) on entry, st->x the
  * residual stream r; the whole branch, post_ffn_norm included, -> st->y. */
-static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T, int pos0) {
+static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T,
+                             int pos0) {
     pt_backend *be = m->be;
     const pt_net *n = &m->net;
     const int64_t H = n->hidden;
     /* dense path */
-    PT_TRY(OPS(m)->matmul(be, st->gate, st->xn, T, &L->w_gate, 0));
-    PT_TRY(OPS(m)->matmul(be, st->up, st->xn, T, &L->w_up, 0));
+    PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->w_gate));
+    PT_TRY(mmul(m, r, st->up, st->xn, T, &L->w_up));
     PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
-    PT_TRY(OPS(m)->matmul(be, st->y2, st->act, T, &L->w_down, 0));
+    PT_TRY(mmul(m, r, st->y2, st->act, T, &L->w_down));
     PT_TRY(OPS(m)->rms_norm(be, st->y2, st->y2, NULL, T, H, L->post_ffn_norm_1, n->norm_type, L->norm_style, n->eps));
     /* router on the un-normed residual stream */
     PT_TRY(OPS(m)->rms_norm(be, st->xr, st->x, NULL, T, H, L->router_in_scale, PT_FT_F32, PT_RMS_W_F32, n->eps));
-    PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xr, T, &L->router, 0));
-    if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
+    PT_TRY(mmul(m, r, st->rlogits, st->xr, T, &L->router));
+    if (m->route_cb && !r) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
     PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
     /* experts on their own pre-norm */
     PT_TRY(OPS(m)->rms_norm(be, st->xr, st->x, NULL, T, H, L->pre_ffn_norm_2, n->norm_type, L->norm_style, n->eps));
@@ -148,17 +168,17 @@ static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_layer *L, in
 }
 
 /* Feed-forward of one layer: st->xn (normed) -> st->y [T, H]. */
-static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T, int pos0) {
+static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T, int pos0) {
     pt_backend *be = m->be;
     if (!L->is_moe) {
-        PT_TRY(OPS(m)->matmul(be, st->gate, st->xn, T, &L->w_gate, 0));
-        PT_TRY(OPS(m)->matmul(be, st->up, st->xn, T, &L->w_up, 0));
+        PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->w_gate));
+        PT_TRY(mmul(m, r, st->up, st->xn, T, &L->w_up));
         PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
-        return OPS(m)->matmul(be, st->y, st->act, T, &L->w_down, 0);
+        return mmul(m, r, st->y, st->act, T, &L->w_down);
     }
-    if (L->moe_dense) return ffn_gemma4(m, st, L, l, T, pos0);
-    PT_TRY(OPS(m)->matmul(be, st->rlogits, st->xn, T, &L->router, 0));
-    if (m->route_cb) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
+    if (L->moe_dense) return ffn_gemma4(m, st, r, L, l, T, pos0);
+    PT_TRY(mmul(m, r, st->rlogits, st->xn, T, &L->router));
+    if (m->route_cb && !r) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
     PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
     return OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
                            &L->ex_down, L->glu);
@@ -166,12 +186,12 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, in
 
 /* Gemma 4 per-layer inputs for the chunk, from the embedding output st->x:
  * ple[T, L, pd] = (norm(proj(x)·H^-0.5) + table[ids]·sqrt(pd)) · 2^-0.5. */
-static pt_status ple_inputs(pt_model *m, pt_fwd_state *st, int T) {
+static pt_status ple_inputs(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, int T) {
     const pt_net *n = &m->net;
     pt_backend *be = m->be;
     const int64_t LP = (int64_t)n->n_layers * n->ple_dim;
     PT_TRY(OPS(m)->embed(be, st->ple, st->ids_dev, T, &n->ple_embed, n->ple_embed_scale));
-    PT_TRY(OPS(m)->matmul(be, st->ple2, st->x, T, &n->ple_model_proj, 0));
+    PT_TRY(mmul(m, r, st->ple2, st->x, T, &n->ple_model_proj));
     PT_TRY(OPS(m)->scale(be, st->ple2, st->ple2, n->ple_proj_scale, (int64_t)T * LP));
     PT_TRY(OPS(m)->rms_norm(be, st->ple2, st->ple2, NULL, (int64_t)T * n->n_layers, n->ple_dim, n->ple_proj_norm,
                             n->norm_type, n->layers[0].norm_style, n->eps));
@@ -183,15 +203,15 @@ static pt_status ple_inputs(pt_model *m, pt_fwd_state *st, int T) {
  * x += norm(proj(gelu(gate(x)) ⊙ ple[:, l, :])). The layer's slice of ple
  * has row stride L·pd while the gate's rows are pd apart, so the gated
  * product runs one token at a time (pd is small: 256 in E2B/E4B). */
-static pt_status ple_gate(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T) {
+static pt_status ple_gate(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T) {
     const pt_net *n = &m->net;
     pt_backend *be = m->be;
     const int64_t pd = n->ple_dim, LP = (int64_t)n->n_layers * pd, H = n->hidden;
-    PT_TRY(OPS(m)->matmul(be, st->pg, st->x, T, &L->ple_gate, 0));
+    PT_TRY(mmul(m, r, st->pg, st->x, T, &L->ple_gate));
     for (int t = 0; t < T; t++)
         PT_TRY(OPS(m)->glu(be, st->pa + (size_t)t * pd, st->pg + (size_t)t * pd, st->ple + (size_t)t * LP + (size_t)l * pd,
                            1, pd, pd, PT_GLU_GELU_TANH));
-    PT_TRY(OPS(m)->matmul(be, st->y, st->pa, T, &L->ple_proj, 0));
+    PT_TRY(mmul(m, r, st->y, st->pa, T, &L->ple_proj));
     PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->ple_post_norm, n->norm_type, L->norm_style, n->eps));
     return OPS(m)->add(be, st->x, st->x, st->y, (int64_t)T * H);
 }
@@ -201,33 +221,67 @@ static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int6
     return OPS(m)->add(m->be, st->x, st->x, st->y, n);
 }
 
+/* Batched rows: RoPE, KV append and attention of layer l, row t being the
+ * next token of sequence r->seq[t] at position r->pos[t] — each row the
+ * T = 1 calls its own pt_fwd_run would make, on its own caches. */
+static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l,
+                                int T) {
+    pt_backend *be = m->be;
+    const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim, own_kv = !L->kv_shared;
+    const size_t qd = (size_t)nh * hd, kd = (size_t)nkv * hd; /* this layer's row strides */
+    if (!L->inv_freq_long) { /* one table: every row at its own position in one call */
+        PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &L->rope));
+        if (own_kv) PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &L->rope));
+    }
+    pt_attn attn = L->attn;
+    attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+    for (int t = 0; t < T; t++) {
+        pt_fwd_state *sq = r->seq[t];
+        const int32_t *pos = st->pos_dev + t;
+        if (L->inv_freq_long) { /* longrope: the table depends on the row's position */
+            pt_rope rope = L->rope;
+            if ((int64_t)r->pos[t] + 1 > L->rope_switch_len) {
+                rope.inv_freq = L->inv_freq_long;
+                rope.attn_scale = L->attn_long_scale;
+            }
+            PT_TRY(OPS(m)->rope(be, st->q + t * qd, 1, nh, hd, pos, &rope));
+            if (own_kv) PT_TRY(OPS(m)->rope(be, st->k + t * kd, 1, nkv, hd, pos, &rope));
+        }
+        if (own_kv) PT_TRY(OPS(m)->kv_append(be, &sq->kv[l], st->k + t * kd, st->v + t * kd, 1, pos));
+        PT_TRY(OPS(m)->attention(be, st->att + t * qd, st->q + t * qd, 1, pos, &sq->kv[L->kv_shared ? L->kv_src : l],
+                                 &attn));
+    }
+    return PT_OK;
+}
+
 /* The pass itself, enqueue only (capturable into a CUDA graph): embedding,
  * layers, and with n_logits > 0 the final norm of the last n_logits rows,
  * whose start is returned in *hn_out. The ids and positions are already in
  * st->ids_dev / st->pos_dev. */
-static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_logits, float **hn_out) {
+static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, int T, int pos0, int n_logits,
+                          float **hn_out) {
     const pt_net *n = &m->net;
     pt_backend *be = m->be;
     const int64_t H = n->hidden;
     PT_TRY(OPS(m)->embed(be, st->x, st->ids_dev, T, &n->embed, n->embed_scale));
-    if (m->hidden_cb) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
-    if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, T));
+    if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
+    if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, r, T));
     if (st->conv_state) PT_TRY(pt_qwen35_begin(m, st, pos0));
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
         PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, L->norm_style, n->eps));
         if (L->is_linear || L->attn_gate) {
-            PT_TRY(pt_qwen35_mixer(m, st, L, l, T)); /* Qwen3.5: qwen3_5.c */
+            PT_TRY(pt_qwen35_mixer(m, st, L, l, T)); /* Qwen3.5: qwen3_5.c (never with batched rows) */
         } else {
             const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
             const int own_kv = !L->kv_shared;
             pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
-            PT_TRY(OPS(m)->matmul(be, st->q, st->xn, T, &L->wq, 0));
-            if (own_kv) PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
+            PT_TRY(mmul(m, r, st->q, st->xn, T, &L->wq));
+            if (own_kv) PT_TRY(mmul(m, r, st->k, st->xn, T, &L->wk));
             if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
                 PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
             else if (own_kv)
-                PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
+                PT_TRY(mmul(m, r, st->v, st->xn, T, &L->wv));
             if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
                 PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
                                         n->eps));
@@ -237,36 +291,40 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_
             if (own_kv && L->k_norm)
                 PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
                                         L->qk_style, n->eps));
-            pt_rope rope = L->rope;
-            if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
-                /* longrope past the original context: the long-factor table */
-                rope.inv_freq = L->inv_freq_long;
-                rope.attn_scale = L->attn_long_scale;
-            }
-            PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
-            if (own_kv) {
-                PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
-                PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
-            }
             pt_attn attn = L->attn;
             attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
-            /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
-            PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
-            PT_TRY(OPS(m)->matmul(be, st->y, st->att, T, &L->wo, 0));
+            if (r) {
+                PT_TRY(rows_attention(m, st, r, L, l, T));
+            } else {
+                pt_rope rope = L->rope;
+                if (L->inv_freq_long && (int64_t)pos0 + T > L->rope_switch_len) {
+                    /* longrope past the original context: the long-factor table */
+                    rope.inv_freq = L->inv_freq_long;
+                    rope.attn_scale = L->attn_long_scale;
+                }
+                PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
+                if (own_kv) {
+                    PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
+                    PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+                }
+                /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
+                PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
+            }
+            PT_TRY(mmul(m, r, st->y, st->att, T, &L->wo));
         }
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
                                     n->eps));
         PT_TRY(residual(m, st, L, (int64_t)T * H));
         PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
-        PT_TRY(ffn(m, st, L, l, T, pos0));
+        PT_TRY(ffn(m, st, r, L, l, T, pos0));
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm, n->norm_type, L->norm_style,
                                     n->eps));
         PT_TRY(residual(m, st, L, (int64_t)T * H));
-        if (L->ple_gate.rows) PT_TRY(ple_gate(m, st, L, l, T));
+        if (L->ple_gate.rows) PT_TRY(ple_gate(m, st, r, L, l, T));
         if (L->has_layer_scalar) PT_TRY(OPS(m)->scale(be, st->x, st->x, L->layer_scalar, (int64_t)T * H));
-        if (m->hidden_cb) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
+        if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
     if (st->conv_state) st->lin_pos = (int64_t)pos0 + T; /* the DeltaNet states now hold positions < pos0 + T */
     *hn_out = NULL;
@@ -276,16 +334,16 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, int T, int pos0, int n_
     float *hn = st->xn + (size_t)r0 * H;
     PT_TRY(OPS(m)->rms_norm(be, hn, st->x + (size_t)r0 * H, NULL, n_logits, H, n->final_norm, n->norm_type,
                             n->final_style, n->eps));
-    if (m->hidden_cb) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
+    if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
     if (n->logit_scale != 1.0f) PT_TRY(OPS(m)->scale(be, hn, hn, n->logit_scale, (int64_t)n_logits * H));
     *hn_out = hn;
     return PT_OK;
 }
 
 /* Logits of nb rows starting at hn into st->logits (enqueue only). */
-static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const float *hn, int nb) {
+static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const float *hn, int nb) {
     const pt_net *n = &m->net;
-    PT_TRY(OPS(m)->matmul(m->be, st->logits, hn, nb, &n->lm_head, 0));
+    PT_TRY(mmul(m, r, st->logits, hn, nb, &n->lm_head));
     if (n->final_softcap > 0)
         PT_TRY(OPS(m)->softcap(m->be, st->logits, st->logits, n->final_softcap, (int64_t)nb * n->vocab));
     return PT_OK;
@@ -305,8 +363,8 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     if (!st->graph[use_long]) {
         PT_TRY(pt_cuda_graph_begin(m->be));
         float *hn = NULL;
-        pt_status s = fwd_body(m, st, 1, pos0, 1, &hn);
-        if (s == PT_OK) s = fwd_logits(m, st, hn, 1);
+        pt_status s = fwd_body(m, st, NULL, 1, pos0, 1, &hn);
+        if (s == PT_OK) s = fwd_logits(m, st, NULL, hn, 1);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());
         pt_status e = pt_cuda_graph_end(m->be, &st->graph[use_long]);
@@ -334,14 +392,47 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
         !m->hidden_cb && !m->route_cb && !st->cache->any_quant)
         return fwd_decode_graph(m, st, pos0, out);
     float *hn = NULL;
-    PT_TRY(fwd_body(m, st, T, pos0, n_logits, &hn));
+    PT_TRY(fwd_body(m, st, NULL, T, pos0, n_logits, &hn));
     /* quantized KV: convert the caches once they hold quantized_kv_start
      * tokens (the logits below do not read the caches) */
     PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + T));
     for (int r = 0; r < n_logits; r += st->logit_rows) {
         int nb = n_logits - r < st->logit_rows ? n_logits - r : st->logit_rows;
-        PT_TRY(fwd_logits(m, st, hn + (size_t)r * H, nb));
+        PT_TRY(fwd_logits(m, st, NULL, hn + (size_t)r * H, nb));
         PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
+    }
+    return PT_OK;
+}
+
+int pt_fwd_rows_supported(const pt_model *m) {
+    for (int l = 0; l < m->net.n_layers; l++)
+        if (m->net.layers[l].is_linear || m->net.layers[l].attn_gate) return 0;
+    return 1;
+}
+
+pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const int32_t *ids,
+                          float *const *outs) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    const int T = r->n;
+    if (!pt_fwd_rows_supported(m))
+        return pt_error(PT_ERR_UNSUPPORTED, "batched forward: not implemented for Qwen3.5's recurrent layers");
+    if (T < 1 || T > st->chunk)
+        return pt_error(PT_ERR_INTERNAL, "batched forward: %d rows (buffers for %d)", T, st->chunk);
+    for (int t = 0; t < T; t++)
+        if (r->pos[t] < 0 || r->pos[t] >= r->seq[t]->n_ctx)
+            return pt_error(PT_ERR_INTERNAL, "batched forward: row %d at position %d of a %d-token context", t,
+                            r->pos[t], r->seq[t]->n_ctx);
+    PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
+    PT_TRY(OPS(m)->upload(be, st->pos_dev, r->pos, (size_t)T * 4));
+    float *hn = NULL;
+    PT_TRY(fwd_body(m, st, r, T, 0, T, &hn));
+    for (int t = 0; t < T; t++) PT_TRY(pt_kv_cache_step_done(m, r->seq[t]->cache, r->seq[t]->kv, (int64_t)r->pos[t] + 1));
+    for (int r0 = 0; r0 < T; r0 += st->logit_rows) {
+        int nb = T - r0 < st->logit_rows ? T - r0 : st->logit_rows;
+        PT_TRY(fwd_logits(m, st, r, hn + (size_t)r0 * n->hidden, nb));
+        for (int j = 0; j < nb; j++)
+            PT_TRY(OPS(m)->download(be, outs[r0 + j], st->logits + (size_t)j * n->vocab, (size_t)n->vocab * 4));
     }
     return PT_OK;
 }

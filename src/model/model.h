@@ -226,6 +226,29 @@ pt_status pt_net_bind(pt_model *m, pt_matrix *dst, const struct pt_weight *src, 
 pt_status pt_net_upload_vec(pt_model *m, const struct pt_weight *w, int64_t n, const void **out, pt_ftype want,
                             const char *what);
 
+/* Continuous batching (runtime/batch.c): n rows, row t the next token of
+ * the sequence whose state is seq[t] (its caches), at position pos[t] (host
+ * memory; seq[t]'s cache holds the positions before it). */
+typedef struct pt_fwd_rows {
+    int n;
+    pt_fwd_state *const *seq; /* [n], distinct */
+    const int32_t *pos;       /* [n] */
+} pt_fwd_rows;
+
+/* Runs the n rows of r (1..st->chunk) through the network in one pass using
+ * st's activation buffers (st's own caches are not touched) and writes row
+ * t's logits to host memory outs[t] [V]. Row t's results are bit-identical
+ * to pt_fwd_run(seq[t], &ids[t], 1, pos[t], 1): matmuls through the backend's
+ * matmul_rows, RoPE / KV append / attention per row on seq[t]. Ids must be
+ * checked against the vocabulary. The debugging callbacks are not called.
+ * Callers hold m->lock. */
+pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const int32_t *ids,
+                          float *const *outs);
+/* 1 if pt_fwd_run_rows handles the model: not yet for Qwen3.5's Gated
+ * DeltaNet / gated-attention layers (their per-sequence recurrent state is
+ * not split by row), which callers then step one session at a time. */
+int pt_fwd_rows_supported(const pt_model *m);
+
 /* Builds m->net from the spec and weights (llama.c); frees it. */
 pt_status pt_net_build(pt_model *m);
 void pt_net_free(pt_model *m);

@@ -28,7 +28,7 @@
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
                            float *const *outs);
 
-/* Frees the model's batch buffers (installed as m->batch_free). */
+/* Frees the model's batch state (installed as m->batch_free). */
 void pt_batch_free(pt_model *m);
 
 #endif
