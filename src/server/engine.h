@@ -56,6 +56,10 @@ typedef struct pt_srv_engine {
                                 pt_token_info *out);
     /* Bytes of memory the session holds (its KV cache), for the prompt-cache cap. */
     size_t (*session_bytes)(void *s);
+    /* Continuous batching (pt_session_decode_batch): appends ids[i] to
+     * sessions[i] for i < n in one forward step. NULL = not available: the
+     * scheduler then runs session_prompt(s, &id, 1) per session. */
+    pt_status (*session_decode_batch)(void *const *sessions, const int32_t *ids, int n);
 } pt_srv_engine;
 
 /* Fills `e` for a loaded petrel model (engine_petrel.c); `dir` is the model

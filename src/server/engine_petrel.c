@@ -129,6 +129,12 @@ static pt_status e_truncate(void *s, size_t n) {
     return pt_session_truncate(S(s), n);
 }
 static pt_status e_prompt(void *s, const int32_t *ids, size_t n) { return pt_session_prompt(S(s), ids, n); }
+static pt_status e_decode_batch(void *const *s, const int32_t *ids, int n) {
+    pt_session *ss[64];
+    if (n > 64) return pt_error(PT_ERR_INVALID_ARG, "decode batch of %d sessions (at most 64)", n);
+    for (int i = 0; i < n; i++) ss[i] = S(s[i]);
+    return pt_session_decode_batch(ss, ids, n);
+}
 /* The session re-derives its RNG only when the seed changes, so a reused
  * session given the same seed as its previous job would continue that job's
  * stream: two identical seeded requests would differ. One throwaway draw
@@ -204,6 +210,7 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_tokens = e_tokens;
     e->session_truncate = e_truncate;
     e->session_prompt = e_prompt;
+    e->session_decode_batch = e_decode_batch;
     e->session_sample = e_sample;
     e->session_bytes = e_bytes;
     return PT_OK;

@@ -61,6 +61,8 @@ typedef struct slot {
     pt_jsm *jsm;      /* constrained decoding state, or NULL */
     uint8_t *mask;    /* [vocab] */
     int max_tokens;
+    int pending;        /* a sampled token waits for this turn's batched decode step */
+    int32_t pending_id;
 } slot;
 
 typedef struct idle_session {
@@ -93,6 +95,7 @@ struct pt_srv_sched {
     int n_active;
     size_t idle_bytes;
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
+    uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows; /* decode steps by batch size */
 };
 
 static void job_finish(pt_srv_job *j, pt_srv_finish f, const char *err) {
@@ -392,10 +395,56 @@ static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
         slot_release(s, sl, PT_SRV_LENGTH, NULL);
         return;
     }
-    if (s->e->session_prompt(sl->session, &tok.id, 1) != PT_OK) {
-        snprintf(err, sizeof err, "decode: %s", pt_last_error());
-        slot_release(s, sl, PT_SRV_ERROR, err);
+    /* the token runs through the model with the other slots' tokens in this
+     * turn's batched step (decode_pending) */
+    sl->pending = 1;
+    sl->pending_id = tok.id;
+}
+
+/* Runs the pending tokens of slots [i0, i1) through the model: one batched step
+ * (continuous batching: the weights are read once for all slots; each
+ * slot's results are bit-identical to decoding it alone), or one
+ * session_prompt per slot when the engine has no batched step. A failed
+ * step fails the slots in it. Records the batch size for /metrics. */
+static void decode_some(pt_srv_sched *s, int i0, int i1) {
+    void *sess[64];
+    int32_t ids[64];
+    slot *who[64];
+    int n = 0;
+    for (int i = i0; i < i1; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->job || !sl->pending) continue;
+        sl->pending = 0;
+        sess[n] = sl->session;
+        ids[n] = sl->pending_id;
+        who[n++] = sl;
     }
+    if (!n) return;
+    char err[600];
+    if (s->e->session_decode_batch) {
+        if (s->e->session_decode_batch(sess, ids, n) != PT_OK) {
+            snprintf(err, sizeof err, "decode: %s", pt_last_error());
+            for (int k = 0; k < n; k++) slot_release(s, who[k], PT_SRV_ERROR, err);
+        }
+    } else {
+        for (int k = 0; k < n; k++)
+            if (s->e->session_prompt(sess[k], &ids[k], 1) != PT_OK) {
+                snprintf(err, sizeof err, "decode: %s", pt_last_error());
+                slot_release(s, who[k], PT_SRV_ERROR, err);
+            }
+    }
+    int b = 0; /* bucket: sizes 1, 2, 3-4, 5-8, ... (upper bounds 2^b) */
+    while (b < PT_SRV_BATCH_BUCKETS && (1 << b) < n) b++;
+    pthread_mutex_lock(&s->mu);
+    s->batch_hist[b]++;
+    s->batch_steps++;
+    s->batch_rows += (uint64_t)n;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void decode_pending(pt_srv_sched *s) {
+    /* steps of at most 64 slots (--parallel allows more) */
+    for (int i0 = 0; i0 < s->n_parallel; i0 += 64) decode_some(s, i0, i0 + 64 < s->n_parallel ? i0 + 64 : s->n_parallel);
 }
 
 /* Creating a session costs tens of milliseconds (its buffers are allocated
@@ -468,6 +517,7 @@ static void *inference_main(void *arg) {
             slot *sl = &s->slots[(rr + k) % s->n_parallel];
             if (sl->job) slot_step(s, sl, active > 1);
         }
+        decode_pending(s);
         rr = (rr + 1) % s->n_parallel;
     }
     /* shutting down: fail what is left */
@@ -578,5 +628,8 @@ void pt_srv_sched_get_stats(pt_srv_sched *s, pt_srv_sched_stats *st) {
     st->cache_tokens_reused = s->cache_tokens_reused;
     st->prompt_tokens = s->prompt_tokens;
     st->generated_tokens = s->generated_tokens;
+    memcpy(st->batch_hist, s->batch_hist, sizeof st->batch_hist);
+    st->batch_steps = s->batch_steps;
+    st->batch_rows = s->batch_rows;
     pthread_mutex_unlock(&s->mu);
 }

@@ -3,7 +3,10 @@
  * through a bounded queue and read each job's output as it grows.
  *
  * - Up to n_parallel jobs run at once, interleaved one unit at a time: a
- *   prompt chunk or one generated token per job per turn.
+ *   prompt chunk or one generated token per job per turn. The generated
+ *   tokens of a turn run through the model together, in one batched decode
+ *   step (continuous batching, docs/batching.md); jobs join and leave
+ *   between turns.
  * - Beyond max_queue waiting jobs, submission is refused (the HTTP side
  *   answers 429).
  * - A job cancelled by its client (disconnect) stops at the next unit and
@@ -66,10 +69,15 @@ typedef struct pt_srv_job {
 
 typedef struct pt_srv_sched pt_srv_sched;
 
+/* Decode steps by batch size: bucket b counts steps of size <= 2^b (and
+ * > 2^(b-1)); the last one everything larger than 2^(BUCKETS-1). */
+#define PT_SRV_BATCH_BUCKETS 7
+
 typedef struct pt_srv_sched_stats {
     int n_active, n_queued, n_idle_sessions;
     size_t idle_bytes;
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
+    uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows;
 } pt_srv_sched_stats;
 
 /* A new job (refs = 1, owned by the caller). */

@@ -140,6 +140,17 @@ static void route_metrics(void *user, const pt_http_request *req, pt_http_respon
     hist(b, "petrel_request_duration_seconds", "Generation request latency, submit to last token.",
          &snap.h_request);
     hist(b, "petrel_time_to_first_token_seconds", "Submit to first generated token.", &snap.h_ttft);
+    /* continuous batching: how many slots each decode step carried */
+    pt_sbuf_adds(b, "# HELP petrel_batch_size Slots decoded together per decode step.\n"
+                    "# TYPE petrel_batch_size histogram\n");
+    uint64_t cum = 0;
+    for (int i = 0; i < PT_SRV_BATCH_BUCKETS; i++) {
+        cum += st.batch_hist[i];
+        pt_sbuf_printf(b, "petrel_batch_size_bucket{le=\"%d\"} %llu\n", 1 << i, (unsigned long long)cum);
+    }
+    cum += st.batch_hist[PT_SRV_BATCH_BUCKETS];
+    pt_sbuf_printf(b, "petrel_batch_size_bucket{le=\"+Inf\"} %llu\npetrel_batch_size_sum %llu\npetrel_batch_size_count %llu\n",
+                   (unsigned long long)cum, (unsigned long long)st.batch_rows, (unsigned long long)st.batch_steps);
     resp->status = 200;
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 }

@@ -80,6 +80,33 @@ done
 if [ -s "$TMP/seed2" ] && cmp -s "$TMP/seed2" "$TMP/seed3"; then pass serve_seed_reproducible
 else fail serve_seed_reproducible "'$(cat "$TMP/seed2")' vs '$(cat "$TMP/seed3")'"; fi
 
+# continuous batching: two greedy requests in flight together decode in
+# shared steps (/metrics counts steps of 2) and each reply equals its reply
+# alone (batch invariance). Prompts that share no cached prefix with each other.
+req_a='{"messages":[{"role":"user","content":"The LORD is my shepherd"}],"max_tokens":16,"temperature":0}'
+req_b='{"messages":[{"role":"user","content":"Let there be light"}],"max_tokens":16,"temperature":0}'
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_a" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_a"
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_b" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_b"
+curl -s --max-time 60 "$URL/metrics" >"$TMP/m0"
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_a" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_a" &
+pa=$!
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_b" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_b"
+wait $pa
+curl -s --max-time 60 "$URL/metrics" >"$TMP/m1"
+two0=$(sed -n 's/^petrel_batch_size_bucket{le="2"} \([0-9]*\)$/\1/p' "$TMP/m0")
+one0=$(sed -n 's/^petrel_batch_size_bucket{le="1"} \([0-9]*\)$/\1/p' "$TMP/m0")
+two1=$(sed -n 's/^petrel_batch_size_bucket{le="2"} \([0-9]*\)$/\1/p' "$TMP/m1")
+one1=$(sed -n 's/^petrel_batch_size_bucket{le="1"} \([0-9]*\)$/\1/p' "$TMP/m1")
+if [ -n "$two1" ] && [ $((two1 - one1)) -gt $((two0 - one0)) ]; then pass serve_batch_metrics
+else fail serve_batch_metrics "steps of 2 before ($two0-$one0) after ($two1-$one1): $(grep batch_size "$TMP/m1" | head -c 400)"; fi
+if [ -s "$TMP/solo_a" ] && cmp -s "$TMP/solo_a" "$TMP/pair_a" && cmp -s "$TMP/solo_b" "$TMP/pair_b"; then
+  pass serve_batch_invariant
+else fail serve_batch_invariant "solo '$(cat "$TMP/solo_a")' / '$(cat "$TMP/solo_b")' batched '$(cat "$TMP/pair_a")' / '$(cat "$TMP/pair_b")'"; fi
+
 kill -TERM $PID
 wait $PID; rc=$?
 [ $rc -eq 0 ] && pass serve_sigterm_exit_0 || fail serve_sigterm_exit_0 "exit $rc: $(tail -c 300 "$TMP/serve.err")"
