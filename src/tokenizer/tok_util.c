@@ -75,6 +75,7 @@ int tok_utf8_encode(uint32_t cp, char out[4]) {
 pt_status tok_buf_put_lossy(tok_buf *b, const unsigned char *s, size_t n) {
     static const char fffd[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
     size_t i = 0, run = 0; /* run: start of the pending valid stretch */
+    if (n == 0) return PT_OK; /* s may be NULL for an empty piece */
     while (i < n) {
         unsigned c = s[i];
         if (c < 0x80) { i++; continue; }
