@@ -21,6 +21,8 @@
 #include "backend/cuda/matmul.cuh"
 
 #include <cuda_fp16.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #define PT_GEMV_MAX_T 8
 #define PT_GEMV_ROWS 2    /* rows per warp: the x loads are shared between them */
@@ -316,26 +318,55 @@ static pt_status launch_fast(const pt_cuda *c, const gemv_args &a, int64_t B, in
     return PT_OK;
 }
 
+/* Shape knobs of the fast kernel: chunks per lane before W grows (cpl),
+ * resident warps per SM aimed at (occ), most rows per block (max_rows: 1, 2,
+ * 4 or 8). Defaults 2, 24, 4; PETREL_CUDA_GEMV_TUNE="cpl,occ,max_rows"
+ * overrides them for the A/B runs of the op benchmark (read once, at the
+ * first matmul; an unparsable value keeps the defaults). */
+struct gemv_tune {
+    int cpl, occ, max_rows;
+};
+static gemv_tune fast_tune(void) {
+    static gemv_tune t = {0, 0, 0};
+    if (t.cpl == 0) {
+        gemv_tune d = {2, 24, 4};
+        const char *e = getenv("PETREL_CUDA_GEMV_TUNE");
+        int a, b, r;
+        if (e && sscanf(e, "%d,%d,%d", &a, &b, &r) == 3 && a >= 1 && a <= 64 && b >= 1 && b <= 64 &&
+            (r == 1 || r == 2 || r == 4 || r == 8))
+            d = gemv_tune{a, b, r};
+        t = d;
+    }
+    return t;
+}
+
 /* The fast kernel applies to one token per item, 4/8-bit codes and a 16-byte
  * aligned x. Returns PT_ERR_UNSUPPORTED (no message) otherwise.
- * Shape choice: W warps per row group so every lane gets >= 2 chunks (up to
- * 8), then the most rows per block (4, 2, 1) that still gives ~24 warps per
- * SM; if even one row per block falls short, W grows to one chunk per lane. */
+ * Shape choice: W warps per row group so every lane gets >= cpl chunks (up
+ * to 8 warps), then the most rows per block (max_rows, ..., 2, 1) that still
+ * gives ~occ warps per SM; if even one row per block falls short, W grows to
+ * one chunk per lane. */
 static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B) {
     if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16) return PT_ERR_UNSUPPORTED;
-    const int64_t nchunks = a.K * bits / 128, target = 24 * (int64_t)c->sm_count;
+    const gemv_tune tu = fast_tune();
+    const int64_t nchunks = a.K * bits / 128, target = tu.occ * (int64_t)c->sm_count;
     int W = 1;
-    while (W < FAST_MAX_WARPS && nchunks >= 64LL * W * 2) W *= 2;
+    while (W < FAST_MAX_WARPS && nchunks >= 32LL * tu.cpl * W * 2) W *= 2;
     int rows = 1;
-    if (B * (a.nrows / 4) * W >= target) rows = 4;
-    else if (B * (a.nrows / 2) * W >= target) rows = 2;
-    else
+    for (int r = tu.max_rows; r >= 2; r /= 2)
+        if (B * (a.nrows / r) * W >= target) {
+            rows = r;
+            break;
+        }
+    if (rows == 1)
         while (W < FAST_MAX_WARPS && nchunks >= 32LL * W * 2 && B * a.nrows * W < target) W *= 2;
     if (bits == 4) {
+        if (rows == 8) return launch_fast<4, 8>(c, a, B, W);
         if (rows == 4) return launch_fast<4, 4>(c, a, B, W);
         if (rows == 2) return launch_fast<4, 2>(c, a, B, W);
         return launch_fast<4, 1>(c, a, B, W);
     }
+    if (rows == 8) return launch_fast<8, 8>(c, a, B, W);
     if (rows == 4) return launch_fast<8, 4>(c, a, B, W);
     if (rows == 2) return launch_fast<8, 2>(c, a, B, W);
     return launch_fast<8, 1>(c, a, B, W);
