@@ -7,7 +7,8 @@
 #
 # Seeds: fuzz/corpus/<name>/ when it exists, plus, for the format parsers, the
 # committed fixtures (safetensors files and config JSON). The growing corpus
-# and crash files live in build-fuzz/ (not committed).
+# and crash files live in build-fuzz/ (not committed). FUZZ_SEED=N fixes
+# libFuzzer's random seed (CI does, so a run explores the same inputs each time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-20}
@@ -82,7 +83,7 @@ for src in "${targets[@]}"; do
   [ -d "fuzz/corpus/$short" ] && cp -r "fuzz/corpus/$short/." "$B/corpus/$short/"
   seed "$short" "$B/corpus/$short"
   echo "== fuzz $short (${secs}s)"
-  if "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=262144 -print_final_stats=1 \
+  if "$bin" ${FUZZ_SEED:+-seed=$FUZZ_SEED} -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=262144 -print_final_stats=1 \
        -artifact_prefix="$B/crashes/$short/" "$B/corpus/$short" >"$B/$name.log" 2>&1; then
     grep -E '^stat::number_of_executed_units|^Done' "$B/$name.log" | tail -2 | sed "s/^/   /"
   else
