@@ -21,14 +21,13 @@
  * once at the end. The difference is gated by tests/test_l3_gate.c against
  * the frozen L1 snapshot. Prefill chunks (T > 1) and full-precision caches
  * always take the exact path. */
+#include "backend/cpu/attn_qkv_fused.h"
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
 
 #include <math.h>
 #include <string.h>
-
-#define PT_FUSED_BLOCK 128
 
 typedef struct {
     pt_cpu *c;
@@ -38,6 +37,7 @@ typedef struct {
     const pt_kv_layer *kv;
     const pt_attn *p;
     float *part;              /* [nkv, nblk, G, 2 + hd]: m_b, l_b, a_b */
+    int avx512;               /* the block kernel of attn_qkv_fused_avx512.c */
 } fused_ctx;
 
 static inline const uint8_t *codes_at(const void *base, const pt_kv_layer *kv, int h, int64_t slot) {
@@ -49,9 +49,11 @@ static inline const void *param_at(const void *base, const pt_kv_layer *kv, int 
                                     (size_t)(kv->head_dim / kv->group_size) * pt_ftype_size(kv->dtype);
 }
 
-/* Per-thread scratch: qx [G, hd] | qs [G, ng] | S [G, BLOCK] | prm [8·ng] | vrow [hd]. */
+/* Per-thread scratch: qx [G, hd] | qs [G, ng] | S [G, BLOCK] | prm [8·ng] | vrow [hd] | the AVX-512
+ * block kernel's own. */
 static size_t scratch_floats(int G, int hd, int ng) {
-    return (size_t)G * hd + (size_t)G * ng + (size_t)G * PT_FUSED_BLOCK + 8 * (size_t)ng + (size_t)hd;
+    return (size_t)G * hd + (size_t)G * ng + (size_t)G * PT_FUSED_BLOCK + 8 * (size_t)ng + (size_t)hd +
+           pt_cpu_fused_block_scratch(G, hd, ng);
 }
 
 static void fused_blocks(void *arg, long i0, long i1, int ith) {
@@ -83,6 +85,10 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
             }
             prepared = kh;
         }
+        float *part = a->part + ((size_t)kh * a->nblk + (size_t)b) * G * (2 + hd);
+        if (a->avx512 && pt_cpu_fused_block_avx512(part, qx, qs, G, kv, kh, a->lo + j0, (int)nb, p->softcap,
+                                                   act == PT_ACT_BF16, vrow + hd))
+            continue;
         /* scores of the block, 4 keys at a time */
         for (int64_t r0 = 0; r0 < nb; r0 += 4) {
             int nr = (int)(nb - r0 < 4 ? nb - r0 : 4);
@@ -119,7 +125,6 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
             }
         }
         /* block max, exp and sum per query head */
-        float *part = a->part + ((size_t)kh * a->nblk + (size_t)b) * G * (2 + hd);
         for (int g = 0; g < G; g++) {
             float *sg = S + (size_t)g * PT_FUSED_BLOCK, m = -INFINITY, l = 0.0f;
             for (int64_t j = 0; j < nb; j++)
@@ -177,7 +182,7 @@ pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t 
     int64_t lo = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
     int64_t n = pos - lo + 1, nblk = (n + PT_FUSED_BLOCK - 1) / PT_FUSED_BLOCK;
     PT_TRY(pt_cpu_need_scratch(c, scratch_floats(G, hd, ng), (size_t)nkv * (size_t)nblk * G * (2 + (size_t)hd)));
-    fused_ctx a = {c, out, q, lo, n, nblk, kv, p, c->xbuf};
+    fused_ctx a = {c, out, q, lo, n, nblk, kv, p, c->xbuf, c->k == &pt_cpu_kernels_avx512};
     pt_pool_for(c->pool, (long)nkv * nblk, 1, fused_blocks, &a);
     pt_pool_for(c->pool, (long)nkv * G, 1, fused_merge, &a);
     return PT_OK;
