@@ -184,9 +184,10 @@ typedef struct pt_moe_route {
  *   S ← α·S;  δ = β·(v − Sᵀk);  S ← S + k⊗δ;  o = Sᵀq      (S: [Dk, Dv])
  * chunk == 0 runs exactly that, token by token. chunk > 0 (64 in the
  * reference) runs the same recurrence in chunked (WY) form for prefill:
- * equal up to f32 rounding (tests/test_deltanet.c). bf16 mode rounds the
- * normalized q and k and β (the reference computes them in bf16) and the
- * output. */
+ * equal up to f32 rounding (tests/test_deltanet.c). bf16 mode rounds β
+ * (the reference computes σ(b) in bf16) and the output; the l2 norms, the
+ * q scale, g and the state stay f32 (the reference casts q, k, v, β, g to
+ * f32 before normalizing). */
 typedef struct pt_delta {
     int n_k_heads, n_v_heads; /* Hk, Hv (Hv a multiple of Hk) */
     int k_dim, v_dim;         /* Dk, Dv */

@@ -185,12 +185,33 @@ def spec_list():
                   linear_num_key_heads=2, linear_num_value_heads=4,
                   layer_types=["linear_attention"] * 3 + ["full_attention"],
                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})]))
+    # Kept small (the fixture stays near 300 KB): tied embeddings, 2 layers, 4 tiny experts.  The text config
+    # of Qwen3.5-MoE rejects intermediate_size / norm_topk_prob / decoder_sparse_step (its router always
+    # renormalizes the top-k weights and every layer is MoE).
+    q35m = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                linear_num_key_heads=1, linear_num_value_heads=2,
+                num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8,
+                shared_expert_intermediate_size=8,
+                layer_types=["linear_attention", "full_attention"])
+    S.append(("qwen3_5_moe", "qwen3_5_moe_text", "Qwen3.5-MoE text: gated DeltaNet + gated full attention "
+              "(1 : 1), MoE (4 experts, top-2, fused gate_up_proj) plus a shared expert with a sigmoid gate, "
+              "tied", [
+                  dict(q35m, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                              "partial_rotary_factor": 0.25}),
+                  dict(q35m, partial_rotary_factor=0.25,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})]))
     return S
+
+
+# fixtures whose goldens record the hidden states of prompt 1 (5 tokens) rather than prompt 0, to stay small
+HIDDEN_PROMPT = {"qwen3_5_moe": 1, "qwen3_5_mlx_q4": 1}
 
 
 # ------------------------------------------------------------------ models
 
-NORM_ZERO_CENTRED = {"gemma2", "gemma3_text", "qwen3_5_text"}
+NORM_ZERO_CENTRED = {"gemma2", "gemma3_text", "qwen3_5_text", "qwen3_5_moe_text"}
 
 
 def init_weights(model, model_type, seed):
@@ -459,7 +480,7 @@ def build_hf_fixture(outdir, tok, tok_json, name, model_type, desc, variants, se
     info["saved_keys"] = sorted(stio.read_torch(os.path.join(d, "model.safetensors")).keys())[:12]
     log("  %s: reload diff %g, params %d" % (name, info["reload_max_abs_diff"], info["n_params"]))
     w = GoldenWriter()
-    record_goldens(w, info, m32, m16, prompts)
+    record_goldens(w, info, m32, m16, prompts, hidden_prompt=HIDDEN_PROMPT.get(name, 0))
     return d, w, info, m32
 
 
@@ -561,6 +582,36 @@ def to_mlx_names(hf, family, cfg):
                     res[hk] = v
             return res
         return out, back
+    if family == "qwen3_5":
+        # mlx-lm's conversion (qwen3_5.py sanitize, then save): multimodal names language_model.model.* and
+        # language_model.lm_head.*, conv1d [C, 1, K] -> [C, K, 1], the zero-centred norms (input/post-attention
+        # layernorms, the final norm, q_norm, k_norm; not linear_attn.norm) folded to 1 + w in the weight dtype
+        # (bf16, so rounded), A_log kept in float32 (cast_predicate).
+        fold = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                ".q_norm.weight", ".k_norm.weight")
+        for k, v in hf.items():
+            nk = "language_model." + k
+            if k.endswith("conv1d.weight"):
+                assert v.ndim == 3 and v.shape[1] == 1, (k, v.shape)
+                v = v.transpose(1, 2).contiguous()
+            elif any(k.endswith(f) for f in fold):
+                assert v.ndim == 1, k
+                v = (v.float() + 1.0).to(v.dtype)
+            elif k.endswith("A_log"):
+                v = v.float()
+            out[nk] = v
+
+        def back(mlx):
+            res = {}
+            for k, v in mlx.items():
+                hk = k[len("language_model."):]
+                if hk.endswith("conv1d.weight"):
+                    v = v.transpose(1, 2).contiguous()
+                elif any(hk.endswith(f) for f in fold):
+                    v = v.float() - 1.0  # exact: the folded value has at most 8 significant bits
+                res[hk] = v
+            return res
+        return out, back
     raise ValueError(family)
 
 
@@ -654,7 +705,7 @@ def build_mlx_fixture(outdir, tok_json, base_dir, name, family, bits, gs, recipe
             "transformers": transformers.__version__, "torch": torch.__version__,
             "golden_reference": "transformers (base architecture) on the dequantized weights"}
     w = GoldenWriter()
-    record_goldens(w, info, m32, m16, prompts)
+    record_goldens(w, info, m32, m16, prompts, hidden_prompt=HIDDEN_PROMPT.get(name, 0))
     finish(d, w, info)
     return d
 
@@ -997,6 +1048,9 @@ def main():
         ("gemma4_moe_mlx_q4", "gemma4_moe", "gemma4", 4, 64, None,
          "gemma4_moe in the MLX-community layout: model_type gemma4 wrapper, language_model.model.* names, "
          "experts.switch_glu split from gate_up_proj, 4-bit g64, router.proj 8-bit"),
+        ("qwen3_5_mlx_q4", "qwen3_5_text", "qwen3_5", 4, 64, None,
+         "qwen3_5_text in the MLX-community layout: model_type qwen3_5 wrapper, language_model.model.* names, "
+         "conv1d [C, K, 1], norms folded to 1 + w (bf16), A_log float32, 4-bit g64 (in_proj_a/b too)"),
     ]
     for name, base, family, bits, gs, recipe, desc in mlx_specs:
         if only and name not in only:
@@ -1014,6 +1068,12 @@ def main():
                 tc = {k: v for k, v in tc.items() if k not in ("architectures", "transformers_version")}
                 wrapper = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
                            "text_config": tc, "tie_word_embeddings": True}
+            elif family == "qwen3_5":
+                with open(os.path.join(built[base][0], "config.json")) as f:
+                    tc = json.load(f)
+                tc = {k: v for k, v in tc.items() if k not in ("architectures", "transformers_version")}
+                wrapper = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                           "text_config": tc, "tie_word_embeddings": tc.get("tie_word_embeddings", False)}
             build_mlx_fixture(args.out, tok_json, built[base][0], name, family, bits, gs, recipe, prompts, desc,
                               wrapper_config=wrapper)
             status[name] = "ok %.1fs" % (time.time() - t0)

@@ -77,16 +77,15 @@ typedef struct {
     const pt_delta *p;
 } delta_ctx;
 
-/* l2norm(src[D]) (· scale) into dst. bf16 mode follows the reference's
- * bf16 arithmetic step by step: each square rounded, the sum (f32
- * accumulation) rounded, + eps rounded, rsqrt rounded, the product rounded;
- * the scale is applied afterwards in f32. */
-static void l2n(float *dst, const float *src, int D, float scale, pt_act_dtype act) {
+/* l2norm(src[D]) · scale into dst, in f32 whatever the activation dtype:
+ * the reference (transformers 5.17 torch_chunk_gated_delta_rule) casts q and
+ * k to f32 first and normalizes them there, x · rsqrt(Σx² + 1e-6), then
+ * multiplies by the scale (two f32 roundings, in that order). */
+static void l2n(float *dst, const float *src, int D, float scale) {
     float ss = 0.0f;
-    for (int i = 0; i < D; i++) ss += pt_act_round(act, src[i] * src[i]);
-    ss = pt_act_round(act, pt_act_round(act, ss) + 1e-6f);
-    const float inv = pt_act_round(act, 1.0f / sqrtf(ss));
-    for (int i = 0; i < D; i++) dst[i] = pt_act_round(act, src[i] * inv) * scale;
+    for (int i = 0; i < D; i++) ss += src[i] * src[i];
+    const float inv = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = 0; i < D; i++) dst[i] = (src[i] * inv) * scale;
 }
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -109,8 +108,8 @@ static void delta_recurrent(const delta_ctx *d, int h, float *tmp) {
     float *S = d->state + (size_t)h * Dk * Dv, *q = tmp, *k = tmp + Dk;
     for (int64_t t = 0; t < d->T; t++) {
         const float *row = d->qkv + t * ld;
-        l2n(q, row + (int64_t)kh * Dk, Dk, p->q_scale, act);
-        l2n(k, row + (int64_t)p->n_k_heads * Dk + (int64_t)kh * Dk, Dk, 1.0f, act);
+        l2n(q, row + (int64_t)kh * Dk, Dk, p->q_scale);
+        l2n(k, row + (int64_t)p->n_k_heads * Dk + (int64_t)kh * Dk, Dk, 1.0f);
         const float *v = row + 2 * (int64_t)p->n_k_heads * Dk + (int64_t)h * Dv;
         float beta, g;
         beta_g(d, t, h, &beta, &g);
@@ -160,8 +159,8 @@ static void delta_chunked(const delta_ctx *d, int h, float *tmp) {
         float acc = 0.0f;
         for (int i = 0; i < n; i++) {
             const float *row = d->qkv + (t0 + i) * ld;
-            l2n(Q + (size_t)i * Dk, row + (int64_t)kh * Dk, Dk, p->q_scale, act);
-            l2n(K + (size_t)i * Dk, row + (int64_t)p->n_k_heads * Dk + (int64_t)kh * Dk, Dk, 1.0f, act);
+            l2n(Q + (size_t)i * Dk, row + (int64_t)kh * Dk, Dk, p->q_scale);
+            l2n(K + (size_t)i * Dk, row + (int64_t)p->n_k_heads * Dk + (int64_t)kh * Dk, Dk, 1.0f);
             float g;
             beta_g(d, t0 + i, h, &bet[i], &g);
             acc += g;
