@@ -13,7 +13,17 @@
  * reads (MoE: the active experts' share) plus the KV cache at the average
  * depth; for pp, the weights once per forward chunk plus the cache. bw_fraction
  * = gbps / the read bandwidth measured here (a >= 2 GiB streaming read with
- * the same number of threads). */
+ * the same number of threads). The KV bytes count what attention reads: each
+ * attending layer (KV-shared layers re-read their donor's cache) over its
+ * window, at the cache's storage width (bf16 rows, or codes plus bf16 scales
+ * and biases when quantized).
+ *
+ * --kv-ab runs several KV-cache configurations as one paired A/B: one session
+ * per cache mode, each filled to the depth by its own prefill (configurations
+ * that differ only in --fused-decode-attn share a session: prefill never uses
+ * the fused kernel, so their caches would be filled identically), and every
+ * repetition of a test runs once per configuration in turn (A B C A B C ...),
+ * so machine noise lands on all of them alike. */
 #include "backend/cuda/cuda.h"
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -22,6 +32,7 @@
 #include "base/threadpool.h"
 #include "model/model.h"
 #include "runtime/bandwidth.h"
+#include "runtime/kv_cache.h"
 #include "runtime/session.h"
 
 #include <cjson/cJSON.h>
@@ -43,9 +54,15 @@ static void help(FILE *f) {
             "  -r N                 repetitions per test (default 5); the median is reported too\n"
             "  --bw-gib N           size of the bandwidth measurement buffer in GiB (default 2; 0 skips\n"
             "                       the measurement and reports bw_fraction 0)\n"
+            "  --kv-ab LIST         paired A/B of KV-cache configurations in one run, e.g.\n"
+            "                       off,8,4,4+fused: each item a --kv-quant value, '+fused' adding\n"
+            "                       --fused-decode-attn on; one session per cache mode, each filled by\n"
+            "                       its own prefill; the repetitions of every test alternate between\n"
+            "                       the configurations (pp rows skip '+fused' items: prefill does not\n"
+            "                       use the fused kernel)\n"
             "  --json               stdout holds only a JSON array, one row per test, with\n"
             "                       llama-bench's keys (n_prompt, n_gen, n_depth, avg_ts, stddev_ts)\n"
-            "                       plus median_ts, samples_ts, gbps and bw_fraction\n"
+            "                       plus median_ts, samples_ts, gbps, bw_fraction and kv\n"
             "  -h, --help           this help\n",
             pt_synthetic_names());
     cli_common_help(f);
@@ -105,30 +122,32 @@ typedef struct {
     double avg, stddev, median, gbps, bw_fraction;
 } row;
 
-static pt_status run_test(pt_session *s, row *r, int32_t *buf, int vocab) {
-    for (int rep = -1; rep < r->reps; rep++) { /* rep -1: warm-up */
-        PT_TRY(to_depth(s, r->n_depth, buf, vocab));
-        double t0, dt;
-        if (r->n_prompt > 0) {
-            for (int i = 0; i < r->n_prompt; i++) buf[i] = rand_id(vocab);
-            t0 = now_s();
-            PT_TRY(pt_session_prompt(s, buf, (size_t)r->n_prompt));
-            dt = now_s() - t0;
-            if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
-        } else {
-            /* the decode steps start from a context of depth + 1 tokens */
-            int32_t id = rand_id(vocab);
+/* Repetition `rep` of test r (rep -1: the warm-up, not recorded). */
+static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab) {
+    PT_TRY(to_depth(s, r->n_depth, buf, vocab));
+    double t0, dt;
+    if (r->n_prompt > 0) {
+        for (int i = 0; i < r->n_prompt; i++) buf[i] = rand_id(vocab);
+        t0 = now_s();
+        PT_TRY(pt_session_prompt(s, buf, (size_t)r->n_prompt));
+        dt = now_s() - t0;
+        if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
+    } else {
+        /* the decode steps start from a context of depth + 1 tokens */
+        int32_t id = rand_id(vocab);
+        PT_TRY(pt_session_prompt(s, &id, 1));
+        t0 = now_s();
+        for (int i = 0; i < r->n_gen; i++) {
+            id = rand_id(vocab);
             PT_TRY(pt_session_prompt(s, &id, 1));
-            t0 = now_s();
-            for (int i = 0; i < r->n_gen; i++) {
-                id = rand_id(vocab);
-                PT_TRY(pt_session_prompt(s, &id, 1));
-            }
-            dt = now_s() - t0;
-            if (rep >= 0) r->samples[rep] = r->n_gen / dt;
         }
-        PT_TRY(pt_session_truncate(s, (size_t)r->n_depth));
+        dt = now_s() - t0;
+        if (rep >= 0) r->samples[rep] = r->n_gen / dt;
     }
+    return pt_session_truncate(s, (size_t)r->n_depth);
+}
+
+static pt_status row_stats(row *r) {
     double sum = 0, sq = 0;
     for (int i = 0; i < r->reps; i++) sum += r->samples[i];
     r->avg = sum / r->reps;
@@ -143,6 +162,74 @@ static pt_status run_test(pt_session *s, row *r, int32_t *buf, int vocab) {
     return PT_OK;
 }
 
+/* A KV-cache configuration of --kv-ab: the cache mode (--kv-quant value),
+ * whether decode uses the fused kernel, and the session serving it. */
+#define MAX_KV_CFG 8
+typedef struct {
+    int kv_quant, fused, sess;
+    char name[24];
+} kv_cfg;
+
+static int parse_kv_ab(const char *cmd, const char *v, kv_cfg *cfg, int *n) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    *n = 0;
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (*n == MAX_KV_CFG) {
+            fprintf(stderr, "petrel %s: --kv-ab: at most %d configurations\n", cmd, MAX_KV_CFG);
+            return 0;
+        }
+        kv_cfg *c = &cfg[(*n)++];
+        memset(c, 0, sizeof *c);
+        char *plus = strchr(tok, '+');
+        if (plus) {
+            if (strcmp(plus, "+fused")) {
+                fprintf(stderr, "petrel %s: --kv-ab: '%s': expected off|4|8|config, optionally followed by +fused\n",
+                        cmd, tok);
+                return 0;
+            }
+            *plus = 0;
+            c->fused = 1;
+        }
+        if (!strcmp(tok, "off")) c->kv_quant = 0;
+        else if (!strcmp(tok, "4") || !strcmp(tok, "8")) c->kv_quant = atoi(tok);
+        else if (!strcmp(tok, "config")) c->kv_quant = PT_KV_QUANT_CONFIG;
+        else {
+            fprintf(stderr, "petrel %s: --kv-ab: '%s': expected off|4|8|config, optionally followed by +fused\n", cmd,
+                    tok);
+            return 0;
+        }
+        snprintf(c->name, sizeof c->name, "%s%s", tok, c->fused ? "+fused" : "");
+    }
+    if (*n == 0) {
+        fprintf(stderr, "petrel %s: --kv-ab: no configuration\n", cmd);
+        return 0;
+    }
+    return 1;
+}
+
+/* Bytes one attention pass reads from the KV caches with `ctx` positions in
+ * the context: every attending layer over min(ctx, window) rows of its (or
+ * its donor's) cache, K and V, at the storage width of m's current
+ * --kv-quant (pt_kv_layer_quant). */
+static double kv_read_bytes(const pt_model *m, double ctx) {
+    const pt_net *n = &m->net;
+    double b = 0;
+    for (int l = 0; l < n->n_layers; l++) {
+        const pt_layer *L = &n->layers[l];
+        if (L->is_linear) continue; /* DeltaNet state: no KV cache */
+        const int src = L->kv_shared ? L->kv_src : l;
+        const pt_layer *S = &n->layers[src];
+        int bits, gs;
+        pt_kv_layer_quant(m, src, &bits, &gs);
+        double row = bits ? (double)S->head_dim * bits / 8 + 2.0 * (S->head_dim / gs) * pt_ftype_size(n->kv_dtype)
+                          : (double)S->head_dim * pt_ftype_size(n->kv_dtype);
+        double rows = L->attn.window > 0 && L->attn.window < ctx ? L->attn.window : ctx;
+        b += 2.0 * S->n_kv * row * rows;
+    }
+    return b;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
     cli_common c;
@@ -150,6 +237,8 @@ int cmd_bench(int argc, char **argv) {
     const char *synthetic = NULL, *quant = NULL;
     int pp[MAX_LIST] = {512}, n_pp = 1, tg[MAX_LIST] = {128}, n_tg = 1, dd[MAX_LIST] = {0}, n_dd = 1;
     int reps = 5, json = 0, bw_gib = 2;
+    kv_cfg cfg[MAX_KV_CFG];
+    int n_cfg = 0, kv_ab = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int missing = 0;
@@ -170,6 +259,9 @@ int cmd_bench(int argc, char **argv) {
             if (!parse_list(cmd, "-d", v, dd, &n_dd)) return 2;
         } else if (!missing && (v = cli_flag_value("-r", argc, argv, &i, &missing))) {
             if (!cli_parse_int(cmd, "-r", v, 1, 1000, &reps)) return 2;
+        } else if (!missing && (v = cli_flag_value("--kv-ab", argc, argv, &i, &missing))) {
+            if (!parse_kv_ab(cmd, v, cfg, &n_cfg)) return 2;
+            kv_ab = 1;
         } else if (!missing && (v = cli_flag_value("--bw-gib", argc, argv, &i, &missing))) {
             if (!cli_parse_int(cmd, "--bw-gib", v, 0, 64, &bw_gib)) return 2;
             if (bw_gib == 1) return cli_usage_error(cmd, "--bw-gib: 1 GiB is too small (2 or more, or 0 to skip)");
@@ -208,17 +300,39 @@ int cmd_bench(int argc, char **argv) {
         return cli_fail(cmd);
     }
     int rc = 1;
-    pt_session *s = NULL;
+    pt_session *sess[MAX_KV_CFG] = {0};
+    int n_sess = 0;
     int32_t *buf = NULL;
+    double *samples = NULL;
+    row *res = NULL; /* [n_rows, n_cfg] */
     pt_session_params sp = {.n_ctx = c.n_ctx ? c.n_ctx : max_ctx};
     if (sp.n_ctx < max_ctx) {
         fprintf(stderr, "petrel %s: error: --ctx %d is smaller than the largest test needs (%d)\n", cmd, sp.n_ctx,
                 max_ctx);
         goto done;
     }
-    if (pt_session_create(m, &sp, &s) != PT_OK) {
-        cli_fail(cmd);
-        goto done;
+    /* the configurations: the levers as given, or --kv-ab's list */
+    const int base_kv = m->params.kv_quant, base_fused = m->params.fused_decode_attn;
+    if (!kv_ab) {
+        n_cfg = 1;
+        cfg[0] = (kv_cfg){.kv_quant = base_kv, .fused = base_fused == PT_LEVER_ON};
+        snprintf(cfg[0].name, sizeof cfg[0].name, "%s", "");
+    }
+    /* one session per cache mode; the cache is laid out from m->params when a
+     * session is created, so the mode is set for the creation only */
+    for (int k = 0; k < n_cfg; k++) {
+        cfg[k].sess = -1;
+        for (int j = 0; j < k; j++)
+            if (cfg[j].kv_quant == cfg[k].kv_quant) cfg[k].sess = cfg[j].sess;
+        if (cfg[k].sess >= 0) continue;
+        m->params.kv_quant = cfg[k].kv_quant;
+        pt_status st = pt_session_create(m, &sp, &sess[n_sess]);
+        m->params.kv_quant = base_kv;
+        if (st != PT_OK) {
+            cli_fail(cmd);
+            goto done;
+        }
+        cfg[k].sess = n_sess++;
     }
     int nth = c.mp.n_threads > 0 ? c.mp.n_threads : pt_cpu_count();
     double bw = 0;
@@ -234,48 +348,75 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     const pt_net *net = &m->net;
-    double wbytes = (double)pt_net_decode_bytes(net), kvb = (double)pt_net_kv_bytes_per_token(net);
+    double wbytes = (double)pt_net_decode_bytes(net);
     int vocab = (int)net->vocab;
     buf = malloc((size_t)max_ctx * sizeof *buf);
-    double *samples = calloc((size_t)n_rows * (size_t)reps, sizeof *samples);
-    if (!buf || !samples) {
+    samples = calloc((size_t)n_rows * n_cfg * (size_t)reps, sizeof *samples);
+    res = calloc((size_t)n_rows * n_cfg, sizeof *res);
+    if (!buf || !samples || !res) {
         fprintf(stderr, "petrel %s: error: out of memory\n", cmd);
-        free(samples);
         goto done;
     }
     if (!json) {
         printf("model: %s | %s | weights read per token %.1f MiB | read bandwidth %.1f GB/s\n\n", pt_model_id(m),
                pt_model_backend_name(m), wbytes / 1048576.0, bw);
-        printf("| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |\n", "test", "depth", "reps", "t/s (mean ± sd)",
-               "median", "GB/s", "of BW");
-        printf("|%.*s|\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------");
+        printf("| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |%s\n", "test", "depth", "reps", "t/s (mean ± sd)",
+               "median", "GB/s", "of BW", kv_ab ? " KV cache |" : "");
+        printf("|%.*s|%s\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------",
+               kv_ab ? "----------|" : "");
         fflush(stdout);
     }
     for (int i = 0; i < n_rows; i++) {
-        row *r = &rows[i];
-        r->samples = samples + (size_t)i * reps;
-        if (run_test(s, r, buf, vocab) != PT_OK) {
-            cli_fail(cmd);
-            free(samples);
-            goto done;
+        const row *r0 = &rows[i];
+        for (int k = 0; k < n_cfg; k++) {
+            res[i * n_cfg + k] = *r0;
+            res[i * n_cfg + k].samples = samples + ((size_t)i * n_cfg + k) * reps;
         }
-        double bytes_per_tok;
-        if (r->n_gen) {
-            bytes_per_tok = wbytes + kvb * (r->n_depth + 1 + r->n_gen / 2.0);
-        } else {
-            int chunk = s->fwd.chunk;
-            double chunks = ceil((double)r->n_prompt / chunk);
-            bytes_per_tok = (wbytes * chunks + kvb * (r->n_depth + r->n_prompt / 2.0) * chunks) / r->n_prompt;
-        }
-        r->gbps = r->median * bytes_per_tok / 1e9;
-        r->bw_fraction = bw > 0 ? r->gbps / bw : 0;
-        if (!json) {
-            char name[32], ts[40];
-            snprintf(name, sizeof name, r->n_gen ? "tg%d" : "pp%d", r->n_gen ? r->n_gen : r->n_prompt);
-            snprintf(ts, sizeof ts, "%.2f ± %.2f", r->avg, r->stddev);
-            printf("| %-14s | %7d | %8d | %20s | %10.2f | %8.2f | %6.1f%% |\n", name, r->n_depth, r->reps, ts,
-                   r->median, r->gbps, 100 * r->bw_fraction);
-            fflush(stdout);
+        /* prefill never takes the fused decode kernel: a pp row of a '+fused'
+         * configuration would repeat its cache mode's row */
+        for (int rep = -1; rep < r0->reps; rep++)
+            for (int k = 0; k < n_cfg; k++) {
+                if (kv_ab && r0->n_prompt && cfg[k].fused) continue;
+                m->params.fused_decode_attn = cfg[k].fused ? PT_LEVER_ON : PT_LEVER_OFF;
+                pt_status st = run_rep(sess[cfg[k].sess], &res[i * n_cfg + k], rep, buf, vocab);
+                m->params.fused_decode_attn = base_fused;
+                if (st != PT_OK) {
+                    cli_fail(cmd);
+                    goto done;
+                }
+            }
+        for (int k = 0; k < n_cfg; k++) {
+            row *r = &res[i * n_cfg + k];
+            if (kv_ab && r->n_prompt && cfg[k].fused) {
+                r->reps = 0; /* not measured */
+                continue;
+            }
+            if (row_stats(r) != PT_OK) {
+                fprintf(stderr, "petrel %s: error: out of memory\n", cmd);
+                goto done;
+            }
+            m->params.kv_quant = cfg[k].kv_quant; /* the cache width kv_read_bytes counts */
+            double bytes_per_tok;
+            if (r->n_gen) {
+                bytes_per_tok = wbytes + kv_read_bytes(m, r->n_depth + 1 + r->n_gen / 2.0);
+            } else {
+                int chunk = sess[cfg[k].sess]->fwd.chunk;
+                double chunks = ceil((double)r->n_prompt / chunk);
+                bytes_per_tok = (wbytes + kv_read_bytes(m, r->n_depth + r->n_prompt / 2.0)) * chunks / r->n_prompt;
+            }
+            m->params.kv_quant = base_kv;
+            r->gbps = r->median * bytes_per_tok / 1e9;
+            r->bw_fraction = bw > 0 ? r->gbps / bw : 0;
+            if (!json) {
+                char name[32], ts[40];
+                snprintf(name, sizeof name, r->n_gen ? "tg%d" : "pp%d", r->n_gen ? r->n_gen : r->n_prompt);
+                snprintf(ts, sizeof ts, "%.2f ± %.2f", r->avg, r->stddev);
+                printf("| %-14s | %7d | %8d | %20s | %10.2f | %8.2f | %6.1f%% |", name, r->n_depth, r->reps, ts,
+                       r->median, r->gbps, 100 * r->bw_fraction);
+                if (kv_ab) printf(" %-8s |", cfg[k].name);
+                printf("\n");
+                fflush(stdout);
+            }
         }
     }
     if (json) {
@@ -283,25 +424,37 @@ int cmd_bench(int argc, char **argv) {
         char *id_json = idj ? cJSON_PrintUnformatted(idj) : NULL;
         cJSON_Delete(idj);
         printf("[\n");
-        for (int i = 0; i < n_rows; i++) {
-            row *r = &rows[i];
-            printf("  {\"model\": %s, \"backend\": \"cpu\", \"n_threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
-                   "\"n_depth\": %d, \"n_reps\": %d, \"avg_ts\": %.6f, \"stddev_ts\": %.6f, \"median_ts\": %.6f, "
-                   "\"samples_ts\": [",
-                   id_json ? id_json : "\"?\"", nth, r->n_prompt, r->n_gen, r->n_depth, r->reps, r->avg, r->stddev,
-                   r->median);
+        int first = 1;
+        for (int i = 0; i < n_rows * n_cfg; i++) {
+            row *r = &res[i];
+            const kv_cfg *kc = &cfg[i % n_cfg];
+            if (r->reps == 0) continue; /* a pp row of a '+fused' configuration */
+            char kvname[24];
+            snprintf(kvname, sizeof kvname, "%s",
+                     kv_ab ? kc->name
+                           : kc->kv_quant == PT_KV_QUANT_CONFIG ? "config"
+                           : kc->kv_quant == 4                  ? (kc->fused ? "4+fused" : "4")
+                           : kc->kv_quant == 8                  ? (kc->fused ? "8+fused" : "8")
+                                                                : "off");
+            printf("%s  {\"model\": %s, \"backend\": \"cpu\", \"n_threads\": %d, \"n_prompt\": %d, \"n_gen\": %d, "
+                   "\"n_depth\": %d, \"n_reps\": %d, \"kv\": \"%s\", \"avg_ts\": %.6f, \"stddev_ts\": %.6f, "
+                   "\"median_ts\": %.6f, \"samples_ts\": [",
+                   first ? "" : ",\n", id_json ? id_json : "\"?\"", nth, r->n_prompt, r->n_gen, r->n_depth, r->reps,
+                   kvname, r->avg, r->stddev, r->median);
             for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->samples[k]);
-            printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f}%s\n", r->gbps,
-                   r->bw_fraction, bw, i + 1 < n_rows ? "," : "");
+            printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f}", r->gbps, r->bw_fraction,
+                   bw);
+            first = 0;
         }
-        printf("]\n");
+        printf("\n]\n");
         free(id_json);
     }
-    free(samples);
     rc = 0;
 done:
+    free(samples);
+    free(res);
     free(buf);
-    pt_session_free(&s);
+    for (int k = 0; k < n_sess; k++) pt_session_free(&sess[k]);
     pt_model_free(&m);
     return rc;
 }

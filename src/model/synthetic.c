@@ -1,7 +1,9 @@
 /* Synthetic models for `petrel bench --synthetic NAME --quant q4|q8|bf16`:
  * the real shapes of published models (../shared/reference/performance.md,
  * gemma-3-4b with its 5:1 sliding (1024) / full pattern and Gemma block,
- * confirmed against the families' published config.json files) with random
+ * gemma-4-e4b with the Gemma 4 block: per-layer inputs, KV sharing, 512-wide
+ * full-attention heads; confirmed against the families' published
+ * config.json files, numbers in bench/RESULTS.md) with random
  * weights, built straight into pt_net. Speed does not depend on the weight
  * values, so these measure what a real checkpoint of that shape would run at
  * without downloading one. Not a model: the text it would generate is noise.
@@ -30,19 +32,27 @@ typedef struct synth_shape {
     int cpu;                     /* runs on the CPU (memory) */
     int gemma;                   /* Gemma 3 block: (1+w) sandwich norms, GeGLU, sqrt(H) embedding scale */
     int window, full_every;      /* sliding window and full-attention period (layer i full iff (i+1) % n == 0) */
+    /* Gemma 4 block (plain-weight f32 norms, v_norm, attention scale 1, layer scalars, final soft-cap): the
+     * full-attention head size, per-layer input width, KV-shared layers (the last n), final soft-cap */
+    int gemma4, global_head_dim, ple_dim, kv_shared;
+    float softcap;
 } synth_shape;
 
 static const synth_shape shapes[] = {
-    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
-    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
-    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0},
-    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1, 0, 0, 0},
-    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0, 0, 0, 0},
-    {"gemma-3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1, 1, 1000000.0, 0, 0, 0, 1, 1, 1024, 6},
+    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma-3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1, 1, 1000000.0, 0, 0, 0, 1, 1, 1024, 6, 0, 0, 0, 0, 0},
+    /* google/gemma-4-E4B text_config: 42 layers (5 sliding (512) : 1 full), 8 heads / 2 KV heads, head_dim 256,
+     * global_head_dim 512, intermediate 10240 (no double-wide MLP), vocab 262144 (per-layer vocab too), per-layer
+     * inputs 256 wide, the last 18 layers KV-shared, final soft-cap 30, tied, no K=V */
+    {"gemma-4-e4b", 2560, 42, 8, 2, 256, 10240, 262144, 1, 1, 10000.0, 0, 0, 0, 1, 0, 512, 6, 1, 512, 256, 18, 30.0f},
 };
 
 const char *pt_synthetic_names(void) {
-    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, gemma-3-4b, qwen3-30b-a3b (GPU only)";
+    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, gemma-3-4b, gemma-4-e4b, qwen3-30b-a3b (GPU only)";
 }
 
 static uint64_t xs(uint64_t *s) {
@@ -140,6 +150,96 @@ static pt_status synth_vec(synth_ctx *c, int64_t n, float value, const void **ou
     return PT_OK;
 }
 
+/* A RoPE inverse-frequency table of hd/2 entries in backend memory: the
+ * first `rot` pairs 1/theta^(2i/hd), the others 0 (identity pairs). */
+static pt_status rope_table(pt_model *m, int hd, double theta, int rot, const void **out) {
+    int half = hd / 2;
+    float *inv = malloc((size_t)half * sizeof *inv);
+    if (!inv) return pt_error(PT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < half; i++) inv[i] = i < rot ? 1.0f / powf((float)theta, (float)(2 * i) / (float)hd) : 0.0f;
+    pt_status st = PT_OK;
+    void *dev = m->be->ops->alloc(m->be, (size_t)half * 4);
+    if (!dev) st = pt_error(PT_ERR_NOMEM, "out of memory");
+    else st = m->be->ops->upload(m->be, dev, inv, (size_t)half * 4);
+    free(inv);
+    if (st == PT_OK && m->n_dev == m->cap_dev) {
+        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
+        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
+        if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
+        else {
+            m->dev_list = nl;
+            m->cap_dev = cap;
+        }
+    }
+    if (st != PT_OK) {
+        if (dev) m->be->ops->dealloc(m->be, dev);
+        return st;
+    }
+    m->dev_list[m->n_dev++] = dev;
+    *out = dev;
+    return PT_OK;
+}
+
+/* Layer l of a Gemma 4 shape (E2B/E4B style): full attention iff (l+1) %
+ * full_every == 0, with global_head_dim and proportional RoPE; sliding
+ * layers window `window`; q/k norms and plain-weight f32 block norms at
+ * weight 1; v_norm; scale 1; the last kv_shared layers own no K/V and read
+ * the last non-shared layer of their type; per-layer input gate; layer
+ * scalar 1. */
+static pt_status gemma4_layer(synth_ctx *c, const synth_shape *sh, int l, const void *inv_sl, const void *inv_full) {
+    pt_net *n = &c->m->net;
+    pt_layer *L = &n->layers[l];
+    const int64_t H = sh->hidden;
+    const int full = (l + 1) % sh->full_every == 0, first_shared = sh->layers - sh->kv_shared;
+    L->n_heads = sh->heads;
+    L->n_kv = sh->kv;
+    L->head_dim = full ? sh->global_head_dim : sh->head_dim;
+    const int64_t qd = (int64_t)L->n_heads * L->head_dim, kd = (int64_t)L->n_kv * L->head_dim;
+    L->residual_scale = 1.0f;
+    L->norm_style = L->qk_style = PT_RMS_W_F32;
+    L->sandwich = 1;
+    L->glu = PT_GLU_GELU_TANH;
+    L->v_norm = 1;
+    L->has_layer_scalar = 1;
+    L->layer_scalar = 1.0f;
+    PT_TRY(synth_vec(c, H, 1.0f, &L->attn_norm));
+    PT_TRY(synth_vec(c, H, 1.0f, &L->post_attn_norm));
+    PT_TRY(synth_vec(c, H, 1.0f, &L->ffn_norm));
+    PT_TRY(synth_vec(c, H, 1.0f, &L->post_ffn_norm));
+    PT_TRY(synth_vec(c, L->head_dim, 1.0f, &L->q_norm));
+    PT_TRY(synth_weight(c, &L->wq, 0, qd, H, "q_proj"));
+    if (l >= first_shared) {
+        L->kv_shared = 1;
+        L->kv_src = -1;
+        for (int d = first_shared - 1; d >= 0 && L->kv_src < 0; d--)
+            if (((d + 1) % sh->full_every == 0) == full) L->kv_src = d;
+        if (L->kv_src < 0) return pt_error(PT_ERR_INVALID_ARG, "synthetic %s: layer %d has no KV donor", sh->name, l);
+    } else {
+        L->kv_src = l;
+        PT_TRY(synth_vec(c, L->head_dim, 1.0f, &L->k_norm));
+        PT_TRY(synth_weight(c, &L->wk, 0, kd, H, "k_proj"));
+        PT_TRY(synth_weight(c, &L->wv, 0, kd, H, "v_proj"));
+    }
+    PT_TRY(synth_weight(c, &L->wo, 0, H, qd, "o_proj"));
+    L->rope.rot_dim = L->head_dim;
+    L->rope.inv_freq = full ? inv_full : inv_sl;
+    L->rope.attn_scale = 1.0f;
+    L->attn.n_heads = sh->heads;
+    L->attn.head_dim = L->head_dim;
+    L->attn.scale = 1.0f;
+    L->attn.window = full ? 0 : sh->window;
+    L->ffn = sh->ffn;
+    PT_TRY(synth_weight(c, &L->w_gate, 0, sh->ffn, H, "gate_proj"));
+    PT_TRY(synth_weight(c, &L->w_up, 0, sh->ffn, H, "up_proj"));
+    PT_TRY(synth_weight(c, &L->w_down, 0, H, sh->ffn, "down_proj"));
+    if (sh->ple_dim) {
+        PT_TRY(synth_weight(c, &L->ple_gate, 0, sh->ple_dim, H, "per_layer_input_gate"));
+        PT_TRY(synth_weight(c, &L->ple_proj, 0, H, sh->ple_dim, "per_layer_projection"));
+        PT_TRY(synth_vec(c, H, 1.0f, &L->ple_post_norm));
+    }
+    return PT_OK;
+}
+
 static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     synth_ctx c = {m, bits, 0x1234567887654321ull};
     pt_net *n = &m->net;
@@ -167,35 +267,35 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
         n->final_style = PT_RMS_1PW;
         n->embed_scale = pt_round_bf16(sqrtf((float)sh->hidden));
     }
-    /* default RoPE table (the scaling kind does not change the cost) */
-    int half = sh->head_dim / 2;
-    float *inv = malloc((size_t)half * sizeof *inv);
-    if (!inv) return pt_error(PT_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < half; i++) inv[i] = 1.0f / powf((float)sh->theta, (float)(2 * i) / (float)sh->head_dim);
-    const void *inv_dev = NULL;
-    pt_status st = PT_OK;
-    {
-        void *dev = m->be->ops->alloc(m->be, (size_t)half * 4);
-        if (!dev) st = pt_error(PT_ERR_NOMEM, "out of memory");
-        else st = m->be->ops->upload(m->be, dev, inv, (size_t)half * 4);
-        if (st == PT_OK) {
-            if (m->n_dev == m->cap_dev) {
-                int cap = m->cap_dev ? m->cap_dev * 2 : 64;
-                void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
-                if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
-                else {
-                    m->dev_list = nl;
-                    m->cap_dev = cap;
-                }
-            }
-            if (st == PT_OK) m->dev_list[m->n_dev++] = dev;
-            inv_dev = dev;
-        }
+    /* default RoPE table (the scaling kind does not change the cost); Gemma 4's full layers: proportional RoPE
+     * over global_head_dim, the first 25% of the pairs rotating (theta 1e6), the rest identity (frequency 0) */
+    const void *inv_dev = NULL, *inv_full = NULL;
+    PT_TRY(rope_table(m, sh->head_dim, sh->theta, sh->head_dim / 2, &inv_dev));
+    if (sh->gemma4) PT_TRY(rope_table(m, sh->global_head_dim, 1000000.0, sh->global_head_dim / 8, &inv_full));
+    if (sh->gemma4) {
+        n->eps = 1e-6f;
+        n->final_style = PT_RMS_W_F32;
+        n->final_softcap = sh->softcap;
+        n->embed_scale = pt_round_bf16(sqrtf((float)sh->hidden));
     }
-    free(inv);
-    PT_TRY(st);
+    if (sh->ple_dim) { /* per-layer inputs: table [V, L·pd], projection [L·pd, H], norm [pd] */
+        const int64_t LP = (int64_t)sh->layers * sh->ple_dim;
+        n->ple_dim = sh->ple_dim;
+        PT_TRY(synth_weight(&c, &n->ple_embed, 0, sh->vocab, LP, "embed_tokens_per_layer"));
+        PT_TRY(synth_weight(&c, &n->ple_model_proj, 0, LP, H, "per_layer_model_projection"));
+        PT_TRY(synth_vec(&c, sh->ple_dim, 1.0f, &n->ple_proj_norm));
+        n->ple_embed_scale = pt_round_bf16(sqrtf((float)sh->ple_dim));
+        n->ple_proj_scale = 1.0f / sqrtf((float)sh->hidden);
+        n->ple_input_scale = 1.0f / sqrtf(2.0f);
+    }
+    int max_hd = sh->head_dim;
     for (int l = 0; l < sh->layers; l++) {
         pt_layer *L = &n->layers[l];
+        if (sh->gemma4) {
+            PT_TRY(gemma4_layer(&c, sh, l, inv_dev, inv_full));
+            if (L->head_dim > max_hd) max_hd = L->head_dim;
+            continue;
+        }
         L->n_heads = sh->heads;
         L->n_kv = sh->kv;
         L->head_dim = sh->head_dim;
@@ -246,7 +346,8 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     }
     n->max_heads = sh->heads;
     n->max_kv = sh->kv;
-    n->max_head_dim = sh->head_dim;
+    n->max_head_dim = max_hd;
+    if (sh->gemma4) n->max_ffn = sh->ffn;
     return PT_OK;
 }
 
