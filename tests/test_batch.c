@@ -8,18 +8,21 @@
  *   - batch sizes 1..8, sessions at different positions;
  *   - sessions joining (prefilled between steps) and leaving at different
  *     steps, one cancelled mid-batch;
- *   - the reference decoded with 1 thread, the batches with 1 and 2 threads.
+ *   - the reference decoded with 1 thread, the batches with 1 and 2 threads
+ *     (with 2, padded to the CUDA graph buckets as on the GPU).
  * Plus the argument checks (nothing changes on a rejected call). */
 #include "test.h"
 
 #include "base/mmap.h"
 #include "petrel.h"
+#include "runtime/batch.h" /* pt_batch_set_padding */
 
 #include <stdint.h>
 
 enum { MAXS = 8, STEPS = 6 };
 
-static int g_kv_quant; /* --kv-quant for the next loads (0 = off) */
+static int g_kv_quant;    /* --kv-quant for the next loads (0 = off) */
+static int g_want_table;  /* require that steps ran in table mode (runtime/batch.c) */
 
 static pt_model *load(const char *dir, int threads, pt_compute_dtype dt) {
     pt_model_params mp = pt_model_default_params();
@@ -149,6 +152,9 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
         pt_model *m = th == 1 ? m1 : load(dir, 2, dt);
         CHECK(m, "load %s with 2 threads", dir);
         if (!m) break;
+        /* with 2 threads the steps are padded to the CUDA graph buckets (1, 2,
+         * 4, 8 rows; padding rows at position -1), as the GPU runs them */
+        if (th == 2) CHECK(pt_batch_set_padding(m, 1) == PT_OK, "padding: %s", pt_last_error());
         int full[MAXS], zero[MAXS] = {0}, max_b = 0;
         for (int i = 0; i < MAXS; i++) full[i] = STEPS;
         /* batch sizes 1..8, all joining together (different positions) */
@@ -163,6 +169,12 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
         int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
         int bad = run_batched(m, &r, MAXS, join, last, &max_b);
         CHECK(bad == 0, "%s dtype %d threads %d: join/leave schedule: %d mismatches", dir, (int)dt, th, bad);
+        if (g_want_table) {
+            int64_t cnt[3];
+            pt_batch_counts(m, cnt);
+            CHECK(cnt[1] > 0, "%s threads %d: no step ran in table mode (%lld graph, %lld table, %lld row)", dir, th,
+                  (long long)cnt[0], (long long)cnt[1], (long long)cnt[2]);
+        }
         if (m != m1) pt_model_free(&m);
     }
     free(r.logits);
@@ -170,7 +182,9 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
 }
 
 static void test_batch_invariance_demo(void) {
+    g_want_table = 1;
     check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 1);
+    g_want_table = 0;
     check_model("models/kjv-llama-4bit", PT_COMPUTE_F32, 0);
     g_kv_quant = 8; /* quantized KV: each session's cache converts at its own step */
     check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 0);

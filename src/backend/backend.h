@@ -210,6 +210,7 @@ typedef struct pt_backend_limits {
     int64_t max_cols;   /* largest K of a matmul (input features) */
     int64_t max_ffn;    /* largest expert intermediate size (moe_ffn) */
     int max_top_k;      /* largest top_k (moe_ffn) */
+    int max_rows;       /* largest B of the multi-sequence decode ops (kv_append_rows, attention_rows) */
 } pt_backend_limits;
 
 typedef struct pt_backend pt_backend;
@@ -364,6 +365,25 @@ typedef struct pt_backend_ops {
      * callers then run matmul one row at a time (invariant, no weight reuse).
      * Kept last in the table so positional initializers stay valid. */
     pt_status (*matmul_rows)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
+
+    /* Multi-sequence decode (continuous batching, docs/batching.md): row b
+     * of a batch of B single-token rows belongs to its own sequence, with
+     * its own position pos[b] (backend memory) and its own cache of one
+     * layer, whose storage is kvp[2b] (K) and kvp[2b + 1] (V): kvp is an
+     * array of B·2 pointers in backend memory, so a captured CUDA graph
+     * replays with any set of sequences. Every row's cache has the shape of
+     * `shape` (n_kv, head_dim, capacity, dtype; full precision only: bits
+     * 0; its k/v pointers are not used). Row b's results are bit-identical
+     * to kv_append / attention with T = 1 at pos[b] on that row's cache. A
+     * row with pos[b] < 0 is padding: nothing is written to any cache and
+     * its attention output is zeros. NULL = not implemented (callers run the
+     * T = 1 ops row by row); PT_ERR_UNSUPPORTED for a shape the op does not
+     * take (callers fall back the same way). Scratch: reserve max_rows.
+     * Kept after matmul_rows so positional initializers stay valid. */
+    pt_status (*kv_append_rows)(pt_backend *be, const pt_kv_layer *shape, void *const *kvp, const float *k,
+                                const float *v, int64_t B, const int32_t *pos);
+    pt_status (*attention_rows)(pt_backend *be, float *out, const float *q, int64_t B, const int32_t *pos,
+                                const pt_kv_layer *shape, void *const *kvp, const pt_attn *p);
 } pt_backend_ops;
 
 struct pt_backend {

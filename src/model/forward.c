@@ -235,6 +235,24 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
     }
     pt_attn attn = L->attn;
     attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+    if (r->kvp) { /* one multi-sequence op per layer over the rows' cache table */
+        if (L->inv_freq_long) /* longrope: per-row table choice from the host positions */
+            for (int t = 0; t < T; t++) {
+                pt_rope rope = L->rope;
+                if ((int64_t)r->pos[t] + 1 > L->rope_switch_len) {
+                    rope.inv_freq = L->inv_freq_long;
+                    rope.attn_scale = L->attn_long_scale;
+                }
+                PT_TRY(OPS(m)->rope(be, st->q + t * qd, 1, nh, hd, st->pos_dev + t, &rope));
+                if (own_kv) PT_TRY(OPS(m)->rope(be, st->k + t * kd, 1, nkv, hd, st->pos_dev + t, &rope));
+            }
+        const int src = L->kv_shared ? L->kv_src : l;
+        if (own_kv)
+            PT_TRY(OPS(m)->kv_append_rows(be, &r->seq[0]->kv[l], r->kvp + (size_t)l * T * 2, st->k, st->v, T,
+                                          st->pos_dev));
+        return OPS(m)->attention_rows(be, st->att, st->q, T, st->pos_dev, &r->seq[0]->kv[src],
+                                      r->kvp + (size_t)src * T * 2, &attn);
+    }
     for (int t = 0; t < T; t++) {
         pt_fwd_state *sq = r->seq[t];
         const int32_t *pos = st->pos_dev + t;
@@ -340,13 +358,17 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
     return PT_OK;
 }
 
+/* Logits of nb rows starting at hn into dst [nb, V] (enqueue only). */
+static pt_status fwd_logits_to(pt_model *m, const pt_fwd_rows *r, const float *hn, int nb, float *dst) {
+    const pt_net *n = &m->net;
+    PT_TRY(mmul(m, r, dst, hn, nb, &n->lm_head));
+    if (n->final_softcap > 0) PT_TRY(OPS(m)->softcap(m->be, dst, dst, n->final_softcap, (int64_t)nb * n->vocab));
+    return PT_OK;
+}
+
 /* Logits of nb rows starting at hn into st->logits (enqueue only). */
 static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const float *hn, int nb) {
-    const pt_net *n = &m->net;
-    PT_TRY(mmul(m, r, st->logits, hn, nb, &n->lm_head));
-    if (n->final_softcap > 0)
-        PT_TRY(OPS(m)->softcap(m->be, st->logits, st->logits, n->final_softcap, (int64_t)nb * n->vocab));
-    return PT_OK;
+    return fwd_logits_to(m, r, hn, nb, st->logits);
 }
 
 /* CUDA compiled decode (DESIGN.md "Compiled decode"): a single-token step is
@@ -435,6 +457,16 @@ pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, c
             PT_TRY(OPS(m)->download(be, outs[r0 + j], st->logits + (size_t)j * n->vocab, (size_t)n->vocab * 4));
     }
     return PT_OK;
+}
+
+pt_status pt_fwd_rows_enqueue(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, float *logits) {
+    if (!r->kvp || !OPS(m)->kv_append_rows || !OPS(m)->attention_rows || r->n < 1 || r->n > st->chunk ||
+        !r->seq[0] || !pt_fwd_rows_supported(m))
+        return pt_error(PT_ERR_INTERNAL, "batched forward (kvp mode): bad call (%d rows, buffers for %d)", r->n,
+                        st->chunk);
+    float *hn = NULL;
+    PT_TRY(fwd_body(m, st, r, r->n, 0, r->n, &hn));
+    return fwd_logits_to(m, r, hn, r->n, logits);
 }
 
 static int64_t weight_bytes(const pt_matrix *w) {

@@ -231,8 +231,13 @@ pt_status pt_net_upload_vec(pt_model *m, const struct pt_weight *w, int64_t n, c
  * memory; seq[t]'s cache holds the positions before it). */
 typedef struct pt_fwd_rows {
     int n;
-    pt_fwd_state *const *seq; /* [n], distinct */
-    const int32_t *pos;       /* [n] */
+    pt_fwd_state *const *seq; /* [n], distinct; with kvp, NULL for padding rows */
+    const int32_t *pos;       /* [n] host; with kvp, -1 for padding rows */
+    /* NULL, or backend memory [n_layers][n][2]: row t's K and V storage of
+     * layer l, for the multi-sequence ops (kv_append_rows, attention_rows):
+     * then KV append and attention read every row's cache through this
+     * table (one op per layer), so a captured step serves any sessions. */
+    void *const *kvp;
 } pt_fwd_rows;
 
 /* Runs the n rows of r (1..st->chunk) through the network in one pass using
@@ -244,6 +249,13 @@ typedef struct pt_fwd_rows {
  * Callers hold m->lock. */
 pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const int32_t *ids,
                           float *const *outs);
+/* The batched pass in kvp mode (r->kvp set, uploaded), enqueue only and so
+ * capturable into a CUDA graph: ids and positions already in st->ids_dev /
+ * st->pos_dev (padding rows: any valid id, position -1); writes the logits
+ * of all r->n rows to backend memory logits [n, V]. Does not call
+ * pt_kv_cache_step_done (the caller does, per live row). Row t's logits are
+ * bit-identical to pt_fwd_run's for its sequence. */
+pt_status pt_fwd_rows_enqueue(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, float *logits);
 /* 1 if pt_fwd_run_rows handles the model: not yet for Qwen3.5's Gated
  * DeltaNet / gated-attention layers (their per-sequence recurrent state is
  * not split by row), which callers then step one session at a time. */

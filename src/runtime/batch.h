@@ -28,6 +28,17 @@
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
                            float *const *outs);
 
+/* Tests: with on != 0, table-mode steps (runtime/batch.c) pad their rows to
+ * the graph buckets (1, 2, 4, ...) even where no CUDA graph is used, so the
+ * padding path runs on every backend. Takes m->lock's place: call it before
+ * any concurrent use. */
+pt_status pt_batch_set_padding(pt_model *m, int on);
+
+/* Steps run so far (tests, benchmarks): counts[0] from a CUDA graph,
+ * counts[1] in table mode eagerly, counts[2] in row mode (a step larger than
+ * the buffers counts once per part). */
+void pt_batch_counts(const pt_model *m, int64_t counts[3]);
+
 /* Frees the model's batch state (installed as m->batch_free). */
 void pt_batch_free(pt_model *m);
 

@@ -218,6 +218,8 @@ static const pt_backend_ops cpu_ops = {
     .copy_rows = pt_cpu_copy_rows,
     .sigmoid_mul = pt_cpu_sigmoid_mul,
     .matmul_rows = pt_cpu_matmul_rows,
+    .kv_append_rows = pt_cpu_kv_append_rows,
+    .attention_rows = pt_cpu_attention_rows,
 };
 
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {

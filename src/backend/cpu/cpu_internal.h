@@ -162,6 +162,11 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
                            const pt_kv_layer *kv, const pt_attn *p);
 pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                            const int32_t *pos);
+/* cpu_rows.c: the multi-sequence decode ops (continuous batching) */
+pt_status pt_cpu_kv_append_rows(pt_backend *be, const pt_kv_layer *shape, void *const *kvp, const float *k,
+                                const float *v, int64_t B, const int32_t *pos);
+pt_status pt_cpu_attention_rows(pt_backend *be, float *out, const float *q, int64_t B, const int32_t *pos,
+                                const pt_kv_layer *shape, void *const *kvp, const pt_attn *p);
 pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
                           const void *w, pt_ftype wtype, pt_rms_style style, float eps);
 pt_status pt_cpu_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,

@@ -23,6 +23,9 @@ static void cuda_free(pt_backend *be) {
     if (c->dec_s) cudaFree(c->dec_s);
     if (c->dec_ml) cudaFree(c->dec_ml);
     if (c->dec_p) cudaFree(c->dec_p);
+    if (c->bdec_s) cudaFree(c->bdec_s);
+    if (c->bdec_ml) cudaFree(c->bdec_ml);
+    if (c->bdec_p) cudaFree(c->bdec_p);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -105,6 +108,8 @@ static pt_status cuda_reserve(pt_backend *be, const pt_backend_limits *lim) {
     if (lim->max_cols > l.max_cols) l.max_cols = lim->max_cols;
     if (lim->max_ffn > l.max_ffn) l.max_ffn = lim->max_ffn;
     if (lim->max_top_k > l.max_top_k) l.max_top_k = lim->max_top_k;
+    if (lim->max_rows > l.max_rows) l.max_rows = lim->max_rows;
+    if (memcmp(&l, &c->lim, sizeof l)) c->scratch_gen++; /* any new limit may move a buffer or a split */
     if (l.max_tokens < 0 || l.max_cols < 0 || l.max_ffn < 0 || l.max_top_k < 0)
         return pt_error(PT_ERR_INVALID_ARG, "reserve: negative limit");
     PT_TRY(grow(&c->tile, &c->tile_bytes, (size_t)PT_CUDA_TILE_ELEMS * 4));
@@ -134,6 +139,16 @@ static pt_status cuda_reserve(pt_backend *be, const pt_backend_limits *lim) {
         c->dec_s_floats = have_s / 4;
         c->dec_ml_count = have_ml / 8;
         c->dec_p_floats = have_p / 4;
+        if (l.max_rows > 0) { /* the multi-sequence decode attention: the same per row */
+            const size_t R = (size_t)l.max_rows;
+            have_s = c->bdec_s_floats * 4, have_ml = c->bdec_ml_count * 8, have_p = c->bdec_p_floats * 4;
+            PT_TRY(grow((void **)&c->bdec_s, &have_s, R * (size_t)l.max_heads * (size_t)l.max_ctx * 4));
+            PT_TRY(grow((void **)&c->bdec_ml, &have_ml, R * (size_t)l.max_heads * splits * 8));
+            PT_TRY(grow((void **)&c->bdec_p, &have_p, R * (size_t)l.max_heads * splits * hd * 4));
+            c->bdec_s_floats = have_s / 4;
+            c->bdec_ml_count = have_ml / 8;
+            c->bdec_p_floats = have_p / 4;
+        }
     }
     c->lim = l;
     return PT_OK;
@@ -264,6 +279,11 @@ extern "C" pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g) {
     return PT_OK;
 }
 
+extern "C" uint64_t pt_cuda_scratch_gen(pt_backend *be) {
+    if (!be || strcmp(be->ops->name, "cuda")) return 0;
+    return pt_cuda_of(be)->scratch_gen;
+}
+
 extern "C" void pt_cuda_graph_free(pt_cuda_graph **g) {
     if (!g || !*g) return;
     cudaGraphExecDestroy((*g)->exec);
@@ -301,6 +321,9 @@ static const pt_backend_ops cuda_ops = {
     .moe_route = pt_cuda_moe_route,
     .moe_ffn = pt_cuda_moe_ffn,
     .argmax = pt_cuda_argmax,
+    .matmul_rows = pt_cuda_matmul_rows,
+    .kv_append_rows = pt_cuda_kv_append_rows,
+    .attention_rows = pt_cuda_attention_rows,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

@@ -95,6 +95,10 @@ pt_status pt_cuda_graph_begin(pt_backend *be);
 pt_status pt_cuda_graph_end(pt_backend *be, pt_cuda_graph **out);
 pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g);
 void pt_cuda_graph_free(pt_cuda_graph **g);
+/* A counter that changes whenever the backend's scratch buffers or limits
+ * change (reserve): a graph captured before bakes in the old buffers and
+ * must be captured again. 0 for other backends and builds without CUDA. */
+uint64_t pt_cuda_scratch_gen(pt_backend *be);
 
 #ifdef __cplusplus
 }

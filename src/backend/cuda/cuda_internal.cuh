@@ -61,6 +61,15 @@ typedef struct pt_cuda {
     float2 *dec_ml;       /* [max_heads, splits] partial (max, sum of exp)   */
     float *dec_p;         /* [max_heads, splits, max_head_dim] partial p·v   */
     size_t dec_s_floats, dec_ml_count, dec_p_floats;
+    /* Multi-sequence decode attention scratch (batch_decode.cu): the same
+     * three arrays for max_rows rows. */
+    float *bdec_s;        /* [max_rows, max_heads, max_ctx]                  */
+    float2 *bdec_ml;      /* [max_rows, max_heads, splits]                   */
+    float *bdec_p;        /* [max_rows, max_heads, splits, max_head_dim]     */
+    size_t bdec_s_floats, bdec_ml_count, bdec_p_floats;
+    /* Bumped whenever reserve changes a scratch buffer or a limit
+     * (pt_cuda_scratch_gen): graphs captured before must be captured again. */
+    uint64_t scratch_gen;
     /* Errors found by kernels: a device word set by the kernel (1: an
      * embedding id out of range, 2: an expert index out of range) and the
      * offending value, checked at the next synchronization. */
@@ -95,6 +104,14 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
 pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, int x_div, const pt_matrix *w,
                              const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows,
                              int64_t y_stride);
+/* Batch-invariant matmul (backend.h matmul_rows): row t through the T = 1 GEMV. */
+pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
+                              int64_t expert);
+/* batch_decode.cu: the multi-sequence decode ops (continuous batching) */
+pt_status pt_cuda_kv_append_rows(pt_backend *be, const pt_kv_layer *shape, void *const *kvp, const float *k,
+                                 const float *v, int64_t B, const int32_t *pos);
+pt_status pt_cuda_attention_rows(pt_backend *be, float *out, const float *q, int64_t B, const int32_t *pos,
+                                 const pt_kv_layer *shape, void *const *kvp, const pt_attn *p);
 /* norm.cu */
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
                            const void *w, pt_ftype wtype, pt_rms_style style, float eps);

@@ -53,6 +53,10 @@ pt_status pt_cuda_graph_launch(pt_backend *be, pt_cuda_graph *g) {
 void pt_cuda_graph_free(pt_cuda_graph **g) {
     if (g) *g = NULL;
 }
+uint64_t pt_cuda_scratch_gen(pt_backend *be) {
+    (void)be;
+    return 0;
+}
 #endif
 
 void pt_cuda_device_describe(const pt_cuda_device_info *info, char *buf, size_t n) {

@@ -346,10 +346,14 @@ static gemv_tune fast_tune(void) {
  * to 8 warps), then the most rows per block (max_rows, ..., 2, 1) that still
  * gives ~occ warps per SM; if even one row per block falls short, W grows to
  * one chunk per lane. */
-static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B) {
+static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B, int64_t shape_B) {
     if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16) return PT_ERR_UNSUPPORTED;
     const gemv_tune tu = fast_tune();
     const int64_t nchunks = a.K * bits / 128, target = tu.occ * (int64_t)c->sm_count;
+    /* the launch shape is chosen for shape_B items (B itself for a plain
+     * call; 1 for matmul_rows, so its rows reduce as a T = 1 call does) */
+    const int64_t B_launch = B;
+    B = shape_B;
     int W = 1;
     while (W < FAST_MAX_WARPS && nchunks >= 32LL * tu.cpl * W * 2) W *= 2;
     int rows = 1;
@@ -360,6 +364,7 @@ static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_
         }
     if (rows == 1)
         while (W < FAST_MAX_WARPS && nchunks >= 32LL * W * 2 && B * a.nrows * W < target) W *= 2;
+    B = B_launch;
     if (bits == 4) {
         if (rows == 8) return launch_fast<4, 8>(c, a, B, W);
         if (rows == 4) return launch_fast<4, 4>(c, a, B, W);
@@ -407,10 +412,11 @@ static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, 
     return PT_OK;
 }
 
-static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B, int nt) {
+static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B, int nt,
+                             int64_t shape_B = 0) {
     if (B > 65535) return pt_error(PT_ERR_INTERNAL, "gemv: %lld items exceed the grid", (long long)B);
     if (nt == 1 && !c->no_fast_gemv) {
-        pt_status st = try_fast(c, a, bits, B);
+        pt_status st = try_fast(c, a, bits, B, shape_B > 0 ? shape_B : B);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     switch (nt) {
@@ -600,6 +606,48 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
             PT_TRY(launch_gemv(c, b, w->bits, w->dtype, 1, nt));
             t += nt;
         }
+    }
+    return PT_OK;
+}
+
+/* ---- matmul_rows (backend.h): the batch-invariant matmul --------------------
+ * Row t of y must be bit-identical to matmul(x_t, T = 1) for every T. This
+ * version runs every row through exactly the T = 1 GEMV code path: one launch
+ * whose items (grid.y) are the T rows, with the launch shape chosen as for a
+ * single row (the fast kernel's warps per row depend on the item count
+ * otherwise, and with them the reduction order). Rows share no weight loads
+ * beyond what the L2 cache happens to keep: correct and invariant, not yet
+ * the B-row GEMV that reads each weight tile once for all rows. */
+pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
+                              int64_t expert) {
+    pt_cuda *c = pt_cuda_of(be);
+    if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul_rows: weight not prepared on the CUDA backend");
+    const int64_t E = w->n_experts > 1 ? w->n_experts : 1;
+    if (expert < 0 || expert >= E)
+        return pt_error(PT_ERR_INVALID_ARG, "matmul_rows: expert %lld of %lld", (long long)expert, (long long)E);
+    if (T <= 0) return PT_OK;
+    /* the T = 1 call copies an unaligned row to aligned scratch; here every
+     * row must be aligned, so an unaligned batch is copied whole */
+    const float *xin = x;
+    if ((uintptr_t)x % 16 || (w->cols * 4) % 16) {
+        if ((size_t)(T * w->cols) * 4 > c->xconv_bytes)
+            return pt_error(PT_ERR_INVALID_ARG, "matmul_rows: unaligned input and no scratch reserved");
+        if ((w->cols * 4) % 16) { /* rows K floats apart cannot all be aligned: one row at a time */
+            for (int64_t t = 0; t < T; t++)
+                PT_TRY(pt_cuda_matmul(be, y + t * w->rows, x + t * w->cols, 1, w, expert));
+            return PT_OK;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
+        xin = (const float *)c->xconv;
+    }
+    gemv_args a = make_args(c, w, y, xin);
+    a.expert = expert;
+    for (int64_t t = 0; t < T; t += 65535) { /* the grid's y dimension */
+        const int64_t nb = T - t < 65535 ? T - t : 65535;
+        gemv_args b = a;
+        b.x = xin + t * w->cols;
+        b.y = y + t * w->rows;
+        PT_TRY(launch_gemv(c, b, w->bits, w->dtype, nb, 1, 1));
     }
     return PT_OK;
 }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Continuous-batching serving benchmark (bench/RESULTS.md, "Continuous
+# batching on the H200"): `petrel serve --device ${DEVICE:-cuda} --parallel 64` on a
+# model directory, driven by bench/loadgen.py on the same machine with 1, 8,
+# 32 and 64 concurrent streams; per level: aggregate output tok/s, per-stream
+# tok/s, time to first token, mean batch size per decode step (/metrics).
+#
+# Usage: bench/serve_batch_bench.sh PETREL MODEL_DIR [LEVELS] [TOKENS]
+#   MODEL_DIR is written first when absent: bench/make_synth_model.py
+#   MODEL_DIR llama-3.1-8b (random 4-bit weights of the published shape).
+#   LEVELS default "1 8 32 64"; TOKENS (generated per stream) default 64.
+# Environment: PROMPT_LEN (default 16), CTX (default 1024), PARALLEL (64).
+set -eu
+cd "$(dirname "$0")/.."
+PETREL=$1
+MODEL=$2
+LEVELS=${3:-"1 8 32 64"}
+TOKENS=${4:-64}
+PROMPT_LEN=${PROMPT_LEN:-16}
+CTX=${CTX:-1024}
+PARALLEL=${PARALLEL:-64}
+[ -d "$MODEL" ] || python3 bench/make_synth_model.py "$MODEL" llama-3.1-8b
+ERR=$(mktemp)
+PID=
+trap '[ -n "$PID" ] && kill $PID 2>/dev/null; rm -f "$ERR"' EXIT
+t0=$(date +%s%N)
+"$PETREL" serve -m "$MODEL" --device ${DEVICE:-cuda} --parallel "$PARALLEL" --ctx "$CTX" --prompt-cache 0 --port 0 2>"$ERR" &
+PID=$!
+PORT=
+for _ in $(seq 1 1200); do
+  PORT=$(sed -n 's/.*ready on http:\/\/127\.0\.0\.1:\([0-9]*\).*/\1/p' "$ERR")
+  [ -n "$PORT" ] && break
+  kill -0 $PID 2>/dev/null || { cat "$ERR"; exit 1; }
+  sleep 0.1
+done
+[ -n "$PORT" ] || { cat "$ERR"; echo "server not ready"; exit 1; }
+cat "$ERR"
+echo "ready after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+V=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$MODEL/config.json")
+# warm-up: sessions for every slot, and the CUDA graph of each batch bucket
+for n in $LEVELS; do
+  python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens 3 --prompt-len "$PROMPT_LEN" --vocab "$V" \
+    --seed 99 --label warmup >/dev/null
+done
+for n in $LEVELS; do
+  python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens "$TOKENS" --prompt-len "$PROMPT_LEN" --vocab "$V" \
+    --seed "$n" --label "$(basename "$MODEL")"
+done
+python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith('petrel_batch_size')))" "http://127.0.0.1:$PORT/metrics"
