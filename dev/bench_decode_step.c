@@ -3,7 +3,9 @@
  * FFN 8192, vocab 128256 tied, MLX 4- or 8-bit weights (group 64, bf16
  * scales, random codes), bf16 activations and KV cache at depth D. Measures
  * tokens/s and the weight bytes read per second against a streaming read of
- * the same size on the same threads, interleaved (A B A B).
+ * the same size on the same threads, interleaved (A B A B), and the time
+ * spent per op kind (matmuls, logits, attention + KV append, norms, RoPE,
+ * the rest), summed over the steps and printed per step.
  *   dev/build.sh && dev/bench_decode_step [bits] [threads] [depth] [steps] [int8_act] */
 #include "backend/backend.h"
 #include "base/half.h"
@@ -56,6 +58,9 @@ static void rd_run(void *arg, int ith, int nth) {
     r->out[ith] = _mm512_reduce_add_epi32(a);
 }
 
+/* time per op kind (the CPU ops are synchronous) */
+static double prof[8];
+#define P(cat, call) do { double t_ = now(); call; prof[cat] += now() - t_; } while (0)
 int main(int argc, char **argv) {
     int bits = argc > 1 ? atoi(argv[1]) : 4, nth = argc > 2 ? atoi(argv[2]) : 2;
     int D = argc > 3 ? atoi(argv[3]) : 128, steps = argc > 4 ? atoi(argv[4]) : 8, i8 = argc > 5 ? atoi(argv[5]) : 0;
@@ -103,28 +108,28 @@ int main(int argc, char **argv) {
         double t0 = now();
         pt_pool_run(pool, rd_run, &rc);
         double t1 = now();
-        be->ops->embed(be, x, &tok, 1, &emb, 1.0f);
+        P(5, be->ops->embed(be, x, &tok, 1, &emb, 1.0f));
         for (int l = 0; l < L; l++) {
-            be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
-            be->ops->matmul(be, q, xn, 1, &wq[l], 0);
-            be->ops->matmul(be, k, xn, 1, &wk[l], 0);
-            be->ops->matmul(be, v, xn, 1, &wv[l], 0);
-            be->ops->rope(be, q, 1, nh, hd, &pos, &rope);
-            be->ops->rope(be, k, 1, nkv, hd, &pos, &rope);
-            be->ops->kv_append(be, &kv[l], k, v, 1, &pos);
-            be->ops->attention(be, att, q, 1, &pos, &kv[l], &ap);
-            be->ops->matmul(be, y, att, 1, &wo[l], 0);
-            be->ops->add(be, x, x, y, H);
-            be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
-            be->ops->matmul(be, g, xn, 1, &wg[l], 0);
-            be->ops->matmul(be, u, xn, 1, &wu[l], 0);
-            be->ops->glu(be, g, g, u, 1, F, F, PT_GLU_SILU);
-            be->ops->matmul(be, y, g, 1, &wd[l], 0);
-            be->ops->add(be, x, x, y, H);
+            P(3, be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+            P(0, be->ops->matmul(be, q, xn, 1, &wq[l], 0));
+            P(0, be->ops->matmul(be, k, xn, 1, &wk[l], 0));
+            P(0, be->ops->matmul(be, v, xn, 1, &wv[l], 0));
+            P(4, be->ops->rope(be, q, 1, nh, hd, &pos, &rope));
+            P(4, be->ops->rope(be, k, 1, nkv, hd, &pos, &rope));
+            P(2, be->ops->kv_append(be, &kv[l], k, v, 1, &pos));
+            P(2, be->ops->attention(be, att, q, 1, &pos, &kv[l], &ap));
+            P(0, be->ops->matmul(be, y, att, 1, &wo[l], 0));
+            P(5, be->ops->add(be, x, x, y, H));
+            P(3, be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+            P(0, be->ops->matmul(be, g, xn, 1, &wg[l], 0));
+            P(0, be->ops->matmul(be, u, xn, 1, &wu[l], 0));
+            P(5, be->ops->glu(be, g, g, u, 1, F, F, PT_GLU_SILU));
+            P(0, be->ops->matmul(be, y, g, 1, &wd[l], 0));
+            P(5, be->ops->add(be, x, x, y, H));
         }
-        be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f);
-        be->ops->matmul(be, logits, xn, 1, &emb, 0);
-        be->ops->argmax(be, &am, logits, 1, V);
+        P(3, be->ops->rms_norm(be, xn, x, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+        P(1, be->ops->matmul(be, logits, xn, 1, &emb, 0));
+        P(5, be->ops->argmax(be, &am, logits, 1, V));
         double t2 = now();
         tok = am;
         if (t1 - t0 < best_rd) best_rd = t1 - t0;
@@ -135,6 +140,10 @@ int main(int argc, char **argv) {
            "bw_fraction %.2f\n",
            bits, i8 ? " int8-act" : "", nth, D, 1.0 / best_step, gb, gb / best_step, gb / best_rd,
            (gb / best_step) / (gb / best_rd));
+    const char *nm[6] = {"matmul", "logits", "attn+kv", "rmsnorm", "rope", "other"};
+    double tot = 0;
+    for (int i = 0; i < 6; i++) tot += prof[i];
+    for (int i = 0; i < 6; i++) printf("  %-8s %6.2f ms/step %5.1f%%\n", nm[i], 1e3 * prof[i] / steps, 100 * prof[i] / tot);
     pt_pool_free(&pool);
     pt_backend_free(&be);
     return 0;

@@ -303,6 +303,50 @@ static void test_matmul_bf16_mode(void) {
     pt_backend_free(&be);
 }
 
+/* The AVX-512 bf16-dot kernel for 4-bit rows (bf16 mode, K % 128 == 0): every
+ * group size, K up to 4096 (its 128-offset form must stay within the f32
+ * tolerance), and the per-token fallback: a token whose x is not exactly bf16
+ * takes the f32 kernel without changing the other tokens' rows. */
+static void test_matmul_q4_bf16_dot(void) {
+    pt_backend *be = mk(2, PT_ACT_BF16, PT_ISA_AUTO);
+    REQUIRE(be, "backend: %s", pt_last_error());
+    static const int gss[] = {32, 64, 128};
+    static const int64_t Ks[] = {128, 384, 4096};
+    for (int gi = 0; gi < 3; gi++)
+        for (int ki = 0; ki < 3; ki++)
+            for (int64_t T = 1; T <= 2; T++) {
+                tweight tw;
+                tw_make(&tw, 0, 13, Ks[ki], PT_FT_BF16, 4, gss[gi], gi == 1);
+                char what[160];
+                snprintf(what, sizeof what, "q4 bf16-dot g%d K=%lld T=%lld", gss[gi], (long long)Ks[ki], (long long)T);
+                int ok = check_matmul_case(be, &tw, T, 0, what);
+                tw_free(&tw);
+                if (!ok) goto done;
+            }
+    {
+        int64_t N = 21, K = 256;
+        tweight tw;
+        tw_make(&tw, 0, N, K, PT_FT_BF16, 4, 64, 0);
+        float *x = malloc(sizeof(float) * 3 * K), *yb = malloc(sizeof(float) * 3 * N), *y1 = malloc(sizeof(float) * N);
+        fill_bf16vals(x, 3 * K, -1, 1);
+        x[K + 5] = 0.1f; /* not a bf16 value: token 1 takes the f32 kernel */
+        REQUIRE(be->ops->matmul_rows(be, yb, x, 3, &tw.w, 0) == PT_OK, "matmul_rows");
+        for (int t = 0; t < 3; t++) {
+            REQUIRE(be->ops->matmul(be, y1, x + t * K, 1, &tw.w, 0) == PT_OK, "matmul");
+            CHECK(memcmp(y1, yb + t * N, sizeof(float) * (size_t)N) == 0, "token %d: batched row differs from alone", t);
+        }
+        double *ref = malloc(sizeof(double) * 3 * N), *mag = malloc(sizeof(double) * 3 * N);
+        ref_matmul(&tw, 0, x, 3, ref, mag);
+        for (int64_t i = 0; i < 3 * N; i++)
+            CHECK(fabs(yb[i] - ref[i]) <= 3e-6 * mag[i] + fabs(ref[i]) / 128, "y[%lld] = %g, expected %g", (long long)i,
+                  yb[i], ref[i]);
+        free(x), free(yb), free(y1), free(ref), free(mag);
+        tw_free(&tw);
+    }
+done:
+    pt_backend_free(&be);
+}
+
 /* The int8-activation lever: decode matmuls quantize x per weight group
  * (step max|x|/127, round to nearest even) and take integer dots. Checked
  * against that exact semantics (tight) and against the f32 reference (loose). */
@@ -1047,6 +1091,7 @@ int main(void) {
     TEST_RUN(test_matmul_quant_all_bits);
     TEST_RUN(test_matmul_quant_many_panels);
     TEST_RUN(test_matmul_bf16_mode);
+    TEST_RUN(test_matmul_q4_bf16_dot);
     TEST_RUN(test_matmul_int8_act);
     TEST_RUN(test_prepare_weight_rejects);
     TEST_RUN(test_embed);

@@ -20,6 +20,16 @@
  * no interleaving shuffle in the inner loop. */
 void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
 
+/* bf16 activations for the 4-bit bf16 kernel (qdot4_x4_bf16): per
+ * 128-value block, four vectors of 32 bf16, vector k holding
+ * [x(8i+k), x(8i+4+k)] for i = 0..15 — the order in which the nibbles of
+ * 16-bit words of the codes come out (word i of a 64-byte block holds values
+ * 4i..4i+3; vdpbf16ps pairs words 2i and 2i+1, i.e. values 8i+k and 8i+4+k).
+ * Returns 0 (and the caller keeps the f32 kernel) unless K % 128 == 0 and
+ * every x is exactly a normal bf16 value or zero (a NaN or a subnormal is
+ * refused: vdpbf16ps reads subnormals as zero). */
+int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K);
+
 void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
                           int gs, int bits);
 /* int8 activations for 4-bit codes: per 64-value chunk [x0 x2 .. x62 | x1 x3
@@ -57,6 +67,12 @@ typedef struct pt_cpu_kernels {
                      const float *const *sc, const float *const *bi, int64_t K, int gs);
     void (*qdot8_x4)(float *out, const float *x, const float *xs, const uint8_t *const *codes,
                      const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* qdot4_x4 for x exactly in bf16 (xa = pt_cpu_arrange_x4_bf16), K % 128
+     * == 0: same sum, computed with bf16 dot products (products of a code
+     * and a bf16 x are exact in f32; only the summation order differs).
+     * NULL = not available (the caller uses qdot4_x4). */
+    void (*qdot4_x4_bf16)(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
+                          const float *const *sc, const float *const *bi, int64_t K, int gs);
     /* int8-activation lever (L3, changes outputs): x quantized per weight
      * group to int8 with xd[g] = max|x|/127, integer dot products:
      *   out[r] = Σ_g sc[r][g]·xd[g]·Σ_{j∈g} q_rj·xq_j + Σ_g bi[r][g]·xs[g]

@@ -99,6 +99,8 @@ typedef struct {
     const float *xs; /* quantized direct path: [T, ng] group sums of x */
     const int8_t *xi8; /* int8 lever: [T, K] quantized x (arranged for 4-bit), else NULL */
     const float *xd;   /* int8 lever: [T, ng] quantization steps */
+    const uint16_t *xa; /* bf16 4-bit kernel: [T, K] x arranged (pt_cpu_arrange_x4_bf16), else NULL */
+    const uint8_t *xok; /* [T]: token t's x is exactly bf16 (xa row t valid) */
     int64_t T;
     const pt_matrix *w;
     int64_t expert;
@@ -281,11 +283,20 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
                 k->qdot4_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             else if (m->xi8)
                 k->qdot8_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
+            else if (m->xa && m->xok[t])
+                k->qdot4_x4_bf16(out, m->xa + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             else if (w->bits == 4) k->qdot4_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             else k->qdot8_x4(out, m->xq + t * K, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias_of(w, m->expert, nb + r));
         }
     }
+}
+
+/* vdpbf16ps (AVX512-BF16) is not implied by the AVX-512 kernel table's
+ * F/BW/VL/DQ: checked once. */
+static int cpu_has_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
 }
 
 /* direct: the decode kernels for every row (any T); else chosen by T. */
@@ -298,8 +309,22 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
     if (direct || T < PT_CPU_DIRECT_T) {
         int64_t ng = w->bits ? K / w->group_size : 0;
-        /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement [2·T·K bytes] */
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + 1))));
+        /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement
+         * [2·T·K bytes]; bf16 kernel: arranged x [T·K bf16] + per-token flags [T bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2))));
+        if (w->bits == 4 && !c->int8_act && be->act == PT_ACT_BF16 && c->k->qdot4_x4_bf16 && K % 128 == 0 &&
+            cpu_has_bf16()) {
+            /* bf16 mode: x is normally exactly bf16 (every op rounds its outputs); a token whose x is
+             * not keeps the f32 kernel, decided from its own values, so batching never changes a row */
+            uint16_t *xa = (uint16_t *)(c->xbuf + T * (K + 2 * ng + K / 2));
+            uint8_t *xok = (uint8_t *)(xa + T * K);
+            int any = 0;
+            for (int64_t t = 0; t < T; t++) any |= xok[t] = (uint8_t)pt_cpu_arrange_x4_bf16(xa + t * K, x + t * K, K);
+            if (any) {
+                m.xa = xa;
+                m.xok = xok;
+            }
+        }
         if (w->bits) {
             float *xp = c->xbuf, *xs = c->xbuf + T * K;
             for (int64_t t = 0; t < T; t++) {

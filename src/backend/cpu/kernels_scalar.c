@@ -11,6 +11,22 @@ void pt_cpu_permute_x4(float *xp, const float *x, int64_t K) {
         }
 }
 
+int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K) {
+    if (K % 128) return 0;
+    for (int64_t b = 0; b < K; b += 128)
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 16; i++) {
+                uint16_t h0 = pt_f32_to_bf16(x[b + 8 * i + k]), h1 = pt_f32_to_bf16(x[b + 8 * i + 4 + k]);
+                /* exact only: a value that bf16 rounds is refused (the caller keeps the f32
+                 * kernel), and so is a subnormal, which vdpbf16ps would read as zero */
+                if (pt_bf16_to_f32(h0) != x[b + 8 * i + k] || pt_bf16_to_f32(h1) != x[b + 8 * i + 4 + k]) return 0;
+                if (((h0 & 0x7f80) == 0 && (h0 & 0x7f)) || ((h1 & 0x7f80) == 0 && (h1 & 0x7f))) return 0;
+                xa[b + 32 * k + 2 * i] = h0;
+                xa[b + 32 * k + 2 * i + 1] = h1;
+            }
+    return 1;
+}
+
 void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K) {
     for (int64_t c = 0; c < K; c += 64) {
         int half = K - c >= 64 ? 32 : 16;
