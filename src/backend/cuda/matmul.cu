@@ -19,10 +19,12 @@
  * Not here: attention, MoE routing (moe.cu uses pt_cuda_gemv_items). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "backend/cuda/gemv_mma.cuh"
 
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define PT_GEMV_MAX_T 8
 #define PT_GEMV_ROWS 2    /* rows per warp: the x loads are shared between them */
@@ -428,6 +430,111 @@ static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_
     return pt_error(PT_ERR_INTERNAL, "gemv: batch %d not instantiated (1, 2, 4, 8)", nt);
 }
 
+/* ---- the tensor-core decode GEMV (gemv_mma.cuh) ----------------------------
+ * Used for T <= 8 tokens in bf16 activation mode with 4/8-bit codes, group
+ * 32/64/128, bf16 scales and K a multiple of 128: all T rows in one launch.
+ * PETREL_CUDA_GEMV=fast selects the FMA kernels above instead (A/B);
+ * PETREL_CUDA_MMA_TUNE="tiles,warps_per_sm" overrides the launch shape
+ * (tiles of 16 rows per warp: 1 or 2; default 1, 16). */
+struct mma_tune {
+    int mode; /* 1: mma on, 0: off; -1: not read yet */
+    int tiles, wps;
+};
+static mma_tune g_mma = {-1, 0, 0};
+static mma_tune get_mma_tune(void) {
+    if (g_mma.mode < 0) {
+        mma_tune d = {1, 1, 16};
+        const char *m = getenv("PETREL_CUDA_GEMV");
+        if (m && !strcmp(m, "fast")) d.mode = 0;
+        const char *e = getenv("PETREL_CUDA_MMA_TUNE");
+        int a, b;
+        if (e && sscanf(e, "%d,%d", &a, &b) == 2 && (a == 1 || a == 2) && b >= 1 && b <= 64) d.tiles = a, d.wps = b;
+        g_mma = d;
+    }
+    return g_mma;
+}
+
+/* For benchmarks that compare the GEMVs in one process (dev/cuda_gemv_bench):
+ * mma on/off and its launch shape, overriding the environment. */
+extern "C" void pt_cuda_gemv_select(int mma_on, int tiles, int wps) {
+    g_mma.mode = mma_on ? 1 : 0;
+    g_mma.tiles = tiles == 2 ? 2 : 1;
+    g_mma.wps = wps >= 1 && wps <= 64 ? wps : 16;
+}
+
+template <int BITS, int GS, int NB, int TILES>
+static pt_status launch_mma_t(const pt_cuda *c, const mma_args &a) {
+    const size_t smem = pt_mma_smem(BITS, GS, NB, TILES);
+    static bool attr = false; /* one per instantiation */
+    if (!attr && smem > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_mma_kernel<BITS, GS, NB, TILES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    const int tiles = (a.N + 15) / 16, groups = (tiles + TILES - 1) / TILES, tpb = PT_MMA_WARPS / a.S;
+    const unsigned blocks = (unsigned)((groups + tpb - 1) / tpb);
+    gemv_mma_kernel<BITS, GS, NB, TILES><<<blocks, PT_MMA_WARPS * 32, smem, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH("gemv (tensor cores)");
+    return PT_OK;
+}
+
+template <int BITS, int GS, int TILES>
+static pt_status launch_mma_nb(const pt_cuda *c, const mma_args &a) {
+    if (a.nb == 1) return launch_mma_t<BITS, GS, 1, TILES>(c, a);
+    if constexpr (TILES == 1) {
+        if (a.nb == 2) return launch_mma_t<BITS, GS, 2, 1>(c, a);
+        if (a.nb <= 4) return launch_mma_t<BITS, GS, 4, 1>(c, a);
+        return launch_mma_t<BITS, GS, 8, 1>(c, a);
+    }
+    return pt_error(PT_ERR_INTERNAL, "gemv: tensor-core kernel with %d tiles is for one row", TILES);
+}
+
+template <int BITS, int GS>
+static pt_status launch_mma_tiles(const pt_cuda *c, const mma_args &a, int tiles) {
+    if (tiles == 2 && a.nb == 1) return launch_mma_nb<BITS, GS, 2>(c, a);
+    return launch_mma_nb<BITS, GS, 1>(c, a);
+}
+
+/* y[T, N] = x[T, K] · W[expert]ᵀ (+ bias) with the tensor-core GEMV when the
+ * weight and mode allow it; PT_ERR_UNSUPPORTED (no message) otherwise. The
+ * launch shape depends on N and K only (batch invariance, gemv_mma.cuh). */
+static pt_status try_mma(const pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
+    const mma_tune tu = get_mma_tune();
+    const int bits = w->bits, gs = w->group_size;
+    const int64_t N = w->rows, K = w->cols;
+    if (!tu.mode || c->no_fast_gemv || c->base.act != PT_ACT_BF16 || (bits != 4 && bits != 8) ||
+        (gs != 32 && gs != 64 && gs != 128) || w->dtype != PT_FT_BF16 || K % 128 || T < 1 || T > 8 ||
+        N < 1 || N > INT32_MAX || K > INT32_MAX || (uintptr_t)x % 16)
+        return PT_ERR_UNSUPPORTED;
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    const int64_t wpr = K * bits / 32, gpr = K / gs, e0 = expert * N;
+    mma_args a;
+    a.w = (const uint32_t *)cw->data + e0 * wpr;
+    a.sc = (const bf16 *)cw->scales + e0 * gpr;
+    a.bi = (const bf16 *)cw->biases + e0 * gpr;
+    a.bias = cw->bias ? (const char *)cw->bias + (size_t)e0 * pt_ftype_size(w->bias_dtype) : NULL;
+    a.bt = w->bias_dtype;
+    a.x = x;
+    a.y = y;
+    a.ldy = N;
+    a.N = (int)N;
+    a.K = (int)K;
+    a.nb = (int)T;
+    /* warps per tile group: enough warps for ~wps per SM, at most 8 */
+    const int64_t groups = ((N + 15) / 16 + tu.tiles - 1) / tu.tiles, target = (int64_t)tu.wps * c->sm_count;
+    int S = 1;
+    while (S < PT_MMA_WARPS && groups * S < target) S *= 2;
+    a.S = S;
+    switch (bits * 1000 + gs) {
+    case 4032: return launch_mma_tiles<4, 32>(c, a, tu.tiles);
+    case 4064: return launch_mma_tiles<4, 64>(c, a, tu.tiles);
+    case 4128: return launch_mma_tiles<4, 128>(c, a, tu.tiles);
+    case 8032: return launch_mma_tiles<8, 32>(c, a, tu.tiles);
+    case 8064: return launch_mma_tiles<8, 64>(c, a, tu.tiles);
+    default: return launch_mma_tiles<8, 128>(c, a, tu.tiles);
+    }
+}
+
 static gemv_args make_args(const pt_cuda *c, const pt_matrix *w, float *y, const float *x) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     gemv_args a;
@@ -586,6 +693,10 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
     if ((w->rows > INT32_MAX || w->cols > INT32_MAX) && T > PT_GEMV_MAX_T)
         return pt_error(PT_ERR_UNSUPPORTED, "matmul: dimensions beyond cuBLAS's int range");
     if (T > PT_GEMV_MAX_T) return gemm(c, y, x, T, w, expert);
+    {
+        pt_status st = try_mma(c, y, x, T, w, expert);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     /* Quantized rows need 16-byte aligned input for the vector loads. */
     const float *xin = x;
     if ((uintptr_t)x % 16) {

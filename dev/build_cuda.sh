@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds the dev/ CUDA benchmarks (dev/cuda_*.c) against build-cuda/libpetrel.a
+# (run `make gpu-bundle` first); the binaries use the bundle's RPATH layout, so
+# copy them next to build/gpu-bundle/tests/ to run them on the GPU machine.
+set -e
+cd "$(dirname "$0")/.."
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+for f in dev/cuda_*.c; do
+  cc -std=c11 -O2 -D_GNU_SOURCE -Iinclude -Isrc -I"$CUDA_HOME/include" -DPT_HAVE_CUDA=1 -pthread \
+     -o "${f%.c}" "$f" build-cuda/libpetrel.a \
+     -Wl,--no-as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$ORIGIN/lib' -Wl,-rpath,'$ORIGIN/../lib' \
+     -Wl,-rpath,"$CUDA_HOME/lib64" -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -ldl \
+     -L"$CUDA_HOME/lib64" -lcublas -lcudart_static -lrt -lstdc++
+done

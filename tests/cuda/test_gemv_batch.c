@@ -1,0 +1,107 @@
+/* Batch invariance of the CUDA decode GEMV: in bf16 activation mode a matmul
+ * of T = 2..8 rows (one tensor-core launch, src/backend/cuda/gemv_mma.cuh)
+ * must give every row bit-identical outputs to the same row alone (T = 1),
+ * for 4- and 8-bit codes, groups 32/64/128, a row count that is not a
+ * multiple of the 16-row tile, K with a partial shared-memory stage, a
+ * bias, and an expert of a stacked weight. Continuous batching relies on
+ * this: a request's tokens must not depend on what else is in the batch.
+ * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
+ *
+ * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
+ * without a GPU it reports SKIP. */
+#include "test.h"
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "base/error.h"
+#include "base/half.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t ru32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
+
+/* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
+/* REQUIRE for a function returning int: the failure is reported and 0 returned. */
+#define NEED(cond, ...)          \
+    do {                         \
+        if (!(cond)) {           \
+            CHECK(0, __VA_ARGS__); \
+            return 0;            \
+        }                        \
+    } while (0)
+
+static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
+    const int64_t ng = K / gs;
+    uint32_t *data = malloc((size_t)(E * N * K * bits / 8));
+    uint16_t *sc = malloc((size_t)(E * N * ng) * 2), *bi = malloc((size_t)(E * N * ng) * 2);
+    uint16_t *bias = malloc((size_t)(E * N) * 2);
+    for (int64_t i = 0; i < E * N * K * bits / 32; i++) data[i] = ru32() ^ (ru32() << 21);
+    for (int64_t i = 0; i < E * N * ng; i++) {
+        sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
+    }
+    for (int64_t i = 0; i < E * N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    pt_matrix w = {.rows = N, .cols = K, .n_experts = E > 1 ? E : 0, .dtype = PT_FT_BF16, .bits = bits,
+                   .group_size = gs, .data = data, .scales = sc, .biases = bi,
+                   .bias = with_bias ? bias : NULL, .bias_dtype = PT_FT_BF16};
+    NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
+    float *xh = malloc((size_t)(8 * K) * 4), *yb = malloc((size_t)(8 * N) * 4), *y1 = malloc((size_t)N * 4);
+    for (int64_t i = 0; i < 8 * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *x = be->ops->alloc(be, (size_t)(8 * K) * 4), *y = be->ops->alloc(be, (size_t)(8 * N) * 4);
+    NEED(x && y, "alloc");
+    NEED(be->ops->upload(be, x, xh, (size_t)(8 * K) * 4) == PT_OK, "upload");
+    int ok = 1;
+    const int64_t e = E - 1;
+    for (int T = 2; T <= 8 && ok; T++) {
+        NEED(be->ops->matmul(be, y, x, T, &w, e) == PT_OK, "matmul T=%d: %s", T, pt_last_error());
+        NEED(be->ops->download(be, yb, y, (size_t)(T * N) * 4) == PT_OK, "download");
+        for (int r = 0; r < T && ok; r++) {
+            NEED(be->ops->matmul(be, y, x + r * K, 1, &w, e) == PT_OK, "matmul T=1: %s", pt_last_error());
+            NEED(be->ops->download(be, y1, y, (size_t)N * 4) == PT_OK, "download");
+            for (int64_t i = 0; i < N; i++)
+                if (memcmp(&y1[i], &yb[r * N + i], 4)) {
+                    CHECK(0, "%d-bit g%d N %lld K %lld: row %d of T=%d, output %lld: batched %.9g, alone %.9g", bits,
+                          gs, (long long)N, (long long)K, r, T, (long long)i, yb[r * N + i], y1[i]);
+                    ok = 0;
+                    break;
+                }
+        }
+    }
+    CHECK(ok, "%d-bit g%d: batch-invariant", bits, gs);
+    be->ops->dealloc(be, x);
+    be->ops->dealloc(be, y);
+    be->ops->release_weight(be, &w);
+    free(data), free(sc), free(bi), free(bias), free(xh), free(yb), free(y1);
+    return ok;
+}
+
+static void test_gemv_batch_invariant(void) {
+    char why[512];
+    if (pt_cuda_device_count(why, sizeof why) == 0) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = NULL;
+    REQUIRE(pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) == PT_OK, "cuda: %s", pt_last_error());
+    pt_backend_limits lim = {.max_tokens = 8, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64, .max_cols = 4096};
+    REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "reserve: %s", pt_last_error());
+    static const int bits[] = {4, 8}, gss[] = {32, 64, 128};
+    for (int b = 0; b < 2; b++)
+        for (int g = 0; g < 3; g++) {
+            if (!check_one(be, bits[b], gss[g], 1, 300, 2560, g == 1)) goto done;
+            if (!check_one(be, bits[b], gss[g], 3, 40, 1024, 1)) goto done;
+        }
+done:
+    pt_backend_free(&be);
+}
+
+int main(void) {
+    TEST_RUN(test_gemv_batch_invariant);
+    return test_summary();
+}
