@@ -85,7 +85,7 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
     st->pos_dev = balloc(m, C * 4, &s);
     st->logits = balloc(m, (size_t)st->logit_rows * (size_t)n->vocab * 4, &s);
     for (int l = 0; l < n->n_layers; l++)
-        if (n->layers[l].moe_dense && !st->y2) {
+        if ((n->layers[l].moe_dense || n->layers[l].sh_ffn) && !st->y2) {
             st->y2 = balloc(m, C * H * 4, &s);
             st->xr = balloc(m, C * H * 4, &s);
         }
@@ -167,6 +167,26 @@ static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r,
     return OPS(m)->add(be, st->y, st->y2, st->y, (int64_t)T * H);
 }
 
+/* Qwen3.5-MoE's shared expert, added to the routed experts' st->y:
+ * y += σ(x·w_g)·down(act(gate(x))·up(x)), x = st->xn. The gate logit [T, 1]
+ * is broadcast over each row of st->xr by doubling copies, so sigmoid_mul
+ * rounds σ and the product as the reference does (bf16: σ(g) rounded, the
+ * product rounded, the sum with the routed output rounded). */
+static pt_status shared_expert(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int T) {
+    pt_backend *be = m->be;
+    const int64_t H = m->net.hidden, S = L->sh_ffn;
+    PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->sh_gate));
+    PT_TRY(mmul(m, r, st->up, st->xn, T, &L->sh_up));
+    PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, S, S, L->glu));
+    PT_TRY(mmul(m, r, st->y2, st->act, T, &L->sh_down));
+    PT_TRY(mmul(m, r, st->rlogits, st->xn, T, &L->sh_router)); /* [T, 1] (the routing is done with it) */
+    PT_TRY(OPS(m)->copy_rows(be, st->xr, H, st->rlogits, 1, T, 1));
+    for (int64_t w = 1; w < H; w *= 2) /* columns [0, w) -> [w, 2w) */
+        PT_TRY(OPS(m)->copy_rows(be, st->xr + w, H, st->xr, H, T, w < H - w ? w : H - w));
+    PT_TRY(OPS(m)->sigmoid_mul(be, st->y2, st->y2, st->xr, (int64_t)T * H));
+    return OPS(m)->add(be, st->y, st->y, st->y2, (int64_t)T * H);
+}
+
 /* Feed-forward of one layer: st->xn (normed) -> st->y [T, H]. */
 static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T, int pos0) {
     pt_backend *be = m->be;
@@ -180,8 +200,9 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const 
     PT_TRY(mmul(m, r, st->rlogits, st->xn, T, &L->router));
     if (m->route_cb && !r) m->route_cb(m->route_user, l, st->rlogits, T, pos0, L->route.n_experts, L->route.top_k);
     PT_TRY(OPS(m)->moe_route(be, st->ridx, st->rweights, st->rlogits, T, &L->route));
-    return OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
-                           &L->ex_down, L->glu);
+    PT_TRY(OPS(m)->moe_ffn(be, st->y, st->xn, T, st->ridx, st->rweights, L->route.top_k, &L->ex_gate, &L->ex_up,
+                           &L->ex_down, L->glu));
+    return L->sh_ffn ? shared_expert(m, st, r, L, T) : PT_OK;
 }
 
 /* Gemma 4 per-layer inputs for the chunk, from the embedding output st->x:
@@ -487,6 +508,8 @@ int64_t pt_net_decode_bytes(const pt_net *n) {
         if (L->is_moe) {
             int64_t ex = weight_bytes(&L->ex_gate) + weight_bytes(&L->ex_up) + weight_bytes(&L->ex_down);
             b += weight_bytes(&L->router) + ex / L->route.n_experts * L->route.top_k;
+            b += weight_bytes(&L->sh_gate) + weight_bytes(&L->sh_up) + weight_bytes(&L->sh_down) +
+                 weight_bytes(&L->sh_router);
         }
         if (!L->is_moe || L->moe_dense) /* Gemma 4 runs the dense MLP beside the experts */
             b += weight_bytes(&L->w_gate) + weight_bytes(&L->w_up) + weight_bytes(&L->w_down);

@@ -307,7 +307,7 @@ static pt_status check_layer(const pt_model_spec *sp, const pt_layer_spec *L) {
     if (L->kind == PT_LAYER_LINEAR && !qwen35) what = "linear-attention (Gated DeltaNet) layers";
     else if (L->kind == PT_LAYER_LINEAR) {
         if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK) what = "this MoE router";
-        else if (L->shared_expert_intermediate > 0) what = "a shared expert";
+        else if (L->shared_expert_intermediate > 0 && L->mlp != PT_MLP_MOE) what = "a shared expert without experts";
         else if (L->act != PT_ACT_SILU) what = "this activation";
     } else if (!L->has_kv && (L->kv_donor < 0 || L->kv_donor >= L->index)) what = "this KV donor";
     else if (L->attn_output_gate && !qwen35) what = "the attention output gate";
@@ -319,7 +319,7 @@ static pt_status check_layer(const pt_model_spec *sp, const pt_layer_spec *L) {
     else if (L->act != PT_ACT_SILU && L->act != PT_ACT_GELU_TANH) what = "this activation";
     else if (L->mlp == PT_MLP_MOE && L->router != PT_ROUTER_SOFTMAX_TOPK && L->router != PT_ROUTER_GEMMA4)
         what = "this MoE router";
-    else if (L->shared_expert_intermediate > 0) what = "a shared expert";
+    else if (L->shared_expert_intermediate > 0 && !(qwen35 && L->mlp == PT_MLP_MOE)) what = "a shared expert";
     else if (L->moe_parallel_dense != (L->router == PT_ROUTER_GEMMA4)) what = "this parallel dense + MoE block";
     else if (L->rope_dims > L->head_dim || L->rope_dims % 2) what = "this rotary dimension";
     if (what)
@@ -336,7 +336,11 @@ pt_status pt_net_build(pt_model *m) {
     if (sp->ple_dim > 0 && sp->ple_vocab < sp->vocab) unsup = "a per-layer embedding smaller than the vocabulary";
     else if (sp->final_norm_style != PT_NORM_W && sp->final_norm_style != PT_NORM_1PW) unsup = "this final norm";
     /* Gemma 4's plain-weight norms multiply in f32 before rounding (Gemma4RMSNorm) */
-    const pt_rms_style w_style = sp->arch == PT_ARCH_GEMMA4 ? PT_RMS_W_F32 : PT_RMS_W;
+    /* plain-w norms: Llama/Qwen round x̂ before the weight; Gemma 4 and Qwen3.5's
+     * folded (MLX) norms are round(x̂·w) in f32 — for Qwen3.5 the reference
+     * computes x̂·(1 + w) in f32 and the folded weight is that 1 + w */
+    const pt_rms_style w_style =
+        sp->arch == PT_ARCH_GEMMA4 || sp->arch == PT_ARCH_QWEN3_5 ? PT_RMS_W_F32 : PT_RMS_W;
     if (unsup)
         return pt_error(PT_ERR_UNSUPPORTED, "%s: %s is not implemented in petrel's engine yet", pt_arch_name(sp->arch),
                         unsup);
@@ -468,6 +472,19 @@ pt_status pt_net_build(pt_model *m) {
             if (S->n_experts > n->max_experts) n->max_experts = S->n_experts;
             if (S->top_k > n->max_top_k) n->max_top_k = S->top_k;
             if (S->moe_intermediate > n->max_ffn) n->max_ffn = S->moe_intermediate;
+            if (S->shared_expert_intermediate > 0) { /* Qwen3.5-MoE (forward.c shared_expert) */
+                const int64_t SH = S->shared_expert_intermediate;
+                if (!OPS(m)->sigmoid_mul || !OPS(m)->copy_rows)
+                    return pt_error(PT_ERR_UNSUPPORTED, "the %s backend does not implement the shared expert's "
+                                                        "sigmoid gate (sigmoid_mul, copy_rows)",
+                                    OPS(m)->name);
+                L->sh_ffn = SH;
+                PT_TRY(bind(m, &L->sh_gate, &w->shared_gate_proj, NULL, SH, H, NAME("mlp.shared_expert.gate_proj")));
+                PT_TRY(bind(m, &L->sh_up, &w->shared_up_proj, NULL, SH, H, NAME("mlp.shared_expert.up_proj")));
+                PT_TRY(bind(m, &L->sh_down, &w->shared_down_proj, NULL, H, SH, NAME("mlp.shared_expert.down_proj")));
+                PT_TRY(bind(m, &L->sh_router, &w->shared_expert_gate, NULL, 1, H, NAME("mlp.shared_expert_gate")));
+                if (SH > n->max_ffn) n->max_ffn = SH;
+            }
             if (S->router == PT_ROUTER_GEMMA4) {
                 /* router input rms(x)·scale·H^-0.5 as one weighted norm; per-expert output scale */
                 float *v = own(m, sizeof(float) * (size_t)(H > S->n_experts ? H : S->n_experts));
@@ -525,7 +542,8 @@ void pt_net_free(pt_model *m) {
             pt_layer *L = &n->layers[l];
             pt_matrix *ws[] = {&L->wq,     &L->wk,     &L->wv,      &L->wo,    &L->w_gate,   &L->w_up,
                                &L->w_down, &L->router, &L->ex_gate, &L->ex_up, &L->ex_down, &L->ple_gate,
-                               &L->ple_proj, &L->lin_qkv, &L->lin_z, &L->lin_b, &L->lin_a, &L->lin_out};
+                               &L->ple_proj, &L->lin_qkv, &L->lin_z, &L->lin_b, &L->lin_a, &L->lin_out,
+                               &L->sh_gate,  &L->sh_up,  &L->sh_down, &L->sh_router};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) release(m, ws[i]);
         }
         free(n->layers);

@@ -55,6 +55,11 @@ typedef struct pt_layer {
     pt_matrix ex_gate, ex_up, ex_down; /* MoE: stacked [E, I, H], [E, I, H], [E, H, I] */
     pt_moe_route route;
     int64_t moe_ffn;
+    /* Qwen3.5-MoE shared expert beside the routed ones (sh_ffn 0 = none):
+     * y += σ(x·sh_router)·down(act(gate(x))·up(x)) */
+    int64_t sh_ffn;
+    pt_matrix sh_gate, sh_up, sh_down; /* [S, H], [S, H], [H, S] */
+    pt_matrix sh_router;               /* shared_expert_gate [1, H] */
     /* MiniCPM: residual branch scale (scale_depth / sqrt(L)); 1 = plain add */
     float residual_scale;
     /* Gemma 4 */

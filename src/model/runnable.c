@@ -16,11 +16,4 @@ int pt_arch_runnable(pt_arch a) {
     return 0;
 }
 
-int pt_spec_runnable(const pt_model_spec *s) {
-    if (!pt_arch_runnable(s->arch)) return 0;
-    /* Qwen3.5's MoE variant (routed experts with a shared expert) is not implemented yet */
-    if (s->arch == PT_ARCH_QWEN3_5)
-        for (int l = 0; l < s->n_layers; l++)
-            if (s->layers[l].mlp == PT_MLP_MOE || s->layers[l].shared_expert_intermediate > 0) return 0;
-    return 1;
-}
+int pt_spec_runnable(const pt_model_spec *s) { return pt_arch_runnable(s->arch); }

@@ -27,8 +27,8 @@ expect_stdout inspect_llama_kv 'KV cache/token: bf16 128 B, 8-bit 64 B, 4-bit 32
 expect_exit inspect_gemma3_exit0 0 "$PETREL" inspect tests/fixtures/format/gemma3
 expect_stdout inspect_gemma3_skips_vision 'skipped'
 expect_exit inspect_gemma4_exit0 0 "$PETREL" inspect tests/fixtures/format/gemma4_mlx
-expect_exit inspect_qwen3_5_exit2 2 "$PETREL" inspect tests/fixtures/format/qwen3_5_moe_mlx
-expect_stderr inspect_qwen3_5_says_why 'cannot run the qwen3_5'
+expect_exit inspect_qwen3_5_moe_exit0 0 "$PETREL" inspect tests/fixtures/format/qwen3_5_moe_mlx
+expect_stdout inspect_qwen3_5_moe_shared 'moe 4 experts top-2 x 16 \+shared 16 silu'
 expect_exit inspect_json 0 "$PETREL" inspect --json tests/fixtures/format/qwen3_moe
 expect_stdout inspect_json_fields '"architecture":"qwen3_moe".*"n_experts":4'
 if [ "$(wc -l <"$TMP/out")" -eq 1 ] && [ ! -s "$TMP/err" ]; then pass inspect_json_one_line; else fail inspect_json_one_line "stdout/stderr not clean"; fi
