@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/threadpool.h"
 #include "server/stop.h"
 
 #include <stdlib.h>
@@ -63,6 +64,11 @@ typedef struct slot {
     int max_tokens;
     int pending;        /* a sampled token waits for this turn's batched decode step */
     int32_t pending_id;
+    /* this turn's sampling (run for all slots at once, in parallel) */
+    const uint8_t *allowed; /* the constrained-decoding mask, or NULL */
+    pt_token_info tok;
+    pt_status sample_st;
+    char sample_err[512];
 } slot;
 
 typedef struct idle_session {
@@ -84,6 +90,8 @@ struct pt_srv_sched {
 
     /* inference-thread state */
     slot *slots;
+    slot **to_sample;   /* [n_parallel] the slots sampling this turn */
+    pt_pool *pool;      /* samples the slots of a turn in parallel */
     idle_session *idle; /* [cap_idle] */
     int n_idle, cap_idle;
     uint64_t clock;
@@ -304,13 +312,17 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
     }
 }
 
-/* One unit of work for a slot: a prompt chunk, or one generated token. */
-static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
+/* One unit of work for a slot: a prompt chunk, or one generated token. A
+ * token is made in three parts: slot_prepare (here: checks, the constraint
+ * mask; returns 1 when the slot is to sample), the sampling itself (all
+ * sampling slots of a turn at once, in parallel: sample_all), and
+ * slot_take_token (the token's text, stop strings, bookkeeping). */
+static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
     pt_srv_job *j = sl->job;
     char err[600];
     if (atomic_load(&j->cancelled)) {
         slot_release(s, sl, PT_SRV_CANCELLED, NULL);
-        return;
+        return 0;
     }
     if (sl->n_prompted < j->n_prompt) {
         size_t n = j->n_prompt - sl->n_prompted;
@@ -319,31 +331,52 @@ static void slot_step(pt_srv_sched *s, slot *sl, int others_active) {
         if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, n) != PT_OK) {
             snprintf(err, sizeof err, "prompt: %s", pt_last_error());
             slot_release(s, sl, PT_SRV_ERROR, err);
-            return;
+            return 0;
         }
         sl->n_prompted += n;
-        return;
+        return 0;
     }
     if ((int)j->n_generated >= sl->max_tokens) {
         slot_release(s, sl, PT_SRV_LENGTH, NULL);
-        return;
+        return 0;
     }
-    const uint8_t *allowed = NULL;
+    sl->allowed = NULL;
     if (sl->jsm) {
         size_t na = pt_jsm_mask(sl->jsm, &s->vocab, sl->mask);
         if (na == 0) {
             slot_release(s, sl, PT_SRV_ERROR,
                          "constrained decoding: no token of the vocabulary can continue the value");
-            return;
+            return 0;
         }
-        allowed = sl->mask;
+        sl->allowed = sl->mask;
     }
-    pt_token_info tok;
-    if (s->e->session_sample(sl->session, &j->sp, allowed, &tok) != PT_OK) {
-        snprintf(err, sizeof err, "sampling: %s", pt_last_error());
+    return 1;
+}
+
+/* Samples slots [begin, end) of s->to_sample (a pool job: each slot touches
+ * only its own session, so the slots of a turn sample concurrently; over a
+ * large vocabulary sampling costs milliseconds per token on the CPU, which
+ * one thread would pay once per slot per step). Errors are kept per slot
+ * (the message lives in this thread). */
+static void sample_range(void *ctx, long begin, long end, int ith) {
+    pt_srv_sched *s = ctx;
+    (void)ith;
+    for (long i = begin; i < end; i++) {
+        slot *sl = s->to_sample[i];
+        sl->sample_st = s->e->session_sample(sl->session, &sl->job->sp, sl->allowed, &sl->tok);
+        if (sl->sample_st != PT_OK) snprintf(sl->sample_err, sizeof sl->sample_err, "%s", pt_last_error());
+    }
+}
+
+static void slot_take_token(pt_srv_sched *s, slot *sl) {
+    pt_srv_job *j = sl->job;
+    char err[600];
+    if (sl->sample_st != PT_OK) {
+        snprintf(err, sizeof err, "sampling: %s", sl->sample_err);
         slot_release(s, sl, PT_SRV_ERROR, err);
         return;
     }
+    const pt_token_info tok = sl->tok;
     double now = pt_srv_now();
     if (s->e->is_eos(s->e->model, tok.id)) {
         pthread_mutex_lock(&j->mu);
@@ -513,10 +546,13 @@ static void *inference_main(void *arg) {
         }
         int active = 0;
         for (int i = 0; i < s->n_parallel; i++) active += s->slots[i].job != NULL;
+        int n_sample = 0;
         for (int k = 0; k < s->n_parallel; k++) {
             slot *sl = &s->slots[(rr + k) % s->n_parallel];
-            if (sl->job) slot_step(s, sl, active > 1);
+            if (sl->job && slot_prepare(s, sl, active > 1)) s->to_sample[n_sample++] = sl;
         }
+        pt_pool_for(s->pool, n_sample, 1, sample_range, s);
+        for (int k = 0; k < n_sample; k++) slot_take_token(s, s->to_sample[k]);
         decode_pending(s);
         rr = (rr + 1) % s->n_parallel;
     }
@@ -552,13 +588,24 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
     s->q_cap = max_queue + n_parallel + 1;
     s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
     s->slots = calloc((size_t)n_parallel, sizeof *s->slots);
+    s->to_sample = calloc((size_t)n_parallel, sizeof *s->to_sample);
     s->cap_idle = n_parallel + 8;
     s->idle = calloc((size_t)s->cap_idle, sizeof *s->idle);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (!s->queue || !s->slots || !s->idle) {
+    if (!s->queue || !s->slots || !s->to_sample || !s->idle) {
         pt_srv_sched_free(&s);
         return pt_error(PT_ERR_NOMEM, "out of memory");
+    }
+    /* sampling threads: one per slot up to the CPUs (16 at most) */
+    int nt = pt_cpu_count();
+    if (nt > 16) nt = 16;
+    if (nt > n_parallel) nt = n_parallel;
+    if (nt < 1) nt = 1;
+    pt_status pst = pt_pool_create(&s->pool, nt);
+    if (pst != PT_OK) {
+        pt_srv_sched_free(&s);
+        return pt_error_prefix(pst, "sampling threads");
     }
     void *first;
     pt_status st = e->session_create(e->model, n_ctx, &first);
@@ -592,6 +639,8 @@ void pt_srv_sched_free(pt_srv_sched **ps) {
     if (s->vocab_ready) pt_vocab_index_free(&s->vocab);
     free(s->queue);
     free(s->slots);
+    free(s->to_sample);
+    pt_pool_free(&s->pool);
     free(s->idle);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
