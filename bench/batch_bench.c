@@ -13,7 +13,8 @@
  *   build/batch_bench MODEL THREADS TOKENS [N ...]
  * MODEL: a model directory, or synthetic:NAME for a published shape with
  * random 4-bit weights (pt_model_synthetic). ROUNDS=k (environment) sets the
- * rounds per mode (default 3, best kept).
+ * rounds per mode (default 3, best kept); DEVICE=cuda runs on the GPU (link
+ * against the CUDA build's libpetrel.a: see bench/RESULTS.md for the command).
  * Not a test: prints one line per N. */
 #include "petrel.h"
 
@@ -79,7 +80,8 @@ int main(int argc, char **argv) {
     }
     pt_model_params mp = pt_model_default_params();
     mp.n_threads = atoi(argv[2]);
-    mp.device = PT_DEVICE_CPU;
+    /* DEVICE=cuda (environment) runs on the GPU (the CUDA build) */
+    mp.device = getenv("DEVICE") && !strcmp(getenv("DEVICE"), "cuda") ? PT_DEVICE_CUDA : PT_DEVICE_CPU;
     int tokens = atoi(argv[3]);
     pt_model *m = NULL;
     if (!strncmp(argv[1], "synthetic:", 10)) {
