@@ -358,9 +358,12 @@ static void test_matmul_int8_act(void) {
         if (pt_backend_cpu_create(&be, &p) != PT_OK) continue;
         for (int bi = 0; bi < 2; bi++)
             for (int gi = 0; gi < 3; gi++)
-                for (int64_t T = 1; T <= 2; T++) {
+                for (int ti = 0; ti < 4; ti++) { /* T >= 4: prefill (the VNNI GEMM on AVX-512) */
+                    static const int64_t Ts[] = {1, 2, 5, 13};
+                    int64_t T = Ts[ti];
                     int gs = gss[gi];
-                    int64_t N = 6 + gi, K = gs * (gi == 0 ? 2 + T : 2); /* K = 96: a 4-bit tail chunk of 32 */
+                    /* T > 4: several panels of 32 rows; K = 96: a 4-bit tail chunk of 32 */
+                    int64_t N = (T > 4 ? 70 : 6) + gi, K = gs * (gi == 0 ? 2 + T : 2);
                     tweight tw;
                     tw_make(&tw, 0, N, K, PT_FT_BF16, bitss[bi], gs, 1);
                     float *x = malloc(sizeof(float) * (size_t)(T * K)), *y = malloc(sizeof(float) * (size_t)(T * N));

@@ -156,6 +156,15 @@ pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t pos, const pt_kv_layer *kv,
                                  const pt_attn *p);
 
+/* The int8 lever's prefill GEMM (gemm_i8_avx512.c; AVX-512 VNNI, 4/8-bit
+ * weights): y = the lever's formula over xq [T, K] int8 (natural order),
+ * steps xd and exact group sums xs [T, ng]. Needs pt_cpu_gemm_i8_scratch
+ * floats of per-thread scratch. */
+int pt_cpu_gemm_i8_available(void);
+size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
+void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
+                    const pt_matrix *w, int64_t expert);
+
 /* Weight row access: dense rows, or quantized codes + f32 scales/biases. */
 const void *pt_cpu_dense_row(const pt_matrix *w, int64_t expert, int64_t row);
 const uint8_t *pt_cpu_qrow_codes(const pt_matrix *w, int64_t expert, int64_t row);

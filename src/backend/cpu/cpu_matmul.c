@@ -299,7 +299,44 @@ static int cpu_has_bf16(void) {
     return __builtin_cpu_supports("avx512bf16") != 0;
 }
 
-/* direct: the decode kernels for every row (any T); else chosen by T. */
+/* xs[t·ng + g] = Σ_{j∈g} x[t·K + j], sequential (the same sums for every path). */
+static void group_sums(float *xs, const float *x, int64_t T, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < ng; g++) {
+            float s = 0.0f;
+            for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += x[t * K + j];
+            xs[t * ng + g] = s;
+        }
+}
+
+/* The int8 lever's activations: per token and weight group, symmetric steps
+ * xd = max|x| / 127 and xi = x / xd rounded to nearest even ([T, K] natural
+ * order, [T, ng] steps). */
+static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = x + t * K;
+        for (int64_t g = 0; g < ng; g++) {
+            float amax = 0.0f;
+            for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                float a = xt[j] < 0 ? -xt[j] : xt[j];
+                amax = a > amax ? a : amax;
+            }
+            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+            xd[t * ng + g] = d;
+            /* |x·id| <= 127: adding and subtracting 1.5·2^23 rounds to nearest even
+             * (what lrintf does) without a libm call, and vectorizes */
+            for (int64_t j = g * gs; j < (g + 1) * gs; j++)
+                xi[t * K + j] = (int8_t)(int)((xt[j] * id + 12582912.0f) - 12582912.0f);
+        }
+    }
+}
+
+/* direct: the decode kernels for every row (any T); else chosen by T. Under
+ * the int8 lever, 4/8-bit prefill takes the VNNI GEMM (gemm_i8_avx512.c) on
+ * AVX-512, else the decode kernels, so the lever's formula holds for every T
+ * and ISA. */
 static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert,
                         int direct) {
     pt_cpu *c = pt_cpu_of(be);
@@ -307,7 +344,20 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
     if (T == 0) return PT_OK;
     int64_t K = w->cols;
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
-    if (direct || T < PT_CPU_DIRECT_T) {
+    int i8 = c->int8_act && (w->bits == 4 || w->bits == 8);
+    int i8gemm = i8 && c->isa == PT_ISA_AVX512 && pt_cpu_gemm_i8_available();
+    if (!direct && T >= PT_CPU_DIRECT_T && i8gemm) {
+        int64_t ng = K / w->group_size;
+        /* shared: group sums [T·ng], steps [T·ng], int8 x [T·K bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + K / 4 + 1))));
+        float *xs = c->xbuf, *xd = xs + T * ng;
+        int8_t *xi = (int8_t *)(xd + T * ng);
+        group_sums(xs, x, T, K, w->group_size);
+        quantize_i8(xi, xd, x, T, K, w->group_size);
+        pt_cpu_gemm_i8(c, y, xi, xd, xs, T, w, expert);
+        return PT_OK;
+    }
+    if (direct || T < PT_CPU_DIRECT_T || i8) {
         int64_t ng = w->bits ? K / w->group_size : 0;
         /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement
          * [2·T·K bytes]; bf16 kernel: arranged x [T·K bf16] + per-token flags [T bytes] */
@@ -327,37 +377,17 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         }
         if (w->bits) {
             float *xp = c->xbuf, *xs = c->xbuf + T * K;
-            for (int64_t t = 0; t < T; t++) {
-                const float *xt = x + t * K;
-                if (w->bits == 4 && !c->int8_act) pt_cpu_permute_x4(xp + t * K, xt, K);
-                for (int64_t g = 0; g < ng; g++) {
-                    float s = 0.0f;
-                    for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++) s += xt[j];
-                    xs[t * ng + g] = s;
-                }
-            }
+            if (w->bits == 4 && !c->int8_act)
+                for (int64_t t = 0; t < T; t++) pt_cpu_permute_x4(xp + t * K, x + t * K, K);
+            group_sums(xs, x, T, K, w->group_size);
             if (w->bits == 4) m.xq = xp;
             m.xs = xs;
             if (c->int8_act && (w->bits == 4 || w->bits == 8)) {
                 float *xd = xs + T * ng;
                 int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
-                for (int64_t t = 0; t < T; t++) {
-                    const float *xt = x + t * K;
-                    for (int64_t g = 0; g < ng; g++) { /* symmetric per group: d = max|x| / 127 */
-                        float amax = 0.0f;
-                        for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++) {
-                            float a = xt[j] < 0 ? -xt[j] : xt[j];
-                            amax = a > amax ? a : amax;
-                        }
-                        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-                        xd[t * ng + g] = d;
-                        /* |x·id| <= 127: adding and subtracting 1.5·2^23 rounds to nearest even
-                         * (what lrintf does) without a libm call, and vectorizes */
-                        for (int64_t j = g * w->group_size; j < (g + 1) * w->group_size; j++)
-                            xi[t * K + j] = (int8_t)(int)((xt[j] * id + 12582912.0f) - 12582912.0f);
-                    }
-                    if (w->bits == 4) pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
-                }
+                quantize_i8(xi, xd, x, T, K, w->group_size);
+                if (w->bits == 4)
+                    for (int64_t t = 0; t < T; t++) pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
                 m.xi8 = w->bits == 4 ? xa : xi;
                 m.xd = xd;
             }

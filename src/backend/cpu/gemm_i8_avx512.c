@@ -1,0 +1,166 @@
+/* Prefill GEMM of the int8-activation lever (L3, pt_cpu_params.int8_act) on
+ * AVX-512 VNNI, for MLX 4- and 8-bit weights. It computes the lever's
+ * formula, the same one the decode kernels (qdot4_x4_i8 / qdot8_x4_i8)
+ * compute:
+ *   y[t, n] = Σ_g sc[n,g]·xd[t,g]·Σ_{j∈g} q[n,j]·xq[t,j] + Σ_g bi[n,g]·xs[t,g] (+ bias)
+ * with x quantized per weight group to int8 (xq, step xd) and xs the exact f32
+ * group sums of x; only the f32 summation order differs from decode. Not an
+ * L1 path: int8 x changes outputs (held by the L3 gate, tests/test_l3_gate.c).
+ *
+ * Work: output rows in panels of 32, one thread per panel (chunks claimed from
+ * the pool). A panel's codes are unpacked once per call into u8
+ * [K/4][32 rows][4 codes] (64 bytes = 16 rows × 4 codes: one vpdpbusd
+ * operand), its scales and biases transposed to [ng][32] f32. Tokens go in
+ * tiles of MR; per group, a tile keeps MR × 32 int32 sums in registers
+ * (vpdpbusd: 16 rows × 4 codes × one token's 4 int8 x per instruction, 64
+ * multiply-adds), then converts them once: F += I·(sc·xd) + bi·xs. Integer
+ * sums are exact (4-bit: |Σ| <= 15·127·gs; 8-bit: 255·127·gs, far below 2^31),
+ * so a row's result does not depend on the tile, panel or thread split. A
+ * tile past the last token repeats the last token and drops the copies. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define MR 8 /* tokens per tile: 2·MR int32 accumulators in registers */
+
+int pt_cpu_gemm_i8_available(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+}
+
+size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng) {
+    /* floats per thread: packed codes (32·K bytes), scales + biases (2·32·ng), one row's bytes (K) */
+    return (size_t)(8 * K + 64 * ng + K / 4 + 16);
+}
+
+/* Unpacks one row's codes into bytes, natural order (value j at byte j). */
+static void unpack_row(uint8_t *dst, const uint8_t *codes, int64_t K, int bits) {
+    if (bits == 8) {
+        memcpy(dst, codes, (size_t)K);
+        return;
+    }
+    /* 4-bit: byte b = lo | hi << 4 -> bytes lo, hi: widened to 16 bits, (w & 0x0f) | ((w << 4) & 0x0f00) */
+    const __m512i lo = _mm512_set1_epi16(0x000f), hi = _mm512_set1_epi16(0x0f00);
+    int64_t j = 0;
+    for (; j + 64 <= K; j += 64) {
+        __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + j / 2)));
+        __m512i v = _mm512_or_si512(_mm512_and_si512(w, lo), _mm512_and_si512(_mm512_slli_epi16(w, 4), hi));
+        _mm512_storeu_si512((void *)(dst + j), v);
+    }
+    for (; j < K; j += 2) {
+        dst[j] = codes[j / 2] & 15;
+        dst[j + 1] = codes[j / 2] >> 4;
+    }
+}
+
+typedef struct {
+    pt_cpu *c;
+    float *y;
+    const int8_t *xq; /* [T, K] */
+    const float *xd;  /* [T, ng] */
+    const float *xs;  /* [T, ng] */
+    int64_t T;
+    const pt_matrix *w;
+    int64_t expert;
+} gi8_ctx;
+
+/* One tile: MR (= 8) tokens × 32 rows of a packed panel, all groups.
+ * F[t·32 + r] = Σ_g (I[t][r]·S[g][r]·xd[t][g] + B[g][r]·xs[t][g]), I = the
+ * group's exact integer dot. The eight tokens are spelled out (macros), so
+ * the 16 integer sums stay in registers; F lives in L1. */
+#define X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+/* acc += u8 w · s8 b in groups of four. Inline asm: gcc 12 copies the
+ * accumulator to another register around every _mm512_dpbusd_epi32 in this
+ * loop (two extra moves per instruction, measured 2x slower). */
+#define DPBUSD(acc, w, b) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(b))
+static void tile8(float *F, const uint8_t *P, const float *S, const float *B, const int8_t *xq, const float *xd,
+                  const float *xs, const int64_t *tt, int64_t K, int64_t gs) {
+    int64_t ng = K / gs;
+#define XPTR(t) const int8_t *x##t = xq + tt[t] * K;
+    X8(XPTR)
+#undef XPTR
+    for (int i = 0; i < MR * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+    for (int64_t g = 0; g < ng; g++) {
+#define ZERO(t) __m512i i##t##a = _mm512_setzero_si512(), i##t##b = _mm512_setzero_si512();
+        X8(ZERO)
+#undef ZERO
+        for (int64_t k = g * gs; k < (g + 1) * gs; k += 4) {
+            __m512i w0 = _mm512_loadu_si512((const void *)(P + k * 32)), w1 = _mm512_loadu_si512((const void *)(P + k * 32 + 64));
+#define DOT(t)                                                                                                 \
+    {                                                                                                          \
+        int32_t v_;                                                                                            \
+        memcpy(&v_, x##t + k, 4);                                                                              \
+        __m512i b_ = _mm512_set1_epi32(v_);                                                                    \
+        DPBUSD(i##t##a, w0, b_);                                                                               \
+        DPBUSD(i##t##b, w1, b_);                                                                               \
+    }
+            X8(DOT)
+#undef DOT
+        }
+        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+        __m512 b0 = _mm512_loadu_ps(B + g * 32), b1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define POST(t)                                                                                                \
+    {                                                                                                          \
+        __m512 d_ = _mm512_set1_ps(xd[tt[t] * ng + g]), e_ = _mm512_set1_ps(xs[tt[t] * ng + g]);               \
+        float *f_ = F + t * 32;                                                                                \
+        __m512 fa_ = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##t##a), _mm512_mul_ps(s0, d_), _mm512_loadu_ps(f_));  \
+        __m512 fb_ = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##t##b), _mm512_mul_ps(s1, d_), _mm512_loadu_ps(f_ + 16)); \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(b0, e_, fa_));                                                    \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(b1, e_, fb_));                                               \
+    }
+        X8(POST)
+#undef POST
+    }
+}
+
+static void gi8_panels(void *arg, long n0, long n1, int ith) {
+    gi8_ctx *m = arg;
+    const pt_matrix *w = m->w;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows, K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    float *scr = pt_cpu_thread_scratch(m->c, ith);
+    uint8_t *P = (uint8_t *)scr;          /* [K/4][32][4] */
+    float *S = scr + 8 * K, *B = S + 32 * ng; /* [ng][32] each */
+    uint8_t *row = (uint8_t *)(B + 32 * ng); /* [K] */
+    size_t pbytes = pt_ftype_size(w->dtype);
+    for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+        int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        /* pack the panel */
+        for (int r = 0; r < 32; r++) {
+            if (r >= nr) {
+                for (int64_t kq = 0; kq < K / 4; kq++) memset(P + kq * 128 + r * 4, 0, 4);
+                for (int64_t g = 0; g < ng; g++) S[g * 32 + r] = B[g * 32 + r] = 0.0f;
+                continue;
+            }
+            int64_t n = p0 + r;
+            unpack_row(row, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+            for (int64_t kq = 0; kq < K / 4; kq++) memcpy(P + kq * 128 + r * 4, row + kq * 4, 4);
+            size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+            for (int64_t g = 0; g < ng; g++) {
+                S[g * 32 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
+                B[g * 32 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
+            }
+        }
+        /* token tiles */
+        for (int64_t t0 = 0; t0 < T; t0 += MR) {
+            int64_t tt[MR];
+            for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
+            float F[MR * 32];
+            tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
+            for (int t = 0; t < MR && t0 + t < T; t++)
+                for (int r = 0; r < nr; r++) {
+                    int64_t n = p0 + r;
+                    float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
+                    m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
+                }
+        }
+    }
+}
+
+void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
+                    const pt_matrix *w, int64_t expert) {
+    gi8_ctx m = {.c = c, .y = y, .xq = xq, .xd = xd, .xs = xs, .T = T, .w = w, .expert = expert};
+    /* chunks of 32-row panels: only the last chunk has a narrow panel */
+    pt_pool_for(c->pool, (long)w->rows, 32, gi8_panels, &m);
+}
