@@ -36,23 +36,33 @@ typedef struct synth_shape {
      * full-attention head size, per-layer input width, KV-shared layers (the last n), final soft-cap */
     int gemma4, global_head_dim, ple_dim, kv_shared;
     float softcap;
+    /* Qwen3.5 hybrid (qwen3_5.c): Gated DeltaNet layers with lin_kh key / lin_vh value heads of lin_kd / lin_vd,
+     * conv kernel 4, and every full_every-th layer gated full attention with partial RoPE (head_dim / 4) */
+    int qwen35, lin_kh, lin_vh, lin_kd, lin_vd;
 } synth_shape;
 
 static const synth_shape shapes[] = {
-    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"gemma-3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1, 1, 1000000.0, 0, 0, 0, 1, 1, 1024, 6, 0, 0, 0, 0, 0},
+    {"llama-3.2-1b", 2048, 16, 32, 8, 64, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.2-3b", 3072, 28, 24, 8, 128, 8192, 128256, 1, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, 0, 0, 500000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-4b", 2560, 36, 32, 8, 128, 9728, 151936, 1, 1, 1000000.0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"qwen3-30b-a3b", 2048, 48, 32, 4, 128, 0, 151936, 0, 1, 1000000.0, 128, 8, 768, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"gemma-3-4b", 2560, 34, 8, 4, 256, 10240, 262208, 1, 1, 1000000.0, 0, 0, 0, 1, 1, 1024, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* google/gemma-4-E4B text_config: 42 layers (5 sliding (512) : 1 full), 8 heads / 2 KV heads, head_dim 256,
      * global_head_dim 512, intermediate 10240 (no double-wide MLP), vocab 262144 (per-layer vocab too), per-layer
      * inputs 256 wide, the last 18 layers KV-shared, final soft-cap 30, tied, no K=V */
-    {"gemma-4-e4b", 2560, 42, 8, 2, 256, 10240, 262144, 1, 1, 10000.0, 0, 0, 0, 1, 0, 512, 6, 1, 512, 256, 18, 30.0f},
+    {"gemma-4-e4b", 2560, 42, 8, 2, 256, 10240, 262144, 1, 1, 10000.0, 0, 0, 0, 1, 0, 512, 6, 1, 512, 256, 18, 30.0f, 0,
+     0, 0, 0, 0},
+    /* Qwen/Qwen3.5-4B text_config: 32 layers (3 Gated DeltaNet : 1 gated full attention), 16 heads / 4 KV heads,
+     * head_dim 256 (partial RoPE 0.25, theta 1e7), intermediate 9216, linear heads 16 key / 32 value of 128,
+     * conv kernel 4, vocab 248320, tied */
+    {"qwen3.5-4b", 2560, 32, 16, 4, 256, 9216, 248320, 1, 1, 10000000.0, 0, 0, 0, 1, 0, 0, 4, 0, 0, 0, 0, 0, 1, 16,
+     32, 128, 128},
 };
 
 const char *pt_synthetic_names(void) {
-    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, gemma-3-4b, gemma-4-e4b, qwen3-30b-a3b (GPU only)";
+    return "llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, qwen3-4b, qwen3.5-4b, gemma-3-4b, gemma-4-e4b, qwen3-30b-a3b "
+           "(GPU only)";
 }
 
 static uint64_t xs(uint64_t *s) {
@@ -240,6 +250,98 @@ static pt_status gemma4_layer(synth_ctx *c, const synth_shape *sh, int l, const 
     return PT_OK;
 }
 
+/* f32 values in backend memory (owned through the model's dev_list). */
+static pt_status synth_f32(pt_model *m, int64_t n, float value, const float **out) {
+    float *h = malloc((size_t)n * sizeof *h);
+    if (!h) return pt_error(PT_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < n; i++) h[i] = value;
+    void *dev = m->be->ops->alloc(m->be, (size_t)n * 4);
+    pt_status st = dev ? m->be->ops->upload(m->be, dev, h, (size_t)n * 4) : pt_error(PT_ERR_NOMEM, "out of memory");
+    free(h);
+    if (st == PT_OK && m->n_dev == m->cap_dev) {
+        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
+        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
+        if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
+        else {
+            m->dev_list = nl;
+            m->cap_dev = cap;
+        }
+    }
+    if (st != PT_OK) {
+        if (dev) m->be->ops->dealloc(m->be, dev);
+        return st;
+    }
+    m->dev_list[m->n_dev++] = dev;
+    *out = dev;
+    return PT_OK;
+}
+
+/* Layer l of a Qwen3.5 shape: a Gated DeltaNet layer (qwen3_5.c), or, when
+ * (l+1) % full_every == 0, gated full attention (q_proj rows [q | gate] per
+ * head) with q/k norms and RoPE on the first head_dim/4 dims; SwiGLU MLP.
+ * Folded (MLX-style) norms at weight 1: round(x̂·w) in f32. */
+static pt_status qwen35_layer(synth_ctx *c, const synth_shape *sh, int l, const void *inv) {
+    pt_model *m = c->m;
+    pt_net *n = &m->net;
+    pt_layer *L = &n->layers[l];
+    const int64_t H = sh->hidden;
+    const pt_backend_ops *o = m->be->ops;
+    L->residual_scale = 1.0f;
+    L->norm_style = L->qk_style = PT_RMS_W_F32;
+    L->glu = PT_GLU_SILU;
+    PT_TRY(synth_vec(c, H, 1.0f, &L->attn_norm));
+    PT_TRY(synth_vec(c, H, 1.0f, &L->ffn_norm));
+    if ((l + 1) % sh->full_every != 0) {
+        if (!o->conv1d_silu || !o->delta_rule || !o->rms_norm_gated || !o->copy_rows || !o->sigmoid_mul)
+            return pt_error(PT_ERR_UNSUPPORTED, "--synthetic %s: the %s backend does not implement the Gated "
+                                                "DeltaNet ops (Qwen3.5 runs on the CPU backend)",
+                            sh->name, o->name);
+        const int K = 4;
+        const int64_t kd = (int64_t)sh->lin_kh * sh->lin_kd, vd = (int64_t)sh->lin_vh * sh->lin_vd, cd = 2 * kd + vd;
+        L->is_linear = 1;
+        L->lin_K = K;
+        L->lin_conv_dim = cd;
+        PT_TRY(synth_weight(c, &L->lin_qkv, 0, cd, H, "in_proj_qkv"));
+        PT_TRY(synth_weight(c, &L->lin_z, 0, vd, H, "in_proj_z"));
+        PT_TRY(synth_weight(c, &L->lin_b, 0, sh->lin_vh, H, "in_proj_b"));
+        PT_TRY(synth_weight(c, &L->lin_a, 0, sh->lin_vh, H, "in_proj_a"));
+        PT_TRY(synth_weight(c, &L->lin_out, 0, H, vd, "out_proj"));
+        PT_TRY(synth_vec(c, cd * K, 0.25f, &L->lin_conv));
+        PT_TRY(synth_vec(c, sh->lin_vd, 1.0f, &L->lin_norm));
+        L->delta = (pt_delta){.n_k_heads = sh->lin_kh, .n_v_heads = sh->lin_vh, .k_dim = sh->lin_kd,
+                              .v_dim = sh->lin_vd, .q_scale = 1.0f / sqrtf((float)sh->lin_kd)};
+        PT_TRY(synth_f32(m, sh->lin_vh, 0.0f, &L->delta.A_log));
+        PT_TRY(synth_f32(m, sh->lin_vh, 1.0f, &L->delta.dt_bias));
+        n->n_linear++;
+        if (cd > n->max_lin_conv) n->max_lin_conv = cd;
+        if (vd > n->max_lin_value) n->max_lin_value = vd;
+        if (sh->lin_vh > n->max_lin_heads) n->max_lin_heads = sh->lin_vh;
+    } else {
+        const int64_t qd = (int64_t)sh->heads * sh->head_dim, kvd = (int64_t)sh->kv * sh->head_dim;
+        L->n_heads = sh->heads;
+        L->n_kv = sh->kv;
+        L->head_dim = sh->head_dim;
+        L->kv_src = l;
+        L->attn_gate = 1;
+        PT_TRY(synth_vec(c, sh->head_dim, 1.0f, &L->q_norm));
+        PT_TRY(synth_vec(c, sh->head_dim, 1.0f, &L->k_norm));
+        PT_TRY(synth_weight(c, &L->wq, 0, 2 * qd, H, "q_proj"));
+        PT_TRY(synth_weight(c, &L->wk, 0, kvd, H, "k_proj"));
+        PT_TRY(synth_weight(c, &L->wv, 0, kvd, H, "v_proj"));
+        PT_TRY(synth_weight(c, &L->wo, 0, H, qd, "o_proj"));
+        L->rope.rot_dim = sh->head_dim / 4;
+        L->rope.inv_freq = inv;
+        L->rope.attn_scale = 1.0f;
+        L->attn.n_heads = sh->heads;
+        L->attn.head_dim = sh->head_dim;
+        L->attn.scale = 1.0f / sqrtf((float)sh->head_dim);
+    }
+    L->ffn = sh->ffn;
+    PT_TRY(synth_weight(c, &L->w_gate, 0, sh->ffn, H, "gate_proj"));
+    PT_TRY(synth_weight(c, &L->w_up, 0, sh->ffn, H, "up_proj"));
+    return synth_weight(c, &L->w_down, 0, H, sh->ffn, "down_proj");
+}
+
 static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     synth_ctx c = {m, bits, 0x1234567887654321ull};
     pt_net *n = &m->net;
@@ -270,7 +372,10 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     /* default RoPE table (the scaling kind does not change the cost); Gemma 4's full layers: proportional RoPE
      * over global_head_dim, the first 25% of the pairs rotating (theta 1e6), the rest identity (frequency 0) */
     const void *inv_dev = NULL, *inv_full = NULL;
-    PT_TRY(rope_table(m, sh->head_dim, sh->theta, sh->head_dim / 2, &inv_dev));
+    if (sh->qwen35) /* partial RoPE: the first head_dim/4 dims rotate, frequencies over that width */
+        PT_TRY(rope_table(m, sh->head_dim / 4, sh->theta, sh->head_dim / 8, &inv_dev));
+    else
+        PT_TRY(rope_table(m, sh->head_dim, sh->theta, sh->head_dim / 2, &inv_dev));
     if (sh->gemma4) PT_TRY(rope_table(m, sh->global_head_dim, 1000000.0, sh->global_head_dim / 8, &inv_full));
     if (sh->gemma4) {
         n->eps = 1e-6f;
@@ -289,8 +394,16 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
         n->ple_input_scale = 1.0f / sqrtf(2.0f);
     }
     int max_hd = sh->head_dim;
+    if (sh->qwen35) {
+        n->eps = 1e-6f;
+        n->final_style = PT_RMS_W_F32;
+    }
     for (int l = 0; l < sh->layers; l++) {
         pt_layer *L = &n->layers[l];
+        if (sh->qwen35) {
+            PT_TRY(qwen35_layer(&c, sh, l, inv_dev));
+            continue;
+        }
         if (sh->gemma4) {
             PT_TRY(gemma4_layer(&c, sh, l, inv_dev, inv_full));
             if (L->head_dim > max_hd) max_hd = L->head_dim;
@@ -347,7 +460,7 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
     n->max_heads = sh->heads;
     n->max_kv = sh->kv;
     n->max_head_dim = max_hd;
-    if (sh->gemma4) n->max_ffn = sh->ffn;
+    if (sh->gemma4 || sh->qwen35) n->max_ffn = sh->ffn;
     return PT_OK;
 }
 

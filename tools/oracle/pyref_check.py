@@ -440,9 +440,56 @@ def forward_gemma4(d, prompt):
 
 def forward_qwen35(d, prompt):
     """Qwen3.5 text: (1+w) norms; gated DeltaNet layers by the sequential
-    recurrence (architectures.md 9.2); gated full attention with partial RoPE."""
-    cfg = json.load(open(os.path.join(d, "config.json")))
-    w = load_weights(d, cfg)
+    recurrence (architectures.md 9.2); gated full attention with partial RoPE.
+    Also the MLX-community layout (the multimodal wrapper's text_config,
+    language_model.model.* names, conv1d [C, K, 1], norms with the +1 folded
+    in) and Qwen3.5-MoE (routed experts stored fused or per expert, plus the
+    shared expert with its sigmoid gate)."""
+    top = json.load(open(os.path.join(d, "config.json")))
+    w = load_weights(d, top)
+    cfg = top.get("text_config", top)
+    for name in list(w):
+        if name.startswith("language_model."):
+            w[name[len("language_model."):]] = w.pop(name)
+    mlx = False
+    for name in list(w):
+        if name.endswith("conv1d.weight") and len(w[name][0]) == 1:  # MLX [C, K, 1]: rows of one value
+            Kc = cfg["linear_conv_kernel_dim"]
+            flat = [r[0] for r in w[name]]
+            w[name] = [flat[i * Kc:(i + 1) * Kc] for i in range(len(flat) // Kc)]
+            mlx = True
+    nrm = rmsnorm if mlx else rmsnorm1p  # folded norms are plain w
+
+    def ffn(p, h):
+        if p + "mlp.gate.weight" not in w:
+            return swiglu(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"], h)
+        r = matvec(w[p + "mlp.gate.weight"], h)
+        E, k = len(r), cfg["num_experts_per_tok"]
+        m = max(r)
+        e = [math.exp(v - m) for v in r]
+        prob = [v / sum(e) for v in e]
+        topk = sorted(range(E), key=lambda i: -prob[i])[:k]
+        tot = sum(prob[i] for i in topk)  # Qwen3.5-MoE always renormalizes the top-k
+        out = [0.0] * len(h)
+        for i in topk:
+            if p + "mlp.experts.gate_up_proj" in w:  # fused [E, 2I, H] / [E, H, I]
+                gu, dn = w[p + "mlp.experts.gate_up_proj"], w[p + "mlp.experts.down_proj"]
+                I2, Hd = len(gu) // E, len(dn) // E
+                Wg, Wu, Wd = gu[i * I2:i * I2 + I2 // 2], gu[i * I2 + I2 // 2:(i + 1) * I2], dn[i * Hd:(i + 1) * Hd]
+            elif p + "mlp.switch_mlp.gate_proj.weight" in w:  # MLX stacked
+                G, U, D = (w[p + "mlp.switch_mlp.%s_proj.weight" % n] for n in ("gate", "up", "down"))
+                I, Hd = len(G) // E, len(D) // E
+                Wg, Wu, Wd = G[i * I:(i + 1) * I], U[i * I:(i + 1) * I], D[i * Hd:(i + 1) * Hd]
+            else:
+                q = p + "mlp.experts.%d." % i
+                Wg, Wu, Wd = w[q + "gate_proj.weight"], w[q + "up_proj.weight"], w[q + "down_proj.weight"]
+            y = swiglu(Wg, Wu, Wd, h)
+            out = [a + prob[i] / tot * b for a, b in zip(out, y)]
+        if p + "mlp.shared_expert_gate.weight" in w:
+            sg = 1 / (1 + math.exp(-matvec(w[p + "mlp.shared_expert_gate.weight"], h)[0]))
+            y = swiglu(*(w[p + "mlp.shared_expert.%s_proj.weight" % n] for n in ("gate", "up", "down")), h)
+            out = [a + sg * b for a, b in zip(out, y)]
+        return out
     H, nh, nkv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, L = cfg["rms_norm_eps"], cfg["num_hidden_layers"]
     Hk, Hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
@@ -464,7 +511,7 @@ def forward_qwen35(d, prompt):
         return [v * r for v in x]
     for l in range(L):
         p = "model.layers.%d." % l
-        hs = [rmsnorm1p(x, w[p + "input_layernorm.weight"], eps) for x in xs]
+        hs = [nrm(x, w[p + "input_layernorm.weight"], eps) for x in xs]
         outs = []
         if cfg["layer_types"][l] == "linear_attention":
             a = p + "linear_attn."
@@ -519,12 +566,12 @@ def forward_qwen35(d, prompt):
                 qh, gt = [], []
                 for j in range(nh):
                     blk = qg[j * 2 * hd:(j + 1) * 2 * hd]
-                    qq = rmsnorm1p(blk[:hd], w[a + "q_norm.weight"], eps)
+                    qq = nrm(blk[:hd], w[a + "q_norm.weight"], eps)
                     qh.append(rope(qq[:rdim], t, inv) + qq[rdim:])
                     gt += blk[hd:]
                 kh = []
                 for j in range(nkv):
-                    kk = rmsnorm1p(k[j * hd:(j + 1) * hd], w[a + "k_norm.weight"], eps)
+                    kk = nrm(k[j * hd:(j + 1) * hd], w[a + "k_norm.weight"], eps)
                     kh.append(rope(kk[:rdim], t, inv) + kk[rdim:])
                 qs.append(qh)
                 ks.append(kh)
@@ -543,11 +590,10 @@ def forward_qwen35(d, prompt):
                 outs.append(matvec(w[a + "o_proj.weight"], o))
         xs = [[x + y for x, y in zip(xs[t], outs[t])] for t in range(T)]
         for t in range(T):
-            h = rmsnorm1p(xs[t], w[p + "post_attention_layernorm.weight"], eps)
-            dn = swiglu(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"], w[p + "mlp.down_proj.weight"], h)
-            xs[t] = [x + y for x, y in zip(xs[t], dn)]
+            h = nrm(xs[t], w[p + "post_attention_layernorm.weight"], eps)
+            xs[t] = [x + y for x, y in zip(xs[t], ffn(p, h))]
     head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-    logits = [matvec(head, rmsnorm1p(x, w["model.norm.weight"], eps)) for x in xs]
+    logits = [matvec(head, nrm(x, w["model.norm.weight"], eps)) for x in xs]
     _, sh, b = g["prompt.%d.logits.f32" % prompt]
     ref = struct.unpack("<%df" % (sh[0] * sh[1]), b)
     got = [v for row in logits for v in row]
@@ -653,7 +699,8 @@ def main():
     flags = [a for a in sys.argv[1:] if a.startswith("--")]
     names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["llama", "qwen2", "qwen3", "qwen3_moe", "minicpm", "llama_mlx_q4", "llama_mlx_q8",
                              "llama_mlx_mixed_3_6", "qwen3_moe_mlx_q4", "gemma2", "gemma3_text", "gemma4_dense",
-                             "gemma4_e", "gemma4_moe", "gemma4_mm", "gemma4_moe_mlx_q4", "qwen3_5_text"]
+                             "gemma4_e", "gemma4_moe", "gemma4_mm", "gemma4_moe_mlx_q4", "qwen3_5_text",
+                             "qwen3_5_mlx_q4", "qwen3_5_moe"]
     bad = 0
     for n in names:
         d = os.path.join(ROOT, "tests", "fixtures", n)
