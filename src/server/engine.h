@@ -60,6 +60,12 @@ typedef struct pt_srv_engine {
      * sessions[i] for i < n in one forward step. NULL = not available: the
      * scheduler then runs session_prompt(s, &id, 1) per session. */
     pt_status (*session_decode_batch)(void *const *sessions, const int32_t *ids, int n);
+    /* Short prompts (a rest of at most 4 pieces) run in pieces of this many
+     * tokens, all in one turn; 0 = one chunk. On CUDA 8: up to 8 tokens a
+     * projection is one decode GEMV launch reading the weights once, while a
+     * longer chunk dequantizes every weight for the GEMM (~85 ms on an 8B
+     * model whatever the chunk's length). */
+    int short_prompt_piece;
 } pt_srv_engine;
 
 /* Fills `e` for a loaded petrel model (engine_petrel.c); `dir` is the model

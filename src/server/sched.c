@@ -326,6 +326,19 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
     }
     if (sl->n_prompted < j->n_prompt) {
         size_t n = j->n_prompt - sl->n_prompted;
+        const size_t piece = (size_t)s->e->short_prompt_piece;
+        if (piece > 0 && n <= 4 * piece) { /* a short rest: in pieces, all this turn (engine.h) */
+            while (sl->n_prompted < j->n_prompt) {
+                size_t k = j->n_prompt - sl->n_prompted < piece ? j->n_prompt - sl->n_prompted : piece;
+                if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, k) != PT_OK) {
+                    snprintf(err, sizeof err, "prompt: %s", pt_last_error());
+                    slot_release(s, sl, PT_SRV_ERROR, err);
+                    return 0;
+                }
+                sl->n_prompted += k;
+            }
+            return 0;
+        }
         size_t cap = others_active ? PREFILL_CHUNK : PREFILL_CHUNK_ALONE;
         if (n > cap) n = cap;
         if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, n) != PT_OK) {
