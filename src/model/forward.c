@@ -403,6 +403,10 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     int use_long = 0;
     for (int l = 0; l < n->n_layers; l++)
         if (n->layers[l].inv_freq_long && (int64_t)pos0 + 1 > n->layers[l].rope_switch_len) use_long = 1;
+    /* Qwen3.5: the DeltaNet states' bookkeeping is host-side; a replay
+     * checks and advances it as the captured fwd_body would (the reset at
+     * position 0 never runs here, see pt_fwd_run) */
+    if (st->conv_state && st->graph[use_long]) PT_TRY(pt_qwen35_begin(m, st, pos0));
     if (!st->graph[use_long]) {
         PT_TRY(pt_cuda_graph_begin(m->be));
         float *hn = NULL;
@@ -415,6 +419,7 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
         PT_TRY(e);
     }
     PT_TRY(pt_cuda_graph_launch(m->be, st->graph[use_long]));
+    if (st->conv_state) st->lin_pos = (int64_t)pos0 + 1;
     PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1));
     return OPS(m)->download(m->be, out, st->logits, (size_t)n->vocab * 4);
 }
@@ -430,9 +435,10 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
     PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
     /* A graph bakes the cache descriptors in: not with quantized KV, whose
-     * conversion swaps them. */
+     * conversion swaps them. Not for a Qwen3.5 step at position 0 either:
+     * it resets the DeltaNet states with uploads, which cannot be captured. */
     if (T == 1 && n_logits == 1 && m->device == PT_DEVICE_CUDA && m->params.compiled_decode == PT_LEVER_ON &&
-        !m->hidden_cb && !m->route_cb && !st->cache->any_quant)
+        !m->hidden_cb && !m->route_cb && !st->cache->any_quant && !(st->conv_state && pos0 == 0))
         return fwd_decode_graph(m, st, pos0, out);
     float *hn = NULL;
     PT_TRY(fwd_body(m, st, NULL, T, pos0, n_logits, &hn));

@@ -122,12 +122,7 @@ void pt_levers_resolve(pt_model_params *p) {
 }
 
 pt_status pt_levers_check(const pt_model_params *p, pt_device device) {
-    /* the quantized KV cache (runtime/kv_cache.c) runs on the CPU backend */
-    if (p->kv_quant != 0 && device == PT_DEVICE_CUDA)
-        return pt_error(PT_ERR_UNSUPPORTED,
-                        "--kv-quant %s: the quantized KV cache is not implemented on CUDA yet (use --kv-quant off, "
-                        "--device cpu, or --l1)",
-                        p->kv_quant == PT_KV_QUANT_CONFIG ? "config" : p->kv_quant == 4 ? "4" : "8");
+    /* the quantized KV cache (runtime/kv_cache.c) runs on both backends */
     if (p->fused_decode_attn == PT_LEVER_ON && device == PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED,
                         "--fused-decode-attn on: the fused decode attention is not implemented on CUDA yet "

@@ -11,8 +11,8 @@
  * accumulates p·v in f32. The warps' partial results are merged in a fixed
  * order, so the output is deterministic.
  *
- * Not yet: quantized KV caches (PT_ERR_UNSUPPORTED, as on the CPU), the
- * sequence split for long decode contexts and the tensor-core prefill. */
+ * Quantized KV caches (L2) are kv_quant.cu's: kv_append and attention
+ * hand them over. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_fp16.h>
@@ -49,7 +49,7 @@ __global__ void kv_append_kernel(KT *kc, KT *vc, const float *k, const float *v,
 pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                             const int32_t *pos) {
     pt_cuda *c = pt_cuda_of(be);
-    if (kv->bits) return pt_error(PT_ERR_UNSUPPORTED, "kv_append: quantized KV cache not implemented on CUDA yet");
+    if (kv->bits) return pt_cuda_kv_append_q(be, kv, k, v, T, pos); /* kv_quant.cu */
     const int64_t n = T * kv->n_kv * kv->head_dim;
     if (n == 0) return PT_OK;
     const unsigned blocks = pt_cuda_blocks(n, 256);
@@ -69,12 +69,6 @@ pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, con
     }
     CUDA_CHECK_LAUNCH("kv_append");
     return PT_OK;
-}
-
-/* Quantized KV (DESIGN.md L2) is not on the GPU yet: an honest error. */
-pt_status pt_cuda_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1) {
-    (void)be, (void)dst, (void)src, (void)p0, (void)p1;
-    return pt_error(PT_ERR_UNSUPPORTED, "kv_quantize: quantized KV cache not implemented on CUDA yet");
 }
 
 __device__ __forceinline__ float to_f(float v) { return v; }
@@ -369,7 +363,11 @@ static pt_status launch_decode_split(pt_cuda *c, const attn_args &a) {
 #undef PT_NPL
     }
     CUDA_CHECK_LAUNCH("decode attention p·v");
-    dec_merge_kernel<<<(a.nh * a.hd + 255) / 256, 256, 0, c->stream>>>(a.out, c->dec_p, a.nh, a.hd, (int)nsplit, a.bf);
+    return pt_cuda_dec_merge(c, a.out, a.nh, a.hd, (int)nsplit, a.bf);
+}
+
+pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf) {
+    dec_merge_kernel<<<(nh * hd + 255) / 256, 256, 0, c->stream>>>(out, c->dec_p, nh, hd, nsplit, bf);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
 }
@@ -396,7 +394,6 @@ static pt_status launch_attn(pt_cuda *c, const attn_args &a, int64_t T) {
 pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                             const pt_kv_layer *kv, const pt_attn *p) {
     pt_cuda *c = pt_cuda_of(be);
-    if (kv->bits) return pt_error(PT_ERR_UNSUPPORTED, "attention: quantized KV cache not implemented on CUDA yet");
     if (p->head_dim != kv->head_dim || kv->n_kv <= 0 || p->n_heads % kv->n_kv)
         return pt_error(PT_ERR_INVALID_ARG,
                         "attention: %d heads of dim %d do not fit a cache of %d KV heads of dim %d", p->n_heads,
@@ -404,8 +401,9 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
     if (p->head_dim > ATTN_MAX_HD)
         return pt_error(PT_ERR_UNSUPPORTED, "attention: head_dim %d (CUDA kernels exist up to %d)", p->head_dim,
                         ATTN_MAX_HD);
-    if (T <= 0) return PT_OK;
     if (T * p->n_heads > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "attention: grid too large");
+    if (kv->bits) return pt_cuda_attention_q(be, out, q, T, pos, kv, p); /* kv_quant.cu */
+    if (T <= 0) return PT_OK;
     attn_args a = {out, q, kv->k, kv->v, pos, p->n_heads, kv->n_kv, p->head_dim, kv->capacity,
                    p->scale, p->softcap, p->window, pt_cuda_bf(be)};
     switch (kv->dtype) {

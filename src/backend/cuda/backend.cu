@@ -2,7 +2,8 @@
  * (plain cudaMalloc; never managed memory), scratch reservation, weight
  * upload, and the table wiring each op to its family's file. Ops enqueue on
  * one stream; download() and sync() synchronize. Not kernels: those live in
- * matmul.cu, norm.cu, rope.cu, attention.cu, elementwise.cu and moe.cu. */
+ * matmul.cu, norm.cu, rope.cu, attention.cu, kv_quant.cu, elementwise.cu,
+ * moe.cu and deltanet.cu. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <stdlib.h>
@@ -292,8 +293,8 @@ extern "C" void pt_cuda_graph_free(pt_cuda_graph **g) {
     *g = NULL;
 }
 
-/* Designated initializers (in declaration order, as C++ requires): ops this
- * backend does not implement (the Gated DeltaNet ops) stay NULL. */
+/* Designated initializers (in declaration order, as C++ requires); ops this
+ * backend does not implement stay NULL. */
 static const pt_backend_ops cuda_ops = {
     .name = "cuda",
     .free = cuda_free,
@@ -321,6 +322,11 @@ static const pt_backend_ops cuda_ops = {
     .moe_route = pt_cuda_moe_route,
     .moe_ffn = pt_cuda_moe_ffn,
     .argmax = pt_cuda_argmax,
+    .conv1d_silu = pt_cuda_conv1d_silu,
+    .delta_rule = pt_cuda_delta_rule,
+    .rms_norm_gated = pt_cuda_rms_norm_gated,
+    .copy_rows = pt_cuda_copy_rows,
+    .sigmoid_mul = pt_cuda_sigmoid_mul,
     .matmul_rows = pt_cuda_matmul_rows,
     .kv_append_rows = pt_cuda_kv_append_rows,
     .attention_rows = pt_cuda_attention_rows,

@@ -124,6 +124,14 @@ pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, con
 pt_status pt_cuda_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1);
 pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                             const pt_kv_layer *kv, const pt_attn *p);
+/* Adds the split decode partials (scratch dec_p [nh, nsplit, hd]) in split
+ * order into out[nh·hd] (rounded in bf16 mode). */
+pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf);
+/* kv_quant.cu: quantized KV caches (L2) */
+pt_status pt_cuda_kv_append_q(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
+                              const int32_t *pos);
+pt_status pt_cuda_attention_q(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
+                              const pt_kv_layer *kv, const pt_attn *p);
 /* elementwise.cu */
 pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, const pt_matrix *table, float scale);
 pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *up, int64_t T, int64_t F,
@@ -140,6 +148,16 @@ pt_status pt_cuda_moe_route(pt_backend *be, int32_t *idx, float *weights, const 
 pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
                           const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                           const pt_matrix *down, pt_glu_kind act);
+/* deltanet.cu: the Gated DeltaNet ops (Qwen3.5) */
+pt_status pt_cuda_conv1d_silu(pt_backend *be, float *y, const float *x, int64_t T, int64_t C, int K, const void *w,
+                              pt_ftype wtype, float *state);
+pt_status pt_cuda_delta_rule(pt_backend *be, float *out, const float *qkv, const float *b, const float *a, int64_t T,
+                             float *state, const pt_delta *p);
+pt_status pt_cuda_rms_norm_gated(pt_backend *be, float *y, const float *x, const float *z, int64_t R, int64_t D,
+                                 const void *w, pt_ftype wtype, float eps);
+pt_status pt_cuda_copy_rows(pt_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                            int64_t n);
+pt_status pt_cuda_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g, int64_t n);
 /* Checks the kernel error word (synchronizes the stream). */
 pt_status pt_cuda_check_errors(pt_cuda *c);
 

@@ -1,0 +1,500 @@
+/* Quantized KV caches on the GPU (DESIGN.md "Quantized KV, exactly", the L2
+ * semantics): kv_append into a quantized cache, kv_quantize (the one-time
+ * conversion of a full-precision cache), and attention over a quantized
+ * cache for prefill chunks and decode.
+ *
+ * Layout (identical to the CPU's, backend.h pt_kv_layer): codes uint32
+ * [n_kv, capacity, head_dim·bits/32], each row an LSB-first bit stream of
+ * MLX affine codes; scales/biases [n_kv, capacity, head_dim/group_size] in
+ * the cache dtype. A group of group_size (32/64/128) codes is always a whole
+ * number of words (group_size·bits is a multiple of 32), so a group can be
+ * read and written on its own.
+ *
+ * Quantization is MLX's Metal rule exactly as src/format/mlx_quant.c
+ * computes it (running max from 0, separate correctly rounded divisions,
+ * round half away from zero, fp32 scale/bias for the codes, then stored
+ * rounded to the dtype): the GPU writes the same bytes as the CPU.
+ *
+ * Attention (mlx-lm's quantized attention): q is multiplied by the scale
+ * first (rounded in bf16 mode); score = q·dequant(K) in f32 in the factored
+ * form Σ_groups scale·Σ(q·code) + bias·Σq (rounded); soft-cap; softmax in
+ * f32, exact (max and sum first, then p = round(exp(s − max)/sum)); output =
+ * Σ p·dequant(V) in f32 (rounded). Prefill: one block per (token, head), as
+ * the full-precision kernel of attention.cu. Decode (T == 1): split over the
+ * sequence like attention.cu's decode path (scores per (KV head, split)
+ * shared by the GQA group, p·V per split, ordered merge): no atomics, the
+ * result does not depend on scheduling.
+ *
+ * Not here: the fused (online-softmax) decode kernel of the L3 lever. */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cuda_fp16.h>
+
+#define QA_WARPS 4
+#define QA_MAX_HD 256
+#define QD_THREADS 128
+#define QD_MAX_G 8
+
+static int bits_ok(int b) { return b == 2 || b == 3 || b == 4 || b == 5 || b == 6 || b == 8; }
+
+static pt_status check_q(const pt_kv_layer *kv, const char *op) {
+    if (!bits_ok(kv->bits) || (kv->group_size != 32 && kv->group_size != 64 && kv->group_size != 128) ||
+        kv->head_dim < 0 || kv->head_dim % kv->group_size) /* head_dim 0: a layer without a cache (DeltaNet) */
+        return pt_error(PT_ERR_UNSUPPORTED, "%s: quantized KV with %d bits, group size %d, head_dim %d not supported",
+                        op, kv->bits, kv->group_size, kv->head_dim);
+    if (kv->dtype != PT_FT_F32 && kv->dtype != PT_FT_BF16 && kv->dtype != PT_FT_F16)
+        return pt_error(PT_ERR_INVALID_ARG, "%s: quantized KV scale dtype %d", op, (int)kv->dtype);
+    return PT_OK;
+}
+
+__device__ __forceinline__ void st_param(pt_ftype t, void *p, int64_t i, float v) {
+    if (t == PT_FT_BF16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (t == PT_FT_F16) ((__half *)p)[i] = __float2half_rn(v);
+    else ((float *)p)[i] = v;
+}
+
+/* Quantizes one group w[gs] (MLX Metal rule, see mlx_quant.h) into `words`
+ * (gs·bits/32 uint32, overwritten) and stores its scale and bias. */
+__device__ void quantize_group(const float *w, int gs, int bits, uint32_t *words, pt_ftype dt, void *sc, void *bi,
+                               int64_t pi) {
+    const float n_bins = (float)((1 << bits) - 1);
+    float w_max = 0.0f, w_min = INFINITY;
+    for (int i = 0; i < gs; i++) {
+        w_max = fmaxf(w_max, w[i]);
+        w_min = fminf(w_min, w[i]);
+    }
+    float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
+    const bool side = fabsf(w_min) > fabsf(w_max);
+    scale = side ? scale : -scale;
+    const float edge = side ? w_min : w_max;
+    const float q0 = roundf(__fdiv_rn(edge, scale));
+    float bias = 0.0f;
+    if (q0 != 0.0f) {
+        scale = __fdiv_rn(edge, q0);
+        bias = edge;
+    }
+    /* codes into the LSB-first bit stream, a word at a time */
+    uint64_t buf = 0;
+    int nb = 0, wi = 0;
+    for (int i = 0; i < gs; i++) {
+        float q = roundf(__fdiv_rn(__fsub_rn(w[i], bias), scale));
+        q = fminf(fmaxf(q, 0.0f), n_bins);
+        buf |= (uint64_t)(uint32_t)q << nb;
+        nb += bits;
+        if (nb >= 32) {
+            words[wi++] = (uint32_t)buf;
+            buf >>= 32;
+            nb -= 32;
+        }
+    }
+    st_param(dt, sc, pi, scale);
+    st_param(dt, bi, pi, bias);
+}
+
+__device__ __forceinline__ float ld_any(pt_ftype t, const void *p, int64_t i) { return pt_ld(t, p, i); }
+
+struct qcache {
+    uint32_t *k, *v;
+    void *ks, *kb, *vs, *vb;
+    int nkv, hd, bits, gs;
+    int64_t cap;
+    pt_ftype dt;
+};
+
+static qcache qcache_of(const pt_kv_layer *kv) {
+    qcache q = {(uint32_t *)kv->k, (uint32_t *)kv->v, kv->k_scales, kv->k_biases, kv->v_scales, kv->v_biases,
+                kv->n_kv, kv->head_dim, kv->bits, kv->group_size, kv->capacity, kv->dtype};
+    return q;
+}
+
+/* One thread per (row, group, K or V): row r = t·n_kv + h of x (f32 [T,
+ * n_kv, hd]) goes to slot pos[t] % cap of head h. */
+__global__ void kv_append_q_kernel(qcache c, const float *k, const float *v, int64_t T, const int32_t *pos) {
+    const int ng = c.hd / c.gs, wpg = c.gs * c.bits / 32;
+    const int64_t n = T * c.nkv * ng * 2;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int which = (int)(i & 1);
+        const int64_t rg = i >> 1, r = rg / ng;
+        const int g = (int)(rg % ng);
+        const int64_t t = r / c.nkv;
+        const int h = (int)(r % c.nkv);
+        const int32_t p = pos[t];
+        if (p < 0) continue; /* contract violation: positions are >= 0 */
+        const int64_t row = (int64_t)h * c.cap + p % c.cap;
+        const float *src = (which ? v : k) + r * c.hd + (int64_t)g * c.gs;
+        uint32_t *words = (which ? c.v : c.k) + row * (c.hd * c.bits / 32) + (int64_t)g * wpg;
+        quantize_group(src, c.gs, c.bits, words, c.dt, which ? c.vs : c.ks, which ? c.vb : c.kb, row * ng + g);
+    }
+}
+
+pt_status pt_cuda_kv_append_q(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
+                              const int32_t *pos) {
+    PT_TRY(check_q(kv, "kv_append"));
+    const int64_t n = T * kv->n_kv * (kv->head_dim / kv->group_size) * 2;
+    if (n <= 0) return PT_OK;
+    kv_append_q_kernel<<<pt_cuda_blocks(n, 128), 128, 0, pt_cuda_of(be)->stream>>>(qcache_of(kv), k, v, T, pos);
+    CUDA_CHECK_LAUNCH("kv_append (quantized)");
+    return PT_OK;
+}
+
+/* One thread per (position, head, group, K or V): the row of position
+ * p0 + i of the full-precision source, quantized into the destination. */
+__global__ void kv_quantize_kernel(qcache c, const void *sk, const void *sv, pt_ftype sdt, int64_t scap, int64_t p0,
+                                   int64_t np) {
+    const int ng = c.hd / c.gs, wpg = c.gs * c.bits / 32;
+    const int64_t n = np * c.nkv * ng * 2;
+    float w[128];
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int which = (int)(i & 1);
+        const int64_t rg = i >> 1, r = rg / ng;
+        const int g = (int)(rg % ng);
+        const int64_t p = p0 + r / c.nkv;
+        const int h = (int)(r % c.nkv);
+        const int64_t so = ((int64_t)h * scap + p % scap) * c.hd + (int64_t)g * c.gs;
+        for (int e = 0; e < c.gs; e++) w[e] = ld_any(sdt, which ? sv : sk, so + e);
+        const int64_t row = (int64_t)h * c.cap + p % c.cap;
+        uint32_t *words = (which ? c.v : c.k) + row * (c.hd * c.bits / 32) + (int64_t)g * wpg;
+        quantize_group(w, c.gs, c.bits, words, c.dt, which ? c.vs : c.ks, which ? c.vb : c.kb, row * ng + g);
+    }
+}
+
+pt_status pt_cuda_kv_quantize(pt_backend *be, pt_kv_layer *dst, const pt_kv_layer *src, int64_t p0, int64_t p1) {
+    if (src->bits || !dst->bits || src->n_kv != dst->n_kv || src->head_dim != dst->head_dim)
+        return pt_error(PT_ERR_INVALID_ARG,
+                        "kv_quantize: needs a full-precision source and a quantized destination of the same shape "
+                        "(source %d bits, %d heads of %d; destination %d bits, %d heads of %d)",
+                        src->bits, src->n_kv, src->head_dim, dst->bits, dst->n_kv, dst->head_dim);
+    PT_TRY(check_q(dst, "kv_quantize"));
+    if (p0 < 0 || p1 < p0 || p1 - p0 > src->capacity || p1 - p0 > dst->capacity)
+        return pt_error(PT_ERR_RANGE, "kv_quantize: positions [%lld, %lld) do not fit the caches", (long long)p0,
+                        (long long)p1);
+    const int64_t n = (p1 - p0) * dst->n_kv * (dst->head_dim / dst->group_size) * 2;
+    if (n == 0) return PT_OK;
+    kv_quantize_kernel<<<pt_cuda_blocks(n, 128), 128, 0, pt_cuda_of(be)->stream>>>(
+        qcache_of(dst), src->k, src->v, src->dtype, src->capacity, p0, p1 - p0);
+    CUDA_CHECK_LAUNCH("kv_quantize");
+    return PT_OK;
+}
+
+/* ---- attention over a quantized cache ---- */
+
+struct qattn_args {
+    float *out;
+    const float *q;
+    qcache c;
+    const int32_t *pos;
+    int nh;
+    float scale, softcap;
+    int window, bf;
+};
+
+/* Code of element e of a packed row (any width: may span two words). */
+__device__ __forceinline__ uint32_t code_at(const uint32_t *row, int e, int bits) {
+    const int bit = e * bits, w = bit >> 5, sh = bit & 31;
+    uint32_t v = row[w] >> sh;
+    if (sh + bits > 32) v |= row[w + 1] << (32 - sh);
+    return v & ((1u << bits) - 1u);
+}
+
+/* Dequantized element e of cache row `row` (= h·cap + slot) of K or V. */
+__device__ __forceinline__ float deq(const uint32_t *codes, const void *sc, const void *bi, const qcache &c,
+                                     int64_t row, int e) {
+    const int64_t pi = row * (c.hd / c.gs) + e / c.gs;
+    const float s = pt_ld(c.dt, sc, pi), b = pt_ld(c.dt, bi, pi);
+    return fmaf((float)code_at(codes + row * (c.hd * c.bits / 32), e, c.bits), s, b);
+}
+
+__device__ __forceinline__ float qcap(float s, const qattn_args &a) {
+    if (a.softcap > 0.f) s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
+    return s;
+}
+
+/* Prefill (and decode shapes the split path does not take): one block per
+ * (query token, query head); 4 warps take keys in turn, lanes split
+ * head_dim; qr holds the lane's slice of the pre-scaled query. */
+template <int NPL>
+__device__ __forceinline__ float qscore(const float (&qr)[NPL], const qattn_args &a, int64_t row, int lane) {
+    float d = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        if (e < a.c.hd) d = fmaf(qr[i], deq(a.c.k, a.c.ks, a.c.kb, a.c, row, e), d);
+    }
+    return qcap(pt_rnd(a.bf, pt_warp_sum(d)), a);
+}
+
+template <int NPL>
+__global__ void __launch_bounds__(QA_WARPS * 32) qattn_kernel(qattn_args a) {
+    __shared__ float sm_m[QA_WARPS], sm_l[QA_WARPS];
+    __shared__ float sm_acc[QA_WARPS][QA_MAX_HD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = blockIdx.x / a.nh;
+    const int h = (int)(blockIdx.x % a.nh);
+    const int kh = h / (a.nh / a.c.nkv);
+    const int hd = a.c.hd;
+    const int64_t hi = a.pos[t];
+    const int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    const int64_t rbase = (int64_t)kh * a.c.cap;
+    const float *qp = a.q + (t * a.nh + h) * hd;
+    float qr[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        qr[i] = e < hd ? pt_rnd(a.bf, qp[e] * a.scale) : 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int64_t j = lo + warp; j <= hi; j += QA_WARPS) {
+        const float s = qscore<NPL>(qr, a, rbase + j % a.c.cap, lane);
+        if (s > m) {
+            l = l * expf(m - s) + 1.f;
+            m = s;
+        } else {
+            l += expf(s - m);
+        }
+    }
+    if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < QA_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < QA_WARPS; w++)
+        if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    const float inv = 1.0f / L;
+    float acc[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) acc[i] = 0.f;
+    for (int64_t j = lo + warp; j <= hi; j += QA_WARPS) {
+        const int64_t row = rbase + j % a.c.cap;
+        const float p = pt_rnd(a.bf, expf(qscore<NPL>(qr, a, row, lane) - M) * inv);
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int e = lane + 32 * i;
+            if (e < hd) acc[i] = fmaf(p, deq(a.c.v, a.c.vs, a.c.vb, a.c, row, e), acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        if (e < hd) sm_acc[warp][e] = acc[i];
+    }
+    __syncthreads();
+    float *o = a.out + (t * a.nh + h) * hd;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < QA_WARPS; w++) v += sm_acc[w][e];
+        o[e] = pt_rnd(a.bf, v);
+    }
+}
+
+/* ---- decode: split over the sequence (see attention.cu) ---- */
+
+__device__ __forceinline__ void qdec_range(const qattn_args &a, int nsplit, int64_t stride, int64_t &lo, int64_t &n,
+                                           int64_t &per) {
+    const int64_t hi = a.pos[0];
+    lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    n = hi - lo + 1;
+    if (n > stride) n = stride;
+    if (n < 0) n = 0;
+    per = (n + nsplit - 1) / nsplit;
+}
+
+/* Scores: one thread per key, the G heads of KV head kh at once; the
+ * pre-scaled queries and their group sums in shared memory. The codes of a
+ * group are read as a bit stream (BITS known at compile time). */
+template <int BITS>
+__global__ void __launch_bounds__(QD_THREADS) qdec_scores_kernel(qattn_args a, int64_t stride, float *S, float2 *ML) {
+    extern __shared__ float sh[]; /* qs [G, hd] | xs [G, ng] */
+    __shared__ float red[32];
+    const int G = a.nh / a.c.nkv, hd = a.c.hd, gs = a.c.gs, ng = hd / gs;
+    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    float *qs = sh, *xs = sh + G * hd;
+    int64_t lo, n, per;
+    qdec_range(a, nsplit, stride, lo, n, per);
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = pt_rnd(a.bf, a.q[(int64_t)kh * G * hd + i] * a.scale);
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * ng; i += blockDim.x) {
+        const float *x = qs + (i / ng) * hd + (i % ng) * gs;
+        float s = 0.f;
+        for (int e = 0; e < gs; e++) s += x[e];
+        xs[i] = s;
+    }
+    __syncthreads();
+    constexpr uint32_t MASK = (1u << BITS) - 1u;
+    const int wpr = hd * BITS / 32, wpg = gs * BITS / 32;
+    float m[QD_MAX_G], l[QD_MAX_G];
+#pragma unroll
+    for (int g = 0; g < QD_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+        const int64_t row = (int64_t)kh * a.c.cap + (lo + j) % a.c.cap;
+        const uint32_t *cr = a.c.k + row * wpr;
+        float d[QD_MAX_G];
+#pragma unroll
+        for (int g = 0; g < QD_MAX_G; g++) d[g] = 0.f;
+        for (int b = 0; b < ng; b++) {
+            const float sc = pt_ld(a.c.dt, a.c.ks, row * ng + b), bi = pt_ld(a.c.dt, a.c.kb, row * ng + b);
+            float dg[QD_MAX_G];
+#pragma unroll
+            for (int g = 0; g < QD_MAX_G; g++) dg[g] = 0.f;
+            const uint32_t *wp = cr + b * wpg;
+            uint64_t buf = 0;
+            int nb = 0;
+            for (int i = 0; i < gs; i++) {
+                if (nb < BITS) {
+                    buf |= (uint64_t)(*wp++) << nb;
+                    nb += 32;
+                }
+                const float code = (float)((uint32_t)buf & MASK);
+                buf >>= BITS;
+                nb -= BITS;
+                const float *qx = qs + b * gs + i;
+#pragma unroll
+                for (int g = 0; g < QD_MAX_G; g++) {
+                    if (g >= G) break;
+                    dg[g] = fmaf(qx[g * hd], code, dg[g]);
+                }
+            }
+#pragma unroll
+            for (int g = 0; g < QD_MAX_G; g++) {
+                if (g >= G) break;
+                d[g] = fmaf(bi, xs[g * ng + b], fmaf(sc, dg[g], d[g]));
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < QD_MAX_G; g++) {
+            if (g >= G) break;
+            const float s = qcap(pt_rnd(a.bf, d[g]), a);
+            S[((int64_t)kh * G + g) * stride + j] = s;
+            if (s > m[g]) {
+                l[g] = l[g] * expf(m[g] - s) + 1.f;
+                m[g] = s;
+            } else {
+                l[g] += expf(s - m[g]);
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float bm = pt_block_max(m[g], red);
+        const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
+        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
+    }
+}
+
+/* p·V: a warp per key, lanes split head_dim; each value row dequantized
+ * once for the G heads. */
+template <int NPL>
+__global__ void __launch_bounds__(QD_THREADS)
+    qdec_pv_kernel(qattn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
+    __shared__ float sM[QD_MAX_G], sInv[QD_MAX_G];
+    __shared__ float acc_s[QD_THREADS / 32][QD_MAX_G * NPL * 32];
+    const int G = a.nh / a.c.nkv, hd = a.c.hd, kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t lo, n, per;
+    qdec_range(a, nsplit, stride, lo, n, per);
+    if (threadIdx.x < G) {
+        const float2 *ml = ML + ((int64_t)kh * G + threadIdx.x) * nsplit;
+        float M = -INFINITY;
+        for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[s].x);
+        float L = 0.f;
+        for (int s = 0; s < nsplit; s++)
+            if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
+        sM[threadIdx.x] = M;
+        sInv[threadIdx.x] = 1.0f / L;
+    }
+    __syncthreads();
+    float acc[QD_MAX_G][NPL];
+#pragma unroll
+    for (int g = 0; g < QD_MAX_G; g++)
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc[g][i] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    for (int64_t j = j0 + warp; j < j1; j += QD_THREADS / 32) {
+        const int64_t row = (int64_t)kh * a.c.cap + (lo + j) % a.c.cap;
+        float vv[NPL];
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int e = lane + 32 * i;
+            vv[i] = e < hd ? deq(a.c.v, a.c.vs, a.c.vb, a.c, row, e) : 0.f;
+        }
+#pragma unroll
+        for (int g = 0; g < QD_MAX_G; g++) {
+            if (g >= G) break;
+            const float p = pt_rnd(a.bf, expf(S[((int64_t)kh * G + g) * stride + j] - sM[g]) * sInv[g]);
+#pragma unroll
+            for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < QD_MAX_G; g++) {
+        if (g >= G) break;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
+        const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
+        if (e >= hd) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < QD_THREADS / 32; w++) v += acc_s[w][idx];
+        P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
+    }
+}
+
+static pt_status launch_qdecode(pt_cuda *c, const qattn_args &a) {
+    const int G = a.nh / a.c.nkv, hd = a.c.hd;
+    if (G > QD_MAX_G) return PT_ERR_UNSUPPORTED;
+    int64_t stride = a.c.cap;
+    if (c->lim.max_ctx > 0 && c->lim.max_ctx < stride) stride = c->lim.max_ctx;
+    int64_t nsplit = (2 * (int64_t)c->sm_count + a.c.nkv - 1) / a.c.nkv;
+    if (nsplit > (stride + 63) / 64) nsplit = (stride + 63) / 64;
+    if (nsplit < 1) nsplit = 1;
+    if ((size_t)a.nh * (size_t)stride > c->dec_s_floats || (size_t)a.nh * nsplit > c->dec_ml_count ||
+        (size_t)a.nh * nsplit * hd > c->dec_p_floats)
+        return PT_ERR_UNSUPPORTED;
+    dim3 grid((unsigned)a.c.nkv, (unsigned)nsplit);
+    const size_t shm = ((size_t)G * hd + (size_t)G * (hd / a.c.gs)) * sizeof(float);
+    switch (a.c.bits) {
+#define PT_B(B)                                                                                           \
+    case B: qdec_scores_kernel<B><<<grid, QD_THREADS, shm, c->stream>>>(a, stride, c->dec_s, c->dec_ml); break;
+        PT_B(2) PT_B(3) PT_B(4) PT_B(5) PT_B(6) PT_B(8)
+#undef PT_B
+    default: return pt_error(PT_ERR_UNSUPPORTED, "attention: quantized KV with %d bits", a.c.bits);
+    }
+    CUDA_CHECK_LAUNCH("quantized decode attention scores");
+    switch ((hd + 31) / 32) {
+#define PT_NPL(N)                                                                                           \
+    case N: qdec_pv_kernel<N><<<grid, QD_THREADS, 0, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); break;
+        PT_NPL(1) PT_NPL(2) PT_NPL(3) PT_NPL(4) PT_NPL(5) PT_NPL(6) PT_NPL(7) PT_NPL(8)
+#undef PT_NPL
+    }
+    CUDA_CHECK_LAUNCH("quantized decode attention p·v");
+    return pt_cuda_dec_merge(c, a.out, a.nh, hd, (int)nsplit, a.bf);
+}
+
+pt_status pt_cuda_attention_q(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
+                              const pt_kv_layer *kv, const pt_attn *p) {
+    pt_cuda *c = pt_cuda_of(be);
+    PT_TRY(check_q(kv, "attention"));
+    if (p->head_dim > QA_MAX_HD)
+        return pt_error(PT_ERR_UNSUPPORTED, "attention: head_dim %d (CUDA kernels exist up to %d)", p->head_dim,
+                        QA_MAX_HD);
+    if (T <= 0) return PT_OK;
+    qattn_args a = {out, q, qcache_of(kv), pos, p->n_heads, p->scale, p->softcap, p->window, pt_cuda_bf(be)};
+    if (T == 1) {
+        pt_status st = launch_qdecode(c, a);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
+    dim3 grid((unsigned)(T * p->n_heads)), block(QA_WARPS * 32);
+    switch ((p->head_dim + 31) / 32) {
+#define PT_NPL(N) \
+    case N: qattn_kernel<N><<<grid, block, 0, c->stream>>>(a); break;
+        PT_NPL(1) PT_NPL(2) PT_NPL(3) PT_NPL(4) PT_NPL(5) PT_NPL(6) PT_NPL(7) PT_NPL(8)
+#undef PT_NPL
+    }
+    CUDA_CHECK_LAUNCH("quantized attention");
+    return PT_OK;
+}

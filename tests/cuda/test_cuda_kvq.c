@@ -1,0 +1,294 @@
+/* The quantized KV cache on CUDA (src/backend/cuda/kv_quant.cu) against the
+ * CPU backend: kv_append into a quantized cache and kv_quantize (the
+ * conversion of a full-precision cache) must write the same bytes (codes,
+ * scales, biases) for every MLX width 2..8, group size 32/64/128 and scale
+ * dtype, rings included; attention over a quantized cache (prefill chunks,
+ * split decode, GQA 1–16, sliding windows, soft-cap, rotating caches) must
+ * match the CPU within atol + rtol·|cpu| (any NaN fails).
+ *
+ * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
+ * without a GPU every test reports SKIP. */
+#include "op_check.h"
+
+/* One KV layer on both backends: .c in host memory (CPU), .g on the GPU. */
+typedef struct {
+    pt_kv_layer c, g;
+    size_t cb, pb; /* bytes of k/v and of each scale/bias array */
+} layer2;
+
+static void l2_make(layer2 *L, pt_backend *G, int nkv, int hd, int64_t cap, pt_ftype dt, int bits, int gs) {
+    memset(L, 0, sizeof *L);
+    pt_kv_layer k = {.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = dt, .bits = bits, .group_size = gs};
+    size_t rows = (size_t)nkv * (size_t)cap;
+    L->cb = bits ? rows * (size_t)hd * (size_t)bits / 8 : rows * (size_t)hd * pt_ftype_size(dt);
+    L->pb = bits ? rows * (size_t)(hd / gs) * pt_ftype_size(dt) : 0;
+    L->c = L->g = k;
+    void **hc[6] = {&L->c.k, &L->c.v, &L->c.k_scales, &L->c.k_biases, &L->c.v_scales, &L->c.v_biases};
+    void **hg[6] = {&L->g.k, &L->g.v, &L->g.k_scales, &L->g.k_biases, &L->g.v_scales, &L->g.v_biases};
+    for (int i = 0; i < (bits ? 6 : 2); i++) {
+        size_t n = i < 2 ? L->cb : L->pb;
+        *hc[i] = calloc(n, 1);
+        *hg[i] = put(G, NULL, n);
+    }
+}
+static void l2_free(layer2 *L, pt_backend *G) {
+    void *hc[6] = {L->c.k, L->c.v, L->c.k_scales, L->c.k_biases, L->c.v_scales, L->c.v_biases};
+    void *hg[6] = {L->g.k, L->g.v, L->g.k_scales, L->g.k_biases, L->g.v_scales, L->g.v_biases};
+    for (int i = 0; i < 6; i++) {
+        free(hc[i]);
+        if (hg[i]) G->ops->dealloc(G, hg[i]);
+    }
+}
+/* Every byte of the GPU cache equals the CPU's. */
+static int l2_same(layer2 *L, pt_backend *G, const char *what) {
+    const void *hc[6] = {L->c.k, L->c.v, L->c.k_scales, L->c.k_biases, L->c.v_scales, L->c.v_biases};
+    const void *hg[6] = {L->g.k, L->g.v, L->g.k_scales, L->g.k_biases, L->g.v_scales, L->g.v_biases};
+    static const char *nm[6] = {"k codes", "v codes", "k scales", "k biases", "v scales", "v biases"};
+    for (int i = 0; i < (L->c.bits ? 6 : 2); i++) {
+        size_t n = i < 2 ? L->cb : L->pb;
+        unsigned char *h = malloc(n);
+        pt_status s = G->ops->download(G, h, hg[i], n);
+        CHECK(s == PT_OK, "%s: download: %s", what, pt_last_error());
+        size_t at = 0;
+        while (at < n && h[at] == ((const unsigned char *)hc[i])[at]) at++;
+        CHECK(at == n, "%s: %s differ first at byte %zu of %zu (cuda %02x, cpu %02x)", what, nm[i], at, n,
+              at < n ? h[at] : 0, at < n ? ((const unsigned char *)hc[i])[at] : 0);
+        free(h);
+        if (at != n || s != PT_OK) return 0;
+    }
+    return 1;
+}
+
+/* Appends rows of positions [p, p + n) (same random K/V on both sides). */
+static int append(int a, layer2 *L, int p, int n, float *k, float *v, float *kd, float *vd, int32_t *pos,
+                  int32_t *pd) {
+    pt_backend *G = G_[a], *C = C_[a];
+    const int64_t m = (int64_t)n * L->c.n_kv * L->c.head_dim;
+    for (int t = 0; t < n; t++) pos[t] = p + t;
+    fill_act(k, m, -1.5f, 1.5f, a);
+    fill_act(v, m, -1.5f, 1.5f, a);
+    if (p == 0 && m >= 64) { /* special groups: all zero, all equal, all negative */
+        for (int i = 0; i < 32; i++) k[i] = 0, v[i] = 0.75f, k[32 + i % 32] = -rf(0.1f, 2);
+    }
+    G->ops->upload(G, pd, pos, (size_t)n * 4);
+    G->ops->upload(G, kd, k, (size_t)m * 4);
+    G->ops->upload(G, vd, v, (size_t)m * 4);
+    pt_status s = C->ops->kv_append(C, &L->c, k, v, n, pos);
+    CHECK(s == PT_OK, "cpu kv_append: %s", pt_last_error());
+    pt_status t = G->ops->kv_append(G, &L->g, kd, vd, n, pd);
+    CHECK(t == PT_OK, "cuda kv_append: %s", pt_last_error());
+    return s == PT_OK && t == PT_OK;
+}
+
+enum { MAXC = 64, MAXE = MAXC * 16 * 256 };
+static float *hk, *hv, *hq, *ho, *dk, *dv, *dq, *dout;
+static int32_t *hpos, *dpos;
+static void bufs(int a) {
+    pt_backend *G = G_[a];
+    if (!hk) hk = malloc(MAXE * 4), hv = malloc(MAXE * 4), hq = malloc(MAXE * 4), ho = malloc(MAXE * 4),
+             hpos = malloc(MAXC * 4);
+    dk = put(G, NULL, MAXE * 4), dv = put(G, NULL, MAXE * 4), dq = put(G, NULL, MAXE * 4), dout = put(G, NULL, MAXE * 4);
+    dpos = put(G, NULL, MAXC * 4);
+}
+static void unbufs(int a) {
+    pt_backend *G = G_[a];
+    G->ops->dealloc(G, dk), G->ops->dealloc(G, dv), G->ops->dealloc(G, dq), G->ops->dealloc(G, dout);
+    G->ops->dealloc(G, dpos);
+}
+
+static void test_kv_append_quantized(void) {
+    NEED_GPU();
+    static const int bits[] = {2, 3, 4, 5, 6, 8}, gss[] = {32, 64, 128};
+    static const pt_ftype dts[] = {PT_FT_BF16, PT_FT_F32, PT_FT_F16};
+    for (int bi = 0; bi < 6; bi++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int di = 0; di < 3; di++) {
+                const int a = dts[di] == PT_FT_BF16, hd = gi == 0 && bi % 2 ? 96 : 128;
+                bufs(a);
+                layer2 L;
+                l2_make(&L, G_[a], 3, hd, 20, dts[di], bits[bi], gss[gi]);
+                int ok = 1;
+                for (int p = 0; p < 28 && ok; p += 7) /* the ring wraps */
+                    ok = append(a, &L, p, 7, hk, hv, dk, dv, hpos, dpos);
+                char what[96];
+                snprintf(what, sizeof what, "kv_append bits=%d gs=%d hd=%d %s", bits[bi], gss[gi], hd,
+                         pt_ftype_name(dts[di]));
+                ok = ok && l2_same(&L, G_[a], what);
+                l2_free(&L, G_[a]);
+                unbufs(a);
+                if (!ok) return;
+            }
+}
+
+static void test_kv_quantize(void) {
+    NEED_GPU();
+    static const struct { int bits, gs, hd; int64_t cap; int n, p0; pt_ftype dt; } cs[] = {
+        {4, 64, 128, 40, 33, 0, PT_FT_BF16},  /* the whole prefix of a full cache */
+        {8, 32, 64, 24, 50, 26, PT_FT_BF16},  /* a ring: its last 24 positions */
+        {3, 128, 256, 16, 16, 0, PT_FT_F32},
+        {6, 32, 96, 30, 45, 15, PT_FT_F32},
+        {2, 64, 128, 10, 12, 5, PT_FT_F16},
+    };
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        const int a = cs[i].dt == PT_FT_BF16;
+        bufs(a);
+        layer2 F, Q;
+        l2_make(&F, G_[a], 2, cs[i].hd, cs[i].cap, cs[i].dt, 0, 0);
+        l2_make(&Q, G_[a], 2, cs[i].hd, cs[i].cap, cs[i].dt, cs[i].bits, cs[i].gs);
+        int ok = 1;
+        for (int p = 0; p < cs[i].n && ok;) {
+            int n = cs[i].n - p < 8 ? cs[i].n - p : 8;
+            ok = append(a, &F, p, n, hk, hv, dk, dv, hpos, dpos);
+            p += n;
+        }
+        pt_status s = C_[a]->ops->kv_quantize(C_[a], &Q.c, &F.c, cs[i].p0, cs[i].n);
+        CHECK(s == PT_OK, "cpu kv_quantize: %s", pt_last_error());
+        pt_status t = G_[a]->ops->kv_quantize(G_[a], &Q.g, &F.g, cs[i].p0, cs[i].n);
+        CHECK(t == PT_OK, "cuda kv_quantize: %s", pt_last_error());
+        char what[96];
+        snprintf(what, sizeof what, "kv_quantize bits=%d gs=%d hd=%d [%d, %d) cap %lld", cs[i].bits, cs[i].gs,
+                 cs[i].hd, cs[i].p0, cs[i].n, (long long)cs[i].cap);
+        ok = ok && s == PT_OK && t == PT_OK && l2_same(&Q, G_[a], what);
+        /* a range longer than the caches is refused, as on the CPU */
+        t = G_[a]->ops->kv_quantize(G_[a], &Q.g, &F.g, 0, cs[i].cap + 1);
+        CHECK(t == PT_ERR_RANGE, "range longer than the cache: %s", pt_status_name(t));
+        l2_free(&F, G_[a]), l2_free(&Q, G_[a]);
+        unbufs(a);
+        if (!ok) return;
+    }
+}
+
+typedef struct {
+    int nh, nkv, hd;
+    int64_t cap;
+    int p0, T, window;
+    float softcap;
+    pt_ftype dt;
+    int bits, gs;
+} qcase;
+
+/* Positions [0, p0) go into a full-precision cache in chunks of up to 64
+ * rows, the cache is converted (its last `cap` positions), then the chunk
+ * [p0, p0 + T) is appended quantized and attended with, as the forward pass
+ * does with --kv-quant. */
+static int run_qattn(int a, const qcase *c) {
+    pt_backend *G = G_[a], *C = C_[a];
+    bufs(a);
+    layer2 F, Q;
+    l2_make(&F, G, c->nkv, c->hd, c->cap, c->dt, 0, 0);
+    l2_make(&Q, G, c->nkv, c->hd, c->cap, c->dt, c->bits, c->gs);
+    int ok = 1;
+    for (int p = 0; p < c->p0 && ok;) {
+        int n = c->p0 - p < MAXC ? c->p0 - p : MAXC;
+        if (n > c->cap) n = (int)c->cap;
+        ok = append(a, &F, p, n, hk, hv, dk, dv, hpos, dpos);
+        p += n;
+    }
+    const int q0 = c->p0 > c->cap ? c->p0 - (int)c->cap : 0;
+    pt_status s = C->ops->kv_quantize(C, &Q.c, &F.c, q0, c->p0);
+    CHECK(s == PT_OK, "cpu kv_quantize: %s", pt_last_error());
+    s = G->ops->kv_quantize(G, &Q.g, &F.g, q0, c->p0);
+    CHECK(s == PT_OK, "cuda kv_quantize: %s", pt_last_error());
+    ok = ok && s == PT_OK && append(a, &Q, c->p0, c->T, hk, hv, dk, dv, hpos, dpos);
+    const int64_t qn = (int64_t)c->T * c->nh * c->hd;
+    fill_act(hq, qn, -2, 2, a);
+    G->ops->upload(G, dq, hq, (size_t)qn * 4);
+    pt_attn p = {.n_heads = c->nh, .head_dim = c->hd, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
+                 .window = c->window};
+    char what[192];
+    snprintf(what, sizeof what,
+             "quantized attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s bits=%d gs=%d",
+             a, c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt),
+             c->bits, c->gs);
+    if (ok) {
+        float *og = malloc((size_t)qn * 4);
+        s = C->ops->attention(C, ho, hq, c->T, hpos, &Q.c, &p);
+        CHECK(s == PT_OK, "cpu attention: %s", pt_last_error());
+        pt_status t = G->ops->attention(G, dout, dq, c->T, dpos, &Q.g, &p);
+        if (t == PT_OK) t = G->ops->download(G, og, dout, (size_t)qn * 4);
+        CHECK(t == PT_OK, "cuda attention: %s", pt_last_error());
+        ok = s == PT_OK && t == PT_OK && l2_same(&Q, G, what) &&
+             compare(what, og, ho, qn, a ? 2e-2 : 1e-5, a ? 2e-2 : 1e-4);
+        free(og);
+    }
+    l2_free(&F, G), l2_free(&Q, G);
+    unbufs(a);
+    return ok && !test_failed_current;
+}
+
+static void test_attention_quantized(void) {
+    NEED_GPU();
+    static const qcase cs[] = {
+        {4, 4, 64, 64, 0, 7, 0, 0, PT_FT_F32, 4, 32},            /* prefill from 0, MHA */
+        {8, 2, 128, 300, 250, 1, 0, 0, PT_FT_BF16, 4, 64},       /* decode, GQA 4 */
+        {8, 2, 128, 300, 37, 13, 0, 0, PT_FT_BF16, 8, 64},       /* second prefill chunk */
+        {6, 3, 96, 100, 60, 5, 16, 0, PT_FT_BF16, 4, 32},        /* sliding window, head_dim 96 */
+        {4, 1, 256, 64, 150, 4, 32, 50.0f, PT_FT_BF16, 8, 128},  /* rotating cache, soft-cap, head_dim 256 */
+        {16, 8, 64, 3000, 2900, 1, 0, 0, PT_FT_BF16, 4, 64},     /* long decode: split over the sequence */
+        {6, 3, 96, 100, 60, 1, 16, 0, PT_FT_BF16, 3, 32},        /* split decode: window, 3-bit */
+        {4, 1, 256, 64, 150, 1, 32, 50.0f, PT_FT_BF16, 6, 64},   /* split decode: ring, soft-cap, 6-bit */
+        {16, 2, 128, 4000, 3999, 1, 0, 0, PT_FT_F32, 8, 32},     /* split decode: GQA 8, f32 scales */
+        {16, 1, 64, 500, 10, 1, 0, 0, PT_FT_BF16, 4, 64},        /* GQA 16: the one-block-per-head kernel */
+        {8, 2, 128, 300, 37, 13, 0, 0, PT_FT_F16, 5, 32},        /* f16 scales, 5-bit */
+        {2, 2, 128, 200, 100, 1, 0, 0, PT_FT_BF16, 2, 128},      /* 2-bit decode */
+    };
+    for (int a = 0; a < 2; a++)
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+            if (!run_qattn(a, &cs[i])) return;
+    REPORT();
+}
+
+/* Decode steps over a quantized cache replayed from one CUDA graph give the
+ * same bytes as eager execution (positions come from device memory). */
+static void test_quantized_decode_graph(void) {
+    NEED_GPU();
+    const int a = 1, nh = 8, nkv = 2, hd = 128;
+    pt_backend *G = G_[a];
+    bufs(a);
+    layer2 Q;
+    l2_make(&Q, G, nkv, hd, 256, PT_FT_BF16, 4, 64);
+    int ok = append(a, &Q, 0, 40, hk, hv, dk, dv, hpos, dpos);
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    const int64_t qn = (int64_t)nh * hd;
+    fill_act(hq, qn, -2, 2, a);
+    G->ops->upload(G, dq, hq, (size_t)qn * 4);
+    float *eager = malloc((size_t)qn * 4 * 4), *rep = malloc((size_t)qn * 4);
+    int32_t p1 = 40;
+    for (int pass = 0; pass < 2 && ok; pass++) {
+        pt_cuda_graph *g = NULL;
+        if (pass) {
+            REQUIRE(pt_cuda_graph_begin(G) == PT_OK, "begin: %s", pt_last_error());
+            pt_status s1 = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
+            pt_status s2 = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
+            pt_status s3 = pt_cuda_graph_end(G, &g);
+            REQUIRE(s1 == PT_OK && s2 == PT_OK && s3 == PT_OK, "capture: %s", pt_last_error());
+        }
+        for (int step = 0; step < 4; step++) {
+            int32_t pp = p1 + step;
+            G->ops->upload(G, dpos, &pp, 4);
+            pt_status s = PT_OK;
+            if (pass) s = pt_cuda_graph_launch(G, g);
+            else {
+                s = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
+                if (s == PT_OK) s = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
+            }
+            if (s == PT_OK) s = G->ops->download(G, pass ? rep : eager + step * qn, dout, (size_t)qn * 4);
+            CHECK(s == PT_OK, "step %d: %s", step, pt_last_error());
+            if (pass) CHECK(!memcmp(rep, eager + step * qn, (size_t)qn * 4), "step %d: replay differs", step);
+        }
+        pt_cuda_graph_free(&g);
+    }
+    free(eager), free(rep);
+    l2_free(&Q, G);
+    unbufs(a);
+}
+
+int main(void) {
+    TEST_RUN(test_kv_append_quantized);
+    TEST_RUN(test_kv_quantize);
+    TEST_RUN(test_attention_quantized);
+    TEST_RUN(test_quantized_decode_graph);
+    teardown();
+    free(hk), free(hv), free(hq), free(ho), free(hpos);
+    return test_summary();
+}
