@@ -3,7 +3,8 @@
  * llama-3.2-1b shape: 2048 -> 8192) and through attention (32 query heads,
  * 8 KV heads, head_dim 64, bf16 cache, T keys). Reports GFLOP/s and ms.
  * The matmul also runs, interleaved, on a backend with the int8-activation
- * lever (the VNNI prefill GEMM for 4/8-bit weights).
+ * lever (the VNNI prefill GEMM for 4/8-bit weights). One thread: CPU time
+ * (robust to the other processes of a shared machine); more: wall time.
  *
  *   dev/build.sh && dev/bench_prefill [T] [threads] [reps] [bits] */
 #include "backend/backend.h"
@@ -15,9 +16,12 @@
 #include <string.h>
 #include <time.h>
 
+/* with one thread, the process's CPU time: robust to the other processes of a
+ * shared machine; with more, wall time */
+static clockid_t PT_BENCH_CLOCK = CLOCK_MONOTONIC;
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(PT_BENCH_CLOCK, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -27,6 +31,7 @@ int main(int argc, char **argv) {
     int reps = argc > 3 ? atoi(argv[3]) : 3;
     int bits = argc > 4 ? atoi(argv[4]) : 4;
     int64_t N = 8192, K = 2048, gs = 64;
+    if (nth == 1) PT_BENCH_CLOCK = CLOCK_PROCESS_CPUTIME_ID;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;

@@ -30,6 +30,7 @@ void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
  * refused: vdpbf16ps reads subnormals as zero). */
 int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K);
 
+void pt_cpu_panel_t16_ref(float *wp, int r0, const float *rows, int64_t K);
 void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
                           int gs, int bits);
 /* int8 activations for 4-bit codes: per 64-value chunk [x0 x2 .. x62 | x1 x3
@@ -87,6 +88,9 @@ typedef struct pt_cpu_kernels {
      * the 16 odd ones (the codes' byte order). */
     void (*dequant_q)(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi, int gs,
                       int bits);
+    /* Prefill panel transpose: wp[k·32 + r0 + r] = rows[r·K + k] for r < 16,
+     * k < K (K % 16 == 0): 16 dequantized rows into the k-major panel. */
+    void (*panel_t16)(float *wp, int r0, const float *rows, int64_t K);
     /* dst[i] = f32 of bf16 src[i] */
     void (*cvt_bf16)(float *dst, const uint16_t *src, int64_t n);
     /* Prefill tile (mm_gemm): for t < mr (1..12), j < 32:

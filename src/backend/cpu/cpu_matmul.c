@@ -101,6 +101,7 @@ typedef struct {
     const float *xd;   /* int8 lever: [T, ng] quantization steps */
     const uint16_t *xa; /* bf16 4-bit kernel: [T, K] x arranged (pt_cpu_arrange_x4_bf16), else NULL */
     const uint8_t *xok; /* [T]: token t's x is exactly bf16 (xa row t valid) */
+    const float *xpk;   /* prefill GEMM: x packed [tiles][K][12] */
     int64_t T;
     const pt_matrix *w;
     int64_t expert;
@@ -145,23 +146,48 @@ static void mm_direct(void *arg, long n0, long n1, int ith) {
     }
 }
 
-/* Prefill path: a packed GEMM. A thread's output rows are taken 32 at a time
- * (a panel); K is walked in blocks of PT_GEMM_KC. For each block, the
- * tokens' x is packed k-major in tiles of 12 tokens ([kc][12]) and the
- * panel's weights are dequantized/converted k-major ([kc][32]); the kernel
- * then keeps a 12 × 32 tile of sums in registers (outer products: one weight
- * vector load, 12 broadcasts per k). Each output element is one sequential
- * chain of multiply-adds over k, whatever the tile, panel or thread split;
- * partial sums rest in y between K blocks (exact f32), then the bias and the
- * rounding are applied once. A thread's last panel, if narrower than 32,
- * accumulates in a per-thread edge buffer so no other thread's rows are
- * touched. */
-#define PT_GEMM_KC 256
+/* Prefill path: a packed GEMM. The tokens' x is packed once per call (by
+ * the caller, shared by the threads) k-major in tiles of 12 tokens
+ * ([tiles][K][12]). A thread's output rows are taken 32 at a time (a
+ * panel): the panel's weights are dequantized/converted k-major for the
+ * whole K ([K][32], per-thread scratch, L2-resident), then for each tile of
+ * tokens the kernel keeps a 12 × 32 tile of sums in registers over all of K
+ * (outer products: one weight vector load, 12 broadcasts per k) and writes
+ * it to a small contiguous buffer, from which the bias and the rounding go
+ * to y. Each output element is one sequential chain of multiply-adds over k,
+ * whatever the tile, panel or thread split. (An earlier version walked K in
+ * blocks of 256 with the partial sums resting in y: same bits, but y's rows,
+ * N floats apart, alias in L1 and every block reloaded them; measured in
+ * dev/README.md.) */
 #define PT_GEMM_MR 12
 
-static size_t gemm_scratch(int64_t T, int64_t K) {
+static size_t gemm_scratch(int64_t K) {
+    /* per thread: panel [K][32], tile output [12][32], scales|biases [2·ng], 16 rows [16][K] */
+    return (size_t)(K * 32 + PT_GEMM_MR * 32 + 64 * (K / 32 + 1) + 16 * K + 16);
+}
+
+/* Packs x [T, K] into [tiles][K][12] (tokens past T as zeros); 4-bit weights
+ * take k in the codes' byte order (per 32-block, evens then odds), which
+ * leaves every dot product intact. */
+static void gemm_pack_x(float *xpk, const float *x, int64_t T, int64_t K, int perm4) {
     int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
-    return (size_t)(tiles * PT_GEMM_MR * PT_GEMM_KC + PT_GEMM_KC * 32 + T * 32 + 64 * (K / 32 + 1) + PT_GEMM_KC);
+    for (int64_t ti = 0; ti < tiles; ti++) {
+        float *dst = xpk + ti * PT_GEMM_MR * K;
+        for (int64_t t = 0; t < PT_GEMM_MR; t++) {
+            int64_t tt = ti * PT_GEMM_MR + t;
+            const float *src = x + tt * K;
+            if (tt < T && perm4)
+                for (int64_t k0 = 0; k0 < K; k0 += 32)
+                    for (int i = 0; i < 16; i++) {
+                        dst[(k0 + i) * PT_GEMM_MR + t] = src[k0 + 2 * i];
+                        dst[(k0 + 16 + i) * PT_GEMM_MR + t] = src[k0 + 2 * i + 1];
+                    }
+            else if (tt < T)
+                for (int64_t kk = 0; kk < K; kk++) dst[kk * PT_GEMM_MR + t] = src[kk];
+            else
+                for (int64_t kk = 0; kk < K; kk++) dst[kk * PT_GEMM_MR + t] = 0.0f;
+        }
+    }
 }
 
 static void mm_gemm(void *arg, long n0, long n1, int ith) {
@@ -172,81 +198,50 @@ static void mm_gemm(void *arg, long n0, long n1, int ith) {
     int64_t N = w->rows, K = w->cols, T = m->T;
     if (n0 >= n1) return;
     int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
-    float *xpk = pt_cpu_thread_scratch(m->c, ith); /* [tiles][kc][12] */
-    float *wp = xpk + tiles * PT_GEMM_MR * PT_GEMM_KC; /* [kc][32] */
-    float *edge = wp + PT_GEMM_KC * 32;                  /* [T][32] */
-    float *prm = edge + T * 32;                          /* [32][2·ng]: scales | biases per row */
-    float *tmp = prm + 64 * (K / 32 + 1);                /* [kc] unpacked codes */
+    float *wp = pt_cpu_thread_scratch(m->c, ith); /* [K][32] */
+    float *cbuf = wp + K * 32;                    /* [12][32] */
+    float *prm = cbuf + PT_GEMM_MR * 32;          /* [2·ng]: one row's scales | biases */
+    float *tmp = prm + 64 * (K / 32 + 1);         /* [16][K] rows, dequantized */
     int64_t ng = w->bits ? K / w->group_size : 0;
-    /* 4-bit rows dequantize fastest in the codes' byte order (low nibbles of a
-     * 16-byte block, then high nibbles): the panel takes k in that order and
-     * x is packed in the same order, which leaves every dot product intact */
-    int perm4 = w->bits == 4;
-    for (int64_t kc0 = 0; kc0 < K; kc0 += PT_GEMM_KC) {
-        int64_t kc = K - kc0 < PT_GEMM_KC ? K - kc0 : PT_GEMM_KC;
-        for (int64_t ti = 0; ti < tiles; ti++) {
-            float *dst = xpk + ti * PT_GEMM_MR * PT_GEMM_KC;
-            for (int64_t t = 0; t < PT_GEMM_MR; t++) {
-                int64_t tt = ti * PT_GEMM_MR + t;
-                const float *src = m->x + tt * K + kc0;
-                if (tt < T && perm4) /* the 4-bit panel order: per 32-block, evens then odds */
-                    for (int64_t kk = 0; kk < kc; kk++) {
-                        int64_t i = kk & 31;
-                        dst[kk * PT_GEMM_MR + t] = src[(kk & ~(int64_t)31) + (i < 16 ? 2 * i : 2 * (i - 16) + 1)];
-                    }
-                else if (tt < T)
-                    for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = src[kk];
-                else
-                    for (int64_t kk = 0; kk < kc; kk++) dst[kk * PT_GEMM_MR + t] = 0.0f;
-            }
-        }
-        for (int64_t p0 = n0; p0 < n1; p0 += 32) {
-            int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-            for (int r = 0; r < 32; r++) {
-                if (r >= nr) {
-                    for (int64_t kk = 0; kk < kc; kk++) wp[kk * 32 + r] = 0.0f;
-                    continue;
-                }
-                int64_t n = p0 + r;
-                if (w->bits) {
-                    float *sc = prm + (size_t)r * 2 * ng, *bi = sc + ng;
-                    /* prm holds one panel's rows: reload for every panel of every k block
-                     * (caching from kc0 == 0 gave later panels the last panel's scales) */
+    for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+        int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        /* 16 rows at a time: dequantized/converted row by row into tmp [16][K], then
+         * transposed into the panel (panel_t16) */
+        for (int r0 = 0; r0 < 32; r0 += 16) {
+            for (int r = 0; r < 16; r++) {
+                float *dst = tmp + (size_t)r * K;
+                int64_t n = p0 + r0 + r;
+                if (r0 + r >= nr) {
+                    memset(dst, 0, (size_t)K * sizeof(float));
+                } else if (w->bits) {
+                    float *sc = prm, *bi = prm + ng;
                     pt_cpu_qrow_params(w, m->expert, n, sc, bi);
-                    if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization, then the transposed store */
-                        k->dequant_q(tmp, pt_cpu_qrow_codes(w, m->expert, n), kc0, kc, sc, bi, w->group_size, w->bits);
-                        for (int64_t kk = 0; kk < kc; kk++) wp[kk * 32 + r] = tmp[kk];
-                        continue;
-                    }
-                    pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, kc0, kc, tmp);
-                    for (int64_t kk = 0; kk < kc;) { /* group by group: no division per element */
-                        int64_t g = (kc0 + kk) / w->group_size, end = (g + 1) * w->group_size - kc0;
-                        if (end > kc) end = kc;
-                        float sg = sc[g], bg = bi[g];
-                        for (; kk < end; kk++) wp[kk * 32 + r] = sg * tmp[kk] + bg;
+                    if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization */
+                        k->dequant_q(dst, pt_cpu_qrow_codes(w, m->expert, n), 0, K, sc, bi, w->group_size, w->bits);
+                    } else {
+                        pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, 0, K, dst);
+                        for (int64_t g = 0; g < ng; g++) { /* group by group: no division per element */
+                            float sg = sc[g], bg = bi[g];
+                            for (int64_t kk = g * w->group_size; kk < (g + 1) * w->group_size; kk++)
+                                dst[kk] = sg * dst[kk] + bg;
+                        }
                     }
                 } else {
-                    const char *row = (const char *)pt_cpu_dense_row(w, m->expert, n);
-                    for (int64_t kk = 0; kk < kc; kk++)
-                        wp[kk * 32 + r] = pt_ft_load(w->dtype, row, kc0 + kk);
+                    pt_ft_load_row(w->dtype, pt_cpu_dense_row(w, m->expert, n), dst, K);
                 }
             }
-            float *c = nr == 32 ? m->y + p0 : edge;
-            int64_t ldc = nr == 32 ? N : 32;
-            for (int64_t ti = 0; ti < tiles; ti++) {
-                int mr = (int)(T - ti * PT_GEMM_MR < PT_GEMM_MR ? T - ti * PT_GEMM_MR : PT_GEMM_MR);
-                k->gemm_32(c + ti * PT_GEMM_MR * ldc, ldc, xpk + ti * PT_GEMM_MR * PT_GEMM_KC, wp, mr, kc, kc0 == 0);
-            }
-            if (nr < 32 && kc0 + kc >= K)
-                for (int64_t t = 0; t < T; t++)
-                    for (int r = 0; r < nr; r++) m->y[t * N + p0 + r] = edge[t * 32 + r];
+            if (K % 16 == 0) k->panel_t16(wp, r0, tmp, K);
+            else pt_cpu_panel_t16_ref(wp, r0, tmp, K);
+        }
+        for (int64_t ti = 0; ti < tiles; ti++) {
+            int mr = (int)(T - ti * PT_GEMM_MR < PT_GEMM_MR ? T - ti * PT_GEMM_MR : PT_GEMM_MR);
+            k->gemm_32(cbuf, 32, m->xpk + ti * PT_GEMM_MR * K, wp, mr, K, 1);
+            for (int t = 0; t < mr; t++)
+                for (int r = 0; r < nr; r++)
+                    m->y[(ti * PT_GEMM_MR + t) * N + p0 + r] =
+                        pt_act_round(act, cbuf[t * 32 + r] + bias_of(w, m->expert, p0 + r));
         }
     }
-    for (int64_t t = 0; t < T; t++)
-        for (long n = n0; n < n1; n++) {
-            float *yy = m->y + t * N + n;
-            *yy = pt_act_round(act, *yy + bias_of(w, m->expert, n));
-        }
 }
 
 /* Decode path for 4- and 8-bit weights: four rows per kernel call (x and its
@@ -395,8 +390,12 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
         pt_pool_for(c->pool, (long)w->rows, 4, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
     } else {
-        PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(T, K), 0));
-        /* chunks of 32-row panels: only the last chunk has a narrow edge panel */
+        int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
+        /* shared: x packed [tiles][K][12] */
+        PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(K), (size_t)(tiles * PT_GEMM_MR * K)));
+        gemm_pack_x(c->xbuf, x, T, K, w->bits == 4);
+        m.xpk = c->xbuf;
+        /* chunks of 32-row panels: only the last chunk has a narrow panel */
         pt_pool_for(c->pool, (long)w->rows, 32, mm_gemm, &m);
     }
     return PT_OK;

@@ -179,6 +179,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx2 = {
     .qdot4 = qdot4,
     .qdot8 = qdot8,
     .qdot4_x4 = qdot4_x4,
+    .panel_t16 = pt_cpu_panel_t16_ref,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
     .dequant_q = pt_cpu_dequant_q_ref,

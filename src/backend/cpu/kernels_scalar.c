@@ -27,6 +27,11 @@ int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K) {
     return 1;
 }
 
+void pt_cpu_panel_t16_ref(float *wp, int r0, const float *rows, int64_t K) {
+    for (int r = 0; r < 16; r++)
+        for (int64_t k = 0; k < K; k++) wp[k * 32 + r0 + r] = rows[r * K + k];
+}
+
 void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K) {
     for (int64_t c = 0; c < K; c += 64) {
         int half = K - c >= 64 ? 32 : 16;
@@ -177,6 +182,7 @@ const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .qdot4 = qdot4,
     .qdot8 = qdot8,
     .qdot4_x4 = qdot4_x4,
+    .panel_t16 = pt_cpu_panel_t16_ref,
     .qdot8_x4 = qdot8_x4,
     .cvt_bf16 = cvt_bf16,
     .dequant_q = pt_cpu_dequant_q_ref,
