@@ -10,7 +10,8 @@
  * Work: output rows in panels of 32, one thread per panel (chunks claimed from
  * the pool). A panel's codes are unpacked once per call into u8
  * [K/4][32 rows][4 codes] (64 bytes = 16 rows × 4 codes: one vpdpbusd
- * operand), its scales and biases transposed to [ng][32] f32. Tokens go in
+ * operand; 16 rows unpacked to bytes, then their 4-byte quads moved by the
+ * f32 panel transpose), its scales and biases transposed to [ng][32] f32. Tokens go in
  * tiles of MR; per group, a tile keeps MR × 32 int32 sums in registers
  * (vpdpbusd: 16 rows × 4 codes × one token's 4 int8 x per instruction, 64
  * multiply-adds), then converts them once: F += I·(sc·xd) + bi·xs. Integer
@@ -30,8 +31,8 @@ int pt_cpu_gemm_i8_available(void) {
 }
 
 size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng) {
-    /* floats per thread: packed codes (32·K bytes), scales + biases (2·32·ng), one row's bytes (K) */
-    return (size_t)(8 * K + 64 * ng + K / 4 + 16);
+    /* floats per thread: packed codes (32·K bytes), scales + biases (2·32·ng), 16 rows' bytes (16·K) */
+    return (size_t)(8 * K + 64 * ng + 4 * K + 16);
 }
 
 /* Unpacks one row's codes into bytes, natural order (value j at byte j). */
@@ -122,25 +123,31 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     uint8_t *P = (uint8_t *)scr;          /* [K/4][32][4] */
     float *S = scr + 8 * K, *B = S + 32 * ng; /* [ng][32] each */
-    uint8_t *row = (uint8_t *)(B + 32 * ng); /* [K] */
+    uint8_t *rows = (uint8_t *)(B + 32 * ng); /* [16][K] */
     size_t pbytes = pt_ftype_size(w->dtype);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        /* pack the panel */
-        for (int r = 0; r < 32; r++) {
-            if (r >= nr) {
-                for (int64_t kq = 0; kq < K / 4; kq++) memset(P + kq * 128 + r * 4, 0, 4);
-                for (int64_t g = 0; g < ng; g++) S[g * 32 + r] = B[g * 32 + r] = 0.0f;
-                continue;
+        /* pack the panel: 16 rows at a time unpacked to bytes [16][K], then their
+         * 4-byte quads transposed into [K/4][32] (the f32 panel transpose moves
+         * 32-bit words unchanged) */
+        for (int r0 = 0; r0 < 32; r0 += 16) {
+            for (int r = 0; r < 16; r++) {
+                uint8_t *dst = rows + (size_t)r * K;
+                if (r0 + r >= nr) {
+                    memset(dst, 0, (size_t)K);
+                    for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
+                    continue;
+                }
+                int64_t n = p0 + r0 + r;
+                unpack_row(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+                size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+                for (int64_t g = 0; g < ng; g++) {
+                    S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
+                    B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
+                }
             }
-            int64_t n = p0 + r;
-            unpack_row(row, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
-            for (int64_t kq = 0; kq < K / 4; kq++) memcpy(P + kq * 128 + r * 4, row + kq * 4, 4);
-            size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
-            for (int64_t g = 0; g < ng; g++) {
-                S[g * 32 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
-                B[g * 32 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
-            }
+            if ((K / 4) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 4);
+            else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 4);
         }
         /* token tiles */
         for (int64_t t0 = 0; t0 < T; t0 += MR) {
