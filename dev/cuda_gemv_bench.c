@@ -8,7 +8,10 @@
  * same bf16 inputs), and batch invariance (T = 8 rows in one launch give
  * bit-identical outputs to each row alone).
  * Not a test; built by dev/build_cuda.sh against build-cuda/libpetrel.a.
- * Usage: cuda_gemv_bench [tiles wps ...]  (extra mma launch shapes to time) */
+ * Variants: fma (the previous kernel), mma (gemv_mma_kernel), mma+pdl
+ * (launched with programmatic dependent launch: in the timed chain every
+ * GEMV overlaps the previous one's tail). Usage: cuda_gemv_bench [tiles wps ...] (extra launch
+ * shapes of the default variant to time) */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
@@ -20,7 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-void pt_cuda_gemv_select(int mma_on, int tiles, int wps); /* matmul.cu, for benchmarks */
+void pt_cuda_gemv_select(int mode, int tiles, int wps, int pdl); /* matmul.cu, for benchmarks */
 
 static double now(void) {
     struct timespec ts;
@@ -97,8 +100,8 @@ int main(int argc, char **argv) {
         {"lm_head 8b", 128256, 4096},
     };
     static const int kinds[][2] = {{4, 64}, {8, 64}, {4, 32}, {4, 128}, {8, 32}, {8, 128}};
-    printf("%-11s %4s %4s %7s | %8s %6s | %8s %6s | %8s %8s | %9s %s\n", "shape", "bits", "gs", "MB", "fma us",
-           "GB/s", "mma us", "GB/s", "mma T=8", "fma T=8", "rel diff", "batch-inv");
+    printf("%-11s %4s %4s %7s | %7s %7s %7s | %5s %5s %5s | %7s %7s | %8s %s\n", "shape", "bits", "gs", "MB", "fma",
+           "mma", "mma+pdl", "GB/s", "GB/s", "GB/s", "mma T8", "fma T8", "rel diff", "invariance");
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int k = 0; k < 6; k++) {
             const int bits = kinds[k][0], gs = kinds[k][1];
@@ -128,12 +131,13 @@ int main(int argc, char **argv) {
             st.y = be->ops->alloc(be, (size_t)8 * N * 4);
             float *yb = be->ops->alloc(be, (size_t)8 * N * 4);
             be->ops->upload(be, st.x, xh, (size_t)8 * K * 4);
-            /* correctness: fma vs mma (T = 1), batch invariance of mma (T = 8 vs 1) */
+            /* correctness: fma vs mma (T = 1); staged vs resident (T = 1, bits);
+             * batch invariance (T = 8 in one launch vs each row alone) */
             float *y1 = malloc((size_t)N * 4), *y2 = malloc((size_t)N * 4), *y8 = malloc((size_t)8 * N * 4);
-            pt_cuda_gemv_select(0, 1, 16);
+            pt_cuda_gemv_select(0, 1, 16, 0);
             if (be->ops->matmul(be, st.y, st.x, 1, &st.w[0], 0) != PT_OK) DIE("fma");
             be->ops->download(be, y1, st.y, (size_t)N * 4);
-            pt_cuda_gemv_select(1, 1, 16);
+            pt_cuda_gemv_select(1, 1, 16, 0);
             if (be->ops->matmul(be, st.y, st.x, 1, &st.w[0], 0) != PT_OK) DIE("mma");
             be->ops->download(be, y2, st.y, (size_t)N * 4);
             double num = 0, den = 0;
@@ -141,38 +145,38 @@ int main(int argc, char **argv) {
                 num += (double)(y1[i] - y2[i]) * (y1[i] - y2[i]);
                 den += (double)y1[i] * y1[i];
             }
+            int inv = 1;
+            pt_cuda_gemv_select(1, 1, 16, 0);
             if (be->ops->matmul(be, yb, st.x, 8, &st.w[0], 0) != PT_OK) DIE("mma T=8");
             be->ops->download(be, y8, yb, (size_t)8 * N * 4);
-            int inv = 1;
             for (int r = 0; r < 8 && inv; r++) {
                 if (be->ops->matmul(be, st.y, st.x + (size_t)r * K, 1, &st.w[0], 0) != PT_OK) DIE("mma row");
                 be->ops->download(be, y1, st.y, (size_t)N * 4);
                 if (memcmp(y1, y8 + (size_t)r * N, (size_t)N * 4)) inv = 0;
             }
-            /* timing, interleaved fma / mma / fma / mma: best of the two */
-            double tf = 1e9, tm = 1e9, tm8 = 0, tf8 = 0;
-            for (int round = 0; round < 2; round++) {
-                pt_cuda_gemv_select(0, 1, 16);
-                double a = time_graph(&st, 1, 4);
-                if (a < tf) tf = a;
-                pt_cuda_gemv_select(1, 1, 16);
-                double b = time_graph(&st, 1, 4);
-                if (b < tm) tm = b;
-            }
-            pt_cuda_gemv_select(1, 1, 16);
-            tm8 = time_graph(&st, 8, 2);
-            pt_cuda_gemv_select(0, 1, 16);
-            tf8 = time_graph(&st, 8, 2);
-            printf("%-11s %4d %4d %7.1f | %8.2f %6.0f | %8.2f %6.0f | %8.2f %8.2f | %9.2e %s\n", shapes[s].name, bits,
-                   gs, bytes / 1e6, tf, bytes / tf / 1e3, tm, bytes / tm / 1e3, tm8, tf8, sqrt(num / (den + 1e-30)),
-                   inv ? "ok" : "DIFF");
+            /* timing: variants interleaved, two rounds, best of each */
+            double tv[3] = {1e9, 1e9, 1e9};
+            static const int vm[3][2] = {{0, 0}, {1, 0}, {1, 1}};
+            for (int round = 0; round < 2; round++)
+                for (int v = 0; v < 3; v++) {
+                    pt_cuda_gemv_select(vm[v][0], 1, 16, vm[v][1]);
+                    double tt = time_graph(&st, 1, 4);
+                    if (tt < tv[v]) tv[v] = tt;
+                }
+            pt_cuda_gemv_select(1, 1, 16, 0);
+            double tm8 = time_graph(&st, 8, 2);
+            pt_cuda_gemv_select(0, 1, 16, 0);
+            double tf8 = time_graph(&st, 8, 1);
+            printf("%-11s %4d %4d %7.1f | %7.2f %7.2f %7.2f | %5.0f %5.0f %5.0f | %7.2f %7.2f | %8.2e %s\n",
+                   shapes[s].name, bits, gs, bytes / 1e6, tv[0], tv[1], tv[2], bytes / tv[0] / 1e3,
+                   bytes / tv[1] / 1e3, bytes / tv[2] / 1e3, tm8, tf8, sqrt(num / (den + 1e-30)), inv ? "ok" : "DIFF");
             for (int e = 0; e < extra; e++) {
                 int tl = atoi(argv[1 + 2 * e]), wps = atoi(argv[2 + 2 * e]);
-                pt_cuda_gemv_select(1, tl, wps);
+                pt_cuda_gemv_select(1, tl, wps, 0);
                 double b = time_graph(&st, 1, 4);
                 printf("    mma tiles %d wps %2d: %8.2f us %6.0f GB/s\n", tl, wps, b, bytes / b / 1e3);
             }
-            pt_cuda_gemv_select(1, 1, 16);
+            pt_cuda_gemv_select(1, 1, 16, 0);
             free(y1), free(y2), free(y8), free(xh);
             be->ops->dealloc(be, st.x);
             be->ops->dealloc(be, st.y);

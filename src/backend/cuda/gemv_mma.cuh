@@ -70,6 +70,12 @@ __device__ __forceinline__ void pt_mma_bf16(float (&c)[4], uint32_t a0, uint32_t
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* Programmatic dependent launch (sm_90): wait for the previous kernel's
+ * results (a no-op when the launch did not ask for overlap), and let the next
+ * kernel start launching. */
+__device__ __forceinline__ void pt_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pt_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
+
 /* Pair j (0..3) of a word as bf16x2 (128 + code): nibbles j and j+4. */
 __device__ __forceinline__ uint32_t pt_mma_pair(uint32_t w, int j) {
     return ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;
@@ -122,185 +128,12 @@ __device__ __forceinline__ int pt_mma_group(int it, int j) {
     else return it * 4 + j;
 }
 
-template <int BITS, int GS, int NB, int TILES>
-__global__ void __launch_bounds__(PT_MMA_WARPS * 32) gemv_mma_kernel(mma_args a) {
-    constexpr int CPG = GS * BITS / 128;               /* 16-byte chunks per group */
-    constexpr int UIT = CPG >= 4 ? CPG / 4 : 1;        /* iterations per group unit */
-    constexpr int XW = BITS == 4 ? PT_MMA_KS / 2 : PT_MMA_KS; /* u32 pairs of x per stage row */
-    constexpr int XS = XW + 4;                         /* padded row stride (u32) */
-    constexpr int GPS = PT_MMA_KS / GS;                /* groups per full stage */
-    constexpr int WPS = PT_MMA_KS * BITS / 32;         /* code words per stage row */
-    extern __shared__ __align__(16) uint32_t smem[];
-    uint32_t *xp = smem;                               /* [NB][XS] bf16 pairs */
-    float *sxs = reinterpret_cast<float *>(smem + NB * XS); /* [NB][GPS] Σx per group */
-    float *red = sxs + NB * GPS;                       /* [WARPS][TILES][16][NB] split partials */
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int S = a.S, TPB = PT_MMA_WARPS / S;
-    const int tg = blockIdx.x * TPB + warp / S, s = warp % S;
-    const int K = a.K, N = a.N;
-    const int64_t wpr = (int64_t)K * BITS / 32, gpr = K / GS;
-
-    /* rows of this lane: tile tt, halves 0 (row g) and 1 (row g+8); rows past
-     * N read the last row (their results are not stored) */
-    const uint32_t *rp[TILES][2];
-    int rows[TILES][2];
-#pragma unroll
-    for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = (tg * TILES + tt) * 16 + g + 8 * h;
-            rows[tt][h] = r < N ? r : N - 1;
-            rp[tt][h] = a.w + (int64_t)rows[tt][h] * wpr;
-        }
-
-    float tot[TILES][4];
-#pragma unroll
-    for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) tot[tt][i] = 0.f;
-
-    for (int k0 = 0; k0 < K; k0 += PT_MMA_KS) {
-        const int ks = K - k0 < PT_MMA_KS ? K - k0 : PT_MMA_KS; /* values in this stage */
-        __syncthreads(); /* the previous stage's x is no longer read */
-        /* stage x: pairs in the order the A registers are built */
-        if constexpr (BITS == 4) {
-            for (int i = threadIdx.x; i < NB * (ks / 8); i += blockDim.x) {
-                const int n = i / (ks / 8), wi = i % (ks / 8);
-                const float4 *src = reinterpret_cast<const float4 *>(a.x + (int64_t)n * K + k0 + wi * 8);
-                float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
-                if (n < a.nb) u = __ldg(src), v = __ldg(src + 1);
-                uint4 o;
-                o.x = pt_pack_bf2(u.x, v.x); o.y = pt_pack_bf2(u.y, v.y);
-                o.z = pt_pack_bf2(u.z, v.z); o.w = pt_pack_bf2(u.w, v.w);
-                *reinterpret_cast<uint4 *>(xp + n * XS + wi * 4) = o;
-            }
-        } else {
-            for (int i = threadIdx.x; i < NB * (ks / 4); i += blockDim.x) {
-                const int n = i / (ks / 4), wi = i % (ks / 4);
-                float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (n < a.nb) u = __ldg(reinterpret_cast<const float4 *>(a.x + (int64_t)n * K + k0 + wi * 4));
-                uint4 o;
-                o.x = pt_pack_bf2(u.x, u.z); o.y = pt_pack_bf2(16.f * u.x, 16.f * u.z);
-                o.z = pt_pack_bf2(u.y, u.w); o.w = pt_pack_bf2(16.f * u.y, 16.f * u.w);
-                *reinterpret_cast<uint4 *>(xp + n * XS + wi * 4) = o;
-            }
-        }
-        /* Σx per group: 8 lanes per (row, group), fixed order */
-        {
-            const int ng = ks / GS, total = NB * ng * 8, padded = (total + 31) & ~31;
-            for (int i = threadIdx.x; i < padded; i += blockDim.x) { /* whole warps: the shuffles below */
-                const int q = i & 7, ni = i >> 3, n = ni / ng, gi = ni % ng;
-                float v = 0.f;
-                if (i < total && n < a.nb) {
-                    const float *src = a.x + (int64_t)n * K + k0 + gi * GS + q * (GS / 8);
-#pragma unroll
-                    for (int e = 0; e < GS / 8; e++) v += src[e];
-                }
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-                v += __shfl_xor_sync(0xffffffffu, v, 4);
-                if (q == 0 && i < total) sxs[n * GPS + gi] = v;
-            }
-        }
-        __syncthreads();
-        if (tg * TILES * 16 >= N) continue; /* no rows (barriers above still reached) */
-        /* this warp's group units of the stage */
-        const int nit = ks * BITS / 512;               /* iterations (64 bytes of a row) */
-        const int nu = nit / UIT, u0 = s * nu / S, u1 = (s + 1) * nu / S;
-        const int64_t wbase = (int64_t)k0 * BITS / 32;
-        const int64_t gbase = k0 / GS;
-        /* P units per batch: every code and scale load of the batch is
-         * issued before the first mma (loads in flight per lane:
-         * P·UIT·TILES·2 of 16 bytes) */
-        constexpr int NGU = CPG >= 4 ? 1 : 4 / CPG;    /* groups per unit */
-        constexpr int P0 = (CPG == 1 ? 2 : 4) / (TILES * UIT);
-        constexpr int P = P0 < 1 ? 1 : P0;
-        for (int u = u0; u < u1; u += P) {
-            uint4 wv[P][UIT][TILES][2];
-            uint32_t sb[P][NGU][TILES][2];             /* bf16 scale (low) and bias (high) */
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                if (u + p >= u1) break;
-#pragma unroll
-                for (int ui = 0; ui < UIT; ui++)
-#pragma unroll
-                    for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++)
-                            wv[p][ui][tt][h] = __ldg(reinterpret_cast<const uint4 *>(
-                                rp[tt][h] + wbase + ((u + p) * UIT + ui) * 16 + t * 4));
-#pragma unroll
-                for (int q = 0; q < NGU; q++)
-#pragma unroll
-                    for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            const int64_t gi = (int64_t)rows[tt][h] * gpr + gbase + (u + p) * NGU + q;
-                            const uint32_t sv = __ldg(reinterpret_cast<const unsigned short *>(a.sc) + gi);
-                            const uint32_t bv = __ldg(reinterpret_cast<const unsigned short *>(a.bi) + gi);
-                            sb[p][q][tt][h] = sv | (bv << 16);
-                        }
-            }
-#pragma unroll
-            for (int p = 0; p < P; p++) {
-                if (u + p >= u1) break;
-                float acc[TILES][4];
-#pragma unroll
-                for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[tt][i] = 0.f;
-#pragma unroll
-                for (int ui = 0; ui < UIT; ui++) {
-                    const int it = (u + p) * UIT + ui;
-#pragma unroll
-                    for (int tt = 0; tt < TILES; tt++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) pt_mma_exchange<CPG>(wv[p][ui][tt][h], t);
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        const int wi = pt_mma_word<CPG>(it, t, j);
-                        uint4 b = make_uint4(0, 0, 0, 0);
-                        if (g < NB) b = *reinterpret_cast<const uint4 *>(xp + g * XS + wi * 4);
-#pragma unroll
-                        for (int tt = 0; tt < TILES; tt++) {
-                            const uint4 &vg = wv[p][ui][tt][0], &vh = wv[p][ui][tt][1];
-                            const uint32_t wg = j == 0 ? vg.x : j == 1 ? vg.y : j == 2 ? vg.z : vg.w;
-                            const uint32_t wh = j == 0 ? vh.x : j == 1 ? vh.y : j == 2 ? vh.z : vh.w;
-                            pt_mma_bf16(acc[tt], pt_mma_pair(wg, 0), pt_mma_pair(wh, 0), pt_mma_pair(wg, 1),
-                                        pt_mma_pair(wh, 1), b.x, b.y);
-                            pt_mma_bf16(acc[tt], pt_mma_pair(wg, 2), pt_mma_pair(wh, 2), pt_mma_pair(wg, 3),
-                                        pt_mma_pair(wh, 3), b.z, b.w);
-                        }
-                        /* a group ends after this slot: fold it into the totals */
-                        const bool group_end =
-                            CPG >= 4 ? (j == 3 && ui == UIT - 1) : CPG == 2 ? (j & 1) == 1 : true;
-                        if (group_end) {
-                            const int q = CPG >= 4 ? 0 : CPG == 2 ? (j >> 1) : j;
-                            const int gl = pt_mma_group<BITS, CPG>(it, j); /* stage-local group */
-                            constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
-                            float sx0 = 0.f, sx1 = 0.f;
-                            if (2 * t < NB) sx0 = sxs[(2 * t) * GPS + gl];
-                            if (2 * t + 1 < NB) sx1 = sxs[(2 * t + 1) * GPS + gl];
-#pragma unroll
-                            for (int tt = 0; tt < TILES; tt++) {
-                                const uint32_t s0 = sb[p][q][tt][0], s1 = sb[p][q][tt][1];
-                                const float sc0 = __uint_as_float(s0 << 16), bi0 = __uint_as_float(s0 & 0xFFFF0000u);
-                                const float sc1 = __uint_as_float(s1 << 16), bi1 = __uint_as_float(s1 & 0xFFFF0000u);
-                                tot[tt][0] += sc0 * (acc[tt][0] - C128 * sx0) + bi0 * sx0;
-                                tot[tt][1] += sc0 * (acc[tt][1] - C128 * sx1) + bi0 * sx1;
-                                tot[tt][2] += sc1 * (acc[tt][2] - C128 * sx0) + bi1 * sx0;
-                                tot[tt][3] += sc1 * (acc[tt][3] - C128 * sx1) + bi1 * sx1;
-#pragma unroll
-                                for (int i = 0; i < 4; i++) acc[tt][i] = 0.f;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    /* split partials through shared memory, added in warp order */
+/* The split partials through shared memory, added in warp order, + bias,
+ * bf16 rounding, store. */
+template <int NB, int TILES>
+__device__ __forceinline__ void pt_mma_reduce(const mma_args &a, float *red, const float (&tot)[TILES][4], int TPB,
+                                              int S, int warp, int g, int t) {
+    const int N = a.N;
     __syncthreads();
 #pragma unroll
     for (int tt = 0; tt < TILES; tt++)
@@ -321,6 +154,241 @@ __global__ void __launch_bounds__(PT_MMA_WARPS * 32) gemv_mma_kernel(mma_args a)
         a.y[(int64_t)col * a.ldy + row] = pt_round_bf(v);
     }
 }
+
+/* Stages x[:, k0 : k0+ks] into shared memory for all NB columns (columns
+ * past a.nb are zero): xp rows (stride xs u32) of bf16 pairs in the order
+ * the A registers are built, and Σx per group (rows of stride gss floats),
+ * summed by 8 lanes per group in a fixed order. The whole block calls it. */
+template <int BITS, int GS, int NB>
+__device__ __forceinline__ void pt_mma_stage_x(const mma_args &a, uint32_t *xp, int xs, float *sxs, int gss, int k0,
+                                               int ks) {
+    const int K = a.K;
+    if constexpr (BITS == 4) {
+        for (int i = threadIdx.x; i < NB * (ks / 8); i += blockDim.x) {
+            const int n = i / (ks / 8), wi = i % (ks / 8);
+            const float4 *src = reinterpret_cast<const float4 *>(a.x + (int64_t)n * K + k0 + wi * 8);
+            float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
+            if (n < a.nb) u = __ldg(src), v = __ldg(src + 1);
+            uint4 o;
+            o.x = pt_pack_bf2(u.x, v.x); o.y = pt_pack_bf2(u.y, v.y);
+            o.z = pt_pack_bf2(u.z, v.z); o.w = pt_pack_bf2(u.w, v.w);
+            *reinterpret_cast<uint4 *>(xp + n * xs + wi * 4) = o;
+        }
+    } else {
+        for (int i = threadIdx.x; i < NB * (ks / 4); i += blockDim.x) {
+            const int n = i / (ks / 4), wi = i % (ks / 4);
+            float4 u = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (n < a.nb) u = __ldg(reinterpret_cast<const float4 *>(a.x + (int64_t)n * K + k0 + wi * 4));
+            uint4 o;
+            o.x = pt_pack_bf2(u.x, u.z); o.y = pt_pack_bf2(16.f * u.x, 16.f * u.z);
+            o.z = pt_pack_bf2(u.y, u.w); o.w = pt_pack_bf2(16.f * u.y, 16.f * u.w);
+            *reinterpret_cast<uint4 *>(xp + n * xs + wi * 4) = o;
+        }
+    }
+    const int ng = ks / GS, total = NB * ng * 8, padded = (total + 31) & ~31;
+    for (int i = threadIdx.x; i < padded; i += blockDim.x) { /* whole warps: the shuffles below */
+        const int q = i & 7, ni = i >> 3, n = ni / ng, gi = ni % ng;
+        float v = 0.f;
+        if (i < total && n < a.nb) {
+            const float *src = a.x + (int64_t)n * K + k0 + gi * GS + q * (GS / 8);
+#pragma unroll
+            for (int e = 0; e < GS / 8; e++) v = __fadd_rn(v, src[e]);
+        }
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+        if (q == 0 && i < total) sxs[n * gss + gi] = v;
+    }
+}
+
+/* Compile-time shape of one group unit: CPG 16-byte chunks per group, UIT
+ * iterations (64 bytes of a row) per unit, NGU groups per unit. */
+template <int BITS, int GS>
+struct pt_mma_shape {
+    static constexpr int CPG = GS * BITS / 128;
+    static constexpr int UIT = CPG >= 4 ? CPG / 4 : 1;
+    static constexpr int NGU = CPG >= 4 ? 1 : 4 / CPG;
+};
+
+/* One group unit u (stage-local) of a warp: the exchange, the mmas and the
+ * per-group fold into tot. wv: the unit's codes as loaded (lane t's chunk);
+ * sb: bf16 scale (low half) | bias (high half) per group, tile and row half;
+ * xrow: this lane's activation row (column g) of the stage, pairs;
+ * sx0/sx1: Σx per stage group of columns 2t and 2t+1 (NULL: column unused).
+ * Every floating-point step is an explicit intrinsic, so no kernel that
+ * calls this can contract the fold differently (batch invariance). */
+template <int BITS, int GS, int NB, int TILES>
+__device__ __forceinline__ void pt_mma_unit(uint4 (&wv)[pt_mma_shape<BITS, GS>::UIT][TILES][2],
+                                            const uint32_t (&sb)[pt_mma_shape<BITS, GS>::NGU][TILES][2], int u,
+                                            const uint32_t *xrow, const float *sx0, const float *sx1,
+                                            float (&tot)[TILES][4], int g, int t) {
+    constexpr int CPG = pt_mma_shape<BITS, GS>::CPG, UIT = pt_mma_shape<BITS, GS>::UIT;
+    float acc[TILES][4];
+#pragma unroll
+    for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[tt][i] = 0.f;
+#pragma unroll
+    for (int ui = 0; ui < UIT; ui++) {
+        const int it = u * UIT + ui;
+#pragma unroll
+        for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) pt_mma_exchange<CPG>(wv[ui][tt][h], t);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int wi = pt_mma_word<CPG>(it, t, j);
+            uint4 b = make_uint4(0, 0, 0, 0);
+            if (g < NB) b = *reinterpret_cast<const uint4 *>(xrow + wi * 4);
+#pragma unroll
+            for (int tt = 0; tt < TILES; tt++) {
+                const uint4 &vg = wv[ui][tt][0], &vh = wv[ui][tt][1];
+                const uint32_t wg = j == 0 ? vg.x : j == 1 ? vg.y : j == 2 ? vg.z : vg.w;
+                const uint32_t wh = j == 0 ? vh.x : j == 1 ? vh.y : j == 2 ? vh.z : vh.w;
+                pt_mma_bf16(acc[tt], pt_mma_pair(wg, 0), pt_mma_pair(wh, 0), pt_mma_pair(wg, 1), pt_mma_pair(wh, 1),
+                            b.x, b.y);
+                pt_mma_bf16(acc[tt], pt_mma_pair(wg, 2), pt_mma_pair(wh, 2), pt_mma_pair(wg, 3), pt_mma_pair(wh, 3),
+                            b.z, b.w);
+            }
+            /* a group ends after this slot: fold it into the totals */
+            const bool group_end = CPG >= 4 ? (j == 3 && ui == UIT - 1) : CPG == 2 ? (j & 1) == 1 : true;
+            if (group_end) {
+                const int q = CPG >= 4 ? 0 : CPG == 2 ? (j >> 1) : j;
+                const int gl = pt_mma_group<BITS, CPG>(it, j); /* stage-local group */
+                constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
+                const float s0v = sx0 ? sx0[gl] : 0.f, s1v = NB > 1 && sx1 ? sx1[gl] : 0.f;
+                const float o0 = __fmul_rn(C128, s0v), o1 = __fmul_rn(C128, s1v);
+#pragma unroll
+                for (int tt = 0; tt < TILES; tt++) {
+                    const uint32_t p0 = sb[q][tt][0], p1 = sb[q][tt][1];
+                    const float sc0 = __uint_as_float(p0 << 16), bi0 = __uint_as_float(p0 & 0xFFFF0000u);
+                    const float sc1 = __uint_as_float(p1 << 16), bi1 = __uint_as_float(p1 & 0xFFFF0000u);
+                    tot[tt][0] = __fadd_rn(tot[tt][0], __fmaf_rn(sc0, __fsub_rn(acc[tt][0], o0), __fmul_rn(bi0, s0v)));
+                    tot[tt][2] = __fadd_rn(tot[tt][2], __fmaf_rn(sc1, __fsub_rn(acc[tt][2], o0), __fmul_rn(bi1, s0v)));
+                    if constexpr (NB > 1) { /* odd columns exist */
+                        tot[tt][1] = __fadd_rn(tot[tt][1], __fmaf_rn(sc0, __fsub_rn(acc[tt][1], o1), __fmul_rn(bi0, s1v)));
+                        tot[tt][3] = __fadd_rn(tot[tt][3], __fmaf_rn(sc1, __fsub_rn(acc[tt][3], o1), __fmul_rn(bi1, s1v)));
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[tt][i] = 0.f;
+                }
+            }
+        }
+    }
+}
+
+/* Loads the codes and scale|bias words of unit u (stage-local; wbase/gbase:
+ * the stage's first word and group of a row). */
+template <int BITS, int GS, int TILES>
+__device__ __forceinline__ void pt_mma_load(uint4 (&wv)[pt_mma_shape<BITS, GS>::UIT][TILES][2],
+                                            uint32_t (&sb)[pt_mma_shape<BITS, GS>::NGU][TILES][2],
+                                            const uint32_t *const (&rp)[TILES][2], const int (&rows)[TILES][2],
+                                            const unsigned short *sc, const unsigned short *bi, int64_t gpr,
+                                            int64_t wbase, int64_t gbase, int u, int t) {
+    constexpr int UIT = pt_mma_shape<BITS, GS>::UIT, NGU = pt_mma_shape<BITS, GS>::NGU;
+#pragma unroll
+    for (int ui = 0; ui < UIT; ui++)
+#pragma unroll
+        for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                wv[ui][tt][h] = __ldg(reinterpret_cast<const uint4 *>(rp[tt][h] + wbase + (u * UIT + ui) * 16 + t * 4));
+#pragma unroll
+    for (int q = 0; q < NGU; q++)
+#pragma unroll
+        for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t gi = (int64_t)rows[tt][h] * gpr + gbase + u * NGU + q;
+                sb[q][tt][h] = (uint32_t)__ldg(sc + gi) | ((uint32_t)__ldg(bi + gi) << 16);
+            }
+}
+
+template <int BITS, int GS, int NB, int TILES>
+__global__ void __launch_bounds__(PT_MMA_WARPS * 32) gemv_mma_kernel(mma_args a) {
+    constexpr int CPG = GS * BITS / 128;               /* 16-byte chunks per group */
+    constexpr int UIT = CPG >= 4 ? CPG / 4 : 1;        /* iterations per group unit */
+    constexpr int XW = BITS == 4 ? PT_MMA_KS / 2 : PT_MMA_KS; /* u32 pairs of x per stage row */
+    constexpr int XS = XW + 4;                         /* padded row stride (u32) */
+    constexpr int GPS = PT_MMA_KS / GS;                /* groups per full stage */
+    extern __shared__ __align__(16) uint32_t smem[];
+    uint32_t *xp = smem;                               /* [NB][XS] bf16 pairs */
+    float *sxs = reinterpret_cast<float *>(smem + NB * XS); /* [NB][GPS] Σx per group */
+    float *red = sxs + NB * GPS;                       /* [WARPS][TILES][16][NB] split partials */
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int S = a.S, TPB = PT_MMA_WARPS / S;
+    const int tg = blockIdx.x * TPB + warp / S, s = warp % S;
+    const int K = a.K, N = a.N;
+    const int64_t wpr = (int64_t)K * BITS / 32, gpr = K / GS;
+    const unsigned short *sc16 = reinterpret_cast<const unsigned short *>(a.sc);
+    const unsigned short *bi16 = reinterpret_cast<const unsigned short *>(a.bi);
+
+    /* rows of this lane: tile tt, halves 0 (row g) and 1 (row g+8); rows past
+     * N read the last row (their results are not stored) */
+    const uint32_t *rp[TILES][2];
+    int rows[TILES][2];
+#pragma unroll
+    for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = (tg * TILES + tt) * 16 + g + 8 * h;
+            rows[tt][h] = r < N ? r : N - 1;
+            rp[tt][h] = a.w + (int64_t)rows[tt][h] * wpr;
+        }
+
+    float tot[TILES][4];
+#pragma unroll
+    for (int tt = 0; tt < TILES; tt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tot[tt][i] = 0.f;
+
+    /* P units per batch: every code and scale load of a batch is issued
+     * before its first mma (loads in flight per lane: P·UIT·TILES·2 of 16
+     * bytes); a stage's first batch is issued before the stage's x is
+     * staged, so the weight reads overlap the staging and its barriers (and,
+     * for the first stage, the previous kernel's tail under programmatic
+     * dependent launch). */
+    constexpr int NGU = pt_mma_shape<BITS, GS>::NGU;
+    constexpr int P0 = (CPG == 1 ? 2 : 4) / (TILES * UIT);
+    constexpr int P = P0 < 1 ? 1 : P0;
+    const bool has_rows = tg * TILES * 16 < N;
+    uint4 wv[P][UIT][TILES][2];
+    uint32_t sb[P][NGU][TILES][2];
+    for (int k0 = 0; k0 < K; k0 += PT_MMA_KS) {
+        const int ks = K - k0 < PT_MMA_KS ? K - k0 : PT_MMA_KS; /* values in this stage */
+        /* this warp's group units of the stage */
+        const int nit = ks * BITS / 512;               /* iterations (64 bytes of a row) */
+        const int nu = nit / UIT, u0 = s * nu / S, u1 = has_rows ? (s + 1) * nu / S : u0;
+        const int64_t wbase = (int64_t)k0 * BITS / 32;
+        const int64_t gbase = k0 / GS;
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            if (u0 + p < u1)
+                pt_mma_load<BITS, GS, TILES>(wv[p], sb[p], rp, rows, sc16, bi16, gpr, wbase, gbase, u0 + p, t);
+        if (k0 == 0) pt_pdl_wait(); /* x is written by the previous kernel */
+        __syncthreads(); /* the previous stage's x is no longer read */
+        pt_mma_stage_x<BITS, GS, NB>(a, xp, XS, sxs, GPS, k0, ks);
+        __syncthreads();
+        for (int u = u0; u < u1; u += P) {
+            if (u != u0) {
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    if (u + p < u1)
+                        pt_mma_load<BITS, GS, TILES>(wv[p], sb[p], rp, rows, sc16, bi16, gpr, wbase, gbase, u + p, t);
+            }
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                if (u + p < u1)
+                    pt_mma_unit<BITS, GS, NB, TILES>(wv[p], sb[p], u + p, xp + g * XS,
+                                                     2 * t < NB ? sxs + (2 * t) * GPS : NULL,
+                                                     2 * t + 1 < NB ? sxs + (2 * t + 1) * GPS : NULL, tot, g, t);
+        }
+    }
+    pt_pdl_trigger();
+    pt_mma_reduce<NB, TILES>(a, red, tot, TPB, S, warp, g, t);
+}
+
 
 /* Dynamic shared memory of one block (bytes). */
 static inline size_t pt_mma_smem(int bits, int gs, int nb, int tiles) {

@@ -435,46 +435,71 @@ static pt_status launch_gemv(const pt_cuda *c, const gemv_args &a, int bits, pt_
  * 32/64/128, bf16 scales and K a multiple of 128: all T rows in one launch.
  * PETREL_CUDA_GEMV=fast selects the FMA kernels above instead (A/B);
  * PETREL_CUDA_MMA_TUNE="tiles,warps_per_sm" overrides the launch shape
- * (tiles of 16 rows per warp: 1 or 2; default 1, 16). */
+ * (tiles of 16 rows per warp: 1 or 2; default 1, 8; tiles 2 applies to
+ * one-row launches only, so it gives up batch invariance: A/B use only);
+ * PETREL_CUDA_PDL=1 launches it with programmatic dependent launch (its
+ * first weight loads overlap the previous kernel's tail). */
 struct mma_tune {
-    int mode; /* 1: mma on, 0: off; -1: not read yet */
+    int mode; /* 1: mma on; 0: off; -1: not read yet */
     int tiles, wps;
+    int pdl;  /* launch with programmatic dependent launch (overlap with the previous kernel) */
 };
-static mma_tune g_mma = {-1, 0, 0};
+static mma_tune g_mma = {-1, 0, 0, 0};
 static mma_tune get_mma_tune(void) {
     if (g_mma.mode < 0) {
-        mma_tune d = {1, 1, 16};
+        mma_tune d = {1, 1, 8, 0};
         const char *m = getenv("PETREL_CUDA_GEMV");
         if (m && !strcmp(m, "fast")) d.mode = 0;
         const char *e = getenv("PETREL_CUDA_MMA_TUNE");
         int a, b;
         if (e && sscanf(e, "%d,%d", &a, &b) == 2 && (a == 1 || a == 2) && b >= 1 && b <= 64) d.tiles = a, d.wps = b;
+        const char *p = getenv("PETREL_CUDA_PDL");
+        d.pdl = p && !strcmp(p, "1");
         g_mma = d;
     }
     return g_mma;
 }
 
 /* For benchmarks that compare the GEMVs in one process (dev/cuda_gemv_bench):
- * mma on/off and its launch shape, overriding the environment. */
-extern "C" void pt_cuda_gemv_select(int mma_on, int tiles, int wps) {
-    g_mma.mode = mma_on ? 1 : 0;
+ * mma on/off, launch shape and programmatic dependent launch, overriding
+ * the environment. */
+extern "C" void pt_cuda_gemv_select(int mode, int tiles, int wps, int pdl) {
+    g_mma.mode = mode ? 1 : 0;
     g_mma.tiles = tiles == 2 ? 2 : 1;
-    g_mma.wps = wps >= 1 && wps <= 64 ? wps : 16;
+    g_mma.wps = wps >= 1 && wps <= 64 ? wps : 8;
+    g_mma.pdl = pdl != 0;
+}
+
+template <typename... A>
+static cudaError_t launch_k(void (*k)(A...), unsigned blocks, unsigned threads, size_t smem, cudaStream_t st, bool pdl,
+                            A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 template <int BITS, int GS, int NB, int TILES>
 static pt_status launch_mma_t(const pt_cuda *c, const mma_args &a) {
-    const size_t smem = pt_mma_smem(BITS, GS, NB, TILES);
-    static bool attr = false; /* one per instantiation */
-    if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_mma_kernel<BITS, GS, NB, TILES>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = true;
-    }
+    const mma_tune tu = get_mma_tune();
     const int tiles = (a.N + 15) / 16, groups = (tiles + TILES - 1) / TILES, tpb = PT_MMA_WARPS / a.S;
     const unsigned blocks = (unsigned)((groups + tpb - 1) / tpb);
-    gemv_mma_kernel<BITS, GS, NB, TILES><<<blocks, PT_MMA_WARPS * 32, smem, c->stream>>>(a);
-    CUDA_CHECK_LAUNCH("gemv (tensor cores)");
+    static int attr_st = 0; /* the dynamic shared memory opted in, per instantiation */
+    const size_t smem = pt_mma_smem(BITS, GS, NB, TILES);
+    if (!attr_st && smem > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_mma_kernel<BITS, GS, NB, TILES>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_st = 1;
+    }
+    CUDA_CHECK(launch_k(gemv_mma_kernel<BITS, GS, NB, TILES>, blocks, PT_MMA_WARPS * 32, smem, c->stream, tu.pdl != 0,
+                        a));
     return PT_OK;
 }
 
@@ -693,10 +718,6 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
     if ((w->rows > INT32_MAX || w->cols > INT32_MAX) && T > PT_GEMV_MAX_T)
         return pt_error(PT_ERR_UNSUPPORTED, "matmul: dimensions beyond cuBLAS's int range");
     if (T > PT_GEMV_MAX_T) return gemm(c, y, x, T, w, expert);
-    {
-        pt_status st = try_mma(c, y, x, T, w, expert);
-        if (st != PT_ERR_UNSUPPORTED) return st;
-    }
     /* Quantized rows need 16-byte aligned input for the vector loads. */
     const float *xin = x;
     if ((uintptr_t)x % 16) {
@@ -704,6 +725,10 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
             return pt_error(PT_ERR_INVALID_ARG, "matmul: unaligned input and no scratch reserved");
         CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
         xin = (const float *)c->xconv;
+    }
+    {
+        pt_status st = try_mma(c, y, xin, T, w, expert);
+        if (st != PT_ERR_UNSUPPORTED) return st;
     }
     gemv_args a = make_args(c, w, y, xin);
     a.expert = expert;
@@ -726,9 +751,10 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
  * version runs every row through exactly the T = 1 GEMV code path: one launch
  * whose items (grid.y) are the T rows, with the launch shape chosen as for a
  * single row (the fast kernel's warps per row depend on the item count
- * otherwise, and with them the reduction order). Rows share no weight loads
- * beyond what the L2 cache happens to keep: correct and invariant, not yet
- * the B-row GEMV that reads each weight tile once for all rows. */
+ * otherwise, and with them the reduction order). In bf16 activation mode
+ * with 4/8-bit weights the tensor-core GEMV serves it instead, 8 rows per
+ * launch sharing every weight load (its T = 1 and T = 8 launches reduce each
+ * row identically). */
 pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
                               int64_t expert) {
     pt_cuda *c = pt_cuda_of(be);
@@ -750,6 +776,15 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
         }
         CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
         xin = (const float *)c->xconv;
+    }
+    /* The tensor-core GEMV (bf16 activations, 4/8-bit): up to 8 rows per
+     * launch, each row bit-identical to the T = 1 call (gemv_mma.cuh). */
+    for (int64_t t = 0; t < T; t += 8) {
+        const int64_t nb = T - t < 8 ? T - t : 8;
+        pt_status st = try_mma(c, y + t * w->rows, xin + t * w->cols, nb, w, expert);
+        if (st == PT_ERR_UNSUPPORTED && t == 0) break; /* not this weight or mode: the FMA kernels */
+        PT_TRY(st);
+        if (t + nb == T) return PT_OK;
     }
     gemv_args a = make_args(c, w, y, xin);
     a.expert = expert;
