@@ -2,7 +2,7 @@
 http.client, streamed SSE; a measuring harness, not part of petrel).
 
   loadgen.py --port P --streams N [--tokens 128] [--prompt-len 16] [--vocab V]
-             [--host 127.0.0.1] [--seed 1] [--label TEXT]
+             [--host 127.0.0.1] [--seed 1] [--label TEXT] [--verify K]
 
 Starts N concurrent streamed POST /v1/completions requests at once, each with
 its own prompt of --prompt-len random token ids below --vocab (distinct per
@@ -18,7 +18,10 @@ agg = all completion tokens / wall time from the first request to the last
 end; per-stream = (tokens - 1) / (last chunk - first chunk) of that stream;
 mean batch = the server's petrel_batch_size _sum/_count over the run
 (/metrics before and after). A stream that fails or ends without [DONE] makes
-the run exit non-zero.
+the run exit non-zero. --verify K then reruns the first K prompts one at a
+time and requires each reply (text) to equal its reply in the batch (batch
+invariance end to end; greedy); those K streams get one-token prompts (see
+the comment in main).
 """
 import argparse
 import http.client
@@ -59,6 +62,7 @@ def one_stream(host, port, prompt, n_gen, go, res, i):
         first = last = None
         tokens = None
         done = False
+        text = []
         for line in resp:
             if not line.startswith(b"data: "):
                 continue
@@ -72,12 +76,13 @@ def one_stream(host, port, prompt, n_gen, go, res, i):
             if d.get("usage"):
                 tokens = d["usage"]["completion_tokens"]
             if d.get("choices") and d["choices"][0].get("text"):
+                text.append(d["choices"][0]["text"])
                 now = time.perf_counter()
                 first = first or now
                 last = now
         t1 = time.perf_counter()
         r.update(ok=done and tokens is not None and first is not None, t0=t0, t1=t1, first=first, last=last,
-                 tokens=tokens)
+                 tokens=tokens, text="".join(text))
     except Exception as e:  # reported below, the run fails
         r["error"] = repr(e)
     res[i] = r
@@ -93,9 +98,17 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--label", default="")
+    ap.add_argument("--verify", type=int, default=0,
+                    help="then rerun the first K prompts one at a time: each reply must equal its reply in the batch")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     prompts = [[rnd.randrange(16, a.vocab - 16) for _ in range(a.prompt_len)] for _ in range(a.streams)]
+    # the streams that --verify reruns get one-token prompts: a rerun finds
+    # its prompt in the server's prompt cache and runs only the last prompt
+    # token again, which for a one-token prompt is the very same computation
+    # (for longer prompts a different chunking, which may round differently)
+    for i in range(min(a.verify, a.streams)):
+        prompts[i] = prompts[i][:1]
     m0 = metrics(a.host, a.port)
     go = threading.Event()
     res = [None] * a.streams
@@ -129,6 +142,21 @@ def main():
           f"{out['ttft_median_ms']:.0f}/{out['ttft_p90_ms']:.0f}/{out['ttft_max_ms']:.0f} ms  mean batch "
           f"{out['mean_batch']:.1f}  ({total} tokens in {wall:.2f} s)")
     print("JSON " + json.dumps(out))
+    if a.verify:
+        same = 0
+        for i in range(min(a.verify, a.streams)):
+            alone = [None]
+            ev = threading.Event()
+            ev.set()
+            one_stream(a.host, a.port, prompts[i], a.tokens, ev, alone, 0)
+            if alone[0] and alone[0]["ok"] and alone[0]["text"] == res[i]["text"]:
+                same += 1
+            else:
+                print(f"verify: stream {i} differs alone vs batched: {alone[0] and alone[0].get('text', '')[:80]!r} vs "
+                      f"{res[i]['text'][:80]!r}", file=sys.stderr)
+        print(f"verify: {same} of {min(a.verify, a.streams)} replies identical alone and in the batch of {a.streams}")
+        if same != min(a.verify, a.streams):
+            sys.exit(1)
 
 
 if __name__ == "__main__":

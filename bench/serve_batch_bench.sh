@@ -9,7 +9,8 @@
 #   MODEL_DIR is written first when absent: bench/make_synth_model.py
 #   MODEL_DIR llama-3.1-8b (random 4-bit weights of the published shape).
 #   LEVELS default "1 8 32 64"; TOKENS (generated per stream) default 64.
-# Environment: PROMPT_LEN (default 16), CTX (default 1024), PARALLEL (64).
+# Environment: PROMPT_LEN (default 16), CTX (default 1024), PARALLEL (64),
+# VERIFY (default 2: per level, the first 2 replies rerun alone must be identical).
 set -eu
 cd "$(dirname "$0")/.."
 PETREL=$1
@@ -44,6 +45,6 @@ for n in $LEVELS; do
 done
 for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens "$TOKENS" --prompt-len "$PROMPT_LEN" --vocab "$V" \
-    --seed "$n" --label "$(basename "$MODEL")"
+    --seed "$n" --label "$(basename "$MODEL")" --verify "${VERIFY:-2}"
 done
 python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith('petrel_batch_size')))" "http://127.0.0.1:$PORT/metrics"
