@@ -9,6 +9,8 @@
  *   - sessions joining (prefilled between steps) and leaving at different
  *     steps, two of them cancelled mid-batch;
  *   - the same step run eagerly (--compiled-decode off);
+ *   - with 8-bit quantized KV converting mid-run (those sessions' steps run
+ *     the per-sequence ops row by row, outside the graphs);
  *   - on the bundled 4-bit demo model (bf16 and f32 activations), on the
  *     llama-3.2-1b shape with random 4-bit weights (the real projection
  *     widths of the fast GEMV), and on the family fixtures the CUDA backend
@@ -123,9 +125,15 @@ static int run_batched(pt_model *m, ref_t *r, int n, const int *join, const int 
     return bad;
 }
 
+static int g_kv_quant; /* --kv-quant for the next loads (0 = off) */
+
 static pt_model *load(const char *dir, pt_compute_dtype dt, int compiled) {
     pt_model_params mp = pt_model_default_params();
     mp.device = PT_DEVICE_CUDA;
+    if (g_kv_quant) {
+        mp.kv_quant = g_kv_quant;
+        mp.quantized_kv_start = 8; /* each session's cache converts at its own step */
+    }
     mp.dtype = dt;
     mp.compiled_decode = compiled ? PT_LEVER_ON : PT_LEVER_OFF;
     pt_model *m = NULL;
@@ -137,7 +145,9 @@ static pt_model *load(const char *dir, pt_compute_dtype dt, int compiled) {
     return m;
 }
 
-/* want_graph: the compiled run must have replayed graphs (no longrope). */
+/* want_graph: 1 = the compiled run must have replayed graphs and the eager
+ * one run in table mode; 0 = both in table mode, eagerly (longrope); -1 =
+ * quantized KV: steps with a converted cache must have run in row mode. */
 static void check_model(const char *dir, pt_compute_dtype dt, int every_size, int want_graph) {
     if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
         printf("INFO batch: %s absent, skipped\n", dir);
@@ -174,8 +184,9 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
         pt_batch_counts(m, cnt);
         printf("INFO %s dtype %d compiled %d: %lld steps from graphs, %lld eager table steps, %lld row-mode steps\n",
                dir, (int)dt, compiled, (long long)cnt[0], (long long)cnt[1], (long long)cnt[2]);
-        if (compiled && want_graph) CHECK(cnt[0] > 0 && cnt[2] == 0, "%s: steps did not replay graphs", dir);
-        if (!compiled) CHECK(cnt[1] > 0 && cnt[2] == 0, "%s: eager steps did not run in table mode", dir);
+        if (want_graph < 0) CHECK(cnt[2] > 0, "%s: quantized KV: no step ran in row mode", dir);
+        else if (compiled && want_graph) CHECK(cnt[0] > 0 && cnt[2] == 0, "%s: steps did not replay graphs", dir);
+        else CHECK(cnt[1] > 0 && cnt[2] == 0, "%s: eager steps did not run in table mode", dir);
         if (m != m1) pt_model_free(&m);
     }
     free(r.logits);
@@ -196,6 +207,9 @@ static void test_batch_cuda_demo(void) {
     if (!gpu_ok()) TEST_SKIP("no GPU");
     check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 1, 1);
     check_model("models/kjv-llama-4bit", PT_COMPUTE_F32, 0, 1);
+    g_kv_quant = 8; /* quantized caches take the per-sequence ops (row mode) */
+    check_model("models/kjv-llama-4bit", PT_COMPUTE_MODEL, 0, -1);
+    g_kv_quant = 0;
 }
 
 static void test_batch_cuda_llama_1b_shape(void) {
