@@ -81,7 +81,9 @@ def one_stream(host, port, prompt, n_gen, go, res, i):
                 first = first or now
                 last = now
         t1 = time.perf_counter()
-        r.update(ok=done and tokens is not None and first is not None, t0=t0, t1=t1, first=first, last=last,
+        # a reply whose tokens decode to no text (random weights can do that)
+        # is complete but has no first-token time: counted, not timed
+        r.update(ok=done and tokens is not None, t0=t0, t1=t1, first=first, last=last,
                  tokens=tokens, text="".join(text))
     except Exception as e:  # reported below, the run fails
         r["error"] = repr(e)
@@ -127,8 +129,9 @@ def main():
         sys.exit(1)
     total = sum(r["tokens"] for r in res)
     wall = max(r["t1"] for r in res) - min(r["t0"] for r in res)
-    per = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in res if r["tokens"] > 1 and r["last"] > r["first"]]
-    ttft = sorted((r["first"] - r["t0"]) * 1e3 for r in res)
+    timed = [r for r in res if r["first"] is not None]
+    per = [(r["tokens"] - 1) / (r["last"] - r["first"]) for r in timed if r["tokens"] > 1 and r["last"] > r["first"]]
+    ttft = sorted((r["first"] - r["t0"]) * 1e3 for r in timed) or [0.0]
     steps = m1["petrel_batch_size_count"] - m0["petrel_batch_size_count"]
     rows = m1["petrel_batch_size_sum"] - m0["petrel_batch_size_sum"]
     out = {
@@ -136,11 +139,13 @@ def main():
         "per_stream_median_tok_s": statistics.median(per) if per else 0.0, "per_stream_min_tok_s": min(per) if per else 0.0,
         "ttft_median_ms": statistics.median(ttft), "ttft_p90_ms": ttft[int(0.9 * (len(ttft) - 1))],
         "ttft_max_ms": ttft[-1], "mean_batch": rows / steps if steps else 0.0, "tokens": total, "wall_s": wall,
+        "untimed_streams": len(res) - len(timed),
     }
     print(f"{a.label} streams {a.streams:3d}  agg {out['agg_tok_s']:8.1f} tok/s  per-stream median "
           f"{out['per_stream_median_tok_s']:7.1f} (min {out['per_stream_min_tok_s']:6.1f}) tok/s  TTFT median/p90/max "
           f"{out['ttft_median_ms']:.0f}/{out['ttft_p90_ms']:.0f}/{out['ttft_max_ms']:.0f} ms  mean batch "
-          f"{out['mean_batch']:.1f}  ({total} tokens in {wall:.2f} s)")
+          f"{out['mean_batch']:.1f}  ({total} tokens in {wall:.2f} s"
+          + (f"; {out['untimed_streams']} replies without text, not timed" if out["untimed_streams"] else "") + ")")
     print("JSON " + json.dumps(out))
     if a.verify:
         same = 0
