@@ -77,7 +77,7 @@ static int setup(void) {
             return 0;
         }
         if (pt_backend_cpu_create(&C_[a], &cp) != PT_OK) return 0;
-        pt_backend_limits lim = {.max_tokens = 200, .max_ctx = 4096, .max_heads = 16, .max_head_dim = 256,
+        pt_backend_limits lim = {.max_tokens = 512, .max_ctx = 4096, .max_heads = 16, .max_head_dim = 256,
                                  .max_cols = 4096};
         if (G_[a]->ops->reserve(G_[a], &lim) != PT_OK || C_[a]->ops->reserve(C_[a], &lim) != PT_OK) return 0;
     }

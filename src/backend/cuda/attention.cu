@@ -12,7 +12,10 @@
  * order, so the output is deterministic.
  *
  * Quantized KV caches (L2) are kv_quant.cu's: kv_append and attention
- * hand them over. */
+ * hand them over. Prefill chunks in bf16 over a bf16 cache run the
+ * tensor-core flash kernel of flash_attn.cu; this file's one-block-per-
+ * (token, head) kernel takes the other prefill cases (f32 activations, f32/
+ * f16 caches, head dims without a flash instantiation). */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_fp16.h>
@@ -404,6 +407,10 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
     if (T * p->n_heads > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "attention: grid too large");
     if (kv->bits) return pt_cuda_attention_q(be, out, q, T, pos, kv, p); /* kv_quant.cu */
     if (T <= 0) return PT_OK;
+    if (T > 1) { /* bf16 prefill over a bf16 cache: flash_attn.cu (tensor cores) */
+        pt_status st = pt_cuda_flash_prefill(c, out, q, T, pos, kv, p);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     attn_args a = {out, q, kv->k, kv->v, pos, p->n_heads, kv->n_kv, p->head_dim, kv->capacity,
                    p->scale, p->softcap, p->window, pt_cuda_bf(be)};
     switch (kv->dtype) {

@@ -15,7 +15,8 @@
  *                 the [C, C] triangular system in shared memory; when they
  *                 do not fit (large head dims) the recurrence runs instead
  *                 (the same recurrence; equal up to f32 rounding).
- *   rms_norm_gated one block per row.
+ *   rms_norm_gated one block per row (the sum of squares by one thread, in
+ *                 the CPU's order).
  *   copy_rows     cudaMemcpy2DAsync.
  *   sigmoid_mul   one thread per element.
  *
@@ -318,12 +319,19 @@ pt_status pt_cuda_delta_rule(pt_backend *be, float *out, const float *qkv, const
 
 __global__ void rms_norm_gated_kernel(float *y, const float *x, const float *z, int64_t D, const void *w, pt_ftype wt,
                                       float eps, int bf) {
-    __shared__ float red[32];
+    __shared__ float ssh;
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D, *zr = z + r * D;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = mad(ss, xr[i], xr[i]);
-    ss = pt_block_sum(ss, red);
+    /* Σx² in the CPU's order (one thread; rows are head_dim long): in bf16
+     * mode a last-bit difference in the norm would flip roundings of the
+     * output, which the ill-conditioned DeltaNet stack then amplifies */
+    if (threadIdx.x == 0) {
+        float acc = 0.0f;
+        for (int64_t i = 0; i < D; i++) acc = mad(acc, xr[i], xr[i]);
+        ssh = acc;
+    }
+    __syncthreads();
+    const float ss = ssh;
     const float inv = __fdiv_rn(1.0f, sqrtf(add(__fdiv_rn(ss, (float)D), eps)));
     float *yr = y + r * D;
     for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {

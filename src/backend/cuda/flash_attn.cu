@@ -1,0 +1,265 @@
+/* Flash attention for prefill chunks (T > 1) on tensor cores: bf16
+ * activations over a bf16 KV cache (the production case; other dtypes and
+ * modes take attention.cu's kernel). Causal, sliding window, soft-cap, GQA,
+ * rotating caches (slot = position % capacity), head_dim 32..256 in steps
+ * the templates list.
+ *
+ * A block takes 64 query rows (consecutive tokens) of one query head; each
+ * of its 4 warps owns 16 rows. K and V tiles of 32 keys are staged in
+ * shared memory (V transposed) and shared by the 64 rows; scores and p·V
+ * are mma.sync m16n8k16 bf16 products with f32 accumulation. The query, the
+ * cache and (after rounding) the probabilities are bf16 values already, so
+ * the products are exact and only the order of the f32 sums differs from
+ * the CPU reference.
+ *
+ * The softmax keeps the reference's rounding points (backend.h: scores
+ * rounded after the dot and after ·scale, soft-cap steps rounded,
+ * probabilities rounded to bf16 before p·V), so it cannot be the one-pass
+ * online form: pass 1 runs over the key tiles for the exact row max and sum
+ * of exp (online within the pass), pass 2 recomputes the same scores, forms
+ * p = round(exp(s − max)/sum) and accumulates p·V. Twice the QKᵀ work of a
+ * one-pass kernel, no score matrix in memory, deterministic.
+ *
+ * Not here: decode (T == 1, attention.cu's split kernels), f32 activations
+ * or f32/f16 caches, quantized caches (kv_quant.cu). */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FA_ROWS 64 /* query rows per block (4 warps × 16) */
+#define FA_BK 32   /* keys per tile */
+#define FA_THREADS 128
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x = lo: the lower k index in the low half */
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+struct fa_args {
+    float *out;
+    const float *q;
+    const __nv_bfloat16 *k, *v;
+    const int32_t *pos;
+    int64_t T, cap;
+    int nh, nkv;
+    float scale, softcap;
+    int window;
+};
+
+/* The scores of this thread's 2 rows × 8 keys of the tile (rounded,
+ * soft-capped, masked to -inf), from Q rows in shared memory and the K tile. */
+template <int D>
+__device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat16 *Qs, const __nv_bfloat16 *Ks,
+                                            int warp, int lane, int64_t j0, const int64_t (&prow)[2],
+                                            const fa_args &a) {
+    constexpr int QS = D + 8, KS = D + 8;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[nt][i] = 0.f;
+    const int r0 = warp * 16 + (lane >> 2), c0 = (lane & 3) * 2;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        uint32_t af[4];
+        const __nv_bfloat16 *qa = Qs + r0 * QS + ks * 16 + c0;
+        af[0] = *reinterpret_cast<const uint32_t *>(qa);
+        af[1] = *reinterpret_cast<const uint32_t *>(qa + 8 * QS);
+        af[2] = *reinterpret_cast<const uint32_t *>(qa + 8);
+        af[3] = *reinterpret_cast<const uint32_t *>(qa + 8 * QS + 8);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const __nv_bfloat16 *kb = Ks + (nt * 8 + (lane >> 2)) * KS + ks * 16 + c0;
+            mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 8));
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
+            const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
+            float v = pt_round_bf(pt_round_bf(s[nt][i]) * a.scale);
+            if (a.softcap > 0.f) v = pt_round_bf(pt_round_bf(tanhf(pt_round_bf(v / a.softcap))) * a.softcap);
+            s[nt][i] = ok ? v : -INFINITY;
+        }
+}
+
+/* Stages keys [j0, j0 + FA_BK) (rows beyond hi or below 0 zero-filled): K
+ * as [key][d], V transposed as [d][key]. */
+template <int D>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 *Ks, __nv_bfloat16 *Vt, const fa_args &a, int kh, int64_t j0,
+                                          int64_t hi, bool with_v) {
+    constexpr int KS = D + 8, VS = FA_BK + 8, C8 = D / 8;
+    for (int idx = threadIdx.x; idx < FA_BK * C8; idx += blockDim.x) {
+        const int r = idx / C8, c = (idx % C8) * 8;
+        const int64_t j = j0 + r;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (j >= 0 && j <= hi) {
+            const int64_t off = ((int64_t)kh * a.cap + j % a.cap) * D + c;
+            kv = *reinterpret_cast<const uint4 *>(a.k + off);
+            if (with_v) vv = *reinterpret_cast<const uint4 *>(a.v + off);
+        }
+        *reinterpret_cast<uint4 *>(Ks + r * KS + c) = kv;
+        if (with_v) {
+            const __nv_bfloat16 *ve = reinterpret_cast<const __nv_bfloat16 *>(&vv);
+#pragma unroll
+            for (int i = 0; i < 8; i++) Vt[(c + i) * VS + r] = ve[i];
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int QS = D + 8, KS = D + 8, VS = FA_BK + 8, NT = D / 8;
+    __nv_bfloat16 *Qs = reinterpret_cast<__nv_bfloat16 *>(fa_smem);
+    __nv_bfloat16 *Ks = Qs + FA_ROWS * QS;
+    __nv_bfloat16 *Vt = Ks + FA_BK * KS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.y, kh = h / (a.nh / a.nkv);
+    const int64_t t0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int64_t tend = t0 + FA_ROWS < a.T ? t0 + FA_ROWS : a.T;
+    /* positions are consecutive (backend.h): row t sits at pos[0] + t */
+    const int64_t p0 = a.pos[0];
+    const int64_t hi = p0 + tend - 1;
+    const int64_t lo = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
+    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        const int64_t t = t0 + r;
+        Qs[r * QS + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] : 0.f);
+    }
+    /* this thread's two rows: positions (-1: a padding row, every key masked) */
+    int64_t prow[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        prow[rr] = t < a.T ? p0 + t : -1;
+    }
+    /* pass 1: row max and sum of exp */
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float s[4][4];
+    for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
+        __syncthreads();
+        load_tile<D>(Ks, Vt, a, kh, j0, hi, false);
+        __syncthreads();
+        tile_scores<D>(s, Qs, Ks, warp, lane, j0, prow, a);
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float tm = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) tm = fmaxf(tm, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+            const float mn = fmaxf(m[rr], tm);
+            if (mn == -INFINITY) continue;
+            float acc = m[rr] == -INFINITY ? 0.f : l[rr] * expf(m[rr] - mn);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float v = s[nt][2 * rr + i];
+                    if (v != -INFINITY) acc += expf(v - mn);
+                }
+            l[rr] = acc;
+            m[rr] = mn;
+        }
+    }
+    float inv[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        float L = l[rr];
+        L += __shfl_xor_sync(0xffffffffu, L, 1);
+        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        inv[rr] = m[rr] == -INFINITY ? 0.f : 1.0f / L;
+    }
+    /* pass 2: p = round(exp(s − max)/sum), O += p·V */
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[nt][i] = 0.f;
+    for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
+        __syncthreads();
+        load_tile<D>(Ks, Vt, a, kh, j0, hi, true);
+        __syncthreads();
+        tile_scores<D>(s, Qs, Ks, warp, lane, j0, prow, a);
+        /* the C fragments of two adjacent 8-key tiles are the A fragment of
+         * one 16-key step (rows lane/4 and +8, keys (lane%4)·2 and +8) */
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            float p[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float v = s[2 * kk + u][i];
+                    p[u][i] = v == -INFINITY ? 0.f : pt_round_bf(expf(v - m[i >> 1]) * inv[i >> 1]);
+                }
+            uint32_t af[4] = {pack_bf2(p[0][0], p[0][1]), pack_bf2(p[0][2], p[0][3]), pack_bf2(p[1][0], p[1][1]),
+                              pack_bf2(p[1][2], p[1][3])};
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const __nv_bfloat16 *vb = Vt + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
+                mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vb),
+                         *reinterpret_cast<const uint32_t *>(vb + 8));
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        if (t >= a.T) continue;
+        float *orow = a.out + (t * a.nh + h) * D;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int c = nt * 8 + (lane & 3) * 2;
+            orow[c] = pt_round_bf(o[nt][2 * rr]);
+            orow[c + 1] = pt_round_bf(o[nt][2 * rr + 1]);
+        }
+    }
+}
+
+template <int D>
+static pt_status launch(pt_cuda *c, const fa_args &a) {
+    const size_t shm = ((size_t)FA_ROWS * (D + 8) + (size_t)FA_BK * (D + 8) + (size_t)D * (FA_BK + 8)) * 2;
+    static bool raised = false; /* the opt-in above 48 KiB, once per instantiation */
+    if (!raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        raised = true;
+    }
+    dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.nh);
+    flash_prefill_kernel<D><<<grid, FA_THREADS, shm, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH("flash attention (prefill)");
+    return PT_OK;
+}
+
+pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
+                                const pt_kv_layer *kv, const pt_attn *p) {
+    static int off = -1; /* PETREL_CUDA_FLASH=0: attention.cu's kernel instead (A/B measurements) */
+    if (off < 0) {
+        const char *e = getenv("PETREL_CUDA_FLASH");
+        off = e && !strcmp(e, "0");
+    }
+    if (off || T < 2 || kv->bits || kv->dtype != PT_FT_BF16 || c->base.act != PT_ACT_BF16 || (uintptr_t)kv->k % 16 ||
+        (uintptr_t)kv->v % 16 || T > 65535LL * FA_ROWS || p->n_heads > 65535)
+        return PT_ERR_UNSUPPORTED;
+    fa_args a = {out, q, (const __nv_bfloat16 *)kv->k, (const __nv_bfloat16 *)kv->v, pos, T, kv->capacity,
+                 p->n_heads, kv->n_kv, p->scale, p->softcap, p->window};
+    switch (p->head_dim) {
+    case 32: return launch<32>(c, a);
+    case 64: return launch<64>(c, a);
+    case 80: return launch<80>(c, a);
+    case 96: return launch<96>(c, a);
+    case 128: return launch<128>(c, a);
+    case 256: return launch<256>(c, a);
+    default: return PT_ERR_UNSUPPORTED;
+    }
+}
