@@ -19,7 +19,9 @@
  *
  * Gates, per Gemma 4 fixture and for 4 and 8 bits: the quantized engine's
  * logits (prompt positions and 31 teacher-forced decode steps) within
- * 1e-5 × max|logit| of the reference, greedy choice identical, and every
+ * 1e-4 × max|logit| of the reference (DESIGN.md's L2 gate; measured up to
+ * 8e-6: the engine sums the same products in another order, and Gemma 4's
+ * scale-1 attention amplifies rounding), greedy choice identical, and every
  * layer's hidden state on the prompt within 1e-5 of its scale. Printed
  * (MEASURE): the deltas, and the mean KL of each bit width against L1 with
  * K only, V only and both quantized — the numbers docs/flags.md records. */
@@ -265,7 +267,7 @@ static void check_fixture(const char *fx, int gs, int chunk) {
         printf("MEASURE kv_gemma4 %s %d-bit (group %d, chunk %d): engine vs quantize->dequantize reference max|dlogit| "
                "%.3g of max|logit| %.3g (ratio %.3g) over %d rows, argmax %s\n",
                fx, bits, gs, chunk, md, ml, md / ml, R, same ? "identical" : "DIFFERS");
-        CHECK(md <= 1e-5 * ml, "%s %d-bit KV: max|dlogit| %.3g exceeds 1e-5 x %.3g against the reference", fx, bits, md,
+        CHECK(md <= 1e-4 * ml, "%s %d-bit KV: max|dlogit| %.3g exceeds 1e-4 x %.3g against the reference", fx, bits, md,
               ml);
         CHECK(same, "%s %d-bit KV: argmax differs from the reference", fx, bits);
         CHECK(be_.L == br.L && be_.L >= 2, "%s: hidden states captured (%d vs %d entries)", fx, be_.L, br.L);

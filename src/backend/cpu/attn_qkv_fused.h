@@ -10,7 +10,8 @@
 
 #define PT_FUSED_BLOCK 128
 
-/* Floats of per-thread scratch pt_cpu_fused_block_avx512 needs. */
+/* Floats of per-thread scratch pt_cpu_fused_block_avx512 (and, besides its
+ * score rows, pt_cpu_qattn_item_avx512) needs. */
 size_t pt_cpu_fused_block_scratch(int G, int hd, int ng);
 
 /* One (KV head kh, key block) of the fused decode attention over a 4- or
@@ -27,5 +28,17 @@ size_t pt_cpu_fused_block_scratch(int G, int hd, int ng);
  * when the backend picked the AVX-512 kernels. */
 int pt_cpu_fused_block_avx512(float *part, const float *qx, const float *qs, int G, const pt_kv_layer *kv, int kh,
                               int64_t p0, int nb, float softcap, int bf16, float *scr);
+
+/* The exact quantized attention (cpu_attention.c) of one (token, KV head)
+ * item with the same machinery: scores of nkeys keys from position lo into
+ * S [G, nkeys] (rounded and soft-capped as above), softmax_row (the
+ * backend's two-pass softmax, probabilities normalized and, with bf16,
+ * rounded) on each head's row, then p·V in blocks of PT_FUSED_BLOCK rows with
+ * dequantization factored out (Σ_j (p_j·scale_jb)·q_j + Σ_j p_j·bias_jb).
+ * out [G, hd] receives the unrounded sums. Same shape limits and return
+ * value as pt_cpu_fused_block_avx512. */
+int pt_cpu_qattn_item_avx512(float *out, const float *qx, const float *qs, int G, const pt_kv_layer *kv, int kh,
+                             int64_t lo, int64_t nkeys, float softcap, int bf16,
+                             void (*softmax_row)(float *, int64_t, float, int), float *S, float *scr);
 
 #endif

@@ -35,8 +35,8 @@
 #define INLINE static inline __attribute__((always_inline))
 
 size_t pt_cpu_fused_block_scratch(int G, int hd, int ng) {
-    /* S [G, BLOCK] | coef [BLOCK, G, ng] | bsum [G, ng] | tmp [hd] */
-    return (size_t)G * PT_FUSED_BLOCK + (size_t)PT_FUSED_BLOCK * G * ng + (size_t)G * ng + (size_t)hd + 16;
+    /* S [G, BLOCK] | coef [BLOCK, G, ng] | bsum [G, ng] | raw [G, hd] */
+    return (size_t)G * PT_FUSED_BLOCK + (size_t)PT_FUSED_BLOCK * G * ng + (size_t)G * ng + (size_t)G * hd + 16;
 }
 
 INLINE float ld_param(const void *base, int bf, size_t i) {
@@ -71,16 +71,16 @@ INLINE __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* Scores of nb keys for G heads: S[g·BLOCK + j]. */
-INLINE void scores(float *S, const float *qx, const float *qs, const int G, const int bits, int hd, int gs,
-                   const pt_kv_layer *kv, int kh, int64_t p0, int nb, float softcap, int bf16) {
+/* Scores of nb keys (positions p0 ..) for G heads: S[g·lds + j]. */
+INLINE void scores(float *S, int64_t lds, const float *qx, const float *qs, const int G, const int bits, int hd, int gs,
+                   const pt_kv_layer *kv, int kh, int64_t p0, int64_t nb, float softcap, int bf16) {
     const int ng = hd / gs, pbf = kv->dtype == PT_FT_BF16;
     const int64_t cap = kv->capacity;
     const size_t rb = (size_t)hd * bits / 8; /* code bytes per row */
     const uint8_t *cbase = (const uint8_t *)kv->k + (size_t)kh * cap * rb;
     const size_t pbase = (size_t)kh * cap * ng;
     int64_t slot = p0 % cap;
-    for (int j = 0; j < nb; j++, slot = slot + 1 == cap ? 0 : slot + 1) {
+    for (int64_t j = 0; j < nb; j++, slot = slot + 1 == cap ? 0 : slot + 1) {
         const uint8_t *cr = cbase + (size_t)slot * rb;
         __m512 tot[8];
 #pragma GCC unroll 8
@@ -120,21 +120,25 @@ INLINE void scores(float *S, const float *qx, const float *qs, const int G, cons
                 c = bf16 ? pt_round_bf16(tanhf(c)) : tanhf(c);
                 r = bf16 ? pt_round_bf16(c * softcap) : c * softcap;
             }
-            S[g * PT_FUSED_BLOCK + j] = r;
+            S[g * lds + j] = r;
         }
     }
 }
 
-/* p·V over the block for one slice [c0, c0 + 16·NV) of head_dim, all G heads
- * in registers; coef [nb, G, ng] = p_j·scale_jb, bsum [G, ng] = Σ_j p_j·bias_jb. */
-INLINE void pv_slice(float *part, const float *coef, const float *bsum, const int G, const int NV, const int bits,
-                     int hd, int gs, const uint8_t *cbase, size_t rb, int64_t cap, int64_t p0, int nb, int c0) {
+/* p·V over nb rows (positions p0 ..) for one slice [c0, c0 + 16·NV) of
+ * head_dim, all G heads in registers; coef [nb, G, ng] = p_j·scale_jb.
+ * raw [G, hd] holds the running sums without the bias terms, in the codes'
+ * order (4-bit: per 32 values the 16 even then the 16 odd ones); first:
+ * start from 0 instead of raw. */
+INLINE void pv_slice(float *raw, const float *coef, const int G, const int NV, const int bits, int hd, int gs,
+                     const uint8_t *cbase, size_t rb, int64_t cap, int64_t p0, int nb, int c0, int first) {
     const int ng = hd / gs;
     __m512 acc[8][4];
 #pragma GCC unroll 8
     for (int g = 0; g < G; g++)
 #pragma GCC unroll 4
-        for (int i = 0; i < NV; i++) acc[g][i] = _mm512_setzero_ps();
+        for (int i = 0; i < NV; i++)
+            acc[g][i] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(raw + (size_t)g * hd + c0 + 16 * i);
     int64_t slot = p0 % cap;
     for (int j = 0; j < nb; j++, slot = slot + 1 == cap ? 0 : slot + 1) {
         const uint8_t *cr = cbase + (size_t)slot * rb;
@@ -153,36 +157,76 @@ INLINE void pv_slice(float *part, const float *coef, const float *bsum, const in
             for (int i = 0; i < NV; i++)
                 acc[g][i] = _mm512_fmadd_ps(v[i], _mm512_set1_ps(cf[g * ng + (c0 + 16 * i) / gs]), acc[g][i]);
     }
-    /* store with the bias sums; 4-bit: lanes of vectors 2i / 2i+1 are the even
-     * / odd values of a 32-value block, interleaved back here */
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; i++) _mm512_storeu_ps(raw + (size_t)g * hd + c0 + 16 * i, acc[g][i]);
+}
+
+/* out[g·ldo + d] = raw + the bias sums bsum [G, ng], in natural order (4-bit:
+ * the even / odd halves of each 32 values interleaved back). */
+static void pv_finish(float *out, int64_t ldo, const float *raw, const float *bsum, int G, int bits, int hd, int gs) {
+    const int ng = hd / gs;
     const __m512i ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     const __m512i ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-#pragma GCC unroll 8
     for (int g = 0; g < G; g++) {
-        float *a = part + (size_t)g * (2 + hd) + 2;
-        if (bits == 8) {
-#pragma GCC unroll 4
-            for (int i = 0; i < NV; i++)
-                _mm512_storeu_ps(a + c0 + 16 * i,
-                                 _mm512_add_ps(acc[g][i], _mm512_set1_ps(bsum[g * ng + (c0 + 16 * i) / gs])));
-        } else {
-#pragma GCC unroll 2
-            for (int i = 0; i < NV; i += 2) {
-                __m512 bb = _mm512_set1_ps(bsum[g * ng + (c0 + 16 * i) / gs]);
-                __m512 e = _mm512_add_ps(acc[g][i], bb), o = _mm512_add_ps(acc[g][i + 1], bb);
-                _mm512_storeu_ps(a + c0 + 16 * i, _mm512_permutex2var_ps(e, ilo, o));
-                _mm512_storeu_ps(a + c0 + 16 * i + 16, _mm512_permutex2var_ps(e, ihi, o));
+        const float *r = raw + (size_t)g * hd;
+        float *a = out + (size_t)g * ldo;
+        for (int c = 0; c < hd; c += 32) {
+            __m512 bb = _mm512_set1_ps(bsum[g * ng + c / gs]);
+            __m512 e = _mm512_add_ps(_mm512_loadu_ps(r + c), bb), o = _mm512_add_ps(_mm512_loadu_ps(r + c + 16), bb);
+            if (bits == 8) {
+                _mm512_storeu_ps(a + c, e);
+                _mm512_storeu_ps(a + c + 16, o);
+            } else {
+                _mm512_storeu_ps(a + c, _mm512_permutex2var_ps(e, ilo, o));
+                _mm512_storeu_ps(a + c + 16, _mm512_permutex2var_ps(e, ihi, o));
             }
         }
     }
 }
 
+/* coef [nb, G, ng] = p_j·scale_jb for nb rows from position p0 (P [G, ldp]:
+ * the weights, row j at P[g·ldp + j]); bsum [G, ng] += Σ_j p_j·bias_jb. */
+static void pv_coef(float *coef, float *bsum, const float *P, int64_t ldp, int G, const pt_kv_layer *kv, int kh,
+                    int64_t p0, int nb) {
+    const int hd = kv->head_dim, ng = hd / kv->group_size, pbf = kv->dtype == PT_FT_BF16;
+    const int64_t cap = kv->capacity;
+    const size_t pbase = (size_t)kh * cap * ng;
+    int64_t slot = p0 % cap;
+    for (int j = 0; j < nb; j++, slot = slot + 1 == cap ? 0 : slot + 1) {
+        float *cf = coef + (size_t)j * G * ng;
+        for (int b = 0; b < ng; b++) {
+            float s = ld_param(kv->v_scales, pbf, pbase + (size_t)slot * ng + b),
+                  o = ld_param(kv->v_biases, pbf, pbase + (size_t)slot * ng + b);
+            for (int g = 0; g < G; g++) {
+                float pj = P[(size_t)g * ldp + j];
+                cf[g * ng + b] = pj * s;
+                bsum[g * ng + b] += pj * o;
+            }
+        }
+    }
+}
+
+/* p·V over nb rows from position p0 into raw (see pv_slice), every slice */
+INLINE void pv_rows(float *raw, const float *coef, const int G, const int bits, const pt_kv_layer *kv, int kh,
+                    int64_t p0, int nb, int first) {
+    const int hd = kv->head_dim, gs = kv->group_size;
+    const int64_t cap = kv->capacity;
+    const size_t rb = (size_t)hd * bits / 8;
+    const uint8_t *vbase = (const uint8_t *)kv->v + (size_t)kh * cap * rb;
+    if (G <= 4 && hd % 64 == 0)
+        for (int c0 = 0; c0 < hd; c0 += 64) pv_slice(raw, coef, G, 4, bits, hd, gs, vbase, rb, cap, p0, nb, c0, first);
+    else
+        for (int c0 = 0; c0 < hd; c0 += 32) pv_slice(raw, coef, G, 2, bits, hd, gs, vbase, rb, cap, p0, nb, c0, first);
+}
+
 INLINE void block(float *part, const float *qx, const float *qs, const int G, const int bits, const pt_kv_layer *kv,
                   int kh, int64_t p0, int nb, float softcap, int bf16, float *scr) {
-    const int hd = kv->head_dim, gs = kv->group_size, ng = hd / gs, pbf = kv->dtype == PT_FT_BF16;
-    const int64_t cap = kv->capacity;
-    float *S = scr, *coef = S + (size_t)G * PT_FUSED_BLOCK, *bsum = coef + (size_t)PT_FUSED_BLOCK * G * ng;
-    scores(S, qx, qs, G, bits, hd, gs, kv, kh, p0, nb, softcap, bf16);
+    const int hd = kv->head_dim, gs = kv->group_size, ng = hd / gs;
+    float *S = scr, *coef = S + (size_t)G * PT_FUSED_BLOCK, *bsum = coef + (size_t)PT_FUSED_BLOCK * G * ng,
+          *raw = bsum + (size_t)G * ng;
+    scores(S, PT_FUSED_BLOCK, qx, qs, G, bits, hd, gs, kv, kh, p0, nb, softcap, bf16);
     /* block max, e^(s - m), sum, per head */
     for (int g = 0; g < G; g++) {
         float *sg = S + (size_t)g * PT_FUSED_BLOCK;
@@ -203,28 +247,30 @@ INLINE void block(float *part, const float *qx, const float *qs, const int G, co
         pg[0] = mx;
         pg[1] = _mm512_reduce_add_ps(vl);
     }
-    /* coefficients p_j·scale_jb and bias sums Σ_j p_j·bias_jb */
-    const size_t pbase = (size_t)kh * cap * ng;
     for (int i = 0; i < G * ng; i++) bsum[i] = 0.0f;
-    int64_t slot = p0 % cap;
-    for (int j = 0; j < nb; j++, slot = slot + 1 == cap ? 0 : slot + 1) {
-        float *cf = coef + (size_t)j * G * ng;
-        for (int b = 0; b < ng; b++) {
-            float s = ld_param(kv->v_scales, pbf, pbase + (size_t)slot * ng + b),
-                  o = ld_param(kv->v_biases, pbf, pbase + (size_t)slot * ng + b);
-            for (int g = 0; g < G; g++) {
-                float pj = S[(size_t)g * PT_FUSED_BLOCK + j];
-                cf[g * ng + b] = pj * s;
-                bsum[g * ng + b] += pj * o;
-            }
-        }
+    pv_coef(coef, bsum, S, PT_FUSED_BLOCK, G, kv, kh, p0, nb);
+    pv_rows(raw, coef, G, bits, kv, kh, p0, nb, 1);
+    pv_finish(part + 2, 2 + hd, raw, bsum, G, bits, hd, gs);
+}
+
+/* The exact quantized attention of one (token, KV head) item: scores of n
+ * keys from position lo into S [G, n], the two-pass softmax of the backend
+ * (softmax_row: probabilities normalized, rounded to bf16 in bf16 mode), then
+ * p·V in blocks of PT_FUSED_BLOCK rows into out [G, hd] (unrounded). */
+INLINE void exact_item(float *out, const float *qx, const float *qs, const int G, const int bits,
+                       const pt_kv_layer *kv, int kh, int64_t lo, int64_t n, float softcap, int bf16,
+                       void (*softmax_row)(float *, int64_t, float, int), float *S, float *scr) {
+    const int hd = kv->head_dim, gs = kv->group_size, ng = hd / gs;
+    float *coef = scr, *bsum = coef + (size_t)PT_FUSED_BLOCK * G * ng, *raw = bsum + (size_t)G * ng;
+    scores(S, n, qx, qs, G, bits, hd, gs, kv, kh, lo, n, softcap, bf16);
+    for (int g = 0; g < G; g++) softmax_row(S + (size_t)g * n, n, 1.0f, bf16);
+    for (int i = 0; i < G * ng; i++) bsum[i] = 0.0f;
+    for (int64_t j0 = 0; j0 < n; j0 += PT_FUSED_BLOCK) {
+        int nb = (int)(n - j0 < PT_FUSED_BLOCK ? n - j0 : PT_FUSED_BLOCK);
+        pv_coef(coef, bsum, S + j0, n, G, kv, kh, lo + j0, nb);
+        pv_rows(raw, coef, G, bits, kv, kh, lo + j0, nb, j0 == 0);
     }
-    const size_t rb = (size_t)hd * bits / 8;
-    const uint8_t *vbase = (const uint8_t *)kv->v + (size_t)kh * cap * rb;
-    if (G <= 4 && hd % 64 == 0)
-        for (int c0 = 0; c0 < hd; c0 += 64) pv_slice(part, coef, bsum, G, 4, bits, hd, gs, vbase, rb, cap, p0, nb, c0);
-    else
-        for (int c0 = 0; c0 < hd; c0 += 32) pv_slice(part, coef, bsum, G, 2, bits, hd, gs, vbase, rb, cap, p0, nb, c0);
+    pv_finish(out, hd, raw, bsum, G, bits, hd, gs);
 }
 
 #define CASE_G(n)                                                                                                 \
@@ -233,11 +279,14 @@ INLINE void block(float *part, const float *qx, const float *qs, const int G, co
         else block(part, qx, qs, n, 4, kv, kh, p0, nb, softcap, bf16, scr);                                        \
         return 1;
 
+static int shape_ok(const pt_kv_layer *kv, int G) {
+    return (kv->bits == 4 || kv->bits == 8) && (kv->dtype == PT_FT_BF16 || kv->dtype == PT_FT_F32) &&
+           kv->group_size >= 32 && kv->head_dim % 32 == 0 && kv->head_dim % kv->group_size == 0 && G >= 1 && G <= 8;
+}
+
 int pt_cpu_fused_block_avx512(float *part, const float *qx, const float *qs, int G, const pt_kv_layer *kv, int kh,
                               int64_t p0, int nb, float softcap, int bf16, float *scr) {
-    if ((kv->bits != 4 && kv->bits != 8) || (kv->dtype != PT_FT_BF16 && kv->dtype != PT_FT_F32) ||
-        kv->group_size < 32 || kv->head_dim % 32 || kv->head_dim % kv->group_size || nb < 1 || nb > PT_FUSED_BLOCK)
-        return 0;
+    if (!shape_ok(kv, G) || nb < 1 || nb > PT_FUSED_BLOCK) return 0;
     switch (G) {
         CASE_G(1)
         CASE_G(2)
@@ -247,6 +296,29 @@ int pt_cpu_fused_block_avx512(float *part, const float *qx, const float *qs, int
         CASE_G(6)
         CASE_G(7)
         CASE_G(8)
+    default: return 0;
+    }
+}
+
+#define CASE_GX(n)                                                                                                \
+    case n:                                                                                                       \
+        if (kv->bits == 8) exact_item(out, qx, qs, n, 8, kv, kh, lo, nkeys, softcap, bf16, softmax_row, S, scr);   \
+        else exact_item(out, qx, qs, n, 4, kv, kh, lo, nkeys, softcap, bf16, softmax_row, S, scr);                 \
+        return 1;
+
+int pt_cpu_qattn_item_avx512(float *out, const float *qx, const float *qs, int G, const pt_kv_layer *kv, int kh,
+                             int64_t lo, int64_t nkeys, float softcap, int bf16,
+                             void (*softmax_row)(float *, int64_t, float, int), float *S, float *scr) {
+    if (!shape_ok(kv, G) || nkeys < 1 || !softmax_row) return 0;
+    switch (G) {
+        CASE_GX(1)
+        CASE_GX(2)
+        CASE_GX(3)
+        CASE_GX(4)
+        CASE_GX(5)
+        CASE_GX(6)
+        CASE_GX(7)
+        CASE_GX(8)
     default: return 0;
     }
 }

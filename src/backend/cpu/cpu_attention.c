@@ -11,7 +11,13 @@
  * src/format/mlx_quant.h; attention over them scores 4 keys at a time with
  * the quantized matvec kernels (the factored form scale·Σq·x + bias·Σx, the
  * pre-scaled query playing x) and dequantizes each value row once for the
- * whole GQA group. */
+ * whole GQA group. With the AVX-512 kernels an item runs
+ * pt_cpu_qattn_item_avx512 instead (attn_qkv_fused_avx512.c): the same
+ * scores, rounding and two-pass softmax, with each key/value row's codes
+ * widened once for the whole group and p·V computed as
+ * Σ_j (p_j·scale_jb)·q_j + Σ_j p_j·bias_jb — the same sums in another
+ * order. */
+#include "backend/cpu/attn_qkv_fused.h"
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
@@ -116,6 +122,7 @@ typedef struct {
     const int32_t *pos;
     const pt_kv_layer *kv;
     const pt_attn *p;
+    int avx512; /* quantized items through pt_cpu_qattn_item_avx512 */
 } attn_ctx;
 
 static void attn_run(void *arg, long i0, long i1, int ith) {
@@ -192,7 +199,8 @@ static void attn_run(void *arg, long i0, long i1, int ith) {
 
 /* Quantized cache: per (token, KV head) item. Scratch per thread:
  * S [G, n] | qx [G, hd] (pre-scaled query, permuted for 4-bit) | qs [G, ng]
- * (its group sums) | acc [G, hd] | sc/bi [4 rows × 2 × ng] | vrow [hd]. */
+ * (its group sums) | acc [G, hd] | sc/bi [4 rows × 2 × ng] | vrow [hd] |
+ * the AVX-512 item kernel's (pt_cpu_fused_block_scratch). */
 static void attn_run_q(void *arg, long i0, long i1, int ith) {
     attn_ctx *a = arg;
     const pt_kv_layer *kv = a->kv;
@@ -222,6 +230,12 @@ static void attn_run_q(void *arg, long i0, long i1, int ith) {
             }
             if (bits == 4) pt_cpu_permute_x4(xg, vrow, hd);
             else memcpy(xg, vrow, (size_t)hd * sizeof(float));
+        }
+        float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
+        if (a->avx512 && pt_cpu_qattn_item_avx512(acc, qx, qs, G, kv, kh, lo, n, p->softcap, act == PT_ACT_BF16,
+                                                  k->softmax_row, S, vrow + hd)) {
+            for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
+            continue;
         }
         for (int64_t j0 = 0; j0 < n; j0 += 4) {
             int nr = (int)(n - j0 < 4 ? n - j0 : 4);
@@ -277,7 +291,6 @@ static void attn_run_q(void *arg, long i0, long i1, int ith) {
                 for (int i = (int)b * gs; i < (int)(b + 1) * gs; i++) vrow[i] = prm[b] * vrow[i] + prm[ng + b];
             for (int g = 0; g < G; g++) k->axpy_f32(acc + (size_t)g * hd, S[(size_t)g * n + j], vrow, hd);
         }
-        float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
         for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
     }
 }
@@ -305,10 +318,12 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p};
+    attn_ctx a = {c, out, q, T, pos, kv, p, c->k == &pt_cpu_kernels_avx512};
     if (kv->bits) {
         size_t ng = (size_t)(p->head_dim / kv->group_size);
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng + (size_t)p->head_dim, 0));
+        PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng +
+                                          (size_t)p->head_dim + pt_cpu_fused_block_scratch(G, p->head_dim, (int)ng),
+                                   0));
         pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run_q, &a);
         return PT_OK;
     }
