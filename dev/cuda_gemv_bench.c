@@ -8,9 +8,9 @@
  * same bf16 inputs), and batch invariance (T = 8 rows in one launch give
  * bit-identical outputs to each row alone).
  * Not a test; built by dev/build_cuda.sh against build-cuda/libpetrel.a.
- * Variants: fma (the previous kernel), mma (gemv_mma_kernel), mma+pdl
- * (launched with programmatic dependent launch: in the timed chain every
- * GEMV overlaps the previous one's tail). Usage: cuda_gemv_bench [tiles wps ...] (extra launch
+ * Variants: fma (the previous kernel), mma (gemv_mma_kernel), mma+pdl (launched with programmatic dependent
+ * launch: in the timed chain every GEMV overlaps the previous one's tail).
+ * GEMV_QUICK=1 in the environment: 4-bit g64 only (8-bit on one shape). Usage: cuda_gemv_bench [tiles wps ...] (extra launch
  * shapes of the default variant to time) */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -106,6 +106,9 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 6; k++) {
             const int bits = kinds[k][0], gs = kinds[k][1];
             if (k >= 2 && strcmp(shapes[s].name, "8b gate/up") && strcmp(shapes[s].name, "1b q/o")) continue;
+            if (getenv("GEMV_QUICK") && (k >= 2 || (k == 1 && strcmp(shapes[s].name, "8b gate/up")) ||
+                                         !strcmp(shapes[s].name, "lm_head 1b")))
+                continue;
             const int64_t N = shapes[s].N, K = shapes[s].K;
             size_t db = (size_t)N * K * bits / 8, sb = (size_t)N * (K / gs) * 2;
             double bytes = (double)db + 2.0 * sb;
@@ -134,10 +137,10 @@ int main(int argc, char **argv) {
             /* correctness: fma vs mma (T = 1); staged vs resident (T = 1, bits);
              * batch invariance (T = 8 in one launch vs each row alone) */
             float *y1 = malloc((size_t)N * 4), *y2 = malloc((size_t)N * 4), *y8 = malloc((size_t)8 * N * 4);
-            pt_cuda_gemv_select(0, 1, 16, 0);
+            pt_cuda_gemv_select(0, 1, 8, 0);
             if (be->ops->matmul(be, st.y, st.x, 1, &st.w[0], 0) != PT_OK) DIE("fma");
             be->ops->download(be, y1, st.y, (size_t)N * 4);
-            pt_cuda_gemv_select(1, 1, 16, 0);
+            pt_cuda_gemv_select(1, 1, 8, 0);
             if (be->ops->matmul(be, st.y, st.x, 1, &st.w[0], 0) != PT_OK) DIE("mma");
             be->ops->download(be, y2, st.y, (size_t)N * 4);
             double num = 0, den = 0;
@@ -146,7 +149,7 @@ int main(int argc, char **argv) {
                 den += (double)y1[i] * y1[i];
             }
             int inv = 1;
-            pt_cuda_gemv_select(1, 1, 16, 0);
+            pt_cuda_gemv_select(1, 1, 8, 0);
             if (be->ops->matmul(be, yb, st.x, 8, &st.w[0], 0) != PT_OK) DIE("mma T=8");
             be->ops->download(be, y8, yb, (size_t)8 * N * 4);
             for (int r = 0; r < 8 && inv; r++) {
@@ -159,13 +162,13 @@ int main(int argc, char **argv) {
             static const int vm[3][2] = {{0, 0}, {1, 0}, {1, 1}};
             for (int round = 0; round < 2; round++)
                 for (int v = 0; v < 3; v++) {
-                    pt_cuda_gemv_select(vm[v][0], 1, 16, vm[v][1]);
+                    pt_cuda_gemv_select(vm[v][0], 1, 8, vm[v][1]);
                     double tt = time_graph(&st, 1, 4);
                     if (tt < tv[v]) tv[v] = tt;
                 }
-            pt_cuda_gemv_select(1, 1, 16, 0);
+            pt_cuda_gemv_select(1, 1, 8, 0);
             double tm8 = time_graph(&st, 8, 2);
-            pt_cuda_gemv_select(0, 1, 16, 0);
+            pt_cuda_gemv_select(0, 1, 8, 0);
             double tf8 = time_graph(&st, 8, 1);
             printf("%-11s %4d %4d %7.1f | %7.2f %7.2f %7.2f | %5.0f %5.0f %5.0f | %7.2f %7.2f | %8.2e %s\n",
                    shapes[s].name, bits, gs, bytes / 1e6, tv[0], tv[1], tv[2], bytes / tv[0] / 1e3,
@@ -176,7 +179,7 @@ int main(int argc, char **argv) {
                 double b = time_graph(&st, 1, 4);
                 printf("    mma tiles %d wps %2d: %8.2f us %6.0f GB/s\n", tl, wps, b, bytes / b / 1e3);
             }
-            pt_cuda_gemv_select(1, 1, 16, 0);
+            pt_cuda_gemv_select(1, 1, 8, 0);
             free(y1), free(y2), free(y8), free(xh);
             be->ops->dealloc(be, st.x);
             be->ops->dealloc(be, st.y);

@@ -343,12 +343,11 @@ __global__ void __launch_bounds__(PT_MMA_WARPS * 32) gemv_mma_kernel(mma_args a)
 #pragma unroll
         for (int i = 0; i < 4; i++) tot[tt][i] = 0.f;
 
-    /* P units per batch: every code and scale load of a batch is issued
-     * before its first mma (loads in flight per lane: P·UIT·TILES·2 of 16
-     * bytes); a stage's first batch is issued before the stage's x is
-     * staged, so the weight reads overlap the staging and its barriers (and,
-     * for the first stage, the previous kernel's tail under programmatic
-     * dependent launch). */
+    /* A ring of P units of loads per warp (P·UIT·TILES·2 loads of 16 bytes
+     * in flight per lane); a stage's first P units are issued before the
+     * stage's x is staged, so the weight reads overlap the staging and its
+     * barriers (and, for the first stage, the previous kernel's tail under
+     * programmatic dependent launch). */
     constexpr int NGU = pt_mma_shape<BITS, GS>::NGU;
     constexpr int P0 = (CPG == 1 ? 2 : 4) / (TILES * UIT);
     constexpr int P = P0 < 1 ? 1 : P0;
@@ -371,18 +370,19 @@ __global__ void __launch_bounds__(PT_MMA_WARPS * 32) gemv_mma_kernel(mma_args a)
         pt_mma_stage_x<BITS, GS, NB>(a, xp, XS, sxs, GPS, k0, ks);
         __syncthreads();
         for (int u = u0; u < u1; u += P) {
-            if (u != u0) {
-#pragma unroll
-                for (int p = 0; p < P; p++)
-                    if (u + p < u1)
-                        pt_mma_load<BITS, GS, TILES>(wv[p], sb[p], rp, rows, sc16, bi16, gpr, wbase, gbase, u + p, t);
-            }
 #pragma unroll
             for (int p = 0; p < P; p++)
-                if (u + p < u1)
+                if (u + p < u1) {
                     pt_mma_unit<BITS, GS, NB, TILES>(wv[p], sb[p], u + p, xp + g * XS,
                                                      2 * t < NB ? sxs + (2 * t) * GPS : NULL,
                                                      2 * t + 1 < NB ? sxs + (2 * t + 1) * GPS : NULL, tot, g, t);
+                    /* the slot just consumed takes unit u+p+P at once (a
+                     * ring), so P-1 units stay in flight during every
+                     * unit's mmas */
+                    if (u + p + P < u1)
+                        pt_mma_load<BITS, GS, TILES>(wv[p], sb[p], rp, rows, sc16, bi16, gpr, wbase, gbase, u + p + P,
+                                                     t);
+                }
         }
     }
     pt_pdl_trigger();
