@@ -829,6 +829,42 @@ static void test_server_queue_429_and_disconnect(void) {
     pt_server_stop(&s2);
 }
 
+/* Short prompts in pieces (engine.h short_prompt_piece, 8 on CUDA): a
+ * second server whose engine runs a short prompt rest in pieces of 3 tokens
+ * replies exactly as the main one (the test model does not depend on the
+ * chunking) and runs as many tokens. */
+static void test_server_short_prompt_pieces(void) {
+    static pt_srv_engine e2; /* the server keeps a pointer to it */
+    e2 = g_engine;
+    e2.short_prompt_piece = 3;
+    pt_server_params p = pt_server_default_params();
+    p.port = 0;
+    p.n_parallel = 2;
+    pt_server *s2;
+    REQUIRE(pt_server_start(&e2, &p, &s2) == PT_OK, "start: %s", pt_last_error());
+    const char *body = "{\"prompt\":[97,98,99,100,101,102,103,104,105,106],\"max_tokens\":3}";
+    char req[512];
+    snprintf(req, sizeof req,
+             "POST /v1/completions HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    resp a, b;
+    long n0 = atomic_load(&g_model.prompt_tokens_run);
+    REQUIRE(raw(g_port, req, strlen(req), &a) == 0, "main server");
+    long n1 = atomic_load(&g_model.prompt_tokens_run);
+    REQUIRE(raw(pt_server_port(s2), req, strlen(req), &b) == 0, "pieces server");
+    long n2 = atomic_load(&g_model.prompt_tokens_run);
+    cJSON *ja = json_body(&a), *jb = json_body(&b);
+    const char *ta = jstr(ja, "choices.0.text"), *tb = jstr(jb, "choices.0.text");
+    CHECK(a.status == 200 && b.status == 200 && ta && tb && !strcmp(ta, tb), "pieces reply %s vs %s", a.body, b.body);
+    /* the counter also sees the generated tokens decoded after the prompt */
+    CHECK(n1 - n0 >= 10 && n2 - n1 == n1 - n0, "tokens run: %ld and %ld (the same, >= 10)", n1 - n0, n2 - n1);
+    cJSON_Delete(ja);
+    cJSON_Delete(jb);
+    resp_free(&a);
+    resp_free(&b);
+    pt_server_stop(&s2);
+}
+
 #define N_LOAD 48
 
 static void test_server_load_streams(void) {
@@ -997,6 +1033,7 @@ int main(void) {
     TEST_RUN(test_http_bad_requests);
     TEST_RUN(test_server_chat_basic);
     TEST_RUN(test_server_long_prompt_chunks);
+    TEST_RUN(test_server_short_prompt_pieces);
     TEST_RUN(test_server_stream_sse);
     TEST_RUN(test_server_completions_logprobs);
     TEST_RUN(test_toolcall_parsing);
