@@ -141,11 +141,17 @@ static void glu_run(void *arg, long i0, long i1, int ith) {
     (void)ith;
     glu_ctx *q = arg;
     pt_act_dtype act = q->c->base.act;
-    for (long i = i0; i < i1; i++) {
-        int64_t t = i / q->F, f = i % q->F;
-        float g = q->g[t * q->ld + f], u = q->u[t * q->ld + f];
-        float a = q->fn == PT_GLU_SILU ? pt_cpu_silu(g) : pt_cpu_gelu_tanh(g);
-        q->y[t * q->F + f] = pt_act_round(act, pt_act_round(act, a) * u);
+    /* row by row: one division per row, not per element (it was ~half of the op) */
+    for (long i = i0; i < i1;) {
+        int64_t t = i / q->F, f0 = i % q->F, f1 = q->F - f0 < i1 - i ? q->F : f0 + (i1 - i);
+        const float *g = q->g + t * q->ld, *u = q->u + t * q->ld;
+        float *y = q->y + t * q->F;
+        if (q->fn == PT_GLU_SILU)
+            for (int64_t f = f0; f < f1; f++) y[f] = pt_act_round(act, pt_act_round(act, pt_cpu_silu(g[f])) * u[f]);
+        else
+            for (int64_t f = f0; f < f1; f++)
+                y[f] = pt_act_round(act, pt_act_round(act, pt_cpu_gelu_tanh(g[f])) * u[f]);
+        i += (long)(f1 - f0);
     }
 }
 

@@ -1,0 +1,123 @@
+/* Whole prefill chunk of a synthetic llama-3.2-1b through the op table (not
+ * part of the build or the tests): T tokens at depth D through 16 layers
+ * (hidden 2048, 32/8 heads of 64, FFN 8192), the final norm and the logits
+ * of the last token (vocab 128256, tied), MLX 4- or 8-bit weights (group
+ * 64), bf16 activations and KV cache. Prints tokens/s and the time per op
+ * kind. With one thread the clock is the process's CPU time (robust to the
+ * other processes of a shared machine), else wall time.
+ *   dev/build.sh && dev/bench_prefill_step [bits] [threads] [T] [steps] [int8_act] */
+#include "backend/backend.h"
+#include "base/half.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static clockid_t bench_clock = CLOCK_MONOTONIC;
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(bench_clock, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static size_t total_bytes;
+
+static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
+    int gs = 64;
+    size_t cb = (size_t)N * K * bits / 8, pb = (size_t)N * (K / gs) * 2;
+    uint8_t *c = aligned_alloc(64, cb);
+    uint16_t *p = aligned_alloc(64, 2 * pb);
+    for (size_t i = 0; i < cb; i++) c[i] = (uint8_t)((i * 2654435761u) >> 13);
+    for (size_t i = 0; i < pb; i++) p[i] = pt_f32_to_bf16(0.002f * (float)((int)(i % 11) - 5));
+    total_bytes += cb + 2 * pb;
+    pt_matrix m = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = c, .scales = p,
+                   .biases = p + N * (K / gs)};
+    be->ops->prepare_weight(be, &m, "w");
+    return m;
+}
+
+/* time per op kind (the CPU ops are synchronous) */
+static double prof[8];
+#define P(cat, call) do { double t_ = now(); call; prof[cat] += now() - t_; } while (0)
+int main(int argc, char **argv) {
+    int bits = argc > 1 ? atoi(argv[1]) : 4, nth = argc > 2 ? atoi(argv[2]) : 2;
+    int T = argc > 3 ? atoi(argv[3]) : 512, steps = argc > 4 ? atoi(argv[4]) : 2, i8 = argc > 5 ? atoi(argv[5]) : 0;
+    const int D = 0;
+    if (nth == 1) bench_clock = CLOCK_PROCESS_CPUTIME_ID;
+    const int L = 16, H = 2048, nh = 32, nkv = 8, hd = 64, F = 8192, V = 128256;
+    pt_backend *be;
+    pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16, .int8_act = i8};
+    if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
+    pt_matrix emb = qmat(be, V, H, bits);
+    pt_matrix wq[16], wk[16], wv[16], wo[16], wg[16], wu[16], wd[16];
+    for (int l = 0; l < L; l++) {
+        wq[l] = qmat(be, nh * hd, H, bits), wk[l] = qmat(be, nkv * hd, H, bits), wv[l] = qmat(be, nkv * hd, H, bits);
+        wo[l] = qmat(be, H, nh * hd, bits), wg[l] = qmat(be, F, H, bits), wu[l] = qmat(be, F, H, bits);
+        wd[l] = qmat(be, H, F, bits);
+    }
+    uint16_t *norm = aligned_alloc(64, 2 * H);
+    for (int i = 0; i < H; i++) norm[i] = pt_f32_to_bf16(1.0f);
+    float inv[32];
+    for (int i = 0; i < 32; i++) inv[i] = powf(500000.0f, -2.0f * i / 64);
+    pt_rope rope = {.rot_dim = 64, .inv_freq = inv, .attn_scale = 1};
+    pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
+    int cap = D + T;
+    pt_kv_layer kv[16];
+    for (int l = 0; l < L; l++) {
+        kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
+        kv[l].k = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
+        kv[l].v = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
+        uint16_t *k = kv[l].k, *v = kv[l].v;
+        for (size_t i = 0; i < (size_t)cap * nkv * hd; i++) k[i] = v[i] = pt_f32_to_bf16(0.01f * (float)(i % 37) - 0.18f);
+    }
+    pt_backend_limits lim = {.max_tokens = T, .max_ctx = cap, .max_heads = nh, .max_head_dim = hd, .max_cols = F};
+    be->ops->reserve(be, &lim);
+    size_t Tz = (size_t)T;
+    float *x = aligned_alloc(64, 4 * H * Tz), *xn = aligned_alloc(64, 4 * H * Tz), *q = aligned_alloc(64, 4 * nh * hd * Tz);
+    float *k = aligned_alloc(64, 4 * nkv * hd * Tz), *v = aligned_alloc(64, 4 * nkv * hd * Tz);
+    float *att = aligned_alloc(64, 4 * nh * hd * Tz);
+    float *g = aligned_alloc(64, 4 * F * Tz), *u = aligned_alloc(64, 4 * F * Tz), *y = aligned_alloc(64, 4 * H * Tz);
+    int32_t *toks = malloc(sizeof(int32_t) * Tz), *posv = malloc(sizeof(int32_t) * Tz);
+    for (int i = 0; i < T; i++) toks[i] = (i * 7919) % V, posv[i] = D + i;
+    float *logits = aligned_alloc(64, 4 * (size_t)V);
+    int32_t am;
+    double best_step = 1e30;
+    for (int s = 0; s < steps; s++) {
+        double t1 = now();
+        P(5, be->ops->embed(be, x, toks, T, &emb, 1.0f));
+        for (int l = 0; l < L; l++) {
+            P(3, be->ops->rms_norm(be, xn, x, NULL, T, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+            P(0, be->ops->matmul(be, q, xn, T, &wq[l], 0));
+            P(0, be->ops->matmul(be, k, xn, T, &wk[l], 0));
+            P(0, be->ops->matmul(be, v, xn, T, &wv[l], 0));
+            P(4, be->ops->rope(be, q, T, nh, hd, posv, &rope));
+            P(4, be->ops->rope(be, k, T, nkv, hd, posv, &rope));
+            P(2, be->ops->kv_append(be, &kv[l], k, v, T, posv));
+            P(2, be->ops->attention(be, att, q, T, posv, &kv[l], &ap));
+            P(0, be->ops->matmul(be, y, att, T, &wo[l], 0));
+            P(5, be->ops->add(be, x, x, y, (int64_t)H * T));
+            P(3, be->ops->rms_norm(be, xn, x, NULL, T, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+            P(0, be->ops->matmul(be, g, xn, T, &wg[l], 0));
+            P(0, be->ops->matmul(be, u, xn, T, &wu[l], 0));
+            P(5, be->ops->glu(be, g, g, u, T, F, F, PT_GLU_SILU));
+            P(0, be->ops->matmul(be, y, g, T, &wd[l], 0));
+            P(5, be->ops->add(be, x, x, y, (int64_t)H * T));
+        }
+        P(3, be->ops->rms_norm(be, xn, x + (size_t)(T - 1) * H, NULL, 1, H, norm, PT_FT_BF16, PT_RMS_W, 1e-5f));
+        P(1, be->ops->matmul(be, logits, xn, 1, &emb, 0));
+        P(5, be->ops->argmax(be, &am, logits, 1, V));
+        double t2 = now();
+        if (t2 - t1 < best_step) best_step = t2 - t1;
+    }
+    printf("llama-3.2-1b q%d%s threads=%d: pp%d %.2f tok/s (%s, best of %d)\n", bits, i8 ? " int8-act" : "", nth, T,
+           T / best_step, nth == 1 ? "CPU time" : "wall time", steps);
+    const char *nm[6] = {"matmul", "logits", "attn+kv", "rmsnorm", "rope", "other"};
+    double tot = 0;
+    for (int i = 0; i < 6; i++) tot += prof[i];
+    for (int i = 0; i < 6; i++) printf("  %-8s %7.1f ms/step %5.1f%%\n", nm[i], 1e3 * prof[i] / steps, 100 * prof[i] / tot);
+    pt_backend_free(&be);
+    return 0;
+}
