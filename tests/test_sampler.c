@@ -182,6 +182,46 @@ static void test_logprobs(void) {
     pt_sampler_free(&s);
 }
 
+/* Logprobs over a vocabulary the size of Llama 3's (odd length, so the
+ * vectorized log-sum-exp's tail runs): every token's logprob against a
+ * double-precision log-softmax, with -inf entries (masked tokens), logits far
+ * below the max (exp underflows to 0) and a NaN (skipped by the max). */
+static void test_logprobs_large_vocab(void) {
+    const int V = 128257;
+    float *lg = malloc((size_t)V * sizeof *lg);
+    REQUIRE(lg, "alloc");
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < V; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        lg[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 40.0 - 25.0);
+    }
+    lg[5] = -INFINITY, lg[V - 1] = -INFINITY, lg[77] = -300.0f, lg[1000] = 15.5f;
+    double mx = 15.5, z = 0; /* thousands of terms within a few units of the max */
+    for (int i = 0; i < V; i++)
+        if (lg[i] > -INFINITY) z += exp((double)lg[i] - mx);
+    double lse = mx + log(z), worst = 0;
+    for (int id = 0; id < V; id += 331) {
+        if (!(lg[id] > -INFINITY)) continue;
+        double e = fabs(pt_logprob_of(lg, V, id) - ((double)lg[id] - lse));
+        if (e > worst) worst = e;
+    }
+    CHECK(worst < 5e-6, "logprob error %g over a 128k vocabulary", worst);
+    CHECK(pt_logprob_of(lg, V, 5) == -INFINITY, "a -inf logit has logprob -inf, got %g", pt_logprob_of(lg, V, 5));
+    CHECK(fabs(pt_logprob_of(lg, V, 1000) - (15.5 - lse)) < 5e-6, "the max's logprob");
+    lg[9] = NAN;
+    CHECK(fabs(pt_logprob_of(lg, V, 1000) - (15.5 - lse)) < 5e-6, "a NaN logit does not disturb the others");
+    pt_sampler s;
+    REQUIRE(pt_sampler_init(&s, V) == PT_OK, "init");
+    pt_sampling_params sp = params();
+    sp.temperature = 0;
+    sp.n_logprobs = 2;
+    pt_token_info ti;
+    REQUIRE(pt_sampler_sample(&s, lg, &sp, NULL, 0, NULL, &ti) == PT_OK, "%s", pt_last_error());
+    CHECK(ti.id == 1000 && fabs(ti.logprob - (15.5 - lse)) < 5e-6, "greedy id %d logprob %g", ti.id, ti.logprob);
+    pt_sampler_free(&s);
+    free(lg);
+}
+
 static void test_seed(void) {
     float lg[50];
     for (int i = 0; i < 50; i++) lg[i] = sinf((float)i) * 2;
@@ -228,6 +268,7 @@ int main(void) {
     TEST_RUN(test_top_p_large);
     TEST_RUN(test_penalties);
     TEST_RUN(test_logprobs);
+    TEST_RUN(test_logprobs_large_vocab);
     TEST_RUN(test_seed);
     TEST_RUN(test_validate);
     return test_summary();
