@@ -107,13 +107,22 @@ static int32_t rand_id(int vocab) {
     return (int32_t)(rng_state % (uint64_t)vocab);
 }
 
-/* Prefills the session to exactly `depth` random tokens (reusing what it holds). */
-static pt_status to_depth(pt_session *s, int depth, int32_t *buf, int vocab) {
+/* Prefills the session to exactly `depth` random tokens (reusing what it
+ * holds). A fill of 256 tokens or more is timed and reported on stderr as
+ * "fill" (label: the session's KV configuration): one sample of prefill
+ * speed over the whole context, which the depth tests pay for anyway. */
+static pt_status to_depth(pt_session *s, int depth, int32_t *buf, int vocab, const char *label) {
     if ((int)pt_session_n_tokens(s) > depth) PT_TRY(pt_session_truncate(s, 0));
     int have = (int)pt_session_n_tokens(s);
     if (have == depth) return PT_OK;
     for (int i = 0; i < depth - have; i++) buf[i] = rand_id(vocab);
-    return pt_session_prompt(s, buf, (size_t)(depth - have));
+    double t0 = now_s();
+    PT_TRY(pt_session_prompt(s, buf, (size_t)(depth - have)));
+    double dt = now_s() - t0;
+    if (depth - have >= 256)
+        fprintf(stderr, "fill%s%s: %d tokens (depth %d -> %d) in %.1f s = %.2f t/s\n", label && *label ? " KV " : "",
+                label ? label : "", depth - have, have, depth, dt, (depth - have) / dt);
+    return PT_OK;
 }
 
 typedef struct {
@@ -123,8 +132,8 @@ typedef struct {
 } row;
 
 /* Repetition `rep` of test r (rep -1: the warm-up, not recorded). */
-static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab) {
-    PT_TRY(to_depth(s, r->n_depth, buf, vocab));
+static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab, const char *label) {
+    PT_TRY(to_depth(s, r->n_depth, buf, vocab, label));
     double t0, dt;
     if (r->n_prompt > 0) {
         for (int i = 0; i < r->n_prompt; i++) buf[i] = rand_id(vocab);
@@ -378,7 +387,7 @@ int cmd_bench(int argc, char **argv) {
             for (int k = 0; k < n_cfg; k++) {
                 if (kv_ab && r0->n_prompt && cfg[k].fused) continue;
                 m->params.fused_decode_attn = cfg[k].fused ? PT_LEVER_ON : PT_LEVER_OFF;
-                pt_status st = run_rep(sess[cfg[k].sess], &res[i * n_cfg + k], rep, buf, vocab);
+                pt_status st = run_rep(sess[cfg[k].sess], &res[i * n_cfg + k], rep, buf, vocab, cfg[k].name);
                 m->params.fused_decode_attn = base_fused;
                 if (st != PT_OK) {
                     cli_fail(cmd);
