@@ -1,7 +1,7 @@
-/* Prefill attention on CUDA against the CPU backend over bf16 caches: in
- * bf16 mode the tensor-core flash kernel (src/backend/cuda/flash_attn.cu),
- * in f32 mode attention.cu's kernel; long chunks over several 64-row blocks
- * and partial blocks, chunks after earlier positions, GQA 1–4, sliding
+/* Prefill attention on CUDA against the CPU backend: bf16 activations over a
+ * bf16 cache run the tensor-core flash kernel (src/backend/cuda/flash_attn.cu),
+ * f32 activations or f32 caches its CUDA-core (FMA) form; long chunks over
+ * several 64-row blocks and partial blocks, chunks after earlier positions, GQA 1–4, sliding
  * windows over a rotating cache, soft-cap, head_dim 32–256 (112 has no
  * flash instantiation and takes the other kernel). Per element |gpu − cpu|
  * <= atol + rtol·|cpu|, any NaN fails; a second run gives the same bytes.
@@ -15,12 +15,13 @@ typedef struct {
     int64_t cap;
     int p0, T, window;
     float softcap;
+    pt_ftype dt;
 } fcase;
 
 static int run_flash(int a, const fcase *c) {
     pt_backend *G = G_[a], *C = C_[a];
-    const size_t cb = (size_t)c->nkv * (size_t)c->cap * (size_t)c->hd * 2;
-    pt_kv_layer kc = {.n_kv = c->nkv, .head_dim = c->hd, .capacity = c->cap, .dtype = PT_FT_BF16}, kg = kc;
+    const size_t cb = (size_t)c->nkv * (size_t)c->cap * (size_t)c->hd * pt_ftype_size(c->dt);
+    pt_kv_layer kc = {.n_kv = c->nkv, .head_dim = c->hd, .capacity = c->cap, .dtype = c->dt}, kg = kc;
     kc.k = calloc(cb, 1), kc.v = calloc(cb, 1);
     kg.k = put(G, NULL, cb), kg.v = put(G, NULL, cb);
     const int maxc = c->T > 64 ? c->T : 64;
@@ -57,8 +58,8 @@ static int run_flash(int a, const fcase *c) {
         if (s == PT_OK) s = G->ops->download(G, og2, od, ob);
         CHECK(s == PT_OK, "cuda attention: %s", pt_last_error());
         char what[160];
-        snprintf(what, sizeof what, "prefill attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g",
-                 a, c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap);
+        snprintf(what, sizeof what, "prefill attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s",
+                 a, c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt));
         ok = s == PT_OK && compare(what, og, oc, (int64_t)n * c->nh * c->hd, a ? 2e-2 : 1e-5, a ? 2e-2 : 1e-4);
         CHECK(!memcmp(og, og2, ob), "%s: a second run differs", what);
     }
@@ -71,14 +72,16 @@ static int run_flash(int a, const fcase *c) {
 static void test_prefill_attention(void) {
     NEED_GPU();
     static const fcase cs[] = {
-        {8, 2, 128, 512, 0, 200, 0, 0},      /* from position 0: four row blocks, the last partial */
-        {8, 8, 64, 600, 300, 150, 0, 0},     /* a chunk after 300 positions, MHA */
-        {4, 1, 256, 200, 150, 64, 32, 50.f}, /* ring (wraps), window 32, soft-cap, GQA 4, head_dim 256 */
-        {6, 3, 80, 300, 37, 100, 16, 0},     /* window 16, head_dim 80 */
-        {4, 2, 96, 128, 0, 65, 0, 30.f},     /* one row in the second block, soft-cap, head_dim 96 */
-        {2, 1, 32, 64, 10, 2, 0, 0},         /* two rows, head_dim 32 */
-        {4, 2, 112, 128, 5, 20, 0, 0},       /* head_dim 112: the non-flash kernel */
-        {16, 4, 128, 1024, 0, 512, 0, 0},    /* a long chunk */
+        {8, 2, 128, 512, 0, 200, 0, 0, PT_FT_BF16},      /* from position 0: four row blocks, the last partial */
+        {8, 8, 64, 600, 300, 150, 0, 0, PT_FT_BF16},     /* a chunk after 300 positions, MHA */
+        {4, 1, 256, 200, 150, 64, 32, 50.f, PT_FT_BF16}, /* ring (wraps), window 32, soft-cap, GQA 4, head_dim 256 */
+        {6, 3, 80, 300, 37, 100, 16, 0, PT_FT_BF16},     /* window 16, head_dim 80 */
+        {4, 2, 96, 128, 0, 65, 0, 30.f, PT_FT_BF16},     /* one row in the second block, soft-cap, head_dim 96 */
+        {2, 1, 32, 64, 10, 2, 0, 0, PT_FT_BF16},         /* two rows, head_dim 32 */
+        {4, 2, 112, 128, 5, 20, 0, 0, PT_FT_BF16},       /* head_dim 112: no flash instantiation */
+        {16, 4, 128, 1024, 0, 512, 0, 0, PT_FT_BF16},    /* a long chunk */
+        {8, 2, 128, 400, 100, 130, 0, 0, PT_FT_F32},     /* f32 cache: the FMA form in both modes */
+        {4, 1, 256, 200, 150, 64, 32, 50.f, PT_FT_F32},  /* f32 cache, ring, window, soft-cap, head_dim 256 */
     };
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)

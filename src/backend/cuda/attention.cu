@@ -12,10 +12,9 @@
  * order, so the output is deterministic.
  *
  * Quantized KV caches (L2) are kv_quant.cu's: kv_append and attention
- * hand them over. Prefill chunks in bf16 over a bf16 cache run the
- * tensor-core flash kernel of flash_attn.cu; this file's one-block-per-
- * (token, head) kernel takes the other prefill cases (f32 activations, f32/
- * f16 caches, head dims without a flash instantiation). */
+ * hand them over. Prefill chunks run the flash kernels of flash_attn.cu;
+ * this file's one-block-per-(token, head) kernel takes head dims without a
+ * flash instantiation (and PETREL_CUDA_FLASH=0). */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_fp16.h>
@@ -407,7 +406,7 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
     if (T * p->n_heads > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "attention: grid too large");
     if (kv->bits) return pt_cuda_attention_q(be, out, q, T, pos, kv, p); /* kv_quant.cu */
     if (T <= 0) return PT_OK;
-    if (T > 1) { /* bf16 prefill over a bf16 cache: flash_attn.cu (tensor cores) */
+    if (T > 1) { /* prefill: flash_attn.cu */
         pt_status st = pt_cuda_flash_prefill(c, out, q, T, pos, kv, p);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }

@@ -127,10 +127,10 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
 /* Adds the split decode partials (scratch dec_p [nh, nsplit, hd]) in split
  * order into out[nh·hd] (rounded in bf16 mode). */
 pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf);
-/* flash_attn.cu: prefill (T > 1) attention on tensor cores for bf16
- * activations over a bf16 cache; PT_ERR_UNSUPPORTED (no message) for any
- * other case, which attention.cu's kernel then takes. PETREL_CUDA_FLASH=0
- * turns it off (A/B). */
+/* flash_attn.cu: prefill (T > 1) flash attention over full-precision
+ * caches (tensor cores for bf16 over bf16, FMAs otherwise);
+ * PT_ERR_UNSUPPORTED (no message) for head dims it has no kernel for, which
+ * attention.cu's kernel then takes. PETREL_CUDA_FLASH=0 turns it off (A/B). */
 pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
                                 const pt_kv_layer *kv, const pt_attn *p);
 /* kv_quant.cu: quantized KV caches (L2) */

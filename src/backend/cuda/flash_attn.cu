@@ -1,29 +1,31 @@
-/* Flash attention for prefill chunks (T > 1) on tensor cores: bf16
- * activations over a bf16 KV cache (the production case; other dtypes and
- * modes take attention.cu's kernel). Causal, sliding window, soft-cap, GQA,
- * rotating caches (slot = position % capacity), head_dim 32..256 in steps
- * the templates list.
+/* Flash attention for prefill chunks (T > 1): causal, sliding window,
+ * soft-cap, GQA, rotating caches (slot = position % capacity), head_dim 32,
+ * 64, 80, 96, 128 or 256 (others take attention.cu's kernel).
  *
  * A block takes 64 query rows (consecutive tokens) of one query head; each
  * of its 4 warps owns 16 rows. K and V tiles of 32 keys are staged in
- * shared memory (V transposed) and shared by the 64 rows; scores and p·V
- * are mma.sync m16n8k16 bf16 products with f32 accumulation. The query, the
- * cache and (after rounding) the probabilities are bf16 values already, so
- * the products are exact and only the order of the f32 sums differs from
- * the CPU reference.
+ * shared memory and shared by the 64 rows. Two forms of the same tiling:
+ *   - bf16 activations over a bf16 cache (the production case): scores and
+ *     p·V are mma.sync m16n8k16 bf16 products with f32 accumulation (V
+ *     staged transposed). The query, the cache and (after rounding) the
+ *     probabilities are bf16 values already, so the products are exact and
+ *     only the order of the f32 sums differs from the CPU reference.
+ *   - f32 activations, or f32/f16 caches: the same tiles as f32 FMAs on CUDA
+ *     cores (f32 numerics: DESIGN.md's strict bound in f32 mode).
  *
  * The softmax keeps the reference's rounding points (backend.h: scores
  * rounded after the dot and after ·scale, soft-cap steps rounded,
- * probabilities rounded to bf16 before p·V), so it cannot be the one-pass
- * online form: pass 1 runs over the key tiles for the exact row max and sum
- * of exp (online within the pass), pass 2 recomputes the same scores, forms
+ * probabilities rounded before p·V), so it cannot be the one-pass online
+ * form: pass 1 runs over the key tiles for the exact row max and sum of exp
+ * (online within the pass), pass 2 recomputes the same scores, forms
  * p = round(exp(s − max)/sum) and accumulates p·V. Twice the QKᵀ work of a
  * one-pass kernel, no score matrix in memory, deterministic.
  *
- * Not here: decode (T == 1, attention.cu's split kernels), f32 activations
- * or f32/f16 caches, quantized caches (kv_quant.cu). */
+ * Not here: decode (T == 1, attention.cu's split kernels), quantized caches
+ * (kv_quant.cu). */
 #include "backend/cuda/cuda_internal.cuh"
 
+#include <cuda_fp16.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -241,6 +243,174 @@ static pt_status launch(pt_cuda *c, const fa_args &a) {
     return PT_OK;
 }
 
+/* ---- the same tiling on CUDA cores: f32 activations and f32/f16 caches ----
+ * For f32 numerics (the strict bound of f32 mode) the products run as f32
+ * FMAs: a block takes 64 query rows of one head, 4 warps × 16 rows; per
+ * 32-key tile (staged as f32) lane k computes the 16 scores of key k, the
+ * rows' max/sum use warp reductions, and p·V broadcasts each key's p from
+ * its lane while every lane owns head_dim/32 output columns of the 16 rows.
+ * Same two passes and rounding points as the tensor-core kernel. */
+
+__device__ __forceinline__ float fa_to_f(float v) { return v; }
+__device__ __forceinline__ float fa_to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float fa_to_f(__half v) { return __half2float(v); }
+
+struct fa2_args {
+    float *out;
+    const float *q;
+    const void *k, *v;
+    const int32_t *pos;
+    int64_t T, cap;
+    int nh, nkv;
+    float scale, softcap;
+    int window, bf;
+};
+
+template <typename KT, int D>
+__device__ __forceinline__ void fma_load_tile(float *Ks, float *Vs, const fa2_args &a, int kh, int64_t j0, int64_t hi,
+                                              bool with_v) {
+    const KT *kc = (const KT *)a.k, *vc = (const KT *)a.v;
+    for (int idx = threadIdx.x; idx < FA_BK * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        const int64_t j = j0 + r;
+        const bool in = j >= 0 && j <= hi;
+        const int64_t off = ((int64_t)kh * a.cap + (in ? j % a.cap : 0)) * D + d;
+        Ks[r * (D + 1) + d] = in ? fa_to_f(kc[off]) : 0.f;
+        if (with_v) Vs[r * D + d] = in ? fa_to_f(vc[off]) : 0.f;
+    }
+}
+
+/* sc[r] = the score of row warp·16 + r against key j0 + lane (masked: -inf) */
+template <int D>
+__device__ __forceinline__ void fma_scores(float (&sc)[16], const float *Qs, const float *Ks, int warp, int lane,
+                                           int64_t j0, int64_t pbase, int nvalid, const fa2_args &a) {
+#pragma unroll
+    for (int r = 0; r < 16; r++) sc[r] = 0.f;
+    const float *kr = Ks + lane * (D + 1), *qb = Qs + warp * 16 * D;
+    for (int d = 0; d < D; d++) {
+        const float kd = kr[d];
+#pragma unroll
+        for (int r = 0; r < 16; r++) sc[r] = fmaf(qb[r * D + d], kd, sc[r]);
+    }
+    const int64_t j = j0 + lane;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const int64_t p = pbase + r; /* the row's position (rows >= nvalid are padding: every key masked) */
+        float v = pt_rnd(a.bf, pt_rnd(a.bf, sc[r]) * a.scale);
+        if (a.softcap > 0.f) v = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, v / a.softcap))) * a.softcap);
+        sc[r] = r < nvalid && j <= p && (a.window <= 0 || j > p - a.window) ? v : -INFINITY;
+    }
+}
+
+template <typename KT, int D>
+__global__ void __launch_bounds__(FA_THREADS, 1) flash_fma_kernel(fa2_args a) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int NPL = (D + 31) / 32;
+    float *Qs = reinterpret_cast<float *>(fa_smem); /* [64][D] */
+    float *Ks = Qs + FA_ROWS * D;                   /* [32][D + 1] */
+    float *Vs = Ks + FA_BK * (D + 1);               /* [32][D] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.y, kh = h / (a.nh / a.nkv);
+    const int64_t t0 = (int64_t)blockIdx.x * FA_ROWS;
+    const int64_t tend = t0 + FA_ROWS < a.T ? t0 + FA_ROWS : a.T;
+    const int64_t p0 = a.pos[0];
+    const int64_t hi = p0 + tend - 1;
+    const int64_t lo = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
+    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        const int64_t t = t0 + r;
+        Qs[idx] = t < a.T ? a.q[(t * a.nh + h) * D + d] : 0.f;
+    }
+    const int64_t pbase = p0 + t0 + warp * 16; /* the position of the warp's first row */
+    const int nvalid = (int)(a.T - (t0 + warp * 16) < 16 ? a.T - (t0 + warp * 16) : 16);
+    float m[16], l[16], sc[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) m[r] = -INFINITY, l[r] = 0.f;
+    /* pass 1: per lane partial sums against a row max shared by the warp */
+    for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
+        __syncthreads();
+        fma_load_tile<KT, D>(Ks, Vs, a, kh, j0, hi, false);
+        __syncthreads();
+        fma_scores<D>(sc, Qs, Ks, warp, lane, j0, pbase, nvalid, a);
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            const float mn = fmaxf(m[r], pt_warp_max(sc[r]));
+            if (mn == -INFINITY) continue;
+            l[r] = (m[r] == -INFINITY ? 0.f : l[r] * expf(m[r] - mn)) + (sc[r] == -INFINITY ? 0.f : expf(sc[r] - mn));
+            m[r] = mn;
+        }
+    }
+    float inv[16];
+#pragma unroll
+    for (int r = 0; r < 16; r++) inv[r] = m[r] == -INFINITY ? 0.f : 1.0f / pt_warp_sum(l[r]);
+    /* pass 2 */
+    float o[16][NPL];
+#pragma unroll
+    for (int r = 0; r < 16; r++)
+#pragma unroll
+        for (int i = 0; i < NPL; i++) o[r][i] = 0.f;
+    for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
+        __syncthreads();
+        fma_load_tile<KT, D>(Ks, Vs, a, kh, j0, hi, true);
+        __syncthreads();
+        fma_scores<D>(sc, Qs, Ks, warp, lane, j0, pbase, nvalid, a);
+#pragma unroll
+        for (int r = 0; r < 16; r++) sc[r] = sc[r] == -INFINITY ? 0.f : pt_rnd(a.bf, expf(sc[r] - m[r]) * inv[r]);
+        for (int kk = 0; kk < FA_BK; kk++) {
+            float vv[NPL];
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                const int e = lane + 32 * i;
+                vv[i] = e < D ? Vs[kk * D + e] : 0.f;
+            }
+#pragma unroll
+            for (int r = 0; r < 16; r++) {
+                const float pr = __shfl_sync(0xffffffffu, sc[r], kk);
+#pragma unroll
+                for (int i = 0; i < NPL; i++) o[r][i] = fmaf(pr, vv[i], o[r][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+        const int64_t t = t0 + warp * 16 + r;
+        if (t >= a.T) continue;
+        float *orow = a.out + (t * a.nh + h) * D;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int e = lane + 32 * i;
+            if (e < D) orow[e] = pt_rnd(a.bf, o[r][i]);
+        }
+    }
+}
+
+template <typename KT, int D>
+static pt_status launch_fma(pt_cuda *c, const fa2_args &a) {
+    const size_t shm = ((size_t)FA_ROWS * D + (size_t)FA_BK * (D + 1) + (size_t)FA_BK * D) * sizeof(float);
+    static bool raised = false;
+    if (!raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_fma_kernel<KT, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        raised = true;
+    }
+    dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.nh);
+    flash_fma_kernel<KT, D><<<grid, FA_THREADS, shm, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH("flash attention (prefill, f32)");
+    return PT_OK;
+}
+
+template <typename KT>
+static pt_status launch_fma_dt(pt_cuda *c, const fa2_args &a, int hd) {
+    switch (hd) {
+    case 32: return launch_fma<KT, 32>(c, a);
+    case 64: return launch_fma<KT, 64>(c, a);
+    case 80: return launch_fma<KT, 80>(c, a);
+    case 96: return launch_fma<KT, 96>(c, a);
+    case 128: return launch_fma<KT, 128>(c, a);
+    case 256: return launch_fma<KT, 256>(c, a);
+    default: return PT_ERR_UNSUPPORTED;
+    }
+}
+
 pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
                                 const pt_kv_layer *kv, const pt_attn *p) {
     static int off = -1; /* PETREL_CUDA_FLASH=0: attention.cu's kernel instead (A/B measurements) */
@@ -248,9 +418,17 @@ pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t 
         const char *e = getenv("PETREL_CUDA_FLASH");
         off = e && !strcmp(e, "0");
     }
-    if (off || T < 2 || kv->bits || kv->dtype != PT_FT_BF16 || c->base.act != PT_ACT_BF16 || (uintptr_t)kv->k % 16 ||
-        (uintptr_t)kv->v % 16 || T > 65535LL * FA_ROWS || p->n_heads > 65535)
+    if (off || T < 2 || kv->bits || T > 65535LL * FA_ROWS || p->n_heads > 65535) return PT_ERR_UNSUPPORTED;
+    if (kv->dtype != PT_FT_BF16 || c->base.act != PT_ACT_BF16 || (uintptr_t)kv->k % 16 || (uintptr_t)kv->v % 16) {
+        fa2_args a = {out, q, kv->k, kv->v, pos, T, kv->capacity, p->n_heads, kv->n_kv, p->scale, p->softcap,
+                      p->window, c->base.act == PT_ACT_BF16};
+        switch (kv->dtype) {
+        case PT_FT_F32: return launch_fma_dt<float>(c, a, p->head_dim);
+        case PT_FT_BF16: return launch_fma_dt<__nv_bfloat16>(c, a, p->head_dim);
+        case PT_FT_F16: return launch_fma_dt<__half>(c, a, p->head_dim);
+        }
         return PT_ERR_UNSUPPORTED;
+    }
     fa_args a = {out, q, (const __nv_bfloat16 *)kv->k, (const __nv_bfloat16 *)kv->v, pos, T, kv->capacity,
                  p->n_heads, kv->n_kv, p->scale, p->softcap, p->window};
     switch (p->head_dim) {
