@@ -36,6 +36,10 @@ void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n,
 /* int8 activations for 4-bit codes: per 64-value chunk [x0 x2 .. x62 | x1 x3
  * .. x63]; a final 32-value chunk (K % 64 == 32) as [x0 .. x30 | x1 .. x31]. */
 void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K);
+/* int8 activations for qdot4_x4_i8_128: per 128-value chunk [x0 x2 .. x126 |
+ * x1 x3 .. x127] (K % 128 == 0): the low nibbles of a 64-byte block of codes
+ * against the first half, the high nibbles against the second. */
+void pt_cpu_arrange_x4_i8_128(int8_t *dst, const int8_t *xq, int64_t K);
 /* Plain C versions of the int8 kernels (the scalar/AVX2 table and shapes the
  * AVX-512 kernel does not take). */
 void pt_cpu_qdot4_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const float *xs,
@@ -82,6 +86,11 @@ typedef struct pt_cpu_kernels {
                         const float *const *sc, const float *const *bi, int64_t K, int gs);
     void (*qdot8_x4_i8)(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
                         const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* qdot4_x4_i8 on 512-bit vectors for K % 128 == 0, xq arranged by
+     * pt_cpu_arrange_x4_i8_128. NULL = not available. */
+    void (*qdot4_x4_i8_128)(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs);
     /* Prefill panel packing, 4- and 8-bit rows: dst[0..n) = scale·q + bias for
      * values [k0, k0 + n) of a row (k0, n multiples of 32), in natural order
      * for 8 bits and, for 4 bits, per 32-value block the 16 even values then

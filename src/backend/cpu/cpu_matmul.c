@@ -99,6 +99,7 @@ typedef struct {
     const float *xs; /* quantized direct path: [T, ng] group sums of x */
     const int8_t *xi8; /* int8 lever: [T, K] quantized x (arranged for 4-bit), else NULL */
     const float *xd;   /* int8 lever: [T, ng] quantization steps */
+    int i8_128;        /* int8 lever, 4-bit: xi8 arranged for qdot4_x4_i8_128 */
     const uint16_t *xa; /* bf16 4-bit kernel: [T, K] x arranged (pt_cpu_arrange_x4_bf16), else NULL */
     const uint8_t *xok; /* [T]: token t's x is exactly bf16 (xa row t valid) */
     const float *xpk;   /* prefill GEMM: x packed [tiles][K][12] */
@@ -284,7 +285,10 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
         }
         for (int64_t t = 0; t < T; t++) {
             float out[4];
-            if (m->xi8 && w->bits == 4)
+            if (m->xi8 && m->i8_128)
+                k->qdot4_x4_i8_128(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K,
+                                   w->group_size);
+            else if (m->xi8 && w->bits == 4)
                 k->qdot4_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
             else if (m->xi8)
                 k->qdot8_x4_i8(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K, w->group_size);
@@ -336,6 +340,11 @@ static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_
                 xi[t * K + j] = (int8_t)(int)((xt[j] * id + 12582912.0f) - 12582912.0f);
         }
     }
+}
+
+/* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
+static int k128_ok(const pt_cpu *c, int64_t K) {
+    return c->k->qdot4_x4_i8_128 && K % 128 == 0 && pt_cpu_gemm_i8_available();
 }
 
 /* group_sums + quantize_i8 for tokens [t0, t1) as a pool job (prefill). */
@@ -408,8 +417,12 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
                 float *xd = xs + T * ng;
                 int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
                 quantize_i8(xi, xd, x, T, K, w->group_size);
+                m.i8_128 = w->bits == 4 && k128_ok(c, K);
                 if (w->bits == 4)
-                    for (int64_t t = 0; t < T; t++) pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
+                    for (int64_t t = 0; t < T; t++) {
+                        if (m.i8_128) pt_cpu_arrange_x4_i8_128(xa + t * K, xi + t * K, K);
+                        else pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
+                    }
                 m.xi8 = w->bits == 4 ? xa : xi;
                 m.xd = xd;
             }

@@ -619,6 +619,60 @@ static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
     I8_FOR4(I8_OUT)
 }
 
+/* 512-bit version for K % 128 == 0: a 64-byte block of codes holds 128
+ * values; its low nibbles (values 2b) against the 64 even x of the chunk,
+ * its high nibbles against the 64 odd ones, two vpdpbusd per row. Lane i of
+ * the int32 sums covers values 8i..8i+7, all in group (8i)/gs, so each lane
+ * is converted once and scaled by its group's sc·xd (spread by vpermps, as
+ * in qdot4_x4_bf16). Integer sums per lane are exact; only the f32 order
+ * of the lanes' terms differs from qdot4_x4_i8. The accumulators go
+ * through inline asm: gcc 12 moves every accumulator to another register and
+ * back around _mm512_dpbusd_epi32 (see gemm_i8_avx512.c). */
+#define DPBUSD512(acc, u8, s8) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8))
+static void qdot4_x4_i8_128(float *out, const int8_t *xq, const float *xd, const float *xs,
+                            const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                            int gs) {
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i sidx = gs == 32   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                         : gs == 64 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                    : _mm512_setzero_si512();
+    const __mmask8 smask = (__mmask8)((1u << (128 / gs)) - 1u);
+    const int64_t gpb = 128 / gs;
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
+        PF_LINE(c0 + PF_AHEAD + 2 * b); /* this block reads 4 × 64 bytes */
+        PF_LINE(c0 + PF_AHEAD + 2 * b + 64);
+        PF_LINE(c0 + PF_AHEAD + 2 * b + 128);
+        PF_LINE(c0 + PF_AHEAD + 2 * b + 192);
+        __m512i xe = _mm512_loadu_si512((const void *)(xq + b)), xo = _mm512_loadu_si512((const void *)(xq + b + 64));
+        __m512 d = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, xd + g)));
+#define QI_ROW(r)                                                                                                \
+    {                                                                                                            \
+        __m512i v_ = _mm512_loadu_si512((const void *)(c##r + b / 2));                                           \
+        __m512i a_ = _mm512_setzero_si512();                                                                     \
+        DPBUSD512(a_, _mm512_and_si512(v_, m4), xe);                                                             \
+        DPBUSD512(a_, _mm512_and_si512(_mm512_srli_epi16(v_, 4), m4), xo);                                       \
+        __m512 s_ = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, sc[r] + g)));   \
+        f##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a_), _mm512_mul_ps(s_, d), f##r);                              \
+    }
+        I8_FOR4(QI_ROW)
+#undef QI_ROW
+    }
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g += 16) { /* the bias term, exact group sums of x */
+        __mmask16 m_ = ng - g >= 16 ? (__mmask16)0xffff : tail_mask(ng - g);
+        __m512 xs_ = _mm512_maskz_loadu_ps(m_, xs + g);
+#define QI_BIAS(r) f##r = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, bi[r] + g), xs_, f##r);
+        I8_FOR4(QI_BIAS)
+#undef QI_BIAS
+    }
+    out[0] = _mm512_reduce_add_ps(f0);
+    out[1] = _mm512_reduce_add_ps(f1);
+    out[2] = _mm512_reduce_add_ps(f2);
+    out[3] = _mm512_reduce_add_ps(f3);
+}
+
 static void qdot8_x4_i8(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
                         const float *const *sc, const float *const *bi, int64_t K, int gs) {
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
@@ -678,6 +732,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .dequant_q = dequant_q,
     .qdot4_x4_i8 = qdot4_x4_i8,
     .qdot8_x4_i8 = qdot8_x4_i8,
+    .qdot4_x4_i8_128 = qdot4_x4_i8_128,
     .gemm_32 = gemm_32,
     .attn_scores = attn_scores,
     .attn_pv = attn_pv,

@@ -32,6 +32,14 @@ void pt_cpu_panel_t16_ref(float *wp, int r0, const float *rows, int64_t K) {
         for (int64_t k = 0; k < K; k++) wp[k * 32 + r0 + r] = rows[r * K + k];
 }
 
+void pt_cpu_arrange_x4_i8_128(int8_t *dst, const int8_t *xq, int64_t K) {
+    for (int64_t c = 0; c < K; c += 128)
+        for (int i = 0; i < 64; i++) {
+            dst[c + i] = xq[c + 2 * i];
+            dst[c + 64 + i] = xq[c + 2 * i + 1];
+        }
+}
+
 void pt_cpu_arrange_x4_i8(int8_t *dst, const int8_t *xq, int64_t K) {
     for (int64_t c = 0; c < K; c += 64) {
         int half = K - c >= 64 ? 32 : 16;
