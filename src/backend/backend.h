@@ -384,6 +384,14 @@ typedef struct pt_backend_ops {
                                 const float *v, int64_t B, const int32_t *pos);
     pt_status (*attention_rows)(pt_backend *be, float *out, const float *q, int64_t B, const int32_t *pos,
                                 const pt_kv_layer *shape, void *const *kvp, const pt_attn *p);
+
+    /* rope on the queries and the keys of one layer in one call: exactly
+     * rope(q[T, n_heads, head_dim]) then, if k != NULL, rope(k[T, n_kv,
+     * head_dim]), same positions and table (bit-identical results). NULL =
+     * not implemented: callers make the two rope calls. Kept after
+     * attention_rows so positional initializers stay valid. */
+    pt_status (*rope_qk)(pt_backend *be, float *q, float *k, int64_t T, int n_heads, int n_kv, int head_dim,
+                         const int32_t *pos, const pt_rope *rope);
 } pt_backend_ops;
 
 struct pt_backend {

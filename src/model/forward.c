@@ -242,6 +242,15 @@ static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int6
     return OPS(m)->add(m->be, st->x, st->x, st->y, n);
 }
 
+/* RoPE on q [T, nh, hd] and, if k != NULL, on k [T, nkv, hd]: one call
+ * where the backend has the fused op (bit-identical to the two calls). */
+static pt_status rope_qk(pt_model *m, float *q, float *k, int64_t T, int nh, int nkv, int hd, const int32_t *pos,
+                         const pt_rope *rope) {
+    if (OPS(m)->rope_qk) return OPS(m)->rope_qk(m->be, q, k, T, nh, nkv, hd, pos, rope);
+    PT_TRY(OPS(m)->rope(m->be, q, T, nh, hd, pos, rope));
+    return k ? OPS(m)->rope(m->be, k, T, nkv, hd, pos, rope) : PT_OK;
+}
+
 /* Batched rows: RoPE, KV append and attention of layer l, row t being the
  * next token of sequence r->seq[t] at position r->pos[t] — each row the
  * T = 1 calls its own pt_fwd_run would make, on its own caches. */
@@ -251,8 +260,7 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
     const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim, own_kv = !L->kv_shared;
     const size_t qd = (size_t)nh * hd, kd = (size_t)nkv * hd; /* this layer's row strides */
     if (!L->inv_freq_long) { /* one table: every row at its own position in one call */
-        PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &L->rope));
-        if (own_kv) PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &L->rope));
+        PT_TRY(rope_qk(m, st->q, own_kv ? st->k : NULL, T, nh, nkv, hd, st->pos_dev, &L->rope));
     }
     pt_attn attn = L->attn;
     attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
@@ -264,8 +272,8 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
                     rope.inv_freq = L->inv_freq_long;
                     rope.attn_scale = L->attn_long_scale;
                 }
-                PT_TRY(OPS(m)->rope(be, st->q + t * qd, 1, nh, hd, st->pos_dev + t, &rope));
-                if (own_kv) PT_TRY(OPS(m)->rope(be, st->k + t * kd, 1, nkv, hd, st->pos_dev + t, &rope));
+                PT_TRY(rope_qk(m, st->q + t * qd, own_kv ? st->k + t * kd : NULL, 1, nh, nkv, hd, st->pos_dev + t,
+                               &rope));
             }
         const int src = L->kv_shared ? L->kv_src : l;
         if (own_kv)
@@ -283,8 +291,7 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
                 rope.inv_freq = L->inv_freq_long;
                 rope.attn_scale = L->attn_long_scale;
             }
-            PT_TRY(OPS(m)->rope(be, st->q + t * qd, 1, nh, hd, pos, &rope));
-            if (own_kv) PT_TRY(OPS(m)->rope(be, st->k + t * kd, 1, nkv, hd, pos, &rope));
+            PT_TRY(rope_qk(m, st->q + t * qd, own_kv ? st->k + t * kd : NULL, 1, nh, nkv, hd, pos, &rope));
         }
         if (own_kv) PT_TRY(OPS(m)->kv_append(be, &sq->kv[l], st->k + t * kd, st->v + t * kd, 1, pos));
         PT_TRY(OPS(m)->attention(be, st->att + t * qd, st->q + t * qd, 1, pos, &sq->kv[L->kv_shared ? L->kv_src : l],
@@ -306,9 +313,16 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
     if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, -1, st->x, T, pos0, H);
     if (n->ple_dim > 0) PT_TRY(ple_inputs(m, st, r, T));
     if (st->conv_state) PT_TRY(pt_qwen35_begin(m, st, pos0));
+    /* The residual adds with scale 1 ride in the next rms_norm's fused form
+     * (x += y, then xn = rms_norm(x)): bit-identical to the add followed by
+     * the norm on every backend (backend.h), one kernel fewer each. pend: the
+     * add x += y of the previous layer's FFN is still to do. */
+    int pend = 0;
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
-        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->attn_norm, n->norm_type, L->norm_style, n->eps));
+        PT_TRY(OPS(m)->rms_norm(be, st->xn, pend ? st->y : st->x, pend ? st->x : NULL, T, H, L->attn_norm,
+                                n->norm_type, L->norm_style, n->eps));
+        pend = 0;
         if (L->is_linear || L->attn_gate) {
             PT_TRY(pt_qwen35_mixer(m, st, L, l, T)); /* Qwen3.5: qwen3_5.c (never with batched rows) */
         } else {
@@ -341,11 +355,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                     rope.inv_freq = L->inv_freq_long;
                     rope.attn_scale = L->attn_long_scale;
                 }
-                PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &rope));
-                if (own_kv) {
-                    PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &rope));
-                    PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
-                }
+                PT_TRY(rope_qk(m, st->q, own_kv ? st->k : NULL, T, nh, nkv, hd, st->pos_dev, &rope));
+                if (own_kv) PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
                 /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
                 PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
             }
@@ -354,25 +365,38 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
                                     n->eps));
-        PT_TRY(residual(m, st, L, (int64_t)T * H));
-        PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
+        if (L->residual_scale == 1.0f) {
+            PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
+        } else {
+            PT_TRY(residual(m, st, L, (int64_t)T * H));
+            PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
+        }
         PT_TRY(ffn(m, st, r, L, l, T, pos0));
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm, n->norm_type, L->norm_style,
                                     n->eps));
-        PT_TRY(residual(m, st, L, (int64_t)T * H));
+        /* deferred into the next norm unless something reads x before it */
+        if (L->residual_scale == 1.0f && !L->ple_gate.rows && !L->has_layer_scalar && !(m->hidden_cb && !r))
+            pend = 1;
+        else
+            PT_TRY(residual(m, st, L, (int64_t)T * H));
         if (L->ple_gate.rows) PT_TRY(ple_gate(m, st, r, L, l, T));
         if (L->has_layer_scalar) PT_TRY(OPS(m)->scale(be, st->x, st->x, L->layer_scalar, (int64_t)T * H));
         if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, l, st->x, T, pos0, H);
     }
     if (st->conv_state) st->lin_pos = (int64_t)pos0 + T; /* the DeltaNet states now hold positions < pos0 + T */
+    /* the last add: into the final norm when that norm covers every row */
+    if (pend && n_logits != T) {
+        PT_TRY(OPS(m)->add(be, st->x, st->x, st->y, (int64_t)T * H));
+        pend = 0;
+    }
     *hn_out = NULL;
     if (n_logits == 0) return PT_OK;
     /* only the rows that need logits: the final norm and the lm_head */
     const int r0 = T - n_logits;
     float *hn = st->xn + (size_t)r0 * H;
-    PT_TRY(OPS(m)->rms_norm(be, hn, st->x + (size_t)r0 * H, NULL, n_logits, H, n->final_norm, n->norm_type,
-                            n->final_style, n->eps));
+    PT_TRY(OPS(m)->rms_norm(be, hn, pend ? st->y : st->x + (size_t)r0 * H, pend ? st->x : NULL, n_logits, H,
+                            n->final_norm, n->norm_type, n->final_style, n->eps));
     if (m->hidden_cb && !r) m->hidden_cb(m->hidden_user, n->n_layers, hn, n_logits, pos0 + r0, H);
     if (n->logit_scale != 1.0f) PT_TRY(OPS(m)->scale(be, hn, hn, n->logit_scale, (int64_t)n_logits * H));
     *hn_out = hn;

@@ -330,6 +330,7 @@ static const pt_backend_ops cuda_ops = {
     .matmul_rows = pt_cuda_matmul_rows,
     .kv_append_rows = pt_cuda_kv_append_rows,
     .attention_rows = pt_cuda_attention_rows,
+    .rope_qk = pt_cuda_rope_qk,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

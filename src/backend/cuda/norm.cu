@@ -1,13 +1,130 @@
 /* rms_norm (backend.h): y = rms_norm(x) per row in one of four weight styles,
  * optionally fused with the residual add (residual += x, rounded; then
- * y = rms_norm(residual)), so the residual stream is read and written once.
- * One block per row; the sum of squares is a block reduction in f32 and the
- * rounding points are the CPU reference's (cpu_ops.c). Not the per-layer
- * scalar ops (elementwise.cu). */
+ * y = rms_norm(residual)), so the residual stream is read and written once
+ * and the add costs no kernel of its own. The rounding points are the CPU
+ * reference's (cpu_ops.c); the sum of squares is accumulated in f32 in
+ * another order (a tree), within the op tests' tolerance. Not the per-layer
+ * scalar ops (elementwise.cu), not the gated norm (deltanet.cu).
+ *
+ * Rows of up to 16384 values (every hidden size and head size a model spec
+ * has) take the register kernel: one block per row, each thread owning V
+ * chunks of 4 consecutive values (chunk j = k·threads + thread, so a warp's
+ * loads are coalesced). A thread issues all its loads — x, the residual and
+ * the weights — before the first use, keeps its values in registers, and
+ * writes its outputs after one block reduction: a single pass over x with
+ * one memory round trip, where a strided loop pays one per element. With
+ * D % 4 == 0 and 16-byte aligned rows the chunks move as float4; otherwise
+ * the same chunks move as scalars. Both variants assign the same values to
+ * the same threads and sum them in the same order (explicit fma), and the
+ * block shape depends only on D: the bits of a row depend on D and the row's
+ * values alone — not on T, the alignment, or which decode path (single,
+ * batched, graph) runs it. Longer rows take the strided kernel. */
 #include "backend/cuda/cuda_internal.cuh"
 
-#define NORM_THREADS 256
+#include <stdint.h>
 
+#define NORM_THREADS 256     /* strided kernel (long rows) */
+#define NORM_REG_THREADS 512 /* register kernel: at most this many threads per row */
+#define NORM_REG_MAX_V 8     /* ... and this many 4-value chunks per thread: D <= 16384 */
+
+/* The output value of one element (rounding points of cpu_ops.c). */
+__device__ __forceinline__ float norm_out(int style, float v, float inv, float w, int bf) {
+    float o;
+    switch (style) {
+    case PT_RMS_W: o = w * pt_rnd(bf, v * inv); break;
+    case PT_RMS_W_F32: o = v * inv * w; break;
+    case PT_RMS_1PW: o = v * inv * (1.0f + w); break;
+    default: o = v * inv; break;
+    }
+    return pt_rnd(bf, o);
+}
+
+/* grid: one block per row; block: NORM_REG_THREADS at most (a multiple of
+ * 32). V: chunks of 4 values per thread. VEC: float4 accesses (requires
+ * D % 4 == 0 and x, y, res 16-byte aligned). */
+template <int V, bool VEC>
+__global__ void __launch_bounds__(NORM_REG_THREADS)
+    rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
+                        float eps, int bf) {
+    __shared__ float red[32];
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * D;
+    float *yr = y + r * D;
+    float *hr = res ? res + r * D : NULL;
+    const int nt = blockDim.x;
+    float v[V][4], wv[V][4];
+    /* all loads first: x (and the residual), then the weights */
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int i0 = 4 * (k * nt + (int)threadIdx.x);
+        if (VEC) {
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (i0 < D) {
+                a = *(const float4 *)(xr + i0);
+                if (hr) {
+                    const float4 h = *(const float4 *)(hr + i0);
+                    a.x = pt_rnd(bf, __fadd_rn(h.x, a.x));
+                    a.y = pt_rnd(bf, __fadd_rn(h.y, a.y));
+                    a.z = pt_rnd(bf, __fadd_rn(h.z, a.z));
+                    a.w = pt_rnd(bf, __fadd_rn(h.w, a.w));
+                }
+            }
+            v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int i = i0 + e;
+                float a = 0.f;
+                if (i < D) {
+                    a = xr[i];
+                    if (hr) a = pt_rnd(bf, __fadd_rn(hr[i], a));
+                }
+                v[k][e] = a;
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) wv[k][e] = (style != PT_RMS_NOSCALE && i0 + e < D) ? pt_ld(wt, w, i0 + e) : 0.f;
+    }
+    /* the residual row: written by the thread that read it (y may alias x, never res) */
+    if (hr) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int i0 = 4 * (k * nt + (int)threadIdx.x);
+            if (VEC) {
+                if (i0 < D) *(float4 *)(hr + i0) = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (i0 + e < D) hr[i0 + e] = v[k][e];
+            }
+        }
+    }
+    /* zero padding adds exact zeros: fma(0, 0, s) == s */
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < V; k++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ss = __fmaf_rn(v[k][e], v[k][e], ss);
+    ss = pt_block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        const int i0 = 4 * (k * nt + (int)threadIdx.x);
+        float o[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[e] = norm_out(style, v[k][e], inv, wv[k][e], bf);
+        if (VEC) {
+            if (i0 < D) *(float4 *)(yr + i0) = make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                if (i0 + e < D) yr[i0 + e] = o[e];
+        }
+    }
+}
+
+/* Long rows (D > 16384): one block per row, strided over the row twice;
+ * the same explicit fma sum whether the residual add is fused or not. */
 __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_kernel(float *y, const float *x, float *res, int64_t D, const void *w, pt_ftype wt, int style, float eps,
                     int bf) {
@@ -19,26 +136,29 @@ __global__ void __launch_bounds__(NORM_THREADS)
     if (res) {
         float *h = res + r * D;
         for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-            float v = pt_rnd(bf, h[i] + xr[i]);
+            float v = pt_rnd(bf, __fadd_rn(h[i], xr[i]));
             h[i] = v;
-            ss += v * v;
+            ss = __fmaf_rn(v, v, ss);
         }
         xr = h; /* y may alias x, never residual: read the normalized input from h */
     } else {
-        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+        for (int64_t i = threadIdx.x; i < D; i += blockDim.x) ss = __fmaf_rn(xr[i], xr[i], ss);
     }
     ss = pt_block_sum(ss, red);
     const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-    for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
-        float v = xr[i], o;
-        switch (style) {
-        case PT_RMS_W: o = pt_ld(wt, w, i) * pt_rnd(bf, v * inv); break;
-        case PT_RMS_W_F32: o = v * inv * pt_ld(wt, w, i); break;
-        case PT_RMS_1PW: o = v * inv * (1.0f + pt_ld(wt, w, i)); break;
-        default: o = v * inv; break;
-        }
-        yr[i] = pt_rnd(bf, o);
-    }
+    for (int64_t i = threadIdx.x; i < D; i += blockDim.x)
+        yr[i] = norm_out(style, xr[i], inv, style == PT_RMS_NOSCALE ? 0.f : pt_ld(wt, w, i), bf);
+}
+
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+template <int V>
+static void launch_reg(cudaStream_t s, int threads, bool vec, unsigned T, float *y, const float *x, float *res,
+                       int D, const void *w, pt_ftype wt, int style, float eps, int bf) {
+    if (vec)
+        rms_norm_reg_kernel<V, true><<<T, threads, 0, s>>>(y, x, res, D, w, wt, style, eps, bf);
+    else
+        rms_norm_reg_kernel<V, false><<<T, threads, 0, s>>>(y, x, res, D, w, wt, style, eps, bf);
 }
 
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
@@ -48,10 +168,24 @@ pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *resi
     PT_ASSERT(style == PT_RMS_NOSCALE || w != NULL);
     if (T == 0) return PT_OK;
     if (T > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "rms_norm: %lld rows", (long long)T);
-    /* Short rows (per-head norms): fewer threads idle. */
-    int threads = D >= NORM_THREADS ? NORM_THREADS : (int)((D + 31) / 32 * 32);
-    rms_norm_kernel<<<(unsigned)T, threads, 0, c->stream>>>(y, x, residual, D, w, wtype, (int)style, eps,
-                                                           pt_cuda_bf(be));
+    const int bf = pt_cuda_bf(be);
+    const int64_t nvec = (D + 3) / 4; /* 4-value chunks of a row */
+    if (nvec <= (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) {
+        int V = 1;
+        while (nvec > (int64_t)V * NORM_REG_THREADS) V *= 2;
+        const int threads = (int)((nvec + V - 1) / V + 31) / 32 * 32;
+        const bool vec = D % 4 == 0 && aligned16(x) && aligned16(y) && (!residual || aligned16(residual));
+        const int di = (int)D;
+        switch (V) {
+        case 1: launch_reg<1>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
+        case 2: launch_reg<2>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
+        case 4: launch_reg<4>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
+        default: launch_reg<8>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
+        }
+    } else {
+        rms_norm_kernel<<<(unsigned)T, NORM_THREADS, 0, c->stream>>>(y, x, residual, D, w, wtype, (int)style, eps,
+                                                                   bf);
+    }
     CUDA_CHECK_LAUNCH("rms_norm");
     return PT_OK;
 }
