@@ -92,12 +92,14 @@ struct delta_args {
 
 __device__ __forceinline__ int64_t d_ld(const delta_args &d) { return 2 * (int64_t)d.Hk * d.Dk + (int64_t)d.Hv * d.Dv; }
 
-/* Σ round(x²) in order, then the CPU's l2norm factor (see cpu_deltanet.c). */
-__device__ float l2n_inv(const float *src, int D, int bf) {
+/* The CPU's l2norm factor (cpu_deltanet.c l2n): 1 / sqrt(Σx² + 1e-6) with
+ * Σx² in order, all in f32 whatever the activation dtype (the reference
+ * normalizes q and k after casting them to f32). The caller multiplies
+ * x · inv, then · scale for q: two f32 roundings, in that order. */
+__device__ float l2n_inv(const float *src, int D) {
     float ss = 0.0f;
-    for (int i = 0; i < D; i++) ss = add(ss, pt_rnd(bf, mul(src[i], src[i])));
-    ss = pt_rnd(bf, add(pt_rnd(bf, ss), 1e-6f));
-    return pt_rnd(bf, __fdiv_rn(1.0f, sqrtf(ss)));
+    for (int i = 0; i < D; i++) ss = add(ss, mul(src[i], src[i]));
+    return __fdiv_rn(1.0f, sqrtf(add(ss, 1e-6f)));
 }
 
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -122,8 +124,8 @@ __global__ void __launch_bounds__(DR_THREADS) delta_recurrent_kernel(delta_args 
     for (int64_t t = 0; t < d.T; t++) {
         const float *row = d.qkv + t * ld;
         const float *qs = row + (int64_t)kh * Dk, *ks = row + (int64_t)d.Hk * Dk + (int64_t)kh * Dk;
-        if (threadIdx.x == 0) sc[0] = l2n_inv(qs, Dk, d.bf);
-        if (threadIdx.x == 32) sc[1] = l2n_inv(ks, Dk, d.bf);
+        if (threadIdx.x == 0) sc[0] = l2n_inv(qs, Dk);
+        if (threadIdx.x == 32) sc[1] = l2n_inv(ks, Dk);
         if (threadIdx.x == 64) {
             float beta, g;
             beta_g(d, t, h, &beta, &g);
@@ -132,8 +134,8 @@ __global__ void __launch_bounds__(DR_THREADS) delta_recurrent_kernel(delta_args 
         }
         __syncthreads();
         for (int i = threadIdx.x; i < Dk; i += blockDim.x) {
-            q[i] = mul(pt_rnd(d.bf, mul(qs[i], sc[0])), d.q_scale);
-            k[i] = pt_rnd(d.bf, mul(ks[i], sc[1]));
+            q[i] = mul(mul(qs[i], sc[0]), d.q_scale);
+            k[i] = mul(ks[i], sc[1]);
         }
         __syncthreads();
         if (j < Dv) {
@@ -183,10 +185,10 @@ __global__ void __launch_bounds__(DC_THREADS) delta_chunked_kernel(delta_args d)
         for (int r = tid; r < 2 * n; r += nt) {
             const int i = r >> 1, isk = r & 1;
             const float *row = d.qkv + (t0 + i) * ld + (isk ? (int64_t)d.Hk * Dk : 0) + (int64_t)kh * Dk;
-            const float inv = l2n_inv(row, Dk, d.bf);
+            const float inv = l2n_inv(row, Dk);
             float *dst = (isk ? K : Q) + (size_t)i * Dk;
             for (int e = 0; e < Dk; e++) {
-                const float v = pt_rnd(d.bf, mul(row[e], inv));
+                const float v = mul(row[e], inv);
                 dst[e] = isk ? v : mul(v, d.q_scale);
             }
         }
