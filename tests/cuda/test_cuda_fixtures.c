@@ -62,7 +62,17 @@ static float *eval(pt_model *m, const int32_t *ids, int n) {
     return lg;
 }
 
-/* fp32 logits of every position, CPU vs CUDA */
+/* fp32 logits of every position, CPU vs CUDA.
+ * The gate is max|dlogit| <= 1e-4 x max|logit|. With a quantized cache there
+ * is a second way to pass: the two devices' f32 K/V differ in the last bits
+ * (other summation orders in the norms and GEMVs), and a value that sits on
+ * a quantization boundary then takes the neighbouring code on one device
+ * (one step of its group's scale; the cache bytes are identical for
+ * identical inputs — test_cuda_kvq checks that). Such a flip moves the
+ * logits by a fraction of what quantization itself changes, so the case also
+ * passes when max|dlogit| <= 0.25 x E_q, E_q = max|CPU quantized − CPU
+ * full-precision logits| measured here. Wrong quantization semantics (group
+ * size, rounding, scale, start) move the logits by about E_q and fail. */
 static void logits_case(const char *dir, int kq, int gs, int pc, int start, int gate) {
     if (!pt_is_dir(dir)) {
         printf("INFO %s absent, skipped\n", dir);
@@ -83,11 +93,26 @@ static void logits_case(const char *dir, int kq, int gs, int pc, int start, int 
                 if (isnan(b[i])) nan = 1;
                 if (fabs(a[i] - b[i]) > md) md = fabs(a[i] - b[i]);
             }
-            printf("MEASURE %s kv-quant %d (group %d) prefill-chunk %d start %d: max|dlogit| %.3g = %.2e of max|logit|\n",
+            double eq = -1; /* E_q: what quantizing the cache changes on the CPU */
+            if (kq && md > 1e-4 * mx) {
+                pt_model *m0 = load(dir, PT_DEVICE_CPU, PT_COMPUTE_F32, 0, 0, pc, 0);
+                float *c = m0 ? eval(m0, ids, NP) : NULL;
+                if (c) {
+                    eq = 0;
+                    for (int64_t i = 0; i < (int64_t)NP * V; i++)
+                        if (fabs(a[i] - c[i]) > eq) eq = fabs(a[i] - c[i]);
+                }
+                free(c);
+                pt_model_free(&m0);
+            }
+            printf("MEASURE %s kv-quant %d (group %d) prefill-chunk %d start %d: max|dlogit| %.3g = %.2e of max|logit|",
                    dir, kq, gs, pc, start, md, md / mx);
+            if (eq >= 0) printf(" = %.3f of E_q %.3g (a boundary code flip)", md / eq, eq);
+            printf("\n");
             CHECK(!nan, "%s: NaN in the CUDA logits", dir);
-            CHECK(!gate || md <= 1e-4 * mx, "%s kv-quant %d prefill-chunk %d: max|dlogit| %.3g > 1e-4 x %.3g", dir, kq,
-                  pc, md, mx);
+            CHECK(!gate || md <= 1e-4 * mx || (eq > 0 && md <= 0.25 * eq),
+                  "%s kv-quant %d prefill-chunk %d: max|dlogit| %.3g > 1e-4 x %.3g%s", dir, kq, pc, md, mx,
+                  eq >= 0 ? " and > 0.25 x E_q" : "");
         }
         free(a), free(b);
     }
@@ -167,11 +192,11 @@ static void test_kv_quant_llama(void) {
     logits_case("tests/fixtures/llama", 8, 32, 1, 0, 1);
     logits_case("tests/fixtures/llama", 4, 64, 4, 9, 1);
     logits_case("tests/fixtures/gemma2", 4, 32, 7, 0, 1); /* window 16 (a ring), soft-cap */
-    /* reported, not gated: on the demo model a 4-bit K/V code sits on a
-     * rounding boundary, and the CPU's own AVX2 and AVX-512 kernels differ
-     * by the same 3.9e-3 of max|logit| there (docs/cuda.md) */
-    logits_case("models/kjv-llama-4bit", 4, 64, 7, 0, 0);
-    logits_case("models/kjv-llama-4bit", 4, 64, 1, 0, 0);
+    /* on the demo model a 4-bit K/V code sits on a rounding boundary (the
+     * CPU's own AVX2 and AVX-512 kernels differ by the same 3.9e-3 of
+     * max|logit| there, docs/cuda.md): the E_q rule above applies */
+    logits_case("models/kjv-llama-4bit", 4, 64, 7, 0, 1);
+    logits_case("models/kjv-llama-4bit", 4, 64, 1, 0, 1);
     greedy_case("tests/fixtures/llama", PT_COMPUTE_F32, 4, 64, 0);
     greedy_case("tests/fixtures/llama", PT_COMPUTE_F32, 8, 64, 0);
     greedy_case("models/kjv-llama-4bit", PT_COMPUTE_F32, 4, 64, 0);
