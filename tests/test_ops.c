@@ -303,6 +303,27 @@ static void test_matmul_bf16_mode(void) {
     pt_backend_free(&be);
 }
 
+/* The prefill GEMM walks K in blocks of 1024 inside each panel (partial sums in
+ * a per-thread buffer): K = 2112 is two full blocks and a partial one, for
+ * dense and 3/4/8-bit weights (3 bits: codes unpacked from a block offset). */
+static void test_matmul_gemm_k_blocks(void) {
+    static const int bitss[] = {0, 3, 4, 8};
+    for (int am = 0; am < 2; am++) {
+        pt_backend *be = mk(2, am ? PT_ACT_BF16 : PT_ACT_F32, PT_ISA_AUTO);
+        REQUIRE(be, "backend: %s", pt_last_error());
+        for (int bi = 0; bi < 4; bi++) {
+            tweight tw;
+            tw_make(&tw, 0, 37, 2112, PT_FT_BF16, bitss[bi], bitss[bi] ? 64 : 0, 1);
+            char what[96];
+            snprintf(what, sizeof what, "gemm K=2112 bits=%d act=%s", bitss[bi], am ? "bf16" : "f32");
+            int ok = check_matmul_case(be, &tw, 13, 0, what);
+            tw_free(&tw);
+            if (!ok) break;
+        }
+        pt_backend_free(&be);
+    }
+}
+
 /* The AVX-512 bf16-dot kernel for 4-bit rows (bf16 mode, K % 128 == 0): every
  * group size, K up to 4096 (its 128-offset form must stay within the f32
  * tolerance), and the per-token fallback: a token whose x is not exactly bf16
@@ -1095,6 +1116,7 @@ int main(void) {
     TEST_RUN(test_matmul_quant_many_panels);
     TEST_RUN(test_matmul_bf16_mode);
     TEST_RUN(test_matmul_q4_bf16_dot);
+    TEST_RUN(test_matmul_gemm_k_blocks);
     TEST_RUN(test_matmul_int8_act);
     TEST_RUN(test_prepare_weight_rejects);
     TEST_RUN(test_embed);

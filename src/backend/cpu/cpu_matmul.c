@@ -161,10 +161,14 @@ static void mm_direct(void *arg, long n0, long n1, int ith) {
  * N floats apart, alias in L1 and every block reloaded them; measured in
  * dev/README.md.) */
 #define PT_GEMM_MR 12
+/* K block of a panel: [1024][32] floats (128 KiB) + 16 dequantized rows stay in L2
+ * (a whole-K panel of the 8b shape's down projection, K = 14336, did not) */
+#define PT_GEMM_KB 1024
 
-static size_t gemm_scratch(int64_t K) {
-    /* per thread: panel [K][32], tile output [12][32], scales|biases [2·ng], 16 rows [16][K] */
-    return (size_t)(K * 32 + PT_GEMM_MR * 32 + 64 * (K / 32 + 1) + 16 * K + 16);
+static size_t gemm_scratch(int64_t T, int64_t K) {
+    /* per thread: panel [KB][32], the panel's sums [tiles·12][32], scales|biases [2·ng], 16 rows [16][KB] */
+    int64_t KB = K < PT_GEMM_KB ? K : PT_GEMM_KB, tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
+    return (size_t)(KB * 32 + tiles * PT_GEMM_MR * 32 + 64 * (K / 32 + 1) + 16 * KB + 16);
 }
 
 /* Packs x [T, K] into [tiles][K][12] (tokens past T as zeros); 4-bit weights
@@ -209,49 +213,55 @@ static void mm_gemm(void *arg, long n0, long n1, int ith) {
     int64_t N = w->rows, K = w->cols, T = m->T;
     if (n0 >= n1) return;
     int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
-    float *wp = pt_cpu_thread_scratch(m->c, ith); /* [K][32] */
-    float *cbuf = wp + K * 32;                    /* [12][32] */
-    float *prm = cbuf + PT_GEMM_MR * 32;          /* [2·ng]: one row's scales | biases */
-    float *tmp = prm + 64 * (K / 32 + 1);         /* [16][K] rows, dequantized */
+    int64_t KB = K < PT_GEMM_KB ? K : PT_GEMM_KB;
+    float *wp = pt_cpu_thread_scratch(m->c, ith); /* [KB][32] */
+    float *cbuf = wp + KB * 32;                   /* [tiles·12][32] the panel's sums */
+    float *prm = cbuf + tiles * PT_GEMM_MR * 32;  /* [2·ng]: one row's scales | biases */
+    float *tmp = prm + 64 * (K / 32 + 1);         /* [16][KB] rows, dequantized */
     int64_t ng = w->bits ? K / w->group_size : 0;
+    size_t esz = pt_ftype_size(w->dtype);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        /* 16 rows at a time: dequantized/converted row by row into tmp [16][K], then
-         * transposed into the panel (panel_t16) */
-        for (int r0 = 0; r0 < 32; r0 += 16) {
-            for (int r = 0; r < 16; r++) {
-                float *dst = tmp + (size_t)r * K;
-                int64_t n = p0 + r0 + r;
-                if (r0 + r >= nr) {
-                    memset(dst, 0, (size_t)K * sizeof(float));
-                } else if (w->bits) {
-                    float *sc = prm, *bi = prm + ng;
-                    pt_cpu_qrow_params(w, m->expert, n, sc, bi);
-                    if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization */
-                        k->dequant_q(dst, pt_cpu_qrow_codes(w, m->expert, n), 0, K, sc, bi, w->group_size, w->bits);
-                    } else {
-                        pt_cpu_unpack_codes(pt_cpu_qrow_codes(w, m->expert, n), w->bits, 0, K, dst);
-                        for (int64_t g = 0; g < ng; g++) { /* group by group: no division per element */
-                            float sg = sc[g], bg = bi[g];
-                            for (int64_t kk = g * w->group_size; kk < (g + 1) * w->group_size; kk++)
-                                dst[kk] = sg * dst[kk] + bg;
+        for (int64_t kc0 = 0; kc0 < K; kc0 += KB) {
+            int64_t kc = K - kc0 < KB ? K - kc0 : KB;
+            /* 16 rows at a time: dequantized/converted row by row into tmp [16][kc], then
+             * transposed into the panel (panel_t16) */
+            for (int r0 = 0; r0 < 32; r0 += 16) {
+                for (int r = 0; r < 16; r++) {
+                    float *dst = tmp + (size_t)r * kc;
+                    int64_t n = p0 + r0 + r;
+                    if (r0 + r >= nr) {
+                        memset(dst, 0, (size_t)kc * sizeof(float));
+                    } else if (w->bits) {
+                        float *sc = prm, *bi = prm + ng;
+                        pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+                        const uint8_t *codes = pt_cpu_qrow_codes(w, m->expert, n);
+                        if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization */
+                            k->dequant_q(dst, codes, kc0, kc, sc, bi, w->group_size, w->bits);
+                        } else { /* blocks start on group boundaries (PT_GEMM_KB % 128 == 0) */
+                            pt_cpu_unpack_codes(codes, w->bits, kc0, kc, dst);
+                            for (int64_t g = kc0 / w->group_size; g < (kc0 + kc) / w->group_size; g++) {
+                                float sg = sc[g], bg = bi[g];
+                                for (int64_t kk = g * w->group_size; kk < (g + 1) * w->group_size; kk++)
+                                    dst[kk - kc0] = sg * dst[kk - kc0] + bg;
+                            }
                         }
+                    } else {
+                        pt_ft_load_row(w->dtype, (const char *)pt_cpu_dense_row(w, m->expert, n) + kc0 * esz, dst, kc);
                     }
-                } else {
-                    pt_ft_load_row(w->dtype, pt_cpu_dense_row(w, m->expert, n), dst, K);
                 }
+                if (kc % 16 == 0) k->panel_t16(wp, r0, tmp, kc);
+                else pt_cpu_panel_t16_ref(wp, r0, tmp, kc);
             }
-            if (K % 16 == 0) k->panel_t16(wp, r0, tmp, K);
-            else pt_cpu_panel_t16_ref(wp, r0, tmp, K);
+            for (int64_t ti = 0; ti < tiles; ti++) {
+                int mr = (int)(T - ti * PT_GEMM_MR < PT_GEMM_MR ? T - ti * PT_GEMM_MR : PT_GEMM_MR);
+                k->gemm_32(cbuf + ti * PT_GEMM_MR * 32, 32, m->xpk + ti * PT_GEMM_MR * K + kc0 * PT_GEMM_MR, wp, mr,
+                           kc, kc0 == 0);
+            }
         }
-        for (int64_t ti = 0; ti < tiles; ti++) {
-            int mr = (int)(T - ti * PT_GEMM_MR < PT_GEMM_MR ? T - ti * PT_GEMM_MR : PT_GEMM_MR);
-            k->gemm_32(cbuf, 32, m->xpk + ti * PT_GEMM_MR * K, wp, mr, K, 1);
-            for (int t = 0; t < mr; t++)
-                for (int r = 0; r < nr; r++)
-                    m->y[(ti * PT_GEMM_MR + t) * N + p0 + r] =
-                        pt_act_round(act, cbuf[t * 32 + r] + bias_of(w, m->expert, p0 + r));
-        }
+        for (int64_t t = 0; t < T; t++)
+            for (int r = 0; r < nr; r++)
+                m->y[t * N + p0 + r] = pt_act_round(act, cbuf[t * 32 + r] + bias_of(w, m->expert, p0 + r));
     }
 }
 
@@ -432,7 +442,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
     } else {
         int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
         /* shared: x packed [tiles][K][12] */
-        PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(K), (size_t)(tiles * PT_GEMM_MR * K)));
+        PT_TRY(pt_cpu_need_scratch(c, gemm_scratch(T, K), (size_t)(tiles * PT_GEMM_MR * K)));
         packx_ctx px = {.xpk = c->xbuf, .x = x, .T = T, .K = K, .perm4 = w->bits == 4};
         pt_pool_for(c->pool, (long)tiles, 1, gemm_pack_x, &px);
         m.xpk = c->xbuf;
