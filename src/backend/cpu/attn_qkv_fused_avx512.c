@@ -1,5 +1,10 @@
-/* AVX-512 block kernel of the --fused-decode-attn CPU path (contract in
- * attn_qkv_fused.h). What makes it faster than the exact quantized path:
+/* AVX-512 attention over a quantized KV cache (contracts in
+ * attn_qkv_fused.h), two entry points on one set of loops:
+ * pt_cpu_fused_block_avx512, a 128-key block of the --fused-decode-attn
+ * path (online softmax, merged by attn_qkv_fused.c), and
+ * pt_cpu_qattn_item_avx512, one (token, KV head) item of the exact path
+ * (cpu_attention.c: all keys, the backend's two-pass softmax). What makes
+ * them faster than scoring and dequantizing row by row per head:
  *
  *  - GQA heads share every load: a key or value row's codes are widened to
  *    f32 once and multiplied into all G query heads of the group.
@@ -13,7 +18,7 @@
  *  - p·V keeps the output of a 32- or 64-lane slice of head_dim in
  *    registers for all G heads across the block's rows (no read-modify-write
  *    of an accumulator row per key, as an axpy does).
- *  - exp is a vector polynomial (degree 6 on |r| <= ln2/2, relative error
+ *  - the fused block's exp is a vector polynomial (degree 6 on |r| <= ln2/2, relative error
  *    ~2e-7), not a call per score.
  *
  * 4-bit codes come in bytes of two values (low nibble first): 16 bytes are
@@ -21,10 +26,12 @@
  * odd values of a 32-value block. Scores use the query pre-permuted the same
  * way; p·V accumulates in that order and un-permutes when it stores.
  *
- * Not bit-identical to the exact path (other summation order, exp
- * polynomial, factored p·V): the fused lever is output-changing and gated
- * by tests/test_l3_gate.c and tests/test_kv_fused.c. Every value depends
- * only on the block, never on the thread that computes it. */
+ * The fused block is not bit-identical to the exact item (online softmax,
+ * exp polynomial): the lever is output-changing and gated by
+ * tests/test_l3_gate.c and tests/test_kv_fused.c. The exact item sums the
+ * products of the plain formula in another order (L2 references held by
+ * tests/test_kv_quant.c). Every value depends only on the block or item,
+ * never on the thread that computes it. */
 #include "backend/cpu/attn_qkv_fused.h"
 
 #include "backend/cpu/cpu_internal.h"
