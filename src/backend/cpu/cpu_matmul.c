@@ -216,12 +216,15 @@ static void mm_gemm(void *arg, long n0, long n1, int ith) {
     int64_t KB = K < PT_GEMM_KB ? K : PT_GEMM_KB;
     float *wp = pt_cpu_thread_scratch(m->c, ith); /* [KB][32] */
     float *cbuf = wp + KB * 32;                   /* [tiles·12][32] the panel's sums */
-    float *prm = cbuf + tiles * PT_GEMM_MR * 32;  /* [2·ng]: one row's scales | biases */
+    float *prm = cbuf + tiles * PT_GEMM_MR * 32;  /* [32][2·ng]: the panel's scales | biases */
     float *tmp = prm + 64 * (K / 32 + 1);         /* [16][KB] rows, dequantized */
     int64_t ng = w->bits ? K / w->group_size : 0;
     size_t esz = pt_ftype_size(w->dtype);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        /* the panel's scales and biases, converted once (not once per K block) */
+        for (int r = 0; w->bits && r < nr; r++)
+            pt_cpu_qrow_params(w, m->expert, p0 + r, prm + (size_t)r * 2 * ng, prm + (size_t)r * 2 * ng + ng);
         for (int64_t kc0 = 0; kc0 < K; kc0 += KB) {
             int64_t kc = K - kc0 < KB ? K - kc0 : KB;
             /* 16 rows at a time: dequantized/converted row by row into tmp [16][kc], then
@@ -233,8 +236,7 @@ static void mm_gemm(void *arg, long n0, long n1, int ith) {
                     if (r0 + r >= nr) {
                         memset(dst, 0, (size_t)kc * sizeof(float));
                     } else if (w->bits) {
-                        float *sc = prm, *bi = prm + ng;
-                        pt_cpu_qrow_params(w, m->expert, n, sc, bi);
+                        const float *sc = prm + (size_t)(r0 + r) * 2 * ng, *bi = sc + ng;
                         const uint8_t *codes = pt_cpu_qrow_codes(w, m->expert, n);
                         if (w->bits == 4 || w->bits == 8) { /* SIMD dequantization */
                             k->dequant_q(dst, codes, kc0, kc, sc, bi, w->group_size, w->bits);
