@@ -12,6 +12,7 @@
  *     (with 2, padded to the CUDA graph buckets as on the GPU).
  * Plus the argument checks (nothing changes on a rejected call). */
 #include "test.h"
+#include "golden.h" /* golden_argmax */
 
 #include "base/mmap.h"
 #include "petrel.h"
@@ -36,13 +37,6 @@ static pt_model *load(const char *dir, int threads, pt_compute_dtype dt) {
     pt_model *m = NULL;
     if (pt_model_load(dir, &mp, &m) != PT_OK) printf("    load %s: %s\n", dir, pt_last_error());
     return m;
-}
-
-static int argmax(const float *x, int V) {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* Prompt of session i: lengths differ so the sessions decode at different
@@ -72,7 +66,7 @@ static int make_ref(pt_model *m, ref_t *r) {
         if (pt_session_prompt(s, p, (size_t)prompt_len(i)) != PT_OK) return 0;
         memcpy(ref_row(r, i, 0), pt_session_logits(s), (size_t)r->V * 4);
         for (int t = 0; t < STEPS; t++) {
-            int32_t id = argmax(pt_session_logits(s), r->V);
+            int32_t id = golden_argmax(pt_session_logits(s), r->V);
             r->tok[i][t] = id;
             if (pt_session_prompt(s, &id, 1) != PT_OK) return 0;
             memcpy(ref_row(r, i, t + 1), pt_session_logits(s), (size_t)r->V * 4);
@@ -107,7 +101,7 @@ static int run_batched(pt_model *m, ref_t *r, int n, const int *join, const int 
                 if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, 0), (size_t)r->V * 4)) bad++;
             }
             if (step >= join[i] && done[i] < last[i]) {
-                int32_t id = argmax(pt_session_logits(ss[i]), r->V);
+                int32_t id = golden_argmax(pt_session_logits(ss[i]), r->V);
                 if (id != r->tok[i][done[i]]) bad++;
                 b[B] = ss[i];
                 ids[B] = id;

@@ -20,6 +20,7 @@
  * or eagerly in table mode) rather than in the row-by-row fallback. On a
  * machine without a usable GPU it reports that and skips. */
 #include "test.h"
+#include "golden.h" /* golden_argmax */
 
 #include "backend/cuda/cuda.h"
 #include "base/mmap.h"
@@ -30,13 +31,6 @@
 #include <stdint.h>
 
 enum { MAXS = 16, STEPS = 6 };
-
-static int argmax(const float *x, int V) {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 static int prompt_len(int i) { return 2 + 3 * i; }
 static int32_t prompt_id(int i, int j, int V) { return (int32_t)((i * 131 + j * 37 + 5) % V); }
@@ -61,7 +55,7 @@ static int make_ref(pt_model *m, ref_t *r) {
         if (pt_session_prompt(s, p, (size_t)prompt_len(i)) != PT_OK) return 0;
         memcpy(ref_row(r, i, 0), pt_session_logits(s), (size_t)r->V * 4);
         for (int t = 0; t < STEPS; t++) {
-            int32_t id = argmax(pt_session_logits(s), r->V);
+            int32_t id = golden_argmax(pt_session_logits(s), r->V);
             r->tok[i][t] = id;
             if (pt_session_prompt(s, &id, 1) != PT_OK) return 0;
             memcpy(ref_row(r, i, t + 1), pt_session_logits(s), (size_t)r->V * 4);
@@ -96,7 +90,7 @@ static int run_batched(pt_model *m, ref_t *r, int n, const int *join, const int 
                 if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, 0), (size_t)r->V * 4)) bad++;
             }
             if (step >= join[i] && done[i] < last[i]) {
-                int32_t id = argmax(pt_session_logits(ss[i]), r->V);
+                int32_t id = golden_argmax(pt_session_logits(ss[i]), r->V);
                 if (id != r->tok[i][done[i]]) bad++;
                 b[B] = ss[i];
                 ids[B] = id;
