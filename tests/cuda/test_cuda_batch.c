@@ -20,7 +20,7 @@
  * or eagerly in table mode) rather than in the row-by-row fallback. On a
  * machine without a usable GPU it reports that and skips. */
 #include "test.h"
-#include "golden.h" /* golden_argmax */
+#include "batch_check.h"
 
 #include "backend/cuda/cuda.h"
 #include "base/mmap.h"
@@ -33,91 +33,6 @@
 enum { MAXS = 16, STEPS = 6 };
 
 static int prompt_len(int i) { return 2 + 3 * i; }
-static int32_t prompt_id(int i, int j, int V) { return (int32_t)((i * 131 + j * 37 + 5) % V); }
-
-typedef struct {
-    int V;
-    float *logits; /* [MAXS][STEPS + 1][V] */
-    int32_t tok[MAXS][STEPS];
-} ref_t;
-
-static float *ref_row(ref_t *r, int i, int step) { return r->logits + ((size_t)i * (STEPS + 1) + step) * r->V; }
-
-static int make_ref(pt_model *m, ref_t *r) {
-    r->V = pt_model_vocab_size(m);
-    r->logits = malloc((size_t)MAXS * (STEPS + 1) * r->V * sizeof(float));
-    if (!r->logits) return 0;
-    for (int i = 0; i < MAXS; i++) {
-        pt_session *s = NULL;
-        if (pt_session_create(m, NULL, &s) != PT_OK) return 0;
-        int32_t p[64];
-        for (int j = 0; j < prompt_len(i); j++) p[j] = prompt_id(i, j, r->V);
-        if (pt_session_prompt(s, p, (size_t)prompt_len(i)) != PT_OK) return 0;
-        memcpy(ref_row(r, i, 0), pt_session_logits(s), (size_t)r->V * 4);
-        for (int t = 0; t < STEPS; t++) {
-            int32_t id = golden_argmax(pt_session_logits(s), r->V);
-            r->tok[i][t] = id;
-            if (pt_session_prompt(s, &id, 1) != PT_OK) return 0;
-            memcpy(ref_row(r, i, t + 1), pt_session_logits(s), (size_t)r->V * 4);
-        }
-        pt_session_free(&s);
-    }
-    return 1;
-}
-
-/* One batched run: session i joins at step join[i] (prefilled then) and
- * decodes last[i] steps (< STEPS: it left early, e.g. cancelled). Returns
- * the number of mismatches against the reference (logits bit for bit and
- * greedy tokens); *max_b the largest batch. */
-static int run_batched(pt_model *m, ref_t *r, int n, const int *join, const int *last, int *max_b) {
-    pt_session *ss[MAXS] = {0};
-    int done[MAXS] = {0}, bad = 0;
-    *max_b = 0;
-    for (int i = 0; i < n; i++)
-        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
-            printf("    session: %s\n", pt_last_error());
-            return 1000;
-        }
-    for (int step = 0; step < STEPS + MAXS; step++) {
-        pt_session *b[MAXS];
-        int32_t ids[MAXS];
-        int who[MAXS], B = 0;
-        for (int i = 0; i < n; i++) {
-            if (step == join[i]) {
-                int32_t p[64];
-                for (int j = 0; j < prompt_len(i); j++) p[j] = prompt_id(i, j, r->V);
-                if (pt_session_prompt(ss[i], p, (size_t)prompt_len(i)) != PT_OK) return 1000;
-                if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, 0), (size_t)r->V * 4)) bad++;
-            }
-            if (step >= join[i] && done[i] < last[i]) {
-                int32_t id = golden_argmax(pt_session_logits(ss[i]), r->V);
-                if (id != r->tok[i][done[i]]) bad++;
-                b[B] = ss[i];
-                ids[B] = id;
-                who[B++] = i;
-            }
-        }
-        if (!B) continue;
-        if (B > *max_b) *max_b = B;
-        if (pt_session_decode_batch(b, ids, B) != PT_OK) {
-            printf("    decode_batch: %s\n", pt_last_error());
-            return 1000;
-        }
-        for (int k = 0; k < B; k++) {
-            int i = who[k];
-            done[i]++;
-            if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, done[i]), (size_t)r->V * 4)) {
-                if (bad < 3) printf("    session %d step %d (batch of %d): logits differ\n", i, done[i], B);
-                bad++;
-            }
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        if (pt_session_n_tokens(ss[i]) != (size_t)(prompt_len(i) + last[i])) bad++;
-        pt_session_free(&ss[i]);
-    }
-    return bad;
-}
 
 static int g_kv_quant; /* --kv-quant for the next loads (0 = off) */
 
@@ -152,8 +67,8 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
         CHECK(strncmp(dir, "models/", 7) && strncmp(dir, "synthetic:", 10), "%s must load on CUDA", dir);
         return;
     }
-    ref_t r;
-    int ok = make_ref(m1, &r);
+    batch_ref r;
+    int ok = batch_ref_make(m1, &r, MAXS, STEPS, prompt_len);
     CHECK(ok, "%s: reference decode: %s", dir, pt_last_error());
     for (int compiled = 1; ok && compiled >= 0; compiled--) {
         pt_model *m = compiled ? m1 : load(dir, dt, 0);
@@ -164,7 +79,7 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
         for (int n = 1; n <= MAXS; n++) {
             if (!(n <= 8 || n == 13 || n == 16)) continue;
             if (!every_size && n != 1 && n != 3 && n != 8 && n != 13) continue;
-            int bad = run_batched(m, &r, n, zero, full, &max_b);
+            int bad = batch_run(m, &r, n, zero, full, &max_b);
             CHECK(bad == 0 && max_b == n, "%s dtype %d compiled %d: batch of %d: %d mismatches", dir, (int)dt,
                   compiled, n, bad);
         }
@@ -172,7 +87,7 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
          * steps, session 5 after 1, session 11 after 3 */
         int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1, 0, 4, 2, 0, 1, 3, 0, 6};
         int last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3, STEPS, 5, STEPS, 3, STEPS, STEPS, 2, STEPS};
-        int bad = run_batched(m, &r, MAXS, join, last, &max_b);
+        int bad = batch_run(m, &r, MAXS, join, last, &max_b);
         CHECK(bad == 0, "%s dtype %d compiled %d: join/leave schedule: %d mismatches", dir, (int)dt, compiled, bad);
         int64_t cnt[3];
         pt_batch_counts(m, cnt);
@@ -183,7 +98,7 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
         else CHECK(cnt[1] > 0 && cnt[2] == 0, "%s: eager steps did not run in table mode", dir);
         if (m != m1) pt_model_free(&m);
     }
-    free(r.logits);
+    batch_ref_free(&r);
     pt_model_free(&m1);
 }
 

@@ -1,0 +1,114 @@
+/* Batch-invariance harness (see batch_check.h). */
+#include "batch_check.h"
+
+#include "golden.h" /* golden_argmax */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int32_t batch_prompt_id(int i, int j, int V) { return (int32_t)((i * 131 + j * 37 + 5) % V); }
+
+static float *ref_row(const batch_ref *r, int i, int step) {
+    return r->logits + ((size_t)i * (size_t)(r->steps + 1) + (size_t)step) * (size_t)r->V;
+}
+
+static int prefill(pt_session *s, const batch_ref *r, int i) {
+    int32_t p[BATCH_CHECK_MAX_PROMPT];
+    int len = r->prompt_len(i);
+    if (len < 1 || len > BATCH_CHECK_MAX_PROMPT) return 0;
+    for (int j = 0; j < len; j++) p[j] = batch_prompt_id(i, j, r->V);
+    return pt_session_prompt(s, p, (size_t)len) == PT_OK;
+}
+
+void batch_ref_free(batch_ref *r) {
+    free(r->logits);
+    free(r->tok);
+    r->logits = NULL;
+    r->tok = NULL;
+}
+
+int batch_ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i)) {
+    memset(r, 0, sizeof *r);
+    r->V = pt_model_vocab_size(m);
+    r->n = n;
+    r->steps = steps;
+    r->prompt_len = prompt_len;
+    r->logits = malloc((size_t)n * (size_t)(steps + 1) * (size_t)r->V * sizeof(float));
+    r->tok = malloc((size_t)n * (size_t)steps * sizeof(int32_t));
+    if (!r->logits || !r->tok) return 0;
+    for (int i = 0; i < n; i++) {
+        pt_session *s = NULL;
+        if (pt_session_create(m, NULL, &s) != PT_OK) return 0;
+        int ok = prefill(s, r, i);
+        if (ok) memcpy(ref_row(r, i, 0), pt_session_logits(s), (size_t)r->V * 4);
+        for (int t = 0; ok && t < steps; t++) {
+            int32_t id = golden_argmax(pt_session_logits(s), r->V);
+            r->tok[(size_t)i * (size_t)steps + (size_t)t] = id;
+            ok = pt_session_prompt(s, &id, 1) == PT_OK;
+            if (ok) memcpy(ref_row(r, i, t + 1), pt_session_logits(s), (size_t)r->V * 4);
+        }
+        pt_session_free(&s);
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, int *max_b) {
+    int N = r->n, bad = 0, failed = 0;
+    pt_session **ss = calloc((size_t)N, sizeof *ss), **b = calloc((size_t)N, sizeof *b);
+    int32_t *ids = calloc((size_t)N, sizeof *ids);
+    int *done = calloc((size_t)N, sizeof *done), *who = calloc((size_t)N, sizeof *who);
+    *max_b = 0;
+    if (n > N || !ss || !b || !ids || !done || !who) failed = 1;
+    for (int i = 0; !failed && i < n; i++)
+        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
+            printf("    session: %s\n", pt_last_error());
+            failed = 1;
+        }
+    for (int step = 0; !failed && step < r->steps + N; step++) {
+        int B = 0;
+        for (int i = 0; !failed && i < n; i++) {
+            if (step == join[i]) {
+                if (!prefill(ss[i], r, i)) {
+                    printf("    prompt of session %d: %s\n", i, pt_last_error());
+                    failed = 1;
+                    break;
+                }
+                if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, 0), (size_t)r->V * 4)) bad++;
+            }
+            if (step >= join[i] && done[i] < last[i]) {
+                int32_t id = golden_argmax(pt_session_logits(ss[i]), r->V);
+                if (id != r->tok[(size_t)i * (size_t)r->steps + (size_t)done[i]]) bad++;
+                b[B] = ss[i];
+                ids[B] = id;
+                who[B++] = i;
+            }
+        }
+        if (failed || !B) continue;
+        if (B > *max_b) *max_b = B;
+        if (pt_session_decode_batch(b, ids, B) != PT_OK) {
+            printf("    decode_batch: %s\n", pt_last_error());
+            failed = 1;
+            break;
+        }
+        for (int k = 0; k < B; k++) {
+            int i = who[k];
+            done[i]++;
+            if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, done[i]), (size_t)r->V * 4)) {
+                if (bad < 3) printf("    session %d step %d (batch of %d): logits differ\n", i, done[i], B);
+                bad++;
+            }
+        }
+    }
+    for (int i = 0; !failed && i < n; i++)
+        if (pt_session_n_tokens(ss[i]) != (size_t)(r->prompt_len(i) + last[i])) bad++;
+    for (int i = 0; ss && i < n && i < N; i++)
+        if (ss[i]) pt_session_free(&ss[i]);
+    free(ss);
+    free(b);
+    free(ids);
+    free(done);
+    free(who);
+    return failed ? 1000 : bad;
+}
