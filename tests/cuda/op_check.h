@@ -1,5 +1,5 @@
 /* Shared scaffolding of the CUDA op tests that check an op against the CPU
- * backend (test_cuda_kvq.c, test_cuda_deltanet.c): one CUDA and one CPU
+ * backend (test_cuda_ops.c, test_cuda_kvq.c, test_cuda_deltanet.c, ...): one CUDA and one CPU
  * backend per activation mode, a seeded random source, backend buffers with
  * host contents, and the per-element comparison |gpu − cpu| <= atol +
  * rtol·|cpu| (atol a fraction of the reference's largest magnitude; any NaN
@@ -22,7 +22,11 @@
 static pt_backend *G_[2], *C_[2]; /* [act]: CUDA and CPU backends (0: f32, 1: bf16) */
 static int have_gpu;
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
+/* A test binary may pick its own seed (its inputs then stay what they were). */
+#ifndef OP_CHECK_SEED
+#define OP_CHECK_SEED 0x9e3779b97f4a7c15ull
+#endif
+static uint64_t rng = OP_CHECK_SEED;
 static uint32_t ru32(void) {
     rng ^= rng << 13;
     rng ^= rng >> 7;
@@ -78,7 +82,7 @@ static int setup(void) {
         }
         if (pt_backend_cpu_create(&C_[a], &cp) != PT_OK) return 0;
         pt_backend_limits lim = {.max_tokens = 512, .max_ctx = 4096, .max_heads = 16, .max_head_dim = 256,
-                                 .max_cols = 4096};
+                                 .max_cols = 4096, .max_ffn = 512, .max_top_k = 8};
         if (G_[a]->ops->reserve(G_[a], &lim) != PT_OK || C_[a]->ops->reserve(C_[a], &lim) != PT_OK) return 0;
     }
     have_gpu = 1;

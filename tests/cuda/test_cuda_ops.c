@@ -8,94 +8,16 @@
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU every test reports SKIP. */
-#include "test.h"
+#define OP_CHECK_SEED 0x2545f4914f6cdd1dull
+#include "op_check.h"
 
-#include "backend/backend.h"
-#include "backend/cuda/cuda.h"
-#include "base/error.h"
-#include "base/half.h"
 #include "mini_decode.h"
 
-#include <math.h>
-#include <stdint.h>
-
-static pt_backend *G_[2], *C_[2]; /* [act]: CUDA and CPU backends */
-static int have_gpu;
-
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
-/* Activations as the forward pass holds them: bf16 values in bf16 mode. */
-static void fill_act(float *x, int64_t n, float lo, float hi, int bf) {
-    for (int64_t i = 0; i < n; i++) x[i] = bf ? pt_round_bf16(rf(lo, hi)) : rf(lo, hi);
-}
 static void ft_set(pt_ftype t, void *p, int64_t i, float v) {
     if (t == PT_FT_F32) ((float *)p)[i] = v;
     else if (t == PT_FT_BF16) ((uint16_t *)p)[i] = pt_f32_to_bf16(v);
     else ((uint16_t *)p)[i] = pt_f32_to_f16(v);
 }
-
-/* Backend buffer with host contents. */
-static void *put(pt_backend *be, const void *host, size_t bytes) {
-    void *d = be->ops->alloc(be, bytes);
-    if (d && host && be->ops->upload(be, d, host, bytes) != PT_OK) {
-        be->ops->dealloc(be, d);
-        return NULL;
-    }
-    return d;
-}
-
-/* Compares the CUDA result with the CPU reference. atol = afrac·max|ref|. */
-static double worst_seen;
-static int compare(const char *what, const float *got, const float *ref, int64_t n, double afrac, double rtol) {
-    double mx = 0, worst = 0;
-    for (int64_t i = 0; i < n; i++)
-        if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
-    double atol = afrac * mx + 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)ref[i]);
-        double tol = atol + rtol * fabs(ref[i]);
-        if (isnan(got[i]) || isnan(ref[i]) || d > tol) {
-            CHECK(0, "%s: element %lld of %lld: cuda %.9g, cpu %.9g (|diff| %.3g > %.3g)", what, (long long)i,
-                  (long long)n, got[i], ref[i], d, tol);
-            return 0;
-        }
-        if (d / (atol + rtol * fabs(ref[i])) > worst) worst = d / tol;
-    }
-    if (worst > worst_seen) worst_seen = worst;
-    return 1;
-}
-
-static int setup(void) {
-    if (have_gpu) return 1;
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) return 0;
-    for (int a = 0; a < 2; a++) {
-        pt_cuda_params gp = {0, a ? PT_ACT_BF16 : PT_ACT_F32};
-        pt_cpu_params cp = {.n_threads = 2, .act = a ? PT_ACT_BF16 : PT_ACT_F32, .isa = PT_ISA_AUTO};
-        if (pt_backend_cuda_create(&G_[a], &gp) != PT_OK) {
-            printf("INFO cuda backend: %s\n", pt_last_error());
-            return 0;
-        }
-        if (pt_backend_cpu_create(&C_[a], &cp) != PT_OK) return 0;
-        pt_backend_limits lim = {.max_tokens = 64, .max_ctx = 4096, .max_heads = 16, .max_head_dim = 256,
-                                 .max_cols = 4096, .max_ffn = 512, .max_top_k = 8};
-        if (G_[a]->ops->reserve(G_[a], &lim) != PT_OK || C_[a]->ops->reserve(C_[a], &lim) != PT_OK) return 0;
-    }
-    have_gpu = 1;
-    return 1;
-}
-#define NEED_GPU()                                               \
-    do {                                                         \
-        if (!setup()) TEST_SKIP("no usable CUDA device here");   \
-        worst_seen = 0;                                          \
-    } while (0)
-#define REPORT() printf("MEASURE %s: worst |diff|/tolerance %.3f\n", test_current, worst_seen)
 
 /* ---- a random weight: host arrays, one pt_matrix per backend ---- */
 
@@ -636,9 +558,6 @@ int main(void) {
     TEST_RUN(test_moe);
     TEST_RUN(test_argmax);
     TEST_RUN(test_graph_replay);
-    for (int a = 0; a < 2; a++) {
-        pt_backend_free(&G_[a]);
-        pt_backend_free(&C_[a]);
-    }
+    teardown();
     return test_summary();
 }
