@@ -269,6 +269,22 @@ int cli_load(const char *cmd, cli_common *c, pt_model **model, pt_session **sess
     return 0;
 }
 
+int cli_load_prompt(const char *cmd, cli_common *c, const char *prompt, const char *ids_arg, int32_t **ids,
+                    size_t *n_ids, pt_model **model, pt_session **session) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (!prompt && !ids_arg) return cli_usage_error(cmd, "no prompt given (-p TEXT or --prompt-ids IDS)");
+    if (prompt && ids_arg) return cli_usage_error(cmd, "give either -p TEXT or --prompt-ids IDS, not both");
+    if (prompt && !*prompt) return cli_usage_error(cmd, "the prompt is empty");
+    if (ids_arg && !cli_parse_ids(cmd, ids_arg, ids, n_ids)) return 2;
+    int rc = cli_load(cmd, c, model, session);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+    }
+    return rc;
+}
+
 enum { S_TEMP = 1, S_TOPK = 2, S_TOPP = 4, S_MINP = 8, S_SEED = 16, S_REP = 32, S_REPN = 64, S_PRES = 128, S_FREQ = 256 };
 
 void cli_sampling_init(cli_sampling *s) {

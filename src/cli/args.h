@@ -69,6 +69,14 @@ int cli_parse_ids(const char *cmd, const char *s, int32_t **ids, size_t *n);
  * exit code (2 without -m, 1 when loading fails). */
 int cli_load(const char *cmd, cli_common *c, pt_model **model, pt_session **session);
 
+/* The prompt flags of generate and logits: exactly one of -p TEXT (non-empty)
+ * and --prompt-ids IDS must be given; the ids are parsed into *ids (malloc'd,
+ * NULL for a text prompt), then the model and a session are loaded as
+ * cli_load does. Returns 0, or the exit code after printing the error (*ids
+ * freed then). */
+int cli_load_prompt(const char *cmd, cli_common *c, const char *prompt, const char *ids_arg, int32_t **ids,
+                    size_t *n_ids, pt_model **model, pt_session **session);
+
 /* Sampling and generation flags shared by generate and chat:
  * --max-tokens N, --temp T, --top-k K, --top-p P, --min-p P, --seed S,
  * --repeat-penalty R, --repeat-last-n N, --presence-penalty P,

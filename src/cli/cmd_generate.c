@@ -107,21 +107,13 @@ int cmd_generate(int argc, char **argv) {
         cli_print_config(stdout, &c);
         return 0;
     }
-    if (!prompt && !ids_arg) return cli_usage_error(cmd, "no prompt given (-p TEXT or --prompt-ids IDS)");
-    if (prompt && ids_arg) return cli_usage_error(cmd, "give either -p TEXT or --prompt-ids IDS, not both");
     if (chat && ids_arg) return cli_usage_error(cmd, "--chat applies to -p TEXT, not to --prompt-ids");
-    if (prompt && !*prompt) return cli_usage_error(cmd, "the prompt is empty");
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    if (ids_arg && !cli_parse_ids(cmd, ids_arg, &ids, &n_ids)) return 2;
-
+    int32_t *ids;
+    size_t n_ids;
     pt_model *m;
     pt_session *s;
-    int rc = cli_load(cmd, &c, &m, &s);
-    if (rc) {
-        free(ids);
-        return rc;
-    }
+    int rc = cli_load_prompt(cmd, &c, prompt, ids_arg, &ids, &n_ids, &m, &s);
+    if (rc) return rc;
     rc = 1;
     if (prompt) {
         char *rendered = NULL;

@@ -51,20 +51,13 @@ int cmd_logits(int argc, char **argv) {
         else
             return cli_usage_error(cmd, "unknown option '%s'", a);
     }
-    if (!ids_arg && !prompt) return cli_usage_error(cmd, "no prompt given (--prompt-ids IDS or -p TEXT)");
-    if (ids_arg && prompt) return cli_usage_error(cmd, "give either --prompt-ids or -p, not both");
     if (!out) return cli_usage_error(cmd, "no output file given (--out FILE)");
-    if (prompt && !*prompt) return cli_usage_error(cmd, "the prompt is empty");
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (ids_arg && !cli_parse_ids(cmd, ids_arg, &ids, &n)) return 2;
+    int32_t *ids;
+    size_t n;
     pt_model *m;
     pt_session *s;
-    int rc = cli_load(cmd, &c, &m, &s);
-    if (rc) {
-        free(ids);
-        return rc;
-    }
+    int rc = cli_load_prompt(cmd, &c, prompt, ids_arg, &ids, &n, &m, &s);
+    if (rc) return rc;
     rc = 1;
     float *lg = NULL;
     FILE *f = NULL;
