@@ -26,6 +26,7 @@
  * (MEASURE): the deltas, and the mean KL of each bit width against L1 with
  * K only, V only and both quantized — the numbers docs/flags.md records. */
 #include "test.h"
+#include "parity_util.h"
 
 #include "base/error.h"
 #include "golden.h"
@@ -212,28 +213,11 @@ static int run(const char *fixture, int bits, int which, int gs, int chunk, cons
     return ok;
 }
 
-static double kl_row(const float *p_, const float *q_, int V) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < V; i++) {
-        if (p_[i] > mp) mp = p_[i];
-        if (q_[i] > mq) mq = q_[i];
-    }
-    for (int i = 0; i < V; i++) {
-        sp += exp(p_[i] - mp);
-        sq += exp(q_[i] - mq);
-    }
-    for (int i = 0; i < V; i++) {
-        double lp = p_[i] - mp - log(sp), lq = q_[i] - mq - log(sq);
-        k += exp(lp) * (lp - lq);
-    }
-    return k;
-}
-
 /* mean KL(a || b) over the decode rows (the rows after the prompt's last
  * position: what the L3 gate measures) */
 static double mean_kl(const float *a, const float *b, int n, int V) {
     double s = 0;
-    for (int j = n - 1; j < n + N_STEPS - 1; j++) s += kl_row(a + (size_t)j * V, b + (size_t)j * V, V);
+    for (int j = n - 1; j < n + N_STEPS - 1; j++) s += parity_kl_row(a + (size_t)j * V, b + (size_t)j * V, V);
     return s / N_STEPS;
 }
 

@@ -21,6 +21,7 @@
  * Regenerating the snapshot (only when L1 itself changes on purpose, with the
  * L1 parity tests green): PETREL_L3_SNAPSHOT_WRITE=1 build/tests/test_l3_gate */
 #include "test.h"
+#include "parity_util.h"
 
 #include "base/mmap.h"
 #include "golden.h"
@@ -95,23 +96,6 @@ static int run(pt_model *m, const int32_t *ids, int n, const int32_t *force, int
     }
     pt_session_free(&s);
     return 1;
-}
-
-static double kl_row(const float *p_, const float *q_, int V) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < V; i++) {
-        if (p_[i] > mp) mp = p_[i];
-        if (q_[i] > mq) mq = q_[i];
-    }
-    for (int i = 0; i < V; i++) {
-        sp += exp(p_[i] - mp);
-        sq += exp(q_[i] - mq);
-    }
-    for (int i = 0; i < V; i++) {
-        double lp = p_[i] - mp - log(sp), lq = q_[i] - mq - log(sq);
-        k += exp(lp) * (lp - lq);
-    }
-    return k;
 }
 
 static void snap_path(const char *fixture, char *buf, size_t n) {
@@ -227,7 +211,7 @@ static void delta(const snap *s, const float *ref, const int32_t *ref_top, const
     int V = s->vocab, same = 0;
     *mean_kl = *max_kl = 0;
     for (int j = 0; j < s->n_steps; j++) {
-        double k = kl_row(ref + (size_t)j * V, rows + (size_t)j * V, V);
+        double k = parity_kl_row(ref + (size_t)j * V, rows + (size_t)j * V, V);
         *mean_kl += k / s->n_steps;
         if (k > *max_kl) *max_kl = k;
         same += top[j] == ref_top[j];

@@ -15,6 +15,8 @@
  * When a gate fails, the per-layer hidden states (prompt.N.hidden.f32) are
  * compared to locate the first diverging layer. */
 #include "test.h"
+#include "golden.h" /* golden_argmax */
+#include "parity_util.h"
 
 #include "base/mmap.h"
 #include "model/model.h"
@@ -126,22 +128,6 @@ static pt_model *load(const char *dir, pt_compute_dtype dt, int threads) {
     pt_model *m = NULL;
     if (pt_model_load(dir, &mp, &m) != PT_OK) printf("    load %s: %s\n", dir, pt_last_error());
     return m;
-}
-
-static int eval(pt_model *m, const int32_t *ids, int n, float *out) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + 40 < pt_model_max_ctx(m) ? n + 40 : pt_model_max_ctx(m)};
-    int ok = pt_session_create(m, &sp, &s) == PT_OK && pt_session_eval_logits(s, ids, (size_t)n, out) == PT_OK;
-    if (!ok) printf("    eval: %s\n", pt_last_error());
-    pt_session_free(&s);
-    return ok;
-}
-
-static int argmax(const float *x, int V) {
-    int b = 0;
-    for (int i = 1; i < V; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
 }
 
 /* KL(golden || ours) of one row, in nats */
@@ -263,7 +249,7 @@ static void locate_divergence(const char *dir, const golden *g, int p) {
     int32_t *id = malloc(sizeof *id * (size_t)n);
     for (int i = 0; i < n; i++) id[i] = gi(ids, i);
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)pt_model_vocab_size(m));
-    eval(m, id, n, lg);
+    parity_eval(m, id, n, lg);
     for (int l = 0; l < c.L + 2; l++)
         printf("INFO %s hidden[%s%d]: max|Δ| %.3g\n", dir, l == 0 ? "embed " : l == c.L + 1 ? "norm " : "layer ",
                l == 0 || l == c.L + 1 ? 0 : l - 1, c.worst[l]);
@@ -311,7 +297,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
         for (int i = 0; i < n; i++) id[i] = gi(ids, i);
         float *a = malloc(sizeof(float) * (size_t)n * V), *b = malloc(sizeof(float) * (size_t)n * V);
         /* fp32 */
-        if (eval(m32, id, n, a)) {
+        if (parity_eval(m32, id, n, a)) {
             double md = 0, mx = 0, kl = 0;
             for (int64_t i = 0; i < (int64_t)n * V; i++) {
                 md = fmax(md, fabs(a[i] - gf(l32, i)));
@@ -324,13 +310,13 @@ static void check_fixture(const char *dir, const char *name, int moe) {
             CHECK(md <= 1e-4 * mx, "%s prompt %d fp32: max|dlogit| %.3g > 1e-4 x %.3g", name, p, md, mx);
             if (md > 1e-4 * mx && fp32_fail_prompt < 0) fp32_fail_prompt = p;
             /* threads */
-            if (eval(m32b, id, n, b))
+            if (parity_eval(m32b, id, n, b))
                 CHECK(!memcmp(a, b, sizeof(float) * (size_t)n * V), "%s prompt %d fp32: 1 vs 2 threads differ", name,
                       p);
         }
         /* bf16 */
         route_reset();
-        if (eval(m16, id, n, a)) {
+        if (parity_eval(m16, id, n, a)) {
             double md = 0, mx = 0, kl = 0;
             for (int64_t i = 0; i < (int64_t)n * V; i++) {
                 md = fmax(md, fabs(a[i] - gf(l16, i)));
@@ -344,7 +330,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
                 int gold = 0;
                 for (int v = 1; v < V; v++)
                     if (gf(l16, (int64_t)t * V + v) > gf(l16, (int64_t)t * V + gold)) gold = v;
-                int ours = argmax(a + (int64_t)t * V, V);
+                int ours = golden_argmax(a + (int64_t)t * V, V);
                 pg++;
                 if (ours == gold) pa++;
                 else
@@ -358,7 +344,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
                    "%.3g of %.3g, mean KL %.3g\n",
                    name, p, pa, pg, md, mx, kl);
             if (!moe) CHECK(pa == pg, "%s prompt %d bf16: argmax differs at %d of %d gated positions", name, p, pg - pa, pg);
-            if (eval(m16b, id, n, b))
+            if (parity_eval(m16b, id, n, b))
                 CHECK(!memcmp(a, b, sizeof(float) * (size_t)n * V), "%s prompt %d bf16: 1 vs 2 threads differ", name,
                       p);
         }

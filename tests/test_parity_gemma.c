@@ -16,6 +16,7 @@
  *         locates a divergence when the logits drift.
  * Prints max|Δ|, max|logit|, the mean KL and per-layer deltas (MEASURE). */
 #include "test.h"
+#include "parity_util.h"
 
 #include "golden.h"
 #include "model/model.h"
@@ -31,32 +32,6 @@ static pt_model *load(const char *dir, pt_compute_dtype dt, int threads) {
     pt_model *m = NULL;
     if (pt_model_load(dir, &mp, &m) != PT_OK) printf("    load %s: %s\n", dir, pt_last_error());
     return m;
-}
-
-static int eval(pt_model *m, const int32_t *ids, int n, float *out) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + 40};
-    int ok = pt_session_create(m, &sp, &s) == PT_OK && pt_session_eval_logits(s, ids, (size_t)n, out) == PT_OK;
-    if (!ok) printf("    eval: %s\n", pt_last_error());
-    pt_session_free(&s);
-    return ok;
-}
-
-static double kl_row(const float *p_, const float *q_, int V) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < V; i++) {
-        if (p_[i] > mp) mp = p_[i];
-        if (q_[i] > mq) mq = q_[i];
-    }
-    for (int i = 0; i < V; i++) {
-        sp += exp(p_[i] - mp);
-        sq += exp(q_[i] - mq);
-    }
-    for (int i = 0; i < V; i++) {
-        double lp = p_[i] - mp - log(sp), lq = q_[i] - mq - log(sq);
-        k += exp(lp) * (lp - lq);
-    }
-    return k;
 }
 
 /* hidden-state capture: entry layer+1 of [L+2, n, H] */
@@ -164,7 +139,7 @@ static void check_fixture(const char *name, int moe) {
             hid = calloc((size_t)ne * n * hH, sizeof(float));
             m32->hidden_cb = on_hidden;
         }
-        REQUIRE(eval(m32, ids, n, o32) && eval(m1, ids, n, o1) && eval(m16, ids, n, o16) && eval(m16_1, ids, n, o16_1),
+        REQUIRE(parity_eval(m32, ids, n, o32) && parity_eval(m1, ids, n, o1) && parity_eval(m16, ids, n, o16) && parity_eval(m16_1, ids, n, o16_1),
                 "%s prompt %d runs", name, p);
         m32->hidden_cb = NULL;
         double md = 0, ml = 0, kl = 0;
@@ -175,7 +150,7 @@ static void check_fixture(const char *name, int moe) {
             if (fabs(ref[i]) > ml) ml = fabs(ref[i]);
         }
         for (int t = 0; t < n; t++) {
-            kl += kl_row(ref + (size_t)t * V, o32 + (size_t)t * V, V) / n;
+            kl += parity_kl_row(ref + (size_t)t * V, o32 + (size_t)t * V, V) / n;
             if (mar16[t] > 0.05f) {
                 decided++;
                 agree += golden_argmax(o16 + (size_t)t * V, V) == golden_argmax(ref16 + (size_t)t * V, V);

@@ -20,6 +20,7 @@
  * exactly like a fresh one. On an fp32 failure the per-layer hidden states
  * are compared to name the first diverging layer. */
 #include "test.h"
+#include "parity_util.h"
 
 #include "golden.h"
 #include "model/model.h"
@@ -43,33 +44,7 @@ static pt_model *load(pt_compute_dtype dt, int threads, int chunk) {
     return m;
 }
 
-static int eval(pt_model *m, const int32_t *ids, int n, float *out) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + 40 < pt_model_max_ctx(m) ? n + 40 : pt_model_max_ctx(m)};
-    int ok = pt_session_create(m, &sp, &s) == PT_OK && pt_session_eval_logits(s, ids, (size_t)n, out) == PT_OK;
-    if (!ok) printf("    eval: %s\n", pt_last_error());
-    pt_session_free(&s);
-    return ok;
-}
-
 /* KL(golden || ours) of one row, in nats */
-static double kl_row(const float *g, const float *o, int V) {
-    double mg = -INFINITY, mo = -INFINITY, zg = 0, zo = 0, kl = 0;
-    for (int v = 0; v < V; v++) {
-        mg = fmax(mg, g[v]);
-        mo = fmax(mo, o[v]);
-    }
-    for (int v = 0; v < V; v++) {
-        zg += exp(g[v] - mg);
-        zo += exp(o[v] - mo);
-    }
-    for (int v = 0; v < V; v++) {
-        double lp = g[v] - mg - log(zg), lq = o[v] - mo - log(zo);
-        kl += exp(lp) * (lp - lq);
-    }
-    return kl;
-}
-
 /* max|Δ| and max|golden| over n·V logits */
 static void compare(const float *ours, const float *gold, int64_t count, double *md, double *mx) {
     *md = *mx = 0;
@@ -134,7 +109,7 @@ static void locate_divergence(const char *name, const golden *g) {
     m->hidden_cb = on_hidden;
     m->hidden_user = &c;
     float *lg = malloc(sizeof(float) * (size_t)n * (size_t)pt_model_vocab_size(m));
-    eval(m, ids, n, lg);
+    parity_eval(m, ids, n, lg);
     for (int l = 0; l < ne && l < 130; l++)
         printf("INFO %s hidden[%s%d]: max|Δ| %.3g\n", name, l == 0 ? "embed " : l == ne - 1 ? "norm " : "layer ",
                l == 0 || l == ne - 1 ? 0 : l - 1, c.worst[l]);
@@ -201,20 +176,20 @@ static void parity_fixture(const char *name, int moe) {
         float *a = malloc(sizeof(float) * (size_t)cnt), *b = malloc(sizeof(float) * (size_t)cnt);
         double md, mx, kl = 0;
         /* fp32 */
-        if (eval(m32, ids, n, a)) {
+        if (parity_eval(m32, ids, n, a)) {
             compare(a, l32, cnt, &md, &mx);
-            for (int t = 0; t < n; t++) kl += kl_row(l32 + (int64_t)t * V, a + (int64_t)t * V, V) / n;
+            for (int t = 0; t < n; t++) kl += parity_kl_row(l32 + (int64_t)t * V, a + (int64_t)t * V, V) / n;
             printf("MEASURE parity %s prompt %d (%d tokens) fp32: max|dlogit| %.3g, max|logit| %.3g, ratio %.3g "
                    "(gate 1e-4), mean KL %.3g\n",
                    name, p, n, md, mx, md / mx, kl);
             CHECK(md <= 1e-4 * mx, "%s prompt %d fp32: max|dlogit| %.3g > 1e-4 x %.3g", name, p, md, mx);
             if (md > 1e-4 * mx) fp32_fail = 1;
-            if (eval(m32b, ids, n, b))
+            if (parity_eval(m32b, ids, n, b))
                 CHECK(!memcmp(a, b, sizeof(float) * (size_t)cnt), "%s prompt %d fp32: 1 vs 2 threads differ", name,
                       p);
         }
         /* fp32, one token per call (decode recurrence) */
-        if (eval(m32t, ids, n, b)) {
+        if (parity_eval(m32t, ids, n, b)) {
             compare(b, l32, cnt, &md, &mx);
             printf("MEASURE parity %s prompt %d fp32 token-by-token: max|dlogit| %.3g (ratio %.3g)\n", name, p, md,
                    md / mx);
@@ -222,12 +197,12 @@ static void parity_fixture(const char *name, int moe) {
                   mx);
         }
         /* bf16 */
-        if (eval(m16, ids, n, a)) {
+        if (parity_eval(m16, ids, n, a)) {
             compare(a, l16, cnt, &md, &mx);
             int pg = 0, pa = 0;
             kl = 0;
             for (int t = 0; t < n; t++) {
-                kl += kl_row(l16 + (int64_t)t * V, a + (int64_t)t * V, V) / n;
+                kl += parity_kl_row(l16 + (int64_t)t * V, a + (int64_t)t * V, V) / n;
                 if (m16g[t] <= 0.05f) continue;
                 int gold = golden_argmax(l16 + (int64_t)t * V, V), ours = golden_argmax(a + (int64_t)t * V, V);
                 pg++;
@@ -244,7 +219,7 @@ static void parity_fixture(const char *name, int moe) {
             if (!moe)
                 CHECK(pa == pg, "%s prompt %d bf16: argmax differs at %d of %d positions with margin > 0.05", name, p,
                       pg - pa, pg);
-            if (eval(m16b, ids, n, b))
+            if (parity_eval(m16b, ids, n, b))
                 CHECK(!memcmp(a, b, sizeof(float) * (size_t)cnt), "%s prompt %d bf16: 1 vs 2 threads differ", name,
                       p);
         }
