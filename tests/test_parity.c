@@ -15,7 +15,6 @@
  * When a gate fails, the per-layer hidden states (prompt.N.hidden.f32) are
  * compared to locate the first diverging layer. */
 #include "test.h"
-#include "golden.h" /* golden_argmax */
 #include "parity_util.h"
 
 #include "base/mmap.h"
@@ -234,6 +233,13 @@ static void on_hidden(void *user, int layer, const float *x, int T, int pos0, in
         }
 }
 
+static int argmax(const float *x, int V) {
+    int b = 0;
+    for (int i = 1; i < V; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
 static void locate_divergence(const char *dir, const golden *g, int p) {
     const garr *h = gget(g, "prompt.%d.hidden.f32", p), *ids = gget(g, "prompt.%d.ids", p);
     if (!h || !ids) {
@@ -330,7 +336,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
                 int gold = 0;
                 for (int v = 1; v < V; v++)
                     if (gf(l16, (int64_t)t * V + v) > gf(l16, (int64_t)t * V + gold)) gold = v;
-                int ours = golden_argmax(a + (int64_t)t * V, V);
+                int ours = argmax(a + (int64_t)t * V, V);
                 pg++;
                 if (ours == gold) pa++;
                 else
