@@ -859,18 +859,20 @@ static void test_glu_and_elementwise(void) {
         pt_backend *be = mk(2, act, PT_ISA_AUTO);
         REQUIRE(be, "backend");
         double rtol = am ? 1.0 / 128 : 2e-6;
-        for (int fn = 0; fn < 2; fn++) {
-            int64_t T = 3, F = 37, ld = 2 * F;
+        /* range 6: the usual values; range 120 (SwiGLU only): exp(−g) overflowing and underflowing */
+        for (int fn = 0; fn < 3; fn++) {
+            double range = fn == 2 ? 120 : 6;
+            int64_t T = 3, F = fn == 2 ? 333 : 37, ld = 2 * F;
             float *gu = malloc(sizeof(float) * (size_t)(T * ld)), *y = malloc(sizeof(float) * (size_t)(T * F));
             double *ref = malloc(sizeof(double) * (size_t)(T * F));
-            fill_bf16vals(gu, T * ld, -6, 6);
+            fill_bf16vals(gu, T * ld, -range, range);
             for (int64_t t = 0; t < T; t++)
                 for (int64_t f = 0; f < F; f++) {
                     double g = gu[t * ld + f], u = gu[t * ld + F + f];
-                    ref[t * F + f] = rnd_act(act, rnd_act(act, fn ? ref_gelu(g) : ref_silu(g)) * u);
+                    ref[t * F + f] = rnd_act(act, rnd_act(act, fn == 1 ? ref_gelu(g) : ref_silu(g)) * u);
                 }
-            be->ops->glu(be, y, gu, gu + F, T, F, ld, (pt_glu_kind)fn);
-            CHECK(close_enough(fn ? "geglu" : "swiglu", y, ref, T * F, 1e-6, rtol), "glu");
+            be->ops->glu(be, y, gu, gu + F, T, F, ld, fn == 1 ? PT_GLU_GELU_TANH : PT_GLU_SILU);
+            CHECK(close_enough(fn == 1 ? "geglu" : "swiglu", y, ref, T * F, 1e-6, rtol), "glu (range %g)", range);
             free(gu), free(y), free(ref);
         }
         int64_t n = 40000 + 3; /* above the parallel threshold, odd */

@@ -49,6 +49,12 @@ void pt_cpu_qdot8_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const
                             const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
                             int gs);
 
+/* How far ahead (bytes) the AVX-512 decode kernels prefetch the weight codes
+ * they stream (kernels_avx512.c PF_LINE); mm_direct_q48 prefetches the first
+ * PT_CPU_PF_AHEAD bytes of a chunk itself, which the kernels' own prefetch
+ * (always that far ahead of the rows being read) never covers. */
+#define PT_CPU_PF_AHEAD 8192
+
 typedef struct pt_cpu_kernels {
     const char *name;
     /* Σ x[i]·w[i] over n, f32 accumulation */
@@ -119,6 +125,10 @@ typedef struct pt_cpu_kernels {
      * s = round(softmax(s)) (round = to bf16 when bf16 != 0, else identity).
      * NULL = the caller's scalar loop (expf). */
     void (*softmax_row)(float *s, int64_t n, float scale, int bf16);
+    /* SwiGLU over n elements: y[i] = round(round(silu(g[i]))·u[i]) (round as
+     * in softmax_row), silu(g) = g / (1 + exp(−g)) with a vector exp (a few
+     * ulp from libm's expf). NULL = the caller's scalar loop. */
+    void (*silu_mul)(float *y, const float *g, const float *u, int64_t n, int bf16);
 } pt_cpu_kernels;
 
 extern const pt_cpu_kernels pt_cpu_kernels_scalar;

@@ -146,7 +146,9 @@ static void glu_run(void *arg, long i0, long i1, int ith) {
         int64_t t = i / q->F, f0 = i % q->F, f1 = q->F - f0 < i1 - i ? q->F : f0 + (i1 - i);
         const float *g = q->g + t * q->ld, *u = q->u + t * q->ld;
         float *y = q->y + t * q->F;
-        if (q->fn == PT_GLU_SILU)
+        if (q->fn == PT_GLU_SILU && q->c->k->silu_mul)
+            q->c->k->silu_mul(y + f0, g + f0, u + f0, f1 - f0, act == PT_ACT_BF16);
+        else if (q->fn == PT_GLU_SILU)
             for (int64_t f = f0; f < f1; f++) y[f] = pt_act_round(act, pt_act_round(act, pt_cpu_silu(g[f])) * u[f]);
         else
             for (int64_t f = f0; f < f1; f++)
