@@ -54,6 +54,12 @@ void pt_cpu_qdot8_x4_i8_ref(float *out, const int8_t *xq, const float *xd, const
  * PT_CPU_PF_AHEAD bytes of a chunk itself, which the kernels' own prefetch
  * (always that far ahead of the rows being read) never covers. */
 #define PT_CPU_PF_AHEAD 8192
+/* The decode kernels' prefetch offset for rows of K values of `bits` bits:
+ * PT_CPU_PF_AHEAD rounded up to whole blocks of four rows. */
+static inline int64_t pt_cpu_pf_offset(int64_t K, int bits) {
+    int64_t blk = 4 * K * bits / 8;
+    return (PT_CPU_PF_AHEAD + blk - 1) / blk * blk;
+}
 
 typedef struct pt_cpu_kernels {
     const char *name;

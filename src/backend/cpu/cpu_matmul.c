@@ -21,6 +21,7 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,10 +280,35 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     int64_t N = w->rows, K = w->cols, T = m->T, ng = K / w->group_size;
     float *tmp = pt_cpu_thread_scratch(m->c, ith);
     size_t pbytes = pt_ftype_size(w->dtype);
+    if (m->c->isa == PT_ISA_AVX512) {
+        /* the chunk's first pt_cpu_pf_offset bytes of codes: the kernels prefetch that far ahead of
+         * the rows they read, so without this the start of every chunk (a thread's chunks are not
+         * adjacent) waits on memory line by line */
+        const uint8_t *c0 = pt_cpu_qrow_codes(w, m->expert, n0);
+        size_t span = (size_t)(n1 - n0) * (size_t)K * (size_t)w->bits / 8;
+        if (span > (size_t)pt_cpu_pf_offset(K, w->bits)) span = (size_t)pt_cpu_pf_offset(K, w->bits);
+        for (size_t o = 0; o < span; o += 64) __builtin_prefetch(c0 + o, 0, 3);
+    }
+    /* scales and biases: two more streams, read 4 rows at a time before the kernel runs. The kernels
+     * prefetch only the codes; without this every block waited on its scale and bias lines (two
+     * demand misses to memory per 4 rows: ~30% of a 1-thread decode step, dev/README.md). They are
+     * prefetched as far ahead (in rows) as the codes are. */
+    size_t prow = (size_t)ng * pbytes; /* bytes of scales (and of biases) per row */
+    int64_t pf_rows = pt_cpu_pf_offset(K, w->bits) / (K * w->bits / 8) + 4;
+    const char *ps = (const char *)w->scales + (size_t)m->expert * (size_t)N * prow;
+    const char *pb = (const char *)w->biases + (size_t)m->expert * (size_t)N * prow;
     for (int64_t nb = n0; nb < n1; nb += 4) {
         const uint8_t *codes[4];
         const float *sc[4], *bi[4];
         int nr = (int)(n1 - nb < 4 ? n1 - nb : 4);
+        if (nb + pf_rows < N) { /* the 4 rows pf_rows ahead (never past the matrix) */
+            size_t o = (size_t)(nb + pf_rows) * prow, e = o + 4 * prow, lim = (size_t)N * prow;
+            if (e > lim) e = lim;
+            for (size_t q = o & ~(size_t)63; q < e; q += 64) {
+                __builtin_prefetch(ps + q, 0, 3);
+                __builtin_prefetch(pb + q, 0, 3);
+            }
+        }
         for (int r = 0; r < 4; r++) {
             int64_t n = nb + (r < nr ? r : nr - 1);
             codes[r] = pt_cpu_qrow_codes(w, m->expert, n);
@@ -311,6 +337,60 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
             for (int r = 0; r < nr; r++) m->y[t * N + nb + r] = pt_act_round(act, out[r] + bias_of(w, m->expert, nb + r));
         }
     }
+}
+
+/* Guided split of the decode matvec's rows. pt_pool_for cuts a job into ~4
+ * equal chunks per thread; at the end of a matvec one thread then idles for
+ * up to a whole chunk (1/8 of the op with 2 threads) while the other
+ * finishes, and a memory-bound op run by one thread reads slower. Here each
+ * pool chunk instead claims rows from one shared counter, each claim a
+ * fraction of what is left (remaining / (3·nth), at least PT_GUIDED_MIN_BYTES
+ * of weights, a multiple of the grain), so the last claims are small and the
+ * threads finish together; a thread descheduled mid-op still delays the job
+ * by one claim at most (the others keep claiming). Claims advance through
+ * the rows in order, so a claim's rows follow the previous claim's, which the
+ * kernels' prefetch (running pt_cpu_pf_offset bytes ahead) has already
+ * started to fetch. Which thread computes a row never changes its bits. */
+#define PT_GUIDED_MIN_BYTES (24 << 10)
+
+typedef struct {
+    _Atomic long next;
+    long n, grain, min_take;
+    int nth;
+    pt_pool_range_fn fn;
+    void *ctx;
+} guided_ctx;
+
+static void guided_run(void *arg, long u0, long u1, int ith) {
+    guided_ctx *g = arg;
+    (void)u0;
+    (void)u1;
+    for (;;) {
+        long cur = atomic_load_explicit(&g->next, memory_order_relaxed);
+        long rem = g->n - cur;
+        if (rem <= 0) return;
+        long take = (rem + 3L * g->nth - 1) / (3L * g->nth);
+        if (take < g->min_take) take = g->min_take;
+        take = (take + g->grain - 1) / g->grain * g->grain;
+        if (take > rem) take = rem;
+        if (atomic_compare_exchange_weak_explicit(&g->next, &cur, cur + take, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            g->fn(g->ctx, cur, cur + take, ith);
+    }
+}
+
+static void pool_for_guided(pt_cpu *c, long n, long grain, size_t row_bytes, pt_pool_range_fn fn, void *ctx) {
+    int nth = pt_pool_size(c->pool);
+    if (nth == 1) {
+        fn(ctx, 0, n, 0);
+        return;
+    }
+    guided_ctx g = {.n = n, .grain = grain, .nth = nth, .fn = fn, .ctx = ctx};
+    atomic_init(&g.next, 0);
+    g.min_take = (long)(PT_GUIDED_MIN_BYTES / (row_bytes ? row_bytes : 1));
+    if (g.min_take < grain) g.min_take = grain;
+    /* 4 units per thread (pt_pool_for makes each unit its own chunk): any thread that wakes up joins */
+    pt_pool_for(c->pool, 4L * nth, 1, guided_run, &g);
 }
 
 /* vdpbf16ps (AVX512-BF16) is not implied by the AVX-512 kernel table's
@@ -440,7 +520,9 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
             }
         }
         /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
-        pt_pool_for(c->pool, (long)w->rows, 4, w->bits == 4 || w->bits == 8 ? mm_direct_q48 : mm_direct, &m);
+        if (w->bits == 4 || w->bits == 8)
+            pool_for_guided(c, (long)w->rows, 4, (size_t)K * (size_t)w->bits / 8, mm_direct_q48, &m);
+        else pt_pool_for(c->pool, (long)w->rows, 4, mm_direct, &m);
     } else {
         int64_t tiles = (T + PT_GEMM_MR - 1) / PT_GEMM_MR;
         /* shared: x packed [tiles][K][12] */

@@ -140,14 +140,20 @@ static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_
 
 /* Software prefetch in the decode kernels. The four rows of a call are
  * consecutive in memory (rows of a matrix, or consecutive cache rows of a
- * KV head), and the next call reads the bytes that follow them; each
- * 64-byte step of the current rows prefetches the line PF_AHEAD bytes
- * further on. Rows are only a few KiB, too short for the hardware
- * prefetcher to ramp up on each new stream: measured streaming from memory,
- * one thread, 4-bit K = 2048, 5.3 -> 9.8 GB/s (dev/bench_q4_stream; 6-8 KiB
- * ahead was best, 1-2 KiB too close, 16 KiB too far). A prefetch past the
- * end of a buffer is harmless (prefetches never fault). */
-#define PF_AHEAD PT_CPU_PF_AHEAD
+ * KV head), and the next calls read the blocks of four rows that follow.
+ * Each 64-byte step of the current rows prefetches one line of a linear
+ * sweep that runs pt_cpu_pf_offset(K, bits) bytes ahead of the block's
+ * start — PT_CPU_PF_AHEAD (8 KiB) rounded up to whole blocks — at the
+ * block's rate (4 rows' bytes per K values), so each line of a later block is
+ * requested before any of its four rows reach it. (Before, the sweep ran a
+ * fixed 8 KiB ahead: fine while a block is at most 8 KiB, but from K = 8192
+ * at 4 bits — llama's down projections — rows 2 and 3 of each block were
+ * read before the sweep got to them.) Rows are only a few KiB, too short
+ * for the hardware prefetcher to ramp up on each new stream: measured
+ * streaming from memory, one thread, 4-bit K = 2048, 5.3 -> 9.8 GB/s
+ * (dev/bench_q4_stream; 6-8 KiB ahead was best, 1-2 KiB too close, 16 KiB
+ * too far). A prefetch past the end of a buffer is harmless (prefetches
+ * never fault). */
 #define PF_LINE(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define Q4_STEP(c, l, h)                                                                        \
@@ -172,12 +178,13 @@ static void qdot4_x4(float *out, const float *xp, const float *xs, const uint8_t
                      const float *const *bi, int64_t K, int gs) {
     const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t ng = K / gs;
     for (int64_t g = 0; g < ng; g++) {
         __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
         for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
-            PF_LINE(c0 + PF_AHEAD + 2 * b); /* this step reads 4 × 16 bytes */
+            PF_LINE(pf + 2 * b); /* this step reads 4 × 16 bytes */
             __m512 xl = _mm512_loadu_ps(xp + b), xh = _mm512_loadu_ps(xp + b + 16);
             Q4_STEP(c0, l0, h0);
             Q4_STEP(c1, l1, h1);
@@ -223,6 +230,7 @@ static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const
     const __mmask8 smask = (__mmask8)((1u << (128 / gs)) - 1u);
     const int64_t gpb = 128 / gs; /* groups per block */
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define QB_ROW(r)                                                                                                \
     do {                                                                                                         \
@@ -239,10 +247,10 @@ static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const
         a##r = _mm512_fmadd_ps(d_, s_, a##r);                                                                    \
     } while (0)
     for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
-        PF_LINE(c0 + PF_AHEAD + 2 * b); /* this block reads 4 × 64 bytes */
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 64);
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 128);
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 192);
+        PF_LINE(pf + 2 * b); /* this block reads 4 × 64 bytes */
+        PF_LINE(pf + 2 * b + 64);
+        PF_LINE(pf + 2 * b + 128);
+        PF_LINE(pf + 2 * b + 192);
         __m512bh x0 = (__m512bh)_mm512_loadu_si512((const void *)(xa + b));
         __m512bh x1 = (__m512bh)_mm512_loadu_si512((const void *)(xa + b + 32));
         __m512bh x2 = (__m512bh)_mm512_loadu_si512((const void *)(xa + b + 64));
@@ -282,13 +290,14 @@ static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const
 static void qdot8_x4(float *out, const float *x, const float *xs, const uint8_t *const *codes, const float *const *sc,
                      const float *const *bi, int64_t K, int gs) {
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 8); /* see PF_LINE */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t ng = K / gs;
     for (int64_t g = 0; g < ng; g++) {
         __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0, h0 = l0, h1 = l0, h2 = l0, h3 = l0;
         for (int64_t b = g * gs; b < (g + 1) * gs; b += 32) {
-            PF_LINE(c0 + PF_AHEAD + 4 * b); /* this step reads 4 × 32 bytes */
-            PF_LINE(c0 + PF_AHEAD + 4 * b + 64);
+            PF_LINE(pf + 4 * b); /* this step reads 4 × 32 bytes */
+            PF_LINE(pf + 4 * b + 64);
             __m512 x0 = _mm512_loadu_ps(x + b), x1 = _mm512_loadu_ps(x + b + 16);
             Q8_STEP(c0, l0, h0);
             Q8_STEP(c1, l1, h1);
@@ -592,6 +601,7 @@ static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
     }
     const __m256i m4 = _mm256_set1_epi8(15);
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
     __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
 #define Q4I_DOT(acc, cr)                                                                          \
     do {                                                                                          \
@@ -602,8 +612,8 @@ static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
     if (gs == 32) {
         for (int64_t c = 0; c < K; c += 64) {
             int64_t g = c / 32;
-            PF_LINE(c0 + PF_AHEAD + 2 * c); /* this step reads 4 × 32 bytes */
-            PF_LINE(c0 + PF_AHEAD + 2 * c + 64);
+            PF_LINE(pf + 2 * c); /* this step reads 4 × 32 bytes */
+            PF_LINE(pf + 2 * c + 64);
             __m256i xe = _mm256_loadu_si256((const __m256i *)(xq + c)), xo = _mm256_loadu_si256((const __m256i *)(xq + c + 32));
             __m256 dv = _mm256_set_m128(_mm_set1_ps(xd[g + 1]), _mm_set1_ps(xd[g]));
 #define Q4I_G32(r)                                                                                             \
@@ -619,8 +629,8 @@ static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
         for (int64_t g = 0; g < K / gs; g++) {
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t c = g * gs; c < (g + 1) * gs; c += 64) {
-                PF_LINE(c0 + PF_AHEAD + 2 * c);
-                PF_LINE(c0 + PF_AHEAD + 2 * c + 64);
+                PF_LINE(pf + 2 * c);
+                PF_LINE(pf + 2 * c + 64);
                 __m256i xe = _mm256_loadu_si256((const __m256i *)(xq + c)),
                         xo = _mm256_loadu_si256((const __m256i *)(xq + c + 32));
                 Q4I_DOT(a0, c0);
@@ -657,12 +667,13 @@ static void qdot4_x4_i8_128(float *out, const int8_t *xq, const float *xd, const
     const __mmask8 smask = (__mmask8)((1u << (128 / gs)) - 1u);
     const int64_t gpb = 128 / gs;
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
-        PF_LINE(c0 + PF_AHEAD + 2 * b); /* this block reads 4 × 64 bytes */
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 64);
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 128);
-        PF_LINE(c0 + PF_AHEAD + 2 * b + 192);
+        PF_LINE(pf + 2 * b); /* this block reads 4 × 64 bytes */
+        PF_LINE(pf + 2 * b + 64);
+        PF_LINE(pf + 2 * b + 128);
+        PF_LINE(pf + 2 * b + 192);
         __m512i xe = _mm512_loadu_si512((const void *)(xq + b)), xo = _mm512_loadu_si512((const void *)(xq + b + 64));
         __m512 d = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, xd + g)));
 #define QI_ROW(r)                                                                                                \
@@ -694,12 +705,13 @@ static void qdot4_x4_i8_128(float *out, const int8_t *xq, const float *xd, const
 static void qdot8_x4_i8(float *out, const int8_t *xq, const float *xd, const float *xs, const uint8_t *const *codes,
                         const float *const *sc, const float *const *bi, int64_t K, int gs) {
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 8); /* see PF_LINE */
     __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (int64_t g = 0; g < K / gs; g++) {
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
         for (int64_t c = g * gs; c < (g + 1) * gs; c += 32) {
-            PF_LINE(c0 + PF_AHEAD + 4 * c); /* this step reads 4 × 32 bytes */
-            PF_LINE(c0 + PF_AHEAD + 4 * c + 64);
+            PF_LINE(pf + 4 * c); /* this step reads 4 × 32 bytes */
+            PF_LINE(pf + 4 * c + 64);
             __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + c));
 #define Q8I_DOT(r) a##r = _mm256_dpbusd_epi32(a##r, _mm256_loadu_si256((const __m256i *)(c##r + c)), xv);
             I8_FOR4(Q8I_DOT)
