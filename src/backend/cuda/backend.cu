@@ -20,6 +20,7 @@ static void cuda_free(pt_backend *be) {
     if (c->moe_h) cudaFree(c->moe_h);
     if (c->moe_g) cudaFree(c->moe_g);
     if (c->moe_o) cudaFree(c->moe_o);
+    if (c->moe_idx) cudaFree(c->moe_idx);
     if (c->err_dev) cudaFree(c->err_dev);
     if (c->dec_s) cudaFree(c->dec_s);
     if (c->dec_ml) cudaFree(c->dec_ml);

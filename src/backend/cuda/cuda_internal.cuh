@@ -56,6 +56,8 @@ typedef struct pt_cuda {
     float *moe_g;         /* [max_tokens·max_top_k, 2·max_ffn] f32 */
     float *moe_o;         /* [max_tokens·max_top_k, max_cols]  f32 */
     size_t moe_rows, moe_ffn, moe_cols;
+    int32_t *moe_idx;     /* grouped MoE prefill (moe.cu): perm, inv [rows], counts, offsets [E] */
+    size_t moe_idx_n;     /* int32 entries allocated */
     /* Split decode attention scratch (attention.cu). */
     float *dec_s;         /* [max_heads, max_ctx] scores                     */
     float2 *dec_ml;       /* [max_heads, splits] partial (max, sum of exp)   */

@@ -560,6 +560,33 @@ static pt_status try_mma(const pt_cuda *c, float *y, const float *x, int64_t T, 
     }
 }
 
+/* Up to how many rows the prefill GEMM of 4/8-bit weights runs on the fused
+ * tensor-core kernel (gemm_tc.cu) instead of dequantize + cuBLAS:
+ * PETREL_CUDA_TC_MAX_T=N overrides the default (0: never) for A/B runs. */
+#define PT_TC_MAX_T_DEFAULT 0
+static int64_t g_tc_max_t = -1;
+static int64_t tc_max_t(void) {
+    if (g_tc_max_t < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_MAX_T");
+        char *end = NULL;
+        long long n = e ? strtoll(e, &end, 10) : -1;
+        g_tc_max_t = e && end != e && *end == 0 && n >= 0 ? (int64_t)n : PT_TC_MAX_T_DEFAULT;
+    }
+    return g_tc_max_t;
+}
+
+static int g_dequant_fast = -1; /* 1: the fast dequantize; -1: not read yet */
+static int dequant_fast_on(void);
+/* For benchmarks that compare the prefill paths in one process
+ * (tests/cuda/bench_prefill_gemm.c): the fused kernel's row limit and the
+ * old dequantize kernel, overriding the environment; -1 re-reads it. */
+extern "C" void pt_cuda_prefill_select(long long tc_max, int dequant_old) {
+    g_tc_max_t = tc_max < 0 ? -1 : (int64_t)tc_max;
+    (void)tc_max_t();
+    g_dequant_fast = dequant_old < 0 ? -1 : !dequant_old;
+    (void)dequant_fast_on();
+}
+
 static gemv_args make_args(const pt_cuda *c, const pt_matrix *w, float *y, const float *x) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     gemv_args a;
@@ -642,9 +669,93 @@ __global__ void epilogue_kernel(float *y, int64_t T, int64_t N, const void *bias
     }
 }
 
+/* The fast dequantize for 2/4/8-bit codes into bf16 (the prefill path's
+ * cost per forward: every weight once per chunk). One thread per 32-bit code
+ * word: VPW = 32/BITS values, written as one or two 16-byte (8-bit: 8-byte)
+ * stores, so a warp reads 128 contiguous bytes of codes and writes 256-1024
+ * contiguous bytes of bf16 — the old kernel's one-thread-per-32-values
+ * scalar 2-byte stores 64 bytes apart ran at ~70 G values/s, ~15x under the
+ * memory limit. Rows come from blockIdx.y (a loop past 65535), words of a row
+ * from blockIdx.x, so no 64-bit division. The values are the old kernel's
+ * bit for bit: s·q then + b, each rounded (no fma), then one bf16 rounding. */
+template <int BITS, bool BF_SCALES>
+__global__ void __launch_bounds__(256) dequant_fast_kernel(bf16 *out, const uint32_t *codes, const void *scales,
+                                                           const void *biases, pt_ftype st, int gs, int64_t K,
+                                                           int64_t row_begin, int64_t nrows) {
+    constexpr int VPW = 32 / BITS;
+    const int64_t wpr = K * BITS / 32, ngroups = K / gs;
+    const int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (wi >= wpr) return;
+    const int g = (int)(wi * VPW / gs);
+    for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const int64_t gr = row_begin + r;
+        const uint32_t word = __ldg(codes + gr * wpr + wi);
+        float s, b;
+        if constexpr (BF_SCALES) {
+            s = __bfloat162float(((const bf16 *)scales)[gr * ngroups + g]);
+            b = __bfloat162float(((const bf16 *)biases)[gr * ngroups + g]);
+        } else {
+            s = pt_ld(st, scales, gr * ngroups + g);
+            b = pt_ld(st, biases, gr * ngroups + g);
+        }
+        uint32_t packed[VPW / 2];
+#pragma unroll
+        for (int j = 0; j < VPW; j += 2) {
+            const float v0 = __fadd_rn(__fmul_rn(s, (float)((word >> (j * BITS)) & ((1u << BITS) - 1u))), b);
+            const float v1 = __fadd_rn(__fmul_rn(s, (float)((word >> ((j + 1) * BITS)) & ((1u << BITS) - 1u))), b);
+            __nv_bfloat162 h = __floats2bfloat162_rn(v0, v1); /* .x = v0 (lower address) */
+            packed[j / 2] = *reinterpret_cast<uint32_t *>(&h);
+        }
+        bf16 *o = out + r * K + wi * VPW;
+        if constexpr (VPW == 4) {
+            *reinterpret_cast<uint2 *>(o) = make_uint2(packed[0], packed[1]);
+        } else {
+#pragma unroll
+            for (int q = 0; q < VPW / 8; q++)
+                reinterpret_cast<uint4 *>(o)[q] =
+                    make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
+        }
+    }
+}
+
+/* PETREL_CUDA_DEQUANT=old selects the one-thread-per-32-values kernel (A/B). */
+static int dequant_fast_on(void) {
+    if (g_dequant_fast < 0) {
+        const char *e = getenv("PETREL_CUDA_DEQUANT");
+        g_dequant_fast = !(e && !strcmp(e, "old"));
+    }
+    return g_dequant_fast;
+}
+
+template <int BITS>
+static pt_status launch_dequant_fast(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    const int64_t wpr = w->cols * BITS / 32;
+    dim3 grid((unsigned)((wpr + 255) / 256), (unsigned)(nrows < 65535 ? nrows : 65535));
+    if (w->dtype == PT_FT_BF16)
+        dequant_fast_kernel<BITS, true><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, cw->scales,
+                                                                     cw->biases, w->dtype, w->group_size, w->cols,
+                                                                     row_begin, nrows);
+    else
+        dequant_fast_kernel<BITS, false><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, cw->scales,
+                                                                      cw->biases, w->dtype, w->group_size, w->cols,
+                                                                      row_begin, nrows);
+    CUDA_CHECK_LAUNCH("dequant (fast)");
+    return PT_OK;
+}
+
 template <typename OT>
 static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
+    if constexpr (sizeof(OT) == 2) {
+        /* rows of K·BITS/32 words, K a multiple of the group (>= 32): 16-byte
+         * aligned stores for 2/4-bit (16 values per 32 bytes), 8-byte for 8-bit */
+        if (dequant_fast_on() && nrows > 0) {
+            if (w->bits == 4) return launch_dequant_fast<4>(c, out, w, row_begin, nrows);
+            if (w->bits == 8) return launch_dequant_fast<8>(c, out, w, row_begin, nrows);
+            if (w->bits == 2) return launch_dequant_fast<2>(c, out, w, row_begin, nrows);
+        }
+    }
     unsigned blocks = pt_cuda_blocks(nrows * (w->cols / 32), 256);
     const uint32_t *codes = (const uint32_t *)cw->data;
 #define PT_DQ(B)                                                                                            \
@@ -661,6 +772,11 @@ static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_matrix *w, int64_t
     return PT_OK;
 }
 
+pt_status pt_cuda_dequant_bf16(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
+    if (!pt_cuda_w(w) || w->bits <= 0) return pt_error(PT_ERR_INTERNAL, "dequant: not a prepared quantized weight");
+    return launch_dequant(c, out, w, row_begin, nrows);
+}
+
 static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     const int64_t N = w->rows, K = w->cols;
@@ -673,11 +789,19 @@ static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_
     const size_t esz = use_bf16 ? 2 : 4;
     int64_t chunk = (int64_t)(c->tile_bytes / esz) / K;
     if (chunk < 1) return pt_error(PT_ERR_UNSUPPORTED, "matmul: %lld columns exceed the tile", (long long)K);
+    if (chunk < N) { /* equal chunks (multiples of 128 rows where that fits): no small last GEMM */
+        const int64_t n = (N + chunk - 1) / chunk, even = ((N + n - 1) / n + 127) / 128 * 128;
+        if (even <= chunk) chunk = even;
+    }
     const void *xin = x;
     if (use_bf16) {
         f32_to_bf16_kernel<<<pt_cuda_blocks(T * K, 256), 256, 0, c->stream>>>((__nv_bfloat16 *)c->xconv, x, T * K);
         CUDA_CHECK_LAUNCH("f32_to_bf16");
         xin = c->xconv;
+    }
+    if (use_bf16 && w->bits > 0 && T <= tc_max_t()) {
+        pt_status st = pt_cuda_gemm_tc(c, y, (const bf16 *)xin, T, w, expert);
+        if (st != PT_ERR_UNSUPPORTED) return st;
     }
     const float one = 1.f, zero = 0.f;
     const int64_t ebase = expert * N; /* first row of this expert */

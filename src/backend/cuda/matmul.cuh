@@ -5,7 +5,7 @@
 #ifndef PT_BACKEND_CUDA_MATMUL_CUH
 #define PT_BACKEND_CUDA_MATMUL_CUH
 
-#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_internal.cuh"
 
 /* Loads the BITS words of 32-value chunk `c` of a row (row 16-byte aligned
  * for BITS 4/8, 8-byte for 2/6, 4-byte for 3/5: guaranteed since rows are
@@ -40,5 +40,17 @@ __device__ __forceinline__ uint32_t pt_q_code(const uint32_t (&w)[BITS], int j) 
     if (sh + BITS > 32) q |= w[wi + 1] << (32 - sh);
     return q & ((1u << BITS) - 1u);
 }
+
+/* Rows [row_begin, row_begin + nrows) of a quantized weight (2-8 bit; rows
+ * of an expert stack counted across experts) dequantized to bf16 [nrows,
+ * cols] at out, enqueued on the backend's stream (matmul.cu; moe.cu's
+ * grouped prefill uses it). */
+pt_status pt_cuda_dequant_bf16(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t row_begin, int64_t nrows);
+
+/* gemm_tc.cu: y[T, N] = x[T, K] · W[expert]ᵀ (+ bias, bf16 rounding) on the
+ * tensor cores with the dequantization in shared memory, x bf16 [T, K]
+ * (16-byte aligned). 4/8-bit, bf16 scales, K % 64 == 0, bf16 activation
+ * mode; PT_ERR_UNSUPPORTED (no message) otherwise. */
+pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const pt_matrix *w, int64_t expert);
 
 #endif

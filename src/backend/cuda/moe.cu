@@ -10,9 +10,23 @@
  * host round trip: the decode step stays capturable), then the gated
  * activation, then the down projection the same way; a final kernel weights
  * each expert output and accumulates them in ascending expert order, rounding
- * after each add like the reference. Prefill reads each selected expert once
- * per token: correct, not yet fast (grouping tokens by expert is the lever). */
+ * after each add like the reference.
+ *
+ * Prefill (T >= PT_MOE_GROUP_MIN_T rows, bf16 activations, outside a graph
+ * capture): the (token, k) items are grouped by expert instead — a stable
+ * counting sort on the device (counts per expert, offsets on the host, one
+ * block per expert writing its items in token order), the token rows
+ * gathered into bf16 in that order, then per expert one cuBLAS GEMM per
+ * projection over all of its rows (weights dequantized a batch of experts
+ * at a time into the matmul tile), so each expert's weights are read once
+ * per chunk instead of once per token. The outputs are rounded as the GEMV
+ * path rounds them (after each projection, after the activation) and the
+ * combine reads each item's row through the inverse permutation, so the
+ * order of the weighted sum is unchanged. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/matmul.cuh"
+
+#include <stdlib.h>
 
 #define ROUTE_THREADS 128
 
@@ -100,9 +114,10 @@ pt_status pt_cuda_moe_route(pt_backend *be, int32_t *idx, float *weights, const 
 }
 
 /* y[t, i] = Σ over the token's experts in ascending index order of
- * round(o[t·k + j, i] · w[t, j]), rounded after each add. */
+ * round(o[r(t·k + j), i] · w[t, j]), rounded after each add; r = inv (the
+ * grouped prefill's row of each item) or the identity when inv is NULL. */
 __global__ void moe_combine_kernel(float *y, const float *o, const int32_t *idx, const float *weights, int64_t T,
-                                   int k, int64_t H, int bf) {
+                                   int k, int64_t H, int bf, const int32_t *inv) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * H; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / H, d = i % H;
         const int32_t *it = idx + t * k;
@@ -119,10 +134,225 @@ __global__ void moe_combine_kernel(float *y, const float *o, const int32_t *idx,
             }
             prev = it[bj];
             prev_j = bj;
-            acc = pt_rnd(bf, acc + pt_rnd(bf, o[(t * k + bj) * H + d] * weights[t * k + bj]));
+            const int64_t row = inv ? (int64_t)inv[t * k + bj] : t * k + bj;
+            acc = pt_rnd(bf, acc + pt_rnd(bf, o[row * H + d] * weights[t * k + bj]));
         }
         y[i] = acc;
     }
+}
+
+/* ---- grouped prefill ------------------------------------------------------ */
+
+/* Below this many rows moe_ffn keeps the per-item GEMV: batched decode
+ * (matmul_rows, up to --parallel 256 rows) needs every row's result to equal
+ * the single-row result bit for bit, which the GEMV gives and a GEMM over a
+ * group does not; a prefill chunk of at least this many rows is never such a
+ * batch. */
+#define PT_MOE_GROUP_MIN_T 257
+
+/* cnt[e] = number of items b < B with idx[b] == e; one block per expert. */
+__global__ void __launch_bounds__(256) moe_count_kernel(int32_t *cnt, const int32_t *idx, int64_t B) {
+    __shared__ float red[32];
+    const int e = blockIdx.x;
+    float n = 0.f; /* exact: B < 2^24 */
+    for (int64_t b = threadIdx.x; b < B; b += blockDim.x) n += idx[b] == e ? 1.f : 0.f;
+    n = pt_block_sum(n, red);
+    if (threadIdx.x == 0) cnt[e] = (int32_t)n;
+}
+
+/* Stable placement: expert e's items, in item order, go to rows
+ * off[e], off[e] + 1, ...: perm[row] = item, inv[item] = row. One block of
+ * 256 threads per expert walks the items 256 at a time; a warp ballot and
+ * the warps' counts in shared memory give each match its rank. */
+__global__ void __launch_bounds__(256) moe_place_kernel(int32_t *perm, int32_t *inv, const int32_t *idx,
+                                                        const int32_t *off, int64_t B) {
+    __shared__ int wc[8];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t base = off[e];
+    for (int64_t b0 = 0; b0 < B; b0 += 256) {
+        const int64_t b = b0 + threadIdx.x;
+        const bool hit = b < B && idx[b] == e;
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) wc[warp] = __popc(m);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < 8; w++) {
+            before += w < warp ? wc[w] : 0;
+            total += wc[w];
+        }
+        if (hit) {
+            const int64_t row = base + before + __popc(m & ((1u << lane) - 1u));
+            perm[row] = (int32_t)b;
+            inv[b] = (int32_t)row;
+        }
+        base += total;
+        __syncthreads(); /* wc is rewritten next round */
+    }
+}
+
+/* xg[row, :] = x[perm[row] / k, :] as bf16 (the values are bf16 already in
+ * bf16 mode: exact). H % 4 == 0; rows from blockIdx.y. */
+__global__ void moe_gather_kernel(bf16 *xg, const float *x, const int32_t *perm, int64_t B, int k, int64_t H) {
+    const int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* float4 index in the row */
+    if (q * 4 >= H) return;
+    for (int64_t row = blockIdx.y; row < B; row += gridDim.y) {
+        const int64_t t = perm[row] / k;
+        const float4 v = *reinterpret_cast<const float4 *>(x + t * H + q * 4);
+        __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *reinterpret_cast<uint32_t *>(&a);
+        u.y = *reinterpret_cast<uint32_t *>(&b);
+        *reinterpret_cast<uint2 *>(xg + row * H + q * 4) = u;
+    }
+}
+
+/* In place: v = round_bf16(v) over n floats; then (out != NULL) a bf16 copy. */
+__global__ void moe_round_kernel(float *v, int64_t n, bf16 *out) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const bf16 h = __float2bfloat16_rn(v[i]);
+        if (out) out[i] = h;
+        else v[i] = __bfloat162float(h);
+    }
+}
+
+/* Whether a matrix can feed the grouped path: quantized 2-8 bit (dequantized
+ * to bf16 into the tile) or dense bf16 (read in place); no bias. */
+static bool grouped_ok(const pt_matrix *w) {
+    if (!w) return true;
+    if (w->bias) return false;
+    return w->bits > 0 || w->dtype == PT_FT_BF16;
+}
+
+/* Experts [e0, e1) of w as bf16 [e1 - e0, rows, cols]: the weight itself
+ * when it is dense bf16, else dequantized into dst. */
+static pt_status expert_rows(pt_cuda *c, const bf16 **out, bf16 *dst, const pt_matrix *w, int64_t e0, int64_t e1) {
+    if (w->bits == 0) {
+        *out = (const bf16 *)pt_cuda_w(w)->data + (size_t)e0 * (size_t)w->rows * (size_t)w->cols;
+        return PT_OK;
+    }
+    PT_TRY(pt_cuda_dequant_bf16(c, dst, w, e0 * w->rows, (e1 - e0) * w->rows));
+    *out = dst;
+    return PT_OK;
+}
+
+/* One GEMM: C[n, m] (row-major, ldc) = X[n, k] · A[m, k]ᵀ, bf16 inputs, f32
+ * output and accumulation (the column-major view C[m, n] = Aᵀ·X). */
+static pt_status gemm_bf16(pt_cuda *c, float *C, int64_t ldc, const bf16 *A, const bf16 *X, int64_t m, int64_t n,
+                           int64_t k) {
+    const float one = 1.f, zero = 0.f;
+    CUBLAS_CHECK(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)k, &one, A, CUDA_R_16BF, (int)k,
+                              X, CUDA_R_16BF, (int)k, &zero, C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    return PT_OK;
+}
+
+/* For every expert with rows: C[off[e] .. off[e] + cnt[e], col0 ..] =
+ * X[off[e] ..] · W[e]ᵀ, the experts' weights made bf16 a batch at a time
+ * (as many as fit the tile). */
+static pt_status grouped_proj(pt_cuda *c, float *C, int64_t ldc, int64_t col0, const bf16 *X, const pt_matrix *w,
+                              const int32_t *cnt, const int64_t *off, int64_t E) {
+    const int64_t per = w->rows * w->cols; /* bf16 values of one expert */
+    int64_t batch = w->bits ? (int64_t)(c->tile_bytes / 2) / per : E;
+    if (batch < 1) return pt_error(PT_ERR_UNSUPPORTED, "moe_ffn: an expert of %lld values exceeds the tile", (long long)per);
+    for (int64_t e0 = 0; e0 < E; e0 += batch) {
+        int64_t e1 = e0 + batch < E ? e0 + batch : E;
+        while (e0 < e1 && cnt[e0] == 0) e0++; /* skip unused experts at the ends */
+        while (e1 > e0 && cnt[e1 - 1] == 0) e1--;
+        if (e0 == e1) continue;
+        const bf16 *A;
+        PT_TRY(expert_rows(c, &A, (bf16 *)c->tile, w, e0, e1));
+        for (int64_t e = e0; e < e1; e++)
+            if (cnt[e] > 0)
+                PT_TRY(gemm_bf16(c, C + off[e] * ldc + col0, ldc, A + (e - e0) * per, X + off[e] * w->cols, w->rows,
+                                 cnt[e], w->cols));
+        if (!w->bits) break; /* dense: every expert in one pass */
+    }
+    return PT_OK;
+}
+
+static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T, const int32_t *idx,
+                                 const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                                 const pt_matrix *down, pt_glu_kind act) {
+    const int64_t H = down->rows, I = down->cols, B = T * top_k;
+    const int64_t E = gate->n_experts > 1 ? gate->n_experts : 1;
+    if (T < PT_MOE_GROUP_MIN_T || c->base.act != PT_ACT_BF16 || H % 8 || I % 8 || !grouped_ok(gate) ||
+        !grouped_ok(up) || !grouped_ok(down) || E > 65535 || B >= (1 << 24) || !c->tile)
+        return PT_ERR_UNSUPPORTED;
+    cudaStreamCaptureStatus cap;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone) return PT_ERR_UNSUPPORTED; /* the host reads the counts */
+    /* device scratch: perm [B], inv [B], cnt [E], off [E] */
+    const size_t need = (size_t)(2 * B + 2 * E);
+    if (need > c->moe_idx_n) {
+        if (c->moe_idx) CUDA_CHECK(cudaFree(c->moe_idx));
+        c->moe_idx = NULL;
+        c->moe_idx_n = 0;
+        CUDA_CHECK(cudaMalloc((void **)&c->moe_idx, need * 4));
+        c->moe_idx_n = need;
+    }
+    int32_t *perm = c->moe_idx, *inv = perm + B, *cnt_d = inv + B, *off_d = cnt_d + E;
+    int32_t *cnt = (int32_t *)malloc((size_t)E * (sizeof(int32_t) * 2 + sizeof(int64_t)));
+    if (!cnt) return pt_error(PT_ERR_NOMEM, "moe_ffn: out of host memory");
+    int32_t *off32 = cnt + E;
+    int64_t *off = (int64_t *)(off32 + E);
+    pt_status st = PT_OK;
+    moe_count_kernel<<<(unsigned)E, 256, 0, c->stream>>>(cnt_d, idx, B);
+    cudaError_t ce = cudaGetLastError();
+    if (ce == cudaSuccess) ce = cudaMemcpyAsync(cnt, cnt_d, (size_t)E * 4, cudaMemcpyDeviceToHost, c->stream);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(cnt);
+        return pt_error(PT_ERR_DEVICE, "moe_ffn: counting the items per expert: %s", cudaGetErrorString(ce));
+    }
+    int64_t total = 0;
+    for (int64_t e = 0; e < E; e++) {
+        off[e] = total;
+        off32[e] = (int32_t)total;
+        total += cnt[e];
+    }
+    if (total != B) { /* an index outside the stack: the GEMV path finds and reports it */
+        free(cnt);
+        return PT_ERR_UNSUPPORTED;
+    }
+    /* the offsets travel with a synchronous copy: the host array is freed below */
+    ce = cudaMemcpyAsync(off_d, off32, (size_t)E * 4, cudaMemcpyHostToDevice, c->stream);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(cnt);
+        return pt_error(PT_ERR_DEVICE, "moe_ffn: uploading the expert offsets: %s", cudaGetErrorString(ce));
+    }
+    bf16 *xg = (bf16 *)c->moe_o;                 /* [B, H] gathered rows (moe_o is free until the down GEMMs) */
+    bf16 *hb = (bf16 *)c->moe_g;                 /* [B, I] activation as bf16 (moe_g is free after the glu) */
+    const unsigned ry = (unsigned)(B < 65535 ? B : 65535);
+    do {
+        moe_place_kernel<<<(unsigned)E, 256, 0, c->stream>>>(perm, inv, idx, off_d, B);
+        moe_gather_kernel<<<dim3((unsigned)((H / 4 + 127) / 128), ry), 128, 0, c->stream>>>(xg, x, perm, B, top_k, H);
+        ce = cudaGetLastError();
+        if (ce != cudaSuccess) {
+            st = pt_error(PT_ERR_DEVICE, "moe_ffn: grouping kernels: %s", cudaGetErrorString(ce));
+            break;
+        }
+        /* gate|up: moe_g[row, 0..2I) */
+        if (up) {
+            if ((st = grouped_proj(c, c->moe_g, 2 * I, 0, xg, gate, cnt, off, E)) != PT_OK) break;
+            if ((st = grouped_proj(c, c->moe_g, 2 * I, I, xg, up, cnt, off, E)) != PT_OK) break;
+        } else if ((st = grouped_proj(c, c->moe_g, 2 * I, 0, xg, gate, cnt, off, E)) != PT_OK) {
+            break;
+        }
+        moe_round_kernel<<<pt_cuda_blocks(B * 2 * I, 256), 256, 0, c->stream>>>(c->moe_g, B * 2 * I, NULL);
+        if ((st = pt_cuda_glu(&c->base, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act)) != PT_OK) break;
+        moe_round_kernel<<<pt_cuda_blocks(B * I, 256), 256, 0, c->stream>>>(c->moe_h, B * I, hb);
+        if ((st = grouped_proj(c, c->moe_o, H, 0, hb, down, cnt, off, E)) != PT_OK) break;
+        moe_round_kernel<<<pt_cuda_blocks(B * H, 256), 256, 0, c->stream>>>(c->moe_o, B * H, NULL);
+        moe_combine_kernel<<<pt_cuda_blocks(T * H, 256), 256, 0, c->stream>>>(y, c->moe_o, idx, weights, T, top_k, H,
+                                                                             1, inv);
+        ce = cudaGetLastError();
+        if (ce != cudaSuccess) st = pt_error(PT_ERR_DEVICE, "moe_ffn: grouped kernels: %s", cudaGetErrorString(ce));
+    } while (0);
+    free(cnt);
+    return st;
 }
 
 pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
@@ -138,6 +368,10 @@ pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, c
         return pt_error(PT_ERR_INVALID_ARG,
                         "moe_ffn: scratch not reserved for %lld tokens × top-%d, ffn %lld, hidden %lld (call reserve)",
                         (long long)T, top_k, (long long)I, (long long)H);
+    {
+        pt_status gs = moe_ffn_grouped(c, y, x, T, idx, weights, top_k, gate, up, down, act);
+        if (gs != PT_ERR_UNSUPPORTED) return gs;
+    }
     /* gate|up rows of each item: moe_g[b, 0..2I) */
     if (up) {
         PT_TRY(pt_cuda_gemv_items(c, c->moe_g, x, B, top_k, gate, idx, 0, 0, I, 2 * I));
@@ -148,7 +382,7 @@ pt_status pt_cuda_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, c
     PT_TRY(pt_cuda_glu(be, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act));
     PT_TRY(pt_cuda_gemv_items(c, c->moe_o, c->moe_h, B, 1, down, idx, 0, 0, H, H));
     moe_combine_kernel<<<pt_cuda_blocks(T * H, 256), 256, 0, c->stream>>>(y, c->moe_o, idx, weights, T, top_k, H,
-                                                                         pt_cuda_bf(be));
+                                                                         pt_cuda_bf(be), (const int32_t *)NULL);
     CUDA_CHECK_LAUNCH("moe_combine");
     return PT_OK;
 }
