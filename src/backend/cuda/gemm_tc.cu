@@ -5,8 +5,9 @@
  * dequantize-to-scratch + cuBLAS (matmul.cu) where measured faster: no bf16
  * copy of the weight goes through device memory and the bias and bf16
  * rounding are applied as the accumulators are stored. Not here: the decode
- * GEMV (T <= 64), dense weights (cuBLAS reads them in place), MoE
- * (moe.cu groups tokens per expert and uses cuBLAS).
+ * GEMV (T <= 64), dense weights (cuBLAS reads them in place). MoE prefill
+ * (moe.cu) uses the grouped mode: rows sorted by expert, one launch per
+ * projection for all experts, each block reading its tile's expert.
  *
  * Numerics (L1): each weight is dequantized exactly as the scratch kernel
  * does it (s·q, then + b, each rounded, then one bf16 rounding), products
@@ -54,6 +55,12 @@ struct tc_args {
     pt_ftype bt;
     int64_t ldy;
     int T, N, K, gs;
+    /* Grouped mode (MoE prefill, moe.cu): block x takes tiles[x] = {first row,
+     * end row, expert, 0} of x and y (rows sorted by expert) and that
+     * expert's weight, codes/scales advanced by expert · e_codes / e_sb.
+     * NULL: block x takes rows [128·x, min(128·x + 128, T)), expert 0. */
+    const int4 *tiles;
+    int64_t e_codes, e_sb;
 };
 
 /* Byte offset of (row, k) in a swizzled 128-byte-row tile (k multiple of 8). */
@@ -97,7 +104,17 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
     const uint32_t ws = sbase + TC_STAGES * L::STAGE; /* the bf16 weight tile */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int m0 = blockIdx.x * TC_BM, n0 = blockIdx.y * TC_BN;
+    const int n0 = blockIdx.y * TC_BN;
+    int m0 = blockIdx.x * TC_BM, mend = a.T;
+    const uint8_t *codes = a.codes;
+    const bf16 *scp = a.sc, *bip = a.bi;
+    if (a.tiles) {
+        const int4 tl = a.tiles[blockIdx.x];
+        m0 = tl.x, mend = tl.y;
+        codes += (int64_t)tl.z * a.e_codes;
+        scp += (int64_t)tl.z * a.e_sb;
+        bip += (int64_t)tl.z * a.e_sb;
+    }
     const int K = a.K, KT = K / TC_BK, ngroups = K / a.gs;
     const int64_t row_bytes = (int64_t)K * BITS / 8;
 
@@ -107,7 +124,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int q = tid + i * TC_THREADS, row = q >> 3, c = q & 7, gm = m0 + row;
-            const bool ok = gm < a.T;
+            const bool ok = gm < mend;
             const bf16 *src = a.x + (int64_t)(ok ? gm : 0) * K + kt * TC_BK + c * 8;
             tc_cp16(xs + tc_swz(row, c * 8), src, ok);
         }
@@ -116,7 +133,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
         for (int i = 0; i < TC_BN * R / TC_THREADS; i++) {
             const int q = tid + i * TC_THREADS, row = q / R, c = q % R, gn = n0 + row;
             const bool ok = gn < a.N;
-            const uint8_t *src = a.codes + (int64_t)(ok ? gn : 0) * row_bytes + kt * L::RAW_ROW + c * 16;
+            const uint8_t *src = codes + (int64_t)(ok ? gn : 0) * row_bytes + kt * L::RAW_ROW + c * 16;
             tc_cp16(rs + row * L::RAW_ROW + c * 16, src, ok);
         }
     };
@@ -126,8 +143,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
     auto load_sb = [&](int kt, float &s, float &b) {
         if (dn < a.N) {
             const int64_t gi = (int64_t)dn * ngroups + (kt * TC_BK + dhalf * 32) / a.gs;
-            s = __bfloat162float(a.sc[gi]);
-            b = __bfloat162float(a.bi[gi]);
+            s = __bfloat162float(scp[gi]);
+            b = __bfloat162float(bip[gi]);
         } else {
             s = 0.f, b = 0.f;
         }
@@ -239,7 +256,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int m = m0 + wm * 64 + mi * 16 + g + 8 * h;
-                if (m >= a.T) continue;
+                if (m >= mend) continue;
                 float *yr = a.y + (int64_t)m * a.ldy;
                 if (n < a.N) yr[n] = pt_round_bf(acc[mi][ni][2 * h] + bv0);
                 if (n + 1 < a.N) yr[n + 1] = pt_round_bf(acc[mi][ni][2 * h + 1] + bv1);
@@ -248,14 +265,14 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 }
 
 template <int BITS>
-static pt_status launch_tc(pt_cuda *c, const tc_args &a) {
+static pt_status launch_tc(pt_cuda *c, const tc_args &a, int64_t mtiles) {
     static int attr_set = 0;
     const int smem = tc_layout<BITS>::TOTAL;
     if (!attr_set) {
         CUDA_CHECK(cudaFuncSetAttribute(gemm_tc_kernel<BITS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         attr_set = 1;
     }
-    dim3 grid((unsigned)((a.T + TC_BM - 1) / TC_BM), (unsigned)((a.N + TC_BN - 1) / TC_BN));
+    dim3 grid((unsigned)mtiles, (unsigned)((a.N + TC_BN - 1) / TC_BN));
     gemm_tc_kernel<BITS><<<grid, TC_THREADS, smem, c->stream>>>(a);
     CUDA_CHECK_LAUNCH("prefill GEMM (tensor cores)");
     return PT_OK;
@@ -283,5 +300,40 @@ pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const 
     a.N = (int)N;
     a.K = (int)K;
     a.gs = gs;
-    return bits == 4 ? launch_tc<4>(c, a) : launch_tc<8>(c, a);
+    a.tiles = NULL;
+    a.e_codes = a.e_sb = 0;
+    const int64_t mt = (T + TC_BM - 1) / TC_BM;
+    return bits == 4 ? launch_tc<4>(c, a, mt) : launch_tc<8>(c, a, mt);
+}
+
+int pt_cuda_gemm_tc_ok(const pt_cuda *c, const pt_matrix *w) {
+    const int bits = w->bits, gs = w->group_size;
+    return (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && w->dtype == PT_FT_BF16 &&
+           w->cols % TC_BK == 0 && c->base.act == PT_ACT_BF16 && !w->bias && w->rows <= INT32_MAX &&
+           w->cols <= INT32_MAX && (w->rows + TC_BN - 1) / TC_BN <= 65535;
+}
+
+pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 *x, int64_t rows, const pt_matrix *w,
+                                  const int4 *tiles, int64_t ntiles) {
+    if (!pt_cuda_gemm_tc_ok(c, w) || rows > INT32_MAX || ntiles < 1 || ntiles > INT32_MAX || (uintptr_t)x % 16)
+        return pt_error(PT_ERR_INTERNAL, "grouped tensor-core GEMM: unsupported weight or shape");
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    const int64_t N = w->rows, K = w->cols;
+    tc_args a;
+    a.y = y;
+    a.x = x;
+    a.codes = (const uint8_t *)cw->data;
+    a.sc = (const bf16 *)cw->scales;
+    a.bi = (const bf16 *)cw->biases;
+    a.bias = NULL;
+    a.bt = w->bias_dtype;
+    a.ldy = ldy;
+    a.T = (int)rows;
+    a.N = (int)N;
+    a.K = (int)K;
+    a.gs = w->group_size;
+    a.tiles = tiles;
+    a.e_codes = N * (K * w->bits / 8);
+    a.e_sb = N * (K / w->group_size);
+    return w->bits == 4 ? launch_tc<4>(c, a, ntiles) : launch_tc<8>(c, a, ntiles);
 }

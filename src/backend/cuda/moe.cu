@@ -16,10 +16,13 @@
  * capture): the (token, k) items are grouped by expert instead — a stable
  * counting sort on the device (counts per expert, offsets on the host, one
  * block per expert writing its items in token order), the token rows
- * gathered into bf16 in that order, then per expert one cuBLAS GEMM per
- * projection over all of its rows (weights dequantized a batch of experts
- * at a time into the matmul tile), so each expert's weights are read once
- * per chunk instead of once per token. The outputs are rounded as the GEMV
+ * gathered into bf16 in that order, then each projection of all experts
+ * as one launch of the grouped tensor-core kernel (gemm_tc.cu: each block
+ * takes up to 128 rows of one expert and dequantizes that expert's weights
+ * in shared memory) for 4/8-bit weights with bf16 scales, else per expert
+ * one cuBLAS GEMM over all of its rows (weights dequantized a batch of
+ * experts at a time into the matmul tile); either way each expert's weights
+ * are read once per chunk (per 128 rows) instead of once per token. The outputs are rounded as the GEMV
  * path rounds them (after each projection, after the activation) and the
  * combine reads each item's row through the inverse permutation, so the
  * order of the weighted sum is unchanged. */
@@ -27,6 +30,7 @@
 #include "backend/cuda/matmul.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #define ROUTE_THREADS 128
 
@@ -270,6 +274,17 @@ static pt_status grouped_proj(pt_cuda *c, float *C, int64_t ldc, int64_t col0, c
     return PT_OK;
 }
 
+/* PETREL_CUDA_MOE_TC=0 keeps the grouped prefill on cuBLAS (one GEMM per
+ * expert) instead of the grouped tensor-core kernel (A/B). */
+static int moe_tc_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("PETREL_CUDA_MOE_TC");
+        v = !(e && !strcmp(e, "0"));
+    }
+    return v;
+}
+
 static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T, const int32_t *idx,
                                  const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                                  const pt_matrix *down, pt_glu_kind act) {
@@ -281,8 +296,10 @@ static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T
     cudaStreamCaptureStatus cap;
     CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
     if (cap != cudaStreamCaptureStatusNone) return PT_ERR_UNSUPPORTED; /* the host reads the counts */
-    /* device scratch: perm [B], inv [B], cnt [E], off [E] */
-    const size_t need = (size_t)(2 * B + 2 * E);
+    /* device scratch (int32 units): tiles [ntmax] int4, off [E], cnt [E], perm [B], inv [B]; the tiles
+     * (tensor-core GEMM, one per 128 rows of an expert) and the offsets travel in one upload */
+    const int64_t ntmax = B / 128 + E + 1;
+    const size_t need = (size_t)(4 * ntmax + 2 * E + 2 * B);
     if (need > c->moe_idx_n) {
         if (c->moe_idx) CUDA_CHECK(cudaFree(c->moe_idx));
         c->moe_idx = NULL;
@@ -290,11 +307,14 @@ static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T
         CUDA_CHECK(cudaMalloc((void **)&c->moe_idx, need * 4));
         c->moe_idx_n = need;
     }
-    int32_t *perm = c->moe_idx, *inv = perm + B, *cnt_d = inv + B, *off_d = cnt_d + E;
-    int32_t *cnt = (int32_t *)malloc((size_t)E * (sizeof(int32_t) * 2 + sizeof(int64_t)));
-    if (!cnt) return pt_error(PT_ERR_NOMEM, "moe_ffn: out of host memory");
-    int32_t *off32 = cnt + E;
-    int64_t *off = (int64_t *)(off32 + E);
+    const int4 *tiles_d = (const int4 *)c->moe_idx;
+    int32_t *off_d = c->moe_idx + 4 * ntmax, *cnt_d = off_d + E, *perm = cnt_d + E, *inv = perm + B;
+    /* host: tiles [ntmax] int4 + off32 [E] (the upload), cnt [E], off [E] int64 */
+    int32_t *hbuf = (int32_t *)calloc((size_t)(4 * ntmax + 2 * E + 2 * E), sizeof(int32_t));
+    if (!hbuf) return pt_error(PT_ERR_NOMEM, "moe_ffn: out of host memory");
+    int4 *tiles = (int4 *)hbuf;
+    int32_t *off32 = hbuf + 4 * ntmax, *cnt = off32 + E;
+    int64_t *off = (int64_t *)(cnt + E);
     pt_status st = PT_OK;
     moe_count_kernel<<<(unsigned)E, 256, 0, c->stream>>>(cnt_d, idx, B);
     cudaError_t ce = cudaGetLastError();
@@ -302,7 +322,7 @@ static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
     if (ce != cudaSuccess) {
         (void)cudaGetLastError();
-        free(cnt);
+        free(hbuf);
         return pt_error(PT_ERR_DEVICE, "moe_ffn: counting the items per expert: %s", cudaGetErrorString(ce));
     }
     int64_t total = 0;
@@ -312,17 +332,28 @@ static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T
         total += cnt[e];
     }
     if (total != B) { /* an index outside the stack: the GEMV path finds and reports it */
-        free(cnt);
+        free(hbuf);
         return PT_ERR_UNSUPPORTED;
     }
-    /* the offsets travel with a synchronous copy: the host array is freed below */
-    ce = cudaMemcpyAsync(off_d, off32, (size_t)E * 4, cudaMemcpyHostToDevice, c->stream);
+    int64_t ntiles = 0;
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t r = off[e]; r < off[e] + cnt[e]; r += 128)
+            tiles[ntiles++] = make_int4((int)r, (int)(off[e] + cnt[e]), (int)e, 0);
+    /* one synchronous copy (the host buffer is freed below) */
+    ce = cudaMemcpyAsync(c->moe_idx, hbuf, (size_t)(4 * ntmax + E) * 4, cudaMemcpyHostToDevice, c->stream);
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(c->stream);
     if (ce != cudaSuccess) {
         (void)cudaGetLastError();
-        free(cnt);
+        free(hbuf);
         return pt_error(PT_ERR_DEVICE, "moe_ffn: uploading the expert offsets: %s", cudaGetErrorString(ce));
     }
+    /* one projection of every expert: the grouped tensor-core kernel (one launch) where it takes the
+     * weight, else one cuBLAS GEMM per expert */
+    auto proj = [&](float *C, int64_t ldc, int64_t col0, const bf16 *X, const pt_matrix *w) -> pt_status {
+        if (moe_tc_on() && pt_cuda_gemm_tc_ok(c, w))
+            return pt_cuda_gemm_tc_grouped(c, C + col0, ldc, X, B, w, tiles_d, ntiles);
+        return grouped_proj(c, C, ldc, col0, X, w, cnt, off, E);
+    };
     bf16 *xg = (bf16 *)c->moe_o;                 /* [B, H] gathered rows (moe_o is free until the down GEMMs) */
     bf16 *hb = (bf16 *)c->moe_g;                 /* [B, I] activation as bf16 (moe_g is free after the glu) */
     const unsigned ry = (unsigned)(B < 65535 ? B : 65535);
@@ -336,22 +367,25 @@ static pt_status moe_ffn_grouped(pt_cuda *c, float *y, const float *x, int64_t T
         }
         /* gate|up: moe_g[row, 0..2I) */
         if (up) {
-            if ((st = grouped_proj(c, c->moe_g, 2 * I, 0, xg, gate, cnt, off, E)) != PT_OK) break;
-            if ((st = grouped_proj(c, c->moe_g, 2 * I, I, xg, up, cnt, off, E)) != PT_OK) break;
-        } else if ((st = grouped_proj(c, c->moe_g, 2 * I, 0, xg, gate, cnt, off, E)) != PT_OK) {
+            if ((st = proj(c->moe_g, 2 * I, 0, xg, gate)) != PT_OK) break;
+            if ((st = proj(c->moe_g, 2 * I, I, xg, up)) != PT_OK) break;
+        } else if ((st = proj(c->moe_g, 2 * I, 0, xg, gate)) != PT_OK) {
             break;
         }
-        moe_round_kernel<<<pt_cuda_blocks(B * 2 * I, 256), 256, 0, c->stream>>>(c->moe_g, B * 2 * I, NULL);
+        const bool tc_gu = moe_tc_on() && pt_cuda_gemm_tc_ok(c, gate) && (!up || pt_cuda_gemm_tc_ok(c, up));
+        if (!tc_gu) /* the tensor-core kernel stores rounded values already */
+            moe_round_kernel<<<pt_cuda_blocks(B * 2 * I, 256), 256, 0, c->stream>>>(c->moe_g, B * 2 * I, NULL);
         if ((st = pt_cuda_glu(&c->base, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act)) != PT_OK) break;
         moe_round_kernel<<<pt_cuda_blocks(B * I, 256), 256, 0, c->stream>>>(c->moe_h, B * I, hb);
-        if ((st = grouped_proj(c, c->moe_o, H, 0, hb, down, cnt, off, E)) != PT_OK) break;
-        moe_round_kernel<<<pt_cuda_blocks(B * H, 256), 256, 0, c->stream>>>(c->moe_o, B * H, NULL);
+        if ((st = proj(c->moe_o, H, 0, hb, down)) != PT_OK) break;
+        if (!(moe_tc_on() && pt_cuda_gemm_tc_ok(c, down)))
+            moe_round_kernel<<<pt_cuda_blocks(B * H, 256), 256, 0, c->stream>>>(c->moe_o, B * H, NULL);
         moe_combine_kernel<<<pt_cuda_blocks(T * H, 256), 256, 0, c->stream>>>(y, c->moe_o, idx, weights, T, top_k, H,
                                                                              1, inv);
         ce = cudaGetLastError();
         if (ce != cudaSuccess) st = pt_error(PT_ERR_DEVICE, "moe_ffn: grouped kernels: %s", cudaGetErrorString(ce));
     } while (0);
-    free(cnt);
+    free(hbuf);
     return st;
 }
 
