@@ -12,8 +12,13 @@
  *  - GEMM (T > 8, prefill): the weight is dequantized (or converted) in row
  *    tiles into scratch and multiplied with cuBLAS: bf16 × bf16 → f32 with
  *    f32 accumulation in bf16 activation mode (the input, already bf16
- *    values, converts exactly); f32 × f32 (no TF32) in f32 mode. The fused
- *    tensor-core kernel that dequantizes in shared memory is the next lever.
+ *    values, converts exactly); f32 × f32 (no TF32) in f32 mode. cuBLAS
+ *    runs these at ~750 TFLOP/s on the H200, so the costs around it are the
+ *    dequantize (one 32-bit code word per thread, 16-byte stores) and the
+ *    f32 → bf16 and rounding passes (16 bytes per thread). The fused
+ *    tensor-core kernel (gemm_tc.cu, dequantization in shared memory) is
+ *    selectable for A/B (PETREL_CUDA_TC_MAX_T) but measured slower than
+ *    cuBLAS at every shape (bench/RESULTS.md), so it is off by default.
  * Either way the output is rounded once, after the bias, in bf16 mode.
  *
  * Not here: attention, MoE routing (moe.cu uses pt_cuda_gemv_items). */
