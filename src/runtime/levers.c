@@ -122,11 +122,7 @@ void pt_levers_resolve(pt_model_params *p) {
 }
 
 pt_status pt_levers_check(const pt_model_params *p, pt_device device) {
-    /* the quantized KV cache (runtime/kv_cache.c) runs on both backends */
-    if (p->fused_decode_attn == PT_LEVER_ON && device == PT_DEVICE_CUDA)
-        return pt_error(PT_ERR_UNSUPPORTED,
-                        "--fused-decode-attn on: the fused decode attention is not implemented on CUDA yet "
-                        "(use --fused-decode-attn off, --device cpu, or --l1)");
+    /* the quantized KV cache (runtime/kv_cache.c) and --fused-decode-attn run on both backends */
     if (p->int8_act == PT_LEVER_ON && device == PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED,
                         "--int8-act on: int8 activations are a CPU kernel (use --int8-act off, --device cpu, or --l1)");

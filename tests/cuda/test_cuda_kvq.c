@@ -4,7 +4,19 @@
  * scales, biases) for every MLX width 2..8, group size 32/64/128 and scale
  * dtype, rings included; attention over a quantized cache (prefill chunks,
  * split decode, GQA 1–16, sliding windows, soft-cap, rotating caches) must
- * match the CPU within atol + rtol·|cpu| (any NaN fails).
+ * match the CPU within atol + rtol·|cpu| (any NaN fails). Prefill chunks in
+ * bf16 mode run flash attention over the dequantized rows (kv_quant.cu); the
+ * cases include a chunk of a full 64-row block over a ring.
+ *
+ * --fused-decode-attn (kv_fused.cu, an L3 lever): on every KV configuration
+ * a model spec can produce (4 and 8 bits; head_dim 32/64/96/128/256 with
+ * each group size dividing it; GQA 1..8; bf16, f16 and f32 scales; windows,
+ * rings, soft-cap, long contexts over many splits) the fused decode step
+ * stays within its bound of the CPU's EXACT quantized attention: f32
+ * activations 1e-4·max|out| + 1e-3·|out|, bf16 activations 2e-2 (the exact
+ * path's own CUDA-vs-CPU bound). It is deterministic, replays from a CUDA
+ * graph bit for bit, and configurations without a kernel are refused with an
+ * error naming them.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU every test reports SKIP. */
@@ -158,6 +170,8 @@ static void test_kv_quantize(void) {
     }
 }
 
+static int g_fused; /* run_qattn: the CUDA side runs the fused decode kernel */
+
 typedef struct {
     int nh, nkv, hd;
     int64_t cap;
@@ -195,20 +209,30 @@ static int run_qattn(int a, const qcase *c) {
     G->ops->upload(G, dq, hq, (size_t)qn * 4);
     pt_attn p = {.n_heads = c->nh, .head_dim = c->hd, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
                  .window = c->window};
+    pt_attn pg = p; /* the CPU reference always runs the exact path */
+    pg.fused_decode = g_fused;
     char what[192];
     snprintf(what, sizeof what,
-             "quantized attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s bits=%d gs=%d",
-             a, c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt),
+             "%squantized attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s bits=%d "
+             "gs=%d",
+             g_fused ? "fused " : "", a, c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt),
              c->bits, c->gs);
     if (ok) {
         float *og = malloc((size_t)qn * 4);
         s = C->ops->attention(C, ho, hq, c->T, hpos, &Q.c, &p);
         CHECK(s == PT_OK, "cpu attention: %s", pt_last_error());
-        pt_status t = G->ops->attention(G, dout, dq, c->T, dpos, &Q.g, &p);
+        pt_status t = G->ops->attention(G, dout, dq, c->T, dpos, &Q.g, &pg);
         if (t == PT_OK) t = G->ops->download(G, og, dout, (size_t)qn * 4);
-        CHECK(t == PT_OK, "cuda attention: %s", pt_last_error());
+        CHECK(t == PT_OK, "cuda attention (%s): %s", what, pt_last_error());
         ok = s == PT_OK && t == PT_OK && l2_same(&Q, G, what) &&
-             compare(what, og, ho, qn, a ? 2e-2 : 1e-5, a ? 2e-2 : 1e-4);
+             compare(what, og, ho, qn, a ? 2e-2 : g_fused ? 1e-4 : 1e-5, a ? 2e-2 : g_fused ? 1e-3 : 1e-4);
+        if (ok && g_fused) { /* deterministic: a second run gives the same bytes */
+            float *o2 = malloc((size_t)qn * 4);
+            t = G->ops->attention(G, dout, dq, c->T, dpos, &Q.g, &pg);
+            if (t == PT_OK) t = G->ops->download(G, o2, dout, (size_t)qn * 4);
+            CHECK(t == PT_OK && !memcmp(o2, og, (size_t)qn * 4), "%s: a second run differs", what);
+            free(o2);
+        }
         free(og);
     }
     l2_free(&F, G), l2_free(&Q, G);
@@ -231,6 +255,8 @@ static void test_attention_quantized(void) {
         {16, 1, 64, 500, 10, 1, 0, 0, PT_FT_BF16, 4, 64},        /* GQA 16: the one-block-per-head kernel */
         {8, 2, 128, 300, 37, 13, 0, 0, PT_FT_F16, 5, 32},        /* f16 scales, 5-bit */
         {2, 2, 128, 200, 100, 1, 0, 0, PT_FT_BF16, 2, 128},      /* 2-bit decode */
+        {8, 2, 128, 512, 200, 64, 0, 0, PT_FT_BF16, 4, 64},      /* a 64-row chunk after 200 rows */
+        {8, 4, 64, 100, 150, 50, 40, 30.0f, PT_FT_BF16, 8, 32},  /* chunk over a ring, window, soft-cap */
     };
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
@@ -238,55 +264,116 @@ static void test_attention_quantized(void) {
     REPORT();
 }
 
-/* Decode steps over a quantized cache replayed from one CUDA graph give the
- * same bytes as eager execution (positions come from device memory). */
-static void test_quantized_decode_graph(void) {
+/* The fused decode kernel against the CPU's exact quantized attention on
+ * every configuration it has a kernel for, and the refusals. */
+static void test_fused_decode(void) {
     NEED_GPU();
-    const int a = 1, nh = 8, nkv = 2, hd = 128;
+    static const int hds[] = {32, 64, 64, 96, 128, 128, 128, 256, 256, 256};
+    static const int gss[] = {32, 32, 64, 32, 32, 64, 128, 32, 64, 128};
+    static const pt_ftype dts[] = {PT_FT_BF16, PT_FT_F32, PT_FT_F16};
+    g_fused = 1;
+    int n = 0, ok = 1;
+    for (int bi = 0; bi < 2 && ok; bi++)
+        for (int ci = 0; ci < 10 && ok; ci++)
+            for (int a = 0; a < 2 && ok; a++) {
+                const int G = 1 + (n * 3 + bi) % 8, nkv = G > 4 ? 1 : 2; /* every GQA ratio 1..8 comes up */
+                const qcase c = {G * nkv, nkv, hds[ci], 400, 150 + 37 * (n % 5), 1, 0, 0, dts[n % 3], bi ? 8 : 4,
+                                 gss[ci]};
+                ok = run_qattn(a, &c);
+                n++;
+            }
+    static const qcase cs[] = {
+        {16, 2, 128, 4000, 3999, 1, 0, 0, PT_FT_BF16, 4, 64},   /* the llama-3.1-8b group, many splits */
+        {16, 8, 64, 3000, 2500, 1, 0, 0, PT_FT_BF16, 8, 32},    /* 8-bit, 8 KV heads */
+        {6, 3, 96, 100, 60, 1, 16, 0, PT_FT_BF16, 4, 32},       /* sliding window */
+        {4, 1, 256, 64, 150, 1, 32, 50.0f, PT_FT_BF16, 8, 128}, /* ring, soft-cap, head_dim 256 */
+        {8, 1, 128, 300, 0, 1, 0, 0, PT_FT_F32, 4, 128},        /* a single key */
+        {14, 2, 128, 700, 650, 1, 0, 0, PT_FT_BF16, 4, 32},     /* GQA 7 (qwen2.5-7b) */
+    };
+    for (int a = 0; a < 2 && ok; a++)
+        for (size_t i = 0; i < sizeof cs / sizeof cs[0] && ok; i++) ok = run_qattn(a, &cs[i]);
+    g_fused = 0;
+    /* refusals name the configuration */
+    const int a = 1;
     pt_backend *G = G_[a];
     bufs(a);
-    layer2 Q;
-    l2_make(&Q, G, nkv, hd, 256, PT_FT_BF16, 4, 64);
-    int ok = append(a, &Q, 0, 40, hk, hv, dk, dv, hpos, dpos);
-    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
-    const int64_t qn = (int64_t)nh * hd;
-    fill_act(hq, qn, -2, 2, a);
-    G->ops->upload(G, dq, hq, (size_t)qn * 4);
-    float *eager = malloc((size_t)qn * 4 * 4), *rep = malloc((size_t)qn * 4);
-    int32_t p1 = 40;
-    for (int pass = 0; pass < 2 && ok; pass++) {
-        pt_cuda_graph *g = NULL;
-        if (pass) {
-            REQUIRE(pt_cuda_graph_begin(G) == PT_OK, "begin: %s", pt_last_error());
-            pt_status s1 = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
-            pt_status s2 = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
-            pt_status s3 = pt_cuda_graph_end(G, &g);
-            REQUIRE(s1 == PT_OK && s2 == PT_OK && s3 == PT_OK, "capture: %s", pt_last_error());
-        }
-        for (int step = 0; step < 4; step++) {
-            int32_t pp = p1 + step;
-            G->ops->upload(G, dpos, &pp, 4);
-            pt_status s = PT_OK;
-            if (pass) s = pt_cuda_graph_launch(G, g);
-            else {
-                s = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
-                if (s == PT_OK) s = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
-            }
-            if (s == PT_OK) s = G->ops->download(G, pass ? rep : eager + step * qn, dout, (size_t)qn * 4);
-            CHECK(s == PT_OK, "step %d: %s", step, pt_last_error());
-            if (pass) CHECK(!memcmp(rep, eager + step * qn, (size_t)qn * 4), "step %d: replay differs", step);
-        }
-        pt_cuda_graph_free(&g);
+    static const struct {
+        int nh, nkv, hd, bits, gs;
+        const char *want;
+    } bad[] = {
+        {4, 2, 128, 3, 32, "3-bit"},
+        {16, 1, 64, 4, 64, "GQA ratio 16"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        layer2 Q;
+        l2_make(&Q, G, bad[i].nkv, bad[i].hd, 64, PT_FT_BF16, bad[i].bits, bad[i].gs);
+        int32_t p0 = 0;
+        G->ops->upload(G, dpos, &p0, 4);
+        pt_attn p = {.n_heads = bad[i].nh, .head_dim = bad[i].hd, .scale = 0.125f, .fused_decode = 1};
+        pt_status s = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
+        CHECK(s == PT_ERR_UNSUPPORTED && strstr(pt_last_error(), bad[i].want), "fused %d-bit nh=%d nkv=%d: %s (%s)",
+              bad[i].bits, bad[i].nh, bad[i].nkv, pt_status_name(s), pt_last_error());
+        l2_free(&Q, G);
     }
-    free(eager), free(rep);
-    l2_free(&Q, G);
     unbufs(a);
+    REPORT();
+}
+
+/* Decode steps over a quantized cache replayed from one CUDA graph give the
+ * same bytes as eager execution (positions come from device memory), for
+ * the exact split kernels and the fused kernel. */
+static void test_quantized_decode_graph(void) {
+    NEED_GPU();
+    for (int fused = 0; fused < 2; fused++) {
+        const int a = 1, nh = 8, nkv = 2, hd = 128;
+        pt_backend *G = G_[a];
+        bufs(a);
+        layer2 Q;
+        l2_make(&Q, G, nkv, hd, 256, PT_FT_BF16, 4, 64);
+        int ok = append(a, &Q, 0, 40, hk, hv, dk, dv, hpos, dpos);
+        pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .fused_decode = fused};
+        const int64_t qn = (int64_t)nh * hd;
+        fill_act(hq, qn, -2, 2, a);
+        G->ops->upload(G, dq, hq, (size_t)qn * 4);
+        float *eager = malloc((size_t)qn * 4 * 4), *rep = malloc((size_t)qn * 4);
+        int32_t p1 = 40;
+        for (int pass = 0; pass < 2 && ok; pass++) {
+            pt_cuda_graph *g = NULL;
+            if (pass) {
+                REQUIRE(pt_cuda_graph_begin(G) == PT_OK, "begin: %s", pt_last_error());
+                pt_status s1 = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
+                pt_status s2 = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
+                pt_status s3 = pt_cuda_graph_end(G, &g);
+                REQUIRE(s1 == PT_OK && s2 == PT_OK && s3 == PT_OK, "capture: %s", pt_last_error());
+            }
+            for (int step = 0; step < 4; step++) {
+                int32_t pp = p1 + step;
+                G->ops->upload(G, dpos, &pp, 4);
+                pt_status s = PT_OK;
+                if (pass) s = pt_cuda_graph_launch(G, g);
+                else {
+                    s = G->ops->kv_append(G, &Q.g, dk, dv, 1, dpos);
+                    if (s == PT_OK) s = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
+                }
+                if (s == PT_OK) s = G->ops->download(G, pass ? rep : eager + step * qn, dout, (size_t)qn * 4);
+                CHECK(s == PT_OK, "step %d: %s", step, pt_last_error());
+                if (pass)
+                    CHECK(!memcmp(rep, eager + step * qn, (size_t)qn * 4), "step %d: replay differs (fused %d)", step,
+                          fused);
+            }
+            pt_cuda_graph_free(&g);
+        }
+        free(eager), free(rep);
+        l2_free(&Q, G);
+        unbufs(a);
+    }
 }
 
 int main(void) {
     TEST_RUN(test_kv_append_quantized);
     TEST_RUN(test_kv_quantize);
     TEST_RUN(test_attention_quantized);
+    TEST_RUN(test_fused_decode);
     TEST_RUN(test_quantized_decode_graph);
     teardown();
     free(hk), free(hv), free(hq), free(ho), free(hpos);

@@ -16,10 +16,14 @@
  * this file's one-block-per-(token, head) kernel takes head dims without a
  * flash instantiation (and PETREL_CUDA_FLASH=0). */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/decode_split.cuh"
 
 #include <cuda_fp16.h>
 
 #include <type_traits>
+
+#define DEC_THREADS 128
+#define DEC_MAX_G 8
 
 #define ATTN_WARPS 4
 #define ATTN_MAX_HD 256
@@ -180,45 +184,57 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
 
 /* ---- decode (T == 1): split over the sequence ------------------------------
  * A single query row has too little parallelism for one block per head
- * (32 blocks on 132 SMs). Three kernels, each over (KV head, split) blocks so
- * the G query heads sharing a KV head share its loads:
+ * (32 blocks on 132 SMs). Three kernels, each over (KV head, split, row)
+ * blocks so the G query heads sharing a KV head share its loads:
  *   1. scores: one thread per key computes the G scores (16-byte K loads,
  *      q in shared memory), stores them to scratch, and each block leaves
  *      its partial (max, sum of exp) per head;
  *   2. p·V: every block merges all splits' (max, sum) into the exact row
- *      max M and sum L, forms p = round(exp(s - M) / L) as the reference
- *      does and accumulates p·v for its keys (lanes split head_dim);
+ *      max M and sum L (pt_softmax_merge), forms p = round(exp(s − M) / L)
+ *      as the reference does and accumulates p·v for its keys (lanes split
+ *      head_dim);
  *   3. merge: the splits' partial outputs are added in split order.
- * No atomics: the result does not depend on scheduling. */
+ * No atomics: the result does not depend on scheduling.
+ *
+ * The same kernels serve the single-sequence decode (one row, the cache of
+ * pt_kv_layer) and the multi-sequence decode of continuous batching
+ * (batch_decode.cu: B rows, row b with its own position pos[b] and cache
+ * pointers from the device table kvp[2b], kvp[2b + 1]). A row's blocks do
+ * exactly the same work in either launch, so a batched row is bit-identical
+ * to that row decoded alone (tests/cuda/test_cuda_batch.c). */
 
-#define DEC_THREADS 128
-#define DEC_MAX_G 8
-
-/* The key range of the single query (positions come from device memory, so
- * a captured graph replays with new ones): keys lo + [0, n), split into
- * `nsplit` ranges of `per` keys. n is clamped to the scores' row stride. */
-__device__ __forceinline__ void dec_range(const attn_args &a, int nsplit, int64_t stride, int64_t &lo, int64_t &n,
-                                          int64_t &per) {
-    const int64_t hi = a.pos[0];
+/* Row b's key range (positions come from device memory, so a captured graph
+ * replays with new ones): keys lo + [0, n), split into nsplit ranges of
+ * `per` keys; n is clamped to the scores' row stride; pos < 0 (a padding
+ * row) gives n = 0. */
+__device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per) {
+    const int64_t hi = a.pos[b];
     lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
     n = hi - lo + 1;
-    if (n > stride) n = stride;
+    if (n > a.stride) n = a.stride;
     if (n < 0) n = 0;
-    per = (n + nsplit - 1) / nsplit;
+    per = (n + a.nsplit - 1) / a.nsplit;
 }
 
-/* Scores of keys [lo + split·per, +per) for the G heads of KV head kh. */
+__device__ __forceinline__ const void *dec_cache(const pt_dec_rows &a, int64_t b, int which) {
+    return a.kvp ? a.kvp[2 * b + which] : which ? a.v : a.k;
+}
+
+/* Scores of keys [lo + split·per, +per) of row b for the G heads of KV head kh. */
 template <typename KT>
-__global__ void __launch_bounds__(DEC_THREADS)
-    dec_scores_kernel(attn_args a, int64_t stride, float *S, float2 *ML) {
+__global__ void __launch_bounds__(DEC_THREADS) dec_scores_kernel(pt_dec_rows a) {
     extern __shared__ float qs[]; /* [G, hd] */
     __shared__ float red[32];
-    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y;
+    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride;
     int64_t lo, n, per;
-    dec_range(a, nsplit, stride, lo, n, per);
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = a.q[(int64_t)kh * G * hd + i];
+    dec_range(a, b, lo, n, per);
+    const float *q = a.q + b * a.nh * hd;
+    float *S = a.S + b * a.nh * stride;
+    float2 *ML = a.ML + b * a.nh * nsplit;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(int64_t)kh * G * hd + i];
     __syncthreads();
-    const KT *kb = (const KT *)a.k + (int64_t)kh * a.cap * hd;
+    const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * a.cap * hd;
     float m[DEC_MAX_G], l[DEC_MAX_G];
 #pragma unroll
     for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
@@ -264,26 +280,25 @@ __global__ void __launch_bounds__(DEC_THREADS)
 }
 
 template <typename KT, int NPL>
-__global__ void __launch_bounds__(DEC_THREADS)
-    dec_pv_kernel(attn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
+__global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
     __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
     __shared__ float acc_s[DEC_THREADS / 32][DEC_MAX_G * NPL * 32];
-    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y;
+    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t lo, n, per;
-    dec_range(a, nsplit, stride, lo, n, per);
+    dec_range(a, b, lo, n, per);
+    const float *S = a.S + b * a.nh * stride;
+    const float2 *ML = a.ML + b * a.nh * nsplit;
+    float *P = a.P + b * a.nh * nsplit * hd;
     if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
-        const float2 *ml = ML + ((int64_t)kh * G + threadIdx.x) * nsplit;
-        float M = -INFINITY;
-        for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[s].x);
-        float L = 0.f;
-        for (int s = 0; s < nsplit; s++)
-            if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
+        float M, L;
+        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, (int)nsplit, M, L);
         sM[threadIdx.x] = M;
         sInv[threadIdx.x] = 1.0f / L;
     }
     __syncthreads();
-    const KT *vb = (const KT *)a.v + (int64_t)kh * a.cap * hd;
+    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * a.cap * hd;
     float acc[DEC_MAX_G][NPL];
 #pragma unroll
     for (int g = 0; g < DEC_MAX_G; g++)
@@ -324,60 +339,98 @@ __global__ void __launch_bounds__(DEC_THREADS)
     }
 }
 
-__global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int nsplit, int bf) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nh * hd; i += gridDim.x * blockDim.x) {
-        const int h = i / hd, e = i % hd;
+/* out[b, h, e] = the splits' partial outputs added in split order, rounded
+ * in bf16 mode; a padding row (pos[b] < 0; pos NULL: none) gets zeros. */
+__global__ void dec_merge_kernel(float *out, const float *P, const int32_t *pos, int64_t B, int nh, int hd,
+                                 int64_t nsplit, int bf) {
+    const int64_t per_row = (int64_t)nh * hd, n = B * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
+        const float *Pb = P + b * nh * nsplit * hd;
         float v = 0.f;
-        for (int s = 0; s < nsplit; s++) v += P[((int64_t)h * nsplit + s) * hd + e];
-        out[i] = pt_rnd(bf, v);
+        for (int64_t s = 0; s < nsplit; s++) v += Pb[(h * nsplit + s) * hd + e];
+        out[i] = pos && pos[b] < 0 ? 0.f : pt_rnd(bf, v);
     }
 }
 
-/* Decode through the split kernels; PT_ERR_UNSUPPORTED (no message) when the
- * shape or the reserved scratch does not allow it: the caller falls back to
- * the one-block-per-head kernel. */
-template <typename KT>
-static pt_status launch_decode_split(pt_cuda *c, const attn_args &a) {
-    const int G = a.nh / a.nkv;
-    if (G > DEC_MAX_G || a.hd > 256 || (a.hd * (int)sizeof(KT)) % 16 || (uintptr_t)a.k % 16) return PT_ERR_UNSUPPORTED;
-    /* Scores are stored with a row stride that bounds the key count: the
-     * cache capacity, or the reserved context if that is smaller. */
-    int64_t stride = a.cap;
+pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf) {
+    dec_merge_kernel<<<pt_cuda_blocks((int64_t)nh * hd, 256), 256, 0, c->stream>>>(out, c->dec_p, NULL, 1, nh, hd,
+                                                                                  nsplit, bf);
+    CUDA_CHECK_LAUNCH("decode attention merge");
+    return PT_OK;
+}
+
+/* The split count and score stride of a decode over a cache of `cap` slots:
+ * enough (KV head, split) blocks for two waves over the SMs, fixed for a
+ * cache so a captured graph stays valid as the context grows. */
+static void dec_shape(const pt_cuda *c, int nkv, int64_t cap, int64_t &stride, int64_t &nsplit) {
+    stride = cap;
     if (c->lim.max_ctx > 0 && c->lim.max_ctx < stride) stride = c->lim.max_ctx;
-    /* enough (KV head, split) blocks for two waves over the SMs; fixed for a
-     * cache, so a captured graph stays valid as the context grows */
-    int64_t nsplit = (2 * (int64_t)c->sm_count + a.nkv - 1) / a.nkv;
+    nsplit = (2 * (int64_t)c->sm_count + nkv - 1) / nkv;
     if (nsplit > (stride + 63) / 64) nsplit = (stride + 63) / 64;
     if (nsplit < 1) nsplit = 1;
-    if ((size_t)a.nh * (size_t)stride > c->dec_s_floats || (size_t)a.nh * nsplit > c->dec_ml_count ||
-        (size_t)a.nh * nsplit * a.hd > c->dec_p_floats)
-        return PT_ERR_UNSUPPORTED;
-    dim3 grid((unsigned)a.nkv, (unsigned)nsplit);
-    dec_scores_kernel<KT><<<grid, DEC_THREADS, (size_t)G * a.hd * sizeof(float), c->stream>>>(a, stride, c->dec_s,
-                                                                                            c->dec_ml);
+}
+
+template <typename KT>
+static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) {
+    const int G = a.nh / a.nkv;
+    if (G > DEC_MAX_G || a.hd > 256 || (a.hd * (int)sizeof(KT)) % 16 || (!batched && (uintptr_t)a.k % 16))
+        return batched ? pt_error(PT_ERR_UNSUPPORTED,
+                                  "attention_rows: GQA group %d / head_dim %d outside the split decode kernels", G, a.hd)
+                       : PT_ERR_UNSUPPORTED;
+    dec_shape(c, a.nkv, a.cap, a.stride, a.nsplit);
+    /* the single-sequence scratch must take the cache too: a row the batch
+     * cannot run alone would not be batch-invariant */
+    if ((size_t)a.nh * (size_t)a.stride > c->dec_s_floats || (size_t)a.nh * a.nsplit > c->dec_ml_count ||
+        (size_t)a.nh * a.nsplit * a.hd > c->dec_p_floats)
+        return batched ? pt_error(PT_ERR_UNSUPPORTED,
+                                  "attention_rows: the single-sequence decode scratch does not take a %lld-key cache",
+                                  (long long)a.stride)
+                       : PT_ERR_UNSUPPORTED;
+    if (batched) {
+        if ((size_t)B * a.nh * (size_t)a.stride > c->bdec_s_floats || (size_t)B * a.nh * a.nsplit > c->bdec_ml_count ||
+            (size_t)B * a.nh * a.nsplit * a.hd > c->bdec_p_floats)
+            return pt_error(PT_ERR_UNSUPPORTED,
+                            "attention_rows: scratch not reserved for %lld rows of a %lld-key cache (reserve max_rows)",
+                            (long long)B, (long long)a.stride);
+        if (B > 65535) return pt_error(PT_ERR_UNSUPPORTED, "attention_rows: %lld rows exceed the grid", (long long)B);
+        a.S = c->bdec_s, a.ML = c->bdec_ml, a.P = c->bdec_p;
+    } else {
+        a.S = c->dec_s, a.ML = c->dec_ml, a.P = c->dec_p;
+    }
+    dim3 grid((unsigned)a.nkv, (unsigned)a.nsplit, (unsigned)B);
+    dec_scores_kernel<KT><<<grid, DEC_THREADS, (size_t)G * a.hd * sizeof(float), c->stream>>>(a);
     CUDA_CHECK_LAUNCH("decode attention scores");
     switch ((a.hd + 31) / 32) {
-#define PT_NPL(N)                                                                                         \
-    case N:                                                                                               \
-        dec_pv_kernel<KT, N><<<grid, DEC_THREADS, 0, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
-        break;
+#define PT_NPL(N) \
+    case N: dec_pv_kernel<KT, N><<<grid, DEC_THREADS, 0, c->stream>>>(a); break;
         PT_NPL(1) PT_NPL(2) PT_NPL(3) PT_NPL(4) PT_NPL(5) PT_NPL(6) PT_NPL(7) PT_NPL(8)
 #undef PT_NPL
     }
     CUDA_CHECK_LAUNCH("decode attention p·v");
-    return pt_cuda_dec_merge(c, a.out, a.nh, a.hd, (int)nsplit, a.bf);
-}
-
-pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf) {
-    dec_merge_kernel<<<(nh * hd + 255) / 256, 256, 0, c->stream>>>(out, c->dec_p, nh, hd, nsplit, bf);
+    dec_merge_kernel<<<pt_cuda_blocks(B * a.nh * a.hd, 256), 256, 0, c->stream>>>(a.out, a.P, batched ? a.pos : NULL,
+                                                                                  B, a.nh, a.hd, a.nsplit, a.bf);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
+}
+
+pt_status pt_cuda_decode_split(pt_cuda *c, pt_dec_rows &a, int64_t B, pt_ftype dt, int batched) {
+    switch (dt) {
+    case PT_FT_F32: return dec_launch<float>(c, a, B, batched);
+    case PT_FT_BF16: return dec_launch<__nv_bfloat16>(c, a, B, batched);
+    case PT_FT_F16: return dec_launch<__half>(c, a, B, batched);
+    }
+    return pt_error(PT_ERR_INVALID_ARG, "decode attention: cache dtype %d", (int)dt);
 }
 
 template <typename KT>
 static pt_status launch_attn(pt_cuda *c, const attn_args &a, int64_t T) {
     if (T == 1) {
-        pt_status st = launch_decode_split<KT>(c, a);
+        pt_dec_rows r = {};
+        r.out = a.out, r.q = a.q, r.k = a.k, r.v = a.v, r.pos = a.pos;
+        r.nh = a.nh, r.nkv = a.nkv, r.hd = a.hd, r.cap = a.cap;
+        r.scale = a.scale, r.softcap = a.softcap, r.window = a.window, r.bf = a.bf;
+        pt_status st = dec_launch<KT>(c, r, 1, 0);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     const int npl = (a.hd + 31) / 32;

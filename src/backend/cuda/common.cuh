@@ -78,4 +78,17 @@ __device__ __forceinline__ float pt_block_max(float v, float *scratch) {
     return pt_warp_max(v);
 }
 
+/* Merges the partial softmax statistics of n key ranges (splits), each a
+ * (max, sum of exp relative to that max) pair, in range order: the exact row
+ * max M and the row sum L = Σ sum_s·exp(max_s − M). Ranges without keys
+ * (max −inf) add nothing. Every split-decode kernel merges through this one
+ * helper, so their results agree bit for bit. */
+__device__ __forceinline__ void pt_softmax_merge(const float2 *ml, int n, float &M, float &L) {
+    M = -INFINITY;
+    for (int s = 0; s < n; s++) M = fmaxf(M, ml[s].x);
+    L = 0.f;
+    for (int s = 0; s < n; s++)
+        if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
+}
+
 #endif

@@ -21,8 +21,14 @@
  * p = round(exp(s − max)/sum) and accumulates p·V. Twice the QKᵀ work of a
  * one-pass kernel, no score matrix in memory, deterministic.
  *
- * Not here: decode (T == 1, attention.cu's split kernels), quantized caches
- * (kv_quant.cu). */
+ * Quantized caches in bf16 mode (pt_cuda_flash_prefill_q, called by
+ * kv_quant.cu) run the tensor-core form with a second K and V tile: the
+ * cache is dequantized once per chunk into hi + lo bf16 caches (x = hi + lo
+ * to ~16 bits), each product is an MMA against hi plus one against lo, so
+ * the dequantized f32 values enter the dot nearly unrounded.
+ *
+ * Not here: decode (T == 1, attention.cu's split kernels), the quantized
+ * cache itself (kv_quant.cu). */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cuda_fp16.h>
@@ -54,14 +60,20 @@ struct fa_args {
     int nh, nkv;
     float scale, softcap;
     int window;
+    /* quantized caches (LO kernels): K and V are hi + lo, each a bf16 cache
+     * of the same layout (the dequantized f32 value x = hi + lo to ~16
+     * bits), and q is staged as round(q·qmul) (the quantized path scales q
+     * before the dot, scale = 1 then); qmul = 1 otherwise */
+    const __nv_bfloat16 *klo, *vlo;
+    float qmul;
 };
 
 /* The scores of this thread's 2 rows × 8 keys of the tile (rounded,
  * soft-capped, masked to -inf), from Q rows in shared memory and the K tile. */
-template <int D>
+template <int D, bool LO>
 __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat16 *Qs, const __nv_bfloat16 *Ks,
-                                            int warp, int lane, int64_t j0, const int64_t (&prow)[2],
-                                            const fa_args &a) {
+                                            const __nv_bfloat16 *Ks2, int warp, int lane, int64_t j0,
+                                            const int64_t (&prow)[2], const fa_args &a) {
     constexpr int QS = D + 8, KS = D + 8;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
@@ -80,6 +92,11 @@ __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat1
         for (int nt = 0; nt < 4; nt++) {
             const __nv_bfloat16 *kb = Ks + (nt * 8 + (lane >> 2)) * KS + ks * 16 + c0;
             mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 8));
+            if (LO) {
+                const __nv_bfloat16 *kl = Ks2 + (nt * 8 + (lane >> 2)) * KS + ks * 16 + c0;
+                mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kl),
+                         *reinterpret_cast<const uint32_t *>(kl + 8));
+            }
         }
     }
 #pragma unroll
@@ -96,35 +113,49 @@ __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat1
 
 /* Stages keys [j0, j0 + FA_BK) (rows beyond hi or below 0 zero-filled): K
  * as [key][d], V transposed as [d][key]. */
-template <int D>
-__device__ __forceinline__ void load_tile(__nv_bfloat16 *Ks, __nv_bfloat16 *Vt, const fa_args &a, int kh, int64_t j0,
-                                          int64_t hi, bool with_v) {
+template <int D, bool LO>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 *Ks, __nv_bfloat16 *Vt, __nv_bfloat16 *Ks2,
+                                          __nv_bfloat16 *Vt2, const fa_args &a, int kh, int64_t j0, int64_t hi,
+                                          bool with_v) {
     constexpr int KS = D + 8, VS = FA_BK + 8, C8 = D / 8;
     for (int idx = threadIdx.x; idx < FA_BK * C8; idx += blockDim.x) {
         const int r = idx / C8, c = (idx % C8) * 8;
         const int64_t j = j0 + r;
         uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        uint4 kl = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
         if (j >= 0 && j <= hi) {
             const int64_t off = ((int64_t)kh * a.cap + j % a.cap) * D + c;
             kv = *reinterpret_cast<const uint4 *>(a.k + off);
             if (with_v) vv = *reinterpret_cast<const uint4 *>(a.v + off);
+            if (LO) {
+                kl = *reinterpret_cast<const uint4 *>(a.klo + off);
+                if (with_v) vl = *reinterpret_cast<const uint4 *>(a.vlo + off);
+            }
         }
         *reinterpret_cast<uint4 *>(Ks + r * KS + c) = kv;
+        if (LO) *reinterpret_cast<uint4 *>(Ks2 + r * KS + c) = kl;
         if (with_v) {
             const __nv_bfloat16 *ve = reinterpret_cast<const __nv_bfloat16 *>(&vv);
 #pragma unroll
             for (int i = 0; i < 8; i++) Vt[(c + i) * VS + r] = ve[i];
+            if (LO) {
+                const __nv_bfloat16 *vle = reinterpret_cast<const __nv_bfloat16 *>(&vl);
+#pragma unroll
+                for (int i = 0; i < 8; i++) Vt2[(c + i) * VS + r] = vle[i];
+            }
         }
     }
 }
 
-template <int D>
+template <int D, bool LO>
 __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
     constexpr int QS = D + 8, KS = D + 8, VS = FA_BK + 8, NT = D / 8;
     __nv_bfloat16 *Qs = reinterpret_cast<__nv_bfloat16 *>(fa_smem);
     __nv_bfloat16 *Ks = Qs + FA_ROWS * QS;
     __nv_bfloat16 *Vt = Ks + FA_BK * KS;
+    __nv_bfloat16 *Ks2 = Vt + D * VS; /* LO only */
+    __nv_bfloat16 *Vt2 = Ks2 + FA_BK * KS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, kh = h / (a.nh / a.nkv);
     const int64_t t0 = (int64_t)blockIdx.x * FA_ROWS;
@@ -136,7 +167,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
     for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
         const int r = idx / D, d = idx % D;
         const int64_t t = t0 + r;
-        Qs[r * QS + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] : 0.f);
+        Qs[r * QS + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] * a.qmul : 0.f);
     }
     /* this thread's two rows: positions (-1: a padding row, every key masked) */
     int64_t prow[2];
@@ -150,9 +181,9 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
     float s[4][4];
     for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
         __syncthreads();
-        load_tile<D>(Ks, Vt, a, kh, j0, hi, false);
+        load_tile<D, LO>(Ks, Vt, Ks2, Vt2, a, kh, j0, hi, false);
         __syncthreads();
-        tile_scores<D>(s, Qs, Ks, warp, lane, j0, prow, a);
+        tile_scores<D, LO>(s, Qs, Ks, Ks2, warp, lane, j0, prow, a);
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
             float tm = -INFINITY;
@@ -190,9 +221,9 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
         for (int i = 0; i < 4; i++) o[nt][i] = 0.f;
     for (int64_t j0 = lo; j0 <= hi; j0 += FA_BK) {
         __syncthreads();
-        load_tile<D>(Ks, Vt, a, kh, j0, hi, true);
+        load_tile<D, LO>(Ks, Vt, Ks2, Vt2, a, kh, j0, hi, true);
         __syncthreads();
-        tile_scores<D>(s, Qs, Ks, warp, lane, j0, prow, a);
+        tile_scores<D, LO>(s, Qs, Ks, Ks2, warp, lane, j0, prow, a);
         /* the C fragments of two adjacent 8-key tiles are the A fragment of
          * one 16-key step (rows lane/4 and +8, keys (lane%4)·2 and +8) */
 #pragma unroll
@@ -212,6 +243,11 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
                 const __nv_bfloat16 *vb = Vt + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
                 mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vb),
                          *reinterpret_cast<const uint32_t *>(vb + 8));
+                if (LO) {
+                    const __nv_bfloat16 *vl = Vt2 + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
+                    mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vl),
+                             *reinterpret_cast<const uint32_t *>(vl + 8));
+                }
             }
         }
     }
@@ -229,16 +265,18 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
     }
 }
 
-template <int D>
+template <int D, bool LO = false>
 static pt_status launch(pt_cuda *c, const fa_args &a) {
-    const size_t shm = ((size_t)FA_ROWS * (D + 8) + (size_t)FA_BK * (D + 8) + (size_t)D * (FA_BK + 8)) * 2;
+    const size_t shm =
+        ((size_t)FA_ROWS * (D + 8) + (LO ? 2 : 1) * ((size_t)FA_BK * (D + 8) + (size_t)D * (FA_BK + 8))) * 2;
     static bool raised = false; /* the opt-in above 48 KiB, once per instantiation */
     if (!raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(flash_prefill_kernel<D, LO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
         raised = true;
     }
     dim3 grid((unsigned)((a.T + FA_ROWS - 1) / FA_ROWS), (unsigned)a.nh);
-    flash_prefill_kernel<D><<<grid, FA_THREADS, shm, c->stream>>>(a);
+    flash_prefill_kernel<D, LO><<<grid, FA_THREADS, shm, c->stream>>>(a);
     CUDA_CHECK_LAUNCH("flash attention (prefill)");
     return PT_OK;
 }
@@ -429,8 +467,9 @@ pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t 
         }
         return PT_ERR_UNSUPPORTED;
     }
-    fa_args a = {out, q, (const __nv_bfloat16 *)kv->k, (const __nv_bfloat16 *)kv->v, pos, T, kv->capacity,
-                 p->n_heads, kv->n_kv, p->scale, p->softcap, p->window};
+    fa_args a = {out,       q,        (const __nv_bfloat16 *)kv->k,
+                 (const __nv_bfloat16 *)kv->v, pos, T, kv->capacity, p->n_heads, kv->n_kv, p->scale, p->softcap,
+                 p->window, NULL, NULL, 1.0f};
     switch (p->head_dim) {
     case 32: return launch<32>(c, a);
     case 64: return launch<64>(c, a);
@@ -438,6 +477,29 @@ pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t 
     case 96: return launch<96>(c, a);
     case 128: return launch<128>(c, a);
     case 256: return launch<256>(c, a);
+    default: return PT_ERR_UNSUPPORTED;
+    }
+}
+
+/* Prefill over a quantized cache in bf16 mode (kv_quant.cu): the cache rows
+ * dequantized into hi + lo bf16 caches [nkv, cap, hd] (khi, klo, vhi, vlo),
+ * q scaled and rounded before the dot as the quantized path does. The
+ * tensor-core kernel with a second MMA for the lo halves: products exact,
+ * the dequantized values carried to ~16 bits, f32 sums. PT_ERR_UNSUPPORTED
+ * (no message) for head dims without a kernel. */
+pt_status pt_cuda_flash_prefill_q(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
+                                  const __nv_bfloat16 *khi, const __nv_bfloat16 *klo, const __nv_bfloat16 *vhi,
+                                  const __nv_bfloat16 *vlo, int nkv, int64_t cap, const pt_attn *p) {
+    if (T < 2 || T > 65535LL * FA_ROWS || p->n_heads > 65535 || c->base.act != PT_ACT_BF16) return PT_ERR_UNSUPPORTED;
+    /* scores = round(round(q·scale)·k), then the soft-cap: scale 1 after the staged q·qmul */
+    fa_args a = {out, q, khi, vhi, pos, T, cap, p->n_heads, nkv, 1.0f, p->softcap, p->window, klo, vlo, p->scale};
+    switch (p->head_dim) {
+    case 32: return launch<32, true>(c, a);
+    case 64: return launch<64, true>(c, a);
+    case 80: return launch<80, true>(c, a);
+    case 96: return launch<96, true>(c, a);
+    case 128: return launch<128, true>(c, a);
+    case 256: return launch<256, true>(c, a);
     default: return PT_ERR_UNSUPPORTED;
     }
 }

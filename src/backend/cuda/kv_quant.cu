@@ -19,16 +19,31 @@
  * first (rounded in bf16 mode); score = q·dequant(K) in f32 in the factored
  * form Σ_groups scale·Σ(q·code) + bias·Σq (rounded); soft-cap; softmax in
  * f32, exact (max and sum first, then p = round(exp(s − max)/sum)); output =
- * Σ p·dequant(V) in f32 (rounded). Prefill: one block per (token, head), as
- * the full-precision kernel of attention.cu. Decode (T == 1): split over the
+ * Σ p·dequant(V) in f32 (rounded). Prefill in bf16 mode: the rows the chunk
+ * attends to are dequantized once per chunk into hi + lo bf16 copies
+ * (code·scale + bias in f32, then split so hi + lo carries it to ~16 bits)
+ * and flash_attn.cu's tensor-core kernel runs over them, with q scaled and
+ * rounded before the dot as here (PETREL_CUDA_QFLASH=0 turns it off);
+ * otherwise (f32 mode, head dims flash has no kernel for) one block per
+ * (token, head), as the full-precision kernel of attention.cu. Decode (T == 1): split over the
  * sequence like attention.cu's decode path (scores per (KV head, split)
  * shared by the GQA group, p·V per split, ordered merge): no atomics, the
  * result does not depend on scheduling.
  *
- * Not here: the fused (online-softmax) decode kernel of the L3 lever. */
+ * The fused (online-softmax) decode kernel of the L3 lever is kv_fused.cu's;
+ * attention hands T == 1 to it when pt_attn.fused_decode is set. */
 #include "backend/cuda/cuda_internal.cuh"
 
+#include "backend/cuda/kv_fused.cuh"
+
 #include <cuda_fp16.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* flash_attn.cu: prefill over the hi + lo bf16 copies of a quantized cache */
+pt_status pt_cuda_flash_prefill_q(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
+                                  const __nv_bfloat16 *khi, const __nv_bfloat16 *klo, const __nv_bfloat16 *vhi,
+                                  const __nv_bfloat16 *vlo, int nkv, int64_t cap, const pt_attn *p);
 
 #define QA_WARPS 4
 #define QA_MAX_HD 256
@@ -394,13 +409,9 @@ __global__ void __launch_bounds__(QD_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t lo, n, per;
     qdec_range(a, nsplit, stride, lo, n, per);
-    if (threadIdx.x < G) {
-        const float2 *ml = ML + ((int64_t)kh * G + threadIdx.x) * nsplit;
-        float M = -INFINITY;
-        for (int s = 0; s < nsplit; s++) M = fmaxf(M, ml[s].x);
-        float L = 0.f;
-        for (int s = 0; s < nsplit; s++)
-            if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
+    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
+        float M, L;
+        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, nsplit, M, L);
         sM[threadIdx.x] = M;
         sInv[threadIdx.x] = 1.0f / L;
     }
@@ -475,6 +486,61 @@ static pt_status launch_qdecode(pt_cuda *c, const qattn_args &a) {
     return pt_cuda_dec_merge(c, a.out, a.nh, hd, (int)nsplit, a.bf);
 }
 
+/* ---- prefill chunks in bf16 mode: dequantize once, flash attention ----
+ * One thread per (KV head, slot, element) of K and V: slots [0, min(pos[0]
+ * + T, cap)) — every row the chunk can attend to — dequantized exactly as
+ * deq() does (code·scale + bias in f32) and stored as hi = bf16(x), lo =
+ * bf16(x − hi), caches of the layout flash_attn.cu reads. */
+__global__ void deq_hilo_kernel(qcache c, const int32_t *pos, int64_t T, __nv_bfloat16 *khi, __nv_bfloat16 *klo,
+                                __nv_bfloat16 *vhi, __nv_bfloat16 *vlo) {
+    int64_t nslot = (int64_t)pos[0] + T;
+    if (nslot > c.cap) nslot = c.cap;
+    const int64_t per_h = c.cap * c.hd, n = (int64_t)c.nkv * per_h;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = i / per_h, r = i % per_h, slot = r / c.hd;
+        if (slot >= nslot) continue;
+        const int e = (int)(r % c.hd);
+        const int64_t row = h * c.cap + slot;
+        const float k = deq(c.k, c.ks, c.kb, c, row, e), v = deq(c.v, c.vs, c.vb, c, row, e);
+        const __nv_bfloat16 kh = __float2bfloat16_rn(k), vh = __float2bfloat16_rn(v);
+        khi[i] = kh, vhi[i] = vh;
+        klo[i] = __float2bfloat16_rn(k - __bfloat162float(kh));
+        vlo[i] = __float2bfloat16_rn(v - __bfloat162float(vh));
+    }
+}
+
+/* The chunk through flash attention over the dequantized rows; the scratch
+ * (4 bf16 copies of the cache) comes from the stream-ordered allocator,
+ * whose pool keeps it for the next chunk. PT_ERR_UNSUPPORTED (no message)
+ * when flash attention has no kernel for the shape. */
+static pt_status prefill_flash_q(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
+                                 const pt_kv_layer *kv, const pt_attn *p) {
+    const int hd = p->head_dim;
+    if (c->base.act != PT_ACT_BF16 || (hd != 32 && hd != 64 && hd != 80 && hd != 96 && hd != 128 && hd != 256))
+        return PT_ERR_UNSUPPORTED; /* the shapes flash_attn.cu has kernels for */
+    static int pool_kept = 0;
+    if (!pool_kept) { /* keep freed blocks in the pool instead of returning them at every sync */
+        cudaMemPool_t pool;
+        uint64_t keep = UINT64_MAX;
+        CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, c->device));
+        CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+        pool_kept = 1;
+    }
+    const size_t one = (size_t)kv->n_kv * (size_t)kv->capacity * (size_t)kv->head_dim;
+    __nv_bfloat16 *buf = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&buf, 4 * one * sizeof(__nv_bfloat16), c->stream));
+    const int64_t n = (int64_t)one;
+    deq_hilo_kernel<<<pt_cuda_blocks(n, 256), 256, 0, c->stream>>>(qcache_of(kv), pos, T, buf, buf + one,
+                                                                    buf + 2 * one, buf + 3 * one);
+    cudaError_t le = cudaGetLastError();
+    pt_status st = le != cudaSuccess ? pt_error(PT_ERR_DEVICE, "launch of the quantized KV dequantization kernel "
+                                                               "failed: %s", cudaGetErrorString(le))
+                                     : pt_cuda_flash_prefill_q(c, out, q, T, pos, buf, buf + one, buf + 2 * one,
+                                                               buf + 3 * one, kv->n_kv, kv->capacity, p);
+    CUDA_CHECK(cudaFreeAsync(buf, c->stream));
+    return st;
+}
+
 pt_status pt_cuda_attention_q(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                               const pt_kv_layer *kv, const pt_attn *p) {
     pt_cuda *c = pt_cuda_of(be);
@@ -484,8 +550,18 @@ pt_status pt_cuda_attention_q(pt_backend *be, float *out, const float *q, int64_
                         QA_MAX_HD);
     if (T <= 0) return PT_OK;
     qattn_args a = {out, q, qcache_of(kv), pos, p->n_heads, p->scale, p->softcap, p->window, pt_cuda_bf(be)};
+    static int prefill_fast = -1; /* PETREL_CUDA_QFLASH=0: the one-block-per-(token, head) kernel (A/B, tests) */
+    if (prefill_fast < 0) {
+        const char *e = getenv("PETREL_CUDA_QFLASH");
+        prefill_fast = !(e && !strcmp(e, "0"));
+    }
+    if (T == 1 && p->fused_decode) return pt_cuda_attention_fused(c, out, q, pos, kv, p); /* kv_fused.cu (L3) */
     if (T == 1) {
         pt_status st = launch_qdecode(c, a);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
+    if (T > 1 && prefill_fast) {
+        pt_status st = prefill_flash_q(c, out, q, T, pos, kv, p);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     dim3 grid((unsigned)(T * p->n_heads)), block(QA_WARPS * 32);

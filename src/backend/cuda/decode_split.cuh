@@ -1,0 +1,39 @@
+/* The split-sequence decode attention over full-precision KV caches
+ * (attention.cu) as one launch over B query rows: the single-sequence decode
+ * step (B = 1, the cache of a pt_kv_layer) and the multi-sequence step of
+ * continuous batching (batch_decode.cu: row b's cache from a device table)
+ * run the same kernels, so a row decoded in a batch is bit-identical to the
+ * row decoded alone. Not the kernels themselves (attention.cu), not the
+ * quantized caches (kv_quant.cu, kv_fused.cu). */
+#ifndef PT_BACKEND_CUDA_DECODE_SPLIT_CUH
+#define PT_BACKEND_CUDA_DECODE_SPLIT_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+
+/* The rows of one split decode launch. */
+typedef struct pt_dec_rows {
+    float *out;            /* [B, nh, hd] */
+    const float *q;        /* [B, nh, hd] */
+    const void *k, *v;     /* the cache [nkv, cap, hd] when kvp == NULL (B = 1) */
+    void *const *kvp;      /* device table [B][2]: row b's K and V storage, or NULL */
+    const int32_t *pos;    /* [B] device positions; pos[b] < 0: a padding row (zeros) */
+    int nh, nkv, hd;
+    int64_t cap;
+    float scale, softcap;
+    int window, bf;
+    /* set by the launch: score row stride, split count, scratch */
+    int64_t stride, nsplit;
+    float *S;              /* [B, nh, stride] */
+    float2 *ML;            /* [B, nh, nsplit] */
+    float *P;              /* [B, nh, nsplit, hd] */
+} pt_dec_rows;
+
+/* Runs the split decode over B rows of cache dtype dt. batched = 0: the
+ * single-sequence scratch (dec_*) and PT_ERR_UNSUPPORTED without a message
+ * when the shape or the scratch does not allow it (the caller falls back to
+ * the one-block-per-head kernel); batched = 1: the multi-sequence scratch
+ * (bdec_*), padding rows, and PT_ERR_UNSUPPORTED with a message saying why
+ * (the caller then runs the rows one by one). */
+pt_status pt_cuda_decode_split(pt_cuda *c, pt_dec_rows &a, int64_t B, pt_ftype dt, int batched);
+
+#endif
