@@ -90,6 +90,7 @@ typedef struct pt_model_params {
     int compiled_decode;    /* CUDA only */
     int fused_decode_attn;
     int int8_act;
+    int gpu_sampling;       /* CUDA only: sample on the GPU when the request allows it (default on) */
 } pt_model_params;
 
 pt_model_params pt_model_default_params(void);

@@ -232,6 +232,8 @@ void cli_common_help(FILE *f) {
             "  --compiled-decode on|off     CUDA-graph decode step (CUDA only; n/a on the cpu) [PETREL_COMPILED_DECODE]\n"
             "  --fused-decode-attn on|off   online-softmax decode attention over quantized KV [PETREL_FUSED_DECODE_ATTN]\n"
             "  --int8-act on|off            int8 activations on the CPU [PETREL_INT8_ACT]\n"
+            "  --gpu-sampling on|off        sample on the GPU, same tokens as the host sampler (CUDA only;\n"
+            "                               masks and top-n logprobs sample on the host) [PETREL_GPU_SAMPLING]\n"
             "  (tiers, measured effects and speedups of every lever: docs/flags.md)\n");
 }
 

@@ -5,7 +5,8 @@
  * Method (llama-bench's): a pp test prefills `depth` tokens untimed, then
  * times prefilling n_prompt random tokens; a tg test prefills `depth` tokens
  * untimed, then times n_gen single-token decode steps (each step runs the
- * whole model and the lm_head, as generation does; no sampling). Each test
+ * whole model and the lm_head and samples greedily, as generation does —
+ * on the GPU with --gpu-sampling on — then feeds a random id). Each test
  * runs -r times after one untimed warm-up; tokens/s is reported as the mean,
  * standard deviation and median over the repetitions.
  *
@@ -142,11 +143,18 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
         dt = now_s() - t0;
         if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
     } else {
-        /* the decode steps start from a context of depth + 1 tokens */
+        /* the decode steps start from a context of depth + 1 tokens; each
+         * step samples greedily as generation does (on the GPU with
+         * --gpu-sampling on, else on the host) and then feeds a random id,
+         * so every configuration decodes the same tokens */
         int32_t id = rand_id(vocab);
         PT_TRY(pt_session_prompt(s, &id, 1));
+        pt_sampling_params greedy = pt_sampling_default_params(NULL);
+        greedy.temperature = 0;
+        pt_token_info ti;
         t0 = now_s();
         for (int i = 0; i < r->n_gen; i++) {
+            PT_TRY(pt_session_sample(s, &greedy, NULL, &ti));
             id = rand_id(vocab);
             PT_TRY(pt_session_prompt(s, &id, 1));
         }

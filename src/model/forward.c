@@ -445,6 +445,7 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     PT_TRY(pt_cuda_graph_launch(m->be, st->graph[use_long]));
     if (st->conv_state) st->lin_pos = (int64_t)pos0 + 1;
     PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1));
+    if (!out) return PT_OK; /* GPU sampling: the logits stay in st->logits */
     return OPS(m)->download(m->be, out, st->logits, (size_t)n->vocab * 4);
 }
 
@@ -472,7 +473,8 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     for (int r = 0; r < n_logits; r += st->logit_rows) {
         int nb = n_logits - r < st->logit_rows ? n_logits - r : st->logit_rows;
         PT_TRY(fwd_logits(m, st, NULL, hn + (size_t)r * H, nb));
-        PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
+        if (out) /* NULL: GPU sampling reads them from st->logits (n_logits 1) */
+            PT_TRY(OPS(m)->download(be, out + (size_t)r * n->vocab, st->logits, (size_t)nb * n->vocab * 4));
     }
     return PT_OK;
 }
@@ -504,8 +506,13 @@ pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, c
     for (int r0 = 0; r0 < T; r0 += st->logit_rows) {
         int nb = T - r0 < st->logit_rows ? T - r0 : st->logit_rows;
         PT_TRY(fwd_logits(m, st, r, hn + (size_t)r0 * n->hidden, nb));
-        for (int j = 0; j < nb; j++)
-            PT_TRY(OPS(m)->download(be, outs[r0 + j], st->logits + (size_t)j * n->vocab, (size_t)n->vocab * 4));
+        for (int j = 0; j < nb; j++) {
+            const float *src = st->logits + (size_t)j * n->vocab;
+            if (outs[r0 + j])
+                PT_TRY(OPS(m)->download(be, outs[r0 + j], src, (size_t)n->vocab * 4));
+            else /* GPU sampling: into the row's own session buffer, on the device */
+                PT_TRY(OPS(m)->copy_rows(be, r->seq[r0 + j]->logits, n->vocab, src, n->vocab, 1, n->vocab));
+        }
     }
     return PT_OK;
 }

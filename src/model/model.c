@@ -36,6 +36,7 @@ pt_model_params pt_model_default_params(void) {
     p.compiled_decode = PT_LEVER_DEFAULT;
     p.fused_decode_attn = PT_LEVER_DEFAULT;
     p.int8_act = PT_LEVER_DEFAULT;
+    p.gpu_sampling = PT_LEVER_DEFAULT;
     return p;
 }
 

@@ -242,8 +242,12 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     /* quantized KV: a cache reaching --quantized-kv-start converts (the
      * logits below do not read the caches) */
     for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
-    for (int t = 0; t < n; t++)
-        PT_TRY(OPS(m)->download(m->be, outs[t], b->logits + (size_t)t * V, (size_t)V * 4));
+    for (int t = 0; t < n; t++) {
+        if (outs[t])
+            PT_TRY(OPS(m)->download(m->be, outs[t], b->logits + (size_t)t * V, (size_t)V * 4));
+        else /* GPU sampling: the row's logits move to its session's device buffer (session.h) */
+            PT_TRY(OPS(m)->copy_rows(m->be, sts[t]->logits, V, b->logits + (size_t)t * V, V, 1, V));
+    }
     return PT_OK;
 }
 
@@ -325,7 +329,7 @@ pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *id
     }
     for (int i = 0; i < n; i++) {
         sts[i] = &sessions[i]->fwd;
-        outs[i] = sessions[i]->logits;
+        outs[i] = sessions[i]->gpu ? NULL : sessions[i]->logits; /* GPU sampling: kept on the device */
         pos[i] = (int32_t)sessions[i]->n_tokens;
     }
     pthread_mutex_lock(&m->lock);
@@ -334,12 +338,14 @@ pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *id
     free(heap);
     for (int i = 0; i < n; i++) {
         pt_session *s = sessions[i];
+        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens, &ids[i], 1);
         if (st != PT_OK) {
-            s->has_logits = 0;
+            s->has_logits = s->logits_dev = 0;
             continue;
         }
         s->tokens[s->n_tokens++] = ids[i];
         s->has_logits = 1;
+        s->logits_dev = s->gpu;
     }
     return st;
 }

@@ -22,7 +22,8 @@
 
 /* Runs one batched decode step: row b is token ids[b] of the forward state
  * sts[b] at position pos[b] (its cache holds positions < pos[b]); writes row
- * b's logits to outs[b] (host memory [V]). Ids must already be checked
+ * b's logits to outs[b] (host memory [V]), or, where outs[b] is NULL, into
+ * sts[b]->logits (backend memory: GPU sampling reads them there). Ids must already be checked
  * against the vocabulary and positions against each state's context; the
  * states must be distinct. Callers hold m->lock. */
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,

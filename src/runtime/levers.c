@@ -10,12 +10,12 @@
 
 const char *const pt_lever_names[] = {"kv-quant",        "kv-group-size",     "quantized-kv-start",
                                       "prefill-chunk",   "compiled-decode",   "fused-decode-attn",
-                                      "int8-act",        NULL};
+                                      "int8-act",        "gpu-sampling",      NULL};
 
 static const char *const env_names[] = {"PETREL_KV_QUANT",       "PETREL_KV_GROUP_SIZE",
                                         "PETREL_QUANTIZED_KV_START", "PETREL_PREFILL_CHUNK",
                                         "PETREL_COMPILED_DECODE", "PETREL_FUSED_DECODE_ATTN",
-                                        "PETREL_INT8_ACT"};
+                                        "PETREL_INT8_ACT", "PETREL_GPU_SAMPLING"};
 
 static int lever_index(const char *name) {
     for (int i = 0; pt_lever_names[i]; i++)
@@ -106,6 +106,7 @@ pt_status pt_lever_set(pt_model_params *p, const char *name, const char *value) 
             return pt_error(PT_ERR_INVALID_ARG, "--%s: bad value '%s' (expected on or off)", name, value);
         if (i == 4) p->compiled_decode = v;
         else if (i == 5) p->fused_decode_attn = v;
+        else if (i == 7) p->gpu_sampling = v;
         else p->int8_act = v;
         return PT_OK;
     }
@@ -119,6 +120,7 @@ void pt_levers_resolve(pt_model_params *p) {
     if (p->compiled_decode == PT_LEVER_DEFAULT) p->compiled_decode = PT_LEVER_ON;
     if (p->fused_decode_attn == PT_LEVER_DEFAULT) p->fused_decode_attn = PT_LEVER_OFF;
     if (p->int8_act == PT_LEVER_DEFAULT) p->int8_act = PT_LEVER_OFF;
+    if (p->gpu_sampling == PT_LEVER_DEFAULT) p->gpu_sampling = PT_LEVER_ON;
 }
 
 pt_status pt_levers_check(const pt_model_params *p, pt_device device) {
@@ -139,9 +141,9 @@ void pt_levers_format(const pt_model_params *p, pt_device device, char *buf, siz
 #define ONOFF(v) ((v) == PT_LEVER_ON ? "on" : (v) == PT_LEVER_OFF ? "off" : "default")
     snprintf(buf, n,
              "kv-quant: %s\nkv-group-size: %d\nquantized-kv-start: %d\nprefill-chunk: %d\n"
-             "compiled-decode: %s%s\nfused-decode-attn: %s\nint8-act: %s\n",
+             "compiled-decode: %s%s\nfused-decode-attn: %s\nint8-act: %s\ngpu-sampling: %s%s\n",
              kv, p->kv_group_size, p->quantized_kv_start, p->prefill_chunk, ONOFF(p->compiled_decode),
              device == PT_DEVICE_CUDA ? "" : " (not applicable on the cpu)", ONOFF(p->fused_decode_attn),
-             ONOFF(p->int8_act));
+             ONOFF(p->int8_act), ONOFF(p->gpu_sampling), device == PT_DEVICE_CUDA ? "" : " (not applicable on the cpu)");
 #undef ONOFF
 }

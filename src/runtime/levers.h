@@ -13,7 +13,8 @@
  *   int8-act            off    off      on     off
  *
  * kv-group-size (64), quantized-kv-start (0) and prefill-chunk (2048) are not
- * touched by the aliases.
+ * touched by the aliases, nor is gpu-sampling (default on; CUDA only): it
+ * changes where a token is sampled, not which token (sampler.h).
  *
  * This file parses and resolves values and says which are implemented; it
  * does not read argv or the environment (src/cli/args.c does). */

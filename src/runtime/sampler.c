@@ -2,6 +2,7 @@
 #include "runtime/sampler.h"
 
 #include "base/error.h"
+#include "runtime/sample_math.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -15,7 +16,9 @@ pt_status pt_sampler_init(pt_sampler *s, int vocab) {
     s->work = malloc((size_t)vocab * sizeof *s->work);
     s->idx = malloc((size_t)vocab * sizeof *s->idx);
     s->count = calloc((size_t)vocab, sizeof *s->count);
-    if (!s->work || !s->idx || !s->count) {
+    s->prob = malloc((size_t)vocab * sizeof *s->prob);
+    s->seq = malloc((size_t)vocab * sizeof *s->seq);
+    if (!s->work || !s->idx || !s->count || !s->prob || !s->seq) {
         pt_sampler_free(s);
         return pt_error(PT_ERR_NOMEM, "sampler: out of memory for a vocabulary of %d", vocab);
     }
@@ -29,6 +32,10 @@ void pt_sampler_free(pt_sampler *s) {
     free(s->work);
     free(s->idx);
     free(s->count);
+    free(s->prob);
+    free(s->seq);
+    s->prob = NULL;
+    s->seq = NULL;
     s->work = NULL;
     s->idx = NULL;
     s->count = NULL;
@@ -142,23 +149,34 @@ static double log_sum_exp(const float *logits, int vocab, float *max_out) {
     for (; i0 < vocab; i0++)
         if (logits[i0] > mx) mx = logits[i0];
     *max_out = mx;
-    double sum = 0;
-    for (int b = 0; b < vocab; b += 128) {
-        int e = vocab - b < 128 ? vocab - b : 128;
-        pt_v4f acc = {0};
-        for (int i = 0; i < e; i += 4) {
-            pt_v4f x;
-            if (i + 4 <= e) {
-                memcpy(&x, logits + b + i, sizeof x);
-            } else { /* the vocabulary's tail: missing lanes are -inf, exp 0 */
-                for (int j = 0; j < 4; j++) x[j] = i + j < e ? logits[b + i + j] : -INFINITY;
+    /* the block sums in double, in sample_math.h's structured order (the
+     * GPU sampler computes the same bits with one thread per chunk) */
+    const int64_t nparts = ((int64_t)vocab + 127) / 128, c = pt_ss_chunk(nparts);
+    double T[PT_SS_CHUNKS];
+    for (int k = 0; k < PT_SS_CHUNKS; k++) {
+        double S = 0;
+        for (int64_t q = (int64_t)k * c; q < (int64_t)(k + 1) * c && q < nparts; q++) {
+            const int b = (int)(q * 128);
+            int e = vocab - b < 128 ? vocab - b : 128;
+            pt_v4f acc = {0};
+            for (int i = 0; i < e; i += 4) {
+                pt_v4f x;
+                if (i + 4 <= e) {
+                    memcpy(&x, logits + b + i, sizeof x);
+                } else { /* the vocabulary's tail: missing lanes are -inf (they add exp(-87)) */
+                    for (int j = 0; j < 4; j++) x[j] = i + j < e ? logits[b + i + j] : -INFINITY;
+                }
+                acc += exp_nonpos4(x - mx);
             }
-            acc += exp_nonpos4(x - mx);
+            float part = 0;
+            for (int j = 0; j < 4; j++) part += acc[j];
+            S += part;
         }
-        float part = 0;
-        for (int j = 0; j < 4; j++) part += acc[j];
-        sum += part;
+        T[k] = S;
     }
+    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1)
+        for (int i = PT_SS_CHUNKS - 1; i >= d; i--) T[i] = T[i - d] + T[i];
+    const double sum = T[PT_SS_CHUNKS - 1];
     return (double)mx + log(sum);
 }
 
@@ -199,9 +217,52 @@ static int cmp_desc(const void *a, const void *b) {
     return (ia > ib) - (ia < ib);
 }
 
+/* The structured sum of sample_math.h over the first m of n terms v[]:
+ * T[k] = the scanned chunk sums (T[k] exact for every chunk k that lies
+ * within the first m terms). */
+static void ss_scan(const float *v, int64_t n, int64_t m, double *T) {
+    const int64_t c = pt_ss_chunk(n);
+    for (int k = 0; k < PT_SS_CHUNKS; k++) {
+        double S = 0;
+        int64_t a = (int64_t)k * c, b = a + c < m ? a + c : m;
+        for (int64_t j = a; j < b; j++) S += v[j];
+        T[k] = S;
+    }
+    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1)
+        for (int i = PT_SS_CHUNKS - 1; i >= d; i--) T[i] = T[i - d] + T[i];
+}
+
+/* The cumulative walk of sample_math.h over the first m of n terms (mode 0:
+ * the first positive term where cum >= target; mode 1: where target < cum).
+ * 1: hit at *at; 0: no hit in the whole sequence (m == n); -1: undecided
+ * (the walk would need terms past m). */
+static int ss_walk(const float *v, int64_t n, int64_t m, const double *T, double target, int mode, int64_t *at) {
+    const int64_t c = pt_ss_chunk(n);
+    for (int k = 0; k < PT_SS_CHUNKS; k++) {
+        int64_t a = (int64_t)k * c, b = a + c < n ? a + c : n;
+        if (a >= n) break;
+        double cum = k ? T[k - 1] : 0.0;
+        for (int64_t j = a; j < b; j++) {
+            if (j >= m) return -1;
+            cum += v[j];
+            if (v[j] > 0 && (mode == 0 ? cum >= target : target < cum)) {
+                *at = j;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 pt_status pt_sampler_sample(pt_sampler *s, const float *logits, const pt_sampling_params *sp,
                             const int32_t *history, size_t n_history, const uint8_t *allowed,
                             pt_token_info *out) {
+    return pt_sampler_sample_u(s, logits, sp, history, n_history, allowed, -1.0, out);
+}
+
+pt_status pt_sampler_sample_u(pt_sampler *s, const float *logits, const pt_sampling_params *sp,
+                              const int32_t *history, size_t n_history, const uint8_t *allowed, double u_drawn,
+                              pt_token_info *out) {
     PT_TRY(pt_sampling_validate(sp));
     const int V = s->vocab;
     float *w = s->work;
@@ -220,10 +281,8 @@ pt_status pt_sampler_sample(pt_sampler *s, const float *logits, const pt_samplin
         for (size_t i = 0; i < n; i++) {
             int32_t t = h[i];
             if (t < 0 || t >= V || s->count[t] == 0) continue;
-            float v = w[t];
-            if (rep) v = v > 0 ? v / sp->repetition_penalty : v * sp->repetition_penalty;
-            v -= sp->presence_penalty + sp->frequency_penalty * (float)s->count[t];
-            w[t] = v;
+            w[t] = pt_spenalty(w[t], sp->repetition_penalty, sp->presence_penalty, sp->frequency_penalty,
+                               s->count[t]);
             s->count[t] = 0; /* each distinct token once; also resets the counts */
         }
     }
@@ -252,17 +311,24 @@ pt_status pt_sampler_sample(pt_sampler *s, const float *logits, const pt_samplin
                 if (!allowed || allowed[i]) chosen = i;
         }
     } else {
-        /* 4. temperature, candidates with finite logits */
+        /* 4. temperature, candidates with finite logits; p[] holds each
+         * candidate's probability relative to the max (0 elsewhere) */
         float inv_t = 1.0f / sp->temperature;
+        float *p = s->prob, *seq = s->seq;
         int n = 0;
         float mx = -INFINITY;
         for (int i = 0; i < V; i++) {
+            p[i] = 0;
             if (!(w[i] > -INFINITY) || isnan(w[i])) continue;
             w[i] *= inv_t;
             if (w[i] > mx) mx = w[i];
             s->idx[n++] = i;
         }
         if (n == 0) return pt_error(PT_ERR_INVALID_ARG, "sampling: no token has a finite logit");
+        for (int j = 0; j < n; j++) p[s->idx[j]] = pt_sexp(w[s->idx[j]] - mx);
+        /* The sequence the sums run over: the candidates sorted by (scaled
+         * logit descending, id ascending) once a filter needs the order,
+         * else every id in id order (non-candidates contribute 0). */
         int sorted = 0;
         t_sort_vals = w;
         if (sp->top_k > 0 && sp->top_k < n) {
@@ -270,71 +336,98 @@ pt_status pt_sampler_sample(pt_sampler *s, const float *logits, const pt_samplin
             sorted = 1;
             n = sp->top_k;
         }
-        /* probabilities relative to the max (unnormalized), kept in w */
-        double total = 0;
-        for (int j = 0; j < n; j++) {
-            int32_t i = s->idx[j];
-            w[i] = expf(w[i] - mx);
-            total += w[i];
+        double T[PT_SS_CHUNKS];
+        double total;
+        if (sorted) {
+            for (int j = 0; j < n; j++) seq[j] = p[s->idx[j]];
+            ss_scan(seq, n, n, T);
+        } else {
+            ss_scan(p, V, V, T);
         }
+        total = T[PT_SS_CHUNKS - 1];
         if (sp->top_p < 1.0f) {
+            const double target = sp->top_p * total;
+            int64_t at = -1;
+            int keep = n, r = 0;
             if (!sorted) {
                 /* The nucleus only holds the largest probabilities: sort just the
-                 * candidates above a threshold, lowering it until they carry top_p
-                 * of the mass (exact: every excluded candidate is smaller than every
-                 * included one). */
+                 * candidates above a threshold, lowering it until the walk
+                 * decides within them (exact: every excluded candidate is
+                 * smaller than every included one). */
                 double thr = 1e-3;
                 for (;;) {
                     int m = 0;
                     double mass = 0;
                     for (int j = 0; j < n; j++) {
                         int32_t i = s->idx[j];
-                        if (w[i] >= thr || thr == 0) {
+                        if (p[i] >= thr || thr == 0) {
                             int32_t tmp = s->idx[m];
                             s->idx[m] = i;
                             s->idx[j] = tmp;
                             m++;
-                            mass += w[i];
+                            mass += p[i];
                         }
                     }
-                    if (mass >= sp->top_p * total || thr == 0) {
-                        n = m;
-                        break;
+                    if (mass >= target || thr == 0) {
+                        /* p rounds, so {p >= thr} need not be a prefix of the
+                         * value order: take every candidate at or above the
+                         * smallest value among them (a true prefix) */
+                        float wmin = INFINITY;
+                        for (int j = 0; j < m; j++)
+                            if (w[s->idx[j]] < wmin) wmin = w[s->idx[j]];
+                        m = 0;
+                        for (int j = 0; j < n; j++) {
+                            int32_t i = s->idx[j];
+                            if (w[i] >= wmin) {
+                                int32_t tmp = s->idx[m];
+                                s->idx[m] = i;
+                                s->idx[j] = tmp;
+                                m++;
+                            }
+                        }
+                        qsort(s->idx, (size_t)m, sizeof *s->idx, cmp_desc);
+                        for (int j = 0; j < m; j++) seq[j] = p[s->idx[j]];
+                        ss_scan(seq, n, m, T);
+                        r = ss_walk(seq, n, m, T, target, 0, &at);
+                        if (r >= 0) break;
                     }
                     thr = thr < 1e-30 ? 0 : thr * 1e-4;
                 }
-                t_sort_vals = w;
-                qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
                 sorted = 1;
+            } else {
+                ss_scan(seq, n, n, T);
+                r = ss_walk(seq, n, n, T, target, 0, &at);
             }
-            double cum = 0, target = sp->top_p * total;
-            int keep = n;
-            for (int j = 0; j < n; j++) {
-                cum += w[s->idx[j]];
-                if (cum >= target) {
-                    keep = j + 1;
-                    break;
-                }
-            }
+            if (r == 1) keep = (int)at + 1;
             n = keep;
         }
         if (sp->min_p > 0) {
-            /* max probability is exp(0) = 1 relative; keep p >= min_p * pmax */
-            int m = 0;
-            for (int j = 0; j < n; j++)
-                if (w[s->idx[j]] >= sp->min_p) s->idx[m++] = s->idx[j];
-            n = m; /* the max itself always passes */
-        }
-        double sum = 0;
-        for (int j = 0; j < n; j++) sum += w[s->idx[j]];
-        double u = pt_sampler_uniform(s) * sum, cum = 0;
-        chosen = s->idx[n - 1];
-        for (int j = 0; j < n; j++) {
-            cum += w[s->idx[j]];
-            if (u < cum) {
-                chosen = s->idx[j];
-                break;
+            /* max probability is exp(0) = 1 relative; keep p >= min_p * pmax
+             * (a prefix of a sorted sequence; the max itself always passes) */
+            if (sorted) {
+                int m = 0;
+                while (m < n && p[s->idx[m]] >= sp->min_p) m++;
+                n = m;
+            } else {
+                for (int i = 0; i < V; i++)
+                    if (p[i] < sp->min_p) p[i] = 0;
             }
+        }
+        /* 5. the draw: u in [0, sum) and the cumulative walk */
+        const double u01 = u_drawn >= 0 ? u_drawn : pt_sampler_uniform(s);
+        int64_t at = -1;
+        if (sorted) {
+            for (int j = 0; j < n; j++) seq[j] = p[s->idx[j]];
+            ss_scan(seq, n, n, T);
+            double u = u01 * T[PT_SS_CHUNKS - 1];
+            chosen = ss_walk(seq, n, n, T, u, 1, &at) == 1 ? s->idx[at] : s->idx[n - 1];
+        } else {
+            ss_scan(p, V, V, T);
+            double u = u01 * T[PT_SS_CHUNKS - 1];
+            if (ss_walk(p, V, V, T, u, 1, &at) == 1) chosen = (int32_t)at;
+            else
+                for (int i = V - 1; i >= 0 && chosen < 0; i--)
+                    if (p[i] > 0) chosen = i;
         }
     }
     memset(out, 0, sizeof *out);

@@ -3,6 +3,7 @@
  * loop is generate.c. */
 #include "runtime/session.h"
 
+#include "backend/cuda/sample.h"
 #include "base/error.h"
 #include "runtime/kv_cache.h"
 
@@ -46,6 +47,16 @@ pt_status pt_session_create(pt_model *model, const pt_session_params *params, pt
         pt_session_free(&s);
         return st;
     }
+    if (model->device == PT_DEVICE_CUDA && model->params.gpu_sampling != PT_LEVER_OFF) {
+        /* GPU sampling's buffers; without them the session samples on the host */
+        pt_backend *be = model->be;
+        size_t V = (size_t)model->net.vocab;
+        s->hist_dev = be->ops->alloc(be, (size_t)p.n_ctx * sizeof(int32_t));
+        s->work_dev = s->hist_dev ? be->ops->alloc(be, V * sizeof(float)) : NULL;
+        s->counts_dev = s->work_dev ? be->ops->alloc(be, V * sizeof(uint32_t)) : NULL;
+        s->ctl_dev = s->counts_dev ? be->ops->alloc(be, pt_gsample_ctl_bytes(1)) : NULL;
+        s->gpu = s->ctl_dev != NULL;
+    }
     *out = s;
     return PT_OK;
 }
@@ -54,6 +65,9 @@ void pt_session_free(pt_session **session) {
     if (!session || !*session) return;
     pt_session *s = *session;
     if (s->fwd.kv) pt_fwd_free(s->m, &s->fwd);
+    void *dev[] = {s->hist_dev, s->work_dev, s->counts_dev, s->ctl_dev};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) s->m->be->ops->dealloc(s->m->be, dev[i]);
     pt_sampler_free(&s->sampler);
     free(s->tokens);
     free(s->logits);
@@ -72,7 +86,7 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     if (n_keep > s->n_tokens)
         return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
     if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
-    if (n_keep < s->n_tokens) s->has_logits = 0;
+    if (n_keep < s->n_tokens) s->has_logits = s->logits_dev = 0;
     if (n_keep < s->n_tokens && n_keep > 0 && s->fwd.conv_state) {
         /* Recurrent (Gated DeltaNet) state cannot be cut back like a KV
          * cache: recompute the kept prefix from position 0. */
@@ -117,8 +131,10 @@ static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *
         int T = (int)(n - done < (size_t)s->fwd.chunk ? n - done : (size_t)s->fwd.chunk);
         int last = done + (size_t)T == n;
         int n_logits = out_all ? T : last ? 1 : 0;
-        float *dst = out_all ? out_all + done * V : s->logits;
+        /* GPU sampling: the last logits stay on the device (dst NULL) */
+        float *dst = out_all ? out_all + done * V : s->gpu ? NULL : s->logits;
         st = pt_fwd_run(m, &s->fwd, ids + done, T, (int)(s->n_tokens + done), n_logits, dst);
+        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens + done, ids + done, (size_t)T);
         if (st != PT_OK) break;
         memcpy(s->tokens + s->n_tokens + done, ids + done, (size_t)T * sizeof *ids);
         done += (size_t)T;
@@ -127,11 +143,12 @@ static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *
     /* a failed chunk leaves the cache holding the chunks before it */
     s->n_tokens += done;
     if (st != PT_OK) {
-        s->has_logits = 0;
+        s->has_logits = s->logits_dev = 0;
         return st;
     }
     if (out_all) memcpy(s->logits, out_all + (n - 1) * V, (size_t)V * sizeof(float));
     s->has_logits = 1;
+    s->logits_dev = !out_all && s->gpu;
     return PT_OK;
 }
 
@@ -145,7 +162,28 @@ pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids
     return run_tokens(s, ids, n_ids, out);
 }
 
-const float *pt_session_logits(const pt_session *s) { return s && s->has_logits ? s->logits : NULL; }
+pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n) {
+    if (!s->gpu || n == 0) return PT_OK;
+    return s->m->be->ops->upload(s->m->be, s->hist_dev + at, ids, n * sizeof *ids);
+}
+
+/* Makes s->logits current (downloads the device copy GPU sampling left). */
+static pt_status host_logits(pt_session *s) {
+    if (!s->logits_dev) return PT_OK;
+    pt_model *m = s->m;
+    pthread_mutex_lock(&m->lock);
+    pt_status st = m->be->ops->download(m->be, s->logits, s->fwd.logits, (size_t)m->net.vocab * sizeof(float));
+    pthread_mutex_unlock(&m->lock);
+    if (st == PT_OK) s->logits_dev = 0;
+    return st;
+}
+
+const float *pt_session_logits(const pt_session *s) {
+    if (!s || !s->has_logits) return NULL;
+    /* the session is logically unchanged: only its host copy is refreshed */
+    if (host_logits((pt_session *)s) != PT_OK) return NULL;
+    return s->logits;
+}
 
 pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
                             pt_token_info *out) {
@@ -153,5 +191,49 @@ pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const u
     if (!s->has_logits)
         return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: no logits yet (prompt the session first)");
     if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
+    if (s->logits_dev && !allowed && sp->n_logprobs == 0) {
+        /* GPU sampling: the draw from the session's stream first (the host
+         * fallback below reuses it), then one launch, 16 bytes back */
+        PT_TRY(pt_sampling_validate(sp));
+        pt_model *m = s->m;
+        const int greedy = pt_sampling_is_greedy(sp);
+        const double u = greedy ? -1.0 : pt_sampler_uniform(&s->sampler);
+        pt_gsample_row row;
+        memset(&row, 0, sizeof row);
+        row.logits = s->fwd.logits;
+        row.work = s->work_dev;
+        row.counts = s->counts_dev;
+        row.hist = s->hist_dev;
+        row.n_hist = (int64_t)s->n_tokens;
+        if ((sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) &&
+            s->n_tokens > 0)
+            row.window = sp->repeat_last_n > 0 && (size_t)sp->repeat_last_n < s->n_tokens ? sp->repeat_last_n
+                                                                                          : (int64_t)s->n_tokens;
+        row.u = greedy ? 0.0 : u;
+        row.temperature = sp->temperature;
+        row.top_p = sp->top_p;
+        row.min_p = sp->min_p;
+        row.rep = sp->repetition_penalty;
+        row.presence = sp->presence_penalty;
+        row.frequency = sp->frequency_penalty;
+        row.top_k = sp->top_k;
+        row.greedy = greedy;
+        row.want_logprob = 1;
+        pt_gsample_out o;
+        pthread_mutex_lock(&m->lock);
+        pt_status st = pt_cuda_sample_rows(m->be, &row, 1, m->net.vocab, s->ctl_dev, &o);
+        pthread_mutex_unlock(&m->lock);
+        PT_TRY(st);
+        if (o.status == 0) {
+            memset(out, 0, sizeof *out);
+            out->id = o.id;
+            out->logprob = o.logprob;
+            return PT_OK;
+        }
+        /* a row the GPU hands back (sample.h): the host, with the same draw */
+        PT_TRY(host_logits(s));
+        return pt_sampler_sample_u(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, u, out);
+    }
+    PT_TRY(host_logits(s));
     return pt_sampler_sample(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, out);
 }

@@ -18,7 +18,22 @@ struct pt_session {
     float *logits;     /* [V] host copy of the last position's logits */
     int has_logits;
     pt_sampler sampler;
+    /* GPU sampling (--gpu-sampling, backend/cuda/sample.h): on a CUDA model
+     * the last position's logits stay in backend memory (fwd.logits row 0)
+     * and pt_session_sample picks the token there; s->logits is filled only
+     * when something asks for the host copy (pt_session_logits, a mask, top-n
+     * logprobs, a row the GPU hands back). */
+    int gpu;             /* 1: this session can sample on the GPU (buffers below allocated) */
+    int logits_dev;      /* 1: s->logits is stale, the current logits are in fwd.logits row 0 */
+    int32_t *hist_dev;   /* backend [n_ctx]: a copy of tokens (the penalties' window) */
+    float *work_dev;     /* backend [V]: penalised logits */
+    uint32_t *counts_dev;/* backend [V]: zero between samples */
+    void *ctl_dev;       /* backend: the sampler's row table and result */
 };
+
+/* Appends ids (already in s->tokens at [at, at + n)) to the device copy of
+ * the context used by GPU sampling (no-op unless s->gpu). */
+pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n);
 
 /* Checks ids against the vocabulary and the context (PT_ERR_RANGE naming the
  * offending id / the lengths). */

@@ -1,0 +1,74 @@
+/* GPU sampling: the C side's view of src/backend/cuda/sample.cu.
+ *
+ * One launch samples B rows of logits that stay in device memory, each with
+ * its own parameters; the host uploads a small row table and reads back one
+ * id (and the chosen token's log-probability) per row instead of the whole
+ * [vocab] row. The decisions are those of the CPU sampler
+ * (src/runtime/sampler.c) for the same logits, token history and uniform
+ * draw: same pipeline order (penalties, greedy, temperature, top-k, top-p,
+ * min-p, draw), same orders and tie-breaking, the same f32 exponentials and
+ * double-precision sums (src/runtime/sample_math.h). The draw itself comes
+ * from the session's host RNG (pt_sampler_uniform), taken before the launch.
+ *
+ * What the GPU does not do, answered with status 1 (the caller then samples
+ * that row on the host with the same draw): top-k above PT_GSAMPLE_CAP
+ * candidates, a top-p nucleus that needs more than PT_GSAMPLE_CAP sorted
+ * candidates, and rows without any finite logit (the host reports the
+ * error). Masks (constrained decoding) and top-n log-probabilities are not
+ * passed here at all: the runtime keeps those on the host.
+ *
+ * Every declaration exists in every build; without CUDA the entry point is
+ * PT_ERR_UNSUPPORTED. */
+#ifndef PT_BACKEND_CUDA_SAMPLE_H
+#define PT_BACKEND_CUDA_SAMPLE_H
+
+#include "backend/backend.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sorted candidates the GPU holds (shared memory): top-k up to this many,
+ * and nuclei whose candidates above the chosen probability bin fit. */
+#define PT_GSAMPLE_CAP 4096
+
+typedef struct pt_gsample_row {
+    const float *logits;   /* device [V]: the raw logits (never modified) */
+    float *work;           /* device [V] scratch for the penalised logits; used when window > 0 */
+    uint32_t *counts;      /* device [V], all zero (and left zero); used when window > 0 */
+    const int32_t *hist;   /* device: the context's ids; the window is hist[n_hist - window, n_hist) */
+    int64_t n_hist;
+    int64_t window;        /* 0: no penalties */
+    double u;              /* the uniform draw in [0, 1) (ignored when greedy) */
+    float temperature, top_p, min_p;
+    float rep, presence, frequency;
+    int32_t top_k;
+    int32_t greedy;        /* temperature 0 or top_k 1 */
+    int32_t want_logprob;  /* 1: out.logprob = log-softmax of the raw logits at the chosen id */
+    int32_t pad;
+    int32_t *id_slot;      /* NULL, or device int32 that receives the id (status 0 only) */
+} pt_gsample_row;
+
+typedef struct pt_gsample_out {
+    int32_t id;
+    int32_t status;        /* 0: id chosen; 1: sample this row on the host */
+    float logprob;
+    int32_t pad;
+} pt_gsample_out;
+
+/* Device bytes of the control block for B rows (row table + results). */
+size_t pt_gsample_ctl_bytes(int B);
+
+/* Samples rows[0..B) of vocabulary V in one launch on the CUDA backend be:
+ * uploads the row table to ctl_dev (pt_gsample_ctl_bytes(B) device bytes),
+ * launches, and downloads the B results into out (synchronizes). */
+pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
+                              pt_gsample_out *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

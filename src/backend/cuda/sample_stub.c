@@ -1,0 +1,25 @@
+/* GPU sampling in a build without CUDA (sample.h): the entry points exist
+ * and answer PT_ERR_UNSUPPORTED, so the runtime needs no #ifdefs. The
+ * sampler itself is sample.cu; this file is empty in a CUDA build. */
+#include "backend/cuda/sample.h"
+
+#include "base/error.h"
+
+#ifndef PT_HAVE_CUDA
+size_t pt_gsample_ctl_bytes(int B) {
+    return (size_t)(B > 0 ? B : 0) * (sizeof(pt_gsample_row) + sizeof(pt_gsample_out)) + 256;
+}
+
+pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
+                              pt_gsample_out *out) {
+    (void)be;
+    (void)rows;
+    (void)B;
+    (void)V;
+    (void)ctl_dev;
+    (void)out;
+    return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: this petrel was built without CUDA");
+}
+#else
+typedef int pt_sample_stub_unused; /* ISO C forbids an empty translation unit */
+#endif
