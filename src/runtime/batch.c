@@ -36,6 +36,7 @@
 #include "runtime/batch.h"
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/sample.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "runtime/kv_cache.h"
@@ -67,6 +68,8 @@ typedef struct batch {
     int no_graph;      /* capturing failed once: table mode runs eagerly from now on */
     int force_pad;     /* tests: pad to buckets without graphs (pt_batch_set_padding) */
     int64_t n_graph, n_table, n_row; /* steps run from a graph, table mode eagerly, row mode */
+    void *sample_ctl;  /* backend: GPU sampling's row table for sample_cap rows (the server's turn) */
+    int sample_cap;
 } batch;
 
 static void drop_graphs(batch *b) {
@@ -77,6 +80,7 @@ void pt_batch_free(pt_model *m) {
     batch *b = m->batch;
     if (!b) return;
     drop_graphs(b);
+    if (b->sample_ctl) OPS(m)->dealloc(m->be, b->sample_ctl);
     if (b->logits) OPS(m)->dealloc(m->be, b->logits);
     if (b->kvp_dev) OPS(m)->dealloc(m->be, b->kvp_dev);
     free(b->kvp_host);
@@ -280,6 +284,19 @@ pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t 
         b->n_row++;
     }
     return PT_OK;
+}
+
+void *pt_batch_sample_ctl(pt_model *m, int B) {
+    batch *b = m->batch;
+    if (!b || B < 1) return NULL;
+    if (b->sample_cap < B) {
+        int cap = b->sample_cap ? b->sample_cap : 8;
+        while (cap < B) cap *= 2;
+        if (b->sample_ctl) OPS(m)->dealloc(m->be, b->sample_ctl);
+        b->sample_ctl = OPS(m)->alloc(m->be, pt_gsample_ctl_bytes(cap));
+        b->sample_cap = b->sample_ctl ? cap : 0;
+    }
+    return b->sample_ctl;
 }
 
 pt_status pt_batch_set_padding(pt_model *m, int on) {

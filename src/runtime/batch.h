@@ -40,6 +40,11 @@ pt_status pt_batch_set_padding(pt_model *m, int on);
  * the buffers counts once per part). */
 void pt_batch_counts(const pt_model *m, int64_t counts[3]);
 
+/* GPU sampling of a server turn (pt_session_sample_gpu_rows): a backend
+ * buffer for B rows' sampling table, kept in the batch state (NULL when the
+ * model has run no batched step yet, or out of memory). Callers hold m->lock. */
+void *pt_batch_sample_ctl(pt_model *m, int B);
+
 /* Frees the model's batch state (installed as m->batch_free). */
 void pt_batch_free(pt_model *m);
 

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/sample.h"
 #include "base/error.h"
+#include "runtime/batch.h"
 #include "runtime/kv_cache.h"
 
 #include <stdlib.h>
@@ -185,55 +186,113 @@ const float *pt_session_logits(const pt_session *s) {
     return s->logits;
 }
 
+/* The GPU sampler's row for session s under sp (validated), with the draw
+ * taken from the session's stream (*u; -1 when greedy). 0: s cannot sample
+ * this on the GPU (logits on the host, top-n logprobs). */
+static int gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *row, double *u) {
+    if (!s->logits_dev || sp->n_logprobs != 0) return 0;
+    if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
+    const int greedy = pt_sampling_is_greedy(sp);
+    *u = greedy ? -1.0 : pt_sampler_uniform(&s->sampler);
+    memset(row, 0, sizeof *row);
+    row->logits = s->fwd.logits;
+    row->work = s->work_dev;
+    row->counts = s->counts_dev;
+    row->hist = s->hist_dev;
+    if ((sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) &&
+        s->n_tokens > 0) {
+        row->n_hist = (int64_t)s->n_tokens;
+        row->window = sp->repeat_last_n > 0 && (size_t)sp->repeat_last_n < s->n_tokens ? sp->repeat_last_n
+                                                                                       : (int64_t)s->n_tokens;
+    }
+    row->u = greedy ? 0.0 : *u;
+    row->temperature = sp->temperature;
+    row->top_p = sp->top_p;
+    row->min_p = sp->min_p;
+    row->rep = sp->repetition_penalty;
+    row->presence = sp->presence_penalty;
+    row->frequency = sp->frequency_penalty;
+    row->top_k = sp->top_k;
+    row->greedy = greedy;
+    row->want_logprob = 1;
+    return 1;
+}
+
+/* A GPU result into out, or the host sampler with the same draw for a row
+ * the GPU handed back. */
+static pt_status gpu_result(pt_session *s, const pt_sampling_params *sp, const pt_gsample_out *o, double u,
+                            pt_token_info *out) {
+    if (o->status == 0) {
+        memset(out, 0, sizeof *out);
+        out->id = o->id;
+        out->logprob = o->logprob;
+        return PT_OK;
+    }
+    PT_TRY(host_logits(s));
+    return pt_sampler_sample_u(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, NULL, u, out);
+}
+
 pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
                             pt_token_info *out) {
     if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: NULL argument");
     if (!s->has_logits)
         return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: no logits yet (prompt the session first)");
     if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
-    if (s->logits_dev && !allowed && sp->n_logprobs == 0) {
+    pt_gsample_row row;
+    double u;
+    if (!allowed && pt_sampling_validate(sp) == PT_OK && gpu_row(s, sp, &row, &u)) {
         /* GPU sampling: the draw from the session's stream first (the host
-         * fallback below reuses it), then one launch, 16 bytes back */
-        PT_TRY(pt_sampling_validate(sp));
+         * fallback reuses it), then one launch, 16 bytes back */
         pt_model *m = s->m;
-        const int greedy = pt_sampling_is_greedy(sp);
-        const double u = greedy ? -1.0 : pt_sampler_uniform(&s->sampler);
-        pt_gsample_row row;
-        memset(&row, 0, sizeof row);
-        row.logits = s->fwd.logits;
-        row.work = s->work_dev;
-        row.counts = s->counts_dev;
-        row.hist = s->hist_dev;
-        row.n_hist = (int64_t)s->n_tokens;
-        if ((sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) &&
-            s->n_tokens > 0)
-            row.window = sp->repeat_last_n > 0 && (size_t)sp->repeat_last_n < s->n_tokens ? sp->repeat_last_n
-                                                                                          : (int64_t)s->n_tokens;
-        row.u = greedy ? 0.0 : u;
-        row.temperature = sp->temperature;
-        row.top_p = sp->top_p;
-        row.min_p = sp->min_p;
-        row.rep = sp->repetition_penalty;
-        row.presence = sp->presence_penalty;
-        row.frequency = sp->frequency_penalty;
-        row.top_k = sp->top_k;
-        row.greedy = greedy;
-        row.want_logprob = 1;
         pt_gsample_out o;
+        /* a greedy loop without penalties repeats its row: no upload then */
+        const int same = s->last_row_ok && !memcmp(&row, &s->last_row, sizeof row);
         pthread_mutex_lock(&m->lock);
-        pt_status st = pt_cuda_sample_rows(m->be, &row, 1, m->net.vocab, s->ctl_dev, &o);
+        pt_status st = pt_cuda_sample_rows(m->be, &row, 1, m->net.vocab, s->ctl_dev, same, &o);
         pthread_mutex_unlock(&m->lock);
+        s->last_row = row;
+        s->last_row_ok = st == PT_OK;
         PT_TRY(st);
-        if (o.status == 0) {
-            memset(out, 0, sizeof *out);
-            out->id = o.id;
-            out->logprob = o.logprob;
-            return PT_OK;
-        }
-        /* a row the GPU hands back (sample.h): the host, with the same draw */
-        PT_TRY(host_logits(s));
-        return pt_sampler_sample_u(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, u, out);
+        return gpu_result(s, sp, &o, u, out);
     }
     PT_TRY(host_logits(s));
     return pt_sampler_sample(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, out);
+}
+
+void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params *const *sps, pt_token_info *outs,
+                                pt_status *sts, char (*errs)[512], uint8_t *done, int n) {
+    enum { MAXR = 64 };
+    pt_gsample_row rows[MAXR];
+    pt_gsample_out go[MAXR];
+    double us[MAXR];
+    int idx[MAXR], B = 0;
+    for (int i = 0; i < n; i++) done[i] = 0;
+    pt_model *m = n > 0 && ss[0] ? ss[0]->m : NULL;
+    if (n < 2 || !m) return; /* one row: pt_session_sample is the same launch */
+    int cand = 0;
+    for (int i = 0; i < n; i++)
+        cand += ss[i] && ss[i]->m == m && ss[i]->has_logits && ss[i]->logits_dev && sps[i]->n_logprobs == 0;
+    if (cand < 2) return;
+    pthread_mutex_lock(&m->lock);
+    void *ctl = pt_batch_sample_ctl(m, cand < MAXR ? cand : MAXR);
+    pthread_mutex_unlock(&m->lock);
+    if (!ctl) return;
+    for (int i = 0; i < n && B < MAXR; i++) {
+        pt_session *s = ss[i];
+        if (!s || s->m != m || !s->has_logits || pt_sampling_validate(sps[i]) != PT_OK) continue;
+        if (!gpu_row(s, sps[i], &rows[B], &us[B])) continue;
+        idx[B++] = i;
+    }
+    if (B == 0) return;
+    pthread_mutex_lock(&m->lock);
+    pt_status st = pt_cuda_sample_rows(m->be, rows, B, m->net.vocab, ctl, 0, go);
+    pthread_mutex_unlock(&m->lock);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", st == PT_OK ? "" : pt_last_error());
+    for (int b = 0; b < B; b++) {
+        const int i = idx[b];
+        done[i] = 1;
+        sts[i] = st == PT_OK ? gpu_result(ss[i], sps[i], &go[b], us[b], &outs[i]) : st;
+        if (sts[i] != PT_OK) snprintf(errs[i], sizeof errs[i], "%s", st == PT_OK ? pt_last_error() : msg);
+    }
 }

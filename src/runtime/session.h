@@ -6,6 +6,7 @@
 
 #include "petrel.h"
 
+#include "backend/cuda/sample.h"
 #include "model/model.h"
 #include "runtime/sampler.h"
 
@@ -29,7 +30,21 @@ struct pt_session {
     float *work_dev;     /* backend [V]: penalised logits */
     uint32_t *counts_dev;/* backend [V]: zero between samples */
     void *ctl_dev;       /* backend: the sampler's row table and result */
+    pt_gsample_row last_row; /* what ctl_dev holds (valid when last_row_ok) */
+    int last_row_ok;
 };
+
+/* The server's turn: samples, in one GPU launch over the rows, every row i <
+ * n whose session holds its logits on the device and whose request the GPU
+ * takes (valid parameters, sps[i]->n_logprobs == 0; masks are never passed
+ * here). Row i's result is what pt_session_sample(ss[i], sps[i], NULL,
+ * &outs[i]) gives — the same draws from each session's stream, the host
+ * with that draw for a row the GPU hands back — with sts[i] its status and
+ * errs[i] the message when not PT_OK. done[i] = 0: the row was not taken
+ * (the caller samples it with pt_session_sample); with fewer than two such
+ * rows none is taken. At most 64 rows go to the GPU per call. */
+void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params *const *sps, pt_token_info *outs,
+                                pt_status *sts, char (*errs)[512], uint8_t *done, int n);
 
 /* Appends ids (already in s->tokens at [at, at + n)) to the device copy of
  * the context used by GPU sampling (no-op unless s->gpu). */

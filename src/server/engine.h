@@ -54,6 +54,12 @@ typedef struct pt_srv_engine {
     pt_status (*session_prompt)(void *s, const int32_t *ids, size_t n_ids);
     pt_status (*session_sample)(void *s, const pt_sampling_params *sp, const uint8_t *allowed,
                                 pt_token_info *out);
+    /* Optional (NULL: every row through session_sample): samples the rows
+     * i < n of one turn (no masks) in one call — GPU sampling over the
+     * batch; done[i] = 0 leaves row i to session_sample; st[i] / err[i] as
+     * session_sample would report them. */
+    void (*session_sample_many)(void *const *s, const pt_sampling_params *const *sp, pt_token_info *o,
+                                pt_status *st, char (*err)[512], uint8_t *done, int n);
     /* Bytes of memory the session holds (its KV cache), for the prompt-cache cap. */
     size_t (*session_bytes)(void *s);
     /* Continuous batching (pt_session_decode_batch): appends ids[i] to

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/json.h"
 #include "base/mmap.h"
+#include "runtime/session.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,6 +154,35 @@ static pt_status e_sample(void *s, const pt_sampling_params *sp, const uint8_t *
     w->last_seed = sp->seed;
     return pt_session_sample(w->s, sp, allowed, o);
 }
+/* The rows of a turn at once (GPU sampling): the same per-session seeding
+ * as e_sample, then runtime/session.c's batched GPU sampling. */
+static void e_sample_many(void *const *s, const pt_sampling_params *const *sp, pt_token_info *o, pt_status *st,
+                          char (*err)[512], uint8_t *done, int n) {
+    pt_session *ss[64] = {0};
+    for (int i = 0; i < n; i++) done[i] = 0;
+    if (n > 64) return;
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= ((ps *)s[i])->s->gpu;
+    if (!any) return; /* no session samples on the GPU: session_sample per row */
+    for (int i = 0; i < n; i++) {
+        ps *w = s[i];
+        ss[i] = w->s;
+        if (w->new_job && w->seeded && w->last_seed == sp[i]->seed) {
+            pt_sampling_params other = *sp[i];
+            other.seed = sp[i]->seed ^ 0x5bd1e995u;
+            pt_token_info scratch;
+            if (pt_session_sample(w->s, &other, NULL, &scratch) != PT_OK) return; /* session_sample reports it */
+        }
+    }
+    pt_session_sample_gpu_rows(ss, sp, o, st, err, done, n);
+    for (int i = 0; i < n; i++)
+        if (done[i]) {
+            ps *w = s[i];
+            w->new_job = 0;
+            w->seeded = 1;
+            w->last_seed = sp[i]->seed;
+        }
+}
 static size_t e_bytes(void *s) { return ((ps *)s)->bytes; }
 
 /* KV bytes per token at f32: sum over layers of 2 * kv_heads * head_dim * 4. */
@@ -212,6 +242,7 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_prompt = e_prompt;
     e->session_decode_batch = e_decode_batch;
     e->session_sample = e_sample;
+    e->session_sample_many = e_sample_many;
     e->session_bytes = e_bytes;
     /* the CUDA backend names itself "cuda: <device>" (pt_model_backend_name) */
     e->short_prompt_piece = strncmp(pt_model_backend_name(model), "cuda", 4) == 0 ? 8 : 0;

@@ -69,6 +69,7 @@ typedef struct slot {
     pt_token_info tok;
     pt_status sample_st;
     char sample_err[512];
+    int sampled;         /* this turn's token came from sample_many */
 } slot;
 
 typedef struct idle_session {
@@ -91,6 +92,7 @@ struct pt_srv_sched {
     /* inference-thread state */
     slot *slots;
     slot **to_sample;   /* [n_parallel] the slots sampling this turn */
+    slot **to_sample_tmp; /* [n_parallel] sample_many's reordering */
     pt_pool *pool;      /* samples the slots of a turn in parallel */
     idle_session *idle; /* [cap_idle] */
     int n_idle, cap_idle;
@@ -381,6 +383,54 @@ static void sample_range(void *ctx, long begin, long end, int ith) {
     }
 }
 
+/* Samples the mask-free slots of s->to_sample[0..n) through the engine's
+ * session_sample_many (GPU sampling over the batch) and moves the slots it
+ * did not take to the front of s->to_sample; returns how many those are
+ * (sample_range then samples them). The other slots' order changes, which
+ * nothing depends on: every slot's result is its own. */
+static int sample_many(pt_srv_sched *s, int n) {
+    if (!s->e->session_sample_many || n < 2) return n;
+    enum { MAXR = 64 };
+    void *sess[MAXR];
+    const pt_sampling_params *sps[MAXR];
+    slot *who[MAXR];
+    int m = 0;
+    for (int i = 0; i < n && m < MAXR; i++) {
+        slot *sl = s->to_sample[i];
+        if (sl->allowed) continue;
+        sess[m] = sl->session;
+        sps[m] = &sl->job->sp;
+        who[m++] = sl;
+    }
+    if (m < 2) return n;
+    pt_token_info toks[MAXR];
+    pt_status sts[MAXR];
+    static _Thread_local char errs[MAXR][512];
+    uint8_t done[MAXR];
+    s->e->session_sample_many(sess, sps, toks, sts, errs, done, m);
+    for (int k = 0; k < m; k++)
+        if (done[k]) {
+            who[k]->tok = toks[k];
+            who[k]->sample_st = sts[k];
+            if (sts[k] != PT_OK) snprintf(who[k]->sample_err, sizeof who[k]->sample_err, "%s", errs[k]);
+            who[k]->sampled = 1;
+        }
+    /* the slots left (not taken) first, then the sampled ones */
+    int front = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            slot *sl = s->to_sample[i];
+            if ((pass == 0) == !sl->sampled) s->to_sample_tmp[front++] = sl;
+        }
+    int n_host = 0;
+    for (int i = 0; i < n; i++) {
+        s->to_sample[i] = s->to_sample_tmp[i];
+        if (!s->to_sample[i]->sampled) n_host++;
+        s->to_sample[i]->sampled = 0;
+    }
+    return n_host;
+}
+
 static void slot_take_token(pt_srv_sched *s, slot *sl) {
     pt_srv_job *j = sl->job;
     char err[600];
@@ -564,7 +614,10 @@ static void *inference_main(void *arg) {
             slot *sl = &s->slots[(rr + k) % s->n_parallel];
             if (sl->job && slot_prepare(s, sl, active > 1)) s->to_sample[n_sample++] = sl;
         }
-        pt_pool_for(s->pool, n_sample, 1, sample_range, s);
+        /* rows without a mask: one GPU launch over them where the engine
+         * can (the rest, and rows it leaves, sample on the pool) */
+        int n_host = sample_many(s, n_sample);
+        pt_pool_for(s->pool, n_host, 1, sample_range, s);
         for (int k = 0; k < n_sample; k++) slot_take_token(s, s->to_sample[k]);
         decode_pending(s);
         rr = (rr + 1) % s->n_parallel;
@@ -602,11 +655,12 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
     s->queue = calloc((size_t)s->q_cap, sizeof *s->queue);
     s->slots = calloc((size_t)n_parallel, sizeof *s->slots);
     s->to_sample = calloc((size_t)n_parallel, sizeof *s->to_sample);
+    s->to_sample_tmp = calloc((size_t)n_parallel, sizeof *s->to_sample_tmp);
     s->cap_idle = n_parallel + 8;
     s->idle = calloc((size_t)s->cap_idle, sizeof *s->idle);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (!s->queue || !s->slots || !s->to_sample || !s->idle) {
+    if (!s->queue || !s->slots || !s->to_sample || !s->to_sample_tmp || !s->idle) {
         pt_srv_sched_free(&s);
         return pt_error(PT_ERR_NOMEM, "out of memory");
     }
@@ -653,6 +707,7 @@ void pt_srv_sched_free(pt_srv_sched **ps) {
     free(s->queue);
     free(s->slots);
     free(s->to_sample);
+    free(s->to_sample_tmp);
     pt_pool_free(&s->pool);
     free(s->idle);
     pthread_mutex_destroy(&s->mu);

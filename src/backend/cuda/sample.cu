@@ -10,11 +10,11 @@
  *   2. greedy: first maximum (NaN and -inf never win; none: id 0);
  *   3. temperature: candidates are the finite logits, scaled by 1/T, their
  *      max mx, p = pt_sexp(v - mx);
- *   4. top-k (k <= PT_GSAMPLE_CAP): the k-th largest scaled logit by a radix
- *      select over order-preserving keys (4 passes of 8 bits), the
- *      candidates at or above it gathered and bitonic-sorted in shared
- *      memory by (value descending, id ascending) — 64-bit keys
- *      (value key << 32 | ~id);
+ *   4. top-k (k <= PT_GSAMPLE_CAP): the k-th largest 64-bit key (value key
+ *      << 32 | ~id, so (value descending, id ascending) is key descending)
+ *      by a radix select, 8 bits per pass (the 4 id passes only when the
+ *      k-th value's ties are not all taken), exactly k candidates gathered
+ *      and bitonic-sorted in shared memory;
  *      top-p without top-k: an exponent histogram of p picks the smallest
  *      probability bin whose candidates above carry the target mass (with a
  *      margin), those are gathered and sorted the same way; the exact walk
@@ -158,6 +158,7 @@ struct gs_shared {
     float scf[32];
     unsigned int hist[256];
     float mass[128];
+    unsigned long long selk;
     unsigned int cnt;
     unsigned int sel[2];
 };
@@ -265,17 +266,21 @@ __global__ void __launch_bounds__(GS_NT) gs_kernel(const pt_gsample_row *rows, p
             if (use_topk && R.top_k > PT_GSAMPLE_CAP) {
                 status = 1;
             } else if (use_topk) {
-                /* 4a. radix select of the k-th largest value key */
-                uint32_t prefix = 0, pmask = 0;
+                /* 4a. radix select of the k-th largest 64-bit key (value key
+                 * << 32 | ~id: the sort order itself), 8 bits per pass; the id
+                 * passes run only when the k-th value's ties are not all in */
+                unsigned long long prefix = 0, pmask = 0;
                 unsigned int krem = (unsigned int)R.top_k;
-                for (int shift = 24; shift >= 0; shift -= 8) {
+                for (int shift = 56; shift >= 0; shift -= 8) {
                     for (int i = tid; i < 256; i += GS_NT) sh.hist[i] = 0;
                     __syncthreads();
                     for (int64_t base = 0; base < V; base += GS_NT) {
                         const int64_t i = base + tid;
                         int bin = -1;
                         if (i < V && gs_cand(w[i])) {
-                            const uint32_t key = pt_sorder(__fmul_rn(w[i], inv_t));
+                            const unsigned long long key =
+                                ((unsigned long long)pt_sorder(__fmul_rn(w[i], inv_t)) << 32) |
+                                (0xffffffffu - (uint32_t)i);
                             if ((key & pmask) == prefix) bin = (int)((key >> shift) & 255u);
                         }
                         const unsigned peers = __match_any_sync(0xffffffffu, bin);
@@ -286,29 +291,32 @@ __global__ void __launch_bounds__(GS_NT) gs_kernel(const pt_gsample_row *rows, p
                         unsigned int cum = 0;
                         for (int bin = 255; bin >= 0; bin--) {
                             if (cum + sh.hist[bin] >= krem) {
-                                sh.sel[0] = prefix | ((uint32_t)bin << shift);
+                                sh.selk = prefix | ((unsigned long long)bin << shift);
                                 sh.sel[1] = krem - cum;
+                                sh.sel[0] = sh.hist[bin];
                                 break;
                             }
                             cum += sh.hist[bin];
                         }
                     }
                     __syncthreads();
-                    prefix = sh.sel[0];
+                    prefix = sh.selk;
                     krem = sh.sel[1];
-                    pmask |= 255u << shift;
+                    pmask |= 255ull << shift;
+                    const bool all_ties = shift == 32 && sh.sel[0] == krem;
                     __syncthreads();
+                    if (all_ties) break; /* every candidate of the k-th value is in */
                 }
-                /* gather every candidate at or above the k-th value */
+                /* gather the top k: every key at or above the selected one */
                 if (tid == 0) sh.cnt = 0;
                 __syncthreads();
                 for (int64_t i = tid; i < V; i += GS_NT) {
                     if (!gs_cand(w[i])) continue;
-                    const uint32_t key = pt_sorder(__fmul_rn(w[i], inv_t));
+                    const unsigned long long key = ((unsigned long long)pt_sorder(__fmul_rn(w[i], inv_t)) << 32) |
+                                                   (0xffffffffu - (uint32_t)i);
                     if (key < prefix) continue;
                     const unsigned int at = atomicAdd(&sh.cnt, 1u);
-                    if (at < PT_GSAMPLE_CAP)
-                        sh.key[at] = ((unsigned long long)key << 32) | (0xffffffffu - (uint32_t)i);
+                    if (at < PT_GSAMPLE_CAP) sh.key[at] = key;
                 }
                 __syncthreads();
                 if (sh.cnt > PT_GSAMPLE_CAP) status = 1;
@@ -464,7 +472,7 @@ extern "C" size_t pt_gsample_ctl_bytes(int B) {
 }
 
 extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V,
-                                         void *ctl_dev, pt_gsample_out *out) {
+                                         void *ctl_dev, int rows_current, pt_gsample_out *out) {
     if (!be || strcmp(be->ops->name, "cuda"))
         return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: the model does not run on the CUDA backend");
     if (B < 1 || V < 1 || !ctl_dev) return pt_error(PT_ERR_INTERNAL, "GPU sampling: bad call (%d rows)", B);
@@ -472,7 +480,8 @@ extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *r
     size_t rows_bytes = ((size_t)B * sizeof(pt_gsample_row) + 255) & ~(size_t)255;
     pt_gsample_row *rows_dev = (pt_gsample_row *)ctl_dev;
     pt_gsample_out *outs_dev = (pt_gsample_out *)((char *)ctl_dev + rows_bytes);
-    CUDA_CHECK(cudaMemcpyAsync(rows_dev, rows, (size_t)B * sizeof *rows, cudaMemcpyHostToDevice, c->stream));
+    if (!rows_current)
+        CUDA_CHECK(cudaMemcpyAsync(rows_dev, rows, (size_t)B * sizeof *rows, cudaMemcpyHostToDevice, c->stream));
     gs_kernel<<<B, GS_NT, 0, c->stream>>>(rows_dev, outs_dev, V);
     CUDA_CHECK_LAUNCH("sample");
     CUDA_CHECK(cudaMemcpyAsync(out, outs_dev, (size_t)B * sizeof *out, cudaMemcpyDeviceToHost, c->stream));

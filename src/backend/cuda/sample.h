@@ -62,10 +62,12 @@ typedef struct pt_gsample_out {
 size_t pt_gsample_ctl_bytes(int B);
 
 /* Samples rows[0..B) of vocabulary V in one launch on the CUDA backend be:
- * uploads the row table to ctl_dev (pt_gsample_ctl_bytes(B) device bytes),
- * launches, and downloads the B results into out (synchronizes). */
+ * uploads the row table to ctl_dev (pt_gsample_ctl_bytes(B) device bytes)
+ * unless rows_current says ctl_dev already holds exactly these rows (a
+ * greedy decode loop repeats one row), launches, and downloads the B
+ * results into out (synchronizes). */
 pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
-                              pt_gsample_out *out);
+                              int rows_current, pt_gsample_out *out);
 
 #ifdef __cplusplus
 }

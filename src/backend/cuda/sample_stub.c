@@ -11,7 +11,8 @@ size_t pt_gsample_ctl_bytes(int B) {
 }
 
 pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
-                              pt_gsample_out *out) {
+                              int rows_current, pt_gsample_out *out) {
+    (void)rows_current;
     (void)be;
     (void)rows;
     (void)B;
