@@ -355,8 +355,14 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                     rope.inv_freq = L->inv_freq_long;
                     rope.attn_scale = L->attn_long_scale;
                 }
-                PT_TRY(rope_qk(m, st->q, own_kv ? st->k : NULL, T, nh, nkv, hd, st->pos_dev, &rope));
-                if (own_kv) PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+                if (own_kv && OPS(m)->rope_qk_kv_append && !st->kv[l].bits) {
+                    /* RoPE and the cache write in one call (bit-identical) */
+                    PT_TRY(OPS(m)->rope_qk_kv_append(be, st->q, st->k, st->v, T, nh, nkv, hd, st->pos_dev, &rope,
+                                                     &st->kv[l]));
+                } else {
+                    PT_TRY(rope_qk(m, st->q, own_kv ? st->k : NULL, T, nh, nkv, hd, st->pos_dev, &rope));
+                    if (own_kv) PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
+                }
                 /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
                 PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
             }

@@ -122,6 +122,9 @@ pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int hea
                        const pt_rope *rope);
 pt_status pt_cuda_rope_qk(pt_backend *be, float *q, float *k, int64_t T, int n_heads, int n_kv, int head_dim,
                           const int32_t *pos, const pt_rope *rope);
+pt_status pt_cuda_rope_qk_kv_append(pt_backend *be, float *q, float *k, const float *v, int64_t T, int n_heads,
+                                    int n_kv, int head_dim, const int32_t *pos, const pt_rope *rope,
+                                    pt_kv_layer *kv);
 /* attention.cu */
 pt_status pt_cuda_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                             const int32_t *pos);
