@@ -6,7 +6,9 @@
  * lever (the VNNI prefill GEMM for 4/8-bit weights). One thread: CPU time
  * (robust to the other processes of a shared machine); more: wall time.
  *
- *   dev/build.sh && dev/bench_prefill [T] [threads] [reps] [bits] */
+ * N and K (default 8192 and 2048) can be given, e.g. 4096 14336 for
+ * llama-3.1-8b's down projection.
+ *   dev/build.sh && dev/bench_prefill [T] [threads] [reps] [bits] [N] [K] */
 #include "backend/backend.h"
 #include "base/error.h"
 #include "base/half.h"
@@ -30,7 +32,7 @@ int main(int argc, char **argv) {
     int nth = argc > 2 ? atoi(argv[2]) : 2;
     int reps = argc > 3 ? atoi(argv[3]) : 3;
     int bits = argc > 4 ? atoi(argv[4]) : 4;
-    int64_t N = 8192, K = 2048, gs = 64;
+    int64_t N = argc > 5 ? atoll(argv[5]) : 8192, K = argc > 6 ? atoll(argv[6]) : 2048, gs = 64;
     if (nth == 1) PT_BENCH_CLOCK = CLOCK_PROCESS_CPUTIME_ID;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};

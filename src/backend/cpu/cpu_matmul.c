@@ -162,9 +162,13 @@ static void mm_direct(void *arg, long n0, long n1, int ith) {
  * N floats apart, alias in L1 and every block reloaded them; measured in
  * dev/README.md.) */
 #define PT_GEMM_MR 12
-/* K block of a panel: [1024][32] floats (128 KiB) + 16 dequantized rows stay in L2
- * (a whole-K panel of the 8b shape's down projection, K = 14336, did not) */
-#define PT_GEMM_KB 1024
+/* K block of a panel: [512][32] floats (64 KiB) + 16 dequantized rows stay in L2
+ * (a whole-K panel of the 8b shape's down projection, K = 14336, did not), and
+ * so does the block of packed x the tiles stream once per panel (T·512 floats:
+ * 1 MiB at T = 512; with 1024 it was 2 MiB, the whole L2). Measured
+ * (bench_prefill_step 4 1 512 1, CPU time, five alternating pairs): pp512
+ * 52.1–57.1 tok/s with 1024, 55.7–59.1 with 512, 51.6 with 256 (dev/README.md). */
+#define PT_GEMM_KB 512
 
 static size_t gemm_scratch(int64_t T, int64_t K) {
     /* per thread: panel [KB][32], the panel's sums [tiles·12][32], scales|biases [2·ng], 16 rows [16][KB] */
