@@ -85,8 +85,10 @@ PT_SM_FN float pt_spenalty(float v, float rep, float presence, float frequency, 
 }
 
 /* Order-preserving 32-bit key of a float that is not NaN (larger value,
- * larger key). */
+ * larger key). -0 and +0 get one key: they compare equal, so the id decides
+ * between them, as in the CPU sampler's comparison sort. */
 PT_SM_FN uint32_t pt_sorder(float v) {
+    if (v == 0.0f) v = 0.0f;
     uint32_t u;
     memcpy(&u, &v, sizeof u);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
