@@ -17,16 +17,28 @@
  * than 4 and 8 bits (an error names them). */
 #include "backend/cuda/kv_fused.cuh"
 
-__global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, int nh, int hd, int nsplit, int bf) {
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < nh * hd; i += gridDim.x * blockDim.x) {
-        const int h = i / hd, e = i % hd;
-        const float2 *ml = ML + (int64_t)h * nsplit;
-        float M, L;
-        pt_softmax_merge(ml, nsplit, M, L);
+/* One block per query head: the splits' (max, sum) merged in split order
+ * (pt_softmax_merge), each split's weight e^(m_s − M) once in shared
+ * memory, then out[e] = Σ_s o_s[e]·w_s / L for the head's dims. */
+__global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd, int nsplit, int bf) {
+    extern __shared__ float fd_sh[]; /* ml [nsplit] float2 | w [nsplit] */
+    __shared__ float sM, sL;
+    float2 *ml = reinterpret_cast<float2 *>(fd_sh);
+    float *w = fd_sh + 2 * nsplit;
+    const int64_t h = blockIdx.x;
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) ml[s] = ML[h * nsplit + s];
+    __syncthreads();
+    if (threadIdx.x == 0) pt_softmax_merge(ml, nsplit, sM, sL);
+    __syncthreads();
+    const float M = sM;
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) w[s] = ml[s].x == -INFINITY ? 0.f : expf(ml[s].x - M);
+    __syncthreads();
+    const float inv = 1.0f / sL;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        const float *pe = P + h * nsplit * hd + e;
         float o = 0.f;
-        for (int s = 0; s < nsplit; s++)
-            if (ml[s].x != -INFINITY) o += P[((int64_t)h * nsplit + s) * hd + e] * expf(ml[s].x - M);
-        out[i] = pt_rnd(bf, o / L);
+        for (int s = 0; s < nsplit; s++) o = fmaf(pe[(int64_t)s * hd], w[s], o);
+        out[h * hd + e] = pt_rnd(bf, o * inv);
     }
 }
 
@@ -37,17 +49,6 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
         return pt_error(PT_ERR_UNSUPPORTED,
                         "fused decode attention: %d-bit KV has no kernel (4 and 8 bits; use --fused-decode-attn off)",
                         kv->bits);
-    /* splits: about four waves of (KV head, split) blocks over the SMs, at
-     * least 64 keys each, within the decode scratch (reserve) */
-    int64_t nsplit = (4 * (int64_t)c->sm_count + kv->n_kv - 1) / kv->n_kv;
-    if (nsplit > (kv->capacity + 63) / 64) nsplit = (kv->capacity + 63) / 64;
-    if (nsplit > (int64_t)(c->dec_ml_count / (size_t)p->n_heads))
-        nsplit = (int64_t)(c->dec_ml_count / (size_t)p->n_heads);
-    if (nsplit > (int64_t)(c->dec_p_floats / ((size_t)p->n_heads * hd)))
-        nsplit = (int64_t)(c->dec_p_floats / ((size_t)p->n_heads * hd));
-    if (nsplit < 1)
-        return pt_error(PT_ERR_UNSUPPORTED, "fused decode attention: no decode scratch reserved for %d heads of dim %d",
-                        p->n_heads, hd);
     pt_fd_args a;
     a.q = q;
     a.k = (const uint32_t *)kv->k, a.v = (const uint32_t *)kv->v;
@@ -58,20 +59,41 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
     a.cap = kv->capacity;
     a.scale = p->scale, a.softcap = p->softcap;
     a.window = p->window, a.bf = pt_cuda_bf(&c->base);
-    a.nsplit = (int)nsplit;
     a.ML = c->dec_ml, a.P = c->dec_p;
-    const dim3 grid((unsigned)kv->n_kv, (unsigned)nsplit);
-    const pt_status st = kv->bits == 4 ? pt_cuda_fused_block4(a, grid, c->stream, gs, hd, G)
-                                       : pt_cuda_fused_block8(a, grid, c->stream, gs, hd, G);
+    /* splits: whole waves of (KV head, split) blocks — as many blocks as fit
+     * on the SMs at once, times 1..4 as the capacity grows (>= 512 keys per
+     * split per wave) — at least 64 keys each, within the decode scratch */
+    int occ = 0;
+    pt_status st = kv->bits == 4 ? pt_cuda_fused_block4(a, dim3(1), c->stream, gs, hd, G, &occ)
+                                 : pt_cuda_fused_block8(a, dim3(1), c->stream, gs, hd, G, &occ);
     if (st == PT_ERR_UNSUPPORTED)
         return pt_error(PT_ERR_UNSUPPORTED,
                         "fused decode attention: no kernel for %d-bit KV with group size %d, head_dim %d, GQA ratio %d "
                         "(kernels: head_dim 32/64/96/128/256 with a group size dividing it, GQA 1..8; use "
                         "--fused-decode-attn off)",
                         kv->bits, gs, hd, G);
+    PT_TRY(st);
+    int64_t per_wave = (int64_t)(occ > 0 ? occ : 1) * c->sm_count / kv->n_kv;
+    if (per_wave < 1) per_wave = 1;
+    int64_t waves = kv->capacity / (512 * per_wave);
+    waves = waves < 1 ? 1 : waves > 4 ? 4 : waves;
+    int64_t nsplit = per_wave * waves;
+    if (nsplit > (kv->capacity + 63) / 64) nsplit = (kv->capacity + 63) / 64;
+    if (nsplit > (int64_t)(c->dec_ml_count / (size_t)p->n_heads))
+        nsplit = (int64_t)(c->dec_ml_count / (size_t)p->n_heads);
+    if (nsplit > (int64_t)(c->dec_p_floats / ((size_t)p->n_heads * hd)))
+        nsplit = (int64_t)(c->dec_p_floats / ((size_t)p->n_heads * hd));
+    if (nsplit < 1)
+        return pt_error(PT_ERR_UNSUPPORTED, "fused decode attention: no decode scratch reserved for %d heads of dim %d",
+                        p->n_heads, hd);
+    a.nsplit = (int)nsplit;
+    const dim3 grid((unsigned)kv->n_kv, (unsigned)nsplit);
+    st = kv->bits == 4 ? pt_cuda_fused_block4(a, grid, c->stream, gs, hd, G, NULL)
+                       : pt_cuda_fused_block8(a, grid, c->stream, gs, hd, G, NULL);
+    PT_TRY(st);
     CUDA_CHECK_LAUNCH("fused decode attention");
-    fd_merge_kernel<<<pt_cuda_blocks((int64_t)p->n_heads * hd, 128), 128, 0, c->stream>>>(
-        out, c->dec_ml, c->dec_p, p->n_heads, hd, (int)nsplit, a.bf);
+    fd_merge_kernel<<<(unsigned)p->n_heads, 128, (size_t)nsplit * 3 * sizeof(float), c->stream>>>(
+        out, c->dec_ml, c->dec_p, hd, (int)nsplit, a.bf);
     CUDA_CHECK_LAUNCH("fused decode attention merge");
     return PT_OK;
 }

@@ -108,7 +108,7 @@ __device__ __forceinline__ int fd_kdim(int ks, int t, int s) {
 }
 
 template <int BITS, int GS, int D, int G>
-__global__ void __launch_bounds__(FD_THREADS) fd_block_kernel(pt_fd_args a) {
+__global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
     static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= FD_MAX_G, "shape");
     constexpr int NG = D / GS, KS = D / 16, NT = D / 8, WPR = D * BITS / 32;
@@ -135,10 +135,11 @@ __global__ void __launch_bounds__(FD_THREADS) fd_block_kernel(pt_fd_args a) {
     for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
         qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
     __syncthreads();
-    for (int i = threadIdx.x; i < G * NG; i += FD_THREADS) {
+    for (int i = warp; i < G * NG; i += FD_WARPS) { /* a warp per (head, group), lanes in fixed order */
         float s = 0.f;
-        for (int e = 0; e < GS; e++) s += qs[i / NG][(i % NG) * GS + e];
-        qsum[i / NG][i % NG] = s;
+        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+        s = pt_warp_sum(s);
+        if (lane == 0) qsum[i / NG][i % NG] = s;
     }
     __syncthreads();
     /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part */
@@ -166,7 +167,23 @@ __global__ void __launch_bounds__(FD_THREADS) fd_block_kernel(pt_fd_args a) {
     const int vsh = 4 * (g & 3);
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8); /* V: byte g & 3 (8 bits) */
 
+    const int esz = a.dt == PT_FT_F32 ? 4 : 2;
     for (int64_t jt = j0 + 16 * warp; jt < j1; jt += 16 * FD_WARPS) {
+        { /* the warp's next tile into L2 while this one computes: lanes 0-15 its K rows (codes, scales,
+           * biases), lanes 16-31 its V rows — no registers held, the loads of the next iteration then
+           * wait on L2 instead of HBM */
+            const int64_t jn = jt + 16 * FD_WARPS + (lane & 15);
+            if (jn < j1) {
+                const int64_t rn = rbase + (lo + jn) % a.cap;
+                const char *pc = (const char *)((lane < 16 ? a.k : a.v) + rn * WPR);
+                const char *ps = (const char *)(lane < 16 ? a.ks : a.vs) + rn * NG * esz;
+                const char *pb = (const char *)(lane < 16 ? a.kb : a.vb) + rn * NG * esz;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pc));
+                if (WPR * 4 > 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(pc + 128));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(ps));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(pb));
+            }
+        }
         /* the rows of the keys this thread's C fragments hold: jt + 8h + 2t + i */
         int64_t crow[2][2];
         bool cin[2][2];
@@ -335,26 +352,37 @@ __global__ void __launch_bounds__(FD_THREADS) fd_block_kernel(pt_fd_args a) {
 pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const int32_t *pos, const pt_kv_layer *kv,
                                   const pt_attn *p);
 
-/* Launches the block kernel for one bits value: PT_ERR_UNSUPPORTED (no
- * message) when (group size, head_dim, G) has no instantiation. */
-pt_status pt_cuda_fused_block4(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G);
-pt_status pt_cuda_fused_block8(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G);
+/* Launches the block kernel for one bits value, or with occ != NULL only
+ * writes how many of its blocks fit on one SM (the split count is sized to
+ * whole waves). PT_ERR_UNSUPPORTED (no message) when (group size, head_dim,
+ * G) has no instantiation. */
+pt_status pt_cuda_fused_block4(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
+pt_status pt_cuda_fused_block8(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
+
+template <typename K>
+static pt_status pt_fd_launch(K kern, const pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
+    if (occ) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kern, FD_THREADS, 0));
+        return PT_OK;
+    }
+    kern<<<grid, FD_THREADS, 0, st>>>(a);
+    return PT_OK;
+}
 
 /* Instantiations: every head_dim a quantized cache takes (a multiple of the
  * group size, <= 256) and GQA ratios 1..8. */
 #define PT_FD_G(B, GS, D)                                                      \
     switch (G) {                                                               \
-    case 1: fd_block_kernel<B, GS, D, 1><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 2: fd_block_kernel<B, GS, D, 2><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 3: fd_block_kernel<B, GS, D, 3><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 4: fd_block_kernel<B, GS, D, 4><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 5: fd_block_kernel<B, GS, D, 5><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 6: fd_block_kernel<B, GS, D, 6><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 7: fd_block_kernel<B, GS, D, 7><<<grid, FD_THREADS, 0, st>>>(a); break; \
-    case 8: fd_block_kernel<B, GS, D, 8><<<grid, FD_THREADS, 0, st>>>(a); break; \
+    case 1: return pt_fd_launch(fd_block_kernel<B, GS, D, 1>, a, grid, st, occ); \
+    case 2: return pt_fd_launch(fd_block_kernel<B, GS, D, 2>, a, grid, st, occ); \
+    case 3: return pt_fd_launch(fd_block_kernel<B, GS, D, 3>, a, grid, st, occ); \
+    case 4: return pt_fd_launch(fd_block_kernel<B, GS, D, 4>, a, grid, st, occ); \
+    case 5: return pt_fd_launch(fd_block_kernel<B, GS, D, 5>, a, grid, st, occ); \
+    case 6: return pt_fd_launch(fd_block_kernel<B, GS, D, 6>, a, grid, st, occ); \
+    case 7: return pt_fd_launch(fd_block_kernel<B, GS, D, 7>, a, grid, st, occ); \
+    case 8: return pt_fd_launch(fd_block_kernel<B, GS, D, 8>, a, grid, st, occ); \
     default: return PT_ERR_UNSUPPORTED;                                        \
-    }                                                                          \
-    return PT_OK;
+    }
 
 #define PT_FD_DISPATCH(B)                                             \
     switch (hd * 1000 + gs) {                                         \
