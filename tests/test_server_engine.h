@@ -333,6 +333,21 @@ static pt_status tm_session_sample(void *sp, const pt_sampling_params *p, const 
     return PT_OK;
 }
 
+
+/* The engine's batched sampling hook (a GPU sampling turn): takes every
+ * other row (i even), so the scheduler's split between this call and the
+ * per-slot sampling pool is exercised; rows taken report their errors in
+ * err[i] as the pool would. */
+static void tm_session_sample_many(void *const *s, const pt_sampling_params *const *sp, pt_token_info *o,
+                                   pt_status *st, char (*err)[512], uint8_t *done, int n) {
+    for (int i = 0; i < n; i++) {
+        done[i] = i % 2 == 0;
+        if (!done[i]) continue;
+        st[i] = tm_session_sample(s[i], sp[i], NULL, &o[i]);
+        if (st[i] != PT_OK) snprintf(err[i], sizeof err[i], "%s", pt_last_error());
+    }
+}
+
 static void tm_engine(pt_srv_engine *e, tm_model *m) {
     memset(e, 0, sizeof *e);
     e->model = m;
@@ -358,6 +373,7 @@ static void tm_engine(pt_srv_engine *e, tm_model *m) {
     e->session_truncate = tm_session_truncate;
     e->session_prompt = tm_session_prompt;
     e->session_sample = tm_session_sample;
+    e->session_sample_many = tm_session_sample_many;
     e->session_bytes = tm_session_bytes;
 }
 
