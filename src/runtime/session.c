@@ -269,14 +269,6 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
     for (int i = 0; i < n; i++) done[i] = 0;
     pt_model *m = n > 0 && ss[0] ? ss[0]->m : NULL;
     if (n < 2 || !m) return; /* one row: pt_session_sample is the same launch */
-    int cand = 0;
-    for (int i = 0; i < n; i++)
-        cand += ss[i] && ss[i]->m == m && ss[i]->has_logits && ss[i]->logits_dev && sps[i]->n_logprobs == 0;
-    if (cand < 2) return;
-    pthread_mutex_lock(&m->lock);
-    void *ctl = pt_batch_sample_ctl(m, cand < MAXR ? cand : MAXR);
-    pthread_mutex_unlock(&m->lock);
-    if (!ctl) return;
     for (int i = 0; i < n && B < MAXR; i++) {
         pt_session *s = ss[i];
         if (!s || s->m != m || !s->has_logits || pt_sampling_validate(sps[i]) != PT_OK) continue;
@@ -284,8 +276,22 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
         idx[B++] = i;
     }
     if (B == 0) return;
+    /* the table lives in the model's batch state: found and used under the
+     * lock (a batched step may reallocate it); before the first batched
+     * step, each row through its own session's table */
+    pt_status st = PT_OK;
     pthread_mutex_lock(&m->lock);
-    pt_status st = pt_cuda_sample_rows(m->be, rows, B, m->net.vocab, ctl, 0, go);
+    void *ctl = pt_batch_sample_ctl(m, B);
+    if (ctl) {
+        st = pt_cuda_sample_rows(m->be, rows, B, m->net.vocab, ctl, 0, go);
+    } else {
+        for (int b = 0; b < B && st == PT_OK; b++) {
+            pt_session *s = ss[idx[b]];
+            st = pt_cuda_sample_rows(m->be, &rows[b], 1, m->net.vocab, s->ctl_dev, 0, &go[b]);
+            s->last_row = rows[b];
+            s->last_row_ok = st == PT_OK;
+        }
+    }
     pthread_mutex_unlock(&m->lock);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", st == PT_OK ? "" : pt_last_error());
