@@ -126,6 +126,9 @@ static void test_matmul_quantized(void) {
         if (!run_matmul(a, 3, 96, 1024, 17, PT_FT_BF16, 4, 64, 1)) return;
         if (!run_matmul(a, 0, 300, 4096, 1, PT_FT_BF16, 4, 128, 0)) return;
         if (!run_matmul(a, 0, 300, 4096, 64, PT_FT_BF16, 8, 64, 0)) return;
+        /* past the GEMV's 64 rows: dequantize from the tensor-core layout + cuBLAS */
+        if (!run_matmul(a, 0, 300, 1024, 80, PT_FT_BF16, 4, 64, 1)) return;
+        if (!run_matmul(a, 3, 40, 512, 96, PT_FT_BF16, 8, 32, 0)) return;
     }
     REPORT();
 }

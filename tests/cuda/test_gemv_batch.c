@@ -1,9 +1,10 @@
 /* Batch invariance of the CUDA decode GEMV: in bf16 activation mode a matmul
- * of T = 2..8 rows (one tensor-core launch, src/backend/cuda/gemv_mma.cuh)
- * must give every row bit-identical outputs to the same row alone (T = 1),
- * for 4- and 8-bit codes, groups 32/64/128, a row count that is not a
- * multiple of the 16-row tile, K with a partial shared-memory stage, a
- * bias, and an expert of a stacked weight. Continuous batching relies on
+ * (and matmul_rows) of T = 2..64 rows (one tensor-core launch,
+ * src/backend/cuda/gemv_tc.cu) must give every row bit-identical outputs to
+ * the same row alone (T = 1), for 4- and 8-bit codes, groups 32/64/128, a
+ * row count that is not a multiple of the 16-row tile, K with several
+ * shared-memory stages and a partial one, a bias, and an expert of a
+ * stacked weight. Continuous batching relies on
  * this: a request's tokens must not depend on what else is in the batch.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
@@ -54,28 +55,35 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
                    .group_size = gs, .data = data, .scales = sc, .biases = bi,
                    .bias = with_bias ? bias : NULL, .bias_dtype = PT_FT_BF16};
     NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
-    float *xh = malloc((size_t)(8 * K) * 4), *yb = malloc((size_t)(8 * N) * 4), *y1 = malloc((size_t)N * 4);
-    for (int64_t i = 0; i < 8 * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
-    float *x = be->ops->alloc(be, (size_t)(8 * K) * 4), *y = be->ops->alloc(be, (size_t)(8 * N) * 4);
+    enum { TMAX = 64 };
+    float *xh = malloc((size_t)(TMAX * K) * 4), *yb = malloc((size_t)(TMAX * N) * 4);
+    float *y1 = malloc((size_t)(TMAX * N) * 4);
+    for (int64_t i = 0; i < TMAX * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *x = be->ops->alloc(be, (size_t)(TMAX * K) * 4), *y = be->ops->alloc(be, (size_t)(TMAX * N) * 4);
     NEED(x && y, "alloc");
-    NEED(be->ops->upload(be, x, xh, (size_t)(8 * K) * 4) == PT_OK, "upload");
+    NEED(be->ops->upload(be, x, xh, (size_t)(TMAX * K) * 4) == PT_OK, "upload");
     int ok = 1;
     const int64_t e = E - 1;
-    for (int T = 2; T <= 8 && ok; T++) {
-        NEED(be->ops->matmul(be, y, x, T, &w, e) == PT_OK, "matmul T=%d: %s", T, pt_last_error());
-        NEED(be->ops->download(be, yb, y, (size_t)(T * N) * 4) == PT_OK, "download");
-        for (int r = 0; r < T && ok; r++) {
-            NEED(be->ops->matmul(be, y, x + r * K, 1, &w, e) == PT_OK, "matmul T=1: %s", pt_last_error());
-            NEED(be->ops->download(be, y1, y, (size_t)N * 4) == PT_OK, "download");
-            for (int64_t i = 0; i < N; i++)
-                if (memcmp(&y1[i], &yb[r * N + i], 4)) {
-                    CHECK(0, "%d-bit g%d N %lld K %lld: row %d of T=%d, output %lld: batched %.9g, alone %.9g", bits,
-                          gs, (long long)N, (long long)K, r, T, (long long)i, yb[r * N + i], y1[i]);
+    /* every row alone first */
+    for (int r = 0; r < TMAX; r++) {
+        NEED(be->ops->matmul(be, y + r * N, x + r * K, 1, &w, e) == PT_OK, "matmul T=1: %s", pt_last_error());
+    }
+    NEED(be->ops->download(be, y1, y, (size_t)(TMAX * N) * 4) == PT_OK, "download");
+    static const int Ts[] = {2, 3, 8, 9, 16, 17, 31, 33, 48, 64};
+    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]) && ok; ti++)
+        for (int rows_op = 0; rows_op < 2 && ok; rows_op++) {
+            const int T = Ts[ti];
+            pt_status st = rows_op ? be->ops->matmul_rows(be, y, x, T, &w, e) : be->ops->matmul(be, y, x, T, &w, e);
+            NEED(st == PT_OK, "matmul%s T=%d: %s", rows_op ? "_rows" : "", T, pt_last_error());
+            NEED(be->ops->download(be, yb, y, (size_t)(T * N) * 4) == PT_OK, "download");
+            for (int64_t i = 0; i < T * N && ok; i++)
+                if (memcmp(&y1[i], &yb[i], 4)) {
+                    CHECK(0, "%d-bit g%d N %lld K %lld: row %lld of T=%d (%s), output %lld: batched %.9g, alone %.9g",
+                          bits, gs, (long long)N, (long long)K, (long long)(i / N), T, rows_op ? "rows" : "matmul",
+                          (long long)(i % N), yb[i], y1[i]);
                     ok = 0;
-                    break;
                 }
         }
-    }
     CHECK(ok, "%d-bit g%d: batch-invariant", bits, gs);
     be->ops->dealloc(be, x);
     be->ops->dealloc(be, y);
@@ -89,7 +97,7 @@ static void test_gemv_batch_invariant(void) {
     if (pt_cuda_device_count(why, sizeof why) == 0) TEST_SKIP("no usable CUDA device here");
     pt_backend *be = NULL;
     REQUIRE(pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) == PT_OK, "cuda: %s", pt_last_error());
-    pt_backend_limits lim = {.max_tokens = 8, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64, .max_cols = 4096};
+    pt_backend_limits lim = {.max_tokens = 64, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64, .max_cols = 4096};
     REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "reserve: %s", pt_last_error());
     static const int bits[] = {4, 8}, gss[] = {32, 64, 128};
     for (int b = 0; b < 2; b++)

@@ -5,6 +5,7 @@
  * matmul.cu, norm.cu, rope.cu, attention.cu, kv_quant.cu, elementwise.cu,
  * moe.cu and deltanet.cu. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_tc.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -187,8 +188,12 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_matrix *w, const char *n
         data_b = (size_t)E * (size_t)w->rows * (size_t)(w->cols * w->bits / 32) * 4;
         sc_b = (size_t)E * (size_t)w->rows * (size_t)(w->cols / w->group_size) * es;
     }
+    /* 4/8-bit weights the decode GEMV reads are stored in its tensor-core
+     * layout instead (gemv_tc.cu): codes and scale|bias words, no biases */
+    const int tc = w->bits && pt_cuda_tc_eligible(c, w);
+    if (tc) data_b = pt_cuda_tc_codes_bytes(w), sc_b = pt_cuda_tc_sb_bytes(w);
     size_t bias_b = w->bias ? (size_t)E * (size_t)w->rows * pt_ftype_size(w->bias_dtype) : 0;
-    size_t total = align256(data_b) + 2 * align256(sc_b) + align256(bias_b);
+    size_t total = align256(data_b) + (tc ? 1 : 2) * align256(sc_b) + align256(bias_b);
     pt_cuda_weight *cw = (pt_cuda_weight *)calloc(1, sizeof *cw);
     if (!cw) return pt_error(PT_ERR_NOMEM, "%s: out of host memory", nm);
     cudaError_t e = cudaMalloc(&cw->mem, total);
@@ -201,17 +206,28 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_matrix *w, const char *n
     cw->bytes = total;
     char *p = (char *)cw->mem;
     struct { const void *src; size_t n; const void **dst; } parts[4] = {
-        {w->data, data_b, &cw->data},
-        {w->scales, sc_b, &cw->scales},
-        {w->biases, sc_b, &cw->biases},
+        {tc ? NULL : w->data, data_b, &cw->data},
+        {tc ? NULL : w->scales, sc_b, &cw->scales},
+        {tc ? NULL : w->biases, tc ? 0 : sc_b, &cw->biases},
         {w->bias, bias_b, &cw->bias},
     };
     for (int i = 0; i < 4; i++) {
-        if (!parts[i].n || !parts[i].src) continue;
-        e = cudaMemcpyAsync(p, parts[i].src, parts[i].n, cudaMemcpyHostToDevice, c->stream);
-        if (e != cudaSuccess) break;
+        if (!parts[i].n || (!parts[i].src && !tc)) continue;
         *parts[i].dst = p;
         p += align256(parts[i].n);
+        if (parts[i].src) {
+            e = cudaMemcpyAsync((void *)*parts[i].dst, parts[i].src, parts[i].n, cudaMemcpyHostToDevice, c->stream);
+            if (e != cudaSuccess) break;
+        }
+    }
+    cw->tc = tc;
+    if (tc && e == cudaSuccess) {
+        pt_status st = pt_cuda_tc_pack(c, w, (void *)cw->data, (void *)cw->scales, nm);
+        if (st != PT_OK) {
+            cudaFree(cw->mem);
+            free(cw);
+            return st;
+        }
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {

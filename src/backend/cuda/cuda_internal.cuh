@@ -31,10 +31,11 @@ extern "C" {
 typedef struct pt_cuda_weight {
     void *mem;            /* the allocation */
     const void *data;     /* dense [E, rows, cols] of dtype, or uint32 codes [E, rows, cols·bits/32] */
-    const void *scales;   /* [E, rows, cols/gs] of dtype (quantized) */
-    const void *biases;
+    const void *scales;   /* [E, rows, cols/gs] of dtype (quantized); tc: the sb words (matmul.cuh) */
+    const void *biases;   /* tc: NULL */
     const void *bias;     /* [E, rows] of bias_dtype, or NULL */
     size_t bytes;
+    int tc;               /* codes and scales in the tensor-core layout (matmul.cuh, gemv_tc.cu) */
 } pt_cuda_weight;
 
 typedef struct pt_cuda {

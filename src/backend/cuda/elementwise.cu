@@ -13,9 +13,8 @@
 /* One thread per 32-value chunk of an output row (quantized), or per value
  * (dense). Out-of-range ids write zeros and raise the error word. */
 template <int BITS>
-__global__ void embed_q_kernel(float *y, const int32_t *ids, int T, const uint32_t *codes, const void *scales,
-                               const void *biases, pt_ftype st, int gs, int64_t rows, int64_t H, float scale, int bf,
-                               int *err) {
+__global__ void embed_q_kernel(float *y, const int32_t *ids, int T, pt_qw q, int gs, int64_t rows, int64_t H,
+                               float scale, int bf, int *err) {
     const int64_t nch = H / 32, n = (int64_t)T * nch;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / nch, c = i % nch;
@@ -28,9 +27,9 @@ __global__ void embed_q_kernel(float *y, const int32_t *ids, int T, const uint32
             continue;
         }
         uint32_t w[BITS];
-        pt_q_load<BITS>(w, codes + (int64_t)id * (H * BITS / 32), c);
-        const int64_t g = (int64_t)id * (H / gs) + c * 32 / gs;
-        const float s = pt_ld(st, scales, g), b = pt_ld(st, biases, g);
+        pt_qw_chunk<BITS>(w, q, id, c); /* either device layout (matmul.cuh) */
+        float s, b;
+        pt_qw_sb(q, id, c * 32 / gs, s, b);
 #pragma unroll
         for (int j = 0; j < 32; j++) {
             float v = pt_rnd(bf, __fadd_rn(__fmul_rn(s, (float)pt_q_code<BITS>(w, j)), b));
@@ -68,9 +67,8 @@ pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, con
         const unsigned blocks = pt_cuda_blocks((int64_t)T * (H / 32), 128);
 #define PT_EQ(B)                                                                                                    \
     case B:                                                                                                         \
-        embed_q_kernel<B><<<blocks, 128, 0, c->stream>>>(y, ids, T, (const uint32_t *)cw->data, cw->scales,         \
-                                                         cw->biases, table->dtype, table->group_size, table->rows, \
-                                                         H, scale, bf, c->err_dev);                                 \
+        embed_q_kernel<B><<<blocks, 128, 0, c->stream>>>(y, ids, T, pt_qw_of(table), table->group_size, table->rows, \
+                                                         H, scale, bf, c->err_dev);                                  \
         break;
         switch (table->bits) {
             PT_EQ(2) PT_EQ(3) PT_EQ(4) PT_EQ(5) PT_EQ(6) PT_EQ(8)

@@ -308,7 +308,8 @@ pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const 
 
 int pt_cuda_gemm_tc_ok(const pt_cuda *c, const pt_matrix *w) {
     const int bits = w->bits, gs = w->group_size;
-    return (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && w->dtype == PT_FT_BF16 &&
+    /* weights in the decode GEMV's tensor-core layout (gemv_tc.cu) are not read here */
+    return !pt_cuda_w(w)->tc && (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && w->dtype == PT_FT_BF16 &&
            w->cols % TC_BK == 0 && c->base.act == PT_ACT_BF16 && !w->bias && w->rows <= INT32_MAX &&
            w->cols <= INT32_MAX && (w->rows + TC_BN - 1) / TC_BN <= 65535;
 }

@@ -2,14 +2,19 @@
  * f32) and MLX affine-quantized (2/3/4/5/6/8-bit, group 32/64/128) weights
  * kept on the device in their packed layout.
  *
- * Two paths:
- *  - GEMV (T <= 8, the decode step): one warp computes PT_GEMV_ROWS rows;
+ * Paths:
+ *  - tensor-core GEMV (gemv_tc.cu; T <= 64, bf16 activations, 4/8-bit
+ *    weights repacked at upload into its layout, matmul.cuh): all T rows in
+ *    one launch, batch-invariant; matmul_rows runs it 64 rows at a time.
+ *  - the previous tensor-core GEMV (gemv_mma.cuh; T <= 8) for 4/8-bit
+ *    weights kept in the MLX layout (PETREL_CUDA_REPACK=0, for A/B).
+ *  - GEMV (T <= 8, other weights and f32 mode): one warp computes PT_GEMV_ROWS rows;
  *    each lane streams 32-value chunks of the packed row (16-byte loads for
  *    4/8-bit) and reuses the loaded codes for every token of the batch;
  *    f32 accumulation in the factored form per chunk: scale·Σq·x + bias·Σx.
  *    The grid is rows/(4 warps · PT_GEMV_ROWS) blocks per item, enough to
  *    fill 132 SMs for every projection of a 1B+ model.
- *  - GEMM (T > 8, prefill): the weight is dequantized (or converted) in row
+ *  - GEMM (T > 8, or > 64 on the tensor-core layout; prefill): the weight is dequantized (or converted) in row
  *    tiles into scratch and multiplied with cuBLAS: bf16 × bf16 → f32 with
  *    f32 accumulation in bf16 activation mode (the input, already bf16
  *    values, converts exactly); f32 × f32 (no TF32) in f32 mode. cuBLAS
@@ -25,13 +30,15 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/gemv_mma.cuh"
+#include "backend/cuda/gemv_tc.cuh"
 
 #include <cuda_fp16.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PT_GEMV_MAX_T 8
+#define PT_GEMV_MAX_T 8   /* the FMA and MLX-layout kernels: tokens per launch */
+#define PT_TC_MAX_T 64    /* the tensor-core GEMV (gemv_tc.cu): rows per launch */
 #define PT_GEMV_ROWS 2    /* rows per warp: the x loads are shared between them */
 #define PT_GEMV_WARPS 4   /* warps per block */
 
@@ -52,6 +59,7 @@ struct gemv_args {
     int64_t n_experts;          /* experts[b] outside [0, n_experts): zeros + the error word */
     int *err;
     int bf;
+    pt_qw q;                    /* the codes and scales in either layout (matmul.cuh) */
 };
 
 /* Resolves item b's expert; an index from device memory outside the stack
@@ -75,16 +83,14 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a)
     const int64_t e = item_expert(a, b, eok);
     const int64_t rl0 = ((int64_t)blockIdx.x * PT_GEMV_WARPS + warp) * PT_GEMV_ROWS; /* local row */
     if (rl0 >= a.nrows) return;
-    const int64_t wpr = a.K * BITS / 32, ngroups = a.K / a.gs, nchunks = a.K / 32;
+    const int64_t nchunks = a.K / 32;
     const float *xb = a.x + (b / a.x_div) * NT * a.K;
-    const uint32_t *rowp[PT_GEMV_ROWS];
     int64_t grow[PT_GEMV_ROWS];
     bool valid[PT_GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < PT_GEMV_ROWS; r++) {
         valid[r] = rl0 + r < a.nrows;
         grow[r] = e * a.rows + a.row0 + (valid[r] ? rl0 + r : rl0);
-        rowp[r] = (const uint32_t *)a.data + grow[r] * wpr;
     }
     float acc[PT_GEMV_ROWS][NT];
 #pragma unroll
@@ -98,9 +104,8 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a)
         const int64_t g = c * 32 / a.gs;
 #pragma unroll
         for (int r = 0; r < PT_GEMV_ROWS; r++) {
-            pt_q_load<BITS>(w[r], rowp[r], c);
-            sc[r] = ld_st(a.st, a.scales, grow[r] * ngroups + g);
-            bi[r] = ld_st(a.st, a.biases, grow[r] * ngroups + g);
+            pt_qw_chunk<BITS>(w[r], a.q, grow[r], c);
+            pt_qw_sb(a.q, grow[r], g, sc[r], bi[r]);
         }
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -354,7 +359,7 @@ static gemv_tune fast_tune(void) {
  * gives ~occ warps per SM; if even one row per block falls short, W grows to
  * one chunk per lane. */
 static pt_status try_fast(const pt_cuda *c, const gemv_args &a, int bits, int64_t B, int64_t shape_B) {
-    if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16) return PT_ERR_UNSUPPORTED;
+    if ((bits != 4 && bits != 8) || (uintptr_t)a.x % 16 || a.q.tc) return PT_ERR_UNSUPPORTED;
     const gemv_tune tu = fast_tune();
     const int64_t nchunks = a.K * bits / 128, target = tu.occ * (int64_t)c->sm_count;
     /* the launch shape is chosen for shape_B items (B itself for a plain
@@ -532,7 +537,7 @@ static pt_status try_mma(const pt_cuda *c, float *y, const float *x, int64_t T, 
     const mma_tune tu = get_mma_tune();
     const int bits = w->bits, gs = w->group_size;
     const int64_t N = w->rows, K = w->cols;
-    if (!tu.mode || c->no_fast_gemv || c->base.act != PT_ACT_BF16 || (bits != 4 && bits != 8) ||
+    if (!tu.mode || c->no_fast_gemv || pt_cuda_w(w)->tc || c->base.act != PT_ACT_BF16 || (bits != 4 && bits != 8) ||
         (gs != 32 && gs != 64 && gs != 128) || w->dtype != PT_FT_BF16 || K % 128 || T < 1 || T > 8 ||
         N < 1 || N > INT32_MAX || K > INT32_MAX || (uintptr_t)x % 16)
         return PT_ERR_UNSUPPORTED;
@@ -615,6 +620,8 @@ static gemv_args make_args(const pt_cuda *c, const pt_matrix *w, float *y, const
     a.n_experts = w->n_experts > 1 ? w->n_experts : 1;
     a.err = c->err_dev;
     a.bf = c->base.act == PT_ACT_BF16;
+    if (w->bits) a.q = pt_qw_of(w);
+    else memset(&a.q, 0, sizeof a.q);
     return a;
 }
 
@@ -622,6 +629,8 @@ pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, in
                              const int32_t *experts, int64_t expert, int64_t row0, int64_t nrows, int64_t y_stride) {
     if (!pt_cuda_w(w)) return pt_error(PT_ERR_INVALID_ARG, "matmul: weight not prepared on the CUDA backend");
     if ((uintptr_t)x % 16) return pt_error(PT_ERR_INTERNAL, "gemv: input not 16-byte aligned");
+    if (pt_cuda_w(w)->tc && !c->no_fast_gemv && row0 == 0 && nrows == w->rows)
+        return pt_cuda_tc_gemv(c, y, x, 1, w, expert, experts, B, x_div, y_stride);
     gemv_args a = make_args(c, w, y, x);
     a.experts = experts;
     a.expert = expert;
@@ -635,16 +644,15 @@ pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, in
 /* ---- GEMM path ------------------------------------------------------------ */
 
 template <int BITS, typename OT>
-__global__ void dequant_kernel(OT *out, const uint32_t *codes, const void *scales, const void *biases, pt_ftype st,
-                               int gs, int64_t K, int64_t row_begin, int64_t nrows) {
-    const int64_t nchunks = K / 32, ngroups = K / gs, wpr = K * BITS / 32;
+__global__ void dequant_kernel(OT *out, pt_qw q, int gs, int64_t K, int64_t row_begin, int64_t nrows) {
+    const int64_t nchunks = K / 32;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nrows * nchunks;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = i / nchunks, c = i % nchunks, gr = row_begin + r;
         uint32_t w[BITS];
-        pt_q_load<BITS>(w, codes + gr * wpr, c);
-        const int64_t g = c * 32 / gs;
-        const float s = pt_ld(st, scales, gr * ngroups + g), bb = pt_ld(st, biases, gr * ngroups + g);
+        pt_qw_chunk<BITS>(w, q, gr, c); /* either device layout (matmul.cuh) */
+        float s, bb;
+        pt_qw_sb(q, gr, c * 32 / gs, s, bb);
         OT *o = out + r * K + c * 32;
 #pragma unroll
         for (int j = 0; j < 32; j++) {
@@ -771,20 +779,21 @@ template <typename OT>
 static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     if constexpr (sizeof(OT) == 2) {
+        /* the tensor-core layout (gemv_tc.cu): its own one-word-per-thread kernel */
+        if (cw->tc) return pt_cuda_tc_dequant(c, out, w, row_begin, nrows);
         /* rows of K·BITS/32 words, K a multiple of the group (>= 32): 16-byte
          * aligned stores for 2/4-bit (16 values per 32 bytes), 8-byte for 8-bit */
-        if (dequant_fast_on() && nrows > 0) {
+        if (dequant_fast_on() && nrows > 0 && !cw->tc) {
             if (w->bits == 4) return launch_dequant_fast<4>(c, out, w, row_begin, nrows);
             if (w->bits == 8) return launch_dequant_fast<8>(c, out, w, row_begin, nrows);
             if (w->bits == 2) return launch_dequant_fast<2>(c, out, w, row_begin, nrows);
         }
     }
     unsigned blocks = pt_cuda_blocks(nrows * (w->cols / 32), 256);
-    const uint32_t *codes = (const uint32_t *)cw->data;
-#define PT_DQ(B)                                                                                            \
-    case B:                                                                                                 \
-        dequant_kernel<B, OT><<<blocks, 256, 0, c->stream>>>(out, codes, cw->scales, cw->biases, w->dtype, \
-                                                             w->group_size, w->cols, row_begin, nrows);     \
+    const pt_qw q = pt_qw_of(w);
+#define PT_DQ(B)                                                                                               \
+    case B:                                                                                                    \
+        dequant_kernel<B, OT><<<blocks, 256, 0, c->stream>>>(out, q, w->group_size, w->cols, row_begin, nrows); \
         break;
     switch (w->bits) {
         PT_DQ(2) PT_DQ(3) PT_DQ(4) PT_DQ(5) PT_DQ(6) PT_DQ(8)
@@ -871,9 +880,12 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
     if (expert < 0 || expert >= E)
         return pt_error(PT_ERR_INVALID_ARG, "matmul: expert %lld of %lld", (long long)expert, (long long)E);
     if (T <= 0) return PT_OK;
-    if ((w->rows > INT32_MAX || w->cols > INT32_MAX) && T > PT_GEMV_MAX_T)
+    /* a weight in the tensor-core layout: up to 64 tokens in one GEMV launch */
+    const bool tc = pt_cuda_w(w)->tc && !c->no_fast_gemv;
+    const int64_t max_t = tc ? PT_TC_MAX_T : PT_GEMV_MAX_T;
+    if ((w->rows > INT32_MAX || w->cols > INT32_MAX) && T > max_t)
         return pt_error(PT_ERR_UNSUPPORTED, "matmul: dimensions beyond cuBLAS's int range");
-    if (T > PT_GEMV_MAX_T) return gemm(c, y, x, T, w, expert);
+    if (T > max_t) return gemm(c, y, x, T, w, expert);
     /* Quantized rows need 16-byte aligned input for the vector loads. */
     const float *xin = x;
     if ((uintptr_t)x % 16) {
@@ -882,6 +894,7 @@ pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, co
         CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
         xin = (const float *)c->xconv;
     }
+    if (tc) return pt_cuda_tc_gemv(c, y, xin, T, w, expert, NULL, 1, 1, w->rows);
     {
         pt_status st = try_mma(c, y, xin, T, w, expert);
         if (st != PT_ERR_UNSUPPORTED) return st;
@@ -933,8 +946,18 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
         CUDA_CHECK(cudaMemcpyAsync(c->xconv, x, (size_t)(T * w->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
         xin = (const float *)c->xconv;
     }
-    /* The tensor-core GEMV (bf16 activations, 4/8-bit): up to 8 rows per
-     * launch, each row bit-identical to the T = 1 call (gemv_mma.cuh). */
+    /* The tensor-core GEMV on the repacked layout: up to 64 rows per launch,
+     * each row bit-identical to the T = 1 call (gemv_tc.cu). */
+    if (pt_cuda_w(w)->tc && !c->no_fast_gemv) {
+        for (int64_t t = 0; t < T; t += PT_TC_MAX_T) {
+            const int64_t nb = T - t < PT_TC_MAX_T ? T - t : PT_TC_MAX_T;
+            PT_TRY(pt_cuda_tc_gemv(c, y + t * w->rows, xin + t * w->cols, nb, w, expert, NULL, 1, 1, w->rows));
+        }
+        return PT_OK;
+    }
+    /* The tensor-core GEMV on the MLX layout (bf16 activations, 4/8-bit):
+     * up to 8 rows per launch, each row bit-identical to the T = 1 call
+     * (gemv_mma.cuh). */
     for (int64_t t = 0; t < T; t += 8) {
         const int64_t nb = T - t < 8 ? T - t : 8;
         pt_status st = try_mma(c, y + t * w->rows, xin + t * w->cols, nb, w, expert);

@@ -1,7 +1,10 @@
 /* Device helpers for MLX affine-quantized weights: loading one 32-value chunk
  * of a packed row (BITS uint32 words, LSB-first, values may span words for
- * 3/5/6 bits) and extracting code j of it. Shared by matmul.cu (GEMV and the
- * dequantize-to-tile path) and elementwise.cu (quantized embedding rows). */
+ * 3/5/6 bits) and extracting code j of it, from either device layout of a
+ * weight: the MLX layout as uploaded, or the tensor-core layout that the
+ * decode GEMV reads (gemv_tc.cu; layout below). Shared by matmul.cu (GEMV
+ * and the dequantize-to-tile path) and elementwise.cu (quantized embedding
+ * rows), which read any row through pt_qw_chunk / pt_qw_sb. */
 #ifndef PT_BACKEND_CUDA_MATMUL_CUH
 #define PT_BACKEND_CUDA_MATMUL_CUH
 
@@ -60,5 +63,119 @@ int pt_cuda_gemm_tc_ok(const pt_cuda *c, const pt_matrix *w);
  * tiles[i].z of the stack w; y rows ldy apart (no bias; bf16 rounding). */
 pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 *x, int64_t rows, const pt_matrix *w,
                                   const int4 *tiles, int64_t ntiles);
+
+/* ---- The tensor-core ("tc") layout --------------------------------------
+ * Applied at upload (gemv_tc.cu, pt_cuda_tc_pack) to 4- and 8-bit weights
+ * with bf16 scales in bf16 activation mode when K·bits/4 is a multiple of 64.
+ * A row is a sequence of K2 = K·bits/4 nibbles: the 4-bit codes, or each
+ * 8-bit code as its low then its high nibble. Rows are cut into tiles of 16
+ * (each expert's rows padded to a multiple of 16 with zero codes), a tile's
+ * nibbles into blocks of 64 (16 rows × 64 nibbles = 512 bytes):
+ *   codes u32 [E·tiles][K2/64 blocks][32 lanes][4 words]
+ * Word m of lane (g = lane/4, t = lane%4) holds the 8 nibbles of the m-th
+ * mma.m16n8k16 of the block: nibble position P[sub] + h (P = {0, 4, 2, 6})
+ * is element 16m + 4t + sub of row 16·tile + g + 8h. So one 16-byte load per
+ * lane yields the A fragments of 4 mmas (pair j = nibbles j and j+4), and a
+ * warp's load of a block is 512 contiguous bytes.
+ *   sb u32 [E·tiles][K/gs groups][8 g][2 h]: bf16 scale | bf16 bias << 16
+ * of row 16·tile + g + 8h (pt_cuda_weight.scales; .biases is NULL). */
+struct pt_qw {
+    const uint32_t *codes;
+    const void *scales, *biases; /* tc: scales = the sb words */
+    pt_ftype st;                 /* scale dtype (MLX layout) */
+    int64_t K, N;                /* columns; rows of one expert */
+    int gs, tc;
+};
+
+__device__ __forceinline__ int64_t pt_qw_tile(const pt_qw &q, int64_t row, int &g, int &h) {
+    const int64_t e = row / q.N, r = row % q.N;
+    g = (int)(r & 7);
+    h = (int)((r >> 3) & 1);
+    return e * ((q.N + 15) / 16) + r / 16;
+}
+
+/* The view of a prepared quantized weight (host side). */
+static inline pt_qw pt_qw_of(const pt_matrix *w) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    pt_qw q;
+    q.codes = (const uint32_t *)cw->data;
+    q.scales = cw->scales;
+    q.biases = cw->biases;
+    q.st = w->dtype;
+    q.K = w->cols;
+    q.N = w->rows;
+    q.gs = w->group_size;
+    q.tc = cw->tc;
+    return q;
+}
+
+/* Nibble of element sub (0..3) of row half h in a tc word. */
+__device__ __forceinline__ uint32_t pt_tc_nib(uint32_t w, int sub, int h) {
+    const int pos = (sub == 0 ? 0 : sub == 1 ? 4 : sub == 2 ? 2 : 6) + h;
+    return (w >> (4 * pos)) & 15u;
+}
+
+/* Chunk c (32 values) of global row `row` (expert · N + r) in the MLX word
+ * format, from either layout. */
+template <int BITS>
+__device__ __forceinline__ void pt_qw_chunk(uint32_t (&w)[BITS], const pt_qw &q, int64_t row, int64_t c) {
+    if constexpr (BITS == 4 || BITS == 8) {
+        if (q.tc) {
+            int g, h;
+            const int64_t tile = pt_qw_tile(q, row, g, h), nbk = q.K * BITS / 256;
+            if constexpr (BITS == 4) { /* chunk = half of block c/2: mmas 2·half, 2·half + 1 */
+                const uint32_t *base = q.codes + (tile * nbk + (c >> 1)) * 128 + g * 16 + 2 * (c & 1);
+                uint2 v[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) v[t] = __ldg(reinterpret_cast<const uint2 *>(base + 4 * t));
+#pragma unroll
+                for (int i = 0; i < 4; i++) { /* values 8i .. 8i+7: mma i/2, lanes t = 2(i%2), +1 */
+                    uint32_t o = 0;
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const uint2 vt = v[2 * (i & 1) + (j >> 2)];
+                        o |= pt_tc_nib((i >> 1) ? vt.y : vt.x, j & 3, h) << (4 * j);
+                    }
+                    w[i] = o;
+                }
+            } else { /* chunk = block c: value k is nibbles 2k, 2k+1 */
+                const uint32_t *base = q.codes + (tile * nbk + c) * 128 + g * 16;
+                uint4 v[4];
+#pragma unroll
+                for (int t = 0; t < 4; t++) v[t] = __ldg(reinterpret_cast<const uint4 *>(base + 4 * t));
+#pragma unroll
+                for (int i = 0; i < 8; i++) { /* values 4i .. 4i+3: mma i/2, lanes t = 2(i%2) + j/2 */
+                    uint32_t o = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        const uint4 vt = v[2 * (i & 1) + (j >> 1)];
+                        const int m = i >> 1;
+                        const uint32_t wd = m == 0 ? vt.x : m == 1 ? vt.y : m == 2 ? vt.z : vt.w;
+                        const int p = j & 1;
+                        o |= (pt_tc_nib(wd, 2 * p, h) | pt_tc_nib(wd, 2 * p + 1, h) << 4) << (8 * j);
+                    }
+                    w[i] = o;
+                }
+            }
+            return;
+        }
+    }
+    pt_q_load<BITS>(w, q.codes + row * (q.K * BITS / 32), c);
+}
+
+/* Scale and bias of group gi of global row `row`, from either layout. */
+__device__ __forceinline__ void pt_qw_sb(const pt_qw &q, int64_t row, int64_t gi, float &s, float &b) {
+    const int64_t G = q.K / q.gs;
+    if (q.tc) {
+        int g, h;
+        const int64_t tile = pt_qw_tile(q, row, g, h);
+        const uint32_t v = __ldg(reinterpret_cast<const uint32_t *>(q.scales) + ((tile * G + gi) * 8 + g) * 2 + h);
+        s = __uint_as_float(v << 16);
+        b = __uint_as_float(v & 0xFFFF0000u);
+    } else {
+        s = pt_ld(q.st, q.scales, row * G + gi);
+        b = pt_ld(q.st, q.biases, row * G + gi);
+    }
+}
 
 #endif

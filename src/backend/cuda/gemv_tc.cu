@@ -1,0 +1,543 @@
+/* The decode GEMV for 4- and 8-bit MLX affine weights in the tensor-core
+ * layout (matmul.cuh): y[n, N] = x[n, K] · Wᵀ (+ bias) for 1..64 activation
+ * rows in one launch, bf16 activations; and the repack that puts a weight
+ * into that layout once, at upload. Not a GEMM for long prompts (T > 64 stays
+ * on matmul.cu's prefill path) and not for f32 activation mode.
+ *
+ * Arithmetic (as the previous tensor-core GEMV): a 4-bit code costs ~1
+ * integer instruction: codes are OR-ed into the mantissa of bf16 128.0
+ * (0x4300 | q is exactly 128 + q), two per 32-bit register, and fed as the A
+ * operand of mma.m16n8k16 (16 weight rows × 16 k); the B operand's 8 columns
+ * are 8 activation rows. The offset is removed per quantization group in f32:
+ *     Σ (s·q + b)·x = s·(D − 128·c·Σx) + b·Σx,   D = Σ (128 + q)·x'
+ * where D is the tensor-core dot product of one group (exact products, f32
+ * accumulation). An 8-bit code is its two nibbles, lo against x and hi
+ * against 16·x (exact: a power of two), so c = 17 (1 for 4-bit).
+ *
+ * Memory: the layout makes a warp's load of one block (16 rows × 64 nibbles)
+ * 512 contiguous bytes whose 16-byte lane pieces are that lane's A fragments
+ * for 4 mmas directly (no shuffles). Each warp streams its blocks through a
+ * cp.async ring in shared memory of PT_TC_RING blocks (codes and the group's
+ * 16 scale|bias words), so PT_TC_RING − 1 blocks (~3.5 KiB per warp, ~55 KiB
+ * per SM at two blocks per SM) are always in flight, across the x-staging
+ * barriers as well. Each lane reads back only what it copied, except the
+ * scale words (4 lanes copy them, all read: the __syncwarp after the wait).
+ *
+ * Work split: a block of 8 warps owns 8/S tiles of 16 rows; the S warps of a
+ * tile take the tile's units (one unit = whole blocks and whole groups)
+ * round-robin: unit u goes to warp u mod S. x is staged in shared memory
+ * stage by stage (bf16, all n rows, a stage = a whole number of S-unit
+ * rounds sized for the row count: 32 KiB of x up to 8 rows, 96 KiB above),
+ * with Σx per (row, group). Up to 8 n-tiles
+ * of 8 columns reuse each loaded A fragment (NT template: 1, 2, 4, 8).
+ *
+ * Batch invariance: S and the unit assignment depend only on N, K, bits and
+ * group size; the stage size (which depends on the row count) only decides
+ * when x is staged, not what is added in which order. A column's result is
+ * its tensor-core dot product per group (independent of the other columns),
+ * folded per group in unit order with explicit-rounding intrinsics, then
+ * the S partials added in warp order. So a row gives bit-identical results
+ * alone or with up to 63 others, eager or in a graph. */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/gemv_tc.cuh"
+#include "backend/cuda/matmul.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PT_TC_WARPS 8
+#define PT_TC_RING 8               /* blocks per warp in the cp.async ring */
+#define PT_TC_XBUDGET(nb) ((nb) > 8 ? 96 * 1024 : 32 * 1024) /* bytes of staged x per stage */
+#define PT_TC_TARGET_WARPS 16      /* warps per SM the split aims at */
+
+/* ---- repack ---------------------------------------------------------------- */
+
+__global__ void tc_pack_codes_kernel(uint32_t *out, const uint32_t *src, int bits, int64_t E, int64_t N, int64_t K) {
+    const int64_t tpe = (N + 15) / 16, nbk = K * bits / 256, total = E * tpe * nbk * 128, wpr = K * bits / 32;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int m = (int)(i & 3), lane = (int)((i >> 2) & 31), g = lane >> 2, t = lane & 3;
+        const int64_t rest = i >> 7, b = rest % nbk, tile = rest / nbk, e = tile / tpe, tt = tile % tpe;
+        uint32_t o = 0;
+        for (int pos = 0; pos < 8; pos++) {
+            const int h = pos & 1, sub = ((pos >> 1) & 1) * 2 + (pos >> 2);
+            const int64_t r = tt * 16 + g + 8 * h;
+            if (r >= N) continue;
+            const uint32_t *row = src + (e * N + r) * wpr;
+            const int64_t k2 = b * 64 + m * 16 + t * 4 + sub;
+            uint32_t nib;
+            if (bits == 4) nib = (row[k2 >> 3] >> (4 * (k2 & 7))) & 15u;
+            else {
+                const int64_t k = k2 >> 1;
+                const uint32_t byte = (row[k >> 2] >> (8 * (k & 3))) & 255u;
+                nib = (k2 & 1) ? byte >> 4 : byte & 15u;
+            }
+            o |= nib << (4 * pos);
+        }
+        out[i] = o;
+    }
+}
+
+__global__ void tc_pack_sb_kernel(uint32_t *out, const uint16_t *sc, const uint16_t *bi, int64_t E, int64_t N,
+                                  int64_t G) {
+    const int64_t tpe = (N + 15) / 16, total = E * tpe * G * 16;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int h = (int)(i & 1), g = (int)((i >> 1) & 7);
+        const int64_t rest = i >> 4, gi = rest % G, tile = rest / G, e = tile / tpe, r = (tile % tpe) * 16 + g + 8 * h;
+        out[i] = r < N ? (uint32_t)sc[(e * N + r) * G + gi] | ((uint32_t)bi[(e * N + r) * G + gi] << 16) : 0u;
+    }
+}
+
+static int g_tc_off = -1; /* PETREL_CUDA_REPACK=0: keep the MLX layout (A/B) */
+
+extern "C" void pt_cuda_tc_select(int on) { g_tc_off = on ? 0 : 1; }
+
+int pt_cuda_tc_eligible(const pt_cuda *c, const pt_matrix *w) {
+    if (g_tc_off < 0) {
+        const char *e = getenv("PETREL_CUDA_REPACK");
+        g_tc_off = e && !strcmp(e, "0");
+    }
+    return !g_tc_off && c->base.act == PT_ACT_BF16 && (w->bits == 4 || w->bits == 8) && w->dtype == PT_FT_BF16 &&
+           (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) && w->cols % w->group_size == 0 &&
+           (w->cols * w->bits / 4) % 64 == 0 && w->rows <= INT32_MAX && w->cols <= INT32_MAX;
+}
+
+size_t pt_cuda_tc_codes_bytes(const pt_matrix *w) {
+    const int64_t E = w->n_experts > 1 ? w->n_experts : 1;
+    return (size_t)E * (size_t)((w->rows + 15) / 16) * 16 * (size_t)(w->cols * w->bits / 8);
+}
+
+size_t pt_cuda_tc_sb_bytes(const pt_matrix *w) {
+    const int64_t E = w->n_experts > 1 ? w->n_experts : 1;
+    return (size_t)E * (size_t)((w->rows + 15) / 16) * 16 * (size_t)(w->cols / w->group_size) * 4;
+}
+
+pt_status pt_cuda_tc_pack(pt_cuda *c, const pt_matrix *w, void *codes, void *sb, const char *name) {
+    const int64_t E = w->n_experts > 1 ? w->n_experts : 1, N = w->rows, K = w->cols, G = K / w->group_size;
+    const size_t cb = (size_t)E * N * (K * w->bits / 8), sbb = (size_t)E * N * G * 2;
+    void *tmp = NULL; /* the MLX layout, for the repack only */
+    cudaError_t e = cudaMalloc(&tmp, cb + 2 * sbb);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return pt_error(PT_ERR_NOMEM, "%s: cudaMalloc of %zu bytes for the repack failed: %s", name, cb + 2 * sbb,
+                        cudaGetErrorName(e));
+    }
+    char *t = (char *)tmp;
+    e = cudaMemcpyAsync(t, w->data, cb, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t + cb, w->scales, sbb, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(t + cb + sbb, w->biases, sbb, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) {
+        tc_pack_codes_kernel<<<pt_cuda_blocks((int64_t)(pt_cuda_tc_codes_bytes(w) / 4), 256), 256, 0, c->stream>>>(
+            (uint32_t *)codes, (const uint32_t *)t, w->bits, E, N, K);
+        tc_pack_sb_kernel<<<pt_cuda_blocks((int64_t)(pt_cuda_tc_sb_bytes(w) / 4), 256), 256, 0, c->stream>>>(
+            (uint32_t *)sb, (const uint16_t *)(t + cb), (const uint16_t *)(t + cb + sbb), E, N, G);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    cudaFree(tmp);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return pt_error(PT_ERR_DEVICE, "%s: repack failed: %s (code %d)", name, cudaGetErrorName(e), (int)e);
+    }
+    return PT_OK;
+}
+
+/* ---- dequantize (the prefill path's cuBLAS GEMM) ------------------------------
+ * One thread per (row, 4 nibbles): one 32-bit tc word holds nibbles
+ * 16m + 4t + 0..3 of rows g and g+8, so a thread reads one word and writes 4
+ * bf16 (4-bit) or 2 (8-bit) contiguous values of its row. */
+template <int BITS>
+__global__ void __launch_bounds__(256) tc_dequant_kernel(bf16 *out, const uint32_t *codes, const uint32_t *sb, int gs,
+                                                         int64_t N, int64_t K, int64_t row_begin, int64_t nrows) {
+    constexpr int VPT = BITS == 4 ? 4 : 2; /* values per thread */
+    const int64_t qpr = K / VPT, tpe = (N + 15) / 16, nbk = K * BITS / 256, G = K / gs;
+    const int64_t qi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (qi >= qpr) return;
+    const int64_t k = qi * VPT, k2 = k * BITS / 4; /* first nibble */
+    const int64_t b = k2 / 64;
+    const int m = (int)((k2 % 64) / 16), t = (int)((k2 % 16) / 4);
+    for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
+        const int64_t gr = row_begin + r, e = gr / N, rr = gr % N, tile = e * tpe + rr / 16;
+        const int g = (int)(rr & 7), h = (int)((rr >> 3) & 1);
+        const uint32_t wd = __ldg(codes + ((tile * nbk + b) * 32 + g * 4 + t) * 4 + m);
+        const uint32_t v = __ldg(sb + ((tile * G + k / gs) * 8 + g) * 2 + h);
+        const float s = __uint_as_float(v << 16), bb = __uint_as_float(v & 0xFFFF0000u);
+        float q[VPT];
+        if constexpr (BITS == 4) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) q[j] = (float)pt_tc_nib(wd, j, h);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 2; j++) q[j] = (float)(pt_tc_nib(wd, 2 * j, h) | pt_tc_nib(wd, 2 * j + 1, h) << 4);
+        }
+        uint32_t pk[VPT / 2];
+#pragma unroll
+        for (int j = 0; j < VPT; j += 2) {
+            __nv_bfloat162 hv = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(s, q[j]), bb),
+                                                      __fadd_rn(__fmul_rn(s, q[j + 1]), bb));
+            pk[j / 2] = *reinterpret_cast<uint32_t *>(&hv);
+        }
+        bf16 *o = out + r * K + k;
+        if constexpr (VPT == 4) *reinterpret_cast<uint2 *>(o) = make_uint2(pk[0], pk[1]);
+        else *reinterpret_cast<uint32_t *>(o) = pk[0];
+    }
+}
+
+pt_status pt_cuda_tc_dequant(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    if (!cw || !cw->tc) return pt_error(PT_ERR_INTERNAL, "dequant: weight not in the tensor-core layout");
+    if (nrows <= 0) return PT_OK;
+    const int64_t qpr = w->cols / (w->bits == 4 ? 4 : 2);
+    dim3 grid((unsigned)((qpr + 255) / 256), (unsigned)(nrows < 65535 ? nrows : 65535));
+    if (w->bits == 4)
+        tc_dequant_kernel<4><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, (const uint32_t *)cw->scales,
+                                                           w->group_size, w->rows, w->cols, row_begin, nrows);
+    else
+        tc_dequant_kernel<8><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, (const uint32_t *)cw->scales,
+                                                           w->group_size, w->rows, w->cols, row_begin, nrows);
+    CUDA_CHECK_LAUNCH("dequant (tensor-core layout)");
+    return PT_OK;
+}
+
+/* ---- the GEMV -------------------------------------------------------------- */
+
+struct tc_args {
+    const uint4 *w;          /* codes, tile-major (all experts) */
+    const uint4 *sb;         /* [tiles][G] 64-byte scale|bias groups */
+    const void *bias;        /* [E·N] of bias type, or NULL */
+    pt_ftype bt;
+    const float *x;          /* item b: x + (b / x_div)·nb·K, [nb, K] */
+    float *y;                /* item b: y + b·nb·ldy, [nb, ldy] */
+    int64_t ldy;
+    int N, K, nb, S, SU;     /* rows, cols, activation rows, warps per tile, units per stage */
+    int x_div;
+    int64_t expert, n_experts;
+    const int32_t *experts;  /* per item (grid.y), or NULL: expert */
+    int *err;
+};
+
+__device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Pair j (0..3) of a word as bf16x2 (128 + code): nibbles j and j+4. */
+__device__ __forceinline__ uint32_t tc_pair(uint32_t w, int j) { return ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; }
+
+__device__ __forceinline__ void tc_cp16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void tc_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void tc_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void tc_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void tc_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
+
+__device__ __forceinline__ uint32_t tc_bf2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Compile-time shape: nibbles per group, blocks per unit, groups per block,
+ * x padding (bf16) so the B loads of a warp hit distinct banks. */
+template <int BITS, int GS>
+struct tc_shape {
+    static constexpr int GS2 = GS * BITS / 4;
+    static constexpr int BPU = GS2 >= 64 ? GS2 / 64 : 1;
+    static constexpr int GPB = GS2 >= 64 ? 1 : 64 / GS2;
+    static constexpr int KPB = 256 / BITS;        /* K values per block: 64 or 32 */
+    static constexpr int UK = BPU * KPB;          /* K values per unit */
+    static constexpr int XPAD = BITS == 4 ? 16 : 8;
+    static constexpr int SLOT = 512 + 64 * GPB;   /* ring slot bytes */
+};
+
+template <int BITS, int GS, int NT>
+__global__ void __launch_bounds__(PT_TC_WARPS * 32, NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
+    using SH = tc_shape<BITS, GS>;
+    constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
+    constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int S = a.S, TPB = PT_TC_WARPS / S, s = warp % S;
+    const int K = a.K, N = a.N, nb = a.nb, SU = a.SU;
+    const int tpe = (N + 15) / 16, tile = blockIdx.x * TPB + warp / S;
+    const int G = K / GS, NU = K / UK, KS = SU * UK;    /* groups per row, units per tile, K values per stage */
+    const int XS = KS + SH::XPAD;                      /* x row stride (bf16) */
+    const int64_t b_item = blockIdx.y;
+
+    unsigned char *ring = smem + (size_t)warp * P * SH::SLOT; /* [P] slots: 512 B codes, then GPB·64 B sb */
+    bf16 *xs = reinterpret_cast<bf16 *>(smem + (size_t)PT_TC_WARPS * P * SH::SLOT); /* [nb][XS] */
+    float *sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);                   /* [GPS][NCOL] Σx */
+    float *red = reinterpret_cast<float *>(xs);        /* [8 warps][16][NCOL], after the last stage */
+
+    int64_t e = a.experts ? a.experts[b_item] : a.expert;
+    const bool eok = e >= 0 && e < a.n_experts;
+    if (!eok) {
+        if (threadIdx.x == 0 && atomicCAS(a.err, 0, 2) == 0) a.err[1] = (int)e;
+        e = 0;
+    }
+    const float *x = a.x + (b_item / a.x_div) * (int64_t)nb * K;
+    const bool has_rows = tile < tpe;
+    const int64_t gtile = e * tpe + (has_rows ? tile : 0);
+    const uint4 *wt = a.w + gtile * (int64_t)(K / KPB) * 32;   /* block b of the tile: wt + b·32 (uint4) */
+    const uint4 *sbt = a.sb + gtile * (int64_t)G * 4;           /* group gi: sbt + gi·4 (uint4) */
+    const int nu_w = has_rows && s < NU ? (NU - s + S - 1) / S : 0; /* this warp's units */
+    const int nj = nu_w * BPU;                                  /* and blocks */
+
+    /* Block jj of this warp's sequence into ring slot jj % P (an empty group
+     * past the end, so the wait counts stay uniform). */
+    auto issue = [&](int jj) {
+        if (jj < nj) {
+            const int b = (s + (jj / BPU) * S) * BPU + jj % BPU;
+            unsigned char *slot = ring + (jj % P) * SH::SLOT;
+            tc_cp16(slot + lane * 16, wt + (int64_t)b * 32 + lane);
+            if (lane < 4 * GPB) {
+                const int gi = b * KPB / GS + (lane >> 2);
+                tc_cp16(slot + 512 + lane * 16, sbt + (int64_t)gi * 4 + (lane & 3));
+            }
+        }
+        tc_commit();
+    };
+#pragma unroll
+    for (int p = 0; p < P - 1; p++) issue(p);
+    tc_pdl_wait(); /* x is written by the previous kernel */
+
+    float tot[NT][4], acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tot[n][i] = acc[n][i] = 0.f;
+
+    /* this lane's B rows: column 8n + g (columns past nb read row nb−1: their results are not stored) */
+    int xrow[NT];
+#pragma unroll
+    for (int n = 0; n < NT; n++) xrow[n] = (8 * n + g < nb ? 8 * n + g : nb - 1) * XS;
+
+    int jj = 0;
+    for (int k0 = 0; k0 < K; k0 += KS) {
+        const int ks = K - k0 < KS ? K - k0 : KS;
+        __syncthreads(); /* the previous stage's x is no longer read */
+        /* x[:, k0 : k0+ks] as bf16, 8 values per thread-step, and Σx per
+         * (row, group): the step's 8 values added in order, then a xor tree
+         * over the GS/8 lanes of the group (the steps of a group are
+         * consecutive lanes: i ≡ lane mod 32 and groups are GS/8-aligned in
+         * i). The order depends on GS only, not on nb or the stage. */
+        {
+            const int spr = ks / 8, steps = nb * spr, padded = (steps + 31) & ~31;
+#pragma unroll 4
+            for (int i = threadIdx.x; i < padded; i += blockDim.x) {
+                const bool live = i < steps;
+                const int n = live ? i / spr : 0, w8 = live ? i % spr : 0;
+                float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
+                if (live) {
+                    const float4 *src = reinterpret_cast<const float4 *>(x + (int64_t)n * K + k0 + w8 * 8);
+                    u = __ldg(src), v = __ldg(src + 1);
+                    uint4 o;
+                    o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
+                    *reinterpret_cast<uint4 *>(xs + n * XS + w8 * 8) = o;
+                }
+                float sum = __fadd_rn(__fadd_rn(__fadd_rn(u.x, u.y), __fadd_rn(u.z, u.w)),
+                                      __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
+#pragma unroll
+                for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+                if (live && w8 % (GS / 8) == 0) sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
+            }
+        }
+        __syncthreads();
+        /* this warp's blocks in the stage: units below (k0 + ks) / UK */
+        const int uend = (k0 + ks) / UK;
+        const int jend = (uend > s ? (uend - s + S - 1) / S : 0) * BPU;
+        const int jstop = jend < nj ? jend : nj;
+        for (; jj < jstop; jj++) {
+            tc_wait<P - 2>(); /* block jj has landed */
+            __syncwarp();     /* and every lane is done with the slot reloaded next */
+            issue(jj + P - 1);
+            const unsigned char *slot = ring + (jj % P) * SH::SLOT;
+            const uint4 wv = *reinterpret_cast<const uint4 *>(slot + lane * 16);
+            const int b = (s + (jj / BPU) * S) * BPU + jj % BPU;
+            const int kb = b * KPB - k0; /* stage-local K of the block */
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+                const uint32_t a0 = tc_pair(wd, 0), a1 = tc_pair(wd, 1), a2 = tc_pair(wd, 2), a3 = tc_pair(wd, 3);
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    uint32_t b0, b1;
+                    if constexpr (BITS == 4) {
+                        const uint2 bv = *reinterpret_cast<const uint2 *>(xs + xrow[n] + kb + m * 16 + 4 * t);
+                        b0 = bv.x, b1 = bv.y;
+                    } else { /* (x_k, 16·x_k), (x_k+1, 16·x_k+1) */
+                        const uint32_t v = *reinterpret_cast<const uint32_t *>(xs + xrow[n] + kb + m * 8 + 2 * t);
+                        __nv_bfloat162 xv = *reinterpret_cast<const __nv_bfloat162 *>(&v);
+                        __nv_bfloat162 x16 = __hmul2(xv, __floats2bfloat162_rn(16.f, 16.f));
+                        const uint32_t v16 = *reinterpret_cast<uint32_t *>(&x16);
+                        b0 = __byte_perm(v, v16, 0x5410);
+                        b1 = __byte_perm(v, v16, 0x7632);
+                    }
+                    tc_mma(acc[n], a0, a1, a2, a3, b0, b1);
+                }
+                /* a group ends after this mma: fold it into the totals */
+                constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
+                const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && (jj % BPU) == BPU - 1);
+                if (gend) {
+                    const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
+                    const uint2 sbv = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
+                    const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
+                    const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
+                    const int gl = (kb + m * (KPB / 4)) / GS; /* stage-local group */
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
+                        const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
+                        tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, sx.x)));
+                        tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, sx.y)));
+                        tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, sx.x)));
+                        tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, sx.y)));
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                    }
+                }
+            }
+        }
+    }
+    tc_wait<0>();
+    tc_pdl_trigger();
+    __syncthreads(); /* x no longer read: red aliases it */
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = g + 8 * (i >> 1), col = 8 * n + 2 * t + (i & 1);
+            red[(warp * 16 + r) * NCOL + col] = tot[n][i];
+        }
+    __syncthreads();
+    float *y = a.y + b_item * (int64_t)nb * a.ldy;
+    const int outs = TPB * 16 * nb;
+    for (int i = threadIdx.x; i < outs; i += blockDim.x) {
+        const int col = i % nb, r16 = (i / nb) % 16, tl = i / (nb * 16);
+        const int row = (blockIdx.x * TPB + tl) * 16 + r16;
+        if (row >= N) continue;
+        float v = 0.f;
+        for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * NCOL + col];
+        if (a.bias) v += pt_ld(a.bt, a.bias, e * N + row);
+        y[(int64_t)col * a.ldy + row] = eok ? pt_round_bf(v) : 0.f;
+    }
+}
+
+/* ---- launch ------------------------------------------------------------------ */
+
+static int g_tc_pdl = -1;
+extern "C" void pt_cuda_tc_pdl(int on) { g_tc_pdl = on != 0; }
+
+template <int BITS, int GS>
+static size_t tc_smem(int nb, int NT, int SU) {
+    using SH = tc_shape<BITS, GS>;
+    const size_t KS = (size_t)SU * SH::UK;
+    const size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
+    const size_t rb = (size_t)PT_TC_WARPS * 16 * NT * 8 * 4;
+    return (size_t)PT_TC_WARPS * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb);
+}
+
+template <int BITS, int GS, int NT>
+static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items) {
+    static size_t attr = 48 * 1024; /* dynamic shared memory opted in so far, per instantiation */
+    const size_t smem = tc_smem<BITS, GS>(a.nb, NT, a.SU);
+    if (smem > attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr = smem;
+    }
+    const int tpe = (a.N + 15) / 16, tpb = PT_TC_WARPS / a.S;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((tpe + tpb - 1) / tpb), items);
+    cfg.blockDim = dim3(PT_TC_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    if (g_tc_pdl < 0) {
+        const char *p = getenv("PETREL_CUDA_PDL");
+        g_tc_pdl = p && !strcmp(p, "1");
+    }
+    cfg.numAttrs = g_tc_pdl ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT>, a));
+    return PT_OK;
+}
+
+template <int BITS, int GS>
+static pt_status tc_launch(const pt_cuda *c, tc_args &a, unsigned items) {
+    using SH = tc_shape<BITS, GS>;
+    const int NU = a.K / SH::UK;
+    /* units per stage: whole rounds of S, about PT_TC_XBUDGET bytes of x */
+    int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
+    su = su / a.S * a.S;
+    if (su < a.S) su = a.S;
+    const int nu_r = (NU + a.S - 1) / a.S * a.S;
+    a.SU = su < nu_r ? su : nu_r;
+    if (a.nb <= 8) return tc_launch_nt<BITS, GS, 1>(c, a, items);
+    if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2>(c, a, items);
+    if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4>(c, a, items);
+    return tc_launch_nt<BITS, GS, 8>(c, a, items);
+}
+
+/* Warps per SM the split aims at: PT_TC_TARGET_WARPS, or
+ * PETREL_CUDA_TC_WARPS (read once; for A/B runs), or pt_cuda_tc_warps(). */
+static int g_tc_warps = 0;
+extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : PT_TC_TARGET_WARPS; }
+
+/* Warps per tile from the shape only (batch invariance): enough warps for
+ * ~PT_TC_TARGET_WARPS per SM, each keeping >= 4 units. */
+static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs) {
+    if (!g_tc_warps) {
+        const char *e = getenv("PETREL_CUDA_TC_WARPS");
+        pt_cuda_tc_warps(e ? atoi(e) : 0);
+    }
+    const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
+    const int64_t NU = K / uk, target = (int64_t)g_tc_warps * c->sm_count;
+    int S = 1;
+    while (S < PT_TC_WARPS && tpe * S < target && NU >= 4 * S) S *= 2;
+    return S;
+}
+
+pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
+                          const int32_t *experts, int64_t items, int x_div, int64_t ldy) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    if (!cw || !cw->tc) return pt_error(PT_ERR_INTERNAL, "gemv: weight not in the tensor-core layout");
+    if (nb < 1 || nb > 64 || items < 1 || items > 65535 || (uintptr_t)x % 16)
+        return pt_error(PT_ERR_INTERNAL, "gemv: %lld rows × %lld items (1..64 × 1..65535, 16-byte aligned x)",
+                        (long long)nb, (long long)items);
+    tc_args a;
+    a.w = (const uint4 *)cw->data;
+    a.sb = (const uint4 *)cw->scales;
+    a.bias = cw->bias;
+    a.bt = w->bias_dtype;
+    a.x = x;
+    a.y = y;
+    a.ldy = ldy;
+    a.N = (int)w->rows;
+    a.K = (int)w->cols;
+    a.nb = (int)nb;
+    a.S = tc_split(c, w->rows, w->cols, w->bits, w->group_size);
+    a.SU = 0;
+    a.x_div = x_div;
+    a.expert = expert;
+    a.n_experts = w->n_experts > 1 ? w->n_experts : 1;
+    a.experts = experts;
+    a.err = c->err_dev;
+    switch (w->bits * 1000 + w->group_size) {
+    case 4032: return tc_launch<4, 32>(c, a, (unsigned)items);
+    case 4064: return tc_launch<4, 64>(c, a, (unsigned)items);
+    case 4128: return tc_launch<4, 128>(c, a, (unsigned)items);
+    case 8032: return tc_launch<8, 32>(c, a, (unsigned)items);
+    case 8064: return tc_launch<8, 64>(c, a, (unsigned)items);
+    default: return tc_launch<8, 128>(c, a, (unsigned)items);
+    }
+}

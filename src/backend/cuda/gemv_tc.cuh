@@ -1,0 +1,31 @@
+/* The tensor-core decode GEMV and the repack into its layout (gemv_tc.cu;
+ * layout in matmul.cuh): the entry points used by the weight upload
+ * (backend.cu), matmul.cu and moe.cu. Declarations only. */
+#ifndef PT_BACKEND_CUDA_GEMV_TC_CUH
+#define PT_BACKEND_CUDA_GEMV_TC_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+
+/* Whether a weight is put into the tensor-core layout at upload: 4/8-bit,
+ * group 32/64/128, bf16 scales, bf16 activation mode, K·bits/4 a multiple of
+ * 64; PETREL_CUDA_REPACK=0 (or pt_cuda_tc_select(0) before the upload)
+ * keeps the MLX layout (A/B). */
+int pt_cuda_tc_eligible(const pt_cuda *c, const pt_matrix *w);
+/* Device bytes of the repacked codes and of the scale|bias words. */
+size_t pt_cuda_tc_codes_bytes(const pt_matrix *w);
+size_t pt_cuda_tc_sb_bytes(const pt_matrix *w);
+/* Uploads w's host codes, scales and biases and writes them in the
+ * tensor-core layout to codes and sb (device; the MLX copy is temporary). */
+pt_status pt_cuda_tc_pack(pt_cuda *c, const pt_matrix *w, void *codes, void *sb, const char *name);
+/* Rows [row_begin, row_begin + nrows) (counted across experts) of a weight
+ * in the tensor-core layout dequantized to bf16 [nrows, K] at out: the same
+ * values as matmul.cu's dequantize of the MLX layout (s·q, then + b, each
+ * rounded, then bf16). */
+pt_status pt_cuda_tc_dequant(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t row_begin, int64_t nrows);
+/* y = x · W[expert]ᵀ (+ bias) for nb = 1..64 rows of x ([nb, K], y [nb, ldy]);
+ * items > 1: grid of items, item b using expert experts[b] (or `expert`
+ * when experts is NULL), x rows at (b / x_div)·nb·K and y at b·nb·ldy. */
+pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
+                          const int32_t *experts, int64_t items, int x_div, int64_t ldy);
+
+#endif
