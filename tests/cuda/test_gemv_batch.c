@@ -4,7 +4,8 @@
  * the same row alone (T = 1), for 4- and 8-bit codes, groups 32/64/128, a
  * row count that is not a multiple of the 16-row tile, K with several
  * shared-memory stages and a partial one, a bias, and an expert of a
- * stacked weight. Continuous batching relies on
+ * stacked weight (kept in the MLX layout: the previous tensor-core GEMV up
+ * to 8 rows per launch). Continuous batching relies on
  * this: a request's tokens must not depend on what else is in the batch.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
@@ -73,6 +74,9 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
     for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]) && ok; ti++)
         for (int rows_op = 0; rows_op < 2 && ok; rows_op++) {
             const int T = Ts[ti];
+            /* expert stacks stay in the MLX layout (gemv_tc.cu): there matmul
+             * of more than 8 rows is the prefill GEMM; matmul_rows stays exact */
+            if (E > 1 && T > 8 && !rows_op) continue;
             pt_status st = rows_op ? be->ops->matmul_rows(be, y, x, T, &w, e) : be->ops->matmul(be, y, x, T, &w, e);
             NEED(st == PT_OK, "matmul%s T=%d: %s", rows_op ? "_rows" : "", T, pt_last_error());
             NEED(be->ops->download(be, yb, y, (size_t)(T * N) * 4) == PT_OK, "download");

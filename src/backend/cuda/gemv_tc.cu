@@ -96,7 +96,10 @@ int pt_cuda_tc_eligible(const pt_cuda *c, const pt_matrix *w) {
         const char *e = getenv("PETREL_CUDA_REPACK");
         g_tc_off = e && !strcmp(e, "0");
     }
-    return !g_tc_off && c->base.act == PT_ACT_BF16 && (w->bits == 4 || w->bits == 8) && w->dtype == PT_FT_BF16 &&
+    /* expert stacks stay in the MLX layout: the MoE prefill's grouped
+     * tensor-core GEMM (gemm_tc.cu) reads it */
+    return !g_tc_off && w->n_experts <= 1 && c->base.act == PT_ACT_BF16 && (w->bits == 4 || w->bits == 8) &&
+           w->dtype == PT_FT_BF16 &&
            (w->group_size == 32 || w->group_size == 64 || w->group_size == 128) && w->cols % w->group_size == 0 &&
            (w->cols * w->bits / 4) % 64 == 0 && w->rows <= INT32_MAX && w->cols <= INT32_MAX;
 }
@@ -142,43 +145,53 @@ pt_status pt_cuda_tc_pack(pt_cuda *c, const pt_matrix *w, void *codes, void *sb,
 }
 
 /* ---- dequantize (the prefill path's cuBLAS GEMM) ------------------------------
- * One thread per (row, 4 nibbles): one 32-bit tc word holds nibbles
- * 16m + 4t + 0..3 of rows g and g+8, so a thread reads one word and writes 4
- * bf16 (4-bit) or 2 (8-bit) contiguous values of its row. */
+ * One thread per 16-byte lane piece of a block: a warp reads a whole block
+ * (512 contiguous bytes) and each thread writes its two rows' values (4-bit:
+ * 4 runs of 4 bf16 per row, 8-bit: 4 runs of 2), the same values as the MLX
+ * layout's dequantize (s·q, then + b, each rounded, then bf16). Rows
+ * [row_begin, row_begin + nrows) are counted across experts. */
 template <int BITS>
-__global__ void __launch_bounds__(256) tc_dequant_kernel(bf16 *out, const uint32_t *codes, const uint32_t *sb, int gs,
-                                                         int64_t N, int64_t K, int64_t row_begin, int64_t nrows) {
-    constexpr int VPT = BITS == 4 ? 4 : 2; /* values per thread */
-    const int64_t qpr = K / VPT, tpe = (N + 15) / 16, nbk = K * BITS / 256, G = K / gs;
-    const int64_t qi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (qi >= qpr) return;
-    const int64_t k = qi * VPT, k2 = k * BITS / 4; /* first nibble */
-    const int64_t b = k2 / 64;
-    const int m = (int)((k2 % 64) / 16), t = (int)((k2 % 16) / 4);
-    for (int64_t r = blockIdx.y; r < nrows; r += gridDim.y) {
-        const int64_t gr = row_begin + r, e = gr / N, rr = gr % N, tile = e * tpe + rr / 16;
-        const int g = (int)(rr & 7), h = (int)((rr >> 3) & 1);
-        const uint32_t wd = __ldg(codes + ((tile * nbk + b) * 32 + g * 4 + t) * 4 + m);
-        const uint32_t v = __ldg(sb + ((tile * G + k / gs) * 8 + g) * 2 + h);
-        const float s = __uint_as_float(v << 16), bb = __uint_as_float(v & 0xFFFF0000u);
-        float q[VPT];
-        if constexpr (BITS == 4) {
+__global__ void __launch_bounds__(256) tc_dequant_kernel(bf16 *out, const uint4 *codes, const uint32_t *sb, int gs,
+                                                         int64_t N, int64_t K, int64_t row_begin, int64_t nrows,
+                                                         int64_t tile0, int64_t ntiles) {
+    constexpr int VPM = BITS == 4 ? 4 : 2; /* values of a row per mma word */
+    const int64_t tpe = (N + 15) / 16, nbk = K * BITS / 256, G = K / gs;
+    const int64_t total = ntiles * nbk * 32;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int lane = (int)(i & 31), g = lane >> 2, t = lane & 3;
+        const int64_t b = (i >> 5) % nbk, tile = tile0 + (i >> 5) / nbk, e = tile / tpe, tt = tile % tpe;
+        const uint4 wv = __ldg(codes + tile * nbk * 32 + b * 32 + lane);
 #pragma unroll
-            for (int j = 0; j < 4; j++) q[j] = (float)pt_tc_nib(wd, j, h);
-        } else {
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = tt * 16 + g + 8 * h, gr = e * N + r;
+            if (r >= N || gr < row_begin || gr >= row_begin + nrows) continue;
+            bf16 *o = out + (gr - row_begin) * K;
 #pragma unroll
-            for (int j = 0; j < 2; j++) q[j] = (float)(pt_tc_nib(wd, 2 * j, h) | pt_tc_nib(wd, 2 * j + 1, h) << 4);
+            for (int m = 0; m < 4; m++) {
+                const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+                const int64_t k = (b * 64 + m * 16 + t * 4) * 4 / BITS; /* first value */
+                const uint32_t v = __ldg(sb + ((tile * G + k / gs) * 8 + g) * 2 + h);
+                const float s = __uint_as_float(v << 16), bb = __uint_as_float(v & 0xFFFF0000u);
+                float q[VPM];
+                if constexpr (BITS == 4) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) q[j] = (float)pt_tc_nib(wd, j, h);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+                        q[j] = (float)(pt_tc_nib(wd, 2 * j, h) | pt_tc_nib(wd, 2 * j + 1, h) << 4);
+                }
+                uint32_t pk[VPM / 2];
+#pragma unroll
+                for (int j = 0; j < VPM; j += 2) {
+                    __nv_bfloat162 hv = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(s, q[j]), bb),
+                                                              __fadd_rn(__fmul_rn(s, q[j + 1]), bb));
+                    pk[j / 2] = *reinterpret_cast<uint32_t *>(&hv);
+                }
+                if constexpr (VPM == 4) *reinterpret_cast<uint2 *>(o + k) = make_uint2(pk[0], pk[1]);
+                else *reinterpret_cast<uint32_t *>(o + k) = pk[0];
+            }
         }
-        uint32_t pk[VPT / 2];
-#pragma unroll
-        for (int j = 0; j < VPT; j += 2) {
-            __nv_bfloat162 hv = __floats2bfloat162_rn(__fadd_rn(__fmul_rn(s, q[j]), bb),
-                                                      __fadd_rn(__fmul_rn(s, q[j + 1]), bb));
-            pk[j / 2] = *reinterpret_cast<uint32_t *>(&hv);
-        }
-        bf16 *o = out + r * K + k;
-        if constexpr (VPT == 4) *reinterpret_cast<uint2 *>(o) = make_uint2(pk[0], pk[1]);
-        else *reinterpret_cast<uint32_t *>(o) = pk[0];
     }
 }
 
@@ -186,14 +199,18 @@ pt_status pt_cuda_tc_dequant(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t 
     const pt_cuda_weight *cw = pt_cuda_w(w);
     if (!cw || !cw->tc) return pt_error(PT_ERR_INTERNAL, "dequant: weight not in the tensor-core layout");
     if (nrows <= 0) return PT_OK;
-    const int64_t qpr = w->cols / (w->bits == 4 ? 4 : 2);
-    dim3 grid((unsigned)((qpr + 255) / 256), (unsigned)(nrows < 65535 ? nrows : 65535));
+    const int64_t N = w->rows, tpe = (N + 15) / 16, last = row_begin + nrows - 1;
+    const int64_t t0 = (row_begin / N) * tpe + (row_begin % N) / 16, t1 = (last / N) * tpe + (last % N) / 16;
+    const int64_t threads = (t1 - t0 + 1) * (w->cols * w->bits / 256) * 32;
+    const unsigned blocks = pt_cuda_blocks(threads, 256);
     if (w->bits == 4)
-        tc_dequant_kernel<4><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, (const uint32_t *)cw->scales,
-                                                           w->group_size, w->rows, w->cols, row_begin, nrows);
+        tc_dequant_kernel<4><<<blocks, 256, 0, c->stream>>>(out, (const uint4 *)cw->data, (const uint32_t *)cw->scales,
+                                                            w->group_size, N, w->cols, row_begin, nrows, t0,
+                                                            t1 - t0 + 1);
     else
-        tc_dequant_kernel<8><<<grid, 256, 0, c->stream>>>(out, (const uint32_t *)cw->data, (const uint32_t *)cw->scales,
-                                                           w->group_size, w->rows, w->cols, row_begin, nrows);
+        tc_dequant_kernel<8><<<blocks, 256, 0, c->stream>>>(out, (const uint4 *)cw->data, (const uint32_t *)cw->scales,
+                                                            w->group_size, N, w->cols, row_begin, nrows, t0,
+                                                            t1 - t0 + 1);
     CUDA_CHECK_LAUNCH("dequant (tensor-core layout)");
     return PT_OK;
 }
@@ -464,8 +481,8 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     if (g_tc_pdl < 0) {
-        const char *p = getenv("PETREL_CUDA_PDL");
-        g_tc_pdl = p && !strcmp(p, "1");
+        const char *p = getenv("PETREL_CUDA_PDL"); /* on unless "0" */
+        g_tc_pdl = !(p && !strcmp(p, "0"));
     }
     cfg.numAttrs = g_tc_pdl ? 1 : 0;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT>, a));

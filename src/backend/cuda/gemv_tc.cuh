@@ -8,7 +8,7 @@
 
 /* Whether a weight is put into the tensor-core layout at upload: 4/8-bit,
  * group 32/64/128, bf16 scales, bf16 activation mode, K·bits/4 a multiple of
- * 64; PETREL_CUDA_REPACK=0 (or pt_cuda_tc_select(0) before the upload)
+ * 64, not an expert stack; PETREL_CUDA_REPACK=0 (or pt_cuda_tc_select(0) before the upload)
  * keeps the MLX layout (A/B). */
 int pt_cuda_tc_eligible(const pt_cuda *c, const pt_matrix *w);
 /* Device bytes of the repacked codes and of the scale|bias words. */
