@@ -37,7 +37,13 @@
  * its tensor-core dot product per group (independent of the other columns),
  * folded per group in unit order with explicit-rounding intrinsics, then
  * the S partials added in warp order. So a row gives bit-identical results
- * alone or with up to 63 others, eager or in a graph. */
+ * alone or with up to 63 others, eager or in a graph.
+ *
+ * Launched with programmatic dependent launch (PETREL_CUDA_PDL=0: off): the
+ * ring's first weight loads are issued before griddepcontrol.wait, every
+ * read of x and write of y after it. Expert stacks are not repacked (the
+ * MoE prefill's grouped GEMM, gemm_tc.cu, reads the MLX layout), but the
+ * kernel takes per-item experts for when they are. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/matmul.cuh"
