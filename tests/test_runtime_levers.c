@@ -17,7 +17,20 @@ static pt_model_params defaults(void) {
 static void test_tiers(void) {
     pt_model_params p = defaults();
     REQUIRE(pt_levers_apply_tier(&p, 3) == PT_OK, "l3");
-    CHECK(p.kv_quant == 4 && p.fused_decode_attn == PT_LEVER_ON && p.int8_act == PT_LEVER_ON, "l3 values");
+    CHECK(p.kv_quant == 4 && p.fused_decode_attn == PT_LEVER_ON && p.int8_act == PT_LEVER_TIER, "l3 values");
+    /* --l3's int8 activations: on for the CPU, not applicable on CUDA (the
+     * tier runs there), while an explicit --int8-act on is refused on CUDA */
+    pt_model_params c = p, g = p;
+    pt_levers_resolve(&c);
+    pt_levers_resolve(&g);
+    pt_levers_for_device(&c, PT_DEVICE_CPU);
+    pt_levers_for_device(&g, PT_DEVICE_CUDA);
+    CHECK(c.int8_act == PT_LEVER_ON && pt_levers_check(&c, PT_DEVICE_CPU) == PT_OK, "l3 on the cpu: int8-act on");
+    CHECK(g.int8_act == PT_LEVER_OFF && g.fused_decode_attn == PT_LEVER_ON && pt_levers_check(&g, PT_DEVICE_CUDA) == PT_OK,
+          "l3 on cuda: runnable, int8-act n/a: %s", pt_last_error());
+    REQUIRE(pt_lever_set(&g, "int8-act", "on") == PT_OK, "%s", pt_last_error());
+    pt_levers_for_device(&g, PT_DEVICE_CUDA);
+    CHECK(pt_levers_check(&g, PT_DEVICE_CUDA) == PT_ERR_UNSUPPORTED, "explicit int8-act on cuda refused");
     REQUIRE(pt_levers_apply_tier(&p, 1) == PT_OK, "l1");
     CHECK(p.kv_quant == 0 && p.fused_decode_attn == PT_LEVER_OFF && p.int8_act == PT_LEVER_OFF &&
               p.compiled_decode == PT_LEVER_ON,

@@ -241,6 +241,7 @@ void cli_print_config(FILE *f, cli_common *c) {
     pt_model_params p = c->mp;
     pt_levers_resolve(&p);
     pt_device dev = p.device == PT_DEVICE_CUDA ? PT_DEVICE_CUDA : PT_DEVICE_CPU;
+    pt_levers_for_device(&p, dev);
     char buf[1024];
     pt_levers_format(&p, dev, buf, sizeof buf);
     char thr[48], ctx[48];

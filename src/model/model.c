@@ -84,6 +84,7 @@ static pt_status load(pt_model *m, const char *dir, const pt_model_params *param
     pt_levers_resolve(&m->params);
     char devdesc[400];
     PT_TRY(pt_device_resolve(m->params.device, &m->device, devdesc, sizeof devdesc));
+    pt_levers_for_device(&m->params, m->device);
     PT_TRY(pt_levers_check(&m->params, m->device));
     if (m->params.dtype != PT_COMPUTE_MODEL && m->params.dtype != PT_COMPUTE_F32 &&
         m->params.dtype != PT_COMPUTE_BF16)

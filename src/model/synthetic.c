@@ -482,6 +482,7 @@ pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model
     PT_TRY(pt_device_resolve(p.device, &dev, devdesc, sizeof devdesc));
     if (!sh->cpu && dev != PT_DEVICE_CUDA)
         return pt_error(PT_ERR_UNSUPPORTED, "--synthetic %s is a GPU-only shape (too large for a CPU run)", name);
+    pt_levers_for_device(&p, dev);
     PT_TRY(pt_levers_check(&p, dev));
     pt_model *m = calloc(1, sizeof *m);
     if (!m) return pt_error(PT_ERR_NOMEM, "out of memory");

@@ -46,7 +46,7 @@ pt_status pt_levers_apply_tier(pt_model_params *p, int tier) {
         p->kv_quant = 4;
         p->compiled_decode = PT_LEVER_ON;
         p->fused_decode_attn = PT_LEVER_ON;
-        p->int8_act = PT_LEVER_ON;
+        p->int8_act = PT_LEVER_TIER; /* on the CPU; n/a on CUDA (pt_levers_for_device) */
         return PT_OK;
     }
     return pt_error(PT_ERR_INVALID_ARG, "unknown parity tier %d (expected 1, 2 or 3)", tier);
@@ -123,6 +123,10 @@ void pt_levers_resolve(pt_model_params *p) {
     if (p->gpu_sampling == PT_LEVER_DEFAULT) p->gpu_sampling = PT_LEVER_ON;
 }
 
+void pt_levers_for_device(pt_model_params *p, pt_device device) {
+    if (p->int8_act == PT_LEVER_TIER) p->int8_act = device == PT_DEVICE_CUDA ? PT_LEVER_OFF : PT_LEVER_ON;
+}
+
 pt_status pt_levers_check(const pt_model_params *p, pt_device device) {
     /* the quantized KV cache (runtime/kv_cache.c) and --fused-decode-attn run on both backends */
     if (p->int8_act == PT_LEVER_ON && device == PT_DEVICE_CUDA)
@@ -138,7 +142,8 @@ void pt_levers_format(const pt_model_params *p, pt_device device, char *buf, siz
                      : p->kv_quant == 8 ? "8"
                      : p->kv_quant == PT_KV_QUANT_CONFIG ? "config"
                                                          : "default";
-#define ONOFF(v) ((v) == PT_LEVER_ON ? "on" : (v) == PT_LEVER_OFF ? "off" : "default")
+#define ONOFF(v)                                                                                                     \
+    ((v) == PT_LEVER_ON ? "on" : (v) == PT_LEVER_OFF ? "off" : (v) == PT_LEVER_TIER ? "on (CPU only)" : "default")
     snprintf(buf, n,
              "kv-quant: %s\nkv-group-size: %d\nquantized-kv-start: %d\nprefill-chunk: %d\n"
              "compiled-decode: %s%s\nfused-decode-attn: %s\nint8-act: %s\ngpu-sampling: %s%s\n",

@@ -10,7 +10,12 @@
  *   kv-quant            off    config   4      off
  *   compiled-decode     on     on       on     on (CUDA only; n/a on the CPU)
  *   fused-decode-attn   off    off      on     off
- *   int8-act            off    off      on     off
+ *   int8-act            off    off      on*    off
+ *
+ * (*) int8 activations are a CPU kernel: --l3 turns them on where the device
+ * has them (PT_LEVER_TIER, settled by pt_levers_for_device: on for the CPU,
+ * not applicable on CUDA, as compiled-decode is on the CPU), while an
+ * explicit --int8-act on with --device cuda is an error.
  *
  * kv-group-size (64), quantized-kv-start (0) and prefill-chunk (2048) are not
  * touched by the aliases, nor is gpu-sampling (default on; CUDA only): it
@@ -24,6 +29,10 @@
 #include "petrel.h"
 
 #include <stddef.h>
+
+/* A lever value set by a tier alias: on where the running device implements
+ * the lever, not applicable elsewhere (int8-act). */
+#define PT_LEVER_TIER 2
 
 /* Writes the tier's values (1, 2 or 3) into p. */
 pt_status pt_levers_apply_tier(pt_model_params *p, int tier);
@@ -43,6 +52,11 @@ extern const char *const pt_lever_names[];
 
 /* Replaces PT_LEVER_DEFAULT values by the defaults (see the table above). */
 void pt_levers_resolve(pt_model_params *p);
+
+/* Settles the levers whose meaning depends on the device the model runs on
+ * (PT_LEVER_TIER values); call after pt_levers_resolve, before
+ * pt_levers_check. */
+void pt_levers_for_device(pt_model_params *p, pt_device device);
 
 /* Checks resolved levers against what the running backend implements:
  * PT_ERR_UNSUPPORTED with a message naming the lever for one that is not
