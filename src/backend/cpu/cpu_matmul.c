@@ -348,10 +348,11 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
  * up to a whole chunk (1/8 of the op with 2 threads) while the other
  * finishes, and a memory-bound op run by one thread reads slower. Here each
  * pool chunk instead claims rows from one shared counter, each claim a
- * fraction of what is left (remaining / (3·nth), at least PT_GUIDED_MIN_BYTES
+ * fraction of what is left (remaining / (4·nth), at least PT_GUIDED_MIN_BYTES
  * of weights, a multiple of the grain), so the last claims are small and the
  * threads finish together; a thread descheduled mid-op still delays the job
- * by one claim at most (the others keep claiming). Claims advance through
+ * by one claim at most (the others keep claiming), and the first claims are
+ * no larger than pt_pool_for's equal chunks were. Claims advance through
  * the rows in order, so a claim's rows follow the previous claim's, which the
  * kernels' prefetch (running pt_cpu_pf_offset bytes ahead) has already
  * started to fetch. Which thread computes a row never changes its bits. */
@@ -373,7 +374,7 @@ static void guided_run(void *arg, long u0, long u1, int ith) {
         long cur = atomic_load_explicit(&g->next, memory_order_relaxed);
         long rem = g->n - cur;
         if (rem <= 0) return;
-        long take = (rem + 3L * g->nth - 1) / (3L * g->nth);
+        long take = (rem + 4L * g->nth - 1) / (4L * g->nth);
         if (take < g->min_take) take = g->min_take;
         take = (take + g->grain - 1) / g->grain * g->grain;
         if (take > rem) take = rem;
