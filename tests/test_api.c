@@ -366,6 +366,58 @@ static void test_stream_and_stop(void) {
     pt_model_free(&m);
 }
 
+/* A model whose embedding has more rows than its tokenizer has tokens (the
+ * qwen2 fixture: 320 rows, 300 tokens, like Qwen2's 151936 for ~151665):
+ * the padded ids are valid model outputs that decode to nothing, as the
+ * reference tokenizer's decode skips them; ids past the model's vocabulary
+ * stay an error; generation through such an id keeps going. */
+static void test_padded_vocab(void) {
+    const char *dir = "tests/fixtures/qwen2";
+    if (!pt_is_dir(dir)) TEST_SKIP("qwen2 fixture absent");
+    pt_model_params mp = pt_model_default_params();
+    mp.n_threads = 1;
+    pt_model *m = NULL;
+    REQUIRE(pt_model_load(dir, &mp, &m) == PT_OK, "%s", pt_last_error());
+    int V = pt_model_vocab_size(m);
+    CHECK(V == 320, "fixture vocab %d", V);
+    int32_t ids[3] = {20, 318, 21}, only[2] = {20, 21};
+    char *a = NULL, *b = NULL;
+    CHECK(pt_detokenize(m, ids, 3, 1, &a) == PT_OK, "padded id decodes: %s", pt_last_error());
+    CHECK(pt_detokenize(m, only, 2, 1, &b) == PT_OK, "%s", pt_last_error());
+    CHECK(a && b && !strcmp(a, b), "padded id adds no text: '%s' vs '%s'", a ? a : "", b ? b : "");
+    pt_free(a);
+    pt_free(b);
+    int32_t bad = 320;
+    a = NULL;
+    CHECK(pt_detokenize(m, &bad, 1, 1, &a) == PT_ERR_RANGE, "id past the model vocabulary refused");
+    pt_free(a);
+    pt_detokenizer *d = NULL;
+    REQUIRE(pt_detokenizer_create(m, 1, &d) == PT_OK, "%s", pt_last_error());
+    const char *t = NULL;
+    size_t tl = 1;
+    CHECK(pt_detokenizer_push(d, 318, &t, &tl) == PT_OK && tl == 0, "stream: padded id gives no text");
+    CHECK(pt_detokenizer_push(d, 320, &t, &tl) == PT_ERR_RANGE, "stream: id past the model vocabulary refused");
+    pt_detokenizer_free(&d);
+    /* greedy from this prompt picks padded ids (random weights): generation completes */
+    pt_session *s = NULL;
+    pt_session_params sp = {.n_ctx = 64};
+    REQUIRE(pt_session_create(m, &sp, &s) == PT_OK, "%s", pt_last_error());
+    int32_t prompt[24];
+    for (int i = 0; i < 24; i++) prompt[i] = i + 1;
+    pt_generate_params gp = pt_generate_default_params(m);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 16;
+    text_ctx c = {0};
+    pt_finish_reason fin;
+    pt_generate_stats st;
+    CHECK(pt_generate(s, prompt, 24, &gp, on_text, &c, &fin, &st) == PT_OK, "generate: %s", pt_last_error());
+    int padded = 0;
+    for (int i = 0; i < c.n; i++) padded += c.ids[i] >= 300;
+    CHECK(padded > 0 && c.n == 16, "%d tokens, %d of them padded ids", c.n, padded);
+    pt_session_free(&s);
+    pt_model_free(&m);
+}
+
 int main(void) {
     test_tmpdir(g_dir, sizeof g_dir);
     if (!write_model(g_dir, 64)) {
@@ -377,6 +429,7 @@ int main(void) {
     TEST_RUN(test_threads_bit_identical);
     TEST_RUN(test_generate);
     TEST_RUN(test_stream_and_stop);
+    TEST_RUN(test_padded_vocab);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) printf("INFO could not remove %s\n", g_dir);

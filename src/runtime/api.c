@@ -43,9 +43,28 @@ pt_status pt_tokenize(const pt_model *m, const char *text, size_t len, int add_s
     return pt_tokenizer_encode(m->tok, text ? text : "", len, add_special, ids, n_ids);
 }
 
+/* An id the model can produce but the tokenizer does not know: the rows of
+ * an embedding padded past the tokenizer's vocabulary (Qwen2's 151936 rows
+ * for ~151665 tokens). They decode to nothing, as the reference tokenizer's
+ * decode skips ids it has no token for; ids outside the model's vocabulary
+ * stay an error. */
+static int padded_id(const pt_model *m, int32_t id) {
+    return id >= pt_tokenizer_vocab_size(m->tok) && id < (int32_t)m->net.vocab;
+}
+
 pt_status pt_detokenize(const pt_model *m, const int32_t *ids, size_t n_ids, int skip_special, char **text) {
     PT_TRY(need_tok(m));
-    return pt_tokenizer_decode(m->tok, ids, n_ids, skip_special, text, NULL);
+    size_t n_pad = 0;
+    for (size_t i = 0; i < n_ids; i++) n_pad += padded_id(m, ids[i]);
+    if (!n_pad) return pt_tokenizer_decode(m->tok, ids, n_ids, skip_special, text, NULL);
+    int32_t *kept = malloc((n_ids - n_pad + 1) * sizeof *kept);
+    if (!kept) return pt_error(PT_ERR_NOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < n_ids; i++)
+        if (!padded_id(m, ids[i])) kept[n++] = ids[i];
+    pt_status st = pt_tokenizer_decode(m->tok, kept, n, skip_special, text, NULL);
+    free(kept);
+    return st;
 }
 
 pt_status pt_token_text(const pt_model *m, int32_t id, char **text) {
@@ -55,6 +74,7 @@ pt_status pt_token_text(const pt_model *m, int32_t id, char **text) {
 
 struct pt_detokenizer {
     pt_tok_stream *s;
+    const pt_model *m;
 };
 
 pt_status pt_detokenizer_create(const pt_model *m, int skip_special, pt_detokenizer **out) {
@@ -63,6 +83,7 @@ pt_status pt_detokenizer_create(const pt_model *m, int skip_special, pt_detokeni
     PT_TRY(need_tok(m));
     pt_detokenizer *d = calloc(1, sizeof *d);
     if (!d) return pt_error(PT_ERR_NOMEM, "out of memory");
+    d->m = m;
     pt_status st = pt_tok_stream_create(m->tok, skip_special, &d->s);
     if (st != PT_OK) {
         free(d);
@@ -74,6 +95,11 @@ pt_status pt_detokenizer_create(const pt_model *m, int skip_special, pt_detokeni
 
 pt_status pt_detokenizer_push(pt_detokenizer *d, int32_t id, const char **text, size_t *len) {
     if (!d) return pt_error(PT_ERR_INVALID_ARG, "detokenizer is NULL");
+    if (padded_id(d->m, id)) {
+        *text = "";
+        *len = 0;
+        return PT_OK;
+    }
     return pt_tok_stream_push(d->s, id, text, len);
 }
 

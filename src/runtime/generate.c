@@ -105,8 +105,8 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
     st.prompt_seconds = t1 - t0;
     pt_sampler_seed(&s->sampler, params->sampling.seed);
 
-    pt_tok_stream *ds = NULL;
-    if (m->tok) PT_TRY(pt_tok_stream_create(m->tok, 1, &ds));
+    pt_detokenizer *ds = NULL;
+    if (m->tok) PT_TRY(pt_detokenizer_create(m, 1, &ds));
     textbuf pend = {0};
     pt_status status = PT_OK;
     for (int i = 0; i < params->max_tokens; i++) {
@@ -121,7 +121,7 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
         }
         const char *txt = "";
         size_t tl = 0;
-        if (ds && (status = pt_tok_stream_push(ds, ti.id, &txt, &tl)) != PT_OK) break;
+        if (ds && (status = pt_detokenizer_push(ds, ti.id, &txt, &tl)) != PT_OK) break;
         int stop_hit = 0;
         const char *emit = txt;
         size_t emit_len = tl;
@@ -163,7 +163,7 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
         /* flush what the detokenizer and the stop matcher still hold */
         const char *txt = NULL;
         size_t tl = 0;
-        if (ds && pt_tok_stream_flush(ds, &txt, &tl) == PT_OK && tl > 0) {
+        if (ds && pt_detokenizer_flush(ds, &txt, &tl) == PT_OK && tl > 0) {
             if (params->n_stop > 0) tb_append(&pend, txt, tl);
             else {
                 pt_token_info none = {.id = -1};
@@ -179,7 +179,7 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
     }
     st.generate_seconds = now_s() - t1;
     free(pend.buf);
-    pt_tok_stream_free(&ds);
+    pt_detokenizer_free(&ds);
     if (finish) *finish = fin;
     if (stats) *stats = st;
     return status;
