@@ -23,17 +23,21 @@
  * barriers as well. Each lane reads back only what it copied, except the
  * scale words (4 lanes copy them, all read: the __syncwarp after the wait).
  *
- * Work split: a block of 8 warps owns 8/S tiles of 16 rows; the S warps of a
+ * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
- * round-robin: unit u goes to warp u mod S. x is staged in shared memory
+ * round-robin: unit u goes to warp u mod S. W = 8 up to 8 activation rows,
+ * 16 above: every block stages x for all its rows, so twice the tiles per
+ * block halve the x traffic per weight byte (L2 reads of 64·K f32 per block
+ * dominated at 64 rows) and twice the threads stage it (fewer round trips). x is staged in shared memory
  * stage by stage (bf16, all n rows, a stage = a whole number of S-unit
  * rounds sized for the row count: 32 KiB of x up to 8 rows, 96 KiB above),
  * with Σx per (row, group). Up to 8 n-tiles
  * of 8 columns reuse each loaded A fragment (NT template: 1, 2, 4, 8).
  *
  * Batch invariance: S and the unit assignment depend only on N, K, bits and
- * group size; the stage size (which depends on the row count) only decides
- * when x is staged, not what is added in which order. A column's result is
+ * group size; the stage size and W (which depend on the row count) only
+ * decide when x is staged and which block a tile's S warps sit in, not what
+ * is added in which order. A column's result is
  * its tensor-core dot product per group (independent of the other columns),
  * folded per group in unit order with explicit-rounding intrinsics, then
  * the S partials added in warp order. So a row gives bit-identical results
@@ -51,7 +55,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PT_TC_WARPS 8
+#define PT_TC_WARPS 8             /* warps per block up to 8 activation rows */
+#define PT_TC_WIDE_WARPS 16       /* and above 8 rows (PETREL_CUDA_TC_WIDE=0: 8) */
 #define PT_TC_RING 8               /* blocks per warp in the cp.async ring */
 #define PT_TC_XBUDGET(nb) ((nb) > 8 ? 96 * 1024 : 32 * 1024) /* bytes of staged x per stage */
 #define PT_TC_TARGET_WARPS 16      /* warps per SM the split aims at */
@@ -280,14 +285,14 @@ struct tc_shape {
     static constexpr int SLOT = 512 + 64 * GPB;   /* ring slot bytes */
 };
 
-template <int BITS, int GS, int NT>
-__global__ void __launch_bounds__(PT_TC_WARPS * 32, NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
+template <int BITS, int GS, int NT, int W>
+__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int S = a.S, TPB = PT_TC_WARPS / S, s = warp % S;
+    const int S = a.S, TPB = W / S, s = warp % S;
     const int K = a.K, N = a.N, nb = a.nb, SU = a.SU;
     const int tpe = (N + 15) / 16, tile = blockIdx.x * TPB + warp / S;
     const int G = K / GS, NU = K / UK, KS = SU * UK;    /* groups per row, units per tile, K values per stage */
@@ -295,9 +300,9 @@ __global__ void __launch_bounds__(PT_TC_WARPS * 32, NT >= 8 ? 1 : 2) gemv_tc_ker
     const int64_t b_item = blockIdx.y;
 
     unsigned char *ring = smem + (size_t)warp * P * SH::SLOT; /* [P] slots: 512 B codes, then GPB·64 B sb */
-    bf16 *xs = reinterpret_cast<bf16 *>(smem + (size_t)PT_TC_WARPS * P * SH::SLOT); /* [nb][XS] */
+    bf16 *xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT);           /* [nb][XS] */
     float *sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);                   /* [GPS][NCOL] Σx */
-    float *red = reinterpret_cast<float *>(xs);        /* [8 warps][16][NCOL], after the last stage */
+    float *red = reinterpret_cast<float *>(xs);        /* [W warps][16][NCOL], after the last stage */
 
     int64_t e = a.experts ? a.experts[b_item] : a.expert;
     const bool eok = e >= 0 && e < a.n_experts;
@@ -459,27 +464,27 @@ static int g_tc_pdl = -1;
 extern "C" void pt_cuda_tc_pdl(int on) { g_tc_pdl = on != 0; }
 
 template <int BITS, int GS>
-static size_t tc_smem(int nb, int NT, int SU) {
+static size_t tc_smem(int nb, int NT, int SU, int W) {
     using SH = tc_shape<BITS, GS>;
     const size_t KS = (size_t)SU * SH::UK;
     const size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
-    const size_t rb = (size_t)PT_TC_WARPS * 16 * NT * 8 * 4;
-    return (size_t)PT_TC_WARPS * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb);
+    const size_t rb = (size_t)W * 16 * NT * 8 * 4;
+    return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb);
 }
 
-template <int BITS, int GS, int NT>
+template <int BITS, int GS, int NT, int W>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items) {
     static size_t attr = 48 * 1024; /* dynamic shared memory opted in so far, per instantiation */
-    const size_t smem = tc_smem<BITS, GS>(a.nb, NT, a.SU);
+    const size_t smem = tc_smem<BITS, GS>(a.nb, NT, a.SU, W);
     if (smem > attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         attr = smem;
     }
-    const int tpe = (a.N + 15) / 16, tpb = PT_TC_WARPS / a.S;
+    const int tpe = (a.N + 15) / 16, tpb = W / a.S;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((tpe + tpb - 1) / tpb), items);
-    cfg.blockDim = dim3(PT_TC_WARPS * 32);
+    cfg.blockDim = dim3(W * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
     cudaLaunchAttribute at[1];
@@ -491,8 +496,23 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items
         g_tc_pdl = !(p && !strcmp(p, "0"));
     }
     cfg.numAttrs = g_tc_pdl ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT>, a));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W>, a));
     return PT_OK;
+}
+
+/* Above 8 rows a block has PT_TC_WIDE_WARPS warps (twice the tiles per
+ * block, so x is staged half as often per weight byte, by twice the threads),
+ * or PETREL_CUDA_TC_WIDE=0 / pt_cuda_tc_wide(0): PT_TC_WARPS (A/B). The bits
+ * are the same either way: the block size only decides which block a tile's
+ * S warps sit in, not the unit assignment or the order of any addition. */
+static int g_tc_wide = -1;
+extern "C" void pt_cuda_tc_wide(int on) { g_tc_wide = on != 0; }
+static int tc_wide(void) {
+    if (g_tc_wide < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_WIDE");
+        g_tc_wide = !(e && !strcmp(e, "0"));
+    }
+    return g_tc_wide;
 }
 
 template <int BITS, int GS>
@@ -505,10 +525,15 @@ static pt_status tc_launch(const pt_cuda *c, tc_args &a, unsigned items) {
     if (su < a.S) su = a.S;
     const int nu_r = (NU + a.S - 1) / a.S * a.S;
     a.SU = su < nu_r ? su : nu_r;
-    if (a.nb <= 8) return tc_launch_nt<BITS, GS, 1>(c, a, items);
-    if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2>(c, a, items);
-    if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4>(c, a, items);
-    return tc_launch_nt<BITS, GS, 8>(c, a, items);
+    if (a.nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, a, items);
+    if (!tc_wide()) {
+        if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, a, items);
+        if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, a, items);
+        return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, a, items);
+    }
+    if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, a, items);
+    if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, a, items);
+    return tc_launch_nt<BITS, GS, 8, PT_TC_WIDE_WARPS>(c, a, items);
 }
 
 /* Warps per SM the split aims at: PT_TC_TARGET_WARPS, or
