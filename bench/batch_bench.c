@@ -15,6 +15,10 @@
  * random 4-bit weights (pt_model_synthetic). ROUNDS=k (environment) sets the
  * rounds per mode (default 3, best kept); DEVICE=cuda runs on the GPU (link
  * against the CUDA build's libpetrel.a: see bench/RESULTS.md for the command).
+ * PROFILE=k (environment; DEVICE=cuda, built with -DPT_BENCH_CUDA_PROFILE
+ * and linked with cudart): after the A/B of each N, k more batched steps of
+ * N streams inside cudaProfilerStart/Stop, for `ncu --profile-from-start off`
+ * (per-kernel time of a batched step; bench/RESULTS.md), with their wall time.
  * Not a test: prints one line per N. */
 #include "petrel.h"
 
@@ -30,6 +34,12 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
+
+#ifdef PT_BENCH_CUDA_PROFILE
+int cudaProfilerStart(void); /* cuda_profiler_api.h (cudaError_t is an int-sized enum) */
+int cudaProfilerStop(void);
+int cudaDeviceSynchronize(void);
+#endif
 
 static int argmax(const float *x, int V) {
     int b = 0;
@@ -48,7 +58,7 @@ static int argmax(const float *x, int V) {
 /* Decodes `tokens` tokens on each of n fresh sessions (prompted with 8
  * tokens each); returns seconds spent decoding; toks[i*tokens + t] gets the
  * tokens. */
-static double run(pt_model *m, int n, int tokens, int batched, int32_t *toks) {
+static double run(pt_model *m, int n, int tokens, int batched, int32_t *toks, int profile) {
     int V = pt_model_vocab_size(m);
     pt_session *ss[64];
     for (int i = 0; i < n; i++) {
@@ -58,6 +68,11 @@ static double run(pt_model *m, int n, int tokens, int batched, int32_t *toks) {
         if (pt_session_prompt(ss[i], p, 8) != PT_OK) DIE("prompt");
     }
     double t0 = now();
+#ifdef PT_BENCH_CUDA_PROFILE
+    if (profile) cudaDeviceSynchronize(), cudaProfilerStart(), t0 = now();
+#else
+    (void)profile;
+#endif
     for (int t = 0; t < tokens; t++) {
         int32_t ids[64];
         for (int i = 0; i < n; i++) ids[i] = toks[i * tokens + t] = argmax(pt_session_logits(ss[i]), V);
@@ -69,6 +84,9 @@ static double run(pt_model *m, int n, int tokens, int batched, int32_t *toks) {
         }
     }
     double dt = now() - t0;
+#ifdef PT_BENCH_CUDA_PROFILE
+    if (profile) cudaDeviceSynchronize(), dt = now() - t0, cudaProfilerStop();
+#endif
     for (int i = 0; i < n; i++) pt_session_free(&ss[i]);
     return dt;
 }
@@ -99,7 +117,7 @@ int main(int argc, char **argv) {
         double best[2] = {1e30, 1e30};
         for (int round = 0; round < rounds; round++)
             for (int mode = 0; mode < 2; mode++) {
-                double dt = run(m, n, tokens, mode, mode ? tb : ta);
+                double dt = run(m, n, tokens, mode, mode ? tb : ta, 0);
                 if (dt < best[mode]) best[mode] = dt;
             }
         int same = !memcmp(ta, tb, (size_t)n * tokens * 4);
@@ -107,6 +125,14 @@ int main(int argc, char **argv) {
         printf("streams %2d: interleaved %8.1f tok/s  batched %8.1f tok/s  (x%.2f)  per stream batched %7.1f tok/s  "
                "tokens %s\n",
                n, agg_i, agg_b, agg_b / agg_i, agg_b / n, same ? "identical" : "DIFFER");
+        int prof = getenv("PROFILE") ? atoi(getenv("PROFILE")) : 0;
+        if (prof > 0) {
+            int32_t *tp = malloc((size_t)n * prof * 4);
+            double dt = run(m, n, prof, 1, tp, 1);
+            printf("streams %2d: %d profiled batched steps, %.2f ms per step (wall, under the profiler)\n", n, prof,
+                   dt / prof * 1e3);
+            free(tp);
+        }
         free(ta);
         free(tb);
     }
