@@ -28,33 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "../tests/cuda/bench_util.h"
 
 void pt_cuda_tc_select(int on); /* gemv_tc.cu: repack weights prepared from now on */
 void pt_cuda_tc_wide(int on);   /* gemv_tc.cu: 16-warp blocks above 8 rows (1) or 8 (0) */
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t ru(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
 static float rf(void) { return (float)(ru() % 20001) / 10000.f - 1.f; }
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-#define DIE(...)                                    \
-    do {                                            \
-        fprintf(stderr, __VA_ARGS__);               \
-        fprintf(stderr, ": %s\n", pt_last_error()); \
-        exit(1);                                    \
-    } while (0)
 
 #define MAXC 64
 typedef struct {

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_util.h"
 
 #define LAYERS 32
 #define NH 32
@@ -36,28 +37,7 @@
 #define GS 64
 #define CHUNK 2048
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static uint64_t rs = 88172645463325252ull;
-static float rnd(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 11) % 20001) / 10000.0f - 1.0f;
-}
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-#define DIE(...)                                    \
-    do {                                            \
-        fprintf(stderr, __VA_ARGS__);               \
-        fprintf(stderr, ": %s\n", pt_last_error()); \
-        exit(1);                                    \
-    } while (0)
+static float rnd(void) { return (float)(ru() % 20001) / 10000.0f - 1.0f; }
 
 typedef struct {
     const char *name;

@@ -18,31 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_util.h"
 
 void pt_cuda_prefill_select(long long tc_max_t, int dequant_old); /* matmul.cu, for benchmarks */
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-static uint64_t rs = 88172645463325252ull;
-static uint32_t ru(void) {
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 11);
-}
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-#define DIE(...)                                    \
-    do {                                            \
-        fprintf(stderr, __VA_ARGS__);               \
-        fprintf(stderr, ": %s\n", pt_last_error()); \
-        exit(1);                                    \
-    } while (0)
 
 static pt_backend *G;
 
