@@ -21,6 +21,7 @@
  * Regenerating the snapshot (only when L1 itself changes on purpose, with the
  * L1 parity tests green): PETREL_L3_SNAPSHOT_WRITE=1 build/tests/test_l3_gate */
 #include "test.h"
+#include "l3_snapshot.h"
 #include "parity_util.h"
 
 #include "base/mmap.h"
@@ -38,19 +39,6 @@
 
 /* int8-act only changes MLX-quantized matmuls: llama_mlx_q4 is the fixture it acts on */
 static const char *const fixtures[] = {"llama", "gemma2", "gemma3_text", "gemma4_e", "llama_mlx_q4"};
-
-typedef struct {
-    int n_prompt, n_steps, vocab;
-    int32_t *ids, *greedy;
-    float *logits; /* [n_steps, vocab] */
-} snap;
-
-static void snap_free(snap *s) {
-    free(s->ids);
-    free(s->greedy);
-    free(s->logits);
-    memset(s, 0, sizeof *s);
-}
 
 static pt_model *load(const char *fixture, const pt_model_params *mp) {
     char dir[256];
@@ -98,63 +86,8 @@ static int run(pt_model *m, const int32_t *ids, int n, const int32_t *force, int
     return 1;
 }
 
-static void snap_path(const char *fixture, char *buf, size_t n) {
-    snprintf(buf, n, "tests/fixtures/l3_snapshot/%s.bin", fixture);
-}
-
-static int snap_write(const char *fixture, const snap *s) {
-    char path[256];
-    snap_path(fixture, path, sizeof path);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    int32_t hdr[3] = {s->n_prompt, s->n_steps, s->vocab};
-    int ok = fwrite("PTL3SNP1", 1, 8, f) == 8 && fwrite(hdr, 4, 3, f) == 3 &&
-             fwrite(s->ids, 4, (size_t)s->n_prompt, f) == (size_t)s->n_prompt &&
-             fwrite(s->greedy, 4, (size_t)s->n_steps, f) == (size_t)s->n_steps &&
-             fwrite(s->logits, 4, (size_t)s->n_steps * s->vocab, f) == (size_t)s->n_steps * s->vocab;
-    return fclose(f) == 0 && ok;
-}
-
-static int snap_read(const char *fixture, snap *s) {
-    char path[256];
-    snap_path(fixture, path, sizeof path);
-    memset(s, 0, sizeof *s);
-    char *data = NULL;
-    size_t len = 0;
-    if (pt_read_file(path, &data, &len) != PT_OK) {
-        printf("    %s: %s\n", path, pt_last_error());
-        return 0;
-    }
-    const unsigned char *p = (const unsigned char *)data;
-    int32_t hdr[3];
-    int ok = len >= 20 && !memcmp(p, "PTL3SNP1", 8);
-    if (ok) {
-        memcpy(hdr, p + 8, 12);
-        ok = hdr[0] > 0 && hdr[0] < 4096 && hdr[1] > 0 && hdr[1] <= 1024 && hdr[2] > 0 && hdr[2] < (1 << 20) &&
-             len == 20 + 4 * ((size_t)hdr[0] + hdr[1] + (size_t)hdr[1] * hdr[2]);
-    }
-    if (ok) {
-        s->n_prompt = hdr[0];
-        s->n_steps = hdr[1];
-        s->vocab = hdr[2];
-        s->ids = malloc(4 * (size_t)s->n_prompt);
-        s->greedy = malloc(4 * (size_t)s->n_steps);
-        s->logits = malloc(4 * (size_t)s->n_steps * s->vocab);
-        ok = s->ids && s->greedy && s->logits;
-        if (ok) {
-            memcpy(s->ids, p + 20, 4 * (size_t)s->n_prompt);
-            memcpy(s->greedy, p + 20 + 4 * (size_t)s->n_prompt, 4 * (size_t)s->n_steps);
-            memcpy(s->logits, p + 20 + 4 * ((size_t)s->n_prompt + s->n_steps), 4 * (size_t)s->n_steps * s->vocab);
-        }
-    }
-    if (!ok) printf("    %s: not a valid snapshot (header or size)\n", path);
-    free(data);
-    if (!ok) snap_free(s);
-    return ok;
-}
-
 /* Makes the snapshot of one fixture from petrel's L1 output. */
-static int snap_make(const char *fixture, snap *s) {
+static int snap_make(const char *fixture, l3_snap *s) {
     char err[256];
     golden *g = golden_open_fixture(fixture, err, sizeof err);
     if (!g) {
@@ -192,7 +125,7 @@ typedef struct {
 
 /* Runs configuration c on the snapshot's trajectory: rows [n_steps, V].
  * Group size 32: the fixtures' head sizes are 32 and 64. */
-static int run_config(const char *fixture, const snap *s, const config *c, float *rows, int32_t *top) {
+static int run_config(const char *fixture, const l3_snap *s, const config *c, float *rows, int32_t *top) {
     pt_model_params mp = l1_params();
     if (c->tier) pt_levers_apply_tier(&mp, c->tier);
     if (c->kv_quant) mp.kv_quant = c->kv_quant;
@@ -203,20 +136,6 @@ static int run_config(const char *fixture, const snap *s, const config *c, float
     int ok = m && run(m, s->ids, s->n_prompt, s->greedy, s->n_steps, rows, top);
     pt_model_free(&m);
     return ok;
-}
-
-/* KL and agreement of rows against reference rows. */
-static void delta(const snap *s, const float *ref, const int32_t *ref_top, const float *rows, const int32_t *top,
-                  double *mean_kl, double *max_kl, double *agree) {
-    int V = s->vocab, same = 0;
-    *mean_kl = *max_kl = 0;
-    for (int j = 0; j < s->n_steps; j++) {
-        double k = parity_kl_row(ref + (size_t)j * V, rows + (size_t)j * V, V);
-        *mean_kl += k / s->n_steps;
-        if (k > *max_kl) *max_kl = k;
-        same += top[j] == ref_top[j];
-    }
-    *agree = (double)same / s->n_steps;
 }
 
 static void test_l3_gate(void) {
@@ -231,15 +150,15 @@ static void test_l3_gate(void) {
     const int nc = (int)(sizeof cfgs / sizeof cfgs[0]);
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         const char *fx = fixtures[f];
-        snap s, now;
+        l3_snap s, now;
         memset(&now, 0, sizeof now);
         if (write) {
             REQUIRE(snap_make(fx, &s), "%s: making the snapshot", fx);
-            REQUIRE(snap_write(fx, &s), "%s: writing the snapshot", fx);
+            REQUIRE(l3_snap_write(fx, &s), "%s: writing the snapshot", fx);
             printf("INFO l3 snapshot: wrote %s (%d prompt ids, %d steps, vocab %d)\n", fx, s.n_prompt, s.n_steps,
                    s.vocab);
         } else {
-            REQUIRE(snap_read(fx, &s), "%s: reading the snapshot", fx);
+            REQUIRE(l3_snap_read(fx, &s), "%s: reading the snapshot", fx);
         }
         int V = s.vocab;
         /* the snapshot is still L1 */
@@ -263,7 +182,7 @@ static void test_l3_gate(void) {
                 continue;
             }
             double mk, xk, ag;
-            delta(&s, s.logits, s.greedy, rows, top, &mk, &xk, &ag);
+            l3_delta(&s, s.logits, s.greedy, rows, top, &mk, &xk, &ag);
             printf("MEASURE l3 %s %s vs L1 snapshot: mean KL %.3g, max KL %.3g, top-1 agreement %.3f (%d steps; "
                    "bound: mean KL <= %.3g, agreement >= %.2f)\n",
                    fx, cfgs[c].name, mk, xk, ag, s.n_steps, KL_BOUND, TOP1_BOUND);
@@ -284,7 +203,7 @@ static void test_l3_gate(void) {
                 memcpy(base, rows, 4 * (size_t)s.n_steps * V);
                 memcpy(base_top, top, 4 * (size_t)s.n_steps);
             } else if (cfgs[c].fused && cfgs[c].kv_quant == 4) { /* the fused kernel alone */
-                delta(&s, base, base_top, rows, top, &mk, &xk, &ag);
+                l3_delta(&s, base, base_top, rows, top, &mk, &xk, &ag);
                 printf("MEASURE l3 %s fused-decode-attn vs exact attention (kv-quant 4): mean KL %.3g, max KL %.3g, "
                        "top-1 agreement %.3f\n",
                        fx, mk, xk, ag);
@@ -293,8 +212,8 @@ static void test_l3_gate(void) {
         }
         free(rows);
         free(base);
-        snap_free(&s);
-        snap_free(&now);
+        l3_snap_free(&s);
+        l3_snap_free(&now);
     }
 }
 

@@ -21,6 +21,7 @@
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU it reports SKIP. */
 #include "test.h"
+#include "l3_snapshot.h"
 
 #include "backend/cuda/cuda.h"
 #include "base/mmap.h"
@@ -37,59 +38,13 @@
 static const char *const fixtures[] = {"llama", "gemma2", "gemma3_text", "gemma4_e", "llama_mlx_q4"};
 
 typedef struct {
-    int n_prompt, n_steps, vocab;
-    int32_t *ids, *greedy;
-    float *logits; /* [n_steps, vocab] */
-} snap;
-
-/* Reads tests/fixtures/l3_snapshot/<fixture>.bin (layout: test_l3_gate.c). */
-static int snap_read(const char *fixture, snap *s) {
-    char path[256];
-    snprintf(path, sizeof path, "tests/fixtures/l3_snapshot/%s.bin", fixture);
-    memset(s, 0, sizeof *s);
-    char *data = NULL;
-    size_t len = 0;
-    if (pt_read_file(path, &data, &len) != PT_OK) {
-        printf("    %s: %s\n", path, pt_last_error());
-        return 0;
-    }
-    const unsigned char *p = (const unsigned char *)data;
-    int32_t hdr[3] = {0, 0, 0};
-    int ok = len >= 20 && !memcmp(p, "PTL3SNP1", 8);
-    if (ok) {
-        memcpy(hdr, p + 8, 12);
-        ok = hdr[0] > 0 && hdr[0] < 4096 && hdr[1] > 0 && hdr[1] <= 1024 && hdr[2] > 0 && hdr[2] < (1 << 20) &&
-             len == 20 + 4 * ((size_t)hdr[0] + hdr[1] + (size_t)hdr[1] * hdr[2]);
-    }
-    if (ok) {
-        s->n_prompt = hdr[0], s->n_steps = hdr[1], s->vocab = hdr[2];
-        s->ids = malloc(4 * (size_t)s->n_prompt);
-        s->greedy = malloc(4 * (size_t)s->n_steps);
-        s->logits = malloc(4 * (size_t)s->n_steps * s->vocab);
-        ok = s->ids && s->greedy && s->logits;
-        if (ok) {
-            memcpy(s->ids, p + 20, 4 * (size_t)s->n_prompt);
-            memcpy(s->greedy, p + 20 + 4 * (size_t)s->n_prompt, 4 * (size_t)s->n_steps);
-            memcpy(s->logits, p + 20 + 4 * ((size_t)s->n_prompt + s->n_steps), 4 * (size_t)s->n_steps * s->vocab);
-        }
-    }
-    if (!ok) printf("    %s: not a valid snapshot (header or size)\n", path);
-    free(data);
-    return ok;
-}
-static void snap_free(snap *s) {
-    free(s->ids), free(s->greedy), free(s->logits);
-    memset(s, 0, sizeof *s);
-}
-
-typedef struct {
     const char *name;
     int kv_quant, fused;
 } config;
 
 /* Runs configuration c on CUDA in f32, teacher-forced on the snapshot's
  * trajectory: rows [n_steps, V] and their argmax. */
-static int run_config(const char *fixture, const snap *s, const config *c, float *rows, int32_t *top) {
+static int run_config(const char *fixture, const l3_snap *s, const config *c, float *rows, int32_t *top) {
     pt_model_params mp = pt_model_default_params();
     mp.device = PT_DEVICE_CUDA;
     mp.dtype = PT_COMPUTE_F32;
@@ -121,30 +76,6 @@ static int run_config(const char *fixture, const snap *s, const config *c, float
     return ok;
 }
 
-static double kl_row(const float *p_, const float *q_, int V) {
-    double mp = -INFINITY, mq = -INFINITY, sp = 0, sq = 0, k = 0;
-    for (int i = 0; i < V; i++) {
-        if (p_[i] > mp) mp = p_[i];
-        if (q_[i] > mq) mq = q_[i];
-    }
-    for (int i = 0; i < V; i++) sp += exp(p_[i] - mp), sq += exp(q_[i] - mq);
-    for (int i = 0; i < V; i++) {
-        double lp = p_[i] - mp - log(sp), lq = q_[i] - mq - log(sq);
-        k += exp(lp) * (lp - lq);
-    }
-    return k;
-}
-static void delta(const snap *s, const float *ref, const int32_t *ref_top, const float *rows, const int32_t *top,
-                  double *mean_kl, double *agree) {
-    int V = s->vocab, same = 0;
-    *mean_kl = 0;
-    for (int j = 0; j < s->n_steps; j++) {
-        *mean_kl += kl_row(ref + (size_t)j * V, rows + (size_t)j * V, V) / s->n_steps;
-        same += top[j] == ref_top[j];
-    }
-    *agree = (double)same / s->n_steps;
-}
-
 static void test_cuda_l3_gate(void) {
     char why[512];
     if (pt_cuda_device_count(why, sizeof why) == 0) TEST_SKIP("no usable CUDA device here");
@@ -156,8 +87,8 @@ static void test_cuda_l3_gate(void) {
     };
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
         const char *fx = fixtures[f];
-        snap s;
-        REQUIRE(snap_read(fx, &s), "%s: reading the snapshot", fx);
+        l3_snap s;
+        REQUIRE(l3_snap_read(fx, &s), "%s: reading the snapshot", fx);
         const size_t nr = (size_t)s.n_steps * s.vocab;
         float *rows = malloc(4 * nr), *base = malloc(4 * nr);
         int32_t *top = malloc(4 * (size_t)s.n_steps), *base_top = malloc(4 * (size_t)s.n_steps);
@@ -168,7 +99,7 @@ static void test_cuda_l3_gate(void) {
                 continue;
             }
             double mk, ag;
-            delta(&s, s.logits, s.greedy, rows, top, &mk, &ag);
+            l3_delta(&s, s.logits, s.greedy, rows, top, &mk, NULL, &ag);
             printf("MEASURE l3 cuda %s %s vs L1 snapshot: mean KL %.3g, top-1 agreement %.3f (bound: mean KL <= %.3g, "
                    "agreement >= %.2f)\n",
                    fx, cfgs[c].name, mk, ag, KL_BOUND, TOP1_BOUND);
@@ -182,7 +113,7 @@ static void test_cuda_l3_gate(void) {
                 memcpy(base, rows, 4 * nr);
                 memcpy(base_top, top, 4 * (size_t)s.n_steps);
             } else if (cfgs[c].kv_quant == 4) { /* the fused kernel alone */
-                delta(&s, base, base_top, rows, top, &mk, &ag);
+                l3_delta(&s, base, base_top, rows, top, &mk, NULL, &ag);
                 printf("MEASURE l3 cuda %s fused-decode-attn vs exact attention (kv-quant 4): mean KL %.3g, top-1 "
                        "agreement %.3f\n",
                        fx, mk, ag);
@@ -190,7 +121,7 @@ static void test_cuda_l3_gate(void) {
             }
         }
         free(rows), free(base), free(top), free(base_top);
-        snap_free(&s);
+        l3_snap_free(&s);
     }
 }
 
