@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include "stream_read.h"
 
 /* one thread: the thread's CPU time, which other processes on the shared
  * machine disturb far less than wall time (set in main) */
@@ -45,23 +46,6 @@ static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
     return m;
 }
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-    long long out[64];
-} rd_ctx;
-static void rd_run(void *arg, int ith, int nth) {
-    rd_ctx *r = arg;
-    long b, e;
-    pt_split_range((long)(r->n / 256), ith, nth, &b, &e);
-    __m512i a = _mm512_setzero_si512();
-    for (long i = b; i < e; i++) {
-        const __m512i *q = (const __m512i *)(r->p + (size_t)i * 256);
-        a = _mm512_add_epi32(a, _mm512_add_epi32(_mm512_add_epi32(_mm512_load_si512(q), _mm512_load_si512(q + 1)),
-                                                 _mm512_add_epi32(_mm512_load_si512(q + 2), _mm512_load_si512(q + 3))));
-    }
-    r->out[ith] = _mm512_reduce_add_epi32(a);
-}
 
 /* time per op kind (the CPU ops are synchronous) */
 static double prof[8];

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include "stream_read.h"
 
 static double now(void) {
     struct timespec ts;
@@ -21,23 +22,6 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-typedef struct {
-    const uint8_t *p;
-    size_t n;
-    long long out[64];
-} rd_ctx;
-static void rd_run(void *arg, int ith, int nth) {
-    rd_ctx *r = arg;
-    long b, e;
-    pt_split_range((long)(r->n / 256), ith, nth, &b, &e);
-    __m512i a = _mm512_setzero_si512();
-    for (long i = b; i < e; i++) {
-        const __m512i *q = (const __m512i *)(r->p + (size_t)i * 256);
-        a = _mm512_add_epi32(a, _mm512_add_epi32(_mm512_add_epi32(_mm512_load_si512(q), _mm512_load_si512(q + 1)),
-                                                 _mm512_add_epi32(_mm512_load_si512(q + 2), _mm512_load_si512(q + 3))));
-    }
-    r->out[ith] = _mm512_reduce_add_epi32(a);
-}
 
 /* 2 MiB-aligned anonymous mapping with the given THP advice */
 static uint8_t *map(size_t bytes, int advice) {
