@@ -278,6 +278,33 @@ static void test_resource_limits(void) {
     CHECK(pt_jinja_parse(deep, k, "deep", &t) == PT_ERR_FORMAT, "deep nesting refused without a crash");
 }
 
+/* str.format field names: digits only are a positional index, bounded
+ * without overflow (an index past INT_MAX once read a negative slot); digits
+ * followed by letters are a keyword name, as in Python. */
+static void test_format_field_names(void) {
+    static const struct {
+        const char *src, *out, *err;
+    } cases[] = {
+        {"{{ '{2222222222f}'.format(1) }}", NULL, "KeyError: '2222222222f'"},
+        {"{{ '{0f}'.format(1) }}", NULL, "KeyError: '0f'"},
+        {"{{ '{2222222222}'.format(1) }}", NULL, "IndexError: tuple index out of range"},
+        {"{{ '{99999999999999999999999}'.format(1) }}", NULL, "IndexError: tuple index out of range"},
+        {"{{ '{1}'.format(1) }}", NULL, "IndexError: tuple index out of range"},
+        {"{{ '{0}-{0}:{1}'.format(7, 'a') }}", "7-7:a", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pt_jinja_template *t = NULL;
+        REQUIRE(pt_jinja_parse(cases[i].src, strlen(cases[i].src), "fmt", &t) == PT_OK, "%s", pt_last_error());
+        char *out = NULL;
+        pt_jinja_vars v = {0};
+        pt_status st = pt_jinja_render(t, &v, &out, NULL);
+        if (cases[i].out) CHECK(st == PT_OK && out && !strcmp(out, cases[i].out), "%s: got '%s'", cases[i].src, out ? out : "");
+        else CHECK(st == PT_ERR_FORMAT && strstr(pt_last_error(), cases[i].err), "%s: %s", cases[i].src, pt_last_error());
+        free(out);
+        pt_jinja_free(&t);
+    }
+}
+
 int main(void) {
     run_features();
     TEST_RUN(test_model_dir_loading);
@@ -285,5 +312,6 @@ int main(void) {
     TEST_RUN(test_render_chat);
     TEST_RUN(test_error_has_line);
     TEST_RUN(test_resource_limits);
+    TEST_RUN(test_format_field_names);
     return test_summary();
 }

@@ -295,10 +295,15 @@ int pj_str_format(pj_ctx *c, pj_value fmt, pj_args *a, pj_value *out) {
         size_t k = 0;
         while (k < fl && !strchr(".[!:", f[k])) k++;
         pj_value v;
-        if (k == 0 || (f[0] >= '0' && f[0] <= '9')) {
-            int idx = k == 0 ? auto_idx++ : atoi(f);
-            if (idx >= a->n_pos)
-                return pj_fail(c, "IndexError", "tuple index out of range");
+        /* a field name of digits only is a positional index (as Python's
+         * str.format: "0f" is a keyword name); parsed without overflow */
+        size_t nd = 0;
+        while (nd < k && f[nd] >= '0' && f[nd] <= '9') nd++;
+        if (k == 0 || nd == k) {
+            int64_t idx = 0;
+            if (k == 0) idx = auto_idx++;
+            for (size_t d = 0; d < nd && idx <= a->n_pos; d++) idx = idx * 10 + (f[d] - '0');
+            if (idx < 0 || idx >= a->n_pos) return pj_fail(c, "IndexError", "tuple index out of range");
             v = a->pos[idx];
         } else {
             char name[128];
