@@ -15,39 +15,13 @@
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "test_rand.h"
 
 #include <math.h>
 #include <stdint.h>
 
 static pt_backend *G_[2], *C_[2]; /* [act]: CUDA and CPU backends (0: f32, 1: bf16) */
 static int have_gpu;
-
-/* A test binary may pick its own seed (its inputs then stay what they were). */
-#ifndef OP_CHECK_SEED
-#define OP_CHECK_SEED 0x9e3779b97f4a7c15ull
-#endif
-static uint64_t rng = OP_CHECK_SEED;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
-/* Activations as the forward pass holds them: bf16 values in bf16 mode. */
-static void fill_act(float *x, int64_t n, float lo, float hi, int bf) {
-    for (int64_t i = 0; i < n; i++) x[i] = bf ? pt_round_bf16(rf(lo, hi)) : rf(lo, hi);
-}
-
-/* Backend buffer with host contents (host may be NULL: zeroed). */
-static void *put(pt_backend *be, const void *host, size_t bytes) {
-    void *d = be->ops->alloc(be, bytes);
-    if (d && host && be->ops->upload(be, d, host, bytes) != PT_OK) {
-        be->ops->dealloc(be, d);
-        return NULL;
-    }
-    return d;
-}
 
 static double worst_seen;
 static int compare(const char *what, const float *got, const float *ref, int64_t n, double afrac, double rtol) {

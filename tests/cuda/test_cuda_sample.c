@@ -17,6 +17,7 @@
  *     batched step's rows sampled on the GPU vs the host.
  * Not the speed (petrel bench, bench/RESULTS.md). */
 #include "test.h"
+#include "test_rand.h"
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -31,24 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
 
-/* Backend buffer with host contents (host may be NULL: zeroed). */
-static void *put(pt_backend *be, const void *host, size_t bytes) {
-    void *d = be->ops->alloc(be, bytes);
-    if (d && host && be->ops->upload(be, d, host, bytes) != PT_OK) {
-        be->ops->dealloc(be, d);
-        return NULL;
-    }
-    return d;
-}
 
 static pt_backend *gb;
 

@@ -12,6 +12,7 @@
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU it reports SKIP. */
 #include "test.h"
+#include "test_rand.h"
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -22,14 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 /* REQUIRE for a function returning int: the failure is reported and 0 returned. */
