@@ -62,14 +62,7 @@ static pt_status at_run(void *p) {
 
 int main(int argc, char **argv) {
     int batches = argc > 1 ? atoi(argv[1]) : 15;
-    pt_backend *be = NULL;
-    pt_cuda_params cp = {0, PT_ACT_BF16};
-    if (pt_backend_cuda_create(&be, &cp) != PT_OK) DIE("cuda backend");
-    pt_cuda_device_info info;
-    pt_cuda_device_query(0, &info);
-    char desc[300];
-    pt_cuda_device_describe(&info, desc, sizeof desc);
-    printf("device: %s\n", desc);
+    pt_backend *be = bench_cuda_open();
     pt_backend_limits lim = {.max_tokens = 1, .max_ctx = 32768, .max_heads = 32, .max_head_dim = 128, .max_cols = 14336};
     if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
 

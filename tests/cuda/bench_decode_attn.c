@@ -62,14 +62,7 @@ int main(int argc, char **argv) {
         nd = 0;
         for (int i = 2; i < argc && nd < 8; i++) depths[nd++] = atoll(argv[i]);
     }
-    pt_backend *be = NULL;
-    pt_cuda_params cp = {0, PT_ACT_BF16};
-    if (pt_backend_cuda_create(&be, &cp) != PT_OK) DIE("cuda backend");
-    pt_cuda_device_info info;
-    pt_cuda_device_query(0, &info);
-    char desc[300];
-    pt_cuda_device_describe(&info, desc, sizeof desc);
-    printf("device: %s\n", desc);
+    pt_backend *be = bench_cuda_open();
     int64_t maxd = 0;
     for (int i = 0; i < nd; i++) maxd = depths[i] > maxd ? depths[i] : maxd;
     pt_backend_limits lim = {.max_tokens = CHUNK, .max_ctx = maxd + 1, .max_heads = NH, .max_head_dim = HD,

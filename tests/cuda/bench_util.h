@@ -1,10 +1,13 @@
 /* Helpers shared by the CUDA benchmarks (tests/cuda/bench_*.c,
  * dev/cuda_gemv_bench.c): a monotonic clock, a seeded xorshift source, a
- * comparison for sorting timings (medians), and DIE for a failed engine call.
+ * comparison for sorting timings (medians), DIE for a failed engine call,
+ * and the benchmarks' CUDA backend (bench_cuda_open).
  * Header-only: each benchmark includes it once. Not a test harness. */
 #ifndef PT_TESTS_CUDA_BENCH_UTIL_H
 #define PT_TESTS_CUDA_BENCH_UTIL_H
 
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
 #include "petrel.h" /* pt_last_error */
 
 #include <stdint.h>
@@ -38,5 +41,19 @@ static inline int cmpd(const void *a, const void *b) {
         fprintf(stderr, ": %s\n", pt_last_error()); \
         exit(1);                                    \
     } while (0)
+
+/* A CUDA backend on device 0 with bf16 activations; prints the device line
+ * the results are recorded with. Dies when there is none. */
+static inline pt_backend *bench_cuda_open(void) {
+    pt_backend *be = NULL;
+    pt_cuda_params cp = {0, PT_ACT_BF16};
+    if (pt_backend_cuda_create(&be, &cp) != PT_OK) DIE("cuda backend");
+    pt_cuda_device_info info;
+    pt_cuda_device_query(0, &info);
+    char desc[300];
+    pt_cuda_device_describe(&info, desc, sizeof desc);
+    printf("device: %s\n", desc);
+    return be;
+}
 
 #endif
