@@ -207,6 +207,18 @@ void pt_cpu_unpack_codes(const uint8_t *row, int bits, int64_t i0, int64_t n, fl
 pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);
 pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
                              int64_t expert);
+/* backend.h matmul_multi: one pool dispatch for all n weights on the decode
+ * path (cpu_matmul.c); pt_cpu_multi_on() = 0 under PETREL_CPU_MULTI=0. */
+pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                              const pt_matrix *const *w, int rows);
+int pt_cpu_multi_on(void);
+/* Bit-neutral levers, settable for A/B measurements (cpu_matmul.c): a field
+ * < 0 is read from the environment on first use. */
+typedef struct {
+    int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
+    int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
+} pt_cpu_levers;
+extern pt_cpu_levers pt_cpu_lever;
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                          const pt_matrix *down, pt_glu_kind act);

@@ -461,6 +461,63 @@ static void quantize_job(void *arg, long t0, long t1, int ith) {
     quantize_i8(q->xi + t0 * q->K, q->xd + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
 }
 
+/* The decode path's inputs, computed once per call from m->x (T tokens of
+ * K values) for weights of m->w's bits and group size: the group sums, and
+ * x in the layout the kernel takes (permuted for 4-bit f32, arranged for the
+ * bf16 kernel, quantized for the int8 lever), in the shared scratch. Only
+ * bits and the group size matter, so weights sharing them (matmul_multi)
+ * share one preparation. */
+static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
+    const pt_matrix *w = m->w;
+    const float *x = m->x;
+    int64_t T = m->T, K = w->cols;
+    int64_t ng = w->bits ? K / w->group_size : 0;
+    /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement
+     * [2·T·K bytes]; bf16 kernel: arranged x [T·K bf16] + per-token flags [T bytes] */
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2))));
+    int all_bf16 = 0; /* every token takes the bf16 kernel: the permuted f32 x is never read */
+    if (w->bits == 4 && !c->int8_act && c->base.act == PT_ACT_BF16 && c->k->qdot4_x4_bf16 && K % 128 == 0 &&
+        cpu_has_bf16()) {
+        /* bf16 mode: x is normally exactly bf16 (every op rounds its outputs); a token whose x is
+         * not keeps the f32 kernel, decided from its own values, so batching never changes a row */
+        uint16_t *xa = (uint16_t *)(c->xbuf + T * (K + 2 * ng + K / 2));
+        uint8_t *xok = (uint8_t *)(xa + T * K);
+        int any = 0;
+        all_bf16 = 1;
+        for (int64_t t = 0; t < T; t++) {
+            xok[t] = (uint8_t)pt_cpu_arrange_x4_bf16(xa + t * K, x + t * K, K);
+            any |= xok[t];
+            all_bf16 &= xok[t];
+        }
+        if (any) {
+            m->xa = xa;
+            m->xok = xok;
+        }
+    }
+    if (w->bits) {
+        float *xp = c->xbuf, *xs = c->xbuf + T * K;
+        if (w->bits == 4 && !c->int8_act && !all_bf16)
+            for (int64_t t = 0; t < T; t++) pt_cpu_permute_x4(xp + t * K, x + t * K, K);
+        group_sums(xs, x, T, K, w->group_size);
+        if (w->bits == 4) m->xq = xp;
+        m->xs = xs;
+        if (c->int8_act && (w->bits == 4 || w->bits == 8)) {
+            float *xd = xs + T * ng;
+            int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
+            quantize_i8(xi, xd, x, T, K, w->group_size);
+            m->i8_128 = w->bits == 4 && k128_ok(c, K);
+            if (w->bits == 4)
+                for (int64_t t = 0; t < T; t++) {
+                    if (m->i8_128) pt_cpu_arrange_x4_i8_128(xa + t * K, xi + t * K, K);
+                    else pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
+                }
+            m->xi8 = w->bits == 4 ? xa : xi;
+            m->xd = xd;
+        }
+    }
+    return PT_OK;
+}
+
 /* direct: the decode kernels for every row (any T); else chosen by T. Under
  * the int8 lever, 4/8-bit prefill takes the VNNI GEMM (gemm_i8_avx512.c) on
  * AVX-512, else the decode kernels, so the lever's formula holds for every T
@@ -486,44 +543,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         return PT_OK;
     }
     if (direct || T < PT_CPU_DIRECT_T || i8) {
-        int64_t ng = w->bits ? K / w->group_size : 0;
-        /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement
-         * [2·T·K bytes]; bf16 kernel: arranged x [T·K bf16] + per-token flags [T bytes] */
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2))));
-        if (w->bits == 4 && !c->int8_act && be->act == PT_ACT_BF16 && c->k->qdot4_x4_bf16 && K % 128 == 0 &&
-            cpu_has_bf16()) {
-            /* bf16 mode: x is normally exactly bf16 (every op rounds its outputs); a token whose x is
-             * not keeps the f32 kernel, decided from its own values, so batching never changes a row */
-            uint16_t *xa = (uint16_t *)(c->xbuf + T * (K + 2 * ng + K / 2));
-            uint8_t *xok = (uint8_t *)(xa + T * K);
-            int any = 0;
-            for (int64_t t = 0; t < T; t++) any |= xok[t] = (uint8_t)pt_cpu_arrange_x4_bf16(xa + t * K, x + t * K, K);
-            if (any) {
-                m.xa = xa;
-                m.xok = xok;
-            }
-        }
-        if (w->bits) {
-            float *xp = c->xbuf, *xs = c->xbuf + T * K;
-            if (w->bits == 4 && !c->int8_act)
-                for (int64_t t = 0; t < T; t++) pt_cpu_permute_x4(xp + t * K, x + t * K, K);
-            group_sums(xs, x, T, K, w->group_size);
-            if (w->bits == 4) m.xq = xp;
-            m.xs = xs;
-            if (c->int8_act && (w->bits == 4 || w->bits == 8)) {
-                float *xd = xs + T * ng;
-                int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
-                quantize_i8(xi, xd, x, T, K, w->group_size);
-                m.i8_128 = w->bits == 4 && k128_ok(c, K);
-                if (w->bits == 4)
-                    for (int64_t t = 0; t < T; t++) {
-                        if (m.i8_128) pt_cpu_arrange_x4_i8_128(xa + t * K, xi + t * K, K);
-                        else pt_cpu_arrange_x4_i8(xa + t * K, xi + t * K, K);
-                    }
-                m.xi8 = w->bits == 4 ? xa : xi;
-                m.xd = xd;
-            }
-        }
+        PT_TRY(direct_prep(c, &m));
         /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
         if (w->bits == 4 || w->bits == 8)
             pool_for_guided(c, (long)w->rows, 4, (size_t)K * (size_t)w->bits / 8, mm_direct_q48, &m);
@@ -552,6 +572,91 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
 pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
                              int64_t expert) {
     return mm_run(be, y, x, T, w, expert, 1);
+}
+
+/* Selectable levers (results are the same bits either way), for paired A/B
+ * measurements: read from the environment once (PETREL_CPU_MULTI=0: matmul_multi
+ * makes the separate calls); dev benchmarks flip them in-process. */
+pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1};
+
+static void levers_init(void) {
+    if (pt_cpu_lever.multi >= 0) return;
+    const char *e = getenv("PETREL_CPU_MULTI");
+    pt_cpu_lever.multi = !(e && !strcmp(e, "0"));
+    e = getenv("PETREL_CPU_SCALE16");
+    pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
+}
+
+int pt_cpu_multi_on(void) {
+    levers_init();
+    return pt_cpu_lever.multi;
+}
+
+/* matmul_multi (backend.h): several weights over one x. On the decode path
+ * (T < PT_CPU_DIRECT_T, or rows == 1: matmul_rows) with 4/8-bit weights of
+ * one bits/group size, x is prepared once and the rows of all the weights
+ * go through ONE guided pool job: the global row space is the weights' rows
+ * one after another, each padded to a multiple of 4 so no 4-row block
+ * straddles two weights; a claim is cut at the weight boundaries and each
+ * piece runs mm_direct_q48 on its own weight. Every row is computed by the
+ * same kernel call as in a separate matmul (its 4-row block, same x
+ * layouts), so each y[i] is bit-identical to matmul / matmul_rows of w[i].
+ * What it saves per layer of a decode step: 3 → 1 (q/k/v) and 2 → 1
+ * (gate/up) pool dispatches and x preparations, and the idle tail at the
+ * end of every separate matvec. Other shapes (prefill GEMM, other bits,
+ * mixed bits or group sizes): the separate calls. */
+typedef struct {
+    mm_ctx m[4];
+    long start[5]; /* global index of weight i's first row; start[n] = the end */
+    int n;
+} mm_multi_ctx;
+
+static void mm_multi_run(void *arg, long r0, long r1, int ith) {
+    mm_multi_ctx *mc = arg;
+    for (int i = 0; i < mc->n; i++) {
+        long lo = r0 > mc->start[i] ? r0 : mc->start[i], hi = r1 < mc->start[i + 1] ? r1 : mc->start[i + 1];
+        if (lo >= hi) continue;
+        long n0 = lo - mc->start[i], n1 = hi - mc->start[i], N = (long)mc->m[i].w->rows;
+        if (n1 > N) n1 = N; /* the padding rows */
+        if (n0 < n1) mm_direct_q48(&mc->m[i], n0, n1, ith);
+    }
+}
+
+pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                              const pt_matrix *const *w, int rows) {
+    pt_cpu *c = pt_cpu_of(be);
+    if (n < 1 || n > 4) return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: %d weights (expected 1..4)", n);
+    for (int i = 0; i < n; i++) {
+        if (w[i]->cols != w[0]->cols)
+            return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: weight %d has K = %lld, weight 0 has %lld", i,
+                            (long long)w[i]->cols, (long long)w[0]->cols);
+        if (w[i]->n_experts > 1)
+            return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: weight %d is a stack of %lld experts", i,
+                            (long long)w[i]->n_experts);
+    }
+    PT_ASSERT(T >= 0);
+    if (T == 0) return PT_OK;
+    int bits = w[0]->bits, one = n > 1 && (bits == 4 || bits == 8) && (rows || T < PT_CPU_DIRECT_T) &&
+                                 pt_cpu_multi_on();
+    for (int i = 1; one && i < n; i++) one = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
+    if (!one) {
+        for (int i = 0; i < n; i++) PT_TRY(mm_run(be, y[i], x, T, w[i], 0, rows != 0));
+        return PT_OK;
+    }
+    mm_multi_ctx mc = {.n = n};
+    mc.m[0] = (mm_ctx){.c = c, .y = y[0], .x = x, .xq = x, .T = T, .w = w[0], .expert = 0};
+    PT_TRY(direct_prep(c, &mc.m[0]));
+    mc.start[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (i) {
+            mc.m[i] = mc.m[0];
+            mc.m[i].w = w[i];
+            mc.m[i].y = y[i];
+        }
+        mc.start[i + 1] = mc.start[i] + (long)((w[i]->rows + 3) / 4 * 4);
+    }
+    pool_for_guided(c, mc.start[n], 4, (size_t)w[0]->cols * (size_t)bits / 8, mm_multi_run, &mc);
+    return PT_OK;
 }
 
 /* ---- embedding ---- */

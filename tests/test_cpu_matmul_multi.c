@@ -1,0 +1,158 @@
+/* The CPU backend's matmul_multi (pt_cpu_matmul_multi, cpu_matmul.c) called
+ * directly: on the decode path it prepares x once and runs the rows of all
+ * the weights as one pool job. Every output must be bit-identical to the
+ * separate matmul (rows == 0) / matmul_rows (rows == 1) of its weight, with
+ * 1 and 2 threads, for 4- and 8-bit weights of groups 32/64/128, K with and
+ * without the bf16 kernel's K % 128 == 0, row counts that are not multiples
+ * of 4 (padding between weights in the shared row space) and large enough
+ * for claims to cross weight boundaries, bf16 and f32 activations, a token
+ * whose x is not exactly bf16 (the f32 kernel beside the bf16 one), the
+ * int8 lever, T past the decode path (the separate calls), mixed bits (the
+ * separate calls); nothing past a weight's rows is written. (The op table
+ * wiring and the backend-independent contract are checked by
+ * tests/test_matmul_multi.c.) */
+#include "test.h"
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "base/half.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t ru32(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 11);
+}
+static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
+
+typedef struct {
+    pt_matrix w;
+    uint8_t *codes;
+    uint16_t *sc, *bi, *bias;
+} qw;
+
+static void qw_make(qw *q, int64_t N, int64_t K, int bits, int gs, int with_bias) {
+    int64_t ng = K / gs;
+    q->codes = malloc((size_t)(N * K * bits / 8));
+    q->sc = malloc((size_t)(N * ng) * 2);
+    q->bi = malloc((size_t)(N * ng) * 2);
+    q->bias = with_bias ? malloc((size_t)N * 2) : NULL;
+    for (int64_t i = 0; i < N * K * bits / 8; i++) q->codes[i] = (uint8_t)ru32();
+    for (int64_t i = 0; i < N * ng; i++) {
+        q->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        q->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
+    }
+    for (int64_t i = 0; with_bias && i < N; i++) q->bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    q->w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = q->codes,
+                       .scales = q->sc, .biases = q->bi, .bias = q->bias, .bias_dtype = PT_FT_BF16};
+}
+
+static void qw_free(qw *q) { free(q->codes), free(q->sc), free(q->bi), free(q->bias); }
+
+enum { GUARD = 8, TMAX = 6 };
+
+/* One configuration: n weights of rows Ns[i] (bits[i], group gs), T tokens. */
+static void check_case(int nth, pt_act_dtype act, int int8_act, int64_t K, const int *bits, int gs, const int64_t *Ns,
+                       int n, int64_t T, int rows, int odd_token) {
+    char what[160];
+    snprintf(what, sizeof what, "nth %d act %d i8 %d K %lld gs %d bits %d.. n %d T %lld rows %d odd %d", nth, (int)act,
+             int8_act, (long long)K, gs, bits[0], n, (long long)T, rows, odd_token);
+    pt_backend *be = NULL;
+    pt_cpu_params cp = {.n_threads = nth, .act = act, .int8_act = int8_act};
+    REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s: %s", what, pt_last_error());
+    qw q[4];
+    const pt_matrix *ws[4];
+    float *ya[4], *yb[4];
+    int64_t maxN = 0;
+    for (int i = 0; i < n; i++) {
+        qw_make(&q[i], Ns[i], K, bits[i], gs, i == 1);
+        REQUIRE(be->ops->prepare_weight(be, &q[i].w, "w") == PT_OK, "%s: %s", what, pt_last_error());
+        ws[i] = &q[i].w;
+        if (Ns[i] > maxN) maxN = Ns[i];
+    }
+    pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = K};
+    REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "%s", what);
+    float *x = malloc(sizeof(float) * (size_t)(T * K));
+    for (int64_t i = 0; i < T * K; i++) x[i] = act == PT_ACT_BF16 ? pt_round_bf16(rf(-2, 2)) : rf(-2, 2);
+    if (odd_token) x[(T - 1) * K + 5] = 0.1234567f; /* not a bf16 value: that token keeps the f32 kernel */
+    for (int i = 0; i < n; i++) {
+        ya[i] = malloc(sizeof(float) * (size_t)(T * Ns[i] + GUARD));
+        yb[i] = malloc(sizeof(float) * (size_t)(T * Ns[i] + GUARD));
+        for (int64_t j = 0; j < T * Ns[i] + GUARD; j++) ya[i][j] = yb[i][j] = -777.0f;
+        pt_status s = rows ? be->ops->matmul_rows(be, ya[i], x, T, ws[i], 0) : be->ops->matmul(be, ya[i], x, T, ws[i], 0);
+        REQUIRE(s == PT_OK, "%s: %s", what, pt_last_error());
+    }
+    REQUIRE(pt_cpu_matmul_multi(be, n, yb, x, T, ws, rows) == PT_OK, "%s: %s", what, pt_last_error());
+    for (int i = 0; i < n; i++) {
+        CHECK(memcmp(ya[i], yb[i], sizeof(float) * (size_t)(T * Ns[i])) == 0, "%s: weight %d differs", what, i);
+        for (int j = 0; j < GUARD; j++) CHECK(yb[i][T * Ns[i] + j] == -777.0f, "%s: weight %d wrote past its end", what, i);
+        free(ya[i]), free(yb[i]), qw_free(&q[i]);
+    }
+    free(x);
+    pt_backend_free(&be);
+}
+
+static void test_multi_bit_identical(void) {
+    static const int64_t Ns[4] = {301, 13, 517, 6}; /* not multiples of 4; > one guided claim in total */
+    static const int gss[3] = {32, 64, 128};
+    for (int nth = 1; nth <= 2; nth++)
+        for (int b = 4; b <= 8; b += 4)
+            for (int gi = 0; gi < 3; gi++)
+                for (int64_t K = 256; K <= 384; K += 128) { /* 384: K % 128 == 0 too; 256 + 64 below */
+                    int bits[4] = {b, b, b, b};
+                    for (int n = 1; n <= 4; n++) {
+                        check_case(nth, PT_ACT_BF16, 0, K, bits, gss[gi], Ns, n, 1, 0, 0);
+                        if (test_failed_current) return;
+                    }
+                    check_case(nth, PT_ACT_F32, 0, K, bits, gss[gi], Ns, 3, 2, 0, 0);
+                    check_case(nth, PT_ACT_BF16, 0, K, bits, gss[gi], Ns, 3, 3, 0, 1);
+                    check_case(nth, PT_ACT_BF16, 0, K, bits, gss[gi], Ns, 2, 5, 1, 1);
+                    check_case(nth, PT_ACT_BF16, 1, K, bits, gss[gi], Ns, 3, 1, 0, 0);
+                    check_case(nth, PT_ACT_BF16, 1, K, bits, gss[gi], Ns, 2, 4, 1, 0);
+                    if (test_failed_current) return;
+                }
+}
+
+static void test_multi_other_shapes(void) {
+    static const int64_t Ns[3] = {40, 24, 8};
+    int bits4[3] = {4, 4, 4}, mixed[3] = {4, 8, 4};
+    for (int nth = 1; nth <= 2; nth++) {
+        check_case(nth, PT_ACT_BF16, 0, 320, bits4, 64, Ns, 3, 1, 0, 0); /* K % 128 != 0: the f32 kernel */
+        check_case(nth, PT_ACT_BF16, 0, 256, bits4, 64, Ns, 3, 6, 0, 0); /* prefill GEMM: separate calls */
+        check_case(nth, PT_ACT_BF16, 0, 256, mixed, 64, Ns, 3, 1, 0, 0); /* mixed bits: separate calls */
+        int b6[3] = {6, 6, 6};
+        check_case(nth, PT_ACT_BF16, 0, 256, b6, 64, Ns, 2, 1, 0, 0); /* 6 bits: separate calls */
+    }
+}
+
+static void test_multi_bad_args(void) {
+    pt_backend *be = NULL;
+    pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
+    REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
+    qw a, b;
+    qw_make(&a, 8, 256, 4, 64, 0);
+    qw_make(&b, 8, 128, 4, 64, 0);
+    const pt_matrix *ws[5] = {&a.w, &b.w, &a.w, &a.w, &a.w};
+    float y0[16], y1[16];
+    float *ys[5] = {y0, y1, y0, y0, y0};
+    float x[256] = {0};
+    CHECK(pt_cpu_matmul_multi(be, 2, ys, x, 1, ws, 0) == PT_ERR_INVALID_ARG, "different K accepted");
+    CHECK(pt_cpu_matmul_multi(be, 0, ys, x, 1, ws, 0) == PT_ERR_INVALID_ARG, "n = 0 accepted");
+    ws[1] = &a.w;
+    CHECK(pt_cpu_matmul_multi(be, 5, ys, x, 1, ws, 0) == PT_ERR_INVALID_ARG, "n = 5 accepted");
+    qw_free(&a), qw_free(&b);
+    pt_backend_free(&be);
+}
+
+int main(void) {
+    TEST_RUN(test_multi_bit_identical);
+    TEST_RUN(test_multi_other_shapes);
+    TEST_RUN(test_multi_bad_args);
+    return test_summary();
+}
