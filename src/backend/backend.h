@@ -402,6 +402,21 @@ typedef struct pt_backend_ops {
     pt_status (*rope_qk_kv_append)(pt_backend *be, float *q, float *k, const float *v, int64_t T, int n_heads,
                                    int n_kv, int head_dim, const int32_t *pos, const pt_rope *rope,
                                    pt_kv_layer *kv);
+
+    /* Several matmuls over the same input in one call (a layer's q, k, v
+     * projections; gate and up): y[i][T, w[i]->rows] = x[T, K] · w[i]ᵀ
+     * (+ bias) for i < n, 1 <= n <= 4, every w[i]->cols == K, no expert
+     * stacks (n_experts <= 1; expert 0). Each y[i] is bit-identical to
+     * matmul(be, y[i], x, T, w[i], 0) when rows == 0, and to
+     * matmul_rows(be, y[i], x, T, w[i], 0) when rows == 1 (batched rows: a
+     * backend with matmul_multi also has matmul_rows). The y[i] must not
+     * overlap each other or x. A backend may run them in one launch / one
+     * dispatch (read and prepare x once, fill more of the machine with the
+     * small ones); the weights may differ in rows, bits and group size.
+     * NULL = not implemented: callers make the n calls. Kept last so
+     * positional initializers stay valid. */
+    pt_status (*matmul_multi)(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                              const pt_matrix *const *w, int rows);
 } pt_backend_ops;
 
 struct pt_backend {
@@ -430,6 +445,13 @@ typedef struct pt_cpu_params {
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params);
 /* The ISA the CPU backend picked ("scalar", "avx2", "avx512"). */
 const char *pt_backend_cpu_isa_name(const pt_backend *be);
+
+/* matmul_multi through the op when the backend has it (and, for rows, also
+ * matmul_rows), else the n separate calls: matmul (rows == 0), matmul_rows
+ * (rows == 1), or T = 1 matmuls row by row when the backend has no
+ * matmul_rows. Same results either way (backend.h contract). */
+pt_status pt_backend_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                                  const pt_matrix *const *w, int rows);
 
 /* Frees any backend (NULL-safe) and sets *be to NULL. */
 void pt_backend_free(pt_backend **be);

@@ -47,6 +47,15 @@ static pt_status mmul(pt_model *m, const pt_fwd_rows *r, float *y, const float *
     return PT_OK;
 }
 
+/* ys[i][T, ws[i]->rows] = x[T, K]·ws[i]ᵀ for n (1..4) weights over the same
+ * x (q/k/v, gate/up): one matmul_multi when the backend has it (one launch
+ * on CUDA), else mmul per weight; bit-identical to the mmul calls either
+ * way (backend.h), batched rows included. */
+static pt_status mmul_multi(pt_model *m, const pt_fwd_rows *r, int n, float *const *ys, const float *x, int T,
+                            const pt_matrix *const *ws) {
+    return pt_backend_matmul_multi(m->be, n, ys, x, T, ws, r != NULL);
+}
+
 pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
     memset(st, 0, sizeof *st);
     const pt_net *n = &m->net;
@@ -149,8 +158,8 @@ static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r,
     const pt_net *n = &m->net;
     const int64_t H = n->hidden;
     /* dense path */
-    PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->w_gate));
-    PT_TRY(mmul(m, r, st->up, st->xn, T, &L->w_up));
+    PT_TRY(mmul_multi(m, r, 2, (float *const[]){st->gate, st->up}, st->xn, T,
+                      (const pt_matrix *const[]){&L->w_gate, &L->w_up}));
     PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
     PT_TRY(mmul(m, r, st->y2, st->act, T, &L->w_down));
     PT_TRY(OPS(m)->rms_norm(be, st->y2, st->y2, NULL, T, H, L->post_ffn_norm_1, n->norm_type, L->norm_style, n->eps));
@@ -175,8 +184,8 @@ static pt_status ffn_gemma4(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r,
 static pt_status shared_expert(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int T) {
     pt_backend *be = m->be;
     const int64_t H = m->net.hidden, S = L->sh_ffn;
-    PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->sh_gate));
-    PT_TRY(mmul(m, r, st->up, st->xn, T, &L->sh_up));
+    PT_TRY(mmul_multi(m, r, 2, (float *const[]){st->gate, st->up}, st->xn, T,
+                      (const pt_matrix *const[]){&L->sh_gate, &L->sh_up}));
     PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, S, S, L->glu));
     PT_TRY(mmul(m, r, st->y2, st->act, T, &L->sh_down));
     PT_TRY(mmul(m, r, st->rlogits, st->xn, T, &L->sh_router)); /* [T, 1] (the routing is done with it) */
@@ -191,8 +200,8 @@ static pt_status shared_expert(pt_model *m, pt_fwd_state *st, const pt_fwd_rows 
 static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T, int pos0) {
     pt_backend *be = m->be;
     if (!L->is_moe) {
-        PT_TRY(mmul(m, r, st->gate, st->xn, T, &L->w_gate));
-        PT_TRY(mmul(m, r, st->up, st->xn, T, &L->w_up));
+        PT_TRY(mmul_multi(m, r, 2, (float *const[]){st->gate, st->up}, st->xn, T,
+                          (const pt_matrix *const[]){&L->w_gate, &L->w_up}));
         PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));
         return mmul(m, r, st->y, st->act, T, &L->w_down);
     }
@@ -329,12 +338,12 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
             const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
             const int own_kv = !L->kv_shared;
             pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
-            PT_TRY(mmul(m, r, st->q, st->xn, T, &L->wq));
-            if (own_kv) PT_TRY(mmul(m, r, st->k, st->xn, T, &L->wk));
+            /* q, k, v (q, k with K=V; q alone sharing another layer's cache) over the same xn */
+            const int nproj = own_kv ? (L->k_eq_v ? 2 : 3) : 1;
+            PT_TRY(mmul_multi(m, r, nproj, (float *const[]){st->q, st->k, st->v}, st->xn, T,
+                              (const pt_matrix *const[]){&L->wq, &L->wk, &L->wv}));
             if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
                 PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
-            else if (own_kv)
-                PT_TRY(mmul(m, r, st->v, st->xn, T, &L->wv));
             if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
                 PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
                                         n->eps));
