@@ -8,7 +8,9 @@
  * for claims to cross weight boundaries, bf16 and f32 activations, a token
  * whose x is not exactly bf16 (the f32 kernel beside the bf16 one), the
  * int8 lever, T past the decode path (the separate calls), mixed bits (the
- * separate calls); nothing past a weight's rows is written. (The op table
+ * separate calls); nothing past a weight's rows is written. Also: the 4-bit
+ * bf16 kernel reading bf16 scales/biases itself gives the bits of the one
+ * fed f32 copies. (The op table
  * wiring and the backend-independent contract are checked by
  * tests/test_matmul_multi.c.) */
 #include "test.h"
@@ -150,7 +152,44 @@ static void test_multi_bad_args(void) {
     pt_backend_free(&be);
 }
 
+/* The 4-bit bf16 decode kernel reading bf16 scales/biases itself
+ * (pt_cpu_lever.scale16) gives the bits of the kernel fed f32 copies. */
+static void test_scale16_bit_identical(void) {
+    static const int gss[3] = {32, 64, 128};
+    static const int64_t Ks[3] = {256, 384, 2176}; /* 2176 / 128 = 17 groups: a masked tail in the bias term */
+    for (int nth = 1; nth <= 2; nth++)
+        for (int gi = 0; gi < 3; gi++)
+            for (int ki = 0; ki < 3; ki++)
+                for (int64_t T = 1; T <= 3; T++) {
+                    int64_t K = Ks[ki], N = 37;
+                    pt_backend *be = NULL;
+                    pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
+                    REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
+                    qw q;
+                    qw_make(&q, N, K, 4, gss[gi], 1);
+                    REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
+                    pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = K};
+                    REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "reserve");
+                    float *x = malloc(sizeof(float) * (size_t)(T * K)), *y0 = malloc(sizeof(float) * (size_t)(T * N)),
+                          *y1 = malloc(sizeof(float) * (size_t)(T * N));
+                    for (int64_t i = 0; i < T * K; i++) x[i] = pt_round_bf16(rf(-2, 2));
+                    int saved = pt_cpu_lever.scale16;
+                    pt_cpu_lever.scale16 = 0;
+                    pt_status s0 = be->ops->matmul_rows(be, y0, x, T, &q.w, 0);
+                    pt_cpu_lever.scale16 = 1;
+                    pt_status s1 = be->ops->matmul_rows(be, y1, x, T, &q.w, 0);
+                    pt_cpu_lever.scale16 = saved;
+                    CHECK(s0 == PT_OK && s1 == PT_OK, "matmul: %s", pt_last_error());
+                    CHECK(memcmp(y0, y1, sizeof(float) * (size_t)(T * N)) == 0, "nth %d gs %d K %lld T %lld differ", nth,
+                          gss[gi], (long long)K, (long long)T);
+                    free(x), free(y0), free(y1), qw_free(&q);
+                    pt_backend_free(&be);
+                    if (test_failed_current) return;
+                }
+}
+
 int main(void) {
+    TEST_RUN(test_scale16_bit_identical);
     TEST_RUN(test_multi_bit_identical);
     TEST_RUN(test_multi_other_shapes);
     TEST_RUN(test_multi_bad_args);

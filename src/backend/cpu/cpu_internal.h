@@ -90,6 +90,11 @@ typedef struct pt_cpu_kernels {
      * NULL = not available (the caller uses qdot4_x4). */
     void (*qdot4_x4_bf16)(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
                           const float *const *sc, const float *const *bi, int64_t K, int gs);
+    /* qdot4_x4_bf16 with the scales and biases read as bf16 from the weight
+     * (no conversion pass by the caller): the same f32 operands, the same
+     * bits. NULL = not available. */
+    void (*qdot4_x4_bf16s)(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
+                           const uint16_t *const *sc, const uint16_t *const *bi, int64_t K, int gs);
     /* int8-activation lever (L3, changes outputs): x quantized per weight
      * group to int8 with xd[g] = max|x|/127, integer dot products:
      *   out[r] = Σ_g sc[r][g]·xd[g]·Σ_{j∈g} q_rj·xq_j + Σ_g bi[r][g]·xs[g]

@@ -21,11 +21,34 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PT_CPU_DIRECT_T 4
+
+/* Selectable levers (results are the same bits either way), for paired A/B
+ * measurements: read from the environment once (PETREL_CPU_MULTI=0: matmul_multi
+ * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode kernel
+ * takes scales/biases converted to f32 by the caller); a field a dev benchmark
+ * has already set is kept. */
+pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1};
+
+static void levers_read(void) {
+    const char *e = getenv("PETREL_CPU_MULTI");
+    if (pt_cpu_lever.multi < 0) pt_cpu_lever.multi = !(e && !strcmp(e, "0"));
+    e = getenv("PETREL_CPU_SCALE16");
+    if (pt_cpu_lever.scale16 < 0) pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
+}
+
+static pthread_once_t levers_once = PTHREAD_ONCE_INIT;
+static void levers_init(void) { pthread_once(&levers_once, levers_read); }
+
+int pt_cpu_multi_on(void) {
+    levers_init();
+    return pt_cpu_lever.multi;
+}
 
 /* ---- weight row access ---- */
 
@@ -103,6 +126,7 @@ typedef struct {
     int i8_128;        /* int8 lever, 4-bit: xi8 arranged for qdot4_x4_i8_128 */
     const uint16_t *xa; /* bf16 4-bit kernel: [T, K] x arranged (pt_cpu_arrange_x4_bf16), else NULL */
     const uint8_t *xok; /* [T]: token t's x is exactly bf16 (xa row t valid) */
+    int all_bf16;       /* every xok[t] is set (and no int8 lever): the bf16 kernel for every token */
     const float *xpk;   /* prefill GEMM: x packed [tiles][K][12] */
     int64_t T;
     const pt_matrix *w;
@@ -284,6 +308,10 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     int64_t N = w->rows, K = w->cols, T = m->T, ng = K / w->group_size;
     float *tmp = pt_cpu_thread_scratch(m->c, ith);
     size_t pbytes = pt_ftype_size(w->dtype);
+    /* every token on the bf16 kernel and bf16 parameters: the kernel variant that reads them as they
+     * are stored (same bits; no conversion into scratch) */
+    int p16 = m->all_bf16 && w->dtype == PT_FT_BF16 && k->qdot4_x4_bf16s && pt_cpu_lever.scale16 > 0;
+    const float *sc[4] = {0}, *bi[4] = {0};
     if (m->c->isa == PT_ISA_AVX512) {
         /* the chunk's first pt_cpu_pf_offset bytes of codes: the kernels prefetch that far ahead of
          * the rows they read, so without this the start of every chunk (a thread's chunks are not
@@ -303,7 +331,6 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     const char *pb = (const char *)w->biases + (size_t)m->expert * (size_t)N * prow;
     for (int64_t nb = n0; nb < n1; nb += 4) {
         const uint8_t *codes[4];
-        const float *sc[4], *bi[4];
         int nr = (int)(n1 - nb < 4 ? n1 - nb : 4);
         if (nb + pf_rows < N) { /* the 4 rows pf_rows ahead (never past the matrix) */
             size_t o = (size_t)(nb + pf_rows) * prow, e = o + 4 * prow, lim = (size_t)N * prow;
@@ -313,11 +340,17 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
                 __builtin_prefetch(pb + q, 0, 3);
             }
         }
+        const uint16_t *sc16[4], *bi16[4];
         for (int r = 0; r < 4; r++) {
             int64_t n = nb + (r < nr ? r : nr - 1);
             codes[r] = pt_cpu_qrow_codes(w, m->expert, n);
-            float *s = tmp + (size_t)r * 2 * ng, *b = s + ng;
             size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+            if (p16) { /* the kernel reads the bf16 parameters itself */
+                sc16[r] = (const uint16_t *)((const char *)w->scales + off);
+                bi16[r] = (const uint16_t *)((const char *)w->biases + off);
+                continue;
+            }
+            float *s = tmp + (size_t)r * 2 * ng, *b = s + ng;
             if (w->dtype == PT_FT_BF16) {
                 k->cvt_bf16(s, (const uint16_t *)((const char *)w->scales + off), ng);
                 k->cvt_bf16(b, (const uint16_t *)((const char *)w->biases + off), ng);
@@ -327,7 +360,9 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
         }
         for (int64_t t = 0; t < T; t++) {
             float out[4];
-            if (m->xi8 && m->i8_128)
+            if (p16)
+                k->qdot4_x4_bf16s(out, m->xa + t * K, m->xs + t * ng, codes, sc16, bi16, K, w->group_size);
+            else if (m->xi8 && m->i8_128)
                 k->qdot4_x4_i8_128(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K,
                                    w->group_size);
             else if (m->xi8 && w->bits == 4)
@@ -493,6 +528,7 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
             m->xa = xa;
             m->xok = xok;
         }
+        m->all_bf16 = all_bf16;
     }
     if (w->bits) {
         float *xp = c->xbuf, *xs = c->xbuf + T * K;
@@ -543,6 +579,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         return PT_OK;
     }
     if (direct || T < PT_CPU_DIRECT_T || i8) {
+        levers_init();
         PT_TRY(direct_prep(c, &m));
         /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
         if (w->bits == 4 || w->bits == 8)
@@ -572,24 +609,6 @@ pt_status pt_cpu_matmul(pt_backend *be, float *y, const float *x, int64_t T, con
 pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
                              int64_t expert) {
     return mm_run(be, y, x, T, w, expert, 1);
-}
-
-/* Selectable levers (results are the same bits either way), for paired A/B
- * measurements: read from the environment once (PETREL_CPU_MULTI=0: matmul_multi
- * makes the separate calls); dev benchmarks flip them in-process. */
-pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1};
-
-static void levers_init(void) {
-    if (pt_cpu_lever.multi >= 0) return;
-    const char *e = getenv("PETREL_CPU_MULTI");
-    pt_cpu_lever.multi = !(e && !strcmp(e, "0"));
-    e = getenv("PETREL_CPU_SCALE16");
-    pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
-}
-
-int pt_cpu_multi_on(void) {
-    levers_init();
-    return pt_cpu_lever.multi;
 }
 
 /* matmul_multi (backend.h): several weights over one x. On the decode path

@@ -220,18 +220,35 @@ static void qdot4_x4(float *out, const float *xp, const float *xs, const uint8_t
  * cache): 27.3 vs 23.6 Gweights/s for qdot4_x4; the offset costs accuracy
  * relative to the f32 kernel (~2e-6 of the result instead of ~2e-7), far
  * below the bf16 rounding of the output. */
-static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
-                          const float *const *sc, const float *const *bi, int64_t K, int gs) {
+/* One body for both parameter types (p16 is a compile-time constant at each
+ * call): p16 = 0 reads f32 scales/biases (converted by the caller), p16 = 1
+ * the bf16 ones in the weight itself. A bf16 value widens to f32 exactly
+ * (the 16 bits become the high half of the f32), so both give the same f32
+ * operands and the same bits; p16 saves the caller's conversion pass (8
+ * conversions of ng values per 4 rows, written to scratch and read back,
+ * ~4% of a decode step's CPU time in a profile). The block's scales are
+ * widened by one word permute: word 2i+1 of lane i takes the block's scale
+ * of lane i's group, word 2i becomes zero. */
+static inline __attribute__((always_inline)) void q4bf16_body(float *out, const uint16_t *xa, const float *xs,
+                                                              const uint8_t *const *codes, const void *const *sc,
+                                                              const void *const *bi, int64_t K, int gs, int p16) {
     const __m512i m15 = _mm512_set1_epi16(15), mag = _mm512_set1_epi16(0x4300);
     /* lane i of a block belongs to its group (8i)/gs */
     const __m512i sidx = gs == 32   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
                          : gs == 64 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
                                     : _mm512_setzero_si512();
+    /* the same selection for 16-bit words: lane i's high word (2i+1) <- scale word sidx[i] */
+    const __m512i widx = _mm512_slli_epi32(sidx, 16);
     const __mmask8 smask = (__mmask8)((1u << (128 / gs)) - 1u);
     const int64_t gpb = 128 / gs; /* groups per block */
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+#define QB_SCALE(r)                                                                                               \
+    (p16 ? _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(                                                    \
+               (__mmask32)0xAAAAAAAAu, widx,                                                                      \
+               _mm512_zextsi128_si512(_mm_maskz_loadu_epi16(smask, (const uint16_t *)sc[r] + g))))               \
+         : _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, (const float *)sc[r] + g))))
 #define QB_ROW(r)                                                                                                \
     do {                                                                                                         \
         __m512i v_ = _mm512_loadu_si512((const void *)(c##r + b / 2));                                           \
@@ -243,8 +260,7 @@ static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const
         d_ = _mm512_dpbf16_ps(d_, n1_, x1);                                                                      \
         d_ = _mm512_dpbf16_ps(d_, n2_, x2);                                                                      \
         d_ = _mm512_dpbf16_ps(d_, n3_, x3);                                                                      \
-        __m512 s_ = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, sc[r] + g))); \
-        a##r = _mm512_fmadd_ps(d_, s_, a##r);                                                                    \
+        a##r = _mm512_fmadd_ps(d_, QB_SCALE(r), a##r);                                                           \
     } while (0)
     for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
         PF_LINE(pf + 2 * b); /* this block reads 4 × 64 bytes */
@@ -261,22 +277,36 @@ static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const
         QB_ROW(3);
     }
 #undef QB_ROW
+#undef QB_SCALE
     /* bias term with the offset: Σ_g (b_g − 128·s_g)·xs_g */
     const __m512 m128 = _mm512_set1_ps(-128.0f);
     int64_t ng = K / gs;
     for (int64_t g = 0; g < ng; g += 16) {
         __mmask16 m_ = ng - g >= 16 ? (__mmask16)0xffff : tail_mask(ng - g);
         __m512 xs_ = _mm512_maskz_loadu_ps(m_, xs + g);
-#define QB_BIAS(r)                                                                                               \
-    a##r = _mm512_fmadd_ps(                                                                                      \
-        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m_, sc[r] + g), m128, _mm512_maskz_loadu_ps(m_, bi[r] + g)), xs_, a##r);
+#define QB_LD(p)                                                                                                   \
+    (p16 ? _mm512_castsi512_ps(                                                                                    \
+               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m_, (const uint16_t *)(p) + g)), 16)) \
+         : _mm512_maskz_loadu_ps(m_, (const float *)(p) + g))
+#define QB_BIAS(r) a##r = _mm512_fmadd_ps(_mm512_fmadd_ps(QB_LD(sc[r]), m128, QB_LD(bi[r])), xs_, a##r);
         QB_BIAS(0) QB_BIAS(1) QB_BIAS(2) QB_BIAS(3)
 #undef QB_BIAS
+#undef QB_LD
     }
     out[0] = _mm512_reduce_add_ps(a0);
     out[1] = _mm512_reduce_add_ps(a1);
     out[2] = _mm512_reduce_add_ps(a2);
     out[3] = _mm512_reduce_add_ps(a3);
+}
+
+static void qdot4_x4_bf16(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
+                          const float *const *sc, const float *const *bi, int64_t K, int gs) {
+    q4bf16_body(out, xa, xs, codes, (const void *const *)sc, (const void *const *)bi, K, gs, 0);
+}
+
+static void qdot4_x4_bf16s(float *out, const uint16_t *xa, const float *xs, const uint8_t *const *codes,
+                           const uint16_t *const *sc, const uint16_t *const *bi, int64_t K, int gs) {
+    q4bf16_body(out, xa, xs, codes, (const void *const *)sc, (const void *const *)bi, K, gs, 1);
 }
 
 #define Q8_STEP(c, s0, s1)                                                                                      \
@@ -758,6 +788,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .panel_t16 = panel_t16,
     .qdot8_x4 = qdot8_x4,
     .qdot4_x4_bf16 = qdot4_x4_bf16,
+    .qdot4_x4_bf16s = qdot4_x4_bf16s,
     .cvt_bf16 = cvt_bf16,
     .dequant_q = dequant_q,
     .qdot4_x4_i8 = qdot4_x4_i8,
