@@ -278,6 +278,7 @@ static const pt_backend_ops cpu_ops = {
     .matmul_rows = pt_cpu_matmul_rows,
     .kv_append_rows = pt_cpu_kv_append_rows,
     .attention_rows = pt_cpu_attention_rows,
+    .matmul_multi = pt_cpu_matmul_multi,
 };
 
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params) {
