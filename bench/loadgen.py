@@ -2,7 +2,7 @@
 http.client, streamed SSE; a measuring harness, not part of petrel).
 
   loadgen.py --port P --streams N [--tokens 128] [--prompt-len 16] [--vocab V]
-             [--host 127.0.0.1] [--seed 1] [--label TEXT] [--verify K]
+             [--host 127.0.0.1] [--seed 1] [--label TEXT] [--verify K] [--verify-full]
 
 Starts N concurrent streamed POST /v1/completions requests at once, each with
 its own prompt of --prompt-len random token ids below --vocab (distinct per
@@ -21,7 +21,9 @@ mean batch = the server's petrel_batch_size _sum/_count over the run
 the run exit non-zero. --verify K then reruns the first K prompts one at a
 time and requires each reply (text) to equal its reply in the batch (batch
 invariance end to end; greedy); those K streams get one-token prompts (see
-the comment in main).
+the comment in main) unless --verify-full keeps their whole prompts (a
+server that runs prompts of up to 64 tokens as rows of its batched steps
+computes every prompt token as it would alone, whatever the chunking).
 """
 import argparse
 import http.client
@@ -102,6 +104,8 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--verify", type=int, default=0,
                     help="then rerun the first K prompts one at a time: each reply must equal its reply in the batch")
+    ap.add_argument("--verify-full", action="store_true",
+                    help="the --verify streams keep their whole prompts (prompt rows make any chunking exact)")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     prompts = [[rnd.randrange(16, a.vocab - 16) for _ in range(a.prompt_len)] for _ in range(a.streams)]
@@ -109,7 +113,7 @@ def main():
     # its prompt in the server's prompt cache and runs only the last prompt
     # token again, which for a one-token prompt is the very same computation
     # (for longer prompts a different chunking, which may round differently)
-    for i in range(min(a.verify, a.streams)):
+    for i in range(0 if a.verify_full else min(a.verify, a.streams)):
         prompts[i] = prompts[i][:1]
     m0 = metrics(a.host, a.port)
     go = threading.Event()

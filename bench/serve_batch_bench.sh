@@ -10,7 +10,10 @@
 #   MODEL_DIR llama-3.1-8b (random 4-bit weights of the published shape).
 #   LEVELS default "1 8 32 64"; TOKENS (generated per stream) default 64.
 # Environment: PROMPT_LEN (default 16), CTX (default 1024), PARALLEL (64),
-# VERIFY (default 2: per level, the first 2 replies rerun alone must be identical).
+# VERIFY (default 2: per level, the first 2 replies rerun alone must be identical),
+# VERIFY_FULL (default 1: those replies keep their whole prompts, exact when the
+# server runs prompts as rows; 0: one-token prompts, for builds before that),
+# LABEL (default: the model directory's name).
 set -eu
 cd "$(dirname "$0")/.."
 PETREL=$1
@@ -45,6 +48,7 @@ for n in $LEVELS; do
 done
 for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens "$TOKENS" --prompt-len "$PROMPT_LEN" --vocab "$V" \
-    --seed "$n" --label "$(basename "$MODEL")" --verify "${VERIFY:-2}"
+    --seed "$n" --label "${LABEL:-$(basename "$MODEL")}" --verify "${VERIFY:-2}" \
+    $([ "${VERIFY_FULL:-1}" = 1 ] && echo --verify-full)
 done
-python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith('petrel_batch_size')))" "http://127.0.0.1:$PORT/metrics"
+python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith(('petrel_batch_size', 'petrel_prompt_row'))))" "http://127.0.0.1:$PORT/metrics"

@@ -2,6 +2,7 @@
 #include "batch_check.h"
 
 #include "golden.h" /* golden_argmax */
+#include "runtime/batch.h" /* pt_session_decode_rows */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,11 @@ static int prefill(pt_session *s, const batch_ref *r, int i) {
     int len = r->prompt_len(i);
     if (len < 1 || len > BATCH_CHECK_MAX_PROMPT) return 0;
     for (int j = 0; j < len; j++) p[j] = batch_prompt_id(i, j, r->V);
+    if (r->tokenwise) {
+        for (int j = 0; j < len; j++)
+            if (pt_session_prompt(s, &p[j], 1) != PT_OK) return 0;
+        return 1;
+    }
     return pt_session_prompt(s, p, (size_t)len) == PT_OK;
 }
 
@@ -28,8 +34,9 @@ void batch_ref_free(batch_ref *r) {
     r->tok = NULL;
 }
 
-int batch_ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i)) {
+static int ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i), int tokenwise) {
     memset(r, 0, sizeof *r);
+    r->tokenwise = tokenwise;
     r->V = pt_model_vocab_size(m);
     r->n = n;
     r->steps = steps;
@@ -52,6 +59,14 @@ int batch_ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len
         if (!ok) return 0;
     }
     return 1;
+}
+
+int batch_ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i)) {
+    return ref_make(m, r, n, steps, prompt_len, 0);
+}
+
+int batch_ref_make_tokenwise(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i)) {
+    return ref_make(m, r, n, steps, prompt_len, 1);
 }
 
 int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, int *max_b) {
@@ -110,5 +125,74 @@ int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int
     free(ids);
     free(done);
     free(who);
+    return failed ? 1000 : bad;
+}
+
+int batch_run_rows(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, const int *piece,
+                   int *max_rows) {
+    int N = r->n, bad = 0, failed = 0;
+    pt_session **ss = calloc((size_t)N, sizeof *ss), **b = calloc((size_t)N, sizeof *b);
+    int32_t *ids = calloc((size_t)N * BATCH_CHECK_MAX_PROMPT, sizeof *ids);
+    int *done = calloc((size_t)N, sizeof *done), *who = calloc((size_t)N, sizeof *who);
+    int *fed = calloc((size_t)N, sizeof *fed), *cnt = calloc((size_t)N, sizeof *cnt);
+    *max_rows = 0;
+    if (!r->tokenwise || n > N || !ss || !b || !ids || !done || !who || !fed || !cnt) failed = 1;
+    for (int i = 0; !failed && i < n; i++)
+        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
+            printf("    session: %s\n", pt_last_error());
+            failed = 1;
+        }
+    for (int step = 0; !failed && step < r->steps + 4 * N + BATCH_CHECK_MAX_PROMPT; step++) {
+        int B = 0, R = 0;
+        for (int i = 0; i < n; i++) {
+            if (step < join[i]) continue;
+            const int len = r->prompt_len(i);
+            if (fed[i] < len) { /* a prompt piece */
+                int k = len - fed[i] < piece[i] ? len - fed[i] : piece[i];
+                for (int j = 0; j < k; j++) ids[R + j] = batch_prompt_id(i, fed[i] + j, r->V);
+                fed[i] += k;
+                cnt[B] = k;
+            } else if (done[i] < last[i]) { /* a decode row */
+                int32_t id = golden_argmax(pt_session_logits(ss[i]), r->V);
+                if (id != r->tok[(size_t)i * (size_t)r->steps + (size_t)done[i]]) bad++;
+                ids[R] = id;
+                cnt[B] = 1;
+                done[i]++;
+            } else {
+                continue;
+            }
+            R += cnt[B];
+            b[B] = ss[i];
+            who[B++] = i;
+        }
+        if (!B) continue;
+        if (R > *max_rows) *max_rows = R;
+        if (pt_session_decode_rows(b, ids, cnt, B) != PT_OK) {
+            printf("    decode_rows: %s\n", pt_last_error());
+            failed = 1;
+            break;
+        }
+        for (int k = 0; k < B; k++) {
+            int i = who[k];
+            /* logits exist after a session's last prompt row and every decode row */
+            int at = fed[i] < r->prompt_len(i) ? -1 : done[i];
+            if (at < 0) continue;
+            if (memcmp(pt_session_logits(ss[i]), ref_row(r, i, at), (size_t)r->V * 4)) {
+                if (bad < 3) printf("    session %d step %d (%d rows of %d sessions): logits differ\n", i, at, R, B);
+                bad++;
+            }
+        }
+    }
+    for (int i = 0; !failed && i < n; i++)
+        if (pt_session_n_tokens(ss[i]) != (size_t)(r->prompt_len(i) + last[i])) bad++;
+    for (int i = 0; ss && i < n && i < N; i++)
+        if (ss[i]) pt_session_free(&ss[i]);
+    free(ss);
+    free(b);
+    free(ids);
+    free(done);
+    free(who);
+    free(fed);
+    free(cnt);
     return failed ? 1000 : bad;
 }

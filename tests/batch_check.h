@@ -21,6 +21,7 @@ typedef struct {
     int n;                      /* sessions */
     int steps;                  /* greedy steps per session */
     int (*prompt_len)(int i);   /* prompt length of session i (<= BATCH_CHECK_MAX_PROMPT) */
+    int tokenwise;              /* the prompts were run one token at a time (batch_ref_make_tokenwise) */
     float *logits;              /* [n][steps + 1][V]: step 0 = after the prompt */
     int32_t *tok;               /* [n][steps]: the greedy tokens */
 } batch_ref;
@@ -32,6 +33,10 @@ int32_t batch_prompt_id(int i, int j, int V);
  * says why); batch_ref_free releases it either way. */
 int batch_ref_make(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i));
 void batch_ref_free(batch_ref *r);
+/* The same with every prompt run one token at a time (pt_session_prompt of
+ * one token per call): the reference of pt_session_decode_rows, whose rows
+ * are each computed as a single token is. */
+int batch_ref_make_tokenwise(pt_model *m, batch_ref *r, int n, int steps, int (*prompt_len)(int i));
 
 /* One batched run of the first n sessions: session i joins at step join[i]
  * (prefilled then, while the others are mid-decode) and decodes until it has
@@ -39,5 +44,15 @@ void batch_ref_free(batch_ref *r);
  * number of mismatches against the reference (1000 when a call failed);
  * *max_b the largest batch run. */
 int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, int *max_b);
+
+/* The server's way (runtime/batch.h pt_session_decode_rows): session i joins
+ * at step join[i] and its prompt runs as rows of the steps, piece[i] tokens
+ * per step, beside the other sessions' prompt and decode rows; once its
+ * prompt is in it decodes greedily until it has done last[i] steps. Every
+ * step is one pt_session_decode_rows call over all sessions that have work.
+ * r must come from batch_ref_make_tokenwise. Returns the mismatches (1000
+ * when a call failed); *max_rows the most rows of one step. */
+int batch_run_rows(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, const int *piece,
+                   int *max_rows);
 
 #endif

@@ -1,4 +1,6 @@
-/* The batched decode step (runtime/batch.h) and pt_session_decode_batch.
+/* The batched decode step (runtime/batch.h), pt_session_decode_batch and
+ * pt_session_decode_rows (prompt rows: several consecutive tokens of one
+ * session as rows of the step, docs/batching.md "Prompt rows").
  *
  * The pass itself is the model's forward pass (src/model/forward.c) over
  * rows that are each the next token of a different session; this file owns
@@ -12,9 +14,9 @@
  *     shape): the rows' K/V storage pointers go to backend memory as a table
  *     [n_layers][n][2], and KV append + attention are one op per layer over
  *     all rows. On CUDA with --compiled-decode the whole step (embedding to
- *     logits) is captured once per batch-size bucket (1, 2, 4, ... rows)
- *     into a CUDA graph and replayed: a step of n sessions runs the graph of
- *     the smallest bucket >= n with the extra rows as padding (id 0,
+ *     logits) is captured once per batch-size bucket (1, 2, 4, ..., 32
+ *     rows, then multiples of 32: bucket_of) into a CUDA graph and
+ *     replayed: a step of n rows runs the graph of the smallest bucket >= n with the extra rows as padding (id 0,
  *     position -1: they write no cache and their logits are dropped), after
  *     uploading the ids, positions and cache table. Since every op reads
  *     those from device memory, one graph serves any sessions;
@@ -46,8 +48,12 @@
 #include <string.h>
 
 #define OPS(m) ((m)->be->ops)
-/* Graph buckets: 2^k rows for k < BUCKETS (up to 2^15 rows). */
-#define BUCKETS 16
+/* Graph buckets (bucket_of): 1, 2, 4, ..., 32 rows, then every multiple of
+ * 32 up to 32·(BUCKETS - 5) rows. Above 32 rows a power of two would pad a
+ * step of 72 rows (64 decoding slots and 8 prompt rows) to 128, and every
+ * padding row costs what a live one does; multiples of 32 keep the padding
+ * below a third while the number of graphs stays small. */
+#define BUCKETS 40
 
 typedef struct batch {
     pt_fwd_state st;   /* activation buffers for `cap` rows (its own KV cache is never used) */
@@ -71,6 +77,24 @@ typedef struct batch {
     void *sample_ctl;  /* backend: GPU sampling's row table for sample_cap rows (the server's turn) */
     int sample_cap;
 } batch;
+
+/* The bucket of a step of n rows: its index into batch.graph (-1: larger
+ * than every bucket) and its row count in *rows (n when -1). */
+static int bucket_of(int n, int *rows) {
+    if (n <= 32) {
+        int k = 0;
+        while ((1 << k) < n) k++;
+        *rows = 1 << k;
+        return k;
+    }
+    int k = 5 + (n + 31) / 32 - 1;
+    if (k >= BUCKETS) {
+        *rows = n;
+        return -1;
+    }
+    *rows = (n + 31) / 32 * 32;
+    return k;
+}
 
 static void drop_graphs(batch *b) {
     for (int k = 0; k < BUCKETS; k++) pt_cuda_graph_free(&b->graph[k]);
@@ -192,13 +216,12 @@ static void graphs_validate(pt_model *m, batch *b, pt_fwd_state *s0) {
  * committed: no session's state changed; caches may hold this step's rows,
  * which a rerun rewrites with the same values). */
 static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos,
-                            int n, float *const *outs) {
+                            int n, float *const *outs, const uint8_t *need) {
     const int L = m->net.n_layers, V = m->net.vocab;
     const int use_graph = graphs_ok(m, b);
     int np = n, k = 0;
-    if (use_graph || b->force_pad) { /* the bucket: the smallest power of two >= n, at most the chunk */
-        while ((1 << k) < n) k++;
-        np = 1 << k;
+    if (use_graph || b->force_pad) { /* the bucket: the smallest one >= n, at most the chunk */
+        k = bucket_of(n, &np);
         if (np > b->st.chunk) np = n, k = -1;
     }
     for (int t = 0; t < np; t++) {
@@ -247,6 +270,7 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
      * logits below do not read the caches) */
     for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
     for (int t = 0; t < n; t++) {
+        if (need && !need[t]) continue; /* a prompt row before its session's last: nobody reads its logits */
         if (outs[t])
             PT_TRY(OPS(m)->download(m->be, outs[t], b->logits + (size_t)t * V, (size_t)V * 4));
         else /* GPU sampling: the row's logits move to its session's device buffer (session.h) */
@@ -256,7 +280,7 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
 }
 
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
-                           float *const *outs) {
+                           float *const *outs, const uint8_t *need) {
     if (B < 1) return pt_error(PT_ERR_INTERNAL, "batched forward: %d rows", B);
     if (!pt_fwd_rows_supported(m)) { /* Qwen3.5: one session at a time (same results, no weight sharing) */
         for (int i = 0; i < B; i++) PT_TRY(pt_fwd_run(m, sts[i], &ids[i], 1, pos[i], 1, outs[i]));
@@ -273,7 +297,7 @@ pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t 
     for (int i = 0; i < B; i += b->st.chunk) {
         int nb = B - i < b->st.chunk ? B - i : b->st.chunk;
         if (!b->no_table && table_ok(m, sts + i, nb)) {
-            pt_status s = step_table(m, b, sts + i, ids + i, pos + i, nb, outs + i);
+            pt_status s = step_table(m, b, sts + i, ids + i, pos + i, nb, outs + i, need ? need + i : NULL);
             if (s == PT_OK) continue;
             if (s != PT_ERR_UNSUPPORTED) return s;
             PT_LOGI("batched decode: %s; decoding row by row", pt_last_error());
@@ -312,57 +336,136 @@ void pt_batch_counts(const pt_model *m, int64_t counts[3]) {
     counts[2] = b ? b->n_row : 0;
 }
 
-pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *ids, int n) {
-    if (!sessions || !ids) return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_batch: NULL argument");
-    if (n < 1) return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_batch: %d sessions (need at least 1)", n);
+/* Checks shared by the two entry points: every session non-NULL, of one
+ * model, distinct, with room for its counts[i] ids (PT_ERR_INVALID_ARG /
+ * PT_ERR_RANGE naming the index). */
+static pt_status check_sessions(const char *fn, pt_session *const *sessions, const int32_t *ids, const int *counts,
+                                int n) {
+    if (!sessions || !ids) return pt_error(PT_ERR_INVALID_ARG, "%s: NULL argument", fn);
+    if (n < 1) return pt_error(PT_ERR_INVALID_ARG, "%s: %d sessions (need at least 1)", fn, n);
     pt_model *m = sessions[0] ? sessions[0]->m : NULL;
+    size_t off = 0;
     for (int i = 0; i < n; i++) {
         pt_session *s = sessions[i];
-        if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_batch: session %d is NULL", i);
-        if (s->m != m)
-            return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_batch: session %d belongs to another model", i);
+        if (!s) return pt_error(PT_ERR_INVALID_ARG, "%s: session %d is NULL", fn, i);
+        if (s->m != m) return pt_error(PT_ERR_INVALID_ARG, "%s: session %d belongs to another model", fn, i);
         for (int j = 0; j < i; j++)
             if (sessions[j] == s)
-                return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_batch: sessions %d and %d are the same session",
-                                j, i);
-        if (pt_session_check_ids(s, &ids[i], 1) != PT_OK)
-            return pt_error_prefix(PT_ERR_RANGE, "pt_session_decode_batch: session %d", i);
+                return pt_error(PT_ERR_INVALID_ARG, "%s: sessions %d and %d are the same session", fn, j, i);
+        const int c = counts ? counts[i] : 1;
+        if (c < 1) return pt_error(PT_ERR_INVALID_ARG, "%s: session %d is given %d tokens (need at least 1)", fn, i, c);
+        if (pt_session_check_ids(s, ids + off, (size_t)c) != PT_OK) return pt_error_prefix(PT_ERR_RANGE, "%s: session %d", fn, i);
+        off += (size_t)c;
     }
-    /* small batches use the stack; larger ones one allocation per call */
+    return PT_OK;
+}
+
+/* How many of its next `want` rows session s may run in one step. Alone,
+ * its caches convert to quantized KV right after the token that fills them
+ * to --quantized-kv-start, and the tokens after it read the quantized rows;
+ * so the rows of one step must not cross that point (only the step's last
+ * row may reach it). */
+static int rows_allowed(const pt_session *s, size_t at, int want) {
+    const pt_kv_cache *c = s->fwd.cache;
+    if (!c || !c->any_quant || c->converted) return want;
+    int64_t room = (int64_t)c->start - (int64_t)at; /* rows before the one that converts, plus it */
+    if (room < 1) room = 1;
+    return room < want ? (int)room : want;
+}
+
+/* The step(s) behind both entry points (arguments checked): session i runs
+ * counts[i] tokens (ids concatenated session by session) as rows at its next
+ * positions; only each session's last row keeps its logits. Usually one
+ * pt_batch_forward call; more only where a quantized-KV conversion falls
+ * inside a session's rows (rows_allowed). */
+static pt_status run_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n) {
+    pt_model *m = sessions[0]->m;
+    int R = 0;
+    for (int i = 0; i < n; i++) R += counts ? counts[i] : 1;
+    /* small steps use the stack; larger ones one allocation per call */
     enum { SMALL = 16 };
     pt_fwd_state *sts_s[SMALL];
     float *outs_s[SMALL];
-    int32_t pos_s[SMALL];
+    int32_t pos_s[SMALL], ids_s[SMALL], done_s[SMALL];
+    uint8_t need_s[SMALL];
     pt_fwd_state **sts = sts_s;
     float **outs = outs_s;
-    int32_t *pos = pos_s;
+    int32_t *pos = pos_s, *rid = ids_s, *done = done_s; /* done: [n] rows of session i run so far */
+    uint8_t *need = need_s;
     void *heap = NULL;
-    if (n > SMALL) {
-        heap = malloc((size_t)n * (sizeof *sts + sizeof *outs + sizeof *pos));
-        if (!heap) return pt_error(PT_ERR_NOMEM, "out of memory for a batch of %d sessions", n);
+    if (R > SMALL || n > SMALL) {
+        const size_t N = (size_t)(R > n ? R : n);
+        heap = malloc(N * (sizeof *sts + sizeof *outs + 3 * sizeof(int32_t) + 1));
+        if (!heap) return pt_error(PT_ERR_NOMEM, "out of memory for a step of %d rows", R);
         sts = heap;
-        outs = (float **)(sts + n);
-        pos = (int32_t *)(outs + n);
+        outs = (float **)(sts + N);
+        pos = (int32_t *)(outs + N);
+        rid = pos + N;
+        done = rid + N;
+        need = (uint8_t *)(done + N);
     }
-    for (int i = 0; i < n; i++) {
-        sts[i] = &sessions[i]->fwd;
-        outs[i] = sessions[i]->gpu ? NULL : sessions[i]->logits; /* GPU sampling: kept on the device */
-        pos[i] = (int32_t)sessions[i]->n_tokens;
-    }
+    for (int i = 0; i < n; i++) done[i] = 0;
+    pt_status st = PT_OK;
     pthread_mutex_lock(&m->lock);
-    pt_status st = pt_batch_forward(m, sts, ids, pos, n, outs);
+    for (int left = R; st == PT_OK && left > 0;) {
+        int nr = 0;
+        size_t off = 0;
+        for (int i = 0; i < n; i++) {
+            pt_session *s = sessions[i];
+            const int c = counts ? counts[i] : 1;
+            const int k = rows_allowed(s, s->n_tokens + (size_t)done[i], c - done[i]);
+            for (int j = 0; j < k; j++) {
+                sts[nr] = &s->fwd;
+                /* every row of a session writes to the session's logits; only
+                 * the last one's are kept (need), and in row mode, where every
+                 * row is written, rows run in order so the last one wins */
+                outs[nr] = s->gpu ? NULL : s->logits; /* GPU sampling: kept on the device */
+                pos[nr] = (int32_t)(s->n_tokens + (size_t)done[i] + (size_t)j);
+                rid[nr] = ids[off + (size_t)done[i] + (size_t)j];
+                need[nr] = done[i] + j == c - 1;
+                nr++;
+            }
+            off += (size_t)c;
+            done[i] += k;
+        }
+        /* more than one part only when a conversion fell inside some
+         * session's rows: the next part continues after it */
+        st = pt_batch_forward(m, sts, rid, pos, nr, outs, need);
+        left -= nr;
+    }
     pthread_mutex_unlock(&m->lock);
     free(heap);
+    return st;
+}
+
+/* After run_rows: the tokens join each session's context (or, on failure,
+ * no session advances and every one loses its logits). */
+static pt_status commit_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n, pt_status st) {
+    size_t off = 0;
     for (int i = 0; i < n; i++) {
         pt_session *s = sessions[i];
-        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens, &ids[i], 1);
+        const size_t c = (size_t)(counts ? counts[i] : 1);
+        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens, ids + off, c);
         if (st != PT_OK) {
             s->has_logits = s->logits_dev = 0;
             continue;
         }
-        s->tokens[s->n_tokens++] = ids[i];
+        memcpy(s->tokens + s->n_tokens, ids + off, c * sizeof *ids);
+        s->n_tokens += c;
         s->has_logits = 1;
         s->logits_dev = s->gpu;
+        off += c;
     }
     return st;
+}
+
+pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *ids, int n) {
+    PT_TRY(check_sessions("pt_session_decode_batch", sessions, ids, NULL, n));
+    return commit_rows(sessions, ids, NULL, n, run_rows(sessions, ids, NULL, n));
+}
+
+pt_status pt_session_decode_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n) {
+    if (!counts) return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_rows: NULL argument");
+    PT_TRY(check_sessions("pt_session_decode_rows", sessions, ids, counts, n));
+    return commit_rows(sessions, ids, counts, n, run_rows(sessions, ids, counts, n));
 }

@@ -9,9 +9,15 @@
  * is the arithmetic of a single-token pt_fwd_run, so results are
  * bit-identical to decoding each session alone (tests/test_batch.c).
  *
+ * A step may also carry prompt tokens (pt_session_decode_rows): several
+ * consecutive tokens of one session are rows at consecutive positions,
+ * each computed exactly as that token alone would be (pt_session_prompt
+ * with one token), so a joining request's prompt runs alongside the others'
+ * decode rows without changing anyone's bits.
+ *
  * What this is not: no scheduling (the server's scheduler decides which
- * sessions step together), no prefill (a joining request's prompt goes
- * through pt_session_prompt, chunked by the caller), no sampling.
+ * sessions step together and how many prompt rows a step carries), no
+ * sampling.
  *
  * The step's activation buffers belong to the model (m->batch), sized for the
  * largest B seen so far and reused; a step allocates nothing once warm. */
@@ -23,15 +29,37 @@
 /* Runs one batched decode step: row b is token ids[b] of the forward state
  * sts[b] at position pos[b] (its cache holds positions < pos[b]); writes row
  * b's logits to outs[b] (host memory [V]), or, where outs[b] is NULL, into
- * sts[b]->logits (backend memory: GPU sampling reads them there). Ids must already be checked
- * against the vocabulary and positions against each state's context; the
- * states must be distinct. Callers hold m->lock. */
+ * sts[b]->logits (backend memory: GPU sampling reads them there). need:
+ * NULL, or [B] with need[b] = 0 for rows whose logits nobody reads (a table
+ * step skips their copy; a row step may still write them). Ids must already
+ * be checked against the vocabulary and positions against each state's
+ * context. A state may own several rows: they must be at consecutive
+ * positions in row order, at most the prefill chunk of them (a rotating
+ * cache holds window + chunk - 1 positions), and not cross a quantized-KV
+ * conversion (only the last may reach --quantized-kv-start); the rows of
+ * one state then see each other as token-by-token decoding would (KV
+ * append of all rows precedes attention in every layer; row mode runs them
+ * in order). Callers hold m->lock. */
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
-                           float *const *outs);
+                           float *const *outs, const uint8_t *need);
+
+/* Continuous batching with prompt rows (the server's step, docs/batching.md):
+ * appends counts[i] >= 1 tokens to sessions[i] for every i < n — ids holds
+ * them session by session, counts[0] for session 0 first — and runs all of
+ * them as rows of one batched step (steps, where a quantized-KV conversion
+ * falls inside a session's rows). Afterwards each session's logits are
+ * those of its last token, bit-identical to what appending the tokens one
+ * at a time with pt_session_prompt(s, &id, 1) gives: so a prompt fed this
+ * way in pieces of any size, alone or beside other sessions' prompt and
+ * decode rows, leaves the same cache and logits. With every count 1 this is
+ * pt_session_decode_batch. Checks and failure semantics as there (sessions
+ * distinct, of one model; a count < 1 is PT_ERR_INVALID_ARG naming the
+ * index). */
+pt_status pt_session_decode_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n);
 
 /* Tests: with on != 0, table-mode steps (runtime/batch.c) pad their rows to
- * the graph buckets (1, 2, 4, ...) even where no CUDA graph is used, so the
- * padding path runs on every backend. Takes m->lock's place: call it before
+ * the graph buckets (1, 2, 4, ..., 32, then multiples of 32) even where no
+ * CUDA graph is used, so the padding path runs on every backend. Takes m->lock's place: call it before
  * any concurrent use. */
 pt_status pt_batch_set_padding(pt_model *m, int on);
 

@@ -66,6 +66,12 @@ typedef struct pt_srv_engine {
      * sessions[i] for i < n in one forward step. NULL = not available: the
      * scheduler then runs session_prompt(s, &id, 1) per session. */
     pt_status (*session_decode_batch)(void *const *sessions, const int32_t *ids, int n);
+    /* Prompt rows (pt_session_decode_rows, runtime/batch.h): appends counts[i]
+     * tokens (ids holds them session by session) to sessions[i] for i < n in
+     * one batched step, every token computed as it would be alone, one at a
+     * time; n <= 64. NULL = not available: prompts go through session_prompt
+     * and the steps through session_decode_batch. */
+    pt_status (*session_decode_rows)(void *const *sessions, const int32_t *ids, const int *counts, int n);
     /* Short prompts (a rest of at most 4 pieces) run in pieces of this many
      * tokens, all in one turn; 0 = one chunk. On CUDA 8: up to 8 tokens a
      * projection is one decode GEMV launch reading the weights once, while a

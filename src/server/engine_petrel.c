@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/json.h"
 #include "base/mmap.h"
+#include "runtime/batch.h" /* pt_session_decode_rows */
 #include "runtime/session.h"
 
 #include <stdio.h>
@@ -136,6 +137,12 @@ static pt_status e_decode_batch(void *const *s, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) ss[i] = S(s[i]);
     return pt_session_decode_batch(ss, ids, n);
 }
+static pt_status e_decode_rows(void *const *s, const int32_t *ids, const int *counts, int n) {
+    pt_session *ss[64];
+    if (n > 64) return pt_error(PT_ERR_INVALID_ARG, "batched step of %d sessions (at most 64)", n);
+    for (int i = 0; i < n; i++) ss[i] = S(s[i]);
+    return pt_session_decode_rows(ss, ids, counts, n);
+}
 /* The session re-derives its RNG only when the seed changes, so a reused
  * session given the same seed as its previous job would continue that job's
  * stream: two identical seeded requests would differ. One throwaway draw
@@ -241,6 +248,7 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_truncate = e_truncate;
     e->session_prompt = e_prompt;
     e->session_decode_batch = e_decode_batch;
+    e->session_decode_rows = e_decode_rows;
     e->session_sample = e_sample;
     e->session_sample_many = e_sample_many;
     e->session_bytes = e_bytes;

@@ -16,6 +16,20 @@
  * between chunks of a long prompt. */
 #define PREFILL_CHUNK 256
 #define PREFILL_CHUNK_ALONE 1024
+/* A prompt with at most PROMPT_ROWS_MAX tokens left to run (after the prompt
+ * cache) runs as rows of the batched steps (engine session_decode_rows),
+ * alone as in company: every row computed as a decode row, so the request's
+ * results do not depend on the others, and the prompts of requests that join
+ * together share the weight reads with each other and with the running
+ * streams. Longer prompts take the prefill path above (a GEMM over the
+ * chunk is cheaper per token there). Per step: prompt_budget. */
+#define PROMPT_ROWS_MAX 64
+#define PROMPT_STEP_ROWS 128
+#define PROMPT_ROWS_MIN 32
+/* step_ids: one step's ids, at most 64 sessions of which 64 decode rows and
+ * the prompt budget (PROMPT_STEP_ROWS or PROMPT_ROWS_MIN, plus the rounding
+ * to 32) */
+#define STEP_IDS_CAP (64 + PROMPT_STEP_ROWS + PROMPT_ROWS_MIN + 32)
 
 double pt_srv_now(void) {
     struct timespec ts;
@@ -62,6 +76,8 @@ typedef struct slot {
     pt_jsm *jsm;      /* constrained decoding state, or NULL */
     uint8_t *mask;    /* [vocab] */
     int max_tokens;
+    int rows;           /* the prompt runs as rows of the batched steps (PROMPT_ROWS_MAX) */
+    uint64_t order;     /* admission order: older requests' prompt rows go first */
     int pending;        /* a sampled token waits for this turn's batched decode step */
     int32_t pending_id;
     /* this turn's sampling (run for all slots at once, in parallel) */
@@ -93,6 +109,9 @@ struct pt_srv_sched {
     slot *slots;
     slot **to_sample;   /* [n_parallel] the slots sampling this turn */
     slot **to_sample_tmp; /* [n_parallel] sample_many's reordering */
+    slot **to_prompt;   /* [n_parallel] slots with prompt rows to run, oldest first */
+    int32_t step_ids[STEP_IDS_CAP];
+    uint64_t n_admitted;
     pt_pool *pool;      /* samples the slots of a turn in parallel */
     idle_session *idle; /* [cap_idle] */
     int n_idle, cap_idle;
@@ -106,6 +125,7 @@ struct pt_srv_sched {
     size_t idle_bytes;
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
     uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows; /* decode steps by batch size */
+    uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows */
 };
 
 static void job_finish(pt_srv_job *j, pt_srv_finish f, const char *err) {
@@ -279,6 +299,8 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
         s->e->session_truncate(sl->session, 0);
     }
     sl->n_prompted = keep;
+    sl->rows = s->e->session_decode_rows && j->n_prompt - keep <= PROMPT_ROWS_MAX;
+    sl->order = ++s->n_admitted;
     pthread_mutex_lock(&j->mu);
     j->n_cached = keep;
     pthread_mutex_unlock(&j->mu);
@@ -327,6 +349,7 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
         return 0;
     }
     if (sl->n_prompted < j->n_prompt) {
+        if (sl->rows) return 0; /* in this turn's step (step_pending) */
         size_t n = j->n_prompt - sl->n_prompted;
         const size_t piece = (size_t)s->e->short_prompt_piece;
         if (piece > 0 && n <= 4 * piece) { /* a short rest: in pieces, all this turn (engine.h) */
@@ -497,50 +520,125 @@ static void slot_take_token(pt_srv_sched *s, slot *sl) {
     sl->pending_id = tok.id;
 }
 
-/* Runs the pending tokens of slots [i0, i1) through the model: one batched step
- * (continuous batching: the weights are read once for all slots; each
- * slot's results are bit-identical to decoding it alone), or one
- * session_prompt per slot when the engine has no batched step. A failed
- * step fails the slots in it. Records the batch size for /metrics. */
-static void decode_some(pt_srv_sched *s, int i0, int i1) {
+/* One batched step over sl[0..n): slot k runs cnt[k] tokens from ids
+ * (concatenated slot by slot): its pending sampled token (cnt 1), or a
+ * piece of its prompt (prompt[k]). Through session_decode_rows when the
+ * engine has it, else one session_decode_batch of the decode rows (prompt
+ * pieces then never come here). A failed step fails the slots in it. */
+static void run_step(pt_srv_sched *s, slot **sl, const int32_t *ids, const int *cnt, const uint8_t *prompt, int n) {
     void *sess[64];
-    int32_t ids[64];
-    slot *who[64];
-    int n = 0;
-    for (int i = i0; i < i1; i++) {
-        slot *sl = &s->slots[i];
-        if (!sl->job || !sl->pending) continue;
-        sl->pending = 0;
-        sess[n] = sl->session;
-        ids[n] = sl->pending_id;
-        who[n++] = sl;
-    }
-    if (!n) return;
     char err[600];
-    if (s->e->session_decode_batch) {
-        if (s->e->session_decode_batch(sess, ids, n) != PT_OK) {
-            snprintf(err, sizeof err, "decode: %s", pt_last_error());
-            for (int k = 0; k < n; k++) slot_release(s, who[k], PT_SRV_ERROR, err);
-        }
+    for (int k = 0; k < n; k++) sess[k] = sl[k]->session;
+    pt_status st;
+    if (s->e->session_decode_rows) {
+        st = s->e->session_decode_rows(sess, ids, cnt, n);
+    } else if (s->e->session_decode_batch) {
+        st = s->e->session_decode_batch(sess, ids, n);
     } else {
+        st = PT_OK;
         for (int k = 0; k < n; k++)
             if (s->e->session_prompt(sess[k], &ids[k], 1) != PT_OK) {
                 snprintf(err, sizeof err, "decode: %s", pt_last_error());
-                slot_release(s, who[k], PT_SRV_ERROR, err);
+                slot_release(s, sl[k], PT_SRV_ERROR, err);
+                sl[k] = NULL;
             }
     }
-    int b = 0; /* bucket: sizes 1, 2, 3-4, 5-8, ... (upper bounds 2^b) */
-    while (b < PT_SRV_BATCH_BUCKETS && (1 << b) < n) b++;
+    if (st != PT_OK) snprintf(err, sizeof err, "%s: %s", s->e->session_decode_rows ? "step" : "decode", pt_last_error());
+    int n_dec = 0, n_prompt = 0;
+    for (int k = 0; k < n; k++) {
+        if (prompt[k]) n_prompt += cnt[k];
+        else n_dec++;
+        if (!sl[k]) continue;
+        if (st != PT_OK) slot_release(s, sl[k], PT_SRV_ERROR, err);
+        else if (prompt[k]) sl[k]->n_prompted += (size_t)cnt[k];
+    }
     pthread_mutex_lock(&s->mu);
-    s->batch_hist[b]++;
-    s->batch_steps++;
-    s->batch_rows += (uint64_t)n;
+    if (n_dec) { /* the batch size of a decode step: sizes 1, 2, 3-4, 5-8, ... (upper bounds 2^b) */
+        int b = 0;
+        while (b < PT_SRV_BATCH_BUCKETS && (1 << b) < n_dec) b++;
+        s->batch_hist[b]++;
+        s->batch_steps++;
+        s->batch_rows += (uint64_t)n_dec;
+    }
+    if (n_prompt) {
+        s->prompt_row_steps++;
+        s->prompt_rows += (uint64_t)n_prompt;
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
-static void decode_pending(pt_srv_sched *s) {
-    /* steps of at most 64 slots (--parallel allows more) */
-    for (int i0 = 0; i0 < s->n_parallel; i0 += 64) decode_some(s, i0, i0 + 64 < s->n_parallel ? i0 + 64 : s->n_parallel);
+/* Prompt rows a step carries beside D decode rows: at least
+ * PROMPT_ROWS_MIN (a joining request is never starved), up to
+ * PROMPT_STEP_ROWS rows in all while few slots decode, then rounded up to
+ * the GPU's graph bucket (runtime/batch.c: powers of two up to 32 rows, then
+ * multiples of 32), whose padding rows would otherwise cost the same
+ * compute for nothing. So a running request's next token waits for at most
+ * one such chunk of prompt rows. */
+static int prompt_budget(int D) {
+    int total = D + (PROMPT_STEP_ROWS - D > PROMPT_ROWS_MIN ? PROMPT_STEP_ROWS - D : PROMPT_ROWS_MIN);
+    if (total > 32) total = (total + 31) / 32 * 32;
+    return total - D;
+}
+
+/* Runs this turn's step: the sampled tokens of the generating slots, plus
+ * prompt rows of slots whose prompt runs as rows (slot.rows), oldest request
+ * first (each joining request reaches its first token as early as the
+ * budget allows, rather than all of them late), within prompt_budget. A
+ * prompt row is computed exactly as a decode row is, so these requests'
+ * results do not depend on what else shares the step (batch invariance,
+ * docs/batching.md). Steps carry at most 64 sessions (--parallel allows
+ * more: several steps then). */
+static void step_pending(pt_srv_sched *s) {
+    int D = 0;
+    for (int i = 0; i < s->n_parallel; i++) D += s->slots[i].job && s->slots[i].pending;
+    /* prompt slots, oldest first */
+    int np = 0;
+    for (int i = 0; i < s->n_parallel; i++) {
+        slot *sl = &s->slots[i];
+        if (sl->job && sl->rows && sl->n_prompted < sl->job->n_prompt) s->to_prompt[np++] = sl;
+    }
+    for (int a = 1; a < np; a++) /* insertion sort by admission order (np is at most --parallel) */
+        for (int b = a; b > 0 && s->to_prompt[b - 1]->order > s->to_prompt[b]->order; b--) {
+            slot *t = s->to_prompt[b];
+            s->to_prompt[b] = s->to_prompt[b - 1];
+            s->to_prompt[b - 1] = t;
+        }
+    int budget = np ? prompt_budget(D) : 0;
+    slot *sl[64];
+    int cnt[64];
+    uint8_t prompt[64];
+    int n = 0, R = 0;
+    int pi = 0, di = 0;
+    for (;;) {
+        slot *next = NULL;
+        int k = 1, is_prompt = 0;
+        while (di < s->n_parallel && !next) { /* decode rows first */
+            slot *c = &s->slots[di++];
+            if (c->job && c->pending) next = c;
+        }
+        if (!next && pi < np && budget > 0) {
+            next = s->to_prompt[pi++];
+            size_t rest = next->job->n_prompt - next->n_prompted;
+            k = rest < (size_t)budget ? (int)rest : budget;
+            budget -= k;
+            is_prompt = 1;
+        }
+        if (!next || n == 64) {
+            if (n) run_step(s, sl, s->step_ids, cnt, prompt, n);
+            n = R = 0;
+            if (!next) break;
+        }
+        if (is_prompt) {
+            memcpy(s->step_ids + R, next->job->prompt + next->n_prompted, (size_t)k * sizeof(int32_t));
+        } else {
+            next->pending = 0;
+            s->step_ids[R] = next->pending_id;
+        }
+        sl[n] = next;
+        cnt[n] = k;
+        prompt[n++] = (uint8_t)is_prompt;
+        R += k;
+    }
 }
 
 /* Creating a session costs tens of milliseconds (its buffers are allocated
@@ -619,7 +717,7 @@ static void *inference_main(void *arg) {
         int n_host = sample_many(s, n_sample);
         pt_pool_for(s->pool, n_host, 1, sample_range, s);
         for (int k = 0; k < n_sample; k++) slot_take_token(s, s->to_sample[k]);
-        decode_pending(s);
+        step_pending(s);
         rr = (rr + 1) % s->n_parallel;
     }
     /* shutting down: fail what is left */
@@ -656,11 +754,12 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
     s->slots = calloc((size_t)n_parallel, sizeof *s->slots);
     s->to_sample = calloc((size_t)n_parallel, sizeof *s->to_sample);
     s->to_sample_tmp = calloc((size_t)n_parallel, sizeof *s->to_sample_tmp);
+    s->to_prompt = calloc((size_t)n_parallel, sizeof *s->to_prompt);
     s->cap_idle = n_parallel + 8;
     s->idle = calloc((size_t)s->cap_idle, sizeof *s->idle);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (!s->queue || !s->slots || !s->to_sample || !s->to_sample_tmp || !s->idle) {
+    if (!s->queue || !s->slots || !s->to_sample || !s->to_sample_tmp || !s->to_prompt || !s->idle) {
         pt_srv_sched_free(&s);
         return pt_error(PT_ERR_NOMEM, "out of memory");
     }
@@ -708,6 +807,7 @@ void pt_srv_sched_free(pt_srv_sched **ps) {
     free(s->slots);
     free(s->to_sample);
     free(s->to_sample_tmp);
+    free(s->to_prompt);
     pt_pool_free(&s->pool);
     free(s->idle);
     pthread_mutex_destroy(&s->mu);
@@ -748,5 +848,7 @@ void pt_srv_sched_get_stats(pt_srv_sched *s, pt_srv_sched_stats *st) {
     memcpy(st->batch_hist, s->batch_hist, sizeof st->batch_hist);
     st->batch_steps = s->batch_steps;
     st->batch_rows = s->batch_rows;
+    st->prompt_row_steps = s->prompt_row_steps;
+    st->prompt_rows = s->prompt_rows;
     pthread_mutex_unlock(&s->mu);
 }

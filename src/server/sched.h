@@ -78,6 +78,7 @@ typedef struct pt_srv_sched_stats {
     size_t idle_bytes;
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
     uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows;
+    uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows (prompt tokens) */
 } pt_srv_sched_stats;
 
 /* A new job (refs = 1, owned by the caller). */

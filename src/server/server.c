@@ -151,6 +151,10 @@ static void route_metrics(void *user, const pt_http_request *req, pt_http_respon
     cum += st.batch_hist[PT_SRV_BATCH_BUCKETS];
     pt_sbuf_printf(b, "petrel_batch_size_bucket{le=\"+Inf\"} %llu\npetrel_batch_size_sum %llu\npetrel_batch_size_count %llu\n",
                    (unsigned long long)cum, (unsigned long long)st.batch_rows, (unsigned long long)st.batch_steps);
+    counter(b, "petrel_prompt_rows_total", "Prompt tokens run as rows of the batched steps.", "counter",
+            (double)st.prompt_rows);
+    counter(b, "petrel_prompt_row_steps_total", "Batched steps that carried prompt rows.", "counter",
+            (double)st.prompt_row_steps);
     resp->status = 200;
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 }

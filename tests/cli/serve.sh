@@ -107,6 +107,31 @@ if [ -s "$TMP/solo_a" ] && cmp -s "$TMP/solo_a" "$TMP/pair_a" && cmp -s "$TMP/so
   pass serve_batch_invariant
 else fail serve_batch_invariant "solo '$(cat "$TMP/solo_a")' / '$(cat "$TMP/solo_b")' batched '$(cat "$TMP/pair_a")' / '$(cat "$TMP/pair_b")'"; fi
 
+# prompt rows: two fresh prompts run together (their prompts as rows of
+# shared steps, neither in the prompt cache), then each alone (its prefix now
+# cached, the rest run again): the replies must be identical, and /metrics
+# must count the prompt rows
+req_c='{"messages":[{"role":"user","content":"And God said unto Noah"}],"max_tokens":12,"temperature":0}'
+req_d='{"messages":[{"role":"user","content":"Blessed are the meek"}],"max_tokens":12,"temperature":0}'
+rows0=$(sed -n 's/^petrel_prompt_rows_total \([0-9]*\)$/\1/p' "$TMP/m1")
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_c" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_c" &
+pc=$!
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_d" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_d"
+wait $pc
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_c" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_c"
+curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_d" |
+  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_d"
+curl -s --max-time 60 "$URL/metrics" >"$TMP/m2"
+rows1=$(sed -n 's/^petrel_prompt_rows_total \([0-9]*\)$/\1/p' "$TMP/m2")
+if [ -n "$rows1" ] && [ -n "$rows0" ] && [ "$rows1" -gt $((rows0 + 10)) ]; then pass serve_prompt_rows_metrics
+else fail serve_prompt_rows_metrics "petrel_prompt_rows_total before '$rows0' after '$rows1'"; fi
+if [ -s "$TMP/solo_c" ] && cmp -s "$TMP/solo_c" "$TMP/pair_c" && cmp -s "$TMP/solo_d" "$TMP/pair_d"; then
+  pass serve_prompt_rows_invariant
+else fail serve_prompt_rows_invariant "together '$(cat "$TMP/pair_c")' / '$(cat "$TMP/pair_d")' alone '$(cat "$TMP/solo_c")' / '$(cat "$TMP/solo_d")'"; fi
+
 kill -TERM $PID
 wait $PID; rc=$?
 [ $rc -eq 0 ] && pass serve_sigterm_exit_0 || fail serve_sigterm_exit_0 "exit $rc: $(tail -c 300 "$TMP/serve.err")"
