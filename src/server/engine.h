@@ -78,6 +78,14 @@ typedef struct pt_srv_engine {
      * longer chunk dequantizes every weight for the GEMM (~85 ms on an 8B
      * model whatever the chunk's length). */
     int short_prompt_piece;
+    /* Prompts with at most this many tokens left to run go through
+     * session_decode_rows as rows of the batched steps; 0 = never. On CUDA
+     * 64: a prompt row costs what a decode row does, and the tensor-core
+     * GEMV reads each weight once per 64 rows, so joining prompts share the
+     * weight reads. On the CPU 0: there a prompt is compute-bound and the
+     * decode kernels over its rows cost several times the prefill GEMM
+     * (bench/RESULTS.md). The server's PETREL_PROMPT_ROWS overrides it. */
+    int prompt_rows_max;
 } pt_srv_engine;
 
 /* Fills `e` for a loaded petrel model (engine_petrel.c); `dir` is the model

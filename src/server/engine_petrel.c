@@ -254,5 +254,6 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_bytes = e_bytes;
     /* the CUDA backend names itself "cuda: <device>" (pt_model_backend_name) */
     e->short_prompt_piece = strncmp(pt_model_backend_name(model), "cuda", 4) == 0 ? 8 : 0;
+    e->prompt_rows_max = strncmp(pt_model_backend_name(model), "cuda", 4) == 0 ? 64 : 0;
     return PT_OK;
 }

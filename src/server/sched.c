@@ -16,14 +16,16 @@
  * between chunks of a long prompt. */
 #define PREFILL_CHUNK 256
 #define PREFILL_CHUNK_ALONE 1024
-/* A prompt with at most PROMPT_ROWS_MAX tokens left to run (after the prompt
- * cache) runs as rows of the batched steps (engine session_decode_rows),
- * alone as in company: every row computed as a decode row, so the request's
- * results do not depend on the others, and the prompts of requests that join
- * together share the weight reads with each other and with the running
- * streams. Longer prompts take the prefill path above (a GEMM over the
- * chunk is cheaper per token there). Per step: prompt_budget. */
-#define PROMPT_ROWS_MAX 64
+/* A prompt with at most rows_max tokens left to run (after the prompt cache;
+ * the engine's prompt_rows_max, or PETREL_PROMPT_ROWS, at most
+ * PROMPT_ROWS_MAX) runs as rows of the batched steps (engine
+ * session_decode_rows), alone as in company: every row computed as a decode
+ * row, so the request's results do not depend on the others, and the
+ * prompts of requests that join together share the weight reads with each
+ * other and with the running streams. Longer prompts take the prefill path
+ * above (a GEMM over the chunk is cheaper per token there). Per step:
+ * prompt_budget. */
+#define PROMPT_ROWS_MAX 1024
 #define PROMPT_STEP_ROWS 128
 #define PROMPT_ROWS_MIN 32
 /* step_ids: one step's ids, at most 64 sessions of which 64 decode rows and
@@ -76,7 +78,7 @@ typedef struct slot {
     pt_jsm *jsm;      /* constrained decoding state, or NULL */
     uint8_t *mask;    /* [vocab] */
     int max_tokens;
-    int rows;           /* the prompt runs as rows of the batched steps (PROMPT_ROWS_MAX) */
+    int rows;           /* the prompt runs as rows of the batched steps (rows_max) */
     uint64_t order;     /* admission order: older requests' prompt rows go first */
     int pending;        /* a sampled token waits for this turn's batched decode step */
     int32_t pending_id;
@@ -112,6 +114,7 @@ struct pt_srv_sched {
     slot **to_prompt;   /* [n_parallel] slots with prompt rows to run, oldest first */
     int32_t step_ids[STEP_IDS_CAP];
     uint64_t n_admitted;
+    int rows_max;       /* prompts with at most this many tokens left run as rows (0: none) */
     pt_pool *pool;      /* samples the slots of a turn in parallel */
     idle_session *idle; /* [cap_idle] */
     int n_idle, cap_idle;
@@ -299,7 +302,7 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
         s->e->session_truncate(sl->session, 0);
     }
     sl->n_prompted = keep;
-    sl->rows = s->e->session_decode_rows && j->n_prompt - keep <= PROMPT_ROWS_MAX;
+    sl->rows = s->rows_max > 0 && j->n_prompt - keep <= (size_t)s->rows_max;
     sl->order = ++s->n_admitted;
     pthread_mutex_lock(&j->mu);
     j->n_cached = keep;
@@ -742,9 +745,20 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
         return pt_error(PT_ERR_INVALID_ARG, "--parallel %d: expected 1..256", n_parallel);
     if (max_queue < 0 || max_queue > 100000)
         return pt_error(PT_ERR_INVALID_ARG, "--queue %d: expected 0..100000", max_queue);
+    int rows_max = e->session_decode_rows ? e->prompt_rows_max : 0;
+    const char *env = getenv("PETREL_PROMPT_ROWS"); /* docs/server.md: overrides the engine's choice */
+    if (env && *env && e->session_decode_rows) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 0 || v > PROMPT_ROWS_MAX)
+            return pt_error(PT_ERR_INVALID_ARG, "PETREL_PROMPT_ROWS=%s: expected 0..%d", env, PROMPT_ROWS_MAX);
+        rows_max = (int)v;
+    }
+    if (rows_max > PROMPT_ROWS_MAX) rows_max = PROMPT_ROWS_MAX;
     pt_srv_sched *s = calloc(1, sizeof *s);
     if (!s) return pt_error(PT_ERR_NOMEM, "out of memory");
     s->e = e;
+    s->rows_max = rows_max;
     s->n_parallel = n_parallel;
     s->max_queue = max_queue;
     s->cache_bytes = cache_bytes;

@@ -20,7 +20,9 @@ if [ -z "$MODEL" ] || ! command -v curl >/dev/null 2>&1; then
   exit 0
 fi
 
-"$PETREL" serve -m "$MODEL" --port 0 -t 1 --parallel 2 2>"$TMP/serve.err" &
+# prompt rows on (the CPU default is off, docs/server.md): the batching checks
+# below then cover the path CUDA serves with
+PETREL_PROMPT_ROWS=64 "$PETREL" serve -m "$MODEL" --port 0 -t 1 --parallel 2 2>"$TMP/serve.err" &
 PID=$!
 port=""
 for _ in $(seq 1 100); do
