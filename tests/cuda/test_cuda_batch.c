@@ -16,10 +16,7 @@
  *     widths of the fast GEMV), and on the family fixtures the CUDA backend
  *     runs (QK-norm, sliding window + sandwich norms, MoE, MiniCPM's
  *     longrope, whose per-row table choice keeps its steps out of graphs).
- * Prompt rows (pt_session_decode_rows, the server's step): prompts fed as
- * rows in pieces of 1 to 64 tokens beside other sessions' pieces and decode
- * rows, from the bucket graphs and eagerly, must equal each session run
- * alone one token at a time (the compiled single-token decode), bit for bit.
+ * Prompt rows: tests/cuda/test_cuda_batch_rows.c.
  * The test also checks that the steps ran where they should (from a graph,
  * or eagerly in table mode) rather than in the row-by-row fallback. On a
  * machine without a usable GPU it reports that and skips. */
@@ -106,63 +103,6 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size, in
     pt_model_free(&m1);
 }
 
-static int gpu_ok(void);
-
-/* Prompts as rows: the reference runs each prompt one token at a time. */
-static void check_rows(const char *dir, pt_compute_dtype dt) {
-    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
-        printf("INFO batch rows: %s absent, skipped\n", dir);
-        return;
-    }
-    pt_model *m1 = load(dir, dt, 1);
-    if (!m1) {
-        CHECK(strncmp(dir, "models/", 7) && strncmp(dir, "synthetic:", 10), "%s must load on CUDA", dir);
-        return;
-    }
-    batch_ref r;
-    int ok = batch_ref_make_tokenwise(m1, &r, MAXS, STEPS, prompt_len);
-    CHECK(ok, "%s: reference decode: %s", dir, pt_last_error());
-    for (int compiled = 1; ok && compiled >= 0; compiled--) {
-        pt_model *m = compiled ? m1 : load(dir, dt, 0);
-        CHECK(m, "load %s eagerly", dir);
-        if (!m) break;
-        int64_t c0[3], c1[3];
-        pt_batch_counts(m, c0);
-        int full[MAXS], zero[MAXS] = {0}, max_rows = 0;
-        for (int i = 0; i < MAXS; i++) full[i] = STEPS;
-        int piece[MAXS] = {5, 1, 2, 3, 64, 4, 7, 8, 16, 9, 64, 6, 3, 11, 2, 33};
-        int bad = batch_run_rows(m, &r, MAXS, zero, full, piece, &max_rows);
-        CHECK(bad == 0, "%s dtype %d compiled %d: prompts as rows, all joining at once: %d mismatches (largest step %d "
-              "rows)", dir, (int)dt, compiled, bad, max_rows);
-        int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1, 0, 4, 2, 0, 1, 3, 0, 6};
-        int last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3, STEPS, 5, STEPS, 3, STEPS, STEPS, 2, STEPS};
-        int piece2[MAXS] = {64, 3, 1, 64, 2, 5, 64, 13, 1, 2, 4, 64, 8, 7, 64, 3};
-        bad = batch_run_rows(m, &r, MAXS, join, last, piece2, &max_rows);
-        CHECK(bad == 0, "%s dtype %d compiled %d: prompts as rows, join/leave schedule: %d mismatches", dir, (int)dt,
-              compiled, bad);
-        pt_batch_counts(m, c1);
-        printf("INFO %s rows dtype %d compiled %d: %lld steps from graphs, %lld eager table steps, %lld row-mode\n",
-               dir, (int)dt, compiled, (long long)(c1[0] - c0[0]), (long long)(c1[1] - c0[1]),
-               (long long)(c1[2] - c0[2]));
-        if (!g_kv_quant && compiled) CHECK(c1[0] > c0[0], "%s: prompt-row steps did not replay graphs", dir);
-        if (m != m1) pt_model_free(&m);
-    }
-    batch_ref_free(&r);
-    pt_model_free(&m1);
-}
-
-static void test_batch_cuda_rows(void) {
-    if (!gpu_ok()) TEST_SKIP("no GPU");
-    check_rows("models/kjv-llama-4bit", PT_COMPUTE_MODEL);
-    check_rows("models/kjv-llama-4bit", PT_COMPUTE_F32);
-    check_rows("synthetic:llama-3.2-1b", PT_COMPUTE_MODEL);
-    check_rows("tests/fixtures/gemma3_text", PT_COMPUTE_MODEL);
-    check_rows("tests/fixtures/qwen3", PT_COMPUTE_MODEL);
-    g_kv_quant = 8;
-    check_rows("models/kjv-llama-4bit", PT_COMPUTE_MODEL);
-    g_kv_quant = 0;
-}
-
 static int gpu_ok(void) {
     pt_device d;
     char desc[256];
@@ -200,6 +140,5 @@ int main(void) {
     TEST_RUN(test_batch_cuda_demo);
     TEST_RUN(test_batch_cuda_llama_1b_shape);
     TEST_RUN(test_batch_cuda_families);
-    TEST_RUN(test_batch_cuda_rows);
     return test_summary();
 }
