@@ -110,6 +110,10 @@ pt_status pt_cuda_gemv_items(pt_cuda *c, float *y, const float *x, int64_t B, in
 /* Batch-invariant matmul (backend.h matmul_rows): row t through the T = 1 GEMV. */
 pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w,
                               int64_t expert);
+/* backend.h matmul_multi: up to 4 weights over one x, one tensor-core GEMV
+ * launch when they allow it (gemv_tc.cu), else the separate calls. */
+pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                               const pt_matrix *const *w, int rows);
 /* batch_decode.cu: the multi-sequence decode ops (continuous batching) */
 pt_status pt_cuda_kv_append_rows(pt_backend *be, const pt_kv_layer *shape, void *const *kvp, const float *k,
                                  const float *v, int64_t B, const int32_t *pos);

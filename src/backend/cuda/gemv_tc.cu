@@ -43,6 +43,15 @@
  * the S partials added in warp order. So a row gives bit-identical results
  * alone or with up to 63 others, eager or in a graph.
  *
+ * Grouped launch (pt_cuda_tc_gemv_multi, backend.h matmul_multi): up to 4
+ * weights of one bits, group size and K over the same x (a layer's q, k, v;
+ * gate and up) in one launch, each weight's blocks back to back in grid.x.
+ * A block looks up its weight and runs the very code of that weight's own
+ * launch with that weight's S and stage size, so the outputs are bit-identical
+ * to separate launches; what changes is that small weights (k, v: 32 blocks
+ * each on the 8B shape) share the machine with the large one instead of
+ * running alone on a quarter of the SMs, and one launch gap instead of three.
+ *
  * Launched with programmatic dependent launch (PETREL_CUDA_PDL=0: off): the
  * ring's first weight loads are issued before griddepcontrol.wait, every
  * read of x and write of y after it. Expert stacks are not repacked (the
@@ -285,8 +294,12 @@ struct tc_shape {
     static constexpr int SLOT = 512 + 64 * GPB;   /* ring slot bytes */
 };
 
+/* One block's work: block bx of the weight a describes (the tiles
+ * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
+ * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
+ * weight's first block): the same code, so the same bits. */
 template <int BITS, int GS, int NT, int W>
-__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
+__device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
@@ -294,7 +307,7 @@ __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kern
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = a.S, TPB = W / S, s = warp % S;
     const int K = a.K, N = a.N, nb = a.nb, SU = a.SU;
-    const int tpe = (N + 15) / 16, tile = blockIdx.x * TPB + warp / S;
+    const int tpe = (N + 15) / 16, tile = bx * TPB + warp / S;
     const int G = K / GS, NU = K / UK, KS = SU * UK;    /* groups per row, units per tile, K values per stage */
     const int XS = KS + SH::XPAD;                      /* x row stride (bf16) */
     const int64_t b_item = blockIdx.y;
@@ -449,13 +462,40 @@ __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kern
     const int outs = TPB * 16 * nb;
     for (int i = threadIdx.x; i < outs; i += blockDim.x) {
         const int col = i % nb, r16 = (i / nb) % 16, tl = i / (nb * 16);
-        const int row = (blockIdx.x * TPB + tl) * 16 + r16;
+        const int row = (bx * TPB + tl) * 16 + r16;
         if (row >= N) continue;
         float v = 0.f;
         for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * NCOL + col];
         if (a.bias) v += pt_ld(a.bt, a.bias, e * N + row);
         y[(int64_t)col * a.ldy + row] = eok ? pt_round_bf(v) : 0.f;
     }
+}
+
+template <int BITS, int GS, int NT, int W>
+__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
+    gemv_tc_block<BITS, GS, NT, W>(a, blockIdx.x);
+}
+
+/* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
+ * the same bits, group size and K over the same x, their blocks back to back
+ * in grid.x (weight i owns blocks [first[i], first[i + 1])). Each block runs
+ * gemv_tc_block with its own weight's arguments (its own S and stage size),
+ * so every output is bit-identical to that weight's own launch. */
+#define PT_TC_MULTI 4
+struct tc_multi_args {
+    tc_args a[PT_TC_MULTI];
+    int first[PT_TC_MULTI + 1];
+    int n;
+};
+
+template <int BITS, int GS, int NT, int W>
+__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
+    const int bx = blockIdx.x;
+    int i = 0;
+#pragma unroll
+    for (int j = 1; j < PT_TC_MULTI; j++)
+        if (j < m.n && bx >= m.first[j]) i = j;
+    gemv_tc_block<BITS, GS, NT, W>(m.a[i], bx - m.first[i]);
 }
 
 /* ---- launch ------------------------------------------------------------------ */
@@ -472,18 +512,29 @@ static size_t tc_smem(int nb, int NT, int SU, int W) {
     return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb);
 }
 
+/* One launch of m's weights: the single-weight kernel when m holds one
+ * weight and grouped is 0, else the grouped kernel (m.first already set for
+ * W). Shared memory: the largest any of the weights needs (the ring comes
+ * first, so each block's carve-up fits in it). */
 template <int BITS, int GS, int NT, int W>
-static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items) {
-    static size_t attr = 48 * 1024; /* dynamic shared memory opted in so far, per instantiation */
-    const size_t smem = tc_smem<BITS, GS>(a.nb, NT, a.SU, W);
-    if (smem > attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        attr = smem;
+static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
+    static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
+    size_t smem = 0;
+    for (int i = 0; i < m.n; i++) {
+        const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W);
+        if (b > smem) smem = b;
     }
-    const int tpe = (a.N + 15) / 16, tpb = W / a.S;
+    if (smem > attr[grouped]) {
+        if (grouped)
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        else
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr[grouped] = smem;
+    }
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((tpe + tpb - 1) / tpb), items);
+    cfg.gridDim = dim3((unsigned)m.first[m.n], items);
     cfg.blockDim = dim3(W * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
@@ -496,7 +547,8 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_args &a, unsigned items
         g_tc_pdl = !(p && !strcmp(p, "0"));
     }
     cfg.numAttrs = g_tc_pdl ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W>, a));
+    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W>, m));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W>, m.a[0]));
     return PT_OK;
 }
 
@@ -515,25 +567,34 @@ static int tc_wide(void) {
     return g_tc_wide;
 }
 
+/* Sets each weight's units per stage (from its own S: whole rounds of S,
+ * about PT_TC_XBUDGET bytes of x) and the block table for W warps per
+ * block, then launches with the NT for the row count. */
 template <int BITS, int GS>
-static pt_status tc_launch(const pt_cuda *c, tc_args &a, unsigned items) {
+static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped) {
     using SH = tc_shape<BITS, GS>;
-    const int NU = a.K / SH::UK;
-    /* units per stage: whole rounds of S, about PT_TC_XBUDGET bytes of x */
-    int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
-    su = su / a.S * a.S;
-    if (su < a.S) su = a.S;
-    const int nu_r = (NU + a.S - 1) / a.S * a.S;
-    a.SU = su < nu_r ? su : nu_r;
-    if (a.nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, a, items);
-    if (!tc_wide()) {
-        if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, a, items);
-        if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, a, items);
-        return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, a, items);
+    const int nb = m.a[0].nb, wide = nb > 8 && tc_wide(), W = wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS;
+    m.first[0] = 0;
+    for (int i = 0; i < m.n; i++) {
+        tc_args &a = m.a[i];
+        const int NU = a.K / SH::UK;
+        int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
+        su = su / a.S * a.S;
+        if (su < a.S) su = a.S;
+        const int nu_r = (NU + a.S - 1) / a.S * a.S;
+        a.SU = su < nu_r ? su : nu_r;
+        const int tpe = (a.N + 15) / 16, tpb = W / a.S;
+        m.first[i + 1] = m.first[i] + (tpe + tpb - 1) / tpb;
     }
-    if (a.nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, a, items);
-    if (a.nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, a, items);
-    return tc_launch_nt<BITS, GS, 8, PT_TC_WIDE_WARPS>(c, a, items);
+    if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped);
+    if (!wide) {
+        if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, m, items, grouped);
+        if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, m, items, grouped);
+        return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, m, items, grouped);
+    }
+    if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, m, items, grouped);
+    if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, m, items, grouped);
+    return tc_launch_nt<BITS, GS, 8, PT_TC_WIDE_WARPS>(c, m, items, grouped);
 }
 
 /* Warps per SM the split aims at: PT_TC_TARGET_WARPS, or
@@ -555,14 +616,10 @@ static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs) {
     return S;
 }
 
-pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
-                          const int32_t *experts, int64_t items, int x_div, int64_t ldy) {
+/* The arguments of one weight's launch (SU and the block table: tc_launch). */
+static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, int64_t nb, const pt_matrix *w,
+                       int64_t expert, const int32_t *experts, int x_div, int64_t ldy) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
-    if (!cw || !cw->tc) return pt_error(PT_ERR_INTERNAL, "gemv: weight not in the tensor-core layout");
-    if (nb < 1 || nb > 64 || items < 1 || items > 65535 || (uintptr_t)x % 16)
-        return pt_error(PT_ERR_INTERNAL, "gemv: %lld rows × %lld items (1..64 × 1..65535, 16-byte aligned x)",
-                        (long long)nb, (long long)items);
-    tc_args a;
     a.w = (const uint4 *)cw->data;
     a.sb = (const uint4 *)cw->scales;
     a.bias = cw->bias;
@@ -580,12 +637,60 @@ pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, cons
     a.n_experts = w->n_experts > 1 ? w->n_experts : 1;
     a.experts = experts;
     a.err = c->err_dev;
-    switch (w->bits * 1000 + w->group_size) {
-    case 4032: return tc_launch<4, 32>(c, a, (unsigned)items);
-    case 4064: return tc_launch<4, 64>(c, a, (unsigned)items);
-    case 4128: return tc_launch<4, 128>(c, a, (unsigned)items);
-    case 8032: return tc_launch<8, 32>(c, a, (unsigned)items);
-    case 8064: return tc_launch<8, 64>(c, a, (unsigned)items);
-    default: return tc_launch<8, 128>(c, a, (unsigned)items);
+}
+
+static pt_status tc_dispatch(const pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped) {
+    switch (bits * 1000 + gs) {
+    case 4032: return tc_launch<4, 32>(c, m, items, grouped);
+    case 4064: return tc_launch<4, 64>(c, m, items, grouped);
+    case 4128: return tc_launch<4, 128>(c, m, items, grouped);
+    case 8032: return tc_launch<8, 32>(c, m, items, grouped);
+    case 8064: return tc_launch<8, 64>(c, m, items, grouped);
+    default: return tc_launch<8, 128>(c, m, items, grouped);
     }
+}
+
+pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
+                          const int32_t *experts, int64_t items, int x_div, int64_t ldy) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    if (!cw || !cw->tc) return pt_error(PT_ERR_INTERNAL, "gemv: weight not in the tensor-core layout");
+    if (nb < 1 || nb > 64 || items < 1 || items > 65535 || (uintptr_t)x % 16)
+        return pt_error(PT_ERR_INTERNAL, "gemv: %lld rows × %lld items (1..64 × 1..65535, 16-byte aligned x)",
+                        (long long)nb, (long long)items);
+    tc_multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n = 1;
+    tc_args_of(c, m.a[0], y, x, nb, w, expert, experts, x_div, ldy);
+    return tc_dispatch(c, m, w->bits, w->group_size, (unsigned)items, 0);
+}
+
+/* Grouped launches made so far (tests check the grouped path was taken). */
+static unsigned long long g_tc_multi_launches;
+extern "C" unsigned long long pt_cuda_tc_multi_count(void) { return __atomic_load_n(&g_tc_multi_launches, __ATOMIC_RELAXED); }
+
+int pt_cuda_tc_multi_ok(const pt_cuda *c, int n, const pt_matrix *const *w) {
+    (void)c;
+    if (n < 1 || n > PT_TC_MULTI) return 0;
+    for (int i = 0; i < n; i++) {
+        const pt_cuda_weight *cw = pt_cuda_w(w[i]);
+        if (!cw || !cw->tc || w[i]->n_experts > 1 || w[i]->bits != w[0]->bits ||
+            w[i]->group_size != w[0]->group_size || w[i]->cols != w[0]->cols)
+            return 0;
+    }
+    return 1;
+}
+
+pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
+                                const pt_matrix *const *w) {
+    if (!pt_cuda_tc_multi_ok(c, n, w))
+        return pt_error(PT_ERR_INTERNAL, "gemv: %d weights not all in the tensor-core layout with one bits, group "
+                                         "size and K (1..%d weights)", n, PT_TC_MULTI);
+    if (nb < 1 || nb > 64 || (uintptr_t)x % 16)
+        return pt_error(PT_ERR_INTERNAL, "gemv: %lld rows (1..64, 16-byte aligned x)", (long long)nb);
+    tc_multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n = n;
+    __atomic_fetch_add(&g_tc_multi_launches, 1ull, __ATOMIC_RELAXED);
+    for (int i = 0; i < n; i++) tc_args_of(c, m.a[i], y[i], x, nb, w[i], 0, NULL, 1, w[i]->rows);
+    return tc_dispatch(c, m, w[0]->bits, w[0]->group_size, 1, 1);
 }

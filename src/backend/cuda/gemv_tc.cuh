@@ -27,5 +27,14 @@ pt_status pt_cuda_tc_dequant(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_t 
  * when experts is NULL), x rows at (b / x_div)·nb·K and y at b·nb·ldy. */
 pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
                           const int32_t *experts, int64_t items, int x_div, int64_t ldy);
+/* Whether up to 4 weights can share one grouped launch: all in the
+ * tensor-core layout, no expert stacks, one bits, group size and K. */
+int pt_cuda_tc_multi_ok(const pt_cuda *c, int n, const pt_matrix *const *w);
+/* y[i] = x · W[i]ᵀ (+ bias), y[i] [nb, w[i]->rows], for i < n (1..4) weights
+ * that pt_cuda_tc_multi_ok accepts, nb = 1..64 rows of x [nb, K]: ONE
+ * launch whose blocks are each weight's blocks back to back; every y[i]
+ * bit-identical to pt_cuda_tc_gemv of w[i] alone (same per-weight split). */
+pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
+                                const pt_matrix *const *w);
 
 #endif

@@ -26,6 +26,11 @@
  *    cuBLAS at every shape (bench/RESULTS.md), so it is off by default.
  * Either way the output is rounded once, after the bias, in bf16 mode.
  *
+ * matmul_multi (several weights over one x: q/k/v, gate/up) runs the
+ * weights as one grouped tensor-core GEMV launch when they all take that
+ * path with one bits, group size and K and T <= 64 (bit-identical to the
+ * separate launches); otherwise it makes the separate calls.
+ *
  * Not here: attention, MoE routing (moe.cu uses pt_cuda_gemv_items). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -974,5 +979,52 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
         b.y = y + t * w->rows;
         PT_TRY(launch_gemv(c, b, w->bits, w->dtype, nb, 1, 1));
     }
+    return PT_OK;
+}
+
+/* ---- matmul_multi (backend.h): several weights over one x ---------------------
+ * One grouped tensor-core GEMV launch (gemv_tc.cu) when T <= 64, every weight
+ * is in the tensor-core layout with one bits, group size and K, and no
+ * expert stack: for T <= 64 matmul and matmul_rows both run exactly one
+ * pt_cuda_tc_gemv launch per weight, which the grouped launch reproduces bit
+ * for bit. Anything else (and PETREL_CUDA_MULTI=0 / pt_cuda_tc_multi(0),
+ * for A/B): the n separate matmul / matmul_rows calls. */
+static int g_tc_multi = -1;
+extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi = on != 0; }
+static int tc_multi_on(void) {
+    if (g_tc_multi < 0) {
+        const char *e = getenv("PETREL_CUDA_MULTI");
+        g_tc_multi = !(e && !strcmp(e, "0"));
+    }
+    return g_tc_multi;
+}
+
+pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                               const pt_matrix *const *w, int rows) {
+    pt_cuda *c = pt_cuda_of(be);
+    if (n < 1 || n > 4) return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: %d weights (1..4)", n);
+    for (int i = 0; i < n; i++) {
+        if (!pt_cuda_w(w[i]))
+            return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: weight %d not prepared on the CUDA backend", i);
+        if (w[i]->cols != w[0]->cols || w[i]->n_experts > 1)
+            return pt_error(PT_ERR_INVALID_ARG,
+                            "matmul_multi: weight %d has K %lld and %lld experts (expected K %lld, no stack)", i,
+                            (long long)w[i]->cols, (long long)w[i]->n_experts, (long long)w[0]->cols);
+    }
+    if (T <= 0) return PT_OK;
+    if (n > 1 && T <= PT_TC_MAX_T && !c->no_fast_gemv && tc_multi_on() && pt_cuda_tc_multi_ok(c, n, w)) {
+        /* the copy matmul and matmul_rows make of an unaligned x (the same values) */
+        const float *xin = x;
+        if ((uintptr_t)x % 16) {
+            if ((size_t)(T * w[0]->cols) * 4 > c->xconv_bytes)
+                return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: unaligned input and no scratch reserved");
+            CUDA_CHECK(
+                cudaMemcpyAsync(c->xconv, x, (size_t)(T * w[0]->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
+            xin = (const float *)c->xconv;
+        }
+        return pt_cuda_tc_gemv_multi(c, n, y, xin, T, w);
+    }
+    for (int i = 0; i < n; i++)
+        PT_TRY(rows ? pt_cuda_matmul_rows(be, y[i], x, T, w[i], 0) : pt_cuda_matmul(be, y[i], x, T, w[i], 0));
     return PT_OK;
 }

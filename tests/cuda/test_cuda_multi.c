@@ -1,0 +1,296 @@
+/* matmul_multi on CUDA (backend.h; src/backend/cuda/matmul.cu, gemv_tc.cu):
+ * the grouped tensor-core GEMV launch — up to 4 weights over one x, their
+ * blocks back to back in one grid — must give every output bit-identical to
+ * that weight's own matmul (rows == 0) and matmul_rows (rows == 1):
+ *   - 4- and 8-bit codes, groups 32/64/128, 2 and 3 weights of different row
+ *     counts (one not a multiple of the 16-row tile), K with several
+ *     shared-memory stages and a partial one, with and without a bias;
+ *   - the llama-3.1-8b shapes (q/k/v 4096/1024/1024 and gate/up 14336 × 4096,
+ *     whose weights get different warp splits S in the same launch);
+ *   - T = 1..64 (the 8-warp and 16-warp blocks, every n-tile count), 8-warp
+ *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x;
+ *   - what must not take the grouped launch (T > 64, mixed bits) still
+ *     equal to the separate calls, and PETREL_CUDA_MULTI=0 switching it off;
+ * and the whole forward pass (prefill and compiled decode steps) must give
+ * bit-identical logits with the grouped launch on and off, on the 4-bit
+ * demo model and the llama-3.2-1b shape with random 4-bit weights.
+ * A launch counter proves the grouped path ran where it should.
+ *
+ * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
+ * without a GPU it reports SKIP. */
+#include "test.h"
+#include "test_rand.h"
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/mmap.h"
+#include "model/model.h" /* pt_model_synthetic */
+#include "petrel.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* matmul.cu / gemv_tc.cu: the grouped launch on or off (as PETREL_CUDA_MULTI),
+ * the 16-warp blocks above 8 rows on or off, grouped launches made so far */
+void pt_cuda_tc_multi(int on);
+void pt_cuda_tc_wide(int on);
+unsigned long long pt_cuda_tc_multi_count(void);
+
+/* REQUIRE for a function returning int: the failure is reported and 0 returned. */
+#define NEED(cond, ...)            \
+    do {                           \
+        if (!(cond)) {             \
+            CHECK(0, __VA_ARGS__); \
+            return 0;              \
+        }                          \
+    } while (0)
+
+typedef struct {
+    pt_matrix w;
+    uint32_t *data;
+    uint16_t *sc, *bi, *bias;
+} qweight;
+
+static int qw_make(pt_backend *be, qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
+    const int64_t ng = K / gs;
+    q->data = malloc((size_t)(N * K * bits / 8));
+    q->sc = malloc((size_t)(N * ng) * 2), q->bi = malloc((size_t)(N * ng) * 2);
+    q->bias = with_bias ? malloc((size_t)N * 2) : NULL;
+    for (int64_t i = 0; i < N * K * bits / 32; i++) q->data[i] = ru32() ^ (ru32() << 21);
+    for (int64_t i = 0; i < N * ng; i++) {
+        q->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        q->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
+    }
+    for (int64_t i = 0; with_bias && i < N; i++) q->bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    q->w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs,
+                       .data = q->data, .scales = q->sc, .biases = q->bi, .bias = q->bias,
+                       .bias_dtype = PT_FT_BF16};
+    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
+    return 1;
+}
+
+static void qw_free(pt_backend *be, qweight *q) {
+    be->ops->release_weight(be, &q->w);
+    free(q->data), free(q->sc), free(q->bi), free(q->bias);
+}
+
+enum { TMAX = 100 };
+
+/* n weights over one x for every T of Ts and both rows modes: multi vs the
+ * separate calls, bit for bit; grouped: whether T <= 64 must take the
+ * grouped launch (0: it must not). */
+static int check_set(pt_backend *be, const char *what, int n, qweight *q, const int *Ts, int nT, int grouped,
+                     int x_off) {
+    const int64_t K = q[0].w.cols;
+    float *xh = malloc((size_t)(TMAX * K + 4) * 4);
+    for (int64_t i = 0; i < TMAX * K + 4; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *xd = put(be, xh, (size_t)(TMAX * K + 4) * 4), *x = xd + x_off;
+    float *ym[4], *ys[4], *hm = NULL, *hs = NULL;
+    int64_t maxn = 0;
+    for (int i = 0; i < n; i++) {
+        ym[i] = be->ops->alloc(be, (size_t)(TMAX * q[i].w.rows) * 4);
+        ys[i] = be->ops->alloc(be, (size_t)(TMAX * q[i].w.rows) * 4);
+        NEED(ym[i] && ys[i], "alloc");
+        if (q[i].w.rows > maxn) maxn = q[i].w.rows;
+    }
+    NEED(xd, "alloc x");
+    hm = malloc((size_t)(TMAX * maxn) * 4), hs = malloc((size_t)(TMAX * maxn) * 4);
+    const pt_matrix *ws[4];
+    for (int i = 0; i < n; i++) ws[i] = &q[i].w;
+    int ok = 1;
+    for (int ti = 0; ti < nT && ok; ti++)
+        for (int rows = 0; rows < 2 && ok; rows++) {
+            const int64_t T = Ts[ti];
+            for (int i = 0; i < n; i++) {
+                pt_status st = rows ? be->ops->matmul_rows(be, ys[i], x, T, ws[i], 0)
+                                    : be->ops->matmul(be, ys[i], x, T, ws[i], 0);
+                NEED(st == PT_OK, "%s: separate T=%lld: %s", what, (long long)T, pt_last_error());
+            }
+            const unsigned long long c0 = pt_cuda_tc_multi_count();
+            NEED(be->ops->matmul_multi(be, n, ym, x, T, ws, rows) == PT_OK, "%s: matmul_multi T=%lld: %s", what,
+                 (long long)T, pt_last_error());
+            const int took = pt_cuda_tc_multi_count() != c0, want = grouped && T <= 64;
+            CHECK(took == want, "%s T=%lld rows %d: grouped launch %s", what, (long long)T, rows,
+                  took ? "taken where it must not be" : "not taken");
+            for (int i = 0; i < n && ok; i++) {
+                const int64_t N = q[i].w.rows;
+                NEED(be->ops->download(be, hm, ym[i], (size_t)(T * N) * 4) == PT_OK, "download");
+                NEED(be->ops->download(be, hs, ys[i], (size_t)(T * N) * 4) == PT_OK, "download");
+                for (int64_t j = 0; j < T * N && ok; j++)
+                    if (memcmp(&hm[j], &hs[j], 4)) {
+                        CHECK(0, "%s T=%lld %s: weight %d (N %lld) row %lld col %lld: grouped %.9g, alone %.9g", what,
+                              (long long)T, rows ? "matmul_rows" : "matmul", i, (long long)N, (long long)(j / N),
+                              (long long)(j % N), hm[j], hs[j]);
+                        ok = 0;
+                    }
+            }
+        }
+    for (int i = 0; i < n; i++) be->ops->dealloc(be, ym[i]), be->ops->dealloc(be, ys[i]);
+    be->ops->dealloc(be, xd);
+    free(xh), free(hm), free(hs);
+    return ok;
+}
+
+static pt_backend *open_cuda(void) {
+    pt_backend *be = NULL;
+    if (pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) != PT_OK) {
+        CHECK(0, "cuda: %s", pt_last_error());
+        return NULL;
+    }
+    pt_backend_limits lim = {.max_tokens = TMAX, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64,
+                             .max_cols = 4096};
+    if (be->ops->reserve(be, &lim) != PT_OK) {
+        CHECK(0, "reserve: %s", pt_last_error());
+        pt_backend_free(&be);
+    }
+    return be;
+}
+
+static int gpu_ok(void) {
+    char why[512];
+    if (pt_cuda_device_count(why, sizeof why) == 0) {
+        printf("INFO no usable CUDA device here: %s\n", why);
+        return 0;
+    }
+    return 1;
+}
+
+static void test_multi_op_bit_identical(void) {
+    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = open_cuda();
+    REQUIRE(be, "backend");
+    REQUIRE(be->ops->matmul_multi, "the CUDA backend has no matmul_multi");
+    static const int Ts[] = {1, 2, 8, 9, 16, 17, 33, 48, 64, 65, 100};
+    static const int bitss[] = {4, 8}, gss[] = {32, 64, 128};
+    char what[160];
+    int ok = 1;
+    /* every bits × group size: 3 weights, rows 640 / 256 / 300 (a partial tile), K 2560 */
+    for (int b = 0; b < 2 && ok; b++)
+        for (int g = 0; g < 3 && ok; g++) {
+            qweight q[3];
+            static const int64_t Ns[3] = {640, 256, 300};
+            int made = 0;
+            for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], gss[g], Ns[made], 2560, (made + g) & 1);
+            if (ok) {
+                snprintf(what, sizeof what, "%d-bit g%d 640/256/300×2560 n=3", bitss[b], gss[g]);
+                ok = check_set(be, what, 3, q, Ts, 11, 1, 0);
+                snprintf(what, sizeof what, "%d-bit g%d 256/300×2560 n=2", bitss[b], gss[g]);
+                if (ok) ok = check_set(be, what, 2, q + 1, Ts, 11, 1, 0);
+            }
+            for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+        }
+    /* the llama-3.1-8b shapes, 4- and 8-bit, group 64 */
+    for (int b = 0; b < 2 && ok; b++) {
+        static const int T8[] = {1, 8, 9, 33, 64};
+        qweight q[3];
+        int made = 0;
+        static const int64_t Nq[3] = {4096, 1024, 1024};
+        for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], 64, Nq[made], 4096, 0);
+        snprintf(what, sizeof what, "%d-bit g64 q/k/v 4096/1024/1024×4096", bitss[b]);
+        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        /* 8-warp blocks above 8 rows, and an unaligned x (copied, as matmul does) */
+        pt_cuda_tc_wide(0);
+        snprintf(what, sizeof what, "%d-bit g64 q/k/v, 8-warp blocks", bitss[b]);
+        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        pt_cuda_tc_wide(1);
+        snprintf(what, sizeof what, "%d-bit g64 q/k/v, unaligned x", bitss[b]);
+        if (ok) ok = check_set(be, what, 3, q, T8 + 2, 2, 1, 1);
+        /* PETREL_CUDA_MULTI=0: the separate calls */
+        pt_cuda_tc_multi(0);
+        snprintf(what, sizeof what, "%d-bit g64 q/k/v, grouped launch off", bitss[b]);
+        if (ok) ok = check_set(be, what, 3, q, T8, 5, 0, 0);
+        pt_cuda_tc_multi(1);
+        for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+        made = 0;
+        for (; made < 2 && ok; made++) ok = qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
+        snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096", bitss[b]);
+        if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
+        for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+    }
+    /* mixed bits: not groupable, the separate calls */
+    if (ok) {
+        qweight q[2];
+        ok = qw_make(be, &q[0], 4, 64, 256, 1024, 1) && qw_make(be, &q[1], 8, 64, 128, 1024, 0);
+        static const int Tm[] = {1, 9};
+        if (ok) ok = check_set(be, "4-bit + 8-bit", 2, q, Tm, 2, 0, 0);
+        qw_free(be, &q[0]), qw_free(be, &q[1]);
+    }
+    pt_backend_free(&be);
+}
+
+/* Prefill of 20 tokens, then 5 greedy steps (compiled decode): every
+ * logits row of a run with the grouped launch on equals the run with it off. */
+static int run_model(const char *dir, int multi, float **logits, int *V, unsigned long long *launches) {
+    pt_cuda_tc_multi(multi);
+    pt_model_params mp = pt_model_default_params();
+    mp.device = PT_DEVICE_CUDA;
+    mp.compiled_decode = PT_LEVER_ON;
+    pt_model *m = NULL;
+    pt_status st = strncmp(dir, "synthetic:", 10) == 0 ? pt_model_synthetic(dir + 10, "q4", &mp, &m)
+                                                       : pt_model_load(dir, &mp, &m);
+    NEED(st == PT_OK, "load %s: %s", dir, pt_last_error());
+    *V = pt_model_vocab_size(m);
+    pt_session_params sp = pt_session_default_params();
+    sp.n_ctx = 64;
+    pt_session *s = NULL;
+    NEED(pt_session_create(m, &sp, &s) == PT_OK, "session: %s", pt_last_error());
+    enum { P = 20, STEPS = 5 };
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(1 + (i * 37) % (*V - 1));
+    *logits = malloc((size_t)(STEPS + 1) * (size_t)*V * 4);
+    const unsigned long long c0 = pt_cuda_tc_multi_count();
+    int ok = pt_session_prompt(s, ids, P) == PT_OK;
+    for (int k = 0; ok && k <= STEPS; k++) {
+        const float *lg = pt_session_logits(s);
+        ok = lg != NULL;
+        if (!ok) break;
+        memcpy(*logits + (size_t)k * *V, lg, (size_t)*V * 4);
+        int32_t best = 0;
+        for (int v = 1; v < *V; v++)
+            if (lg[v] > lg[best]) best = v;
+        if (k < STEPS) ok = pt_session_prompt(s, &best, 1) == PT_OK;
+    }
+    *launches = pt_cuda_tc_multi_count() - c0;
+    CHECK(ok, "%s: run: %s", dir, pt_last_error());
+    pt_session_free(&s);
+    pt_model_free(&m);
+    pt_cuda_tc_multi(1);
+    return ok;
+}
+
+static void check_forward(const char *dir) {
+    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
+        printf("INFO %s absent, skipped\n", dir);
+        return;
+    }
+    float *on = NULL, *off = NULL;
+    int V = 0, V2 = 0;
+    unsigned long long l_on = 0, l_off = 0;
+    if (run_model(dir, 1, &on, &V, &l_on) && run_model(dir, 0, &off, &V2, &l_off)) {
+        CHECK(l_on > 0, "%s: no grouped launch with it on", dir);
+        CHECK(l_off == 0, "%s: %llu grouped launches with it off", dir, l_off);
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
+        CHECK(bad == 0, "%s: %d of %lld logits differ between the grouped launch on and off", dir, bad,
+              (long long)6 * V);
+        printf("INFO %s: logits of the prompt and 5 steps bit-identical with the grouped launch on (%llu grouped "
+               "launches) and off\n",
+               dir, l_on);
+    }
+    free(on), free(off);
+}
+
+static void test_multi_forward_on_off(void) {
+    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    check_forward("models/kjv-llama-4bit");
+    check_forward("synthetic:llama-3.2-1b");
+}
+
+int main(void) {
+    TEST_RUN(test_multi_op_bit_identical);
+    TEST_RUN(test_multi_forward_on_off);
+    return test_summary();
+}
