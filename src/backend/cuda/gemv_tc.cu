@@ -33,6 +33,13 @@
  * rounds sized for the row count: 32 KiB of x up to 8 rows, 96 KiB above),
  * with Σx per (row, group). Up to 8 n-tiles
  * of 8 columns reuse each loaded A fragment (NT template: 1, 2, 4, 8).
+ * Above 8 rows (16-warp blocks, one item) x is instead prepared once per
+ * launch (XP: tc_xprep_kernel writes bf16 x and Σx per (row, group) to the
+ * matmul scratch with the staging loop's own arithmetic, so the same bits;
+ * a grouped launch prepares it once for all its weights) and each block
+ * bulk-copies (TMA, on an mbarrier) stage k+1 into a second x buffer while
+ * stage k computes; where two buffers of one S-round do not fit the shared
+ * memory, the in-block staging serves (PETREL_CUDA_TC_XPRE=0: always).
  *
  * Batch invariance: S and the unit assignment depend only on N, K, bits and
  * group size; the stage size and W (which depend on the row count) only
@@ -250,6 +257,10 @@ struct tc_args {
     int64_t expert, n_experts;
     const int32_t *experts;  /* per item (grid.y), or NULL: expert */
     int *err;
+    /* x prepared once per launch (tc_xprep_kernel; the XP kernels only):
+     * x as bf16 [nb, K] and Σx per group [G][NCOL] (columns past nb unset) */
+    const bf16 *xb;
+    const float *sxg;
 };
 
 __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -281,6 +292,64 @@ __device__ __forceinline__ uint32_t tc_bf2(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* The mbarrier + bulk-copy (TMA, sm_90) pieces that stage the prepared x:
+ * the copies complete on an mbarrier, not in the cp.async groups, so the
+ * weight ring's wait counts are untouched. */
+__device__ __forceinline__ unsigned tc_saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void tc_mbar_init(uint64_t *m) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(tc_saddr(m)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void tc_mbar_expect(uint64_t *m, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(tc_saddr(m)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tc_bulk(void *dst, const void *src, unsigned bytes, uint64_t *m) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     tc_saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(tc_saddr(m))
+                 : "memory");
+}
+__device__ __forceinline__ void tc_mbar_wait(uint64_t *m, unsigned parity) {
+    unsigned ok = 0;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(tc_saddr(m)), "r"(parity)
+                     : "memory");
+    } while (!ok);
+}
+
+/* x [nb, K] f32 -> bf16 [nb, K] and Σx per (group, row) into sx [G][ncol],
+ * once per launch for the XP kernels (and once for all the weights of a
+ * grouped launch). The arithmetic is the GEMV block's own staging loop
+ * (gemv_tc_block), step for step: 8 values per thread, the step's sum in
+ * the same tree, then the same xor tree over the GS/8 consecutive lanes of
+ * the group (i ≡ lane mod 32; groups are GS/8-aligned in i, since K and a
+ * stage's width are multiples of GS), so the values are the same bits the
+ * in-block staging produces. */
+template <int GS>
+__global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, float *sx, int nb, int K, int ncol) {
+    tc_pdl_wait(); /* x is written by the previous kernel */
+    const int spr = K / 8, steps = nb * spr, padded = (steps + 31) & ~31;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= padded) return; /* whole warps only: padded is a multiple of 32 */
+    const bool live = i < steps;
+    const int n = live ? i / spr : 0, w8 = live ? i % spr : 0;
+    float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
+    if (live) {
+        const float4 *src = reinterpret_cast<const float4 *>(x + (int64_t)n * K + w8 * 8);
+        u = __ldg(src), v = __ldg(src + 1);
+        uint4 o;
+        o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
+        *reinterpret_cast<uint4 *>(xb + (int64_t)n * K + w8 * 8) = o;
+    }
+    float sum = __fadd_rn(__fadd_rn(__fadd_rn(u.x, u.y), __fadd_rn(u.z, u.w)),
+                          __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
+#pragma unroll
+    for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
+    if (live && w8 % (GS / 8) == 0) sx[(int64_t)(w8 / (GS / 8)) * ncol + n] = sum;
+}
+
 /* Compile-time shape: nibbles per group, blocks per unit, groups per block,
  * x padding (bf16) so the B loads of a warp hit distinct banks. */
 template <int BITS, int GS>
@@ -298,7 +367,7 @@ struct tc_shape {
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
  * weight's first block): the same code, so the same bits. */
-template <int BITS, int GS, int NT, int W>
+template <int BITS, int GS, int NT, int W, bool XP>
 __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
@@ -316,6 +385,22 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     bf16 *xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT);           /* [nb][XS] */
     float *sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);                   /* [GPS][NCOL] Σx */
     float *red = reinterpret_cast<float *>(xs);        /* [W warps][16][NCOL], after the last stage */
+    /* XP: two x buffers of XB bytes ([nb][XS] bf16, then [GPS][NCOL] Σx),
+     * filled by bulk copies of the prepared x, stage st into buffer st & 1
+     * (completing on mbar[st & 1]) while stage st − 1 computes; the
+     * mbarriers after both buffers and red. */
+    const int XB = (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
+    uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + (size_t)W * P * SH::SLOT +
+                                                  (2 * XB > W * 16 * NCOL * 4 ? 2 * XB : W * 16 * NCOL * 4));
+    auto xcopy = [&](int k0c, int buf) { /* one thread: x[:, k0c : k0c + kc] and its Σx into buffer buf */
+        const int kc = K - k0c < KS ? K - k0c : KS;
+        unsigned char *xd = smem + (size_t)W * P * SH::SLOT + (size_t)buf * XB;
+        tc_mbar_expect(&mbar[buf], (unsigned)(nb * kc * 2 + (kc / GS) * NCOL * 4));
+        for (int n = 0; n < nb; n++)
+            tc_bulk(xd + (size_t)n * XS * 2, a.xb + (int64_t)n * K + k0c, (unsigned)kc * 2, &mbar[buf]);
+        tc_bulk(xd + (size_t)nb * XS * 2, a.sxg + (int64_t)(k0c / GS) * NCOL, (unsigned)((kc / GS) * NCOL * 4),
+                &mbar[buf]);
+    };
 
     int64_t e = a.experts ? a.experts[b_item] : a.expert;
     const bool eok = e >= 0 && e < a.n_experts;
@@ -348,6 +433,13 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
 #pragma unroll
     for (int p = 0; p < P - 1; p++) issue(p);
     tc_pdl_wait(); /* x is written by the previous kernel */
+    if constexpr (XP) {
+        if (threadIdx.x == 0) {
+            tc_mbar_init(&mbar[0]);
+            tc_mbar_init(&mbar[1]);
+            xcopy(0, 0);
+        }
+    }
 
     float tot[NT][4], acc[NT][4];
 #pragma unroll
@@ -364,6 +456,15 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     for (int k0 = 0; k0 < K; k0 += KS) {
         const int ks = K - k0 < KS ? K - k0 : KS;
         __syncthreads(); /* the previous stage's x is no longer read */
+        if constexpr (XP) {
+            /* stage st = k0 / KS is in buffer st & 1; the next stage goes
+             * into the other one, free since the barrier above */
+            const int st = k0 / KS;
+            if (threadIdx.x == 0 && k0 + KS < K) xcopy(k0 + KS, (st + 1) & 1);
+            xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT + (size_t)(st & 1) * XB);
+            sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);
+            tc_mbar_wait(&mbar[st & 1], (unsigned)(st >> 1) & 1u);
+        } else
         /* x[:, k0 : k0+ks] as bf16, 8 values per thread-step, and Σx per
          * (row, group): the step's 8 values added in order, then a xor tree
          * over the GS/8 lanes of the group (the steps of a group are
@@ -390,7 +491,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
                 if (live && w8 % (GS / 8) == 0) sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
             }
         }
-        __syncthreads();
+        if constexpr (!XP) __syncthreads();
         /* this warp's blocks in the stage: units below (k0 + ks) / UK */
         const int uend = (k0 + ks) / UK;
         const int jend = (uend > s ? (uend - s + S - 1) / S : 0) * BPU;
@@ -471,9 +572,9 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     }
 }
 
-template <int BITS, int GS, int NT, int W>
+template <int BITS, int GS, int NT, int W, bool XP>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
-    gemv_tc_block<BITS, GS, NT, W>(a, blockIdx.x);
+    gemv_tc_block<BITS, GS, NT, W, XP>(a, blockIdx.x);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -488,48 +589,59 @@ struct tc_multi_args {
     int n;
 };
 
-template <int BITS, int GS, int NT, int W>
+template <int BITS, int GS, int NT, int W, bool XP>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
     const int bx = blockIdx.x;
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && bx >= m.first[j]) i = j;
-    gemv_tc_block<BITS, GS, NT, W>(m.a[i], bx - m.first[i]);
+    gemv_tc_block<BITS, GS, NT, W, XP>(m.a[i], bx - m.first[i]);
 }
 
 /* ---- launch ------------------------------------------------------------------ */
 
 static int g_tc_pdl = -1;
 extern "C" void pt_cuda_tc_pdl(int on) { g_tc_pdl = on != 0; }
+static int tc_pdl_on(void) {
+    if (g_tc_pdl < 0) {
+        const char *p = getenv("PETREL_CUDA_PDL"); /* on unless "0" */
+        g_tc_pdl = !(p && !strcmp(p, "0"));
+    }
+    return g_tc_pdl;
+}
 
+/* Dynamic shared memory of a block: the weight ring, then x (XP: two
+ * buffers, then the two mbarriers) or the final reduction, whichever is
+ * larger. */
 template <int BITS, int GS>
-static size_t tc_smem(int nb, int NT, int SU, int W) {
+static size_t tc_smem(int nb, int NT, int SU, int W, bool xp) {
     using SH = tc_shape<BITS, GS>;
     const size_t KS = (size_t)SU * SH::UK;
-    const size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
+    size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
+    if (xp) xb = 2 * ((xb + 15) & ~(size_t)15);
     const size_t rb = (size_t)W * 16 * NT * 8 * 4;
-    return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb);
+    return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 16 : 0);
 }
 
 /* One launch of m's weights: the single-weight kernel when m holds one
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
-template <int BITS, int GS, int NT, int W>
+template <int BITS, int GS, int NT, int W, bool XP = false>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
     static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
     size_t smem = 0;
     for (int i = 0; i < m.n; i++) {
-        const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W);
+        const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W, XP);
         if (b > smem) smem = b;
     }
     if (smem > attr[grouped]) {
         if (grouped)
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         else
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr[grouped] = smem;
     }
@@ -542,14 +654,80 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    if (g_tc_pdl < 0) {
-        const char *p = getenv("PETREL_CUDA_PDL"); /* on unless "0" */
-        g_tc_pdl = !(p && !strcmp(p, "0"));
-    }
-    cfg.numAttrs = g_tc_pdl ? 1 : 0;
-    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W>, m));
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W>, m.a[0]));
+    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP>, m));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP>, m.a[0]));
     return PT_OK;
+}
+
+/* Above 8 rows (16-warp blocks, one item) x is prepared once per launch by
+ * tc_xprep_kernel into the matmul scratch (c->tile, free during a GEMV) and
+ * each block bulk-copies it stage by stage, double-buffered, instead of
+ * every block reading nb·K f32 from L2 and converting it between barriers;
+ * a grouped launch prepares it once for all its weights.
+ * PETREL_CUDA_TC_XPRE=0 / pt_cuda_tc_xpre(0): the in-block staging (A/B).
+ * Same bits either way (tc_xprep_kernel). */
+static int g_tc_xpre = -1;
+extern "C" void pt_cuda_tc_xpre(int on) { g_tc_xpre = on != 0; }
+static int tc_xpre(void) {
+    if (g_tc_xpre < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_XPRE");
+        g_tc_xpre = !(e && !strcmp(e, "0"));
+    }
+    return g_tc_xpre;
+}
+
+#define PT_TC_XP_BUDGET (64 * 1024) /* bytes of bf16 x per stage buffer (two buffers) */
+#define PT_TC_SMEM_MAX (227 * 1024) /* dynamic shared memory a block may opt into (sm_90) */
+
+/* Units per stage of an XP launch of a (whole rounds of S, two buffers of
+ * about PT_TC_XP_BUDGET bytes), or 0 when even one round per stage does not
+ * fit the shared memory (then the in-block staging serves the launch). */
+template <int BITS, int GS, int NT>
+static int tc_xp_su(const tc_args &a) {
+    using SH = tc_shape<BITS, GS>;
+    const int NU = a.K / SH::UK, nu_r = (NU + a.S - 1) / a.S * a.S;
+    int su = (int)(PT_TC_XP_BUDGET / ((int64_t)a.nb * 2 * SH::UK));
+    su = su / a.S * a.S;
+    if (su < a.S) su = a.S;
+    if (su > nu_r) su = nu_r;
+    while (su > a.S && tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true) > PT_TC_SMEM_MAX) su -= a.S;
+    return tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true) <= PT_TC_SMEM_MAX ? su : 0;
+}
+
+/* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
+ * nothing launched, m unchanged): the x prepare kernel, then the GEMV. */
+template <int BITS, int GS, int NT>
+static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
+    int su[PT_TC_MULTI];
+    for (int i = 0; i < m.n; i++)
+        if (!(su[i] = tc_xp_su<BITS, GS, NT>(m.a[i]))) return PT_ERR_UNSUPPORTED;
+    const int nb = m.a[0].nb, K = m.a[0].K, ncol = NT * 8;
+    /* scratch: xb [nb][K] bf16, then sx [G][ncol] f32 (256-byte aligned) */
+    const size_t xbb = ((size_t)nb * K * 2 + 255) & ~(size_t)255;
+    bf16 *xb = (bf16 *)c->tile;
+    float *sx = (float *)((char *)c->tile + xbb);
+    for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx;
+    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
+    cfg.blockDim = dim3(256);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, sx, nb, K, ncol));
+    return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped);
+}
+
+/* Whether a launch may take the XP kernels: above 8 rows, 16-warp blocks,
+ * one item, and scratch that holds the prepared x. */
+static bool tc_xp_ok(const pt_cuda *c, int nb, int K, unsigned items) {
+    if (nb <= 8 || items != 1 || !tc_xpre() || !c->tile) return false;
+    const size_t need = (((size_t)nb * K * 2 + 255) & ~(size_t)255) + (size_t)(K / 32) * 64 * 4;
+    return need <= c->tile_bytes;
 }
 
 /* Above 8 rows a block has PT_TC_WIDE_WARPS warps (twice the tiles per
@@ -591,6 +769,12 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, m, items, grouped);
         if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, m, items, grouped);
         return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, m, items, grouped);
+    }
+    if (tc_xp_ok(c, nb, m.a[0].K, items)) {
+        const pt_status st = nb <= 16   ? tc_launch_xp<BITS, GS, 2>(c, m, grouped)
+                             : nb <= 32 ? tc_launch_xp<BITS, GS, 4>(c, m, grouped)
+                                        : tc_launch_xp<BITS, GS, 8>(c, m, grouped);
+        if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, m, items, grouped);
     if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, m, items, grouped);
