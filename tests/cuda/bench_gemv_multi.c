@@ -1,0 +1,134 @@
+/* The decode GEMVs of one llama-3.1-8b layer (4-bit, group 64) on the
+ * tensor-core GEMV, A/B of its two launch-level levers in one process:
+ *   grouped launch (matmul_multi: q/k/v in one launch, gate/up in one;
+ *                   PETREL_CUDA_MULTI) on or off,
+ *   x prepared once per launch (above 8 rows; PETREL_CUDA_TC_XPRE) on or off,
+ * for T = 1, 8, 16, 32, 64 rows. Each number is µs per layer (median of 5
+ * replays of a CUDA graph of REPS passes over NC copies of the layer's
+ * weights, so nothing stays in L2): the q/k/v projections alone, gate/up
+ * alone, and the layer's seven GEMVs (q/k/v, o, gate/up, down). Every
+ * configuration's outputs are compared bit for bit with the first one.
+ * Not a test; built with the CUDA test binaries (make gpu-bundle) and run
+ * on the GPU machine: bench_gemv_multi. Numbers in bench/RESULTS.md. */
+#include "bench_util.h"
+
+#include "base/half.h"
+
+#include <string.h>
+
+void pt_cuda_tc_multi(int on); /* matmul.cu: the grouped launch (1) or the separate ones (0) */
+void pt_cuda_tc_xpre(int on);  /* gemv_tc.cu: x prepared once per launch above 8 rows (1) or per block (0) */
+
+enum { NC = 4, NW = 7, REPS = 2, H = 4096, F = 14336, KVD = 1024, TMAX = 64 };
+static const int64_t rows_of[NW] = {H, KVD, KVD, H, F, F, H}, cols_of[NW] = {H, H, H, H, H, H, F};
+enum { WQ, WK, WV, WO, WG, WU, WD };
+
+typedef struct {
+    pt_backend *be;
+    pt_matrix w[NC][NW];
+    float *x, *xf, *y[NW]; /* x [TMAX, H], xf [TMAX, F] (down's input), y[i] [TMAX, rows_of[i]] */
+} layer_set;
+
+static void make_weight(pt_backend *be, pt_matrix *w, int64_t N, int64_t K) {
+    const int gs = 64;
+    uint32_t *d = malloc((size_t)(N * K / 2));
+    uint16_t *sc = malloc((size_t)(N * K / gs) * 2), *bi = malloc((size_t)(N * K / gs) * 2);
+    for (int64_t i = 0; i < N * K / 8; i++) d[i] = ru();
+    for (int64_t i = 0; i < N * K / gs; i++) {
+        sc[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.02f);
+        bi[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.2f);
+    }
+    *w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = 4, .group_size = gs, .data = d,
+                     .scales = sc, .biases = bi};
+    if (be->ops->prepare_weight(be, w, "w") != PT_OK) DIE("prepare");
+}
+
+/* what: 0 = q/k/v, 1 = gate/up, 2 = the whole layer */
+static void run_layer(layer_set *s, int c, int T, int what) {
+    pt_backend *be = s->be;
+    pt_matrix *w = s->w[c];
+    if (what != 1) {
+        const pt_matrix *ws[3] = {&w[WQ], &w[WK], &w[WV]};
+        float *ys[3] = {s->y[WQ], s->y[WK], s->y[WV]};
+        if (pt_backend_matmul_multi(be, 3, ys, s->x, T, ws, 0) != PT_OK) DIE("q/k/v");
+    }
+    if (what == 2 && be->ops->matmul(be, s->y[WO], s->x, T, &w[WO], 0) != PT_OK) DIE("o");
+    if (what != 0) {
+        const pt_matrix *ws[2] = {&w[WG], &w[WU]};
+        float *ys[2] = {s->y[WG], s->y[WU]};
+        if (pt_backend_matmul_multi(be, 2, ys, s->x, T, ws, 0) != PT_OK) DIE("gate/up");
+    }
+    if (what == 2 && be->ops->matmul(be, s->y[WD], s->xf, T, &w[WD], 0) != PT_OK) DIE("down");
+}
+
+static double time_graph(layer_set *s, int T, int what) {
+    pt_backend *be = s->be;
+    for (int c = 0; c < NC; c++) run_layer(s, c, T, what); /* eager first: shared-memory attributes */
+    if (be->ops->sync(be) != PT_OK) DIE("sync");
+    pt_cuda_graph *g = NULL;
+    if (pt_cuda_graph_begin(be) != PT_OK) DIE("begin");
+    for (int r = 0; r < REPS; r++)
+        for (int c = 0; c < NC; c++) run_layer(s, c, T, what);
+    if (pt_cuda_graph_end(be, &g) != PT_OK) DIE("end");
+    pt_cuda_graph_launch(be, g);
+    be->ops->sync(be);
+    double t[5];
+    for (int i = 0; i < 5; i++) {
+        const double t0 = now();
+        pt_cuda_graph_launch(be, g);
+        if (be->ops->sync(be) != PT_OK) DIE("sync");
+        t[i] = (now() - t0) / (REPS * NC);
+    }
+    pt_cuda_graph_free(&g);
+    qsort(t, 5, sizeof t[0], cmpd);
+    return t[2] * 1e6;
+}
+
+int main(void) {
+    layer_set s;
+    memset(&s, 0, sizeof s);
+    s.be = bench_cuda_open();
+    pt_backend *be = s.be;
+    pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = F, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64};
+    if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
+    for (int c = 0; c < NC; c++)
+        for (int i = 0; i < NW; i++) make_weight(be, &s.w[c][i], rows_of[i], cols_of[i]);
+    float *xh = malloc((size_t)TMAX * F * 4);
+    for (int64_t i = 0; i < (int64_t)TMAX * F; i++) xh[i] = pt_round_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 4);
+    s.x = be->ops->alloc(be, (size_t)TMAX * H * 4);
+    s.xf = be->ops->alloc(be, (size_t)TMAX * F * 4);
+    if (!s.x || !s.xf) DIE("alloc");
+    if (be->ops->upload(be, s.x, xh, (size_t)TMAX * H * 4) != PT_OK) DIE("upload");
+    if (be->ops->upload(be, s.xf, xh, (size_t)TMAX * F * 4) != PT_OK) DIE("upload");
+    for (int i = 0; i < NW; i++)
+        if (!(s.y[i] = be->ops->alloc(be, (size_t)(TMAX * rows_of[i]) * 4))) DIE("alloc");
+    float *ref[NW], *out = malloc((size_t)TMAX * F * 4);
+    for (int i = 0; i < NW; i++) ref[i] = malloc((size_t)(TMAX * rows_of[i]) * 4);
+    printf("llama-3.1-8b layer GEMVs, 4-bit g64, µs per layer (%d weight copies, graphs of %d passes)\n", NC,
+           NC * REPS);
+    printf("%3s %5s %4s | %8s %8s %8s | %s\n", "T", "multi", "xpre", "q/k/v", "gate/up", "layer", "outputs");
+    static const int Ts[] = {1, 8, 16, 32, 64};
+    static const int cfg[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};
+    for (int ti = 0; ti < 5; ti++) {
+        const int T = Ts[ti];
+        for (int k = 0; k < 4; k++) {
+            pt_cuda_tc_multi(cfg[k][0]);
+            pt_cuda_tc_xpre(cfg[k][1]);
+            double t[3];
+            for (int what = 0; what < 3; what++) t[what] = time_graph(&s, T, what);
+            /* outputs of the last copy's pass, against the first configuration */
+            int same = 1;
+            for (int i = 0; i < NW; i++) {
+                if (be->ops->download(be, k ? out : ref[i], s.y[i], (size_t)(T * rows_of[i]) * 4) != PT_OK)
+                    DIE("download");
+                if (k && memcmp(out, ref[i], (size_t)(T * rows_of[i]) * 4)) same = 0;
+            }
+            printf("%3d %5d %4d | %8.1f %8.1f %8.1f | %s\n", T, cfg[k][0], cfg[k][1], t[0], t[1], t[2],
+                   k ? (same ? "identical" : "DIFFER") : "reference");
+            fflush(stdout);
+        }
+    }
+    pt_cuda_tc_multi(1);
+    pt_cuda_tc_xpre(1);
+    return 0;
+}
