@@ -20,6 +20,7 @@
 
 #include <cuda_fp16.h>
 
+#include <stdlib.h>
 #include <type_traits>
 
 #define DEC_THREADS 128
@@ -187,95 +188,135 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
  * (32 blocks on 132 SMs). Three kernels, each over (KV head, split, row)
  * blocks so the G query heads sharing a KV head share its loads:
  *   1. scores: one thread per key computes the G scores (16-byte K loads,
- *      q in shared memory), stores them to scratch, and each block leaves
+ *      q in shared memory), stores them to scratch, and each split leaves
  *      its partial (max, sum of exp) per head;
- *   2. p·V: every block merges all splits' (max, sum) into the exact row
- *      max M and sum L (pt_softmax_merge), forms p = round(exp(s − M) / L)
- *      as the reference does and accumulates p·v for its keys (lanes split
- *      head_dim);
- *   3. merge: the splits' partial outputs are added in split order.
+ *   2. p·V: every block merges the used splits' (max, sum) into the exact
+ *      row max M and sum L (pt_softmax_merge), forms p = round(exp(s − M) /
+ *      L) as the reference does and accumulates p·v for its keys (lanes
+ *      split head_dim);
+ *   3. merge: the used splits' partial outputs are added in split order.
  * No atomics: the result does not depend on scheduling.
+ *
+ * Work follows the keys present, not the cache. The split count nsplit
+ * (dec_shape) is fixed per cache, so a captured graph stays valid as the
+ * context grows, but a split holds at least `minper` keys (DEC_MINPER): a
+ * row of n keys takes per = max(ceil(n / nsplit), minper) keys per split and
+ * uses the first used = ceil(n / per) splits (dec_range). Blocks of splits
+ * past `used` return before loading anything, the p·V blocks merge only the
+ * used splits' statistics, the merge adds only their partial outputs. From
+ * n = nsplit·minper on, every split is used (per = ceil(n / nsplit)).
+ * Skipped entries would have been (max −inf, sum 0) and exact zeros, which
+ * pt_softmax_merge and the sum pass over unchanged, so nothing but the
+ * time depends on the skipping.
+ *
+ * Grid: (KV head, y, row), y in [0, Y): block y takes the splits y, y + Y,
+ * y + 2Y, ... below `used`. One row runs Y = nsplit (a block per split);
+ * many rows run fewer (dec_blocks_y), so a batch at short contexts does not
+ * launch thousands of blocks with no key. A split's keys, its thread-to-key
+ * assignment and its reduction order do not depend on Y or on which block
+ * takes it.
  *
  * The same kernels serve the single-sequence decode (one row, the cache of
  * pt_kv_layer) and the multi-sequence decode of continuous batching
  * (batch_decode.cu: B rows, row b with its own position pos[b] and cache
- * pointers from the device table kvp[2b], kvp[2b + 1]). A row's blocks do
+ * pointers from the device table kvp[2b], kvp[2b + 1]). A row's splits do
  * exactly the same work in either launch, so a batched row is bit-identical
  * to that row decoded alone (tests/cuda/test_cuda_batch.c). */
 
+/* Smallest split (keys) once the context is short enough that nsplit
+ * splits would be smaller. Larger: fewer splits for many rows at short
+ * contexts (less per-split work: block reductions, partial outputs,
+ * merges); smaller: more blocks, shorter chains for one row. 16, 32 and 64
+ * measured (bench/RESULTS.md): the attention of one row costs the same at
+ * 16 and 32 and more at 64, token generation of one sequence from an
+ * empty context is fastest at 16. PETREL_CUDA_DEC_MINPER=N (1..256, read
+ * once) overrides it for A/B runs (it changes the splits, so results
+ * differ in the last bits between values, never between a row alone and
+ * in a batch). */
+#define DEC_MINPER 16
+
 /* Row b's key range (positions come from device memory, so a captured graph
- * replays with new ones): keys lo + [0, n), split into nsplit ranges of
- * `per` keys; n is clamped to the scores' row stride; pos < 0 (a padding
- * row) gives n = 0. */
-__device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per) {
+ * replays with new ones): keys lo + [0, n), in splits of `per` keys of
+ * which the first `used` hold keys; n is clamped to the scores' row stride;
+ * pos < 0 (a padding row) gives n = 0, used = 0. */
+__device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per,
+                                          int64_t &used) {
     const int64_t hi = a.pos[b];
     lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
     n = hi - lo + 1;
     if (n > a.stride) n = a.stride;
     if (n < 0) n = 0;
     per = (n + a.nsplit - 1) / a.nsplit;
+    if (per < a.minper) per = a.minper;
+    used = (n + per - 1) / per; /* <= nsplit: per >= n / nsplit */
 }
 
 __device__ __forceinline__ const void *dec_cache(const pt_dec_rows &a, int64_t b, int which) {
     return a.kvp ? a.kvp[2 * b + which] : which ? a.v : a.k;
 }
 
-/* Scores of keys [lo + split·per, +per) of row b for the G heads of KV head kh. */
+/* Scores of keys [lo + split·per, +per) of row b for the G heads of KV head
+ * kh, for the splits of this block. */
 template <typename KT>
 __global__ void __launch_bounds__(DEC_THREADS) dec_scores_kernel(pt_dec_rows a) {
     extern __shared__ float qs[]; /* [G, hd] */
     __shared__ float red[32];
-    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y;
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x;
     const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride;
-    int64_t lo, n, per;
-    dec_range(a, b, lo, n, per);
+    int64_t lo, n, per, used;
+    dec_range(a, b, lo, n, per, used);
+    if ((int64_t)blockIdx.y >= used) return; /* no split of this block holds a key */
     const float *q = a.q + b * a.nh * hd;
     float *S = a.S + b * a.nh * stride;
     float2 *ML = a.ML + b * a.nh * nsplit;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(int64_t)kh * G * hd + i];
     __syncthreads();
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * a.cap * hd;
-    float m[DEC_MAX_G], l[DEC_MAX_G];
+    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+        float m[DEC_MAX_G], l[DEC_MAX_G];
 #pragma unroll
-    for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
-    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
-    for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-        const KT *kr = kb + ((lo + j) % a.cap) * hd;
-        float d[DEC_MAX_G];
+        for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+        const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+        for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+            const KT *kr = kb + ((lo + j) % a.cap) * hd;
+            float d[DEC_MAX_G];
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
-        constexpr int V = 16 / sizeof(KT);
-        for (int e0 = 0; e0 < hd; e0 += V) {
-            uint4 u = *reinterpret_cast<const uint4 *>(kr + e0);
-            const KT *kv = reinterpret_cast<const KT *>(&u);
-            float kf[V];
+            for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
+            constexpr int V = 16 / sizeof(KT);
+#pragma unroll 4
+            for (int e0 = 0; e0 < hd; e0 += V) {
+                uint4 u = *reinterpret_cast<const uint4 *>(kr + e0);
+                const KT *kv = reinterpret_cast<const KT *>(&u);
+                float kf[V];
 #pragma unroll
-            for (int i = 0; i < V; i++) kf[i] = to_f(kv[i]);
+                for (int i = 0; i < V; i++) kf[i] = to_f(kv[i]);
+#pragma unroll
+                for (int g = 0; g < DEC_MAX_G; g++) {
+                    if (g >= G) break;
+#pragma unroll
+                    for (int i = 0; i < V; i++) d[g] = fmaf(qs[g * hd + e0 + i], kf[i], d[g]);
+                }
+            }
 #pragma unroll
             for (int g = 0; g < DEC_MAX_G; g++) {
                 if (g >= G) break;
-#pragma unroll
-                for (int i = 0; i < V; i++) d[g] = fmaf(qs[g * hd + e0 + i], kf[i], d[g]);
+                float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
+                if (a.softcap > 0.f) s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
+                S[((int64_t)kh * G + g) * stride + j] = s;
+                if (s > m[g]) {
+                    l[g] = l[g] * expf(m[g] - s) + 1.f;
+                    m[g] = s;
+                } else {
+                    l[g] += expf(s - m[g]);
+                }
             }
         }
-#pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) {
-            if (g >= G) break;
-            float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
-            if (a.softcap > 0.f) s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
-            S[((int64_t)kh * G + g) * stride + j] = s;
-            if (s > m[g]) {
-                l[g] = l[g] * expf(m[g] - s) + 1.f;
-                m[g] = s;
-            } else {
-                l[g] += expf(s - m[g]);
-            }
+        /* pt_block_max/sum synchronize before reusing red, also across splits */
+        for (int g = 0; g < G; g++) {
+            const float bm = pt_block_max(m[g], red);
+            const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
+            if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
         }
-    }
-    for (int g = 0; g < G; g++) {
-        const float bm = pt_block_max(m[g], red);
-        const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
-        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
     }
 }
 
@@ -283,79 +324,99 @@ template <typename KT, int NPL>
 __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
     __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
     __shared__ float acc_s[DEC_THREADS / 32][DEC_MAX_G * NPL * 32];
-    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x, split = blockIdx.y;
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x;
     const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t lo, n, per;
-    dec_range(a, b, lo, n, per);
+    int64_t lo, n, per, used;
+    dec_range(a, b, lo, n, per, used);
+    if ((int64_t)blockIdx.y >= used) return;
     const float *S = a.S + b * a.nh * stride;
     const float2 *ML = a.ML + b * a.nh * nsplit;
     float *P = a.P + b * a.nh * nsplit * hd;
-    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
+    if (threadIdx.x < G) { /* the exact row max and sum, merged over the used splits in split order */
         float M, L;
-        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, (int)nsplit, M, L);
+        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, (int)used, M, L);
         sM[threadIdx.x] = M;
         sInv[threadIdx.x] = 1.0f / L;
     }
     __syncthreads();
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * a.cap * hd;
-    float acc[DEC_MAX_G][NPL];
+    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+        float acc[DEC_MAX_G][NPL];
 #pragma unroll
-    for (int g = 0; g < DEC_MAX_G; g++)
+        for (int g = 0; g < DEC_MAX_G; g++)
 #pragma unroll
-        for (int i = 0; i < NPL; i++) acc[g][i] = 0.f;
-    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
-    for (int64_t j = j0 + warp; j < j1; j += DEC_THREADS / 32) {
-        const KT *vr = vb + ((lo + j) % a.cap) * hd;
-        float vv[NPL];
+            for (int i = 0; i < NPL; i++) acc[g][i] = 0.f;
+        const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+        /* unrolled so several keys' V loads are in flight at once; each
+         * warp still accumulates its keys in key order */
+#pragma unroll 4
+        for (int64_t j = j0 + warp; j < j1; j += DEC_THREADS / 32) {
+            const KT *vr = vb + ((lo + j) % a.cap) * hd;
+            float vv[NPL];
 #pragma unroll
-        for (int i = 0; i < NPL; i++) {
-            const int e = lane + 32 * i;
-            vv[i] = e < hd ? to_f(vr[e]) : 0.f;
+            for (int i = 0; i < NPL; i++) {
+                const int e = lane + 32 * i;
+                vv[i] = e < hd ? to_f(vr[e]) : 0.f;
+            }
+#pragma unroll
+            for (int g = 0; g < DEC_MAX_G; g++) {
+                if (g >= G) break;
+                const float p = pt_rnd(a.bf, expf(S[((int64_t)kh * G + g) * stride + j] - sM[g]) * sInv[g]);
+#pragma unroll
+                for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
+            }
         }
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) {
             if (g >= G) break;
-            const float p = pt_rnd(a.bf, expf(S[((int64_t)kh * G + g) * stride + j] - sM[g]) * sInv[g]);
 #pragma unroll
-            for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
+            for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
         }
-    }
+        __syncthreads();
+        /* partial output of this split: P[head, split, hd], warps added in order */
+        for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
+            const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
+            if (e >= hd) continue;
+            float v = 0.f;
 #pragma unroll
-    for (int g = 0; g < DEC_MAX_G; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
-    }
-    __syncthreads();
-    /* partial output of this split: P[head, split, hd], warps added in order */
-    for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
-        const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
-        if (e >= hd) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < DEC_THREADS / 32; w++) v += acc_s[w][idx];
-        P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
+            for (int w = 0; w < DEC_THREADS / 32; w++) v += acc_s[w][idx];
+            P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
+        }
+        __syncthreads(); /* acc_s is written again by the next split */
     }
 }
 
-/* out[b, h, e] = the splits' partial outputs added in split order, rounded
- * in bf16 mode; a padding row (pos[b] < 0; pos NULL: none) gets zeros. */
-__global__ void dec_merge_kernel(float *out, const float *P, const int32_t *pos, int64_t B, int nh, int hd,
-                                 int64_t nsplit, int bf) {
-    const int64_t per_row = (int64_t)nh * hd, n = B * per_row;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+/* out[b, h, e] = row b's used splits' partial outputs added in split order,
+ * rounded in bf16 mode; a padding row (no split used) gets zeros. */
+__global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
+    const int nh = a.nh, hd = a.hd;
+    const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
-        const float *Pb = P + b * nh * nsplit * hd;
+        int64_t lo, n, per, used;
+        dec_range(a, b, lo, n, per, used);
+        const float *Pb = a.P + (b * nh + h) * nsplit * hd + e;
         float v = 0.f;
-        for (int64_t s = 0; s < nsplit; s++) v += Pb[(h * nsplit + s) * hd + e];
-        out[i] = pos && pos[b] < 0 ? 0.f : pt_rnd(bf, v);
+        for (int64_t s = 0; s < used; s++) v += Pb[s * hd];
+        a.out[i] = pt_rnd(a.bf, v);
+    }
+}
+
+/* out[h, e] = all nsplit partial outputs of dec_p added in split order
+ * (kv_quant.cu's split decode, whose empty splits write zeros). */
+__global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int64_t nsplit, int bf) {
+    const int64_t n = (int64_t)nh * hd;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t h = i / hd, e = i % hd;
+        float v = 0.f;
+        for (int64_t s = 0; s < nsplit; s++) v += P[(h * nsplit + s) * hd + e];
+        out[i] = pt_rnd(bf, v);
     }
 }
 
 pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf) {
-    dec_merge_kernel<<<pt_cuda_blocks((int64_t)nh * hd, 256), 256, 0, c->stream>>>(out, c->dec_p, NULL, 1, nh, hd,
-                                                                                  nsplit, bf);
+    dec_merge_kernel<<<pt_cuda_blocks((int64_t)nh * hd, 256), 256, 0, c->stream>>>(out, c->dec_p, nh, hd, nsplit, bf);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
 }
@@ -371,6 +432,27 @@ static void dec_shape(const pt_cuda *c, int nkv, int64_t cap, int64_t &stride, i
     if (nsplit < 1) nsplit = 1;
 }
 
+/* Blocks per SM the grid of a many-row launch aims at:
+ * PETREL_CUDA_DEC_GRID (read once; A/B runs), default 16; 0 = one block per
+ * split whatever the rows. Bits do not depend on it. */
+static int g_dec_grid = -1, g_dec_minper = -1;
+
+/* Grid height Y (blocks per row and KV head): nsplit, or fewer when B rows
+ * of nsplit blocks would exceed the target — each block then loops over
+ * nsplit / Y splits. One row always gets nsplit (the target is at least
+ * 8·SMs blocks, nsplit·nkv about 2·SMs). */
+static int64_t dec_blocks_y(const pt_cuda *c, int nkv, int64_t nsplit, int64_t B) {
+    if (g_dec_grid < 0) {
+        const char *e = getenv("PETREL_CUDA_DEC_GRID");
+        const int v = e ? atoi(e) : 16;
+        g_dec_grid = v == 0 ? 0 : v >= 8 && v <= 64 ? v : 16;
+    }
+    if (g_dec_grid == 0 || B <= 1) return nsplit;
+    const int64_t target = (int64_t)g_dec_grid * c->sm_count, per_y = (int64_t)nkv * B;
+    const int64_t y = (target + per_y - 1) / per_y;
+    return y < nsplit ? y : nsplit;
+}
+
 template <typename KT>
 static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) {
     const int G = a.nh / a.nkv;
@@ -379,6 +461,12 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
                                   "attention_rows: GQA group %d / head_dim %d outside the split decode kernels", G, a.hd)
                        : PT_ERR_UNSUPPORTED;
     dec_shape(c, a.nkv, a.cap, a.stride, a.nsplit);
+    if (g_dec_minper < 0) {
+        const char *e = getenv("PETREL_CUDA_DEC_MINPER");
+        const int v = e ? atoi(e) : 0;
+        g_dec_minper = v >= 1 && v <= 256 ? v : DEC_MINPER;
+    }
+    a.minper = g_dec_minper;
     /* the single-sequence scratch must take the cache too: a row the batch
      * cannot run alone would not be batch-invariant */
     if ((size_t)a.nh * (size_t)a.stride > c->dec_s_floats || (size_t)a.nh * a.nsplit > c->dec_ml_count ||
@@ -398,7 +486,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     } else {
         a.S = c->dec_s, a.ML = c->dec_ml, a.P = c->dec_p;
     }
-    dim3 grid((unsigned)a.nkv, (unsigned)a.nsplit, (unsigned)B);
+    dim3 grid((unsigned)a.nkv, (unsigned)dec_blocks_y(c, a.nkv, a.nsplit, B), (unsigned)B);
     dec_scores_kernel<KT><<<grid, DEC_THREADS, (size_t)G * a.hd * sizeof(float), c->stream>>>(a);
     CUDA_CHECK_LAUNCH("decode attention scores");
     switch ((a.hd + 31) / 32) {
@@ -408,8 +496,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
 #undef PT_NPL
     }
     CUDA_CHECK_LAUNCH("decode attention p·v");
-    dec_merge_kernel<<<pt_cuda_blocks(B * a.nh * a.hd, 256), 256, 0, c->stream>>>(a.out, a.P, batched ? a.pos : NULL,
-                                                                                  B, a.nh, a.hd, a.nsplit, a.bf);
+    dec_rows_merge_kernel<<<pt_cuda_blocks(B * a.nh * a.hd, 256), 256, 0, c->stream>>>(a, B);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
 }

@@ -12,7 +12,9 @@
  * its own: it launches attention.cu's split decode kernels
  * (pt_cuda_decode_split, decode_split.cuh) with B rows, each row using the
  * same split count, the same thread-to-key assignment and the same
- * reduction order as the single-sequence launch. When the single-sequence
+ * reduction order as the single-sequence launch (which splits a row uses
+ * depends on that row's key count only; a block may take several of a
+ * row's splits, which changes when they run, not what they compute). When the single-sequence
  * path would not take the split kernels (GQA group > 8, head_dim > 256,
  * scratch too small) these ops answer PT_ERR_UNSUPPORTED and the caller runs
  * the T = 1 ops row by row. tests/cuda/test_cuda_batch.c holds both paths to

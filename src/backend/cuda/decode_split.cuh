@@ -3,7 +3,9 @@
  * step (B = 1, the cache of a pt_kv_layer) and the multi-sequence step of
  * continuous batching (batch_decode.cu: row b's cache from a device table)
  * run the same kernels, so a row decoded in a batch is bit-identical to the
- * row decoded alone. Not the kernels themselves (attention.cu), not the
+ * row decoded alone. A row's work follows its own key count (splits of at
+ * least minper keys, only the splits holding keys run and merge: attention.cu),
+ * never the other rows'. Not the kernels themselves (attention.cu), not the
  * quantized caches (kv_quant.cu, kv_fused.cu). */
 #ifndef PT_BACKEND_CUDA_DECODE_SPLIT_CUH
 #define PT_BACKEND_CUDA_DECODE_SPLIT_CUH
@@ -21,7 +23,9 @@ typedef struct pt_dec_rows {
     int64_t cap;
     float scale, softcap;
     int window, bf;
-    /* set by the launch: score row stride, split count, scratch */
+    int minper;            /* set by the launch: the fewest keys of a split (attention.cu) */
+    /* set by the launch: score row stride, split count (the most a row
+     * uses; a row of n keys uses ceil(n / max(ceil(n / nsplit), minper))), scratch */
     int64_t stride, nsplit;
     float *S;              /* [B, nh, stride] */
     float2 *ML;            /* [B, nh, nsplit] */
