@@ -75,7 +75,9 @@
 #define PT_TC_WIDE_WARPS 16       /* and above 8 rows (PETREL_CUDA_TC_WIDE=0: 8) */
 #define PT_TC_RING 8               /* blocks per warp in the cp.async ring */
 #define PT_TC_XBUDGET(nb) ((nb) > 8 ? 96 * 1024 : 32 * 1024) /* bytes of staged x per stage */
-#define PT_TC_TARGET_WARPS 16      /* warps per SM the split aims at */
+#define PT_TC_TARGET_WARPS 8       /* warps per SM the split aims at (16 before: at 64 rows the wide
+                                      matrices' gate/up ran 26% slower with twice the splits, each
+                                      block staging x for half the rows; T = 1 the same; RESULTS.md) */
 
 /* ---- repack ---------------------------------------------------------------- */
 
