@@ -28,41 +28,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include "step_common.h"
 #include "stream_read.h"
-
-/* one thread: the thread's CPU time (set in main), which other processes on
- * the shared machine disturb far less than wall time */
-static clockid_t clk = CLOCK_MONOTONIC;
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(clk, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t total_bytes;
-
-static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
-    int gs = 64;
-    size_t cb = (size_t)N * K * bits / 8, pb = (size_t)N * (K / gs) * 2;
-    uint8_t *c = aligned_alloc(64, cb);
-    uint16_t *p = aligned_alloc(64, 2 * pb);
-    for (size_t i = 0; i < cb; i++) c[i] = (uint8_t)((i * 2654435761u) >> 13);
-    for (size_t i = 0; i < pb; i++) p[i] = pt_f32_to_bf16(0.002f * (float)((int)(i % 11) - 5));
-    total_bytes += cb + 2 * pb;
-    pt_matrix m = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = c, .scales = p,
-                   .biases = p + N * (K / gs)};
-    be->ops->prepare_weight(be, &m, "w");
-    return m;
-}
-
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmpd);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int main(int argc, char **argv) {
     int big = argc > 1 && !strcmp(argv[1], "8b");
@@ -73,7 +40,7 @@ int main(int argc, char **argv) {
         nv = 0;
         for (int i = 6; i < argc && nv < 8; i++) masks[nv++] = atoi(argv[i]);
     }
-    if (nth == 1) clk = CLOCK_THREAD_CPUTIME_ID;
+    if (nth == 1) bench_clock = CLOCK_THREAD_CPUTIME_ID;
     const int L = big ? 32 : 16, H = big ? 4096 : 2048, nh = 32, nkv = 8, hd = big ? 128 : 64,
               F = big ? 14336 : 8192, V = 128256;
     pt_backend *be;
@@ -84,11 +51,7 @@ int main(int argc, char **argv) {
     pt_matrix *wq = calloc(L, sizeof *wq), *wk = calloc(L, sizeof *wk), *wv = calloc(L, sizeof *wv),
               *wo = calloc(L, sizeof *wo), *wg = calloc(L, sizeof *wg), *wu = calloc(L, sizeof *wu),
               *wd = calloc(L, sizeof *wd);
-    for (int l = 0; l < L; l++) {
-        wq[l] = qmat(be, nh * hd, H, bits), wk[l] = qmat(be, nkv * hd, H, bits), wv[l] = qmat(be, nkv * hd, H, bits);
-        wo[l] = qmat(be, H, nh * hd, bits), wg[l] = qmat(be, F, H, bits), wu[l] = qmat(be, F, H, bits);
-        wd[l] = qmat(be, H, F, bits);
-    }
+    bench_llama_weights(be, L, H, nh, nkv, hd, F, bits, wq, wk, wv, wo, wg, wu, wd);
     if (!big) total_bytes -= (size_t)V * H * bits / 8 + (size_t)V * (H / 64) * 4; /* the embedding row is not streamed */
     total_bytes += (size_t)V * H * bits / 8 + (size_t)V * (H / 64) * 4;          /* the logits matmul is */
     uint16_t *norm = aligned_alloc(64, 2 * H);
@@ -99,24 +62,12 @@ int main(int argc, char **argv) {
     pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
     int cap = D + rounds * nv + 2;
     pt_kv_layer *kv = calloc(L, sizeof *kv);
-    for (int l = 0; l < L; l++) {
-        kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
-        kv[l].k = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        kv[l].v = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        uint16_t *k = kv[l].k, *v = kv[l].v;
-        for (size_t i = 0; i < (size_t)cap * nkv * hd; i++) k[i] = v[i] = pt_f32_to_bf16(0.01f * (float)(i % 37) - 0.18f);
-    }
-    pt_backend_limits lim = {.max_tokens = 1, .max_ctx = cap, .max_heads = nh, .max_head_dim = hd, .max_cols = F};
-    be->ops->reserve(be, &lim);
-    float *x = aligned_alloc(64, 4 * H), *xn = aligned_alloc(64, 4 * H), *q = aligned_alloc(64, 4 * nh * hd);
-    float *k = aligned_alloc(64, 4 * nkv * hd), *v = aligned_alloc(64, 4 * nkv * hd), *att = aligned_alloc(64, 4 * nh * hd);
-    float *g = aligned_alloc(64, 4 * F), *u = aligned_alloc(64, 4 * F), *y = aligned_alloc(64, 4 * H);
-    float *logits = aligned_alloc(64, 4 * (size_t)V);
+    bench_kv_fill(be, kv, L, nkv, hd, cap);
+    bench_acts a = bench_acts_alloc(be, 1, cap, H, nh, nkv, hd, F, V);
+    float *x = a.x, *xn = a.xn, *q = a.q, *k = a.k, *v = a.v, *att = a.att, *g = a.g, *u = a.u, *y = a.y,
+          *logits = a.logits;
     int32_t tok = 1, pos = D, am;
-    size_t rbytes = (total_bytes + 256 + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1);
-    uint8_t *rbuf = aligned_alloc(2 << 20, rbytes);
-    madvise(rbuf, rbytes, MADV_HUGEPAGE);
-    memset(rbuf, 1, total_bytes + 256);
+    uint8_t *rbuf = rd_buffer(total_bytes);
     pt_pool *pool;
     pt_pool_create(&pool, nth);
     rd_ctx rc = {.p = rbuf, .n = total_bytes & ~(size_t)255};

@@ -19,33 +19,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include "step_common.h"
 #include "stream_read.h"
-
-/* one thread: the thread's CPU time, which other processes on the shared
- * machine disturb far less than wall time (set in main) */
-static clockid_t clk = CLOCK_MONOTONIC;
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(clk, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t total_bytes;
-
-static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
-    int gs = 64;
-    size_t cb = (size_t)N * K * bits / 8, pb = (size_t)N * (K / gs) * 2;
-    uint8_t *c = aligned_alloc(64, cb);
-    uint16_t *p = aligned_alloc(64, 2 * pb);
-    for (size_t i = 0; i < cb; i++) c[i] = (uint8_t)((i * 2654435761u) >> 13);
-    for (size_t i = 0; i < pb; i++) p[i] = pt_f32_to_bf16(0.002f * (float)((int)(i % 11) - 5));
-    total_bytes += cb + 2 * pb;
-    pt_matrix m = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = c, .scales = p,
-                   .biases = p + N * (K / gs)};
-    be->ops->prepare_weight(be, &m, "w");
-    return m;
-}
-
 
 /* time per op kind (the CPU ops are synchronous) */
 static double prof[8];
@@ -53,18 +28,14 @@ static double prof[8];
 int main(int argc, char **argv) {
     int bits = argc > 1 ? atoi(argv[1]) : 4, nth = argc > 2 ? atoi(argv[2]) : 2;
     int D = argc > 3 ? atoi(argv[3]) : 128, steps = argc > 4 ? atoi(argv[4]) : 8, i8 = argc > 5 ? atoi(argv[5]) : 0;
-    if (nth == 1) clk = CLOCK_THREAD_CPUTIME_ID;
+    if (nth == 1) bench_clock = CLOCK_THREAD_CPUTIME_ID;
     const int L = 16, H = 2048, nh = 32, nkv = 8, hd = 64, F = 8192, V = 128256;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16, .int8_act = i8};
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
     pt_matrix emb = qmat(be, V, H, bits);
     pt_matrix wq[16], wk[16], wv[16], wo[16], wg[16], wu[16], wd[16];
-    for (int l = 0; l < L; l++) {
-        wq[l] = qmat(be, nh * hd, H, bits), wk[l] = qmat(be, nkv * hd, H, bits), wv[l] = qmat(be, nkv * hd, H, bits);
-        wo[l] = qmat(be, H, nh * hd, bits), wg[l] = qmat(be, F, H, bits), wu[l] = qmat(be, F, H, bits);
-        wd[l] = qmat(be, H, F, bits);
-    }
+    bench_llama_weights(be, L, H, nh, nkv, hd, F, bits, wq, wk, wv, wo, wg, wu, wd);
     uint16_t *norm = aligned_alloc(64, 2 * H);
     for (int i = 0; i < H; i++) norm[i] = pt_f32_to_bf16(1.0f);
     float inv[32];
@@ -73,25 +44,13 @@ int main(int argc, char **argv) {
     pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
     int cap = D + steps + 1;
     pt_kv_layer kv[16];
-    for (int l = 0; l < L; l++) {
-        kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
-        kv[l].k = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        kv[l].v = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        uint16_t *k = kv[l].k, *v = kv[l].v;
-        for (size_t i = 0; i < (size_t)cap * nkv * hd; i++) k[i] = v[i] = pt_f32_to_bf16(0.01f * (float)(i % 37) - 0.18f);
-    }
-    pt_backend_limits lim = {.max_tokens = 1, .max_ctx = cap, .max_heads = nh, .max_head_dim = hd, .max_cols = F};
-    be->ops->reserve(be, &lim);
-    float *x = aligned_alloc(64, 4 * H), *xn = aligned_alloc(64, 4 * H), *q = aligned_alloc(64, 4 * nh * hd);
-    float *k = aligned_alloc(64, 4 * nkv * hd), *v = aligned_alloc(64, 4 * nkv * hd), *att = aligned_alloc(64, 4 * nh * hd);
-    float *g = aligned_alloc(64, 4 * F), *u = aligned_alloc(64, 4 * F), *y = aligned_alloc(64, 4 * H);
-    float *logits = aligned_alloc(64, 4 * (size_t)V);
+    bench_kv_fill(be, kv, L, nkv, hd, cap);
+    bench_acts a = bench_acts_alloc(be, 1, cap, H, nh, nkv, hd, F, V);
+    float *x = a.x, *xn = a.xn, *q = a.q, *k = a.k, *v = a.v, *att = a.att, *g = a.g, *u = a.u, *y = a.y,
+          *logits = a.logits;
     int32_t tok = 1, pos = D, am;
     /* the streaming-read reference over a buffer as large as the weights */
-    size_t rbytes = (total_bytes + 256 + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1);
-    uint8_t *rbuf = aligned_alloc(2 << 20, rbytes);
-    madvise(rbuf, rbytes, MADV_HUGEPAGE); /* the best streaming read: huge pages, as the backend's weights */
-    memset(rbuf, 1, total_bytes + 256);
+    uint8_t *rbuf = rd_buffer(total_bytes);
     pt_pool *pool;
     pt_pool_create(&pool, nth);
     rd_ctx rc = {.p = rbuf, .n = total_bytes};

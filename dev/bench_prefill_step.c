@@ -16,28 +16,7 @@
 #include <string.h>
 #include <time.h>
 
-static clockid_t bench_clock = CLOCK_MONOTONIC;
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(bench_clock, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static size_t total_bytes;
-
-static pt_matrix qmat(pt_backend *be, int64_t N, int64_t K, int bits) {
-    int gs = 64;
-    size_t cb = (size_t)N * K * bits / 8, pb = (size_t)N * (K / gs) * 2;
-    uint8_t *c = aligned_alloc(64, cb);
-    uint16_t *p = aligned_alloc(64, 2 * pb);
-    for (size_t i = 0; i < cb; i++) c[i] = (uint8_t)((i * 2654435761u) >> 13);
-    for (size_t i = 0; i < pb; i++) p[i] = pt_f32_to_bf16(0.002f * (float)((int)(i % 11) - 5));
-    total_bytes += cb + 2 * pb;
-    pt_matrix m = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = c, .scales = p,
-                   .biases = p + N * (K / gs)};
-    be->ops->prepare_weight(be, &m, "w");
-    return m;
-}
+#include "step_common.h"
 
 /* time per op kind (the CPU ops are synchronous) */
 static double prof[8];
@@ -53,11 +32,7 @@ int main(int argc, char **argv) {
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
     pt_matrix emb = qmat(be, V, H, bits);
     pt_matrix wq[16], wk[16], wv[16], wo[16], wg[16], wu[16], wd[16];
-    for (int l = 0; l < L; l++) {
-        wq[l] = qmat(be, nh * hd, H, bits), wk[l] = qmat(be, nkv * hd, H, bits), wv[l] = qmat(be, nkv * hd, H, bits);
-        wo[l] = qmat(be, H, nh * hd, bits), wg[l] = qmat(be, F, H, bits), wu[l] = qmat(be, F, H, bits);
-        wd[l] = qmat(be, H, F, bits);
-    }
+    bench_llama_weights(be, L, H, nh, nkv, hd, F, bits, wq, wk, wv, wo, wg, wu, wd);
     uint16_t *norm = aligned_alloc(64, 2 * H);
     for (int i = 0; i < H; i++) norm[i] = pt_f32_to_bf16(1.0f);
     float inv[32];
@@ -66,23 +41,13 @@ int main(int argc, char **argv) {
     pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
     int cap = D + T;
     pt_kv_layer kv[16];
-    for (int l = 0; l < L; l++) {
-        kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
-        kv[l].k = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        kv[l].v = be->ops->alloc(be, (size_t)cap * nkv * hd * 2);
-        uint16_t *k = kv[l].k, *v = kv[l].v;
-        for (size_t i = 0; i < (size_t)cap * nkv * hd; i++) k[i] = v[i] = pt_f32_to_bf16(0.01f * (float)(i % 37) - 0.18f);
-    }
-    pt_backend_limits lim = {.max_tokens = T, .max_ctx = cap, .max_heads = nh, .max_head_dim = hd, .max_cols = F};
-    be->ops->reserve(be, &lim);
+    bench_kv_fill(be, kv, L, nkv, hd, cap);
+    bench_acts a = bench_acts_alloc(be, T, cap, H, nh, nkv, hd, F, V);
+    float *x = a.x, *xn = a.xn, *q = a.q, *k = a.k, *v = a.v, *att = a.att, *g = a.g, *u = a.u, *y = a.y,
+          *logits = a.logits;
     size_t Tz = (size_t)T;
-    float *x = aligned_alloc(64, 4 * H * Tz), *xn = aligned_alloc(64, 4 * H * Tz), *q = aligned_alloc(64, 4 * nh * hd * Tz);
-    float *k = aligned_alloc(64, 4 * nkv * hd * Tz), *v = aligned_alloc(64, 4 * nkv * hd * Tz);
-    float *att = aligned_alloc(64, 4 * nh * hd * Tz);
-    float *g = aligned_alloc(64, 4 * F * Tz), *u = aligned_alloc(64, 4 * F * Tz), *y = aligned_alloc(64, 4 * H * Tz);
     int32_t *toks = malloc(sizeof(int32_t) * Tz), *posv = malloc(sizeof(int32_t) * Tz);
     for (int i = 0; i < T; i++) toks[i] = (i * 7919) % V, posv[i] = D + i;
-    float *logits = aligned_alloc(64, 4 * (size_t)V);
     int32_t am;
     double best_step = 1e30;
     for (int s = 0; s < steps; s++) {

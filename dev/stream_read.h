@@ -1,5 +1,5 @@
 /* The dev benchmarks' streaming-read reference (dev/bench_decode_step.c,
- * dev/bench_hugepage.c): a pool job in which each thread reads its
+ * dev/bench_decode_ab.c, dev/bench_hugepage.c): a pool job in which each thread reads its
  * contiguous share of a 64-byte-aligned buffer once with 512-bit loads (the
  * roofline a decode step's weight reads are compared with). Header-only,
  * AVX-512 (the including file is built with -mavx512f). */
@@ -11,6 +11,9 @@
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 
 /* p: the buffer, n: its bytes (a multiple of 256); out: one sum per thread
  * (kept so the loads are not optimized away). */
@@ -30,6 +33,16 @@ static void rd_run(void *arg, int ith, int nth) {
                                                  _mm512_add_epi32(_mm512_load_si512(q + 2), _mm512_load_si512(q + 3))));
     }
     r->out[ith] = _mm512_reduce_add_epi32(a);
+}
+
+/* The buffer to read: at least n + 256 bytes (filled), 2 MiB aligned on huge
+ * pages (madvise), as the backend's weights: the best streaming read. */
+static uint8_t *rd_buffer(size_t n) {
+    size_t rbytes = (n + 256 + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1);
+    uint8_t *rbuf = aligned_alloc(2 << 20, rbytes);
+    madvise(rbuf, rbytes, MADV_HUGEPAGE);
+    memset(rbuf, 1, n + 256);
+    return rbuf;
 }
 
 #endif
