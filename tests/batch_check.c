@@ -69,6 +69,34 @@ int batch_ref_make_tokenwise(pt_model *m, batch_ref *r, int n, int steps, int (*
     return ref_make(m, r, n, steps, prompt_len, 1);
 }
 
+/* ss[0..n): sessions on m. Returns 1, or 0 (having printed why) at the first
+ * that cannot be created. */
+static int sessions_create(pt_model *m, pt_session **ss, int n) {
+    for (int i = 0; i < n; i++)
+        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
+            printf("    session: %s\n", pt_last_error());
+            return 0;
+        }
+    return 1;
+}
+
+/* The end of a batched run of sessions ss[0..n) (ss may be NULL): unless the
+ * run failed, counts the sessions whose length is not their prompt plus
+ * last[i] tokens; then frees every session. Returns that count. */
+static int sessions_finish(pt_session **ss, const batch_ref *r, int n, const int *last, int failed) {
+    int bad = 0;
+    for (int i = 0; !failed && i < n; i++)
+        if (pt_session_n_tokens(ss[i]) != (size_t)(r->prompt_len(i) + last[i])) bad++;
+    for (int i = 0; ss && i < n && i < r->n; i++)
+        if (ss[i]) pt_session_free(&ss[i]);
+    return bad;
+}
+
+/* Frees a run's buffers (any may be NULL). */
+static void free_run(pt_session **ss, pt_session **b, int32_t *ids, int *done, int *who, int *fed, int *cnt) {
+    free(ss), free(b), free(ids), free(done), free(who), free(fed), free(cnt);
+}
+
 int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int *last, int *max_b) {
     int N = r->n, bad = 0, failed = 0;
     pt_session **ss = calloc((size_t)N, sizeof *ss), **b = calloc((size_t)N, sizeof *b);
@@ -76,11 +104,7 @@ int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int
     int *done = calloc((size_t)N, sizeof *done), *who = calloc((size_t)N, sizeof *who);
     *max_b = 0;
     if (n > N || !ss || !b || !ids || !done || !who) failed = 1;
-    for (int i = 0; !failed && i < n; i++)
-        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
-            printf("    session: %s\n", pt_last_error());
-            failed = 1;
-        }
+    if (!failed && !sessions_create(m, ss, n)) failed = 1;
     for (int step = 0; !failed && step < r->steps + N; step++) {
         int B = 0;
         for (int i = 0; !failed && i < n; i++) {
@@ -116,15 +140,8 @@ int batch_run(pt_model *m, const batch_ref *r, int n, const int *join, const int
             }
         }
     }
-    for (int i = 0; !failed && i < n; i++)
-        if (pt_session_n_tokens(ss[i]) != (size_t)(r->prompt_len(i) + last[i])) bad++;
-    for (int i = 0; ss && i < n && i < N; i++)
-        if (ss[i]) pt_session_free(&ss[i]);
-    free(ss);
-    free(b);
-    free(ids);
-    free(done);
-    free(who);
+    bad += sessions_finish(ss, r, n, last, failed);
+    free_run(ss, b, ids, done, who, NULL, NULL);
     return failed ? 1000 : bad;
 }
 
@@ -137,11 +154,7 @@ int batch_run_rows(pt_model *m, const batch_ref *r, int n, const int *join, cons
     int *fed = calloc((size_t)N, sizeof *fed), *cnt = calloc((size_t)N, sizeof *cnt);
     *max_rows = 0;
     if (!r->tokenwise || n > N || !ss || !b || !ids || !done || !who || !fed || !cnt) failed = 1;
-    for (int i = 0; !failed && i < n; i++)
-        if (pt_session_create(m, NULL, &ss[i]) != PT_OK) {
-            printf("    session: %s\n", pt_last_error());
-            failed = 1;
-        }
+    if (!failed && !sessions_create(m, ss, n)) failed = 1;
     for (int step = 0; !failed && step < r->steps + 4 * N + BATCH_CHECK_MAX_PROMPT; step++) {
         int B = 0, R = 0;
         for (int i = 0; i < n; i++) {
@@ -183,16 +196,7 @@ int batch_run_rows(pt_model *m, const batch_ref *r, int n, const int *join, cons
             }
         }
     }
-    for (int i = 0; !failed && i < n; i++)
-        if (pt_session_n_tokens(ss[i]) != (size_t)(r->prompt_len(i) + last[i])) bad++;
-    for (int i = 0; ss && i < n && i < N; i++)
-        if (ss[i]) pt_session_free(&ss[i]);
-    free(ss);
-    free(b);
-    free(ids);
-    free(done);
-    free(who);
-    free(fed);
-    free(cnt);
+    bad += sessions_finish(ss, r, n, last, failed);
+    free_run(ss, b, ids, done, who, fed, cnt);
     return failed ? 1000 : bad;
 }

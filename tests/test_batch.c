@@ -45,39 +45,34 @@ static pt_model *load(const char *dir, int threads, pt_compute_dtype dt) {
  * positions; session 7's is long enough to cross a longrope switch (64). */
 static int prompt_len(int i) { return i == 7 ? 60 : 2 + 3 * i; }
 
-/* every_size: batch sizes 1..8; else 1, 3 and 8 (the fixtures, for time). */
-static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
+/* The schedules of one model loaded with th threads, checked against r. */
+typedef void (*schedules_fn)(pt_model *m, const batch_ref *r, const char *dir, pt_compute_dtype dt, int th,
+                             int every_size);
+
+/* Loads dir with 1 thread, decodes the reference on it (tokenwise: every
+ * prompt one token at a time, the reference of the rows path), then runs the
+ * schedules on that model and on the model loaded with 2 threads (padded to
+ * the CUDA graph buckets: 1, 2, 4, 8 rows, padding rows at position -1, as
+ * the GPU runs them). what names the check in the line of an absent model. */
+static void check_threads(const char *what, const char *dir, pt_compute_dtype dt, int tokenwise, int every_size,
+                          schedules_fn schedules) {
     if (!pt_is_dir(dir)) {
-        printf("INFO batch: %s absent, skipped\n", dir);
+        printf("INFO %s: %s absent, skipped\n", what, dir);
         return;
     }
     pt_model *m1 = load(dir, 1, dt);
     CHECK(m1, "load %s", dir);
     if (!m1) return;
     batch_ref r;
-    int ok = batch_ref_make(m1, &r, MAXS, STEPS, prompt_len);
+    int ok = tokenwise ? batch_ref_make_tokenwise(m1, &r, MAXS, STEPS, prompt_len)
+                       : batch_ref_make(m1, &r, MAXS, STEPS, prompt_len);
     CHECK(ok, "%s: reference decode: %s", dir, pt_last_error());
     for (int th = 1; ok && th <= 2; th++) {
         pt_model *m = th == 1 ? m1 : load(dir, 2, dt);
         CHECK(m, "load %s with 2 threads", dir);
         if (!m) break;
-        /* with 2 threads the steps are padded to the CUDA graph buckets (1, 2,
-         * 4, 8 rows; padding rows at position -1), as the GPU runs them */
         if (th == 2) CHECK(pt_batch_set_padding(m, 1) == PT_OK, "padding: %s", pt_last_error());
-        int full[MAXS], zero[MAXS] = {0}, max_b = 0;
-        for (int i = 0; i < MAXS; i++) full[i] = STEPS;
-        /* batch sizes 1..8, all joining together (different positions) */
-        for (int n = 1; n <= MAXS; n++) {
-            if (!every_size && n != 1 && n != 3 && n != MAXS) continue;
-            int bad = batch_run(m, &r, n, zero, full, &max_b);
-            CHECK(bad == 0 && max_b == n, "%s dtype %d threads %d: batch of %d: %d mismatches", dir, (int)dt, th, n,
-                  bad);
-        }
-        /* joining and leaving between steps; session 2 cancelled after 2 steps,
-         * session 5 after 1 */
-        int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
-        int bad = batch_run(m, &r, MAXS, join, last, &max_b);
-        CHECK(bad == 0, "%s dtype %d threads %d: join/leave schedule: %d mismatches", dir, (int)dt, th, bad);
+        schedules(m, &r, dir, dt, th, every_size);
         if (g_want_table) {
             int64_t cnt[3];
             pt_batch_counts(m, cnt);
@@ -88,6 +83,28 @@ static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
     }
     batch_ref_free(&r);
     pt_model_free(&m1);
+}
+
+/* every_size: batch sizes 1..8; else 1, 3 and 8 (the fixtures, for time). */
+static void decode_schedules(pt_model *m, const batch_ref *r, const char *dir, pt_compute_dtype dt, int th,
+                             int every_size) {
+    int full[MAXS], zero[MAXS] = {0}, max_b = 0;
+    for (int i = 0; i < MAXS; i++) full[i] = STEPS;
+    /* batch sizes 1..8, all joining together (different positions) */
+    for (int n = 1; n <= MAXS; n++) {
+        if (!every_size && n != 1 && n != 3 && n != MAXS) continue;
+        int bad = batch_run(m, r, n, zero, full, &max_b);
+        CHECK(bad == 0 && max_b == n, "%s dtype %d threads %d: batch of %d: %d mismatches", dir, (int)dt, th, n, bad);
+    }
+    /* joining and leaving between steps; session 2 cancelled after 2 steps,
+     * session 5 after 1 */
+    int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
+    int bad = batch_run(m, r, MAXS, join, last, &max_b);
+    CHECK(bad == 0, "%s dtype %d threads %d: join/leave schedule: %d mismatches", dir, (int)dt, th, bad);
+}
+
+static void check_model(const char *dir, pt_compute_dtype dt, int every_size) {
+    check_threads("batch", dir, dt, 0, every_size, decode_schedules);
 }
 
 static void test_batch_invariance_demo(void) {
@@ -112,50 +129,31 @@ static void test_batch_invariance_families(void) {
  * joins at its step and feeds its prompt piece[i] tokens per step beside the
  * others' prompt pieces and decode rows; every logits row must equal the
  * session run alone one token at a time. Threads and padding as above. */
+static void rows_schedules(pt_model *m, const batch_ref *r, const char *dir, pt_compute_dtype dt, int th,
+                           int every_size) {
+    (void)every_size;
+    int full[MAXS], zero[MAXS] = {0}, max_rows = 0;
+    for (int i = 0; i < MAXS; i++) full[i] = STEPS;
+    /* session 4's prompt in one piece; session 7's 60 tokens 8 at a time */
+    int piece[MAXS] = {5, 1, 2, 3, 64, 4, 7, 8};
+    int bad = batch_run_rows(m, r, MAXS, zero, full, piece, &max_rows);
+    CHECK(bad == 0 && max_rows > MAXS, "%s dtype %d threads %d: prompts as rows, all joining at once: %d mismatches "
+          "(largest step %d rows)", dir, (int)dt, th, bad, max_rows);
+    /* joining and leaving between steps, sessions 2 and 5 cancelled */
+    int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
+    int piece2[MAXS] = {64, 3, 1, 64, 2, 5, 64, 13};
+    bad = batch_run_rows(m, r, MAXS, join, last, piece2, &max_rows);
+    CHECK(bad == 0, "%s dtype %d threads %d: prompts as rows, join/leave schedule: %d mismatches", dir, (int)dt, th,
+          bad);
+    /* one session alone, its whole prompt in one step */
+    int one[MAXS] = {64};
+    bad = batch_run_rows(m, r, 1, zero, full, one, &max_rows);
+    CHECK(bad == 0, "%s dtype %d threads %d: one session's prompt as one step of rows: %d mismatches", dir, (int)dt,
+          th, bad);
+}
+
 static void check_rows(const char *dir, pt_compute_dtype dt) {
-    if (!pt_is_dir(dir)) {
-        printf("INFO batch rows: %s absent, skipped\n", dir);
-        return;
-    }
-    pt_model *m1 = load(dir, 1, dt);
-    CHECK(m1, "load %s", dir);
-    if (!m1) return;
-    batch_ref r;
-    int ok = batch_ref_make_tokenwise(m1, &r, MAXS, STEPS, prompt_len);
-    CHECK(ok, "%s: reference decode: %s", dir, pt_last_error());
-    for (int th = 1; ok && th <= 2; th++) {
-        pt_model *m = th == 1 ? m1 : load(dir, 2, dt);
-        CHECK(m, "load %s with 2 threads", dir);
-        if (!m) break;
-        if (th == 2) CHECK(pt_batch_set_padding(m, 1) == PT_OK, "padding: %s", pt_last_error());
-        int full[MAXS], zero[MAXS] = {0}, max_rows = 0;
-        for (int i = 0; i < MAXS; i++) full[i] = STEPS;
-        /* session 4's prompt in one piece; session 7's 60 tokens 8 at a time */
-        int piece[MAXS] = {5, 1, 2, 3, 64, 4, 7, 8};
-        int bad = batch_run_rows(m, &r, MAXS, zero, full, piece, &max_rows);
-        CHECK(bad == 0 && max_rows > MAXS, "%s dtype %d threads %d: prompts as rows, all joining at once: %d mismatches "
-              "(largest step %d rows)", dir, (int)dt, th, bad, max_rows);
-        /* joining and leaving between steps, sessions 2 and 5 cancelled */
-        int join[MAXS] = {0, 1, 0, 2, 3, 0, 5, 1}, last[MAXS] = {STEPS, STEPS, 2, STEPS, 4, 1, STEPS, 3};
-        int piece2[MAXS] = {64, 3, 1, 64, 2, 5, 64, 13};
-        bad = batch_run_rows(m, &r, MAXS, join, last, piece2, &max_rows);
-        CHECK(bad == 0, "%s dtype %d threads %d: prompts as rows, join/leave schedule: %d mismatches", dir, (int)dt, th,
-              bad);
-        /* one session alone, its whole prompt in one step */
-        int one[MAXS] = {64};
-        bad = batch_run_rows(m, &r, 1, zero, full, one, &max_rows);
-        CHECK(bad == 0, "%s dtype %d threads %d: one session's prompt as one step of rows: %d mismatches", dir, (int)dt,
-              th, bad);
-        if (g_want_table) {
-            int64_t cnt[3];
-            pt_batch_counts(m, cnt);
-            CHECK(cnt[1] > 0, "%s threads %d: no step ran in table mode (%lld graph, %lld table, %lld row)", dir, th,
-                  (long long)cnt[0], (long long)cnt[1], (long long)cnt[2]);
-        }
-        if (m != m1) pt_model_free(&m);
-    }
-    batch_ref_free(&r);
-    pt_model_free(&m1);
+    check_threads("batch rows", dir, dt, 1, 0, rows_schedules);
 }
 
 static void test_batch_rows_demo(void) {
