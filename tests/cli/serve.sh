@@ -20,6 +20,14 @@ if [ -z "$MODEL" ] || ! command -v curl >/dev/null 2>&1; then
   exit 0
 fi
 
+# chat_content BODY: POSTs the chat completion BODY, prints the reply's content
+chat_content() {
+  curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$1" |
+    sed -n 's/.*"content":"\([^"]*\)".*/\1/p'
+}
+# metric NAME FILE: the value of the /metrics line NAME (a literal, sed BRE) in FILE
+metric() { sed -n "s/^$1 \([0-9]*\)\$/\1/p" "$2"; }
+
 # prompt rows on (the CPU default is off, docs/server.md): the batching checks
 # below then cover the path CUDA serves with
 PETREL_PROMPT_ROWS=64 "$PETREL" serve -m "$MODEL" --port 0 -t 1 --parallel 2 2>"$TMP/serve.err" &
@@ -76,8 +84,7 @@ else fail serve_prompt_cache_second_turn "cached_tokens '$cached': $(head -c 300
 # first runs it in one chunk, which in bf16 may give slightly different logits.
 seeded='{"messages":[{"role":"user","content":"Blessed are"}],"max_tokens":12,"temperature":1,"seed":7}'
 for k in 1 2 3; do
-  curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$seeded" |
-    sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/seed$k"
+  chat_content "$seeded" >"$TMP/seed$k"
 done
 if [ -s "$TMP/seed2" ] && cmp -s "$TMP/seed2" "$TMP/seed3"; then pass serve_seed_reproducible
 else fail serve_seed_reproducible "'$(cat "$TMP/seed2")' vs '$(cat "$TMP/seed3")'"; fi
@@ -87,22 +94,18 @@ else fail serve_seed_reproducible "'$(cat "$TMP/seed2")' vs '$(cat "$TMP/seed3")
 # alone (batch invariance). Prompts that share no cached prefix with each other.
 req_a='{"messages":[{"role":"user","content":"The LORD is my shepherd"}],"max_tokens":16,"temperature":0}'
 req_b='{"messages":[{"role":"user","content":"Let there be light"}],"max_tokens":16,"temperature":0}'
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_a" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_a"
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_b" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_b"
+chat_content "$req_a" >"$TMP/solo_a"
+chat_content "$req_b" >"$TMP/solo_b"
 curl -s --max-time 60 "$URL/metrics" >"$TMP/m0"
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_a" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_a" &
+chat_content "$req_a" >"$TMP/pair_a" &
 pa=$!
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_b" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_b"
+chat_content "$req_b" >"$TMP/pair_b"
 wait $pa
 curl -s --max-time 60 "$URL/metrics" >"$TMP/m1"
-two0=$(sed -n 's/^petrel_batch_size_bucket{le="2"} \([0-9]*\)$/\1/p' "$TMP/m0")
-one0=$(sed -n 's/^petrel_batch_size_bucket{le="1"} \([0-9]*\)$/\1/p' "$TMP/m0")
-two1=$(sed -n 's/^petrel_batch_size_bucket{le="2"} \([0-9]*\)$/\1/p' "$TMP/m1")
-one1=$(sed -n 's/^petrel_batch_size_bucket{le="1"} \([0-9]*\)$/\1/p' "$TMP/m1")
+two0=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m0")
+one0=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m0")
+two1=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m1")
+one1=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m1")
 if [ -n "$two1" ] && [ $((two1 - one1)) -gt $((two0 - one0)) ]; then pass serve_batch_metrics
 else fail serve_batch_metrics "steps of 2 before ($two0-$one0) after ($two1-$one1): $(grep batch_size "$TMP/m1" | head -c 400)"; fi
 if [ -s "$TMP/solo_a" ] && cmp -s "$TMP/solo_a" "$TMP/pair_a" && cmp -s "$TMP/solo_b" "$TMP/pair_b"; then
@@ -115,19 +118,15 @@ else fail serve_batch_invariant "solo '$(cat "$TMP/solo_a")' / '$(cat "$TMP/solo
 # must count the prompt rows
 req_c='{"messages":[{"role":"user","content":"And God said unto Noah"}],"max_tokens":12,"temperature":0}'
 req_d='{"messages":[{"role":"user","content":"Blessed are the meek"}],"max_tokens":12,"temperature":0}'
-rows0=$(sed -n 's/^petrel_prompt_rows_total \([0-9]*\)$/\1/p' "$TMP/m1")
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_c" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_c" &
+rows0=$(metric 'petrel_prompt_rows_total' "$TMP/m1")
+chat_content "$req_c" >"$TMP/pair_c" &
 pc=$!
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_d" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/pair_d"
+chat_content "$req_d" >"$TMP/pair_d"
 wait $pc
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_c" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_c"
-curl -s --max-time 60 "$URL/v1/chat/completions" -H 'Content-Type: application/json' -d "$req_d" |
-  sed -n 's/.*"content":"\([^"]*\)".*/\1/p' >"$TMP/solo_d"
+chat_content "$req_c" >"$TMP/solo_c"
+chat_content "$req_d" >"$TMP/solo_d"
 curl -s --max-time 60 "$URL/metrics" >"$TMP/m2"
-rows1=$(sed -n 's/^petrel_prompt_rows_total \([0-9]*\)$/\1/p' "$TMP/m2")
+rows1=$(metric 'petrel_prompt_rows_total' "$TMP/m2")
 if [ -n "$rows1" ] && [ -n "$rows0" ] && [ "$rows1" -gt $((rows0 + 10)) ]; then pass serve_prompt_rows_metrics
 else fail serve_prompt_rows_metrics "petrel_prompt_rows_total before '$rows0' after '$rows1'"; fi
 if [ -s "$TMP/solo_c" ] && cmp -s "$TMP/solo_c" "$TMP/pair_c" && cmp -s "$TMP/solo_d" "$TMP/pair_d"; then
