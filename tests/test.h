@@ -32,6 +32,15 @@ extern const char *test_current;
         if (test_failed_current) return;   \
     } while (0)
 
+/* REQUIRE for a function returning int: the failure is reported and 0 returned. */
+#define NEED(cond, ...)            \
+    do {                           \
+        if (!(cond)) {             \
+            CHECK(0, __VA_ARGS__); \
+            return 0;              \
+        }                          \
+    } while (0)
+
 #define TEST_RUN(fn)                                              \
     do {                                                          \
         test_current = #fn;                                       \

@@ -14,6 +14,7 @@
  * wiring and the backend-independent contract are checked by
  * tests/test_matmul_multi.c.) */
 #include "test.h"
+#include "test_rand.h" /* ru32, rf, rand_qweight; the default seed */
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
@@ -23,39 +24,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
-
-typedef struct {
-    pt_matrix w;
-    uint8_t *codes;
-    uint16_t *sc, *bi, *bias;
-} qw;
-
-static void qw_make(qw *q, int64_t N, int64_t K, int bits, int gs, int with_bias) {
-    int64_t ng = K / gs;
-    q->codes = malloc((size_t)(N * K * bits / 8));
-    q->sc = malloc((size_t)(N * ng) * 2);
-    q->bi = malloc((size_t)(N * ng) * 2);
-    q->bias = with_bias ? malloc((size_t)N * 2) : NULL;
-    for (int64_t i = 0; i < N * K * bits / 8; i++) q->codes[i] = (uint8_t)ru32();
-    for (int64_t i = 0; i < N * ng; i++) {
-        q->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
-        q->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
-    }
-    for (int64_t i = 0; with_bias && i < N; i++) q->bias[i] = pt_f32_to_bf16(rf(-1, 1));
-    q->w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = q->codes,
-                       .scales = q->sc, .biases = q->bi, .bias = q->bias, .bias_dtype = PT_FT_BF16};
-}
-
-static void qw_free(qw *q) { free(q->codes), free(q->sc), free(q->bi), free(q->bias); }
 
 enum { GUARD = 8, TMAX = 6 };
 
@@ -68,12 +36,12 @@ static void check_case(int nth, pt_act_dtype act, int int8_act, int64_t K, const
     pt_backend *be = NULL;
     pt_cpu_params cp = {.n_threads = nth, .act = act, .int8_act = int8_act};
     REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s: %s", what, pt_last_error());
-    qw q[4];
+    rand_qweight q[4];
     const pt_matrix *ws[4];
     float *ya[4], *yb[4];
     int64_t maxN = 0;
     for (int i = 0; i < n; i++) {
-        qw_make(&q[i], Ns[i], K, bits[i], gs, i == 1);
+        rand_qweight_make(&q[i], Ns[i], K, bits[i], gs, i == 1, 0);
         REQUIRE(be->ops->prepare_weight(be, &q[i].w, "w") == PT_OK, "%s: %s", what, pt_last_error());
         ws[i] = &q[i].w;
         if (Ns[i] > maxN) maxN = Ns[i];
@@ -94,7 +62,7 @@ static void check_case(int nth, pt_act_dtype act, int int8_act, int64_t K, const
     for (int i = 0; i < n; i++) {
         CHECK(memcmp(ya[i], yb[i], sizeof(float) * (size_t)(T * Ns[i])) == 0, "%s: weight %d differs", what, i);
         for (int j = 0; j < GUARD; j++) CHECK(yb[i][T * Ns[i] + j] == -777.0f, "%s: weight %d wrote past its end", what, i);
-        free(ya[i]), free(yb[i]), qw_free(&q[i]);
+        free(ya[i]), free(yb[i]), rand_qweight_free(&q[i]);
     }
     free(x);
     pt_backend_free(&be);
@@ -137,9 +105,9 @@ static void test_multi_bad_args(void) {
     pt_backend *be = NULL;
     pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
     REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
-    qw a, b;
-    qw_make(&a, 8, 256, 4, 64, 0);
-    qw_make(&b, 8, 128, 4, 64, 0);
+    rand_qweight a, b;
+    rand_qweight_make(&a, 8, 256, 4, 64, 0, 0);
+    rand_qweight_make(&b, 8, 128, 4, 64, 0, 0);
     const pt_matrix *ws[5] = {&a.w, &b.w, &a.w, &a.w, &a.w};
     float y0[16], y1[16];
     float *ys[5] = {y0, y1, y0, y0, y0};
@@ -148,7 +116,7 @@ static void test_multi_bad_args(void) {
     CHECK(pt_cpu_matmul_multi(be, 0, ys, x, 1, ws, 0) == PT_ERR_INVALID_ARG, "n = 0 accepted");
     ws[1] = &a.w;
     CHECK(pt_cpu_matmul_multi(be, 5, ys, x, 1, ws, 0) == PT_ERR_INVALID_ARG, "n = 5 accepted");
-    qw_free(&a), qw_free(&b);
+    rand_qweight_free(&a), rand_qweight_free(&b);
     pt_backend_free(&be);
 }
 
@@ -165,8 +133,8 @@ static void test_scale16_bit_identical(void) {
                     pt_backend *be = NULL;
                     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
                     REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
-                    qw q;
-                    qw_make(&q, N, K, 4, gss[gi], 1);
+                    rand_qweight q;
+                    rand_qweight_make(&q, N, K, 4, gss[gi], 1, 0);
                     REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
                     pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = K};
                     REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "reserve");
@@ -182,7 +150,7 @@ static void test_scale16_bit_identical(void) {
                     CHECK(s0 == PT_OK && s1 == PT_OK, "matmul: %s", pt_last_error());
                     CHECK(memcmp(y0, y1, sizeof(float) * (size_t)(T * N)) == 0, "nth %d gs %d K %lld T %lld differ", nth,
                           gss[gi], (long long)K, (long long)T);
-                    free(x), free(y0), free(y1), qw_free(&q);
+                    free(x), free(y0), free(y1), rand_qweight_free(&q);
                     pt_backend_free(&be);
                     if (test_failed_current) return;
                 }

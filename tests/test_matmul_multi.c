@@ -8,6 +8,8 @@
  * arguments (n outside 1..4, weights of different K) are errors.
  * (tests/cuda/test_gemv_batch.c checks the CUDA grouped launch.) */
 #include "test.h"
+#define OP_CHECK_SEED 0x2545f4914f6cdd1dull /* this test's inputs */
+#include "test_rand.h"            /* ru32, rf, rand_qweight */
 
 #include "backend/backend.h"
 #include "base/error.h"
@@ -17,42 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t ru32(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-static float rf(float lo, float hi) { return lo + (hi - lo) * (float)(ru32() & 0xffffff) / 16777216.0f; }
-
-/* A random MLX affine weight [N, K] (bf16 scales, biases and optional bias). */
-typedef struct {
-    pt_matrix w;
-    uint8_t *codes;
-    uint16_t *sc, *bi, *bias;
-} qweight;
-
-static void qw_make(qweight *q, int64_t N, int64_t K, int bits, int gs, int with_bias) {
-    const int64_t ng = K / gs;
-    q->codes = malloc((size_t)(N * K * bits / 8));
-    q->sc = malloc((size_t)(N * ng) * 2);
-    q->bi = malloc((size_t)(N * ng) * 2);
-    q->bias = with_bias ? malloc((size_t)N * 2) : NULL;
-    for (int64_t i = 0; i < N * K * bits / 8; i++) q->codes[i] = (uint8_t)ru32();
-    for (int64_t i = 0; i < N * ng; i++) {
-        q->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
-        q->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
-    }
-    for (int64_t i = 0; with_bias && i < N; i++) q->bias[i] = pt_f32_to_bf16(rf(-1, 1));
-    q->w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs,
-                       .data = q->codes, .scales = q->sc, .biases = q->bi, .bias = q->bias,
-                       .bias_dtype = PT_FT_BF16};
-}
-
-static void qw_free(pt_backend *be, qweight *q) {
+static void qw_free(pt_backend *be, rand_qweight *q) {
     be->ops->release_weight(be, &q->w);
-    free(q->codes), free(q->sc), free(q->bi), free(q->bias);
+    rand_qweight_free(q);
 }
 
 enum { KDIM = 256, TMAX = 64, GUARD = 16 };
@@ -60,9 +29,9 @@ static const int64_t Ns[3] = {80, 48, 16};
 
 /* One (bits, gs, bias) weight set, every T, n and rows mode; 0 on failure. */
 static int check_set(pt_backend *be, int bits, int gs, int with_bias, const char *mode) {
-    qweight q[3];
+    rand_qweight q[3];
     for (int i = 0; i < 3; i++) {
-        qw_make(&q[i], Ns[i], KDIM, bits, gs, with_bias);
+        rand_qweight_make(&q[i], Ns[i], KDIM, bits, gs, with_bias, 0);
         if (be->ops->prepare_weight(be, &q[i].w, "w") != PT_OK) {
             CHECK(0, "prepare: %s", pt_last_error());
             for (int j = 0; j <= i; j++) qw_free(be, &q[j]);
@@ -147,9 +116,9 @@ static void test_matmul_multi_bad_args(void) {
     pt_backend *be = NULL;
     pt_cpu_params p = {.n_threads = 1, .act = PT_ACT_BF16};
     REQUIRE(pt_backend_cpu_create(&be, &p) == PT_OK, "cpu: %s", pt_last_error());
-    qweight a, b;
-    qw_make(&a, 16, 256, 4, 64, 0);
-    qw_make(&b, 16, 128, 4, 64, 0);
+    rand_qweight a, b;
+    rand_qweight_make(&a, 16, 256, 4, 64, 0, 0);
+    rand_qweight_make(&b, 16, 128, 4, 64, 0, 0);
     REQUIRE(be->ops->prepare_weight(be, &a.w, "a") == PT_OK, "prepare: %s", pt_last_error());
     REQUIRE(be->ops->prepare_weight(be, &b.w, "b") == PT_OK, "prepare: %s", pt_last_error());
     float x[256] = {0}, y0[16], y1[16], y2[16], y3[16], y4[16];

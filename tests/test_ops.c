@@ -7,6 +7,7 @@
  * quantized KV caches, the int8-activation lever, and 1 vs 2 vs 3 threads
  * bit-identical. */
 #include "test.h"
+#include "test_rand.h" /* ru32, rf (the default seed; rng reseeded below) */
 
 #include "backend/backend.h"
 #include "base/error.h"
@@ -18,19 +19,11 @@
 
 /* ---- helpers ---- */
 
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd_u32(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 11);
-}
-static float rnd_f(float lo, float hi) { return lo + (hi - lo) * (float)(rnd_u32() & 0xffffff) / 16777216.0f; }
 static void fill(float *x, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++) x[i] = rnd_f(lo, hi);
+    for (int64_t i = 0; i < n; i++) x[i] = rf(lo, hi);
 }
 static void fill_bf16vals(float *x, int64_t n, float lo, float hi) {
-    for (int64_t i = 0; i < n; i++) x[i] = pt_round_bf16(rnd_f(lo, hi));
+    for (int64_t i = 0; i < n; i++) x[i] = pt_round_bf16(rf(lo, hi));
 }
 
 /* Compares got[n] with ref[n]; prints the first mismatch. Returns 1 if all close. */
@@ -95,7 +88,7 @@ static void tw_make(tweight *t, int64_t E, int64_t N, int64_t K, pt_ftype dt, in
     if (!bits) {
         t->data = calloc((size_t)(EE * N * K), 4);
         for (int64_t i = 0; i < EE * N * K; i++) {
-            float v = rnd_f(-1, 1);
+            float v = rf(-1, 1);
             ft_set(dt, t->data, i, v);
             t->deq[i] = ft_get(dt, t->data, i);
         }
@@ -108,11 +101,11 @@ static void tw_make(tweight *t, int64_t E, int64_t N, int64_t K, pt_ftype dt, in
         for (int64_t r = 0; r < EE * N; r++) {
             uint8_t *row = (uint8_t *)t->data + r * row_bytes;
             for (int64_t g = 0; g < ng; g++) {
-                ft_set(dt, t->scales, r * ng + g, rnd_f(-0.1f, 0.1f));
-                ft_set(dt, t->biases, r * ng + g, rnd_f(-0.5f, 0.5f));
+                ft_set(dt, t->scales, r * ng + g, rf(-0.1f, 0.1f));
+                ft_set(dt, t->biases, r * ng + g, rf(-0.5f, 0.5f));
                 double s = ft_get(dt, t->scales, r * ng + g), b = ft_get(dt, t->biases, r * ng + g);
                 for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
-                    unsigned q = rnd_u32() & ((1u << bits) - 1u);
+                    unsigned q = ru32() & ((1u << bits) - 1u);
                     pack_code(row, bits, j, q);
                     t->deq[r * K + j] = s * q + b;
                 }
@@ -126,7 +119,7 @@ static void tw_make(tweight *t, int64_t E, int64_t N, int64_t K, pt_ftype dt, in
         t->bvec = calloc((size_t)(EE * N), 2);
         t->bias = calloc((size_t)(EE * N), sizeof(double));
         for (int64_t i = 0; i < EE * N; i++) {
-            ft_set(PT_FT_BF16, t->bvec, i, rnd_f(-1, 1));
+            ft_set(PT_FT_BF16, t->bvec, i, rf(-1, 1));
             t->bias[i] = ft_get(PT_FT_BF16, t->bvec, i);
         }
         t->w.bias = t->bvec;
@@ -508,7 +501,7 @@ static void test_rms_norm(void) {
                         double *rres = malloc(sizeof(double) * (size_t)(T * D));
                         fill_bf16vals(x, T * D, -2, 2);
                         fill_bf16vals(res, T * D, -2, 2);
-                        for (int64_t i = 0; i < D; i++) w[i] = pt_f32_to_bf16(rnd_f(-1.5f, 1.5f));
+                        for (int64_t i = 0; i < D; i++) w[i] = pt_f32_to_bf16(rf(-1.5f, 1.5f));
                         for (int64_t t = 0; t < T; t++) {
                             double ss = 0;
                             for (int64_t i = 0; i < D; i++) {
@@ -1027,7 +1020,7 @@ static void test_argmax(void) {
 /* ---- determinism across thread counts ---- */
 
 static void run_pipeline(pt_backend *be, float *out_mm, float *out_attn) {
-    rng_state = 12345;
+    rng = 12345;
     tweight tw;
     tw_make(&tw, 0, 301, 256, PT_FT_BF16, 4, 64, 1);
     be->ops->prepare_weight(be, &tw.w, "w");
@@ -1050,7 +1043,7 @@ static void test_quantized_kv_threads(void) {
     for (int i = 0; i < 2; i++) {
         pt_backend *be = mk(i ? 3 : 1, PT_ACT_BF16, PT_ISA_AUTO);
         REQUIRE(be, "backend");
-        rng_state = 777;
+        rng = 777;
         int nh = 8, nkv = 2, hd = 64, T = 5, S = 25, gs = 64, ng = 1;
         float *K = malloc(sizeof(float) * S * nkv * hd), *V = malloc(sizeof(float) * S * nkv * hd);
         float *q = malloc(sizeof(float) * T * nh * hd);

@@ -39,42 +39,16 @@ void pt_cuda_tc_multi(int on);
 void pt_cuda_tc_wide(int on);
 unsigned long long pt_cuda_tc_multi_count(void);
 
-/* REQUIRE for a function returning int: the failure is reported and 0 returned. */
-#define NEED(cond, ...)            \
-    do {                           \
-        if (!(cond)) {             \
-            CHECK(0, __VA_ARGS__); \
-            return 0;              \
-        }                          \
-    } while (0)
-
-typedef struct {
-    pt_matrix w;
-    uint32_t *data;
-    uint16_t *sc, *bi, *bias;
-} qweight;
-
-static int qw_make(pt_backend *be, qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
-    const int64_t ng = K / gs;
-    q->data = malloc((size_t)(N * K * bits / 8));
-    q->sc = malloc((size_t)(N * ng) * 2), q->bi = malloc((size_t)(N * ng) * 2);
-    q->bias = with_bias ? malloc((size_t)N * 2) : NULL;
-    for (int64_t i = 0; i < N * K * bits / 32; i++) q->data[i] = ru32() ^ (ru32() << 21);
-    for (int64_t i = 0; i < N * ng; i++) {
-        q->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
-        q->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
-    }
-    for (int64_t i = 0; with_bias && i < N; i++) q->bias[i] = pt_f32_to_bf16(rf(-1, 1));
-    q->w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs,
-                       .data = q->data, .scales = q->sc, .biases = q->bi, .bias = q->bias,
-                       .bias_dtype = PT_FT_BF16};
+/* A random weight (32-bit code words, tests/test_rand.h) prepared on be. */
+static int qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
+    rand_qweight_make(q, N, K, bits, gs, with_bias, 1);
     NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
     return 1;
 }
 
-static void qw_free(pt_backend *be, qweight *q) {
+static void qw_free(pt_backend *be, rand_qweight *q) {
     be->ops->release_weight(be, &q->w);
-    free(q->data), free(q->sc), free(q->bi), free(q->bias);
+    rand_qweight_free(q);
 }
 
 enum { TMAX = 100 };
@@ -82,7 +56,7 @@ enum { TMAX = 100 };
 /* n weights over one x for every T of Ts and both rows modes: multi vs the
  * separate calls, bit for bit; grouped: whether T <= 64 must take the
  * grouped launch (0: it must not). */
-static int check_set(pt_backend *be, const char *what, int n, qweight *q, const int *Ts, int nT, int grouped,
+static int check_set(pt_backend *be, const char *what, int n, rand_qweight *q, const int *Ts, int nT, int grouped,
                      int x_off) {
     const int64_t K = q[0].w.cols;
     float *xh = malloc((size_t)(TMAX * K + 4) * 4);
@@ -170,7 +144,7 @@ static void test_multi_op_bit_identical(void) {
     /* every bits × group size: 3 weights, rows 640 / 256 / 300 (a partial tile), K 2560 */
     for (int b = 0; b < 2 && ok; b++)
         for (int g = 0; g < 3 && ok; g++) {
-            qweight q[3];
+            rand_qweight q[3];
             static const int64_t Ns[3] = {640, 256, 300};
             int made = 0;
             for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], gss[g], Ns[made], 2560, (made + g) & 1);
@@ -185,7 +159,7 @@ static void test_multi_op_bit_identical(void) {
     /* the llama-3.1-8b shapes, 4- and 8-bit, group 64 */
     for (int b = 0; b < 2 && ok; b++) {
         static const int T8[] = {1, 8, 9, 33, 64};
-        qweight q[3];
+        rand_qweight q[3];
         int made = 0;
         static const int64_t Nq[3] = {4096, 1024, 1024};
         for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], 64, Nq[made], 4096, 0);
@@ -212,7 +186,7 @@ static void test_multi_op_bit_identical(void) {
     }
     /* mixed bits: not groupable, the separate calls */
     if (ok) {
-        qweight q[2];
+        rand_qweight q[2];
         ok = qw_make(be, &q[0], 4, 64, 256, 1024, 1) && qw_make(be, &q[1], 8, 64, 128, 1024, 0);
         static const int Tm[] = {1, 9};
         if (ok) ok = check_set(be, "4-bit + 8-bit", 2, q, Tm, 2, 0, 0);

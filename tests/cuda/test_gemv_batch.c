@@ -23,17 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
-/* REQUIRE for a function returning int: the failure is reported and 0 returned. */
-#define NEED(cond, ...)          \
-    do {                         \
-        if (!(cond)) {           \
-            CHECK(0, __VA_ARGS__); \
-            return 0;            \
-        }                        \
-    } while (0)
-
 static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
     const int64_t ng = K / gs;
     uint32_t *data = malloc((size_t)(E * N * K * bits / 8));
