@@ -11,6 +11,7 @@
  * graphs. On a machine without a usable GPU it reports that and skips. */
 #include "test.h"
 #include "batch_check.h"
+#include "batch_gpu.h" /* g_kv_quant, load, gpu_ok */
 
 #include "backend/cuda/cuda.h"
 #include "base/mmap.h"
@@ -23,36 +24,6 @@
 enum { MAXS = 16, STEPS = 6 };
 
 static int prompt_len(int i) { return 2 + 3 * i; }
-
-static int g_kv_quant; /* --kv-quant for the next loads (0 = off) */
-
-static pt_model *load(const char *dir, pt_compute_dtype dt, int compiled) {
-    pt_model_params mp = pt_model_default_params();
-    mp.device = PT_DEVICE_CUDA;
-    if (g_kv_quant) {
-        mp.kv_quant = g_kv_quant;
-        mp.quantized_kv_start = 8; /* each session's cache converts at its own step */
-    }
-    mp.dtype = dt;
-    mp.compiled_decode = compiled ? PT_LEVER_ON : PT_LEVER_OFF;
-    pt_model *m = NULL;
-    if (strncmp(dir, "synthetic:", 10) == 0) {
-        if (pt_model_synthetic(dir + 10, "q4", &mp, &m) != PT_OK) printf("INFO %s: %s\n", dir, pt_last_error());
-    } else if (pt_model_load(dir, &mp, &m) != PT_OK) {
-        printf("INFO %s on CUDA: %s\n", dir, pt_last_error());
-    }
-    return m;
-}
-
-static int gpu_ok(void) {
-    pt_device d;
-    char desc[256];
-    if (pt_device_resolve(PT_DEVICE_AUTO, &d, desc, sizeof desc) != PT_OK || d != PT_DEVICE_CUDA) {
-        printf("INFO no usable GPU (%s): skipped\n", desc);
-        return 0;
-    }
-    return 1;
-}
 
 /* Prompts as rows: the reference runs each prompt one token at a time. */
 static void check_rows(const char *dir, pt_compute_dtype dt) {
