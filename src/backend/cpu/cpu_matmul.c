@@ -15,7 +15,9 @@
  *     dequantization cost is paid once per weight, not per token.
  * The two paths round differently, so a row's result depends on which one
  * ran; matmul_rows (continuous batching) always takes the decode path so a
- * batched row is bit-identical to the same row decoded alone. */
+ * batched row is bit-identical to the same row decoded alone. matmul_multi
+ * (several weights over one x: q/k/v, gate/up) runs the decode path of all
+ * its weights as one pool job (see pt_cpu_matmul_multi). */
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
