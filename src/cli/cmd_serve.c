@@ -26,12 +26,16 @@ static void help(FILE *f) {
             "  --port N             TCP port (default 8080; 0 = any free port, printed at start)\n"
             "  --api-key KEY        require 'Authorization: Bearer KEY' (or x-api-key) on every\n"
             "                       endpoint but /health; env PETREL_API_KEY\n"
-            "  --parallel N         requests generated at once, interleaved (default 4)\n"
+            "  --parallel N         requests generated at once, their tokens in one batched step (default 4)\n"
             "  --queue N            requests allowed to wait for a slot; beyond: 429 (default 64)\n"
             "  --prompt-cache GIB   memory for idle sessions kept for prefix reuse (default 2)\n"
             "  --max-body MB        largest request body; larger gets 413 (default 16)\n"
             "  --timeout S          drop a connection idle for S seconds (default 600)\n"
-            "  --ctx N              context per slot (default: min(model max, 4096))\n\n");
+            "  --ctx N              context per slot (default: min(model max, 4096))\n\n"
+            "environment:\n"
+            "  PETREL_PROMPT_ROWS=N a joining request's prompt of at most N tokens runs as rows of\n"
+            "                       the batched decode steps beside the running streams (0..1024;\n"
+            "                       default 64 on CUDA, 0 on the CPU; docs/batching.md)\n\n");
     cli_common_help(f);
 }
 
