@@ -31,12 +31,14 @@ pt_status pt_backend_matmul_multi(pt_backend *be, int n, float *const *y, const 
             return pt_error(PT_ERR_INVALID_ARG, "matmul_multi: weight %d has K %lld, weight 0 has %lld", i,
                             (long long)w[i]->cols, (long long)w[0]->cols);
     if (o->matmul_multi && (!rows || o->matmul_rows)) return o->matmul_multi(be, n, y, x, T, w, rows);
-    for (int i = 0; i < n; i++) {
-        if (!rows) PT_TRY(o->matmul(be, y[i], x, T, w[i], 0));
-        else if (o->matmul_rows) PT_TRY(o->matmul_rows(be, y[i], x, T, w[i], 0));
-        else
-            for (int64_t t = 0; t < T; t++)
-                PT_TRY(o->matmul(be, y[i] + t * w[i]->rows, x + t * w[i]->cols, 1, w[i], 0));
-    }
+    for (int i = 0; i < n; i++) PT_TRY(pt_backend_matmul_as(be, y[i], x, T, w[i], rows));
+    return PT_OK;
+}
+
+pt_status pt_backend_matmul_as(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int rows) {
+    const pt_backend_ops *o = be->ops;
+    if (!rows) return o->matmul(be, y, x, T, w, 0);
+    if (o->matmul_rows) return o->matmul_rows(be, y, x, T, w, 0);
+    for (int64_t t = 0; t < T; t++) PT_TRY(o->matmul(be, y + t * w->rows, x + t * w->cols, 1, w, 0));
     return PT_OK;
 }

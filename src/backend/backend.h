@@ -453,6 +453,11 @@ const char *pt_backend_cpu_isa_name(const pt_backend *be);
 pt_status pt_backend_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                                   const pt_matrix *const *w, int rows);
 
+/* One matmul of a forward pass: matmul (rows == 0), or for batched rows
+ * (rows == 1) matmul_rows, or T = 1 matmuls row by row when the backend has
+ * no matmul_rows (row t then equals the T = 1 matmul by construction). */
+pt_status pt_backend_matmul_as(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int rows);
+
 /* Frees any backend (NULL-safe) and sets *be to NULL. */
 void pt_backend_free(pt_backend **be);
 

@@ -40,11 +40,7 @@ static void *balloc(pt_model *m, size_t bytes, pt_status *st) {
  * whose row t equals the T = 1 matmul bit for bit (or T = 1 matmuls when the
  * backend has no matmul_rows): a row's result never depends on its batch. */
 static pt_status mmul(pt_model *m, const pt_fwd_rows *r, float *y, const float *x, int T, const pt_matrix *w) {
-    if (!r) return OPS(m)->matmul(m->be, y, x, T, w, 0);
-    if (OPS(m)->matmul_rows) return OPS(m)->matmul_rows(m->be, y, x, T, w, 0);
-    for (int t = 0; t < T; t++)
-        PT_TRY(OPS(m)->matmul(m->be, y + (size_t)t * w->rows, x + (size_t)t * w->cols, 1, w, 0));
-    return PT_OK;
+    return pt_backend_matmul_as(m->be, y, x, T, w, r != NULL);
 }
 
 /* ys[i][T, ws[i]->rows] = x[T, K]·ws[i]ᵀ for n (1..4) weights over the same

@@ -253,7 +253,8 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_sample_many = e_sample_many;
     e->session_bytes = e_bytes;
     /* the CUDA backend names itself "cuda: <device>" (pt_model_backend_name) */
-    e->short_prompt_piece = strncmp(pt_model_backend_name(model), "cuda", 4) == 0 ? 8 : 0;
-    e->prompt_rows_max = strncmp(pt_model_backend_name(model), "cuda", 4) == 0 ? 64 : 0;
+    const int cuda = strncmp(pt_model_backend_name(model), "cuda", 4) == 0;
+    e->short_prompt_piece = cuda ? 8 : 0;
+    e->prompt_rows_max = cuda ? 64 : 0;
     return PT_OK;
 }
