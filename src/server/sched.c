@@ -10,21 +10,30 @@
 #include <string.h>
 #include <time.h>
 
-/* Prompt tokens run per turn while other slots are generating, so a long
- * prompt delays the others' next token by one chunk at most; alone, a larger
- * chunk, still bounded so that a disconnect or a new request is noticed
- * between chunks of a long prompt. */
-#define PREFILL_CHUNK 256
-#define PREFILL_CHUNK_ALONE 1024
-/* A prompt with at most rows_max tokens left to run (after the prompt cache;
- * the engine's prompt_rows_max, or PETREL_PROMPT_ROWS, at most
- * PROMPT_ROWS_MAX) runs as rows of the batched steps (engine
- * session_decode_rows), alone as in company: every row computed as a decode
- * row, so the request's results do not depend on the others, and the
- * prompts of requests that join together share the weight reads with each
- * other and with the running streams. Longer prompts take the prefill path
- * above (a GEMM over the chunk is cheaper per token there). Per step:
- * prompt_budget. */
+/* A prompt's schedule is a function of the prompt alone (prompt_plan), never
+ * of what else runs or of the prompt cache, because the prefill path rounds
+ * differently per chunk (a GEMM's rows depend on its row count; the prompt's
+ * attention differs from a decode row's): a request's reply must be the same
+ * alone, in company and from a reused prefix (docs/batching.md "Long
+ * prompts"). So a long prompt runs in whole PREFILL_BLOCK-token blocks at
+ * fixed positions (0, 256, 512, ...), each one session_prompt call, then its
+ * tail (fewer than PREFILL_BLOCK tokens) as rows (below) or as one chunk.
+ * While other slots are generating one block runs per turn, so a long prompt
+ * delays their next token by one block at most; alone up to
+ * PREFILL_TURN_ALONE tokens of blocks per turn (the same blocks, fewer
+ * turns), still bounded so that a disconnect or a new request is noticed
+ * between them. */
+#define PREFILL_BLOCK 256
+#define PREFILL_TURN_ALONE 1024
+/* A prompt of at most rows_max tokens (the engine's prompt_rows_max, or
+ * PETREL_PROMPT_ROWS, at most PROMPT_ROWS_MAX), and a long prompt's tail of
+ * at most rows_max tokens, run as rows of the batched steps (engine
+ * session_decode_rows): every row computed as a decode row, so the result
+ * does not depend on the others in the step nor on how the rows are cut into
+ * steps, and the prompts of requests that join together share the weight
+ * reads with each other and with the running streams. Longer prompts take
+ * the prefill path above for their blocks (a GEMM over a block is cheaper
+ * per token). Per step: prompt_budget. */
 #define PROMPT_ROWS_MAX 1024
 #define PROMPT_STEP_ROWS 128
 #define PROMPT_ROWS_MIN 32
@@ -78,7 +87,8 @@ typedef struct slot {
     pt_jsm *jsm;      /* constrained decoding state, or NULL */
     uint8_t *mask;    /* [vocab] */
     int max_tokens;
-    int rows;           /* the prompt runs as rows of the batched steps (rows_max) */
+    size_t blocks_end;  /* prompt_plan: the prompt's positions below it run as prefill blocks, */
+    size_t rows_from;   /* from it as rows (n_prompt: its tail runs as one chunk) */
     uint64_t order;     /* admission order: older requests' prompt rows go first */
     int pending;        /* a sampled token waits for this turn's batched decode step */
     int32_t pending_id;
@@ -93,6 +103,10 @@ typedef struct slot {
 typedef struct idle_session {
     void *session;
     uint64_t stamp;
+    /* how the session's positions were computed: prefill blocks below
+     * blocks_end, decode rows from rows_from (generated tokens included),
+     * a prompt's tail chunk between them (slot.blocks_end/rows_from) */
+    size_t blocks_end, rows_from;
 } idle_session;
 
 struct pt_srv_sched {
@@ -114,7 +128,7 @@ struct pt_srv_sched {
     slot **to_prompt;   /* [n_parallel] slots with prompt rows to run, oldest first */
     int32_t step_ids[STEP_IDS_CAP];
     uint64_t n_admitted;
-    int rows_max;       /* prompts with at most this many tokens left run as rows (0: none) */
+    int rows_max;       /* prompts (and long prompts' tails) of at most this many tokens run as rows (0: none) */
     pt_pool *pool;      /* samples the slots of a turn in parallel */
     idle_session *idle; /* [cap_idle] */
     int n_idle, cap_idle;
@@ -226,7 +240,11 @@ static void slot_release(pt_srv_sched *s, slot *sl, pt_srv_finish f, const char 
                 s->cap_idle = cap;
             }
         }
-        if (s->n_idle < s->cap_idle) s->idle[s->n_idle++] = (idle_session){sl->session, ++s->clock};
+        if (s->n_idle < s->cap_idle) {
+            const int emptied = f == PT_SRV_ERROR; /* truncated to nothing above */
+            s->idle[s->n_idle++] = (idle_session){sl->session, ++s->clock, emptied ? 0 : sl->blocks_end,
+                                                  emptied ? 0 : sl->rows_from};
+        }
         else s->e->session_free(sl->session);
     }
     memset(sl, 0, sizeof *sl);
@@ -237,20 +255,55 @@ static void slot_release(pt_srv_sched *s, slot *sl, pt_srv_finish f, const char 
     evict_idle(s);
 }
 
+/* The schedule of a prompt of n tokens (the whole prompt, a cached prefix
+ * included): whole PREFILL_BLOCK blocks through the prefill path up to
+ * *blocks_end, then rows from *rows_from (n when the tail runs as one
+ * chunk). A prompt of at most rows_max tokens runs as rows entirely. */
+static void prompt_plan(const pt_srv_sched *s, size_t n, size_t *blocks_end, size_t *rows_from) {
+    const size_t rmax = (size_t)s->rows_max;
+    if (rmax > 0 && n <= rmax) {
+        *blocks_end = *rows_from = 0;
+        return;
+    }
+    *blocks_end = n / PREFILL_BLOCK * PREFILL_BLOCK;
+    *rows_from = rmax > 0 && n - *blocks_end <= rmax ? *blocks_end : n;
+}
+
+/* How many leading tokens of idle session `is` (sharing lcp tokens with a
+ * prompt of n tokens planned as fn/rn, prompt_plan) a new request can keep:
+ * with prompt rows (rows_max > 0) only those the request would compute the
+ * same way from scratch — the prefill blocks both have, whole, and past
+ * them the rows both run as rows — so a reused prefix gives a cold start's
+ * bits. Without prompt rows (the CPU: recomputing is expensive there) the
+ * whole shared prefix, whose rest then runs in other chunks than a cold
+ * start would (rounding differences; docs/server.md). At least one prompt
+ * token is always left to run, so logits exist. */
+static size_t reusable(const pt_srv_sched *s, const idle_session *is, size_t lcp, size_t n, size_t fn, size_t rn) {
+    size_t keep = lcp < n ? lcp : n - 1;
+    if (s->rows_max <= 0) return keep;
+    const size_t f = is->blocks_end < fn ? is->blocks_end : fn;
+    if (keep >= f && is->blocks_end == fn && is->rows_from <= is->blocks_end && rn <= fn)
+        return keep; /* past the common blocks both sides run rows: any cut is exact */
+    if (keep > f) keep = f;
+    return keep / PREFILL_BLOCK * PREFILL_BLOCK; /* a block is reused whole or recomputed whole */
+}
+
 /* Binds a queued job to a free slot: picks a session (prompt cache), sets up
  * detokenizer, stop strings and the constrained-decoding state. */
 static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
     memset(sl, 0, sizeof *sl);
     sl->job = j;
     pt_stop_init(&sl->stop, (const char *const *)j->stop, j->n_stop);
+    prompt_plan(s, j->n_prompt, &sl->blocks_end, &sl->rows_from);
     int best = -1;
-    size_t best_lcp = 0;
+    size_t best_keep = 0;
     for (int i = 0; i < s->n_idle; i++) {
         void *ss = s->idle[i].session;
         size_t l = lcp(s->e->session_tokens(ss), s->e->session_n_tokens(ss), j->prompt, j->n_prompt);
-        if (best < 0 || l > best_lcp || (l == best_lcp && s->idle[i].stamp > s->idle[best].stamp)) {
+        size_t k = reusable(s, &s->idle[i], l, j->n_prompt, sl->blocks_end, sl->rows_from);
+        if (best < 0 || k > best_keep || (k == best_keep && s->idle[i].stamp > s->idle[best].stamp)) {
             best = i;
-            best_lcp = l;
+            best_keep = k;
         }
     }
     char err[512];
@@ -264,12 +317,12 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
     int spare = -1;
     for (int i = 0; i < s->n_idle; i++)
         if (s->e->session_n_tokens(s->idle[i].session) == 0) spare = i;
-    if (best >= 0 && best_lcp > 0) {
+    if (best >= 0 && best_keep > 0) {
         sl->session = s->idle[best].session;
         s->idle[best] = s->idle[--s->n_idle];
     } else if (spare >= 0) {
         /* an empty session made ahead of time (make_spare) */
-        best_lcp = 0;
+        best_keep = 0;
         sl->session = s->idle[spare].session;
         s->idle[spare] = s->idle[--s->n_idle];
     } else if (s->n_idle > 0 && idle_bytes + one > s->cache_bytes) {
@@ -278,13 +331,13 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
         int lru = 0;
         for (int i = 1; i < s->n_idle; i++)
             if (s->idle[i].stamp < s->idle[lru].stamp) lru = i;
-        best_lcp = 0;
+        best_keep = 0;
         sl->session = s->idle[lru].session;
         s->idle[lru] = s->idle[--s->n_idle];
     } else {
         /* a fresh session keeps the idle ones' prefixes for later requests */
         st = s->e->session_create(s->e->model, s->n_ctx, &sl->session);
-        best_lcp = 0;
+        best_keep = 0;
     }
     pthread_mutex_lock(&s->mu);
     s->n_active++;
@@ -295,14 +348,12 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
         slot_release(s, sl, PT_SRV_ERROR, err);
         return;
     }
-    /* keep at least one prompt token to run, so logits exist */
-    size_t keep = best_lcp < j->n_prompt ? best_lcp : j->n_prompt - 1;
+    size_t keep = best_keep; /* reusable: below n_prompt */
     if (s->e->session_truncate(sl->session, keep) != PT_OK) {
         keep = 0;
         s->e->session_truncate(sl->session, 0);
     }
     sl->n_prompted = keep;
-    sl->rows = s->rows_max > 0 && j->n_prompt - keep <= (size_t)s->rows_max;
     sl->order = ++s->n_admitted;
     pthread_mutex_lock(&j->mu);
     j->n_cached = keep;
@@ -352,12 +403,15 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
         return 0;
     }
     if (sl->n_prompted < j->n_prompt) {
-        if (sl->rows) return 0; /* in this turn's step (step_pending) */
-        size_t n = j->n_prompt - sl->n_prompted;
-        const size_t piece = (size_t)s->e->short_prompt_piece;
-        if (piece > 0 && n <= 4 * piece) { /* a short rest: in pieces, all this turn (engine.h) */
-            while (sl->n_prompted < j->n_prompt) {
-                size_t k = j->n_prompt - sl->n_prompted < piece ? j->n_prompt - sl->n_prompted : piece;
+        if (sl->n_prompted >= sl->rows_from) return 0; /* in this turn's step (step_pending) */
+        if (sl->n_prompted < sl->blocks_end) {
+            /* whole blocks at their fixed positions (prompt_plan). With
+             * prompt rows a reused prefix ends at a block boundary
+             * (reusable); without, it may end inside a block, which then
+             * runs only up to the block's end. */
+            size_t nb = others_active ? 1 : PREFILL_TURN_ALONE / PREFILL_BLOCK;
+            for (; nb > 0 && sl->n_prompted < sl->blocks_end; nb--) {
+                const size_t k = PREFILL_BLOCK - sl->n_prompted % PREFILL_BLOCK;
                 if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, k) != PT_OK) {
                     snprintf(err, sizeof err, "prompt: %s", pt_last_error());
                     slot_release(s, sl, PT_SRV_ERROR, err);
@@ -367,14 +421,20 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
             }
             return 0;
         }
-        size_t cap = others_active ? PREFILL_CHUNK : PREFILL_CHUNK_ALONE;
-        if (n > cap) n = cap;
-        if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, n) != PT_OK) {
-            snprintf(err, sizeof err, "prompt: %s", pt_last_error());
-            slot_release(s, sl, PT_SRV_ERROR, err);
-            return 0;
+        /* the tail (under PREFILL_BLOCK tokens) as one chunk, or a short one
+         * in pieces, all this turn (engine.h short_prompt_piece) */
+        size_t n = j->n_prompt - sl->n_prompted;
+        const size_t piece = (size_t)s->e->short_prompt_piece;
+        const size_t k0 = piece > 0 && n <= 4 * piece ? piece : n;
+        while (sl->n_prompted < j->n_prompt) {
+            size_t k = j->n_prompt - sl->n_prompted < k0 ? j->n_prompt - sl->n_prompted : k0;
+            if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, k) != PT_OK) {
+                snprintf(err, sizeof err, "prompt: %s", pt_last_error());
+                slot_release(s, sl, PT_SRV_ERROR, err);
+                return 0;
+            }
+            sl->n_prompted += k;
         }
-        sl->n_prompted += n;
         return 0;
     }
     if ((int)j->n_generated >= sl->max_tokens) {
@@ -584,7 +644,7 @@ static int prompt_budget(int D) {
 }
 
 /* Runs this turn's step: the sampled tokens of the generating slots, plus
- * prompt rows of slots whose prompt runs as rows (slot.rows), oldest request
+ * prompt rows of slots whose prompt runs as rows (slot.rows_from), oldest request
  * first (each joining request reaches its first token as early as the
  * budget allows, rather than all of them late), within prompt_budget. A
  * prompt row is computed exactly as a decode row is, so these requests'
@@ -598,7 +658,7 @@ static void step_pending(pt_srv_sched *s) {
     int np = 0;
     for (int i = 0; i < s->n_parallel; i++) {
         slot *sl = &s->slots[i];
-        if (sl->job && sl->rows && sl->n_prompted < sl->job->n_prompt) s->to_prompt[np++] = sl;
+        if (sl->job && sl->n_prompted >= sl->rows_from && sl->n_prompted < sl->job->n_prompt) s->to_prompt[np++] = sl;
     }
     for (int a = 1; a < np; a++) /* insertion sort by admission order (np is at most --parallel) */
         for (int b = a; b > 0 && s->to_prompt[b - 1]->order > s->to_prompt[b]->order; b--) {
@@ -670,7 +730,7 @@ static int make_spare(pt_srv_sched *s) {
         s->spare_failed = 1; /* out of memory: requests will say so themselves */
         return 0;
     }
-    s->idle[s->n_idle++] = (idle_session){ss, ++s->clock};
+    s->idle[s->n_idle++] = (idle_session){ss, ++s->clock, 0, 0};
     s->idle_bytes = bytes + s->e->session_bytes(ss);
     return 1;
 }
@@ -794,7 +854,7 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
         return pt_error_prefix(st, "creating a session");
     }
     s->n_ctx = e->session_n_ctx(first);
-    s->idle[s->n_idle++] = (idle_session){first, 0};
+    s->idle[s->n_idle++] = (idle_session){first, 0, 0, 0};
     if (pthread_create(&s->thread, NULL, inference_main, s) != 0) {
         e->session_free(first);
         s->n_idle = 0;

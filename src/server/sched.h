@@ -11,9 +11,13 @@
  *   answers 429).
  * - A job cancelled by its client (disconnect) stops at the next unit and
  *   frees its slot.
+ * - A prompt's schedule (prefill blocks at fixed positions, its tail as
+ *   rows or one chunk) depends on the prompt alone, so a reply does not
+ *   depend on the other jobs (docs/batching.md "Long prompts").
  * - Prompt cache: finished sessions stay idle with their tokens; a new job
- *   takes the idle session sharing the longest token prefix with its prompt
- *   and re-runs only the rest. Up to n_parallel sessions are always kept;
+ *   takes the idle session sharing the longest reusable token prefix with
+ *   its prompt (with prompt rows: only what a cold start computes the same
+ *   way) and re-runs only the rest. Up to n_parallel sessions are always kept;
  *   more idle sessions are kept while their memory stays under
  *   cache_bytes (least recently used evicted first).
  *
