@@ -441,6 +441,14 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     /* Qwen3.5: the DeltaNet states' bookkeeping is host-side; a replay
      * checks and advances it as the captured fwd_body would (the reset at
      * position 0 never runs here, see pt_fwd_run) */
+    /* the fused-attention lever is baked into a capture: a change of it
+     * (petrel bench --kv-ab switches it within a session) drops the graphs */
+    const int fused = m->params.fused_decode_attn == PT_LEVER_ON;
+    if (st->graph_fused != fused) {
+        pt_cuda_graph_free(&st->graph[0]);
+        pt_cuda_graph_free(&st->graph[1]);
+        st->graph_fused = fused;
+    }
     if (st->conv_state && st->graph[use_long]) PT_TRY(pt_qwen35_begin(m, st, pos0));
     if (!st->graph[use_long]) {
         PT_TRY(pt_cuda_graph_begin(m->be));
@@ -470,11 +478,15 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
     PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
     PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
-    /* A graph bakes the cache descriptors in: not with quantized KV, whose
-     * conversion swaps them. Not for a Qwen3.5 step at position 0 either:
-     * it resets the DeltaNet states with uploads, which cannot be captured. */
+    /* A graph bakes the cache descriptors in: with quantized KV only once
+     * the caches are converted (the conversion swaps them; after it the
+     * descriptors are the quantized ones until a reset, which swaps back and
+     * runs eagerly until the next conversion restores the same quantized
+     * descriptors). Not for a Qwen3.5 step at position 0 either: it resets
+     * the DeltaNet states with uploads, which cannot be captured. */
     if (T == 1 && n_logits == 1 && m->device == PT_DEVICE_CUDA && m->params.compiled_decode == PT_LEVER_ON &&
-        !m->hidden_cb && !m->route_cb && !st->cache->any_quant && !(st->conv_state && pos0 == 0))
+        !m->hidden_cb && !m->route_cb && (!st->cache->any_quant || st->cache->converted) &&
+        !(st->conv_state && pos0 == 0))
         return fwd_decode_graph(m, st, pos0, out);
     float *hn = NULL;
     PT_TRY(fwd_body(m, st, NULL, T, pos0, n_logits, &hn));

@@ -187,6 +187,7 @@ typedef struct pt_fwd_state {
     /* CUDA compiled decode: the captured single-token step, one per RoPE
      * table in use (longrope switches tables past its original context). */
     struct pt_cuda_graph *graph[2];
+    int graph_fused; /* the --fused-decode-attn setting the graphs were captured with */
     /* Gated DeltaNet layers (qwen3_5.c), NULL without any: per layer (NULL
      * for attention layers) the conv state [K-1, conv_dim] and the recurrent
      * state [Hv, Dk, Dv], f32 backend memory; they hold positions < lin_pos

@@ -17,8 +17,10 @@
  * repetition (paired A/B), medians reported. Also prints the time of a
  * 2048-token prefill chunk over each quantized cache at the depth (the path
  * a long prompt's fill runs).
+ * Each row ends with a hash of the last layer's output (equal hashes: the
+ * same bits, e.g. across ring depths, which keep the split count).
  * Built with CUDA=1 into the GPU bundle; not a test (no pass/fail).
- * Usage: bench_decode_attn [reps] [depth ...] */
+ * Usage: [BENCH_FUSED_ONLY=1] bench_decode_attn [reps] [depth ...] */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
@@ -54,6 +56,8 @@ static void *dalloc(pt_backend *be, size_t n) {
 }
 
 int main(int argc, char **argv) {
+    /* BENCH_FUSED_ONLY=1: time the fused configurations alone (no bf16 cache, no prefill chunk) */
+    const int fonly = getenv("BENCH_FUSED_ONLY") != NULL;
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
     int64_t depths[8] = {8192, 32768};
@@ -99,6 +103,7 @@ int main(int argc, char **argv) {
         double kvbytes[5];
         double fill_s[5] = {0};
         for (int c = 0; c < 5; c++) {
+            if (fonly && c == 0) continue;
             const int bits = cs[c].bits;
             const size_t rows = (size_t)NKV * cap;
             const size_t cb = bits ? rows * HD * bits / 8 : rows * HD * 2, pb = bits ? rows * (HD / GS) * 2 : 0;
@@ -130,7 +135,7 @@ int main(int argc, char **argv) {
             }
             if (be->ops->sync(be) != PT_OK) DIE("fill");
             /* a prefill chunk of CHUNK tokens attending to the whole cache (layer 0) */
-            if (!share) {
+            if (!share && !fonly) {
                 for (int64_t t = 0; t < CHUNK; t++) hp[t] = (int32_t)(depth + 1 - CHUNK + t);
                 be->ops->upload(be, pos, hp, CHUNK * 4);
                 pt_attn p = {.n_heads = NH, .head_dim = HD, .scale = 1.0f / sqrtf((float)HD)};
@@ -144,6 +149,7 @@ int main(int argc, char **argv) {
                 fill_s[c] = best;
             }
             /* the decode step: one query at position `depth`, captured */
+            if (fonly && !cs[c].fused) continue;
             hp[0] = (int32_t)depth;
             be->ops->upload(be, pos, hp, 4);
             pt_attn p = {.n_heads = NH, .head_dim = HD, .scale = 1.0f / sqrtf((float)HD), .fused_decode = cs[c].fused};
@@ -154,18 +160,27 @@ int main(int argc, char **argv) {
         }
         for (int r = -1; r < reps; r++)
             for (int c = 0; c < 5; c++) {
+                if (fonly && !cs[c].fused) continue;
                 double t0 = now();
                 for (int i = 0; i < 5; i++) pt_cuda_graph_launch(be, cs[c].g);
                 if (be->ops->sync(be) != PT_OK) DIE("replay %s", cs[c].name);
                 if (r >= 0) cs[c].t[r] = (now() - t0) / 5;
             }
         for (int c = 0; c < 5; c++) {
+            if (fonly && !cs[c].fused) continue;
             qsort(cs[c].t, (size_t)reps, sizeof(double), cmpd);
             const double t = cs[c].t[reps / 2], gbs = kvbytes[c] / t / 1e9;
-            printf("%-10s %6lld %10.1f %10.1f %9.2f %8.0f %8.0f%%\n", cs[c].name, (long long)depth, kvbytes[c] / 1e6,
-                   t * 1e6, t * 1e6 / LAYERS, gbs, 100.0 * gbs / read_gbs);
+            /* the last layer's output after one more replay, hashed: equal hashes across builds or
+             * settings (ring depth) that keep the split count mean bit-identical results */
+            pt_cuda_graph_launch(be, cs[c].g);
+            if (be->ops->download(be, h, o, (size_t)NH * HD * 4) != PT_OK) DIE("download %s", cs[c].name);
+            uint32_t hash = 2166136261u;
+            const unsigned char *hb = (const unsigned char *)h;
+            for (size_t i = 0; i < (size_t)NH * HD * 4; i++) hash = (hash ^ hb[i]) * 16777619u;
+            printf("%-10s %6lld %10.1f %10.1f %9.2f %8.0f %8.0f%%  out %08x\n", cs[c].name, (long long)depth,
+                   kvbytes[c] / 1e6, t * 1e6, t * 1e6 / LAYERS, gbs, 100.0 * gbs / read_gbs, hash);
         }
-        for (int c = 0; c < 3; c++)
+        for (int c = 0; c < 3 && !fonly; c++)
             printf("prefill chunk of %d tokens at depth %lld over %s: %.2f ms per layer\n", CHUNK, (long long)depth,
                    cs[c].name, fill_s[c] * 1e3);
         for (int c = 0; c < 5; c++) {

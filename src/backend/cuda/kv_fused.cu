@@ -17,6 +17,8 @@
  * than 4 and 8 bits (an error names them). */
 #include "backend/cuda/kv_fused.cuh"
 
+#include <stdlib.h>
+
 /* One block per query head: the splits' (max, sum) merged in split order
  * (pt_softmax_merge), each split's weight e^(m_s − M) once in shared
  * memory, then out[e] = Σ_s o_s[e]·w_s / L for the head's dims. */
@@ -37,9 +39,29 @@ __global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, in
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         const float *pe = P + h * nsplit * hd + e;
         float o = 0.f;
-        for (int s = 0; s < nsplit; s++) o = fmaf(pe[(int64_t)s * hd], w[s], o);
+        /* 32 loads in flight before their adds (the adds stay in split order; a split past the
+         * last adds 0·0, which leaves o unchanged) */
+        for (int s = 0; s < nsplit; s += 32) {
+            float v[32];
+#pragma unroll
+            for (int u = 0; u < 32; u++) v[u] = s + u < nsplit ? pe[(int64_t)(s + u) * hd] : 0.f;
+#pragma unroll
+            for (int u = 0; u < 32; u++) o = fmaf(v[u], s + u < nsplit ? w[s + u] : 0.f, o);
+        }
         out[h * hd + e] = pt_rnd(bf, o * inv);
     }
+}
+
+static int fd_env_int(const char *name, int lo, int hi) {
+    const char *v = getenv(name);
+    const int x = v ? atoi(v) : 0;
+    return x >= lo && x <= hi ? x : 0;
+}
+
+int pt_fd_env_stages(void) {
+    static int s = -1;
+    if (s < 0) s = fd_env_int("PETREL_CUDA_FD_STAGES", 2, 8);
+    return s;
 }
 
 pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const int32_t *pos, const pt_kv_layer *kv,
@@ -75,8 +97,11 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
     PT_TRY(st);
     int64_t per_wave = (int64_t)(occ > 0 ? occ : 1) * c->sm_count / kv->n_kv;
     if (per_wave < 1) per_wave = 1;
+    static int env_waves = -1; /* PETREL_CUDA_FD_WAVES=1..16: that many waves whatever the capacity */
+    if (env_waves < 0) env_waves = fd_env_int("PETREL_CUDA_FD_WAVES", 1, 16);
     int64_t waves = kv->capacity / (512 * per_wave);
     waves = waves < 1 ? 1 : waves > 4 ? 4 : waves;
+    if (env_waves) waves = env_waves;
     int64_t nsplit = per_wave * waves;
     if (nsplit > (kv->capacity + 63) / 64) nsplit = (kv->capacity + 63) / 64;
     if (nsplit > (int64_t)(c->dec_ml_count / (size_t)p->n_heads))

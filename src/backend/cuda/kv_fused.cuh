@@ -9,6 +9,14 @@
  * head for the merge kernel. No atomics: the result does not depend on
  * scheduling.
  *
+ * Memory: each warp streams its tiles through a ring of `stages` tiles in
+ * shared memory filled by cp.async (codes as 16-byte copies into rows
+ * padded so the fragment reads hit distinct banks, scale/bias rows as the
+ * 32-bit words covering them), so the next tile's loads are in flight while
+ * a tile computes; a tile's scales and biases are converted to f32 once per
+ * tile (each is read by 8 lanes). Nothing in the key loop divides: a key's cache row is its ring
+ * offset plus the key index, wrapped by one compare.
+ *
  * Both products run on tensor cores (mma.sync m16n8k16, f16 inputs, f32
  * accumulation) with the dequantization factored out of the inner loop:
  *   scores  S[h, j] = Σ_groups sc[j, g]·(Σ_{e∈g} q[h, e]·code[j, e]) + bi[j, g]·Σ_{e∈g} q[h, e]
@@ -48,6 +56,10 @@
 #define FD_WARPS 4
 #define FD_THREADS (FD_WARPS * 32)
 #define FD_MAX_G 8
+/* Blocks per SM the compiler keeps registers for (head_dim <= 128). 4 (a 128-register cap)
+ * measured 4-7% slower than 3 on the llama-3.1-8b shape: the cap costs more than the extra warps
+ * gain (bench/RESULTS.md). */
+#define FD_MINB 3
 
 struct pt_fd_args {
     const float *q;               /* [nh, hd] */
@@ -60,6 +72,7 @@ struct pt_fd_args {
     float scale, softcap;
     int window, bf;
     int nsplit;
+    int stages;                   /* tiles per warp in the cp.async ring (pt_fd_launch) */
     float2 *ML;                   /* [nh, nsplit] (max, sum of exp) per split */
     float *P;                     /* [nh, nsplit, hd] unnormalized partial outputs */
 };
@@ -107,19 +120,83 @@ __device__ __forceinline__ int fd_kdim(int ks, int t, int s) {
     return 16 * ks + 4 * t + s;
 }
 
+/* cp.async helpers: 16- and 4-byte copies global -> shared, completed per
+ * commit group (the ring of each warp below). */
+__device__ __forceinline__ void fd_cp16(void *dst, const void *src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fd_cp4(void *dst, const void *src) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fd_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Waits until at most n groups are pending (n is a run-time value: the ring
+ * depth is chosen at launch, wait_group takes an immediate). */
+__device__ __forceinline__ void fd_wait(int n) {
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
+    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
+    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
+    }
+}
+/* (x & mask) | 1024.0 in both f16 halves, then x·mul + add per half: the
+ * nibble or byte under mask as an exact small f16 integer. Low nibbles
+ * (mask 0x000f000f): 1024 + c, mul 1, add −1024. High nibbles (0x00f000f0):
+ * 1024 + 16c, mul 1/16, add −64 — exact, so no shift is needed for them. */
+__device__ __forceinline__ uint32_t fd_deq(uint32_t x, uint32_t mask, uint32_t mul, uint32_t add) {
+    const uint32_t r = (x & mask) | 0x64006400u;
+    __half2 h = __hfma2(*reinterpret_cast<const __half2 *>(&r), *reinterpret_cast<const __half2 *>(&mul),
+                        *reinterpret_cast<const __half2 *>(&add));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+#define FD_H2_1 0x3c003c00u     /* f16 pair (1, 1) */
+#define FD_H2_16TH 0x2c002c00u  /* (1/16, 1/16) */
+#define FD_H2_M1024 0xe400e400u /* (−1024, −1024) */
+#define FD_H2_M64 0xd400d400u   /* (−64, −64) */
+
+/* Shared memory of the block kernel, in 32-bit words: per warp a ring of
+ * `stages` tiles, then the current tile's (scale, bias) rows in f32. A tile
+ * stage holds
+ *   K codes [16 keys][CST]  (CST = WPR + 4: rows padded so the fragment
+ *                            reads below hit distinct banks)
+ *   V codes [16 keys][CST]
+ *   raw scale/bias words [4 arrays: ks kb vs vb][16 keys][SWR]  (a row's
+ *                            NG values of 2 or 4 bytes, copied as the
+ *                            aligned 32-bit words that cover them)
+ * and the f32 rows are [K, V][16 keys][NG] float2 (scale, bias). After the
+ * key loop a warp's region holds its partial output wo [G][D] instead. */
+template <int BITS, int D, int NG> struct fd_smem {
+    static constexpr int WPR = D * BITS / 32, CST = WPR + 4, SWR = NG + 1;
+    static constexpr int STAGE = 2 * 16 * CST + 4 * 16 * SWR;
+    static constexpr int FROWS = 2 * 16 * NG * 2;
+    __host__ __device__ static int warp_words(int stages) { return stages * STAGE + FROWS; }
+};
+
 template <int BITS, int GS, int D, int G>
-__global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(pt_fd_args a) {
+__global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
     static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= FD_MAX_G, "shape");
     constexpr int NG = D / GS, KS = D / 16, NT = D / 8, WPR = D * BITS / 32;
     constexpr int NKW = BITS == 4 ? D / 32 : D / 16; /* K words a thread reads per row */
     constexpr int KSG = GS / 16;                     /* k-steps per group */
+    typedef fd_smem<BITS, D, NG> L;
+    constexpr int CST = L::CST, SWR = L::SWR, STAGE = L::STAGE, CPR = WPR / 4; /* 16-byte chunks per code row */
+    static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
     __shared__ float qs[G][D];
     __shared__ float qsum[G][NG];
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
-    __shared__ float wo[FD_WARPS][G][D];
+    extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, NS = a.stages;
+    uint32_t *ring = fd_dyn + warp * L::warp_words(NS);
+    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
+    float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
 
     /* the key range: positions lo + [0, n), this split's share [j0, j1) */
     const int64_t hi = a.pos[0];
@@ -129,7 +206,53 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
     if (n < 0) n = 0;
     const int64_t per = (n + nsplit - 1) / nsplit;
     const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
-    const int64_t rbase = (int64_t)kh * a.cap;
+    const int64_t rbase = (int64_t)kh * a.cap, rlo = lo % a.cap;
+    /* the cache row of key j (position lo + j in the ring): one division per thread, not per key */
+    auto rowof = [&](int64_t j) -> int64_t {
+        const int64_t r = rlo + j;
+        return rbase + (r >= a.cap ? r - a.cap : r);
+    };
+    const int esz = a.dt == PT_FT_F32 ? 4 : 2, rb = NG * esz; /* bytes of a row of scales */
+
+    /* this warp's tiles: keys jt(k) = j0 + 16·(warp + FD_WARPS·k), k < nt */
+    const int64_t jw = j0 + 16 * warp;
+    const int nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
+    /* cp.async of tile k into stage k % NS (nothing past the warp's tiles;
+     * a group is committed either way so the wait counts stay uniform).
+     * Rows past j1 are not copied: their codes are never used unmasked
+     * and their f32 scales are written as 0 below. */
+    auto issue = [&](int k) {
+        if (k < nt) {
+            const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
+            const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+            uint32_t *st = ring + (k % NS) * STAGE;
+#pragma unroll
+            for (int c = lane; c < 16 * CPR; c += 32) { /* chunk col of row r: K and V */
+                const int r = c / CPR, col = c % CPR;
+                if (r < valid) {
+                    const int64_t src = rowof(jt + r) * WPR + 4 * col;
+                    fd_cp16(st + r * CST + 4 * col, a.k + src);
+                    fd_cp16(st + (16 + r) * CST + 4 * col, a.v + src);
+                }
+            }
+            { /* key lane & 15: the scales (lanes 0-15) or biases (16-31) of K and V */
+                const int r = lane & 15, sb = lane >> 4;
+                if (r < valid) {
+                    /* the words covering the row's bytes; with 2-byte values and an odd group count
+                     * the last word of the array's last row reaches 2 bytes past it, inside the
+                     * allocation's granule (cudaMalloc allocations are 256-byte granular) */
+                    const int64_t off = rowof(jt + r) * rb;
+                    const int cnt = (int)(((off + rb - 1) >> 2) - (off >> 2)) + 1;
+                    const uint32_t *sk = reinterpret_cast<const uint32_t *>(sb ? a.kb : a.ks) + (off >> 2);
+                    const uint32_t *sv = reinterpret_cast<const uint32_t *>(sb ? a.vb : a.vs) + (off >> 2);
+                    uint32_t *dk = st + 32 * CST + (sb * 16 + r) * SWR, *dv = dk + 32 * SWR;
+                    for (int w = 0; w < cnt; w++) fd_cp4(dk + w, sk + w), fd_cp4(dv + w, sv + w);
+                }
+            }
+        }
+        fd_commit();
+    };
+    for (int k = 0; k < NS - 1; k++) issue(k); /* the ring fills while the queries are prepared */
 
     /* the pre-scaled queries (rounded like the exact path) and their group sums */
     for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
@@ -142,7 +265,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
         if (lane == 0) qsum[i / NG][i % NG] = s;
     }
     __syncthreads();
-    /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part */
+    /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part (in registers;
+     * reading them from shared memory per tile measured no faster, also at 4 blocks per SM) */
     uint32_t qh[KS][2], ql[KS][2];
 #pragma unroll
     for (int ks = 0; ks < KS; ks++)
@@ -157,50 +281,57 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
     for (int gr = 0; gr < NG; gr++) qg[gr] = g < G ? qsum[g][gr] : 0.f;
 
     float m = -INFINITY, l = 0.f; /* head g: running max, this thread's share of the sum */
-    float o[NT][4];               /* head g, dims 8i + 2t, +1: [0..1] hi, [2..3] lo parts */
+    float o[NT][4];               /* head g, n-tile i, columns 2t, 2t + 1: [0..1] hi, [2..3] lo parts */
     float bsum[NG];               /* head g: Σ p·bias per group (this thread's keys) */
 #pragma unroll
     for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 #pragma unroll
     for (int gr = 0; gr < NG; gr++) bsum[gr] = 0.f;
-    const uint32_t vsel = g < 4 ? 0x5410u : 0x7632u; /* V: the half-words holding nibble g (4 bits) */
-    const int vsh = 4 * (g & 3);
-    const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8); /* V: byte g & 3 (8 bits) */
+    /* V, 4 bits: n-tile i = dims 8i..8i+7, column g = nibble g of word i: byte g/2 of each key's word
+     * moved by one byte permute (two keys per register), the nibble taken by fd_deq */
+    const uint32_t vsel = (uint32_t)(g >> 1) | ((uint32_t)(4 + (g >> 1)) << 8);
+    const uint32_t vmask = g & 1 ? 0x00f000f0u : 0x000f000fu, vmul = g & 1 ? FD_H2_16TH : FD_H2_1,
+                   vadd = g & 1 ? FD_H2_M64 : FD_H2_M1024;
+    /* V, 8 bits: n-tile 4c + u, column g = byte g & 3 of word 8c + 4(g >> 2) + u (a thread reads 4
+     * consecutive words of a key with one 16-byte load) */
+    const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
 
-    const int esz = a.dt == PT_FT_F32 ? 4 : 2;
-    for (int64_t jt = j0 + 16 * warp; jt < j1; jt += 16 * FD_WARPS) {
-        { /* the warp's next tile into L2 while this one computes: lanes 0-15 its K rows (codes, scales,
-           * biases), lanes 16-31 its V rows — no registers held, the loads of the next iteration then
-           * wait on L2 instead of HBM */
-            const int64_t jn = jt + 16 * FD_WARPS + (lane & 15);
-            if (jn < j1) {
-                const int64_t rn = rbase + (lo + jn) % a.cap;
-                const char *pc = (const char *)((lane < 16 ? a.k : a.v) + rn * WPR);
-                const char *ps = (const char *)(lane < 16 ? a.ks : a.vs) + rn * NG * esz;
-                const char *pb = (const char *)(lane < 16 ? a.kb : a.vb) + rn * NG * esz;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pc));
-                if (WPR * 4 > 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(pc + 128));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(ps));
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(pb));
+    for (int k = 0; k < nt; k++) {
+        issue(k + NS - 1);
+        fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
+        __syncwarp();    /* ... and every lane's */
+        const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
+        const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+        const uint32_t *st = ring + (k % NS) * STAGE;
+        /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
+        { /* lane: key lane & 15, the scales (lanes 0-15) or biases (16-31) of K and V */
+            const int r = lane & 15, sb = lane >> 4;
+            const int off = r < valid && (rb & 3) ? (int)((rowof(jt + r) * rb) & 3) : 0;
+            const char *pk = reinterpret_cast<const char *>(st + 32 * CST + (sb * 16 + r) * SWR) + off;
+            const char *pv = pk + 32 * SWR * 4;
+            float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb, *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float xk = 0.f, xv = 0.f;
+                if (r < valid) {
+                    if (a.dt == PT_FT_F32)
+                        xk = reinterpret_cast<const float *>(pk)[gr], xv = reinterpret_cast<const float *>(pv)[gr];
+                    else if (a.dt == PT_FT_BF16)
+                        xk = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pk)[gr]),
+                        xv = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pv)[gr]);
+                    else
+                        xk = __half2float(reinterpret_cast<const __half *>(pk)[gr]),
+                        xv = __half2float(reinterpret_cast<const __half *>(pv)[gr]);
+                }
+                fk[2 * gr] = xk, fv[2 * gr] = xv;
             }
         }
-        /* the rows of the keys this thread's C fragments hold: jt + 8h + 2t + i */
-        int64_t crow[2][2];
-        bool cin[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int64_t jj = jt + 8 * h + 2 * t + i;
-                cin[h][i] = jj < j1;
-                crow[h][i] = rbase + (lo + (cin[h][i] ? jj : j0)) % a.cap;
-            }
+        __syncwarp();
         float s[2][2];
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            /* B fragments: key jt + 8h + g, this thread's words */
-            const int64_t jj = jt + 8 * h + g;
-            const uint32_t *kr = a.k + (rbase + (lo + (jj < j1 ? jj : j0)) % a.cap) * WPR;
+            /* B fragments: key 8h + g of the tile, this thread's words */
+            const uint32_t *kr = st + (8 * h + g) * CST;
             uint32_t kw[NKW];
 #pragma unroll
             for (int w = 0; w < NKW; w++) kw[w] = kr[4 * w + t];
@@ -214,8 +345,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
                     uint32_t b0, b1;
                     if (BITS == 4) {
                         const uint32_t w = kw[ks >> 1] >> (8 * (ks & 1));
-                        b0 = fd_nib2(w);
-                        b1 = fd_nib2(w >> 4);
+                        b0 = fd_deq(w, 0x000f000fu, FD_H2_1, FD_H2_M1024); /* nibbles 0, 4 */
+                        b1 = fd_deq(w, 0x00f000f0u, FD_H2_16TH, FD_H2_M64); /* nibbles 1, 5 */
                     } else {
                         b0 = fd_unbias(__byte_perm(kw[ks], 0x64646464u, 0x4140));
                         b1 = fd_unbias(__byte_perm(kw[ks], 0x64646464u, 0x4342));
@@ -224,23 +355,23 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
                 }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const int64_t pi = crow[h][i] * NG + gr;
-                    acc[i] = fmaf(pt_ld(a.dt, a.kb, pi), qg[gr], fmaf(pt_ld(a.dt, a.ks, pi), c[i] + c[2 + i], acc[i]));
+                    const float2 sb = kf[(8 * h + 2 * t + i) * NG + gr];
+                    acc[i] = fmaf(sb.y, qg[gr], fmaf(sb.x, c[i] + c[2 + i], acc[i]));
                 }
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 float v = pt_rnd(a.bf, acc[i]);
                 if (a.softcap > 0.f) v = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, v / a.softcap))) * a.softcap);
-                s[h][i] = cin[h][i] ? v : -INFINITY;
+                s[h][i] = 8 * h + 2 * t + i < valid ? v : -INFINITY;
             }
         }
-        /* online softmax for head g over the tile's 16 keys (lanes 4g..4g+3) */
+        /* online softmax for head g over the tile's 16 keys (lanes 4g..4g+3); with no key yet
+         * (mn = −inf) nothing changes: p = 0, and o, l are still 0 */
         float mt = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
         const float mn = fmaxf(m, mt);
-        if (mn == -INFINITY) continue; /* no key yet: the same for every lane (key validity is per key) */
         const float f = m == -INFINITY ? 0.f : expf(m - mn);
         float p[2][2];
 #pragma unroll
@@ -264,50 +395,55 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const int64_t pi = crow[h][i] * NG + gr;
-                    x[h][i] = p[h][i] * pt_ld(a.dt, a.vs, pi);
-                    bsum[gr] = fmaf(p[h][i], pt_ld(a.dt, a.vb, pi), bsum[gr]);
+                    const float2 sb = vf[(8 * h + 2 * t + i) * NG + gr];
+                    x[h][i] = p[h][i] * sb.x;
+                    bsum[gr] = fmaf(p[h][i], sb.y, bsum[gr]);
                 }
             fd_split(x[0][0], x[0][1], pa[gr][0], pa[gr][1]);
             fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
         }
-        /* B fragments: V codes of keys jt + 2t, +1 (b0) and jt + 8 + 2t, +1
-         * (b1) for output dim 8i + g; one 16-byte load per row covers 4
-         * n-tiles (4 bits) or 2 (8 bits) */
-        const uint4 *vr[4];
+        /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
+        const uint32_t *vrow[4];
 #pragma unroll
-        for (int r = 0; r < 4; r++) vr[r] = reinterpret_cast<const uint4 *>(a.v + crow[r >> 1][r & 1] * WPR);
+        for (int r = 0; r < 4; r++) vrow[r] = st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST;
+        if (BITS == 4) {
 #pragma unroll
-        for (int c4 = 0; c4 < WPR / 4; c4++) {
-            uint32_t w[4][4];
+            for (int c4 = 0; c4 < WPR / 4; c4++) {
+                uint32_t w[4][4];
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const uint4 u = vr[r][c4];
-                w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
-            }
-            if (BITS == 4) {
+                for (int r = 0; r < 4; r++) {
+                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r])[c4];
+                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
+                }
 #pragma unroll
                 for (int qq = 0; qq < 4; qq++) {
                     const int i = 4 * c4 + qq, gr = 8 * i / GS;
-                    const uint32_t b0 = fd_nib2(__byte_perm(w[0][qq], w[1][qq], vsel) >> vsh);
-                    const uint32_t b1 = fd_nib2(__byte_perm(w[2][qq], w[3][qq], vsel) >> vsh);
+                    const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
+                    const uint32_t b1 = fd_deq(__byte_perm(w[2][qq], w[3][qq], vsel), vmask, vmul, vadd);
                     fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
                 }
-            } else {
+            }
+        } else {
 #pragma unroll
-                for (int q2 = 0; q2 < 2; q2++) {
-                    const int i = 2 * c4 + q2, gr = 8 * i / GS;
-                    const uint32_t x0 = g < 4 ? w[0][2 * q2] : w[0][2 * q2 + 1];
-                    const uint32_t x1 = g < 4 ? w[1][2 * q2] : w[1][2 * q2 + 1];
-                    const uint32_t x2 = g < 4 ? w[2][2 * q2] : w[2][2 * q2 + 1];
-                    const uint32_t x3 = g < 4 ? w[3][2 * q2] : w[3][2 * q2 + 1];
-                    const uint32_t b0 = fd_byte2(__byte_perm(x0, x1, bsel));
-                    const uint32_t b1 = fd_byte2(__byte_perm(x2, x3, bsel));
+            for (int c8 = 0; c8 < WPR / 8; c8++) {
+                uint32_t w[4][4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r] + 8 * c8 + 4 * (g >> 2))[0];
+                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int i = 4 * c8 + u, gr = 32 * c8 / GS;
+                    const uint32_t b0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
+                    const uint32_t b1 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
                     fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
                 }
             }
         }
+        __syncwarp(); /* every lane is done with stage k % NS before the next issue refills it */
     }
+    fd_wait(0);
     /* the warp's state per head: the sum and bias sums over the 4 lanes of a head */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -316,13 +452,18 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
         bsum[gr] += __shfl_xor_sync(0xffffffffu, bsum[gr], 1);
         bsum[gr] += __shfl_xor_sync(0xffffffffu, bsum[gr], 2);
     }
+    __syncwarp();
+    /* the warp's partial output [G][D] in its own (now idle) ring region */
+    float *wo = reinterpret_cast<float *>(ring);
     if (g < G) {
         if (t == 0) wm[warp][g] = m, wl[warp][g] = l;
 #pragma unroll
         for (int i = 0; i < NT; i++) {
-            const int e = 8 * i + 2 * t;
-            wo[warp][g][e] = (o[i][0] + o[i][2]) + bsum[8 * i / GS];
-            wo[warp][g][e + 1] = (o[i][1] + o[i][3]) + bsum[8 * i / GS];
+            /* the dim of column 2t of n-tile i (column 2t + 1 is the next one) */
+            const int e = BITS == 4 ? 8 * i + 2 * t : 32 * (i >> 2) + 16 * (t >> 1) + 4 * (i & 3) + 2 * (t & 1);
+            const int gr = BITS == 4 ? 8 * i / GS : 32 * (i >> 2) / GS;
+            wo[g * D + e] = (o[i][0] + o[i][2]) + bsum[gr];
+            wo[g * D + e + 1] = (o[i][1] + o[i][3]) + bsum[gr];
         }
     }
     __syncthreads();
@@ -332,17 +473,17 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? 3 : 1) fd_block_kernel(
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
-        float L = 0.f, O = 0.f;
+        float Lsum = 0.f, O = 0.f;
 #pragma unroll
         for (int w = 0; w < FD_WARPS; w++)
             if (wm[w][gh] != -INFINITY) {
                 const float f = expf(wm[w][gh] - M);
-                L += wl[w][gh] * f;
-                O += wo[w][gh][e] * f;
+                Lsum += wl[w][gh] * f;
+                O += reinterpret_cast<const float *>(fd_dyn + w * L::warp_words(NS))[gh * D + e] * f;
             }
         const int64_t h = (int64_t)kh * G + gh;
         a.P[(h * a.nsplit + split) * D + e] = O;
-        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, L);
+        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
     }
 }
 
@@ -353,19 +494,41 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
                                   const pt_attn *p);
 
 /* Launches the block kernel for one bits value, or with occ != NULL only
- * writes how many of its blocks fit on one SM (the split count is sized to
- * whole waves). PT_ERR_UNSUPPORTED (no message) when (group size, head_dim,
- * G) has no instantiation. */
-pt_status pt_cuda_fused_block4(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
-pt_status pt_cuda_fused_block8(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
+ * picks the ring depth (a.stages) and writes how many of its blocks fit on
+ * one SM at that depth (the split count is sized to whole waves).
+ * PT_ERR_UNSUPPORTED (no message) when (group size, head_dim, G) has no
+ * instantiation. */
+pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
+pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
+/* PETREL_CUDA_FD_STAGES (2..8; 0 or unset: the default, 2), read once. */
+int pt_fd_env_stages(void);
 
-template <typename K>
-static pt_status pt_fd_launch(K kern, const pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
+/* The ring depth: PETREL_CUDA_FD_STAGES, else 2 tiles per warp (one in
+ * flight while one is computed; 3 and 4 measured no faster: bench/RESULTS.md),
+ * and the blocks of that depth that fit on an SM, decided once per
+ * instantiation; the kernel's dynamic shared memory limit is raised to it. */
+template <int B, int GS, int D, int G>
+static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
+    typedef fd_smem<B, D, D / GS> L;
+    static int s_stages, s_occ; /* per instantiation; the same values on every call */
     if (occ) {
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kern, FD_THREADS, 0));
+        if (!s_stages) {
+            const int ns = pt_fd_env_stages() ? pt_fd_env_stages() : 2, bytes = L::warp_words(ns) * 4 * FD_WARPS;
+            if (L::warp_words(ns) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
+                                                                      * must fit a warp's region */
+            CUDA_CHECK(cudaFuncSetAttribute(fd_block_kernel<B, GS, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            bytes));
+            int o = 0;
+            CUDA_CHECK(
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fd_block_kernel<B, GS, D, G>, FD_THREADS, bytes));
+            if (o < 1) return PT_ERR_UNSUPPORTED;
+            s_occ = o, s_stages = ns;
+        }
+        a.stages = s_stages;
+        *occ = s_occ;
         return PT_OK;
     }
-    kern<<<grid, FD_THREADS, 0, st>>>(a);
+    fd_block_kernel<B, GS, D, G><<<grid, FD_THREADS, (size_t)L::warp_words(a.stages) * 4 * FD_WARPS, st>>>(a);
     return PT_OK;
 }
 
@@ -373,14 +536,14 @@ static pt_status pt_fd_launch(K kern, const pt_fd_args &a, dim3 grid, cudaStream
  * group size, <= 256) and GQA ratios 1..8. */
 #define PT_FD_G(B, GS, D)                                                      \
     switch (G) {                                                               \
-    case 1: return pt_fd_launch(fd_block_kernel<B, GS, D, 1>, a, grid, st, occ); \
-    case 2: return pt_fd_launch(fd_block_kernel<B, GS, D, 2>, a, grid, st, occ); \
-    case 3: return pt_fd_launch(fd_block_kernel<B, GS, D, 3>, a, grid, st, occ); \
-    case 4: return pt_fd_launch(fd_block_kernel<B, GS, D, 4>, a, grid, st, occ); \
-    case 5: return pt_fd_launch(fd_block_kernel<B, GS, D, 5>, a, grid, st, occ); \
-    case 6: return pt_fd_launch(fd_block_kernel<B, GS, D, 6>, a, grid, st, occ); \
-    case 7: return pt_fd_launch(fd_block_kernel<B, GS, D, 7>, a, grid, st, occ); \
-    case 8: return pt_fd_launch(fd_block_kernel<B, GS, D, 8>, a, grid, st, occ); \
+    case 1: return pt_fd_launch<B, GS, D, 1>(a, grid, st, occ); \
+    case 2: return pt_fd_launch<B, GS, D, 2>(a, grid, st, occ); \
+    case 3: return pt_fd_launch<B, GS, D, 3>(a, grid, st, occ); \
+    case 4: return pt_fd_launch<B, GS, D, 4>(a, grid, st, occ); \
+    case 5: return pt_fd_launch<B, GS, D, 5>(a, grid, st, occ); \
+    case 6: return pt_fd_launch<B, GS, D, 6>(a, grid, st, occ); \
+    case 7: return pt_fd_launch<B, GS, D, 7>(a, grid, st, occ); \
+    case 8: return pt_fd_launch<B, GS, D, 8>(a, grid, st, occ); \
     default: return PT_ERR_UNSUPPORTED;                                        \
     }
 

@@ -3,6 +3,6 @@
  * parallel. */
 #include "backend/cuda/kv_fused.cuh"
 
-pt_status pt_cuda_fused_block8(const pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ) {
+pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ) {
     PT_FD_DISPATCH(8)
 }
