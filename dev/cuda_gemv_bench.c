@@ -17,6 +17,9 @@
  * "w T16" and "new T64"). Same bits either way (inv64 checks the default).
  * GEMV_QUICK=1 in the environment: 4-bit g64 only (8-bit on one shape).
  * GEMV_SHAPES="8b gate/up,1b down" in the environment: only the named shapes.
+ * GEMV_LOOPS="0 1 2" in the environment: instead of old vs new, the new
+ * kernel's inner loops (PETREL_CUDA_TC_LOOP values) at T = 1, 8, 64,
+ * round-robin, best of 3, each variant's bits compared with the first's.
  * Usage: cuda_gemv_bench */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -32,6 +35,7 @@
 
 void pt_cuda_tc_select(int on); /* gemv_tc.cu: repack weights prepared from now on */
 void pt_cuda_tc_wide(int on);   /* gemv_tc.cu: 16-warp blocks above 8 rows (1) or 8 (0) */
+void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA_TC_LOOP 0, 1, 2) */
 
 static float rf(void) { return (float)(ru() % 20001) / 10000.f - 1.f; }
 
@@ -146,6 +150,49 @@ int main(void) {
                 be->ops->download(be, y1, y, (size_t)N * 4);
                 if (memcmp(y1, y64 + (size_t)r * N, (size_t)N * 4)) inv = 0;
             }
+            const char *vars = getenv("GEMV_LOOPS");
+            if (vars) { /* inner loops of the new kernel (PETREL_CUDA_TC_LOOP values), round-robin */
+                int vl[8], nv = 0;
+                for (const char *q = vars; *q && nv < 8;) {
+                    char *end;
+                    const long v = strtol(q, &end, 10);
+                    if (end == q) break;
+                    vl[nv++] = (int)v;
+                    q = end;
+                }
+                static const int Tv[3] = {1, 8, 64};
+                double tv[8][3];
+                int same[8];
+                for (int v = 0; v < nv; v++) {
+                    same[v] = 1;
+                    for (int ti = 0; ti < 3; ti++) tv[v][ti] = 1e9;
+                }
+                float *r = malloc((size_t)64 * N * 4);
+                for (int v = 1; v < nv; v++) /* bits: each variant against the first, T = 1, 8 and 64 */
+                    for (int ti = 0; ti < 3; ti++) {
+                        pt_cuda_tc_loop(vl[0]);
+                        if (mm(be, y, x, Tv[ti], &st[1].w[0]) != PT_OK) DIE("variant");
+                        be->ops->download(be, r, y, (size_t)Tv[ti] * N * 4);
+                        pt_cuda_tc_loop(vl[v]);
+                        if (mm(be, y, x, Tv[ti], &st[1].w[0]) != PT_OK) DIE("variant");
+                        be->ops->download(be, y64, y, (size_t)Tv[ti] * N * 4);
+                        if (memcmp(r, y64, (size_t)Tv[ti] * N * 4)) same[v] = 0;
+                    }
+                free(r);
+                for (int round = 0; round < 3; round++)
+                    for (int ti = 0; ti < 3; ti++)
+                        for (int v = 0; v < nv; v++) {
+                            pt_cuda_tc_loop(vl[v]);
+                            const double tt = time_graph(&st[1], Tv[ti], ti == 0 ? 4 : 1);
+                            if (tt < tv[v][ti]) tv[v][ti] = tt;
+                        }
+                pt_cuda_tc_loop(vl[0]);
+                for (int v = 0; v < nv; v++)
+                    printf("%-11s %4d %3d %6.1f | loop %d | T1 %7.2f (%5.0f GB/s) T8 %7.2f T64 %7.2f | inv64 %s | %s\n",
+                           shapes[s].name, bits, gs, bytes / 1e6, vl[v], tv[v][0], bytes / tv[v][0] / 1e3, tv[v][1],
+                           tv[v][2], inv ? "ok" : "DIFF", v ? (same[v] ? "bits = first" : "bits DIFFER") : "reference");
+                goto next_shape;
+            }
             /* timing: old and new interleaved, two rounds, best of each */
             static const int Tv[3] = {1, 8, 64};
             double tv[2][3] = {{1e9, 1e9, 1e9}, {1e9, 1e9, 1e9}};
@@ -168,6 +215,7 @@ int main(void) {
                    shapes[s].name, bits, gs, bytes / 1e6, tv[0][0], tv[1][0], bytes / tv[0][0] / 1e3,
                    bytes / tv[1][0] / 1e3, tv[0][1], tv[1][1], tv[0][2], tv[1][2], bytes / tv[1][2] / 1e3,
                    sqrt(num / (den + 1e-30)), inv ? "ok" : "DIFF", tw[0], tw[1], tw[2]);
+        next_shape:
             free(y1), free(y2), free(y64), free(xh);
             be->ops->dealloc(be, x);
             be->ops->dealloc(be, y);

@@ -8,6 +8,9 @@
  * weights, so nothing stays in L2): the q/k/v projections alone, gate/up
  * alone, and the layer's seven GEMVs (q/k/v, o, gate/up, down). Every
  * configuration's outputs are compared bit for bit with the first one.
+ * GEMV_LOOPS="0 1 2" in the environment: instead, the GEMV inner
+ * loops (PETREL_CUDA_TC_LOOP values; GEMV_ALL_T=1: every T, else T = 1, 8),
+ * round-robin, best of 3, outputs compared with the first variant's.
  * Not a test; built with the CUDA test binaries (make gpu-bundle) and run
  * on the GPU machine: bench_gemv_multi. Numbers in bench/RESULTS.md. */
 #include "bench_util.h"
@@ -18,6 +21,7 @@
 
 void pt_cuda_tc_multi(int on); /* matmul.cu: the grouped launch (1) or the separate ones (0) */
 void pt_cuda_tc_xpre(int on);  /* gemv_tc.cu: x prepared once per launch above 8 rows (1) or per block (0) */
+void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA_TC_LOOP 0, 1, 2) */
 
 enum { NC = 4, NW = 7, REPS = 2, H = 4096, F = 14336, KVD = 1024, TMAX = 64 };
 static const int64_t rows_of[NW] = {H, KVD, KVD, H, F, F, H}, cols_of[NW] = {H, H, H, H, H, H, F};
@@ -108,6 +112,47 @@ int main(void) {
            NC * REPS);
     printf("%3s %5s %4s | %8s %8s %8s | %s\n", "T", "multi", "xpre", "q/k/v", "gate/up", "layer", "outputs");
     static const int Ts[] = {1, 8, 16, 32, 64};
+    const char *vars = getenv("GEMV_LOOPS");
+    if (vars) { /* inner loops (PETREL_CUDA_TC_LOOP values), both levers on, round-robin */
+        int vl[8], nv = 0;
+        for (const char *q = vars; *q && nv < 8;) {
+            char *end;
+            const long v = strtol(q, &end, 10);
+            if (end == q) break;
+            vl[nv++] = (int)v;
+            q = end;
+        }
+        printf("%3s %5s | %8s %8s %8s | %s\n", "T", "loop", "q/k/v", "gate/up", "layer", "outputs (best of 3)");
+        for (int ti = 0; ti < 5; ti++) {
+            const int T = Ts[ti];
+            if (T > 8 && !getenv("GEMV_ALL_T")) continue; /* GEMV_ALL_T: also above 8 rows */
+            double t[8][3];
+            int same[8];
+            for (int k = 0; k < nv; k++) {
+                same[k] = 1;
+                for (int w = 0; w < 3; w++) t[k][w] = 1e9;
+            }
+            for (int round = 0; round < 3; round++)
+                for (int k = 0; k < nv; k++) {
+                    pt_cuda_tc_loop(vl[k]);
+                    for (int what = 0; what < 3; what++) {
+                        const double tt = time_graph(&s, T, what);
+                        if (tt < t[k][what]) t[k][what] = tt;
+                    }
+                    for (int i = 0; i < NW; i++) {
+                        if (be->ops->download(be, k ? out : ref[i], s.y[i], (size_t)(T * rows_of[i]) * 4) != PT_OK)
+                            DIE("download");
+                        if (k && memcmp(out, ref[i], (size_t)(T * rows_of[i]) * 4)) same[k] = 0;
+                    }
+                }
+            for (int k = 0; k < nv; k++)
+                printf("%3d %5d | %8.1f %8.1f %8.1f | %s\n", T, vl[k], t[k][0], t[k][1], t[k][2],
+                       k ? (same[k] ? "identical" : "DIFFER") : "reference");
+            fflush(stdout);
+        }
+        pt_cuda_tc_loop(vl[0]);
+        return 0;
+    }
     static const int cfg[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};
     for (int ti = 0; ti < 5; ti++) {
         const int T = Ts[ti];

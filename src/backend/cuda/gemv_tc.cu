@@ -23,6 +23,20 @@
  * barriers as well. Each lane reads back only what it copied, except the
  * scale words (4 lanes copy them, all read: the __syncwarp after the wait).
  *
+ * Instructions: at one activation row the kernel is bound by the issue and
+ * latency of the instructions per block, not by memory (ncu: DRAM ~33%,
+ * ~150 SASS instructions per 512-byte block, ~6 cycles per issued
+ * instruction with 3-4 warps per scheduler; the same weight stream with no
+ * arithmetic runs in under half the time). So the inner loop keeps the
+ * integer work per block small: per-lane pointers and shared addresses
+ * computed once, unsigned index arithmetic, a code pair in one LOP3 (with
+ * both masks as immediates the compiler emits an AND and an OR), the
+ * scale|bias copy predicated instead of branched; and with one activation
+ * row only the stored column (the even columns 2t) is folded. Every one of
+ * these leaves the floating-point operations and their order as they were,
+ * so the bits are the same; PETREL_CUDA_TC_LOOP=0 runs the loop as first
+ * written (A/B).
+ *
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
  * round-robin: unit u goes to warp u mod S. W = 8 up to 8 activation rows,
@@ -273,12 +287,39 @@ __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, 
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* The same mma as a plain (not volatile) asm: the compiler may schedule it
+ * among other instructions (PETREL_CUDA_TC_LOOP=1); it has no side effects. */
+__device__ __forceinline__ void tc_mma_nv(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* Pair j (0..3) of a word as bf16x2 (128 + code): nibbles j and j+4. */
 __device__ __forceinline__ uint32_t tc_pair(uint32_t w, int j) { return ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; }
 
 __device__ __forceinline__ void tc_cp16(void *dst, const void *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+/* The same copy from a shared-memory address already computed, and with a
+ * predicate instead of a branch (lanes that copy nothing issue nothing). */
+__device__ __forceinline__ void tc_cp16s(unsigned d, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void tc_cp16p(unsigned d, const void *src, int p) {
+    asm volatile("{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q cp.async.cg.shared.global [%0], [%1], 16;\n}\n" ::"r"(d),
+                 "l"(src), "r"(p)
+                 : "memory");
+}
+/* tc_pair in one LOP3: (w >> 4j) & 0x000F000F | c, with c = 0x43004300 held
+ * in a register (LOP3 takes one immediate, so with both masks as immediates
+ * the compiler emits an AND and an OR). */
+__device__ __forceinline__ uint32_t tc_pair_c(uint32_t w, int j, uint32_t c) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(d) : "r"(w >> (4 * j)), "r"(c));
+    return d;
 }
 __device__ __forceinline__ void tc_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -369,7 +410,7 @@ struct tc_shape {
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
  * weight's first block): the same code, so the same bits. */
-template <int BITS, int GS, int NT, int W, bool XP>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
 __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
@@ -420,7 +461,24 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
 
     /* Block jj of this warp's sequence into ring slot jj % P (an empty group
      * past the end, so the wait counts stay uniform). */
+    /* LV > 0: the same copies from per-lane pointers and shared addresses
+     * computed once, unsigned index arithmetic, the scale|bias copy
+     * predicated instead of branched */
+    const char *wl = reinterpret_cast<const char *>(wt + lane), *sbl = reinterpret_cast<const char *>(sbt + lane);
+    const unsigned ring_sa = tc_saddr(ring) + lane * 16;
+    const int sbp = lane < 4 * GPB;
     auto issue = [&](int jj) {
+        if constexpr (LV > 0) {
+            if (jj < nj) {
+                const unsigned u = (unsigned)jj;
+                const unsigned b = ((unsigned)s + (u / BPU) * (unsigned)S) * BPU + u % BPU;
+                const unsigned d = ring_sa + (u % P) * SH::SLOT;
+                tc_cp16s(d, wl + (size_t)b * 512);
+                tc_cp16p(d + 512, sbl + (size_t)(b * KPB / GS) * 64, sbp);
+            }
+            tc_commit();
+            return;
+        }
         if (jj < nj) {
             const int b = (s + (jj / BPU) * S) * BPU + jj % BPU;
             unsigned char *slot = ring + (jj % P) * SH::SLOT;
@@ -454,8 +512,80 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
 #pragma unroll
     for (int n = 0; n < NT; n++) xrow[n] = (8 * n + g < nb ? 8 * n + g : nb - 1) * XS;
 
+    uint32_t c43 = 0x43004300u; /* in a register (tc_pair_c) */
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(c43));
+    int k0 = 0; /* the stage's first K */
+    /* The 4 mmas of block jj (codes wv: this lane's A fragments; scale|bias
+     * words sbq of the block's groups for row pair g) into acc, folding each
+     * group that ends into tot. */
+    auto block_math = [&](const uint4 &wv, const uint2 (&sbq)[GPB], const int jj) {
+        const unsigned uj = (unsigned)jj;
+        const int b = LV ? (int)(((unsigned)s + (uj / BPU) * (unsigned)S) * BPU + uj % BPU)
+                         : (s + (jj / BPU) * S) * BPU + jj % BPU;
+        const int kb = b * KPB - k0; /* stage-local K of the block (>= 0) */
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+            uint32_t a0, a1, a2, a3;
+            if constexpr (LV > 0)
+                a0 = tc_pair_c(wd, 0, c43), a1 = tc_pair_c(wd, 1, c43), a2 = tc_pair_c(wd, 2, c43),
+                a3 = tc_pair_c(wd, 3, c43);
+            else a0 = tc_pair(wd, 0), a1 = tc_pair(wd, 1), a2 = tc_pair(wd, 2), a3 = tc_pair(wd, 3);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                uint32_t b0, b1;
+                if constexpr (BITS == 4) {
+                    const uint2 bv = *reinterpret_cast<const uint2 *>(xs + xrow[n] + kb + m * 16 + 4 * t);
+                    b0 = bv.x, b1 = bv.y;
+                } else { /* (x_k, 16·x_k), (x_k+1, 16·x_k+1) */
+                    const uint32_t v = *reinterpret_cast<const uint32_t *>(xs + xrow[n] + kb + m * 8 + 2 * t);
+                    __nv_bfloat162 xv = *reinterpret_cast<const __nv_bfloat162 *>(&v);
+                    __nv_bfloat162 x16 = __hmul2(xv, __floats2bfloat162_rn(16.f, 16.f));
+                    const uint32_t v16 = *reinterpret_cast<uint32_t *>(&x16);
+                    b0 = __byte_perm(v, v16, 0x5410);
+                    b1 = __byte_perm(v, v16, 0x7632);
+                }
+                if constexpr (LV > 0) tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
+                else tc_mma(acc[n], a0, a1, a2, a3, b0, b1);
+            }
+            /* a group ends after this mma: fold it into the totals */
+            constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
+            const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && (uj % BPU) == BPU - 1);
+            if (gend) {
+                const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
+                const uint2 sbv = sbq[q];
+                const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
+                const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
+                const int gl = LV ? (int)((unsigned)(kb + m * (KPB / 4)) / GS)
+                                  : (kb + m * (KPB / 4)) / GS; /* stage-local group */
+                if constexpr (ONE) {
+                    /* one activation row: only column 0 is stored, so only
+                     * the even columns (2t) are folded, each exactly as
+                     * below */
+                    const float sx0 = sxs[gl * NCOL + 2 * t];
+                    const float o0 = __fmul_rn(C128, sx0);
+                    tot[0][0] = __fadd_rn(tot[0][0], __fmaf_rn(sc0, __fsub_rn(acc[0][0], o0), __fmul_rn(bi0, sx0)));
+                    tot[0][2] = __fadd_rn(tot[0][2], __fmaf_rn(sc1, __fsub_rn(acc[0][2], o0), __fmul_rn(bi1, sx0)));
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[0][i] = 0.f;
+                } else {
+#pragma unroll
+                    for (int n = 0; n < NT; n++) {
+                        const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
+                        const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
+                        tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, sx.x)));
+                        tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, sx.y)));
+                        tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, sx.x)));
+                        tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, sx.y)));
+#pragma unroll
+                        for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                    }
+                }
+            }
+        }
+    };
     int jj = 0;
-    for (int k0 = 0; k0 < K; k0 += KS) {
+    for (; k0 < K; k0 += KS) {
         const int ks = K - k0 < KS ? K - k0 : KS;
         __syncthreads(); /* the previous stage's x is no longer read */
         if constexpr (XP) {
@@ -502,52 +632,13 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
             tc_wait<P - 2>(); /* block jj has landed */
             __syncwarp();     /* and every lane is done with the slot reloaded next */
             issue(jj + P - 1);
-            const unsigned char *slot = ring + (jj % P) * SH::SLOT;
+            const unsigned uj = (unsigned)jj;
+            const unsigned char *slot = ring + (LV ? uj % P : jj % P) * SH::SLOT;
             const uint4 wv = *reinterpret_cast<const uint4 *>(slot + lane * 16);
-            const int b = (s + (jj / BPU) * S) * BPU + jj % BPU;
-            const int kb = b * KPB - k0; /* stage-local K of the block */
+            uint2 qv[GPB];
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
-                const uint32_t a0 = tc_pair(wd, 0), a1 = tc_pair(wd, 1), a2 = tc_pair(wd, 2), a3 = tc_pair(wd, 3);
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    uint32_t b0, b1;
-                    if constexpr (BITS == 4) {
-                        const uint2 bv = *reinterpret_cast<const uint2 *>(xs + xrow[n] + kb + m * 16 + 4 * t);
-                        b0 = bv.x, b1 = bv.y;
-                    } else { /* (x_k, 16·x_k), (x_k+1, 16·x_k+1) */
-                        const uint32_t v = *reinterpret_cast<const uint32_t *>(xs + xrow[n] + kb + m * 8 + 2 * t);
-                        __nv_bfloat162 xv = *reinterpret_cast<const __nv_bfloat162 *>(&v);
-                        __nv_bfloat162 x16 = __hmul2(xv, __floats2bfloat162_rn(16.f, 16.f));
-                        const uint32_t v16 = *reinterpret_cast<uint32_t *>(&x16);
-                        b0 = __byte_perm(v, v16, 0x5410);
-                        b1 = __byte_perm(v, v16, 0x7632);
-                    }
-                    tc_mma(acc[n], a0, a1, a2, a3, b0, b1);
-                }
-                /* a group ends after this mma: fold it into the totals */
-                constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
-                const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && (jj % BPU) == BPU - 1);
-                if (gend) {
-                    const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
-                    const uint2 sbv = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
-                    const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
-                    const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
-                    const int gl = (kb + m * (KPB / 4)) / GS; /* stage-local group */
-#pragma unroll
-                    for (int n = 0; n < NT; n++) {
-                        const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
-                        const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
-                        tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, sx.x)));
-                        tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, sx.y)));
-                        tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, sx.x)));
-                        tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, sx.y)));
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
-                    }
-                }
-            }
+            for (int q = 0; q < GPB; q++) qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
+            block_math(wv, qv, jj);
         }
     }
     tc_wait<0>();
@@ -574,9 +665,9 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     }
 }
 
-template <int BITS, int GS, int NT, int W, bool XP>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
-    gemv_tc_block<BITS, GS, NT, W, XP>(a, blockIdx.x);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE>(a, blockIdx.x);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -591,14 +682,14 @@ struct tc_multi_args {
     int n;
 };
 
-template <int BITS, int GS, int NT, int W, bool XP>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
     const int bx = blockIdx.x;
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && bx >= m.first[j]) i = j;
-    gemv_tc_block<BITS, GS, NT, W, XP>(m.a[i], bx - m.first[i]);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE>(m.a[i], bx - m.first[i]);
 }
 
 /* ---- launch ------------------------------------------------------------------ */
@@ -626,12 +717,30 @@ static size_t tc_smem(int nb, int NT, int SU, int W, bool xp) {
     return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 16 : 0);
 }
 
+/* The inner loop of the GEMV (A/B; the same bits: the same floating-point
+ * operations in the same order): 1 (default) = the integer work cut
+ * (per-lane pointers and shared addresses computed once, unsigned index
+ * arithmetic, a code pair in one LOP3, the scale|bias copy predicated
+ * instead of branched, the mma as a plain asm the compiler may schedule)
+ * and, for one activation row, only the stored column folded; 0 = the loop
+ * as first written. PETREL_CUDA_TC_LOOP or pt_cuda_tc_loop(). */
+#define PT_TC_LOOP_DEFAULT 1
+static int g_tc_loop = -1;
+extern "C" void pt_cuda_tc_loop(int lv) { g_tc_loop = lv == 0 || lv == 1 ? lv : PT_TC_LOOP_DEFAULT; }
+static int tc_loop(void) {
+    if (g_tc_loop < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_LOOP");
+        pt_cuda_tc_loop(e ? atoi(e) : PT_TC_LOOP_DEFAULT);
+    }
+    return g_tc_loop;
+}
+
 /* One launch of m's weights: the single-weight kernel when m holds one
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
-template <int BITS, int GS, int NT, int W, bool XP = false>
-static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
+static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
     static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
     size_t smem = 0;
     for (int i = 0; i < m.n; i++) {
@@ -640,10 +749,10 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
     }
     if (smem > attr[grouped]) {
         if (grouped)
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         else
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr[grouped] = smem;
     }
@@ -657,9 +766,20 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP>, m));
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP>, m.a[0]));
+    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE>, m));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE>, m.a[0]));
     return PT_OK;
+}
+
+/* The launch with the inner loop tc_loop() selects (one activation row:
+ * the kernel that folds only the stored column). */
+template <int BITS, int GS, int NT, int W, bool XP = false>
+static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
+    const int lv = tc_loop();
+    if constexpr (NT == 1)
+        if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped);
+    return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped)
+              : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped);
 }
 
 /* Above 8 rows (16-warp blocks, one item) x is prepared once per launch by
