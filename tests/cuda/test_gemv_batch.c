@@ -7,6 +7,10 @@
  * stacked weight (kept in the MLX layout: the previous tensor-core GEMV up
  * to 8 rows per launch). Continuous batching relies on
  * this: a request's tokens must not depend on what else is in the batch.
+ * Above 8 rows the blocks of a cluster share each stage's x load (gemv_tc.cu,
+ * PETREL_CUDA_TC_CLUSTER, off by default): two 4-bit g64 shapes are checked
+ * again with clusters of 2 and 4 blocks, one of them with a block count that
+ * is not a whole number of clusters.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
@@ -22,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+void pt_cuda_tc_cluster(int n); /* gemv_tc.cu: blocks per cluster of the launches above 8 rows (1, 2, 4) */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
@@ -92,6 +98,13 @@ static void test_gemv_batch_invariant(void) {
             if (!check_one(be, bits[b], gss[g], 1, 300, 2560, g == 1)) goto done;
             if (!check_one(be, bits[b], gss[g], 3, 40, 1024, 1)) goto done;
         }
+    /* 272 rows: 17 tiles, 9 blocks of two tiles (a cluster of 2 or 4 gets padding blocks) */
+    static const int clusters[] = {2, 4};
+    for (int c = 0; c < 2; c++) {
+        pt_cuda_tc_cluster(clusters[c]);
+        if (!check_one(be, 4, 64, 1, 272, 2560, 1) || !check_one(be, 4, 64, 1, 300, 4096, 0)) break;
+    }
+    pt_cuda_tc_cluster(0);
 done:
     pt_backend_free(&be);
 }

@@ -53,7 +53,14 @@
  * a grouped launch prepares it once for all its weights) and each block
  * bulk-copies (TMA, on an mbarrier) stage k+1 into a second x buffer while
  * stage k computes; where two buffers of one S-round do not fit the shared
- * memory, the in-block staging serves (PETREL_CUDA_TC_XPRE=0: always).
+ * memory, the in-block staging serves (PETREL_CUDA_TC_XPRE=0: always). The
+ * prepared x is stage-major (each stage laid out as the block's x buffer,
+ * padding included), so a stage is ONE bulk copy: one per row and stage
+ * kept the other 15 warps waiting at every stage's barrier while one thread
+ * issued 65 copies (half the 64-row time of the S = 8 weights, which do one
+ * unit per warp per stage; PETREL_CUDA_TC_XSTAGE=0: the row layout). The
+ * blocks of a cluster can share the stage copies (multicast,
+ * PETREL_CUDA_TC_CLUSTER; off by default).
  *
  * Batch invariance: S and the unit assignment depend only on N, K, bits and
  * group size; the stage size and W (which depend on the row count) only
@@ -274,9 +281,13 @@ struct tc_args {
     const int32_t *experts;  /* per item (grid.y), or NULL: expert */
     int *err;
     /* x prepared once per launch (tc_xprep_kernel; the XP kernels only):
-     * x as bf16 [nb, K] and Σx per group [G][NCOL] (columns past nb unset) */
+     * x as bf16 [nb, K] and Σx per group [G][NCOL] (columns past nb unset);
+     * or, when xst is set, stage-major: stage st at (char *)xb + st·XB, the
+     * block's shared-memory x buffer byte for byte ([nb][XS] bf16, then
+     * [KS/GS][NCOL] Σx; XB as gemv_tc_block computes it), one bulk copy */
     const bf16 *xb;
     const float *sxg;
+    int xst;
 };
 
 __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -362,6 +373,36 @@ __device__ __forceinline__ void tc_mbar_wait(uint64_t *m, unsigned parity) {
     } while (!ok);
 }
 
+/* Clusters (XP kernels launched with a cluster dimension > 1): the blocks
+ * of a cluster share each stage's x load. Rank r bulk-copies rows n ≡ r (mod
+ * cluster size) and the last rank the Σx piece, each multicast into every
+ * block of the cluster at the same offset, completing on each block's own
+ * mbarrier (which expects the whole stage, as without a cluster): the L2
+ * reads of x fall by the cluster size, the bytes each block receives and
+ * all arithmetic stay the same. A cluster barrier (instead of
+ * __syncthreads) at the top of each stage frees the buffer that the next
+ * stage's copies fill in every block of the cluster. */
+__device__ __forceinline__ unsigned tc_cluster_size(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned tc_cluster_rank(void) {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void tc_cluster_sync(void) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned bytes, uint64_t *m, uint16_t mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, "
+                 "[%3], %4;\n" ::"r"(tc_saddr(dst)),
+                 "l"(src), "r"(bytes), "r"(tc_saddr(m)), "h"(mask)
+                 : "memory");
+}
+
 /* x [nb, K] f32 -> bf16 [nb, K] and Σx per (group, row) into sx [G][ncol],
  * once per launch for the XP kernels (and once for all the weights of a
  * grouped launch). The arithmetic is the GEMV block's own staging loop
@@ -370,27 +411,35 @@ __device__ __forceinline__ void tc_mbar_wait(uint64_t *m, unsigned parity) {
  * the group (i ≡ lane mod 32; groups are GS/8-aligned in i, since K and a
  * stage's width are multiples of GS), so the values are the same bits the
  * in-block staging produces. */
+/* Where it writes: value k of row n at xb[st·XB/2 + n·XS + k − st·KS] and
+ * the Σx of group gi at sx[(st·XB + sxoff)/4 + (gi − st·KS/GS)·ncol + n],
+ * st = k / KS (bytes XB, sxoff). The row layout is KS = XS = K, XB = 0,
+ * sx its own array (sxoff = its byte offset from xb); the stage-major one
+ * is the shared-memory buffer of each stage (tc_args::xst). */
 template <int GS>
-__global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, float *sx, int nb, int K, int ncol) {
+__global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, int nb, int K, int ncol, int KS,
+                                                       int XS, int64_t XB, int64_t sxoff) {
     tc_pdl_wait(); /* x is written by the previous kernel */
     const int spr = K / 8, steps = nb * spr, padded = (steps + 31) & ~31;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= padded) return; /* whole warps only: padded is a multiple of 32 */
     const bool live = i < steps;
     const int n = live ? i / spr : 0, w8 = live ? i % spr : 0;
+    const int st = w8 * 8 / KS, kk = w8 * 8 - st * KS; /* stage, and K within it */
+    char *sb = reinterpret_cast<char *>(xb) + st * XB;
     float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
     if (live) {
         const float4 *src = reinterpret_cast<const float4 *>(x + (int64_t)n * K + w8 * 8);
         u = __ldg(src), v = __ldg(src + 1);
         uint4 o;
         o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
-        *reinterpret_cast<uint4 *>(xb + (int64_t)n * K + w8 * 8) = o;
+        *reinterpret_cast<uint4 *>(reinterpret_cast<bf16 *>(sb) + (int64_t)n * XS + kk) = o;
     }
     float sum = __fadd_rn(__fadd_rn(__fadd_rn(u.x, u.y), __fadd_rn(u.z, u.w)),
                           __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
 #pragma unroll
     for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    if (live && w8 % (GS / 8) == 0) sx[(int64_t)(w8 / (GS / 8)) * ncol + n] = sum;
+    if (live && w8 % (GS / 8) == 0) reinterpret_cast<float *>(sb + sxoff)[(int64_t)(kk / GS) * ncol + n] = sum;
 }
 
 /* Compile-time shape: nibbles per group, blocks per unit, groups per block,
@@ -435,14 +484,36 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     const int XB = (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
     uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + (size_t)W * P * SH::SLOT +
                                                   (2 * XB > W * 16 * NCOL * 4 ? 2 * XB : W * 16 * NCOL * 4));
+    /* cluster size and rank (XP launches with a cluster dimension: the
+     * stage copies are shared, see tc_bulk_mc; 1 and 0 otherwise) */
+    const int ncl = XP ? (int)tc_cluster_size() : 1, crank = XP && ncl > 1 ? (int)tc_cluster_rank() : 0;
     auto xcopy = [&](int k0c, int buf) { /* one thread: x[:, k0c : k0c + kc] and its Σx into buffer buf */
         const int kc = K - k0c < KS ? K - k0c : KS;
         unsigned char *xd = smem + (size_t)W * P * SH::SLOT + (size_t)buf * XB;
+        if (a.xst) { /* the whole buffer in one copy (ncl pieces in a cluster) */
+            const char *src = reinterpret_cast<const char *>(a.xb) + (int64_t)(k0c / KS) * XB;
+            tc_mbar_expect(&mbar[buf], (unsigned)XB);
+            if (ncl == 1) tc_bulk(xd, src, (unsigned)XB, &mbar[buf]);
+            else {
+                const int ps = (XB / ncl + 15) & ~15, o = crank * ps, e = o + ps < XB ? o + ps : XB;
+                if (e > o) tc_bulk_mc(xd + o, src + o, (unsigned)(e - o), &mbar[buf], (uint16_t)((1u << ncl) - 1u));
+            }
+            return;
+        }
         tc_mbar_expect(&mbar[buf], (unsigned)(nb * kc * 2 + (kc / GS) * NCOL * 4));
-        for (int n = 0; n < nb; n++)
-            tc_bulk(xd + (size_t)n * XS * 2, a.xb + (int64_t)n * K + k0c, (unsigned)kc * 2, &mbar[buf]);
-        tc_bulk(xd + (size_t)nb * XS * 2, a.sxg + (int64_t)(k0c / GS) * NCOL, (unsigned)((kc / GS) * NCOL * 4),
-                &mbar[buf]);
+        if (ncl == 1) {
+            for (int n = 0; n < nb; n++)
+                tc_bulk(xd + (size_t)n * XS * 2, a.xb + (int64_t)n * K + k0c, (unsigned)kc * 2, &mbar[buf]);
+            tc_bulk(xd + (size_t)nb * XS * 2, a.sxg + (int64_t)(k0c / GS) * NCOL, (unsigned)((kc / GS) * NCOL * 4),
+                    &mbar[buf]);
+        } else { /* this rank's rows (and the last rank the Σx), into every block of the cluster */
+            const uint16_t all = (uint16_t)((1u << ncl) - 1u);
+            for (int n = crank; n < nb; n += ncl)
+                tc_bulk_mc(xd + (size_t)n * XS * 2, a.xb + (int64_t)n * K + k0c, (unsigned)kc * 2, &mbar[buf], all);
+            if (crank == ncl - 1)
+                tc_bulk_mc(xd + (size_t)nb * XS * 2, a.sxg + (int64_t)(k0c / GS) * NCOL,
+                           (unsigned)((kc / GS) * NCOL * 4), &mbar[buf], all);
+        }
     };
 
     int64_t e = a.experts ? a.experts[b_item] : a.expert;
@@ -497,8 +568,11 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
         if (threadIdx.x == 0) {
             tc_mbar_init(&mbar[0]);
             tc_mbar_init(&mbar[1]);
-            xcopy(0, 0);
         }
+        /* in a cluster, every block's mbarriers are initialized before any
+         * rank's copies signal them */
+        if (ncl > 1) tc_cluster_sync();
+        if (threadIdx.x == 0) xcopy(0, 0);
     }
 
     float tot[NT][4], acc[NT][4];
@@ -587,7 +661,10 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     int jj = 0;
     for (; k0 < K; k0 += KS) {
         const int ks = K - k0 < KS ? K - k0 : KS;
-        __syncthreads(); /* the previous stage's x is no longer read */
+        /* the previous stage's x is no longer read (in a cluster: in any
+         * block of it, since the next copies fill every block's buffer) */
+        if (XP && ncl > 1) tc_cluster_sync();
+        else __syncthreads();
         if constexpr (XP) {
             /* stage st = k0 / KS is in buffer st & 1; the next stage goes
              * into the other one, free since the barrier above */
@@ -740,7 +817,7 @@ static int tc_loop(void) {
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
-static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
+static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster) {
     static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
     size_t smem = 0;
     for (int i = 0; i < m.n; i++) {
@@ -761,11 +838,18 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
     cfg.blockDim = dim3(W * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
+    cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
+    cfg.attrs = at + (tc_pdl_on() ? 0 : 1);
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    if (cluster > 1) { /* XP only: grid.x is a multiple of cluster (tc_launch_xp) */
+        at[1].id = cudaLaunchAttributeClusterDimension;
+        at[1].val.clusterDim.x = (unsigned)cluster;
+        at[1].val.clusterDim.y = 1;
+        at[1].val.clusterDim.z = 1;
+        cfg.numAttrs++;
+    }
     if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE>, m));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE>, m.a[0]));
     return PT_OK;
@@ -774,12 +858,13 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
 /* The launch with the inner loop tc_loop() selects (one activation row:
  * the kernel that folds only the stored column). */
 template <int BITS, int GS, int NT, int W, bool XP = false>
-static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped) {
+static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped,
+                              int cluster = 1) {
     const int lv = tc_loop();
     if constexpr (NT == 1)
-        if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped);
-    return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped)
-              : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped);
+        if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped, cluster);
+    return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped, cluster)
+              : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped, cluster);
 }
 
 /* Above 8 rows (16-warp blocks, one item) x is prepared once per launch by
@@ -817,6 +902,75 @@ static int tc_xp_su(const tc_args &a) {
     return tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true) <= PT_TC_SMEM_MAX ? su : 0;
 }
 
+/* Stage-major prepared x (tc_args::xst): PETREL_CUDA_TC_XSTAGE=0 or
+ * pt_cuda_tc_xstage(0) keeps the row layout, one bulk copy per row and
+ * stage (A/B; same bits). */
+static int g_tc_xstage = -1;
+extern "C" void pt_cuda_tc_xstage(int on) { g_tc_xstage = on != 0; }
+static bool tc_xstage(void) {
+    if (g_tc_xstage < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_XSTAGE");
+        g_tc_xstage = !(e && !strcmp(e, "0"));
+    }
+    return g_tc_xstage;
+}
+
+/* Blocks per cluster of the XP launches (they share each stage's x load,
+ * tc_bulk_mc): PT_TC_CLUSTER, or PETREL_CUDA_TC_CLUSTER=1|2|4 (read once),
+ * or pt_cuda_tc_cluster(). The bits are the same for any value: a block
+ * receives the same bytes. 1 (every block loads its own x) is the default:
+ * on the H200 the 8b layer's 64-row GEMVs took 270.9 µs with 1, 292.7 with
+ * 2 (the cluster barrier per stage costs more than the halved L2 reads of
+ * x save) and clusters of 4 leave SMs idle (bench/RESULTS.md). */
+#define PT_TC_CLUSTER 1
+static int g_tc_cluster = 0;
+extern "C" void pt_cuda_tc_cluster(int n) { g_tc_cluster = n == 1 || n == 2 || n == 4 ? n : PT_TC_CLUSTER; }
+static int tc_cluster(void) {
+    if (!g_tc_cluster) {
+        const char *e = getenv("PETREL_CUDA_TC_CLUSTER");
+        pt_cuda_tc_cluster(e ? atoi(e) : 0);
+    }
+    return g_tc_cluster;
+}
+
+/* Whether clusters of n blocks of this XP kernel with smem bytes of shared
+ * memory can run at all on this device (checked once per kernel and n). */
+template <int BITS, int GS, int NT>
+static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
+    static int ok[2][2] = {{-1, -1}, {-1, -1}}; /* [grouped][n = 2, 4 → 0, 1], -1: not asked yet */
+    int &r = ok[grouped ? 1 : 0][n == 4 ? 1 : 0];
+    if (r < 0) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)n * 8);
+        cfg.blockDim = dim3(PT_TC_WIDE_WARPS * 32);
+        cfg.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = (unsigned)n;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        cudaError_t e;
+        if (grouped) {
+            e = cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PT_TC_SMEM_MAX);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&clusters, gemv_tc_multi_kernel<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false>,
+                                                   &cfg);
+        } else {
+            e = cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)PT_TC_SMEM_MAX);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&clusters, gemv_tc_kernel<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false>, &cfg);
+        }
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        r = e == cudaSuccess && clusters > 0;
+    }
+    return r == 1;
+}
+
 /* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
  * nothing launched, m unchanged): the x prepare kernel, then the GEMV. */
 template <int BITS, int GS, int NT>
@@ -825,11 +979,21 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     for (int i = 0; i < m.n; i++)
         if (!(su[i] = tc_xp_su<BITS, GS, NT>(m.a[i]))) return PT_ERR_UNSUPPORTED;
     const int nb = m.a[0].nb, K = m.a[0].K, ncol = NT * 8;
-    /* scratch: xb [nb][K] bf16, then sx [G][ncol] f32 (256-byte aligned) */
+    /* scratch, stage-major when every weight has the same stages and they
+     * fit (each stage one bulk copy: PETREL_CUDA_TC_XSTAGE=0 keeps the row
+     * layout), else the row layout: xb [nb][K] bf16, then sx [G][ncol] f32
+     * (256-byte aligned) */
     const size_t xbb = ((size_t)nb * K * 2 + 255) & ~(size_t)255;
     bf16 *xb = (bf16 *)c->tile;
     float *sx = (float *)((char *)c->tile + xbb);
-    for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx;
+    bool xst = tc_xstage();
+    for (int i = 1; i < m.n && xst; i++)
+        if (su[i] != su[0]) xst = false;
+    using SH = tc_shape<BITS, GS>;
+    const int KS = su[0] * SH::UK, XS = KS + SH::XPAD;
+    const int64_t XB = ((int64_t)nb * XS * 2 + (KS / GS) * ncol * 4 + 15) & ~(int64_t)15;
+    if (xst && (size_t)((K + KS - 1) / KS) * (size_t)XB > c->tile_bytes) xst = false;
+    for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
     const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
@@ -840,8 +1004,29 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, sx, nb, K, ncol));
-    return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped);
+    if (xst)
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
+                                      (int64_t)nb * XS * 2));
+    else
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0,
+                                      (int64_t)xbb));
+    /* clusters need one stage schedule in all their blocks: every weight's
+     * units per stage equal (K and nb are); the grid is padded to a whole
+     * number of clusters with blocks past the last weight's tiles (they
+     * load x and write nothing) */
+    int cl = tc_cluster();
+    for (int i = 1; i < m.n && cl > 1; i++)
+        if (su[i] != su[0]) cl = 1;
+    if (cl > 1) {
+        size_t smem = 0;
+        for (int i = 0; i < m.n; i++) {
+            const size_t b = tc_smem<BITS, GS>(nb, NT, su[i], PT_TC_WIDE_WARPS, true);
+            if (b > smem) smem = b;
+        }
+        if (!tc_cluster_fits<BITS, GS, NT>(grouped != 0, cl, smem)) cl = 1;
+    }
+    if (cl > 1) m.first[m.n] = (m.first[m.n] + cl - 1) / cl * cl;
+    return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl);
 }
 
 /* Whether a launch may take the XP kernels: above 8 rows, 16-warp blocks,
