@@ -390,6 +390,7 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
 /* out[b, h, e] = row b's used splits' partial outputs added in split order,
  * rounded in bf16 mode; a padding row (no split used) gets zeros. */
 __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
+    pt_release_dependents();
     const int nh = a.nh, hd = a.hd;
     const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -406,6 +407,7 @@ __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
 /* out[h, e] = all nsplit partial outputs of dec_p added in split order
  * (kv_quant.cu's split decode, whose empty splits write zeros). */
 __global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int64_t nsplit, int bf) {
+    pt_release_dependents();
     const int64_t n = (int64_t)nh * hd;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t h = i / hd, e = i % hd;

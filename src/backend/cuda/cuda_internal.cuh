@@ -98,6 +98,20 @@ __device__ __forceinline__ float pt_ld(pt_ftype t, const void *p, int64_t i) {
 }
 __device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_bf(v) : v; }
 
+/* Programmatic dependent launch, the primary's half: lets the next kernel in
+ * the stream, when it is launched with programmatic stream serialization
+ * (the decode GEMVs, gemv_tc.cu), be scheduled now instead of at this
+ * kernel's exit. Safe whatever this kernel still writes: such a dependent
+ * touches nothing but its constant weights before griddepcontrol.wait, which
+ * returns only once this grid has completed and its writes are visible. So
+ * the GEMV's first weight loads overlap the tail of the kernel before it
+ * (the norm before q/k/v and gate/up, the GLU before down, the attention
+ * merge before o). A no-op when the next kernel is launched normally. Called
+ * first thing by every thread. */
+__device__ __forceinline__ void pt_release_dependents(void) {
+    asm volatile("griddepcontrol.launch_dependents;\n" :::);
+}
+
 /* Op entry points (one family per file). */
 /* matmul.cu */
 pt_status pt_cuda_matmul(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert);

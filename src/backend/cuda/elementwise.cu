@@ -98,6 +98,7 @@ __device__ __forceinline__ float gelu_tanh(float g) {
 
 __global__ void glu_kernel(float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld, int fn,
                            int bf) {
+    pt_release_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * F; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / F, f = i % F;
         const float g = gate[t * ld + f], u = up[t * ld + f];
@@ -121,6 +122,7 @@ pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *
 enum { EW_ADD, EW_MUL, EW_ADD_SCALED, EW_SCALE, EW_SOFTCAP };
 
 __global__ void ew_kernel(int kind, float *y, const float *a, const float *b, float s, int64_t n, int bf) {
+    pt_release_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v;
         switch (kind) {

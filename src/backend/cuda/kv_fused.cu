@@ -23,6 +23,7 @@
  * (pt_softmax_merge), each split's weight e^(m_s − M) once in shared
  * memory, then out[e] = Σ_s o_s[e]·w_s / L for the head's dims. */
 __global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd, int nsplit, int bf) {
+    pt_release_dependents();
     extern __shared__ float fd_sh[]; /* ml [nsplit] float2 | w [nsplit] */
     __shared__ float sM, sL;
     float2 *ml = reinterpret_cast<float2 *>(fd_sh);

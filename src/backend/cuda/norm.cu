@@ -46,6 +46,7 @@ template <int V, bool VEC>
 __global__ void __launch_bounds__(NORM_REG_THREADS)
     rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
                         float eps, int bf) {
+    pt_release_dependents();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(NORM_REG_THREADS)
 __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_kernel(float *y, const float *x, float *res, int64_t D, const void *w, pt_ftype wt, int style, float eps,
                     int bf) {
+    pt_release_dependents();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D;
