@@ -259,6 +259,8 @@ __device__ __forceinline__ const void *dec_cache(const pt_dec_rows &a, int64_t b
  * kh, for the splits of this block. */
 template <typename KT>
 __global__ void __launch_bounds__(DEC_THREADS) dec_scores_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
     extern __shared__ float qs[]; /* [G, hd] */
     __shared__ float red[32];
     const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x;
@@ -322,6 +324,8 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_scores_kernel(pt_dec_rows a) 
 
 template <typename KT, int NPL>
 __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
     __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
     __shared__ float acc_s[DEC_THREADS / 32][DEC_MAX_G * NPL * 32];
     const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.x;
@@ -391,6 +395,7 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
  * rounded in bf16 mode; a padding row (no split used) gets zeros. */
 __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
     pt_release_dependents();
+    pt_wait_primary();
     const int nh = a.nh, hd = a.hd;
     const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
@@ -408,6 +413,7 @@ __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
  * (kv_quant.cu's split decode, whose empty splits write zeros). */
 __global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int64_t nsplit, int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     const int64_t n = (int64_t)nh * hd;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t h = i / hd, e = i % hd;
@@ -418,7 +424,8 @@ __global__ void dec_merge_kernel(float *out, const float *P, int nh, int hd, int
 }
 
 pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, int bf) {
-    dec_merge_kernel<<<pt_cuda_blocks((int64_t)nh * hd, 256), 256, 0, c->stream>>>(out, c->dec_p, nh, hd, nsplit, bf);
+    pt_launch(dec_merge_kernel, dim3(pt_cuda_blocks((int64_t)nh * hd, 256)), dim3(256), 0, c->stream, pt_pdl_chain(), out,
+              (const float *)c->dec_p, nh, hd, (int64_t)nsplit, bf);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
 }
@@ -489,16 +496,17 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
         a.S = c->dec_s, a.ML = c->dec_ml, a.P = c->dec_p;
     }
     dim3 grid((unsigned)a.nkv, (unsigned)dec_blocks_y(c, a.nkv, a.nsplit, B), (unsigned)B);
-    dec_scores_kernel<KT><<<grid, DEC_THREADS, (size_t)G * a.hd * sizeof(float), c->stream>>>(a);
+    pt_launch(dec_scores_kernel<KT>, grid, dim3(DEC_THREADS), (size_t)G * a.hd * sizeof(float), c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention scores");
     switch ((a.hd + 31) / 32) {
 #define PT_NPL(N) \
-    case N: dec_pv_kernel<KT, N><<<grid, DEC_THREADS, 0, c->stream>>>(a); break;
+    case N: pt_launch(dec_pv_kernel<KT, N>, grid, dim3(DEC_THREADS), 0, c->stream, pt_pdl_chain(), a); break;
         PT_NPL(1) PT_NPL(2) PT_NPL(3) PT_NPL(4) PT_NPL(5) PT_NPL(6) PT_NPL(7) PT_NPL(8)
 #undef PT_NPL
     }
     CUDA_CHECK_LAUNCH("decode attention p·v");
-    dec_rows_merge_kernel<<<pt_cuda_blocks(B * a.nh * a.hd, 256), 256, 0, c->stream>>>(a, B);
+    pt_launch(dec_rows_merge_kernel, dim3(pt_cuda_blocks(B * a.nh * a.hd, 256)), dim3(256), 0, c->stream, pt_pdl_chain(), a,
+              B);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;
 }

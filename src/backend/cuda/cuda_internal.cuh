@@ -12,6 +12,9 @@
 #include "backend/cuda/common.cuh"
 
 #include <cublas_v2.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utility>
 
 extern "C" {
 #include "backend/backend.h"
@@ -110,6 +113,44 @@ __device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_
  * first thing by every thread. */
 __device__ __forceinline__ void pt_release_dependents(void) {
     asm volatile("griddepcontrol.launch_dependents;\n" :::);
+}
+/* The dependent's half: returns once the previous kernel in the stream has
+ * completed and its writes are visible (at once when this kernel was
+ * launched normally). A kernel launched by pt_launch calls it before its
+ * first read or write of global memory. */
+__device__ __forceinline__ void pt_wait_primary(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+/* PETREL_CUDA_PDL_CHAIN=0: pt_launch launches normally (A/B). */
+static inline bool pt_pdl_chain(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("PETREL_CUDA_PDL_CHAIN");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on != 0;
+}
+
+/* k<<<grid, block, smem, st>>>(args...), launched with programmatic stream
+ * serialization when pdl: the kernel may be scheduled while the previous one
+ * still runs (from that kernel's pt_release_dependents on) and must begin
+ * with pt_release_dependents(); pt_wait_primary(); — the decode step's small
+ * kernels (norms, RoPE + KV append, decode attention, GLU, elementwise), so
+ * their launch latency hides under the kernel before them. Errors surface
+ * through cudaGetLastError (CUDA_CHECK_LAUNCH) like a <<<>>> launch's. */
+template <typename... P, typename... A>
+static inline void pt_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl,
+                             A &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
 }
 
 /* Op entry points (one family per file). */

@@ -99,6 +99,7 @@ __device__ __forceinline__ float gelu_tanh(float g) {
 __global__ void glu_kernel(float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld, int fn,
                            int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * F; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / F, f = i % F;
         const float g = gate[t * ld + f], u = up[t * ld + f];
@@ -112,7 +113,8 @@ pt_status pt_cuda_glu(pt_backend *be, float *y, const float *gate, const float *
     pt_cuda *c = pt_cuda_of(be);
     PT_ASSERT(ld >= F);
     if (T * F == 0) return PT_OK;
-    glu_kernel<<<pt_cuda_blocks(T * F, 256), 256, 0, c->stream>>>(y, gate, up, T, F, ld, (int)act, pt_cuda_bf(be));
+    pt_launch(glu_kernel, dim3(pt_cuda_blocks(T * F, 256)), dim3(256), 0, c->stream, pt_pdl_chain(), y, gate, up, T, F, ld,
+              (int)act, pt_cuda_bf(be));
     CUDA_CHECK_LAUNCH("glu");
     return PT_OK;
 }
@@ -123,6 +125,7 @@ enum { EW_ADD, EW_MUL, EW_ADD_SCALED, EW_SCALE, EW_SOFTCAP };
 
 __global__ void ew_kernel(int kind, float *y, const float *a, const float *b, float s, int64_t n, int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float v;
         switch (kind) {
@@ -139,7 +142,8 @@ __global__ void ew_kernel(int kind, float *y, const float *a, const float *b, fl
 static pt_status ew(pt_backend *be, int kind, float *y, const float *a, const float *b, float s, int64_t n) {
     pt_cuda *c = pt_cuda_of(be);
     if (n <= 0) return PT_OK;
-    ew_kernel<<<pt_cuda_blocks(n, 256), 256, 0, c->stream>>>(kind, y, a, b, s, n, pt_cuda_bf(be));
+    pt_launch(ew_kernel, dim3(pt_cuda_blocks(n, 256)), dim3(256), 0, c->stream, pt_pdl_chain(), kind, y, a, b, s, n,
+              pt_cuda_bf(be));
     CUDA_CHECK_LAUNCH("elementwise");
     return PT_OK;
 }

@@ -419,7 +419,8 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
 template <int GS>
 __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, int nb, int K, int ncol, int KS,
                                                        int XS, int64_t XB, int64_t sxoff) {
-    tc_pdl_wait(); /* x is written by the previous kernel */
+    pt_release_dependents(); /* the GEMV after it may start its weight loads */
+    tc_pdl_wait();           /* x is written by the previous kernel */
     const int spr = K / 8, steps = nb * spr, padded = (steps + 31) & ~31;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= padded) return; /* whole warps only: padded is a multiple of 32 */

@@ -485,22 +485,6 @@ extern "C" void pt_cuda_gemv_select(int mode, int tiles, int wps, int pdl) {
     g_mma.pdl = pdl != 0;
 }
 
-template <typename... A>
-static cudaError_t launch_k(void (*k)(A...), unsigned blocks, unsigned threads, size_t smem, cudaStream_t st, bool pdl,
-                            A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, args...);
-}
-
 template <int BITS, int GS, int NB, int TILES>
 static pt_status launch_mma_t(const pt_cuda *c, const mma_args &a) {
     const mma_tune tu = get_mma_tune();
@@ -513,8 +497,9 @@ static pt_status launch_mma_t(const pt_cuda *c, const mma_args &a) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_st = 1;
     }
-    CUDA_CHECK(launch_k(gemv_mma_kernel<BITS, GS, NB, TILES>, blocks, PT_MMA_WARPS * 32, smem, c->stream, tu.pdl != 0,
-                        a));
+    pt_launch(gemv_mma_kernel<BITS, GS, NB, TILES>, dim3(blocks), dim3(PT_MMA_WARPS * 32), smem, c->stream, tu.pdl != 0,
+              a);
+    CUDA_CHECK_LAUNCH("gemv_mma");
     return PT_OK;
 }
 

@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(NORM_REG_THREADS)
     rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
                         float eps, int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D;
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_kernel(float *y, const float *x, float *res, int64_t D, const void *w, pt_ftype wt, int style, float eps,
                     int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D;
@@ -158,9 +160,9 @@ template <int V>
 static void launch_reg(cudaStream_t s, int threads, bool vec, unsigned T, float *y, const float *x, float *res,
                        int D, const void *w, pt_ftype wt, int style, float eps, int bf) {
     if (vec)
-        rms_norm_reg_kernel<V, true><<<T, threads, 0, s>>>(y, x, res, D, w, wt, style, eps, bf);
+        pt_launch(rms_norm_reg_kernel<V, true>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf);
     else
-        rms_norm_reg_kernel<V, false><<<T, threads, 0, s>>>(y, x, res, D, w, wt, style, eps, bf);
+        pt_launch(rms_norm_reg_kernel<V, false>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf);
 }
 
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,

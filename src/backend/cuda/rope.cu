@@ -34,6 +34,8 @@ template <typename KT>
 __global__ void rope_kv_kernel(float *q, float *k, const float *v, int64_t T, int nh, int nkv, int hd,
                                const int32_t *pos, int half, const float *inv_freq, float attn_scale, int bf, KT *kc,
                                KT *vc, int64_t cap) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
     const int nht = nh + nkv;
     const int64_t n_rot = T * nht * half, n = n_rot + T * nkv * hd;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -72,6 +74,8 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int64_t T, in
 
 __global__ void rope_kernel(float *q, float *k, int64_t T, int nh, int nkv, int hd, const int32_t *pos, int half,
                             const float *inv_freq, float attn_scale, int bf) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
     const int nht = nh + nkv;
     const int64_t n = T * nht * half;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -99,8 +103,8 @@ pt_status pt_cuda_rope_qk(pt_backend *be, float *q, float *k, int64_t T, int n_h
     const int half = rope->rot_dim / 2;
     const int64_t n = T * (n_heads + n_kv) * half;
     if (n <= 0) return PT_OK;
-    rope_kernel<<<pt_cuda_blocks(n, 256), 256, 0, c->stream>>>(q, k, T, n_heads, n_kv, head_dim, pos, half,
-                                                              rope->inv_freq, rope->attn_scale, pt_cuda_bf(be));
+    pt_launch(rope_kernel, dim3(pt_cuda_blocks(n, 256)), dim3(256), 0, c->stream, pt_pdl_chain(), q, k, T, n_heads,
+              n_kv, head_dim, pos, half, (const float *)rope->inv_freq, rope->attn_scale, pt_cuda_bf(be));
     CUDA_CHECK_LAUNCH("rope");
     return PT_OK;
 }
@@ -137,19 +141,19 @@ pt_status pt_cuda_rope_qk_kv_append(pt_backend *be, float *q, float *k, const fl
     const int bf = pt_cuda_bf(be);
     switch (kv->dtype) {
     case PT_FT_F32:
-        rope_kv_kernel<float><<<blocks, 256, 0, c->stream>>>(q, k, v, T, n_heads, n_kv, head_dim, pos, half,
-                                                            rope->inv_freq, rope->attn_scale, bf, (float *)kv->k,
-                                                            (float *)kv->v, kv->capacity);
+        pt_launch(rope_kv_kernel<float>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(), q, k, v, T, n_heads,
+                  n_kv, head_dim, pos, half, (const float *)rope->inv_freq, rope->attn_scale, bf, (float *)kv->k,
+                  (float *)kv->v, kv->capacity);
         break;
     case PT_FT_BF16:
-        rope_kv_kernel<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(
-            q, k, v, T, n_heads, n_kv, head_dim, pos, half, rope->inv_freq, rope->attn_scale, bf,
-            (__nv_bfloat16 *)kv->k, (__nv_bfloat16 *)kv->v, kv->capacity);
+        pt_launch(rope_kv_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(), q, k, v, T,
+                  n_heads, n_kv, head_dim, pos, half, (const float *)rope->inv_freq, rope->attn_scale, bf,
+                  (__nv_bfloat16 *)kv->k, (__nv_bfloat16 *)kv->v, kv->capacity);
         break;
     case PT_FT_F16:
-        rope_kv_kernel<__half><<<blocks, 256, 0, c->stream>>>(q, k, v, T, n_heads, n_kv, head_dim, pos, half,
-                                                             rope->inv_freq, rope->attn_scale, bf, (__half *)kv->k,
-                                                             (__half *)kv->v, kv->capacity);
+        pt_launch(rope_kv_kernel<__half>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(), q, k, v, T, n_heads,
+                  n_kv, head_dim, pos, half, (const float *)rope->inv_freq, rope->attn_scale, bf, (__half *)kv->k,
+                  (__half *)kv->v, kv->capacity);
         break;
     }
     CUDA_CHECK_LAUNCH("rope_kv_append");
