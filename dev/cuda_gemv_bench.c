@@ -152,14 +152,8 @@ int main(void) {
             }
             const char *vars = getenv("GEMV_LOOPS");
             if (vars) { /* inner loops of the new kernel (PETREL_CUDA_TC_LOOP values), round-robin */
-                int vl[8], nv = 0;
-                for (const char *q = vars; *q && nv < 8;) {
-                    char *end;
-                    const long v = strtol(q, &end, 10);
-                    if (end == q) break;
-                    vl[nv++] = (int)v;
-                    q = end;
-                }
+                int vl[8];
+                const int nv = bench_ints(vars, vl, 8);
                 static const int Tv[3] = {1, 8, 64};
                 double tv[8][3];
                 int same[8];

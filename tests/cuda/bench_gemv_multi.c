@@ -114,14 +114,8 @@ int main(void) {
     static const int Ts[] = {1, 8, 16, 32, 64};
     const char *vars = getenv("GEMV_LOOPS");
     if (vars) { /* inner loops (PETREL_CUDA_TC_LOOP values), both levers on, round-robin */
-        int vl[8], nv = 0;
-        for (const char *q = vars; *q && nv < 8;) {
-            char *end;
-            const long v = strtol(q, &end, 10);
-            if (end == q) break;
-            vl[nv++] = (int)v;
-            q = end;
-        }
+        int vl[8];
+        const int nv = bench_ints(vars, vl, 8);
         printf("%3s %5s | %8s %8s %8s | %s\n", "T", "loop", "q/k/v", "gate/up", "layer", "outputs (best of 3)");
         for (int ti = 0; ti < 5; ti++) {
             const int T = Ts[ti];

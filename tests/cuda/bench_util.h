@@ -44,6 +44,24 @@ static inline int cmpd(const void *a, const void *b) {
 
 /* A CUDA backend on device 0 with bf16 activations; prints the device line
  * the results are recorded with. Dies when there is none. */
+/* Up to max integers from a list such as "0 1" or "0,1" (GEMV_LOOPS): the
+ * count read; stops at the first thing that is not a number. */
+static inline int bench_ints(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s) {
+            if (*s != ',' && *s != ' ') break;
+            s++;
+            continue;
+        }
+        out[n++] = (int)v;
+        s = end;
+    }
+    return n;
+}
+
 static inline pt_backend *bench_cuda_open(void) {
     pt_backend *be = NULL;
     pt_cuda_params cp = {0, PT_ACT_BF16};

@@ -356,8 +356,7 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     pt_cuda_device_info info;
     PT_TRY(pt_cuda_device_query(p->device, &info));
     c->device = p->device;
-    const char *fg = getenv("PETREL_CUDA_FAST_GEMV");
-    c->no_fast_gemv = fg && !strcmp(fg, "0");
+    c->no_fast_gemv = !pt_env_on("PETREL_CUDA_FAST_GEMV");
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -120,13 +120,17 @@ __device__ __forceinline__ void pt_release_dependents(void) {
  * first read or write of global memory. */
 __device__ __forceinline__ void pt_wait_primary(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
+/* The backend's A/B switches: a PETREL_CUDA_* variable is on unless it is
+ * "0". Callers read it once and cache the answer. */
+static inline int pt_env_on(const char *name) {
+    const char *e = getenv(name);
+    return !(e && !strcmp(e, "0"));
+}
+
 /* PETREL_CUDA_PDL_CHAIN=0: pt_launch launches normally (A/B). */
 static inline bool pt_pdl_chain(void) {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("PETREL_CUDA_PDL_CHAIN");
-        on = !(e && !strcmp(e, "0"));
-    }
+    if (on < 0) on = pt_env_on("PETREL_CUDA_PDL_CHAIN");
     return on != 0;
 }
 

@@ -452,10 +452,7 @@ static pt_status launch_fma_dt(pt_cuda *c, const fa2_args &a, int hd) {
 pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t T, const int32_t *pos,
                                 const pt_kv_layer *kv, const pt_attn *p) {
     static int off = -1; /* PETREL_CUDA_FLASH=0: attention.cu's kernel instead (A/B measurements) */
-    if (off < 0) {
-        const char *e = getenv("PETREL_CUDA_FLASH");
-        off = e && !strcmp(e, "0");
-    }
+    if (off < 0) off = !pt_env_on("PETREL_CUDA_FLASH");
     if (off || T < 2 || kv->bits || T > 65535LL * FA_ROWS || p->n_heads > 65535) return PT_ERR_UNSUPPORTED;
     if (kv->dtype != PT_FT_BF16 || c->base.act != PT_ACT_BF16 || (uintptr_t)kv->k % 16 || (uintptr_t)kv->v % 16) {
         fa2_args a = {out, q, kv->k, kv->v, pos, T, kv->capacity, p->n_heads, kv->n_kv, p->scale, p->softcap,

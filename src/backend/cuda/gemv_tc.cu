@@ -142,10 +142,7 @@ static int g_tc_off = -1; /* PETREL_CUDA_REPACK=0: keep the MLX layout (A/B) */
 extern "C" void pt_cuda_tc_select(int on) { g_tc_off = on ? 0 : 1; }
 
 int pt_cuda_tc_eligible(const pt_cuda *c, const pt_matrix *w) {
-    if (g_tc_off < 0) {
-        const char *e = getenv("PETREL_CUDA_REPACK");
-        g_tc_off = e && !strcmp(e, "0");
-    }
+    if (g_tc_off < 0) g_tc_off = !pt_env_on("PETREL_CUDA_REPACK");
     /* expert stacks stay in the MLX layout: the MoE prefill's grouped
      * tensor-core GEMM (gemm_tc.cu) reads it */
     return !g_tc_off && w->n_experts <= 1 && c->base.act == PT_ACT_BF16 && (w->bits == 4 || w->bits == 8) &&
@@ -775,10 +772,7 @@ __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_mult
 static int g_tc_pdl = -1;
 extern "C" void pt_cuda_tc_pdl(int on) { g_tc_pdl = on != 0; }
 static int tc_pdl_on(void) {
-    if (g_tc_pdl < 0) {
-        const char *p = getenv("PETREL_CUDA_PDL"); /* on unless "0" */
-        g_tc_pdl = !(p && !strcmp(p, "0"));
-    }
+    if (g_tc_pdl < 0) g_tc_pdl = pt_env_on("PETREL_CUDA_PDL");
     return g_tc_pdl;
 }
 
@@ -878,10 +872,7 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
 static int g_tc_xpre = -1;
 extern "C" void pt_cuda_tc_xpre(int on) { g_tc_xpre = on != 0; }
 static int tc_xpre(void) {
-    if (g_tc_xpre < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_XPRE");
-        g_tc_xpre = !(e && !strcmp(e, "0"));
-    }
+    if (g_tc_xpre < 0) g_tc_xpre = pt_env_on("PETREL_CUDA_TC_XPRE");
     return g_tc_xpre;
 }
 
@@ -909,10 +900,7 @@ static int tc_xp_su(const tc_args &a) {
 static int g_tc_xstage = -1;
 extern "C" void pt_cuda_tc_xstage(int on) { g_tc_xstage = on != 0; }
 static bool tc_xstage(void) {
-    if (g_tc_xstage < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_XSTAGE");
-        g_tc_xstage = !(e && !strcmp(e, "0"));
-    }
+    if (g_tc_xstage < 0) g_tc_xstage = pt_env_on("PETREL_CUDA_TC_XSTAGE");
     return g_tc_xstage;
 }
 
@@ -1046,10 +1034,7 @@ static bool tc_xp_ok(const pt_cuda *c, int nb, int K, unsigned items) {
 static int g_tc_wide = -1;
 extern "C" void pt_cuda_tc_wide(int on) { g_tc_wide = on != 0; }
 static int tc_wide(void) {
-    if (g_tc_wide < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_WIDE");
-        g_tc_wide = !(e && !strcmp(e, "0"));
-    }
+    if (g_tc_wide < 0) g_tc_wide = pt_env_on("PETREL_CUDA_TC_WIDE");
     return g_tc_wide;
 }
 

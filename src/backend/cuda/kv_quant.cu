@@ -551,10 +551,7 @@ pt_status pt_cuda_attention_q(pt_backend *be, float *out, const float *q, int64_
     if (T <= 0) return PT_OK;
     qattn_args a = {out, q, qcache_of(kv), pos, p->n_heads, p->scale, p->softcap, p->window, pt_cuda_bf(be)};
     static int prefill_fast = -1; /* PETREL_CUDA_QFLASH=0: the one-block-per-(token, head) kernel (A/B, tests) */
-    if (prefill_fast < 0) {
-        const char *e = getenv("PETREL_CUDA_QFLASH");
-        prefill_fast = !(e && !strcmp(e, "0"));
-    }
+    if (prefill_fast < 0) prefill_fast = pt_env_on("PETREL_CUDA_QFLASH");
     if (T == 1 && p->fused_decode) return pt_cuda_attention_fused(c, out, q, pos, kv, p); /* kv_fused.cu (L3) */
     if (T == 1) {
         pt_status st = launch_qdecode(c, a);

@@ -977,10 +977,7 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
 static int g_tc_multi = -1;
 extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi = on != 0; }
 static int tc_multi_on(void) {
-    if (g_tc_multi < 0) {
-        const char *e = getenv("PETREL_CUDA_MULTI");
-        g_tc_multi = !(e && !strcmp(e, "0"));
-    }
+    if (g_tc_multi < 0) g_tc_multi = pt_env_on("PETREL_CUDA_MULTI");
     return g_tc_multi;
 }
 

@@ -278,10 +278,7 @@ static pt_status grouped_proj(pt_cuda *c, float *C, int64_t ldc, int64_t col0, c
  * expert) instead of the grouped tensor-core kernel (A/B). */
 static int moe_tc_on(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("PETREL_CUDA_MOE_TC");
-        v = !(e && !strcmp(e, "0"));
-    }
+    if (v < 0) v = pt_env_on("PETREL_CUDA_MOE_TC");
     return v;
 }
 

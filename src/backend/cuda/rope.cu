@@ -117,10 +117,7 @@ pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int hea
 /* PETREL_CUDA_ROPE_KV=0: the two launches (A/B); read once per process. */
 static int rope_kv_fused(void) {
     static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("PETREL_CUDA_ROPE_KV");
-        v = !(e && !strcmp(e, "0"));
-    }
+    if (v < 0) v = pt_env_on("PETREL_CUDA_ROPE_KV");
     return v;
 }
 
