@@ -305,19 +305,13 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_scores_kernel(pt_dec_rows a) 
                 float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
                 if (a.softcap > 0.f) s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
                 S[((int64_t)kh * G + g) * stride + j] = s;
-                if (s > m[g]) {
-                    l[g] = l[g] * expf(m[g] - s) + 1.f;
-                    m[g] = s;
-                } else {
-                    l[g] += expf(s - m[g]);
-                }
+                pt_softmax_push(s, m[g], l[g]);
             }
         }
-        /* pt_block_max/sum synchronize before reusing red, also across splits */
+        /* pt_softmax_block synchronizes before reusing red, also across splits */
         for (int g = 0; g < G; g++) {
-            const float bm = pt_block_max(m[g], red);
-            const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
-            if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
+            const float2 ml = pt_softmax_block(m[g], l[g], red);
+            if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
         }
     }
 }

@@ -78,6 +78,28 @@ __device__ __forceinline__ float pt_block_max(float v, float *scratch) {
     return pt_warp_max(v);
 }
 
+/* One score s into a thread's running softmax statistics: the max m of its
+ * scores so far and the sum l of their exp relative to m (m = −inf, l = 0
+ * before the first). */
+__device__ __forceinline__ void pt_softmax_push(float s, float &m, float &l) {
+    if (s > m) {
+        l = l * expf(m - s) + 1.f;
+        m = s;
+    } else {
+        l += expf(s - m);
+    }
+}
+
+/* A block's (max, sum) pair for one key range from its threads' running
+ * statistics (pt_softmax_push): the block max and the threads' sums rescaled
+ * to it, threads without keys adding nothing. Every thread gets it; the
+ * block reductions synchronize before reusing scratch (>= 32 floats). */
+__device__ __forceinline__ float2 pt_softmax_block(float m, float l, float *scratch) {
+    const float bm = pt_block_max(m, scratch);
+    const float bl = pt_block_sum(m == -INFINITY ? 0.f : l * expf(m - bm), scratch);
+    return make_float2(bm, bl);
+}
+
 /* Merges the partial softmax statistics of n key ranges (splits), each a
  * (max, sum of exp relative to that max) pair, in range order: the exact row
  * max M and the row sum L = Σ sum_s·exp(max_s − M). Ranges without keys

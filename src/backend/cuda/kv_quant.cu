@@ -383,18 +383,12 @@ __global__ void __launch_bounds__(QD_THREADS) qdec_scores_kernel(qattn_args a, i
             if (g >= G) break;
             const float s = qcap(pt_rnd(a.bf, d[g]), a);
             S[((int64_t)kh * G + g) * stride + j] = s;
-            if (s > m[g]) {
-                l[g] = l[g] * expf(m[g] - s) + 1.f;
-                m[g] = s;
-            } else {
-                l[g] += expf(s - m[g]);
-            }
+            pt_softmax_push(s, m[g], l[g]);
         }
     }
     for (int g = 0; g < G; g++) {
-        const float bm = pt_block_max(m[g], red);
-        const float bl = pt_block_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm), red);
-        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = make_float2(bm, bl);
+        const float2 ml = pt_softmax_block(m[g], l[g], red);
+        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
     }
 }
 
