@@ -365,22 +365,8 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
                 for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
             }
         }
-#pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) {
-            if (g >= G) break;
-#pragma unroll
-            for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
-        }
-        __syncthreads();
         /* partial output of this split: P[head, split, hd], warps added in order */
-        for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
-            const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
-            if (e >= hd) continue;
-            float v = 0.f;
-#pragma unroll
-            for (int w = 0; w < DEC_THREADS / 32; w++) v += acc_s[w][idx];
-            P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
-        }
+        pt_pv_partial<DEC_MAX_G, NPL, DEC_THREADS / 32>(acc, acc_s, G, hd, P, (int64_t)kh * G, nsplit, split);
         __syncthreads(); /* acc_s is written again by the next split */
     }
 }

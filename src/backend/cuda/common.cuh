@@ -100,6 +100,32 @@ __device__ __forceinline__ float2 pt_softmax_block(float m, float l, float *scra
     return make_float2(bm, bl);
 }
 
+/* A split's partial p·V output from each warp's accumulators acc[g][i] (the
+ * row's query head g of the KV head's group, dims lane + 32·i): the warps'
+ * values added in warp order into P[(row0 + g, split), e] ([heads, nsplit,
+ * hd]) for e < hd. acc_s is the block's [NW][MAXG·NPL·32] shared staging;
+ * the caller synchronizes before writing it again. */
+template <int MAXG, int NPL, int NW>
+__device__ __forceinline__ void pt_pv_partial(const float (&acc)[MAXG][NPL], float (*acc_s)[MAXG * NPL * 32], int G,
+                                              int hd, float *P, int64_t row0, int64_t nsplit, int64_t split) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g >= G) break;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
+        const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
+        if (e >= hd) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) v += acc_s[w][idx];
+        P[((row0 + g) * nsplit + split) * hd + e] = v;
+    }
+}
+
 /* Merges the partial softmax statistics of n key ranges (splits), each a
  * (max, sum of exp relative to that max) pair, in range order: the exact row
  * max M and the row sum L = Σ sum_s·exp(max_s − M). Ranges without keys

@@ -432,21 +432,7 @@ __global__ void __launch_bounds__(QD_THREADS)
             for (int i = 0; i < NPL; i++) acc[g][i] = fmaf(p, vv[i], acc[g][i]);
         }
     }
-#pragma unroll
-    for (int g = 0; g < QD_MAX_G; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int i = 0; i < NPL; i++) acc_s[warp][(g * NPL + i) * 32 + lane] = acc[g][i];
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < G * NPL * 32; idx += blockDim.x) {
-        const int g = idx / (NPL * 32), r = idx % (NPL * 32), i = r / 32, ln = r % 32, e = ln + 32 * i;
-        if (e >= hd) continue;
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < QD_THREADS / 32; w++) v += acc_s[w][idx];
-        P[(((int64_t)kh * G + g) * nsplit + split) * hd + e] = v;
-    }
+    pt_pv_partial<QD_MAX_G, NPL, QD_THREADS / 32>(acc, acc_s, G, hd, P, (int64_t)kh * G, nsplit, split);
 }
 
 static pt_status launch_qdecode(pt_cuda *c, const qattn_args &a) {
