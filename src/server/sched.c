@@ -395,9 +395,21 @@ static void slot_start(pt_srv_sched *s, slot *sl, pt_srv_job *j) {
  * mask; returns 1 when the slot is to sample), the sampling itself (all
  * sampling slots of a turn at once, in parallel: sample_all), and
  * slot_take_token (the token's text, stop strings, bookkeeping). */
+/* Runs the next k prompt tokens of sl through the prefill path (the engine's
+ * session_prompt); on failure releases the slot with the error and returns 0. */
+static int prompt_run(pt_srv_sched *s, slot *sl, size_t k) {
+    if (s->e->session_prompt(sl->session, sl->job->prompt + sl->n_prompted, k) != PT_OK) {
+        char err[600];
+        snprintf(err, sizeof err, "prompt: %s", pt_last_error());
+        slot_release(s, sl, PT_SRV_ERROR, err);
+        return 0;
+    }
+    sl->n_prompted += k;
+    return 1;
+}
+
 static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
     pt_srv_job *j = sl->job;
-    char err[600];
     if (atomic_load(&j->cancelled)) {
         slot_release(s, sl, PT_SRV_CANCELLED, NULL);
         return 0;
@@ -410,15 +422,8 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
              * (reusable); without, it may end inside a block, which then
              * runs only up to the block's end. */
             size_t nb = others_active ? 1 : PREFILL_TURN_ALONE / PREFILL_BLOCK;
-            for (; nb > 0 && sl->n_prompted < sl->blocks_end; nb--) {
-                const size_t k = PREFILL_BLOCK - sl->n_prompted % PREFILL_BLOCK;
-                if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, k) != PT_OK) {
-                    snprintf(err, sizeof err, "prompt: %s", pt_last_error());
-                    slot_release(s, sl, PT_SRV_ERROR, err);
-                    return 0;
-                }
-                sl->n_prompted += k;
-            }
+            for (; nb > 0 && sl->n_prompted < sl->blocks_end; nb--)
+                if (!prompt_run(s, sl, PREFILL_BLOCK - sl->n_prompted % PREFILL_BLOCK)) return 0;
             return 0;
         }
         /* the tail (under PREFILL_BLOCK tokens) as one chunk, or a short one
@@ -426,15 +431,8 @@ static int slot_prepare(pt_srv_sched *s, slot *sl, int others_active) {
         size_t n = j->n_prompt - sl->n_prompted;
         const size_t piece = (size_t)s->e->short_prompt_piece;
         const size_t k0 = piece > 0 && n <= 4 * piece ? piece : n;
-        while (sl->n_prompted < j->n_prompt) {
-            size_t k = j->n_prompt - sl->n_prompted < k0 ? j->n_prompt - sl->n_prompted : k0;
-            if (s->e->session_prompt(sl->session, j->prompt + sl->n_prompted, k) != PT_OK) {
-                snprintf(err, sizeof err, "prompt: %s", pt_last_error());
-                slot_release(s, sl, PT_SRV_ERROR, err);
-                return 0;
-            }
-            sl->n_prompted += k;
-        }
+        while (sl->n_prompted < j->n_prompt)
+            if (!prompt_run(s, sl, j->n_prompt - sl->n_prompted < k0 ? j->n_prompt - sl->n_prompted : k0)) return 0;
         return 0;
     }
     if ((int)j->n_generated >= sl->max_tokens) {
