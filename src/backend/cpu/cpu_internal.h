@@ -30,6 +30,22 @@ void pt_cpu_permute_x4(float *xp, const float *x, int64_t K);
  * refused: vdpbf16ps reads subnormals as zero). */
 int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K);
 
+/* x as exact integer pieces for the 4-bit VNNI decode kernel
+ * (qdot_xint_avx512.c, which describes the layout and the accuracy bound):
+ * xq [3·K] bytes, step [K/gs]. Returns 0 (use the other kernels) unless
+ * K % 128 == 0, gs is 32/64/128 and every x is finite and exactly bf16.
+ * AVX-512 code: call only on the AVX-512 table with VNNI present
+ * (pt_cpu_gemm_i8_available). */
+int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int gs);
+/* qdot4_x4's sum (bias term included) from the integer pieces; the f32 or
+ * the bf16 (as stored in the weight) scales and biases. */
+void pt_cpu_qdot4_x4_xint(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                          const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                          int gs);
+void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                           const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
+                           int64_t K, int gs);
+
 void pt_cpu_panel_t16_ref(float *wp, int r0, const float *rows, int64_t K);
 void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
                           int gs, int bits);
@@ -222,6 +238,7 @@ int pt_cpu_multi_on(void);
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
+    int xint;    /* 4-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 kernel) */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,

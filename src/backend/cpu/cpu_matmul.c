@@ -35,13 +35,15 @@
  * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode kernel
  * takes scales/biases converted to f32 by the caller); a field a dev benchmark
  * has already set is kept. */
-pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1};
+pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1};
 
 static void levers_read(void) {
     const char *e = getenv("PETREL_CPU_MULTI");
     if (pt_cpu_lever.multi < 0) pt_cpu_lever.multi = !(e && !strcmp(e, "0"));
     e = getenv("PETREL_CPU_SCALE16");
     if (pt_cpu_lever.scale16 < 0) pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
+    e = getenv("PETREL_CPU_XINT");
+    if (pt_cpu_lever.xint < 0) pt_cpu_lever.xint = !(e && !strcmp(e, "0"));
 }
 
 static pthread_once_t levers_once = PTHREAD_ONCE_INIT;
@@ -129,6 +131,9 @@ typedef struct {
     const uint16_t *xa; /* bf16 4-bit kernel: [T, K] x arranged (pt_cpu_arrange_x4_bf16), else NULL */
     const uint8_t *xok; /* [T]: token t's x is exactly bf16 (xa row t valid) */
     int all_bf16;       /* every xok[t] is set (and no int8 lever): the bf16 kernel for every token */
+    const int8_t *xint; /* 4-bit integer-piece kernel: [T, 3·K] pieces (pt_cpu_arrange_xint), else NULL */
+    const float *xstep; /* [T, ng] their steps */
+    const uint8_t *xiok; /* [T]: token t takes the integer-piece kernel */
     const float *xpk;   /* prefill GEMM: x packed [tiles][K][12] */
     int64_t T;
     const pt_matrix *w;
@@ -362,7 +367,13 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
         }
         for (int64_t t = 0; t < T; t++) {
             float out[4];
-            if (p16)
+            if (m->xint && m->xiok[t] && p16)
+                pt_cpu_qdot4_x4_xints(out, m->xint + t * 3 * K, m->xstep + t * ng, m->xs + t * ng, codes, sc16, bi16,
+                                      K, w->group_size);
+            else if (m->xint && m->xiok[t])
+                pt_cpu_qdot4_x4_xint(out, m->xint + t * 3 * K, m->xstep + t * ng, m->xs + t * ng, codes, sc, bi, K,
+                                     w->group_size);
+            else if (p16)
                 k->qdot4_x4_bf16s(out, m->xa + t * K, m->xs + t * ng, codes, sc16, bi16, K, w->group_size);
             else if (m->xi8 && m->i8_128)
                 k->qdot4_x4_i8_128(out, m->xi8 + t * K, m->xd + t * ng, m->xs + t * ng, codes, sc, bi, K,
@@ -510,9 +521,37 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
     int64_t T = m->T, K = w->cols;
     int64_t ng = w->bits ? K / w->group_size : 0;
     /* shared: x permuted [T·K], group sums [T·ng], int8 lever: steps [T·ng], int8 x + its arrangement
-     * [2·T·K bytes]; bf16 kernel: arranged x [T·K bf16] + per-token flags [T bytes] */
-    PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K), (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2))));
+     * [2·T·K bytes]; bf16 kernel: arranged x
+     * [T·K bf16] + per-token flags [T bytes]; integer pieces: [3·T·K bytes] + steps [T·ng] + flags [T bytes] */
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K),
+                               (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2) + T * ((3 * K + 3) / 4 + ng + 1))));
     int all_bf16 = 0; /* every token takes the bf16 kernel: the permuted f32 x is never read */
+    if (w->bits == 4 && !c->int8_act && c->base.act == PT_ACT_BF16 && c->isa == PT_ISA_AVX512 && K % 128 == 0 &&
+        pt_cpu_lever.xint > 0 && pt_cpu_gemm_i8_available()) {
+        /* the integer-piece kernel for each token whose x is finite and exactly bf16, decided from
+         * its own values (so batching never changes a row); the others below */
+        int8_t *xq = (int8_t *)(c->xbuf + T * (2 * K + 2 * ng + 2));
+        float *st = (float *)(xq + T * 3 * K);
+        uint8_t *ok = (uint8_t *)(st + T * ng);
+        int all = 1, any = 0;
+        for (int64_t t = 0; t < T; t++) {
+            ok[t] = (uint8_t)pt_cpu_arrange_xint(xq + t * 3 * K, st + t * ng, x + t * K, K, w->group_size);
+            all &= ok[t];
+            any |= ok[t];
+        }
+        if (any) {
+            m->xint = xq;
+            m->xstep = st;
+            m->xiok = ok;
+        }
+        if (all) { /* nothing else to prepare but the group sums */
+            float *xs = c->xbuf + T * K;
+            group_sums(xs, x, T, K, w->group_size);
+            m->xs = xs;
+            m->all_bf16 = 1;
+            return PT_OK;
+        }
+    }
     if (w->bits == 4 && !c->int8_act && c->base.act == PT_ACT_BF16 && c->k->qdot4_x4_bf16 && K % 128 == 0 &&
         cpu_has_bf16()) {
         /* bf16 mode: x is normally exactly bf16 (every op rounds its outputs); a token whose x is

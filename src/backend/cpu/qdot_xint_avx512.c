@@ -1,0 +1,190 @@
+/* The 4-bit decode kernel with x as exact integer pieces (AVX-512 VNNI), and
+ * the preparation of x it reads. Not the int8-activation lever: x is not
+ * quantized to 8 bits; see the accuracy bound below.
+ *
+ * Why: on the development VM vdpbf16ps issues at ~1.3 G/s per core while
+ * vpdpbusd issues at ~5.6 G/s (dev/README.md, "instruction rates"), and the
+ * bf16 kernel (qdot4_x4_bf16) spends most of its time in its four vdpbf16ps
+ * per 128 weights and row. vpdpbusd multiplies 64 unsigned bytes by 64 signed
+ * bytes and adds groups of four into 16 int32 lanes: the 4-bit codes are
+ * unsigned bytes after one AND (low nibbles) or one shift and AND (high
+ * nibbles), so a 64-byte block of codes (128 values) takes two vpdpbusd per
+ * 8-bit piece of x.
+ *
+ * x as integers: per weight group g (gs values) of one token, with e_g the
+ * binary exponent of max|x| over the group (|x| < 2^(e_g+1)), each value is
+ *   X = round(x · 2^(20 − e_g)),  |X| < 2^21,  x ≈ X · step_g, step_g = 2^(e_g − 20)
+ * and X = A·2^14 + B·2^7 + C with A in [−128, 127] (signed byte) and B, C in
+ * [0, 127] (non-negative bytes). A bf16 value has 8 significant bits, so X is
+ * exact for every x within a factor 2^13 of the group's max (x's last bit is
+ * then at or above 2^(e_g−20)); a smaller x is rounded by at most
+ * 2^-21·max|x_g|. That is below the f32 rounding the other kernels commit
+ * (the bf16 kernel's 128-offset sums lose ~2^-17·max|x_g| per value), and far
+ * below the L1 gate (1e-4 of the logits).
+ *
+ * The dot of a block with its pieces, per row, in one int32 accumulator:
+ *   acc = Σ q·A;  acc <<= 7;  acc += Σ q·B;  acc <<= 7;  acc += Σ q·C  (= Σ q·X)
+ * Lane i of a block covers values 8i..8i+7 (low nibbles of bytes 4i..4i+3:
+ * the even values; high nibbles: the odd ones), |Σ q·X| ≤ 8·15·2^21 < 2^28:
+ * exact in int32. Then per lane f += f32(acc) · scale_g · step_g (the lane's
+ * group, spread as in the bf16 kernel), and the bias term Σ_g b_g·xs_g at
+ * the end. Per 128 weights and row: 3 code ops, 6 vpdpbusd, 2 shifts, one
+ * conversion, the scale (permute, multiply) and one FMA, against 7 code
+ * ops, 4 vdpbf16ps and the scale for the bf16 kernel. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+/* 2^n as a float, for -126 <= n <= 127 (the exponent field alone) */
+static inline float pow2f(int n) {
+    uint32_t u = (uint32_t)(n + 127) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Per 128-value chunk c of a token: 384 bytes, piece p (A, B, C) at
+ * c·384 + p·128: the 64 even values, then the 64 odd ones (the order the low
+ * and high nibbles of a 64-byte block of codes come in). step[g] as above.
+ * Returns 0 (x left to the other kernels) when K % 128 != 0, gs is not 32,
+ * 64 or 128, or a value is not finite or not exactly bf16. */
+int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
+    if (K % 128 || (gs != 32 && gs != 64 && gs != 128)) return 0;
+    /* evens / odds of 32 consecutive int32 (two vectors) */
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    const __m512i lo16 = _mm512_set1_epi32(0xffff), absm = _mm512_set1_epi32(0x7fffffff),
+                  inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i xmax = _mm512_set1_epi32((1 << 21) - 1), xmin = _mm512_set1_epi32(-(1 << 21)),
+                  m127 = _mm512_set1_epi32(127);
+    for (int64_t g0 = 0; g0 < K; g0 += gs) {
+        /* max |x| as integer bits (non-negative floats order like their bits); not bf16 or not finite: refuse */
+        __m512i mx = _mm512_setzero_si512();
+        __mmask16 bad = 0;
+        for (int64_t j = g0; j < g0 + gs; j += 16) {
+            __m512i u = _mm512_loadu_si512((const void *)(x + j));
+            bad |= _mm512_test_epi32_mask(u, lo16);
+            __m512i a = _mm512_and_si512(u, absm);
+            bad |= _mm512_cmpge_epu32_mask(a, inf);
+            mx = _mm512_max_epu32(mx, a);
+        }
+        if (bad) return 0;
+        int eb = (int)((uint32_t)_mm512_reduce_max_epu32(mx) >> 23); /* biased exponent; 0: zero or subnormal */
+        int e = (eb ? eb : 1) - 127;
+        if (e < -100) e = -100; /* a group of values under 2^-100: the step stays a normal float */
+        step[g0 / gs] = pow2f(e - 20);
+        const __m512 sh = _mm512_set1_ps((float)(20 - e));
+        for (int64_t j = g0; j < g0 + gs; j += 32) {
+            /* exact scaling by a power of two (vscalefps), then round to nearest even */
+            __m512i X0 = _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_loadu_ps(x + j), sh));
+            __m512i X1 = _mm512_cvtps_epi32(_mm512_scalef_ps(_mm512_loadu_ps(x + j + 16), sh));
+            X0 = _mm512_min_epi32(_mm512_max_epi32(X0, xmin), xmax);
+            X1 = _mm512_min_epi32(_mm512_max_epi32(X1, xmin), xmax);
+            __m512i Xe = _mm512_permutex2var_epi32(X0, ev, X1), Xo = _mm512_permutex2var_epi32(X0, od, X1);
+            int8_t *d = xq + (j / 128) * 384 + (j % 128) / 2;
+            _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(_mm512_srai_epi32(Xe, 14)));
+            _mm_storeu_si128((__m128i *)(d + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(Xo, 14)));
+            _mm_storeu_si128((__m128i *)(d + 128),
+                             _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(Xe, 7), m127)));
+            _mm_storeu_si128((__m128i *)(d + 192),
+                             _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(Xo, 7), m127)));
+            _mm_storeu_si128((__m128i *)(d + 256), _mm512_cvtepi32_epi8(_mm512_and_si512(Xe, m127)));
+            _mm_storeu_si128((__m128i *)(d + 320), _mm512_cvtepi32_epi8(_mm512_and_si512(Xo, m127)));
+        }
+    }
+    return 1;
+}
+
+/* vpdpbusd through inline asm: gcc 12 copies every accumulator to another
+ * register and back around _mm512_dpbusd_epi32 (see gemm_i8_avx512.c). */
+#define XI_DPBUSD(acc, u8, s8) __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8))
+
+/* One body for both parameter types, as q4bf16_body in kernels_avx512.c:
+ * p16 = 1 reads the bf16 scales/biases in the weight, p16 = 0 f32 copies. */
+static inline __attribute__((always_inline)) void xint_body(float *out, const int8_t *xq, const float *xstep,
+                                                            const float *xs, const uint8_t *const *codes,
+                                                            const void *const *sc, const void *const *bi, int64_t K,
+                                                            int gs, int p16) {
+    const __m512i m15 = _mm512_set1_epi8(15);
+    /* lane i of a block belongs to its group (8i)/gs */
+    const __m512i sidx = gs == 32   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                         : gs == 64 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                    : _mm512_setzero_si512();
+    /* the same selection for 16-bit words: lane i's high word (2i+1) <- scale word sidx[i] */
+    const __m512i widx = _mm512_slli_epi32(sidx, 16);
+    const __mmask8 smask = (__mmask8)((1u << (128 / gs)) - 1u);
+    const int64_t gpb = 128 / gs; /* groups per block */
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* the sweep of kernels_avx512.c PF_LINE */
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+#define XI_SCALE(r)                                                                                               \
+    (p16 ? _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(                                                    \
+               (__mmask32)0xAAAAAAAAu, widx,                                                                      \
+               _mm512_zextsi128_si512(_mm_maskz_loadu_epi16(smask, (const uint16_t *)sc[r] + g))))               \
+         : _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, (const float *)sc[r] + g))))
+#define XI_ROW(r)                                                                                                 \
+    do {                                                                                                          \
+        __m512i v_ = _mm512_loadu_si512((const void *)(c##r + b / 2));                                            \
+        __m512i lo_ = _mm512_and_si512(v_, m15), hi_ = _mm512_and_si512(_mm512_srli_epi16(v_, 4), m15);           \
+        __m512i a_ = _mm512_setzero_si512();                                                                      \
+        XI_DPBUSD(a_, lo_, xae);                                                                                  \
+        XI_DPBUSD(a_, hi_, xao);                                                                                  \
+        a_ = _mm512_slli_epi32(a_, 7);                                                                            \
+        XI_DPBUSD(a_, lo_, xbe);                                                                                  \
+        XI_DPBUSD(a_, hi_, xbo);                                                                                  \
+        a_ = _mm512_slli_epi32(a_, 7);                                                                            \
+        XI_DPBUSD(a_, lo_, xce);                                                                                  \
+        XI_DPBUSD(a_, hi_, xco);                                                                                  \
+        f##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a_), _mm512_mul_ps(XI_SCALE(r), st), f##r);                     \
+    } while (0)
+    for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
+        _mm_prefetch((const char *)(pf + 2 * b), _MM_HINT_T0); /* this block reads 4 × 64 bytes */
+        _mm_prefetch((const char *)(pf + 2 * b + 64), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf + 2 * b + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(pf + 2 * b + 192), _MM_HINT_T0);
+        const int8_t *xb = xq + 3 * b;
+        const __m512i xae = _mm512_loadu_si512((const void *)xb), xao = _mm512_loadu_si512((const void *)(xb + 64));
+        const __m512i xbe = _mm512_loadu_si512((const void *)(xb + 128)),
+                      xbo = _mm512_loadu_si512((const void *)(xb + 192));
+        const __m512i xce = _mm512_loadu_si512((const void *)(xb + 256)),
+                      xco = _mm512_loadu_si512((const void *)(xb + 320));
+        const __m512 st = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_maskz_loadu_ps(smask, xstep + g)));
+        XI_ROW(0);
+        XI_ROW(1);
+        XI_ROW(2);
+        XI_ROW(3);
+    }
+#undef XI_ROW
+#undef XI_SCALE
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g += 16) { /* the bias term: Σ_g b_g·xs_g */
+        __mmask16 m_ = ng - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ng - g)) - 1u);
+        __m512 xs_ = _mm512_maskz_loadu_ps(m_, xs + g);
+#define XI_LD(p)                                                                                                   \
+    (p16 ? _mm512_castsi512_ps(                                                                                    \
+               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m_, (const uint16_t *)(p) + g)), 16)) \
+         : _mm512_maskz_loadu_ps(m_, (const float *)(p) + g))
+        f0 = _mm512_fmadd_ps(XI_LD(bi[0]), xs_, f0);
+        f1 = _mm512_fmadd_ps(XI_LD(bi[1]), xs_, f1);
+        f2 = _mm512_fmadd_ps(XI_LD(bi[2]), xs_, f2);
+        f3 = _mm512_fmadd_ps(XI_LD(bi[3]), xs_, f3);
+#undef XI_LD
+    }
+    out[0] = _mm512_reduce_add_ps(f0);
+    out[1] = _mm512_reduce_add_ps(f1);
+    out[2] = _mm512_reduce_add_ps(f2);
+    out[3] = _mm512_reduce_add_ps(f3);
+}
+
+void pt_cpu_qdot4_x4_xint(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                          const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                          int gs) {
+    xint_body(out, xq, xstep, xs, codes, (const void *const *)sc, (const void *const *)bi, K, gs, 0);
+}
+
+void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                           const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
+                           int64_t K, int gs) {
+    xint_body(out, xq, xstep, xs, codes, (const void *const *)sc, (const void *const *)bi, K, gs, 1);
+}
