@@ -8,7 +8,8 @@
  * bf16-parameter variants bit-identical; and through the backend: the
  * kernel against the bf16 kernel (PETREL_CPU_XINT=0's path) within the same
  * bound, and matmul_rows batch invariance when a token that is not exactly
- * bf16 (the f32 kernel) shares the batch. Skipped without AVX-512 VNNI. */
+ * bf16 (the f32 kernel) shares the batch; the prefill GEMM on the same
+ * pieces (test_gemm). Skipped without AVX-512 VNNI. */
 #include "test.h"
 #include "test_rand.h"
 
@@ -16,6 +17,7 @@
 #include "backend/cpu/cpu_internal.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "petrel.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -212,10 +214,144 @@ static void test_backend(void) {
     pt_backend_free(&be);
 }
 
+/* The prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM): T past the
+ * decode path, groups 32/64/128 (a 128-group is summed in two 64-value
+ * integer chunks), against double within the bf16 rounding of the output
+ * plus the bound; and against the f32 GEMM (lever off) within two bf16
+ * ulps. Also a token that is not bf16: the whole call takes the f32 GEMM,
+ * bit-identical to the lever off. */
+static void test_gemm(void) {
+    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    enum { N = 45, K = 512, T = 11 };
+    static const int gss[3] = {32, 64, 128};
+    for (int gi = 0; gi < 3; gi++) {
+        int gs = gss[gi];
+        int64_t ng = K / gs;
+        pt_backend *be = NULL;
+        pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
+        REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
+        if (strcmp(pt_backend_cpu_isa_name(be), "avx512")) {
+            pt_backend_free(&be);
+            TEST_SKIP("backend ISA is not avx512");
+        }
+        rand_qweight q;
+        rand_qweight_make(&q, N, K, 4, gs, 1, 0);
+        REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
+        pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+        REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "%s", pt_last_error());
+        static float x[T * K], y1[T * N], y0[T * N];
+        for (int64_t i = 0; i < T * K; i++) /* wide ranges in some tokens */
+            x[i] = pt_round_bf16(i / K % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3));
+        int saved = pt_cpu_lever.xgemm;
+        pt_cpu_lever.xgemm = 1;
+        REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        pt_cpu_lever.xgemm = 0;
+        REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double ref = pt_bf16_to_f32(q.bias[n]), mag = fabs(ref), xr = 0;
+                for (int64_t g = 0; g < ng; g++) {
+                    double sc = pt_bf16_to_f32(q.sc[n * ng + g]), bi = pt_bf16_to_f32(q.bi[n * ng + g]), mx = 0, sq = 0;
+                    for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                        const uint8_t *c = (const uint8_t *)q.codes + n * K / 2;
+                        int qv = j % 2 ? c[j / 2] >> 4 : c[j / 2] & 15;
+                        double term = (sc * qv + bi) * x[t * K + j];
+                        ref += term;
+                        mag += fabs(term);
+                        mx = fmax(mx, fabs(x[t * K + j]));
+                        sq += fabs(sc) * qv;
+                    }
+                    xr += ldexp(mx, -21) * sq;
+                }
+                double v = y1[t * N + n], tol = ldexp(fabs(ref), -8) + xr + 8e-6 * mag + 1e-30;
+                CHECK(fabs(v - ref) <= tol, "gs %d t %d n %d: %.9g vs %.9g (bound %.3g)", gs, t, n, v, ref, tol);
+                CHECK(fabsf(y1[t * N + n] - y0[t * N + n]) <= ldexpf(fabsf(y0[t * N + n]), -7) + 1e-30f,
+                      "gs %d t %d n %d: %g (pieces) vs %g (f32 GEMM)", gs, t, n, y1[t * N + n], y0[t * N + n]);
+            }
+        x[5 * K + 3] = 0.1234567f; /* not bf16: the f32 GEMM for the call */
+        pt_cpu_lever.xgemm = 1;
+        REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        pt_cpu_lever.xgemm = 0;
+        REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(y1, y0, sizeof y1) == 0, "gs %d: a non-bf16 token did not send the call to the f32 GEMM", gs);
+        pt_cpu_lever.xgemm = saved;
+        rand_qweight_free(&q);
+        pt_backend_free(&be);
+    }
+}
+
+/* The demo model (4-bit, group 32, bf16: the integer-piece kernels in its
+ * own dtype) over a 48-token prompt, logits at every position (prefill
+ * GEMM) and 8 decoded tokens, with both levers on against both off:
+ * argmax identical wherever the levers-off top-1/top-2 margin exceeds 0.05
+ * (the bf16 gate of the parity tier), max |dlogit| printed. */
+static void test_demo_model(void) {
+    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    pt_model_params mp = pt_model_default_params();
+    mp.n_threads = 2;
+    pt_model *m = NULL;
+    REQUIRE(pt_model_load("models/kjv-llama-4bit", &mp, &m) == PT_OK, "%s", pt_last_error());
+    enum { P = 48, D = 8 };
+    int V = pt_model_vocab_size(m);
+    int32_t ids[P + D];
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(3 + (ru32() % (uint32_t)(V - 3)));
+    float *lg[2];
+    int saved[2] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm};
+    for (int on = 0; on < 2; on++) {
+        pt_cpu_lever.xint = pt_cpu_lever.xgemm = on;
+        lg[on] = malloc(sizeof(float) * (size_t)V * (P + D));
+        pt_session *s = NULL;
+        pt_session_params sp = {.n_ctx = P + D + 2};
+        REQUIRE(pt_session_create(m, &sp, &s) == PT_OK, "%s", pt_last_error());
+        REQUIRE(pt_session_eval_logits(s, ids, P, lg[on]) == PT_OK, "%s", pt_last_error());
+        for (int i = 0; i < D; i++) { /* decode: the levers-off run's greedy tokens, fed to both */
+            const float *l = pt_session_logits(s);
+            if (on == 0) {
+                int best = 0;
+                for (int v = 1; v < V; v++)
+                    if (l[v] > l[best]) best = v;
+                ids[P + i] = best;
+            }
+            REQUIRE(pt_session_prompt(s, &ids[P + i], 1) == PT_OK, "%s", pt_last_error());
+            memcpy(lg[on] + (size_t)(P + i) * V, pt_session_logits(s), sizeof(float) * (size_t)V);
+        }
+        pt_session_free(&s);
+    }
+    pt_cpu_lever.xint = saved[0];
+    pt_cpu_lever.xgemm = saved[1];
+    double maxd = 0, maxl = 0;
+    int gated = 0, agree = 0;
+    for (int r = 0; r < P + D; r++) {
+        const float *a = lg[0] + (size_t)r * V, *b = lg[1] + (size_t)r * V;
+        int ia = 0, ib = 0;
+        float t1 = -INFINITY, t2 = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            maxd = fmax(maxd, fabs(a[v] - b[v]));
+            maxl = fmax(maxl, fabs(a[v]));
+            if (a[v] > a[ia]) ia = v;
+            if (b[v] > b[ib]) ib = v;
+            if (a[v] > t1) t2 = t1, t1 = a[v];
+            else if (a[v] > t2) t2 = a[v];
+        }
+        if (t1 - t2 > 0.05f) {
+            gated++;
+            agree += ia == ib;
+        }
+    }
+    printf("MEASURE xint demo model (levers on vs off): argmax agreement %d/%d where margin > 0.05, max|dlogit| %.4g "
+           "of %.4g\n",
+           agree, gated, maxd, maxl);
+    CHECK(agree == gated, "argmax differs at %d of %d gated positions", gated - agree, gated);
+    free(lg[0]), free(lg[1]);
+    pt_model_free(&m);
+}
+
 int main(void) {
     TEST_RUN(test_refusals);
     TEST_RUN(test_exact_integers);
     TEST_RUN(test_bound);
     TEST_RUN(test_backend);
+    TEST_RUN(test_gemm);
+    TEST_RUN(test_demo_model);
     return test_summary();
 }

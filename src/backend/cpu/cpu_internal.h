@@ -37,6 +37,9 @@ int pt_cpu_arrange_x4_bf16(uint16_t *xa, const float *x, int64_t K);
  * AVX-512 code: call only on the AVX-512 table with VNNI present
  * (pt_cpu_gemm_i8_available). */
 int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int gs);
+/* The same pieces for the prefill GEMM (pt_cpu_gemm_xint): per token
+ * [A: K bytes][B: K][C: K] in natural order, step [K/gs]; K % gs == 0. */
+int pt_cpu_arrange_xint_rows(int8_t *xq, float *step, const float *x, int64_t K, int gs);
 /* qdot4_x4's sum (bias term included) from the integer pieces; the f32 or
  * the bf16 (as stored in the weight) scales and biases. */
 void pt_cpu_qdot4_x4_xint(float *out, const int8_t *xq, const float *xstep, const float *xs,
@@ -211,6 +214,11 @@ pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t 
  * steps xd and exact group sums xs [T, ng]. Needs pt_cpu_gemm_i8_scratch
  * floats of per-thread scratch. */
 int pt_cpu_gemm_i8_available(void);
+/* The same GEMM with x as the integer pieces of pt_cpu_arrange_xint_rows
+ * (xq [T, 3K] bytes, steps [T, ng]) instead of int8: 4-bit weights only,
+ * the L1 path's accuracy (qdot_xint_avx512.c); same scratch. */
+void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep, const float *xs, int64_t T,
+                      const pt_matrix *w, int64_t expert);
 size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
 void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
                     const pt_matrix *w, int64_t expert);
@@ -239,6 +247,7 @@ typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
     int xint;    /* 4-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 kernel) */
+    int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,

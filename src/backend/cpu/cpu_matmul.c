@@ -35,7 +35,7 @@
  * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode kernel
  * takes scales/biases converted to f32 by the caller); a field a dev benchmark
  * has already set is kept. */
-pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1};
+pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1};
 
 static void levers_read(void) {
     const char *e = getenv("PETREL_CPU_MULTI");
@@ -44,6 +44,8 @@ static void levers_read(void) {
     if (pt_cpu_lever.scale16 < 0) pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
     e = getenv("PETREL_CPU_XINT");
     if (pt_cpu_lever.xint < 0) pt_cpu_lever.xint = !(e && !strcmp(e, "0"));
+    e = getenv("PETREL_CPU_XGEMM");
+    if (pt_cpu_lever.xgemm < 0) pt_cpu_lever.xgemm = !(e && !strcmp(e, "0"));
 }
 
 static pthread_once_t levers_once = PTHREAD_ONCE_INIT;
@@ -487,6 +489,28 @@ static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_
     }
 }
 
+/* The prefill GEMM's integer pieces (pt_cpu_arrange_xint_rows) and group
+ * sums for tokens [t0, t1) as a pool job; a token whose x is not finite and
+ * exactly bf16 sets bad (the call then takes the f32 GEMM). */
+typedef struct {
+    int8_t *xq;
+    float *st, *xs;
+    const float *x;
+    int64_t K;
+    int gs;
+    _Atomic int bad;
+} xg_ctx;
+
+static void xgemm_prep_job(void *arg, long t0, long t1, int ith) {
+    xg_ctx *q = arg;
+    int64_t ng = q->K / q->gs;
+    (void)ith;
+    for (long t = t0; t < t1; t++)
+        if (!pt_cpu_arrange_xint_rows(q->xq + t * 3 * q->K, q->st + t * ng, q->x + t * q->K, q->K, q->gs))
+            atomic_store_explicit(&q->bad, 1, memory_order_relaxed);
+    group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
+}
+
 /* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
 static int k128_ok(const pt_cpu *c, int64_t K) {
     return c->k->qdot4_x4_i8_128 && K % 128 == 0 && pt_cpu_gemm_i8_available();
@@ -618,6 +642,26 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         pt_pool_for(c->pool, (long)T, 8, quantize_job, &q);
         pt_cpu_gemm_i8(c, y, xi, xd, xs, T, w, expert);
         return PT_OK;
+    }
+    int gs = w->group_size;
+    if (!direct && T >= PT_CPU_DIRECT_T && !i8 && w->bits == 4 && c->base.act == PT_ACT_BF16 &&
+        c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
+        pt_cpu_gemm_i8_available()) {
+        levers_init();
+        if (pt_cpu_lever.xgemm > 0) {
+            /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
+             * steps [T·ng], pieces [3·T·K bytes] */
+            int64_t ng = K / gs;
+            PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + 3 * K / 4 + 1))));
+            xg_ctx q = {.xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
+                        .K = K, .gs = gs};
+            atomic_init(&q.bad, 0);
+            pt_pool_for(c->pool, (long)T, 8, xgemm_prep_job, &q);
+            if (!atomic_load(&q.bad)) {
+                pt_cpu_gemm_xint(c, y, q.xq, q.st, q.xs, T, w, expert);
+                return PT_OK;
+            }
+        }
     }
     if (direct || T < PT_CPU_DIRECT_T || i8) {
         levers_init();

@@ -17,7 +17,13 @@
  * multiply-adds), then converts them once: F += I·(sc·xd) + bi·xs. Integer
  * sums are exact (4-bit: |Σ| <= 15·127·gs; 8-bit: 255·127·gs, far below 2^31),
  * so a row's result does not depend on the tile, panel or thread split. A
- * tile past the last token repeats the last token and drops the copies. */
+ * tile past the last token repeats the last token and drops the copies.
+ *
+ * The same panels and tiles also serve the L1 prefill of 4-bit weights with
+ * bf16 activations (pt_cpu_gemm_xint, PETREL_CPU_XGEMM): x as the three exact
+ * integer pieces of qdot_xint_avx512.c instead of int8, three passes of
+ * vpdpbusd per group chunk (tile8x3). On this VM it replaces the f32 GEMM,
+ * whose FMAs do 16 multiply-adds per instruction against vpdpbusd's 64. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
@@ -61,6 +67,7 @@ typedef struct {
     const int8_t *xq; /* [T, K] */
     const float *xd;  /* [T, ng] */
     const float *xs;  /* [T, ng] */
+    const float *xstep; /* integer pieces: [T, ng] steps (xq is then [T, 3K]), else NULL */
     int64_t T;
     const pt_matrix *w;
     int64_t expert;
@@ -115,6 +122,71 @@ static void tile8(float *F, const uint8_t *P, const float *S, const float *B, co
     }
 }
 
+/* tile8 for x as three integer pieces (pt_cpu_arrange_xint_rows: token t's
+ * pieces A, B, C at xq + t·3K, K apart): per chunk of a group (64 values at
+ * most, so |Σ q·X| <= 64·15·2^21 < 2^31 stays exact in int32; a 128-group
+ * is two chunks with the same scale) the sums of the A pieces, shifted left
+ * by 7, then the B pieces, shifted by 7, then the C pieces: Σ q·X exactly,
+ * converted once and scaled by sc·step; the bias term once per group. The
+ * panel's codes are read three times per chunk, from L1. */
+static void tile8x3(float *F, const uint8_t *P, const float *S, const float *B, const int8_t *xq, const float *xst,
+                    const float *xs, const int64_t *tt, int64_t K, int64_t gs) {
+    int64_t ng = K / gs, ch = gs > 64 ? 64 : gs;
+#define XPTR(t) const int8_t *x##t = xq + tt[t] * 3 * K;
+    X8(XPTR)
+#undef XPTR
+    for (int i = 0; i < MR * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+        for (int64_t h = g * gs; h < (g + 1) * gs; h += ch) {
+#define ZERO(t) __m512i i##t##a = _mm512_setzero_si512(), i##t##b = _mm512_setzero_si512();
+            X8(ZERO)
+#undef ZERO
+            for (int64_t pc = 0; pc < 3; pc++) {
+                if (pc) {
+#define SHL(t) i##t##a = _mm512_slli_epi32(i##t##a, 7), i##t##b = _mm512_slli_epi32(i##t##b, 7);
+                    X8(SHL)
+#undef SHL
+                }
+                for (int64_t k = h; k < h + ch; k += 4) {
+                    __m512i w0 = _mm512_loadu_si512((const void *)(P + k * 32)),
+                            w1 = _mm512_loadu_si512((const void *)(P + k * 32 + 64));
+#define DOT(t)                                                                                                 \
+    {                                                                                                          \
+        int32_t v_;                                                                                            \
+        memcpy(&v_, x##t + pc * K + k, 4);                                                                     \
+        __m512i b_ = _mm512_set1_epi32(v_);                                                                    \
+        DPBUSD(i##t##a, w0, b_);                                                                               \
+        DPBUSD(i##t##b, w1, b_);                                                                               \
+    }
+                    X8(DOT)
+#undef DOT
+                }
+            }
+#define POST(t)                                                                                                \
+    {                                                                                                          \
+        __m512 d_ = _mm512_set1_ps(xst[tt[t] * ng + g]);                                                       \
+        float *f_ = F + t * 32;                                                                                \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##t##a), _mm512_mul_ps(s0, d_), _mm512_loadu_ps(f_))); \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(i##t##b), _mm512_mul_ps(s1, d_),              \
+                                                  _mm512_loadu_ps(f_ + 16)));                                     \
+    }
+            X8(POST)
+#undef POST
+        }
+        __m512 b0 = _mm512_loadu_ps(B + g * 32), b1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define BIAS(t)                                                                                                \
+    {                                                                                                          \
+        __m512 e_ = _mm512_set1_ps(xs[tt[t] * ng + g]);                                                        \
+        float *f_ = F + t * 32;                                                                                \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(b0, e_, _mm512_loadu_ps(f_)));                                    \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(b1, e_, _mm512_loadu_ps(f_ + 16)));                          \
+    }
+        X8(BIAS)
+#undef BIAS
+    }
+}
+
 static void gi8_panels(void *arg, long n0, long n1, int ith) {
     gi8_ctx *m = arg;
     const pt_matrix *w = m->w;
@@ -154,7 +226,8 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
-            tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
+            if (m->xstep) tile8x3(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
+            else tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
             for (int t = 0; t < MR && t0 + t < T; t++)
                 for (int r = 0; r < nr; r++) {
                     int64_t n = p0 + r;
@@ -169,5 +242,11 @@ void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, cons
                     const pt_matrix *w, int64_t expert) {
     gi8_ctx m = {.c = c, .y = y, .xq = xq, .xd = xd, .xs = xs, .T = T, .w = w, .expert = expert};
     /* chunks of 32-row panels: only the last chunk has a narrow panel */
+    pt_pool_for(c->pool, (long)w->rows, 32, gi8_panels, &m);
+}
+
+void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep, const float *xs, int64_t T,
+                      const pt_matrix *w, int64_t expert) {
+    gi8_ctx m = {.c = c, .y = y, .xq = xq, .xstep = xstep, .xs = xs, .T = T, .w = w, .expert = expert};
     pt_pool_for(c->pool, (long)w->rows, 32, gi8_panels, &m);
 }

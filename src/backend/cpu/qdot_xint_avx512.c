@@ -49,8 +49,10 @@ static inline float pow2f(int n) {
  * and high nibbles of a 64-byte block of codes come in). step[g] as above.
  * Returns 0 (x left to the other kernels) when K % 128 != 0, gs is not 32,
  * 64 or 128, or a value is not finite or not exactly bf16. */
-int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
-    if (K % 128 || (gs != 32 && gs != 64 && gs != 128)) return 0;
+/* rows = 0: the decode layout above; rows = 1: the prefill GEMM's, per token
+ * [A: K bytes][B: K][C: K] in natural order (pt_cpu_arrange_xint_rows). */
+static int arrange(int8_t *xq, float *step, const float *x, int64_t K, int gs, int rows) {
+    if ((rows ? K % gs : K % 128) || (gs != 32 && gs != 64 && gs != 128)) return 0;
     /* evens / odds of 32 consecutive int32 (two vectors) */
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
@@ -82,6 +84,17 @@ int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int 
             X0 = _mm512_min_epi32(_mm512_max_epi32(X0, xmin), xmax);
             X1 = _mm512_min_epi32(_mm512_max_epi32(X1, xmin), xmax);
             __m512i Xe = _mm512_permutex2var_epi32(X0, ev, X1), Xo = _mm512_permutex2var_epi32(X0, od, X1);
+            if (rows) { /* natural order: the pieces of 32 values as they come */
+                int8_t *d = xq + j;
+                _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 14)));
+                _mm_storeu_si128((__m128i *)(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, 14)));
+                _mm_storeu_si128((__m128i *)(d + K), _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(X0, 7), m127)));
+                _mm_storeu_si128((__m128i *)(d + K + 16),
+                                 _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(X1, 7), m127)));
+                _mm_storeu_si128((__m128i *)(d + 2 * K), _mm512_cvtepi32_epi8(_mm512_and_si512(X0, m127)));
+                _mm_storeu_si128((__m128i *)(d + 2 * K + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(X1, m127)));
+                continue;
+            }
             int8_t *d = xq + (j / 128) * 384 + (j % 128) / 2;
             _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(_mm512_srai_epi32(Xe, 14)));
             _mm_storeu_si128((__m128i *)(d + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(Xo, 14)));
@@ -94,6 +107,14 @@ int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int 
         }
     }
     return 1;
+}
+
+int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
+    return arrange(xq, step, x, K, gs, 0);
+}
+
+int pt_cpu_arrange_xint_rows(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
+    return arrange(xq, step, x, K, gs, 1);
 }
 
 /* vpdpbusd through inline asm: gcc 12 copies every accumulator to another
