@@ -164,8 +164,9 @@ pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids
 }
 
 pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n) {
-    if (!s->gpu || n == 0) return PT_OK;
-    return s->m->be->ops->upload(s->m->be, s->hist_dev + at, ids, n * sizeof *ids);
+    (void)ids;
+    if (n > 0 && at < s->hist_dev_n) s->hist_dev_n = at;
+    return PT_OK;
 }
 
 /* Makes s->logits current (downloads the device copy GPU sampling left). */
@@ -191,6 +192,18 @@ const float *pt_session_logits(const pt_session *s) {
  * this on the GPU (logits on the host, top-n logprobs). */
 static int gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *row, double *u) {
     if (!s->logits_dev || sp->n_logprobs != 0) return 0;
+    const int pen = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+    if (pen && s->hist_dev_n < s->n_tokens) {
+        /* the penalties' window: upload the tokens the device copy lacks
+         * (on failure the host samples this row) */
+        pt_backend *be = s->m->be;
+        pthread_mutex_lock(&s->m->lock);
+        pt_status st = be->ops->upload(be, s->hist_dev + s->hist_dev_n, s->tokens + s->hist_dev_n,
+                                       (s->n_tokens - s->hist_dev_n) * sizeof *s->tokens);
+        pthread_mutex_unlock(&s->m->lock);
+        if (st != PT_OK) return 0;
+        s->hist_dev_n = s->n_tokens;
+    }
     if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
     const int greedy = pt_sampling_is_greedy(sp);
     *u = greedy ? -1.0 : pt_sampler_uniform(&s->sampler);
@@ -199,8 +212,7 @@ static int gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *
     row->work = s->work_dev;
     row->counts = s->counts_dev;
     row->hist = s->hist_dev;
-    if ((sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f) &&
-        s->n_tokens > 0) {
+    if (pen && s->n_tokens > 0) {
         row->n_hist = (int64_t)s->n_tokens;
         row->window = sp->repeat_last_n > 0 && (size_t)sp->repeat_last_n < s->n_tokens ? sp->repeat_last_n
                                                                                        : (int64_t)s->n_tokens;

@@ -27,6 +27,8 @@ struct pt_session {
     int gpu;             /* 1: this session can sample on the GPU (buffers below allocated) */
     int logits_dev;      /* 1: s->logits is stale, the current logits are in fwd.logits row 0 */
     int32_t *hist_dev;   /* backend [n_ctx]: a copy of tokens (the penalties' window) */
+    size_t hist_dev_n;   /* hist_dev holds tokens[0, hist_dev_n); the rest is uploaded when a
+                          * penalised sample needs it (a decode step uploads nothing) */
     float *work_dev;     /* backend [V]: penalised logits */
     uint32_t *counts_dev;/* backend [V]: zero between samples */
     void *ctl_dev;       /* backend: the sampler's row table and result */
@@ -46,8 +48,10 @@ struct pt_session {
 void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params *const *sps, pt_token_info *outs,
                                 pt_status *sts, char (*errs)[512], uint8_t *done, int n);
 
-/* Appends ids (already in s->tokens at [at, at + n)) to the device copy of
- * the context used by GPU sampling (no-op unless s->gpu). */
+/* Notes that s->tokens changed from position at on (ids, n: the new
+ * tokens, already there or about to be): the device copy used by GPU
+ * sampling's penalties is brought up to date when a penalised sample needs
+ * it, not here. Never fails. */
 pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n);
 
 /* Checks ids against the vocabulary and the context (PT_ERR_RANGE naming the

@@ -9,6 +9,12 @@
  *     pt_sampler_sample_u with the same draw, and the chosen token's
  *     log-probability within 1e-5; rows the GPU hands back (status 1) are
  *     counted and must be the documented cases only;
+ *   - the multi-block path (rows without penalties: greedy, a plain draw,
+ *     top-k whose slices' union fits, with top-p / min-p after it)
+ *     against the one-block kernel (PETREL_CUDA_SAMPLE_MB=0) bit for bit
+ *     on every row above, and edge cases: equal maxima across its slice
+ *     boundaries, NaN / -inf, huge equal maxima, nothing finite, all-tie rows, up to
+ *     16 rows per launch over vocabularies from 50 to 262144;
  *   - the draw: a session sampling on the GPU consumes the session's RNG
  *     stream exactly as the host sampler does (same tokens over a run);
  *   - sessions on a model: pt_generate with --gpu-sampling on vs off on the
@@ -76,7 +82,32 @@ static void make_logits(float *lg, int V, int shape) {
     if (shape == 2 || shape == 3) /* a few -inf (masked) and one NaN */
         for (int k = 0; k < V / 50 + 1; k++) lg[ru32() % V] = -INFINITY;
     if (shape == 3) lg[ru32() % V] = NAN;
+    if (shape == 4) {
+        /* equal maxima on both sides of the multi-block sampler's slice
+         * boundaries (2048 entries for these vocabularies), NaN and -inf
+         * before them */
+        static const int at[] = {2047, 2048, 4095, 4096, 6143, 6144};
+        for (int k = 0; k < 6; k++)
+            if (at[k] < V) lg[at[k]] = 9.0f;
+        lg[V - 1] = 9.0f;
+        lg[0] = NAN;
+        if (V > 2) lg[1] = -NAN;
+        if (V > 3) lg[2] = -INFINITY;
+    }
+    if (shape == 5) /* nothing finite: -inf and NaN only */
+        for (int i = 0; i < V; i++) lg[i] = ru32() % 7 ? -INFINITY : NAN;
+    if (shape == 6) { /* two equal huge maxima (the first wins a greedy row) and a +0 / -0 pair */
+        lg[V / 3] = 1e30f;
+        lg[V - 1 - V / 5] = 1e30f;
+        lg[V / 2] = -0.0f;
+        lg[V / 2 + 1] = 0.0f;
+    }
+    if (shape == 7) /* signed zeros only: every token ties */
+        for (int i = 0; i < V; i++) lg[i] = ru32() % 2 ? 0.0f : -0.0f;
 }
+
+/* run_rows' shapes cycle through 0 .. n_shapes - 1 (4..7: edge cases) */
+static int n_shapes = 4;
 
 typedef struct {
     float temp, top_p, min_p, rep, pres, freq;
@@ -97,7 +128,7 @@ static pt_sampling_params to_sp(const pcase *c) {
     return sp;
 }
 
-static int n_cases_run, n_fallback, n_mismatch;
+static int n_cases_run, n_fallback, n_mismatch, n_ab;
 static double worst_lp;
 
 /* Samples B rows in one launch and compares each with the CPU sampler. */
@@ -117,7 +148,7 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
     REQUIRE(d_lg && d_work && d_cnt && d_hist && ctl, "device buffers: %s", pt_last_error());
     memset(rows, 0, sizeof rows);
     for (int b = 0; b < B; b++) {
-        make_logits(lg + (size_t)b * V, V, (shape_base + b) % 4);
+        make_logits(lg + (size_t)b * V, V, (shape_base + b) % n_shapes);
         nh[b] = 1 + (int)(ru32() % 300);
         /* ids from a small set (repeats), some the row's top tokens */
         for (int i = 0; i < nh[b]; i++) hist[b][i] = (int32_t)(ru32() % (uint32_t)(V < 60 ? V : 60));
@@ -146,6 +177,29 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
     if (st == PT_OK) st = gb->ops->upload(gb, d_hist, hist, (size_t)B * 300 * 4);
     if (st == PT_OK) st = pt_cuda_sample_rows(gb, rows, B, V, ctl, 0, outs);
     REQUIRE(st == PT_OK, "sample_rows: %s", pt_last_error());
+    /* the same launch with every row through the one-block kernel
+     * (PETREL_CUDA_SAMPLE_MB=0): the same results, bit for bit */
+    pt_gsample_out outs1[MAXB];
+    setenv("PETREL_CUDA_SAMPLE_MB", "0", 1);
+    st = pt_cuda_sample_rows(gb, rows, B, V, ctl, 0, outs1);
+    unsetenv("PETREL_CUDA_SAMPLE_MB");
+    REQUIRE(st == PT_OK, "sample_rows (one block per row): %s", pt_last_error());
+    for (int b = 0; b < B; b++) {
+        n_ab++;
+        if (outs[b].status != outs1[b].status) {
+            /* the one case the multi-block path hands back where the one
+             * block decides: top-k keeping every candidate, then top-p */
+            CHECK(outs[b].status == 1 && cs[b].top_k > 0 && cs[b].top_p < 1.0f,
+                  "V %d row %d: multi-block status %d, one block status %d (top_k %d top_p %g)", V, b,
+                  outs[b].status, outs1[b].status, cs[b].top_k, cs[b].top_p);
+            continue;
+        }
+        CHECK(!memcmp(&outs[b], &outs1[b], sizeof outs[b]),
+              "V %d row %d shape %d: multi-block id %d status %d logprob %.9g vs one block id %d status %d "
+              "logprob %.9g",
+              V, b, (shape_base + b) % n_shapes, outs[b].id, outs[b].status, outs[b].logprob, outs1[b].id,
+              outs1[b].status, outs1[b].logprob);
+    }
     pt_sampler cpu;
     REQUIRE(pt_sampler_init(&cpu, V) == PT_OK, "sampler init");
     for (int b = 0; b < B; b++) {
@@ -168,9 +222,10 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
             CHECK(0,
                   "V %d row %d shape %d: gpu %d vs cpu %d (T %g top_k %d top_p %g min_p %g rep %g pres %g freq %g "
                   "last_n %d u %.17g)",
-                  V, b, (shape_base + b) % 4, outs[b].id, ti.id, cs[b].temp, cs[b].top_k, cs[b].top_p, cs[b].min_p,
+                  V, b, (shape_base + b) % n_shapes, outs[b].id, ti.id, cs[b].temp, cs[b].top_k, cs[b].top_p, cs[b].min_p,
                   cs[b].rep, cs[b].pres, cs[b].freq, cs[b].last_n, us[b]);
         }
+        if (isnan(outs[b].logprob) && isnan(ti.logprob)) continue; /* no finite max: NaN on both */
         double d = fabs((double)outs[b].logprob - (double)ti.logprob);
         if (d > worst_lp) worst_lp = d;
         CHECK(d <= 1e-5 * (1 + fabs(ti.logprob)), "V %d row %d: logprob gpu %.9g cpu %.9g", V, b, outs[b].logprob,
@@ -241,6 +296,37 @@ static void test_random_rows(void) {
         }
     printf("MEASURE gsample random batches: %d rows, %d handed back, %d mismatches, worst |dlogprob| %.3g\n",
            n_cases_run, n_fallback, n_mismatch, worst_lp);
+}
+
+/* The multi-block sampler's edge cases (shapes 4..7: ties across its slice
+ * boundaries, NaN / -inf, huge equal maxima, nothing finite, all ties) and batches of
+ * up to 16 rows mixing its rows with the one-block kernel's, on the
+ * vocabularies of the model families: against the CPU sampler and against
+ * PETREL_CUDA_SAMPLE_MB=0. */
+static void test_multiblock_edges(void) {
+    NEED_GSETUP();
+    static const int Vs[] = {50, 2049, 6145, 32000, 128256, 151936, 262144};
+    n_cases_run = n_fallback = n_mismatch = n_ab = 0;
+    n_shapes = 8;
+    for (int vi = 0; vi < 7; vi++)
+        for (int rep = 0; rep < 4; rep++) {
+            enum { B = 16 };
+            pcase cs[B];
+            for (int b = 0; b < B; b++) {
+                cs[b] = random_case();
+                if (b % 2 == 0) { /* the multi-block path's rows: no penalties; greedy, a plain draw, top-k */
+                    static const int ks[] = {0, 1, 40, 64, 256, 20};
+                    cs[b].rep = 1.0f;
+                    cs[b].pres = cs[b].freq = 0.0f;
+                    cs[b].top_k = ks[(b / 2 + rep) % 6];
+                    if (cs[b].top_k == 0) cs[b].top_p = 1.0f;
+                }
+            }
+            run_rows(Vs[vi], rep % 2 ? B : 1 + rep, cs, 4 + rep);
+        }
+    n_shapes = 4;
+    printf("MEASURE gsample multi-block edges: %d rows, %d handed back, %d mismatches, %d compared with one block\n",
+           n_cases_run, n_fallback, n_mismatch, n_ab);
 }
 
 static pt_model *load_model(const char *dir, pt_device dev, int gpu_sampling, int compiled) {
@@ -413,6 +499,7 @@ static void test_batch_sessions(void) {
 int main(void) {
     TEST_RUN(test_all_combinations);
     TEST_RUN(test_random_rows);
+    TEST_RUN(test_multiblock_edges);
     TEST_RUN(test_generate_on_off);
     TEST_RUN(test_batch_sessions);
     if (gb) pt_backend_free(&gb);

@@ -1,8 +1,16 @@
-/* GPU sampling (sample.h): one block of 1024 threads per row, the CPU
- * sampler's pipeline (src/runtime/sampler.c) with its arithmetic shared
- * through src/runtime/sample_math.h.
+/* GPU sampling (sample.h): the CPU sampler's pipeline
+ * (src/runtime/sampler.c) with its arithmetic shared through
+ * src/runtime/sample_math.h, in two forms:
+ *   - rows without penalties that are greedy, draw over every candidate
+ *     (temperature, min-p) or take a top-k whose slices fit (then top-p and
+ *     min-p over it) run on the whole GPU: three or four multi-block
+ *     kernels (see "the multi-block path" below) with the same arithmetic
+ *     in the same order;
+ *   - every other row (penalties, top-p without top-k, top-k too large for
+ *     the slices) runs gs_kernel, one block of 1024 threads per row.
+ * PETREL_CUDA_SAMPLE_MB=0 sends every row to gs_kernel (A/B).
  *
- * Per row, in order:
+ * gs_kernel, per row, in order:
  *   1. penalties: the logits are copied to the row's work buffer, the window
  *      of the token history counted into the row's counts array (atomics),
  *      and each distinct token penalised once by the thread that takes its
@@ -130,11 +138,11 @@ __device__ long long gs_walk(const F &f, int64_t n, int64_t m, const double *sT,
     return gs_block_min_ll(hit, sc);
 }
 
-/* Descending bitonic sort of key[0..P) (P a power of two <= PT_GSAMPLE_CAP). */
+/* Descending bitonic sort of key[0..P) (P a power of two) by the whole block. */
 __device__ void gs_sort_desc(unsigned long long *key, int P) {
     for (int k = 2; k <= P; k <<= 1)
         for (int j = k >> 1; j > 0; j >>= 1) {
-            for (int i = threadIdx.x; i < P; i += GS_NT) {
+            for (int i = threadIdx.x; i < P; i += blockDim.x) {
                 const int ixj = i ^ j;
                 if (ixj > i) {
                     const unsigned long long a = key[i], b = key[ixj];
@@ -204,10 +212,39 @@ struct gs_lse_part {
     }
 };
 
-__global__ void __launch_bounds__(GS_NT) gs_kernel(const pt_gsample_row *rows, pt_gsample_out *outs, int64_t V) {
+/* Top-k on the multi-block path: each block keeps the k largest keys of a
+ * slice of GS_TK_MIN..GS_TK_MAX entries (a power of two, sorted in shared
+ * memory), and the union of the slices' top k, at most PT_GSAMPLE_CAP keys,
+ * holds the row's top k. The slice for (V, k), or 0 when no slice size
+ * keeps the union within PT_GSAMPLE_CAP. */
+#define GS_TK_MIN 2048
+#define GS_TK_MAX 8192
+__host__ __device__ __forceinline__ int64_t gs_topk_slice(int64_t V, int64_t k) {
+    if (k <= 0) return 0;
+    for (int64_t S = GS_TK_MIN; S <= GS_TK_MAX; S <<= 1)
+        if (k <= S && (V + S - 1) / S * k <= PT_GSAMPLE_CAP) return S;
+    return 0;
+}
+
+/* The rows the multi-block path (below gs_kernel) samples: no penalties;
+ * greedy, or a draw over every candidate (no top-k: min-p is a per-token
+ * test there, top-p needs the whole sorted order and stays in gs_kernel),
+ * or top-k whose slices' union fits (gs_topk_slice; top-p and min-p then
+ * run over the sorted top k). The rest runs in gs_kernel. Host and device
+ * use this one predicate. */
+__host__ __device__ __forceinline__ bool gs_mb_row(const pt_gsample_row &R, int64_t V) {
+    if (R.window > 0) return false;
+    if (R.greedy) return true;
+    return R.top_k == 0 ? R.top_p >= 1.0f : gs_topk_slice(V, R.top_k) > 0;
+}
+
+__global__ void __launch_bounds__(GS_NT)
+    gs_kernel(const pt_gsample_row *rows, pt_gsample_out *outs, int64_t V, int mb_on, const int *err_src, int *err_dst) {
     __shared__ gs_shared sh;
     const pt_gsample_row R = rows[blockIdx.x];
     const int tid = threadIdx.x;
+    if (err_src && blockIdx.x == 0 && tid < 2) err_dst[tid] = err_src[tid];
+    if (mb_on && gs_mb_row(R, V)) return; /* the multi-block kernels take this row */
     const float *w = R.logits;
 
     /* 1. penalties */
@@ -466,9 +503,357 @@ __global__ void __launch_bounds__(GS_NT) gs_kernel(const pt_gsample_row *rows, p
     }
 }
 
+
+/* ---- the multi-block path ----
+ *
+ * gs_kernel runs a row on one SM; a greedy row of a 128k vocabulary took
+ * ~80 us there, most of it the log-probability's 1002 blocks of 128
+ * exponentials on 1024 threads. For the rows gs_mb_row takes, three
+ * kernels (four with top-k) spread the same arithmetic over the GPU:
+ *   pass 1 (grid [n1, B] x 256): slice s of the row (gs_mb_slice entries)
+ *     -> its max of the raw logits (fmaxf: NaN ignored), its first maximum
+ *     (value, id: "v > best" from -inf, so NaN and -inf never win), the max
+ *     of its scaled candidates and their count;
+ *   top-k (grid [slices, B] x 256, top-k rows only): each slice's k
+ *     largest keys (gs_topk_slice: their union holds the row's top k);
+ *   pass 2 (grid [GS_LSE_BLOCKS + draw blocks, B] x 128): the chunk sums of
+ *     sample_math.h's structured sums, chunk k -> S[k] in double, each
+ *     summed left to right exactly as one thread of gs_kernel's gs_scan
+ *     does: the log-sum-exp's 128-logit parts (4 threads per part, each the
+ *     CPU's lane j: terms j, j + 4, ...; the part = ((a0 + a1) + a2) + a3)
+ *     and, for a draw, p of every id in id order (one thread per chunk);
+ *   pass 3 (grid B x 1024): gs_kernel's per-row logic on the reduced data:
+ *     the maxima and the first maximum over the slices (the smallest id
+ *     among the slices holding the maximum: slices are in id order), the
+ *     Hillis-Steele scans of the loaded chunk sums, the draw's walk
+ *     (gs_walk, unchanged) or, for top-k, gs_kernel's sorted tail over the
+ *     sorted union (top-p, min-p, the draw), the log-probability.
+ * The values that reach a decision are bit-identical to gs_kernel's and
+ * the CPU sampler's. The passes chain by programmatic dependent launch
+ * (each starts with pt_release_dependents; pt_wait_primary). */
+#define GS_P1_NT 256
+#define GS_P2_NT 128
+#define GS_P1_MAX 256                        /* slices per row at most */
+#define GS_LSE_CPB 32                        /* log-sum-exp chunks per pass-2 block */
+#define GS_LSE_BLOCKS (PT_SS_CHUNKS / GS_LSE_CPB)
+#define GS_DRAW_BLOCKS (PT_SS_CHUNKS / GS_P2_NT)
+
+struct gs_p1 {                               /* one slice's pass-1 result */
+    float rawmax, best, smax;
+    int32_t besti;                           /* -1: no maximum in the slice */
+    uint32_t cnt;
+    uint32_t pad[3];
+};
+/* A row's scratch: [GS_P1_MAX] gs_p1, the log-sum-exp chunk sums, the
+ * draw's, the top-k slices' keys (slice b's k largest at [b k, b k + k)). */
+#define GS_SCR_S ((size_t)GS_P1_MAX * sizeof(gs_p1))
+#define GS_SCR_TK (GS_SCR_S + 2 * PT_SS_CHUNKS * sizeof(double))
+#define GS_ROW_SCR (GS_SCR_TK + (size_t)PT_GSAMPLE_CAP * sizeof(unsigned long long))
+
+/* Entries per pass-1 slice: at least 2048 (8 per thread), a multiple of 256,
+ * and at most GS_P1_MAX slices. */
+static inline int64_t gs_mb_slice(int64_t V) {
+    int64_t s = (V + GS_P1_MAX - 1) / GS_P1_MAX;
+    s = (s + 255) / 256 * 256;
+    return s < 2048 ? 2048 : s;
+}
+
+/* Reductions over a block of any multiple of 32 threads (every thread calls). */
+__device__ __forceinline__ float gs_red_max_f(float v, float *sc) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sc[threadIdx.x & 31] : -INFINITY;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ long long gs_red_min_ll(long long v, long long *sc) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        long long w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sc[threadIdx.x & 31] : GS_NO_HIT;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        long long w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = w < v ? w : v;
+    }
+    return v;
+}
+
+__device__ __forceinline__ char *gs_row_scr(char *scr, int row) { return scr + (size_t)row * GS_ROW_SCR; }
+
+__global__ void __launch_bounds__(GS_P1_NT) gs_mb_pass1(const pt_gsample_row *rows, char *scr, int64_t V, int64_t slice) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ float scf[32];
+    __shared__ long long sc[32];
+    const pt_gsample_row &R = rows[blockIdx.y];
+    if (!gs_mb_row(R, V)) return;
+    const float *x = R.logits;
+    const bool draw = !R.greedy;
+    const float inv_t = draw ? 1.0f / R.temperature : 1.0f;
+    const int64_t a = (int64_t)blockIdx.x * slice, b = a + slice < V ? a + slice : V;
+    float rmx = -INFINITY, best = -INFINITY, smx = -INFINITY;
+    long long bi = GS_NO_HIT;
+    unsigned cnt = 0;
+    for (int64_t i = a + threadIdx.x; i < b; i += GS_P1_NT) {
+        const float v = x[i];
+        rmx = fmaxf(rmx, v);
+        if (v > best) { /* ids ascend per thread: the thread's first maximum */
+            best = v;
+            bi = i;
+        }
+        if (draw && gs_cand(v)) {
+            const float sv = __fmul_rn(v, inv_t);
+            smx = sv > smx ? sv : smx;
+            cnt++;
+        }
+    }
+    rmx = gs_red_max_f(rmx, scf);
+    const float bmx = gs_red_max_f(best, scf);
+    bi = gs_red_min_ll(best == bmx && bi != GS_NO_HIT ? bi : GS_NO_HIT, sc);
+    smx = gs_red_max_f(smx, scf);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = cnt;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned total = 0;
+        for (int w = 0; w < GS_P1_NT / 32; w++) total += (unsigned)sc[w];
+        gs_p1 o;
+        memset(&o, 0, sizeof o);
+        o.rawmax = rmx;
+        o.best = bmx;
+        o.besti = bi == GS_NO_HIT ? -1 : (int32_t)bi;
+        o.smax = smx;
+        o.cnt = total;
+        ((gs_p1 *)gs_row_scr(scr, blockIdx.y))[blockIdx.x] = o;
+    }
+}
+
+__global__ void __launch_bounds__(GS_P2_NT) gs_mb_pass2(const pt_gsample_row *rows, char *scr, int64_t V, int n1) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ float scf[32];
+    __shared__ float pbuf[GS_P2_NT / 4];
+    const pt_gsample_row &R = rows[blockIdx.y];
+    if (!gs_mb_row(R, V)) return;
+    const bool lse = blockIdx.x < GS_LSE_BLOCKS;
+    if (!lse && R.greedy) return;
+    char *rs = gs_row_scr(scr, blockIdx.y);
+    const gs_p1 *p1 = (const gs_p1 *)rs;
+    double *S = (double *)(rs + GS_SCR_S) + (lse ? 0 : PT_SS_CHUNKS);
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n1; j += GS_P2_NT) m = fmaxf(m, lse ? p1[j].rawmax : p1[j].smax);
+    const float mx = gs_red_max_f(m, scf);
+    const int tid = threadIdx.x;
+    if (lse) {
+        /* chunks [k0, k0 + GS_LSE_CPB) of the 128-logit parts (gs_lse_part) */
+        const int64_t nparts = (V + 127) / 128, cp = pt_ss_chunk(nparts);
+        const int64_t k0 = (int64_t)blockIdx.x * GS_LSE_CPB, pb = k0 * cp;
+        int64_t np = GS_LSE_CPB * cp;
+        if (np > nparts - pb) np = nparts - pb; /* may be <= 0: the chunks are empty */
+        double acc_s = 0;                        /* thread t < GS_LSE_CPB: chunk k0 + t */
+        const int q4 = tid >> 2, j = tid & 3;
+        for (int64_t r0 = 0; r0 < np; r0 += GS_P2_NT / 4) {
+            const int64_t q = r0 + q4;
+            float acc = 0.f;
+            if (q < np) {
+                const int64_t b = (pb + q) * 128;
+                const int e = V - b < 128 ? (int)(V - b) : 128;
+                for (int i = 0; i < e; i += 4) {
+                    const float v = i + j < e ? R.logits[b + i + j] : -INFINITY;
+                    acc = __fadd_rn(acc, pt_sexp(__fsub_rn(v, mx)));
+                }
+            }
+            /* the part: ((0 + a0) + a1) + a2) + a3, in lane 4 q4 */
+            const float a1 = __shfl_down_sync(0xffffffffu, acc, 1), a2 = __shfl_down_sync(0xffffffffu, acc, 2),
+                        a3 = __shfl_down_sync(0xffffffffu, acc, 3);
+            __syncthreads();
+            if (j == 0) pbuf[q4] = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.f, acc), a1), a2), a3);
+            __syncthreads();
+            if (tid < GS_LSE_CPB) {
+                /* chunk t's parts within this round, in order */
+                int64_t lo = (int64_t)tid * cp, hi = lo + cp;
+                if (lo < r0) lo = r0;
+                if (hi > r0 + GS_P2_NT / 4) hi = r0 + GS_P2_NT / 4;
+                if (hi > np) hi = np;
+                for (int64_t qq = lo; qq < hi; qq++) acc_s = __dadd_rn(acc_s, (double)pbuf[qq - r0]);
+            }
+        }
+        if (tid < GS_LSE_CPB && k0 + tid < PT_SS_CHUNKS) S[k0 + tid] = acc_s;
+    } else {
+        /* the draw: chunk k of p over ids (gs_id_p with min-p) */
+        const int64_t k = (int64_t)(blockIdx.x - GS_LSE_BLOCKS) * GS_P2_NT + tid;
+        if (k >= PT_SS_CHUNKS) return;
+        const gs_id_p fp = {R.logits, 1.0f / R.temperature, mx, R.min_p};
+        const int64_t c = pt_ss_chunk(V), a = k * c, b = a + c < V ? a + c : V;
+        double acc_s = 0;
+        for (int64_t i = a; i < b; i++) acc_s = __dadd_rn(acc_s, (double)fp(i));
+        S[k] = acc_s;
+    }
+}
+
+/* Top-k, per slice: the slice's keys (value key << 32 | ~id; 0 for
+ * non-candidates and past the row's end, below every candidate's key)
+ * sorted in shared memory, its k largest to the row's scratch. */
+__global__ void __launch_bounds__(GS_P1_NT) gs_mb_topk(const pt_gsample_row *rows, char *scr, int64_t V) {
+    pt_release_dependents();
+    pt_wait_primary();
+    extern __shared__ unsigned long long tk[];
+    const pt_gsample_row &R = rows[blockIdx.y];
+    if (!gs_mb_row(R, V) || R.greedy || R.top_k == 0) return;
+    const int64_t S = gs_topk_slice(V, R.top_k), k = R.top_k;
+    if ((int64_t)blockIdx.x * S >= V) return;
+    const float inv_t = 1.0f / R.temperature;
+    const int64_t a = (int64_t)blockIdx.x * S;
+    for (int64_t i = threadIdx.x; i < S; i += GS_P1_NT) {
+        const int64_t g = a + i;
+        unsigned long long key = 0ull;
+        if (g < V && gs_cand(R.logits[g]))
+            key = ((unsigned long long)pt_sorder(__fmul_rn(R.logits[g], inv_t)) << 32) | (0xffffffffu - (uint32_t)g);
+        tk[i] = key;
+    }
+    __syncthreads();
+    gs_sort_desc(tk, (int)S);
+    unsigned long long *out = (unsigned long long *)(gs_row_scr(scr, blockIdx.y) + GS_SCR_TK) + blockIdx.x * k;
+    for (int64_t j = threadIdx.x; j < k; j += GS_P1_NT) out[j] = tk[j];
+}
+
+/* gs_scan's scan over chunk sums already computed (S: global). */
+__device__ double gs_scan_loaded(const double *S, double *sT) {
+    const int k = threadIdx.x;
+    __syncthreads();
+    sT[k] = S[k];
+    __syncthreads();
+    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1) {
+        double v = k >= d ? __dadd_rn(sT[k - d], sT[k]) : sT[k];
+        __syncthreads();
+        sT[k] = v;
+        __syncthreads();
+    }
+    return sT[PT_SS_CHUNKS - 1];
+}
+
+__global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows, pt_gsample_out *outs, char *scr,
+                                                     int64_t V, int n1, const int *err_src, int *err_dst) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ gs_shared sh;
+    double *sT = sh.T;
+    long long *sc = sh.sc;
+    float *scf = sh.scf;
+    const int tid = threadIdx.x;
+    if (err_src && blockIdx.x == 0 && tid < 2) err_dst[tid] = err_src[tid];
+    const pt_gsample_row R = rows[blockIdx.x];
+    if (!gs_mb_row(R, V)) return;
+    const char *rs = gs_row_scr(scr, blockIdx.x);
+    const double *S_lse = (const double *)(rs + GS_SCR_S), *S_draw = S_lse + PT_SS_CHUNKS;
+    gs_p1 p;
+    if (tid < n1) {
+        p = ((const gs_p1 *)rs)[tid];
+    } else {
+        p.rawmax = p.best = p.smax = -INFINITY;
+        p.besti = -1;
+        p.cnt = 0;
+    }
+    const float rmx = gs_block_max_f(p.rawmax, scf);
+    int32_t chosen = -1;
+    int status = 0;
+    if (R.greedy) {
+        const float bmx = gs_block_max_f(p.best, scf);
+        const long long first = gs_block_min_ll(p.best == bmx && p.besti >= 0 ? p.besti : GS_NO_HIT, sc);
+        chosen = first == GS_NO_HIT ? 0 : (int32_t)first;
+    } else {
+        const float mx = gs_block_max_f(p.smax, scf);
+        const long long n_cand = gs_block_sum_ll(p.cnt, sc);
+        if (n_cand == 0) {
+            status = 1;
+        } else if (R.top_k > 0 && R.top_k < n_cand) {
+            /* gs_kernel's 4a on the slices' union: sorted, its first k are
+             * the row's top k (keys are distinct) */
+            const int64_t S = gs_topk_slice(V, R.top_k);
+            const int M = (int)((V + S - 1) / S * R.top_k);
+            int P = 1;
+            while (P < M) P <<= 1;
+            const unsigned long long *u = (const unsigned long long *)(rs + GS_SCR_TK);
+            for (int i = tid; i < P; i += GS_NT) sh.key[i] = i < M ? u[i] : 0ull;
+            __syncthreads();
+            gs_sort_desc(sh.key, P);
+            const gs_key_p kp = {sh.key, mx};
+            int64_t n = R.top_k;
+            if (R.top_p < 1.0f) {
+                const double total = gs_scan(kp, n, n, sT);
+                __syncthreads();
+                const double target = (double)R.top_p * total;
+                gs_scan(kp, n, n, sT);
+                const long long at = gs_walk(kp, n, n, sT, target, 0, sc);
+                if (at < n) n = at + 1;
+            }
+            if (R.min_p > 0) {
+                long long first = n;
+                for (int64_t j = tid; j < n; j += GS_NT)
+                    if (!(kp(j) >= R.min_p)) {
+                        first = j;
+                        break;
+                    }
+                n = gs_block_min_ll(first, sc);
+            }
+            const double sum = gs_scan(kp, n, n, sT);
+            const long long at = gs_walk(kp, n, n, sT, R.u * sum, 1, sc);
+            const int64_t j = at < n ? at : n - 1;
+            chosen = (int32_t)(0xffffffffu - (uint32_t)(sh.key[j] & 0xffffffffu));
+        } else if (R.top_k > 0 && R.top_p < 1.0f) {
+            status = 1; /* top-k keeps every candidate: a nucleus over all of them (gs_kernel's 4b; rare) */
+        } else {
+            const gs_id_p fp = {R.logits, 1.0f / R.temperature, mx, R.min_p};
+            const double sum = gs_scan_loaded(S_draw, sT);
+            const long long at = gs_walk(fp, V, V, sT, R.u * sum, 1, sc);
+            if (at < V) {
+                chosen = (int32_t)at;
+            } else {
+                long long last = -1;
+                for (int64_t i = tid; i < V; i += GS_NT)
+                    if (fp(i) > 0) last = i;
+                chosen = (int32_t)gs_block_max_ll(last, sc);
+                if (chosen < 0) status = 1; /* no positive p (an infinite logit): the host decides */
+            }
+        }
+    }
+    float logprob = 0.f;
+    if (status == 0 && R.want_logprob) {
+        const double sum = gs_scan_loaded(S_lse, sT);
+        const double lse = (double)rmx + log(sum);
+        logprob = (float)((double)R.logits[chosen] - lse);
+    }
+    if (tid == 0) {
+        pt_gsample_out o;
+        o.id = status == 0 ? chosen : -1;
+        o.status = status;
+        o.logprob = logprob;
+        o.pad = 0;
+        outs[blockIdx.x] = o;
+        if (status == 0 && R.id_slot) *R.id_slot = chosen;
+    }
+}
+
+/* The control block: [B] rows (padded to 256 bytes), [B] results and the
+ * backend's 2 error words (one download brings both back), then [B] rows'
+ * multi-block scratch (GS_ROW_SCR each). */
+static size_t gs_al(size_t n) { return (n + 255) & ~(size_t)255; }
+
 extern "C" size_t pt_gsample_ctl_bytes(int B) {
-    size_t rows = ((size_t)B * sizeof(pt_gsample_row) + 255) & ~(size_t)255;
-    return rows + (size_t)B * sizeof(pt_gsample_out);
+    return gs_al((size_t)B * sizeof(pt_gsample_row)) + gs_al((size_t)B * sizeof(pt_gsample_out) + 2 * sizeof(int)) +
+           (size_t)B * GS_ROW_SCR;
 }
 
 extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V,
@@ -477,14 +862,75 @@ extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *r
         return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: the model does not run on the CUDA backend");
     if (B < 1 || V < 1 || !ctl_dev) return pt_error(PT_ERR_INTERNAL, "GPU sampling: bad call (%d rows)", B);
     pt_cuda *c = pt_cuda_of(be);
-    size_t rows_bytes = ((size_t)B * sizeof(pt_gsample_row) + 255) & ~(size_t)255;
+    const size_t rows_bytes = gs_al((size_t)B * sizeof(pt_gsample_row));
+    const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
     pt_gsample_row *rows_dev = (pt_gsample_row *)ctl_dev;
     pt_gsample_out *outs_dev = (pt_gsample_out *)((char *)ctl_dev + rows_bytes);
+    int *err_dev = (int *)((char *)outs_dev + outs_bytes);
+    char *scr = (char *)ctl_dev + rows_bytes + gs_al(outs_bytes + 2 * sizeof(int));
+    /* PETREL_CUDA_SAMPLE_MB=0: every row through gs_kernel (A/B); read per
+     * call so that one process can compare both paths */
+    const int mb_on = pt_env_on("PETREL_CUDA_SAMPLE_MB");
+    int n_mb = 0, n_draw = 0;
+    int64_t tk_blocks = 0, tk_slice = 0; /* top-k: blocks per row, the largest slice */
+    for (int b = 0; b < B; b++)
+        if (mb_on && gs_mb_row(rows[b], V)) {
+            n_mb++;
+            n_draw += !rows[b].greedy;
+            const int64_t S = rows[b].greedy ? 0 : gs_topk_slice(V, rows[b].top_k);
+            if (S) {
+                if ((V + S - 1) / S > tk_blocks) tk_blocks = (V + S - 1) / S;
+                if (S > tk_slice) tk_slice = S;
+            }
+        }
     if (!rows_current)
         CUDA_CHECK(cudaMemcpyAsync(rows_dev, rows, (size_t)B * sizeof *rows, cudaMemcpyHostToDevice, c->stream));
-    gs_kernel<<<B, GS_NT, 0, c->stream>>>(rows_dev, outs_dev, V);
-    CUDA_CHECK_LAUNCH("sample");
-    CUDA_CHECK(cudaMemcpyAsync(out, outs_dev, (size_t)B * sizeof *out, cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    return pt_cuda_check_errors(c);
+    /* the last kernel also copies the error words next to the results */
+    if (n_mb < B) {
+        gs_kernel<<<B, GS_NT, 0, c->stream>>>(rows_dev, outs_dev, V, mb_on, n_mb ? NULL : c->err_dev, err_dev);
+        CUDA_CHECK_LAUNCH("sample");
+    }
+    if (n_mb) {
+        const bool pdl = pt_pdl_chain();
+        const int64_t slice = gs_mb_slice(V);
+        const int n1 = (int)((V + slice - 1) / slice);
+        pt_launch(gs_mb_pass1, dim3((unsigned)n1, (unsigned)B), dim3(GS_P1_NT), 0, c->stream, pdl, rows_dev, scr, V,
+                  slice);
+        CUDA_CHECK_LAUNCH("sample pass 1");
+        if (tk_blocks) {
+            const size_t smem = (size_t)tk_slice * sizeof(unsigned long long);
+            if (smem > 48 * 1024)
+                CUDA_CHECK(cudaFuncSetAttribute(gs_mb_topk, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            pt_launch(gs_mb_topk, dim3((unsigned)tk_blocks, (unsigned)B), dim3(GS_P1_NT), smem, c->stream, pdl,
+                      rows_dev, scr, V);
+            CUDA_CHECK_LAUNCH("sample top-k");
+        }
+        pt_launch(gs_mb_pass2, dim3(GS_LSE_BLOCKS + (n_draw ? GS_DRAW_BLOCKS : 0), (unsigned)B), dim3(GS_P2_NT), 0,
+                  c->stream, pdl, rows_dev, scr, V, n1);
+        CUDA_CHECK_LAUNCH("sample pass 2");
+        pt_launch(gs_mb_pass3, dim3((unsigned)B), dim3(GS_NT), 0, c->stream, pdl, rows_dev, outs_dev, scr, V, n1,
+                  (const int *)c->err_dev, err_dev);
+        CUDA_CHECK_LAUNCH("sample pass 3");
+    }
+    /* results and error words in one download (B <= 64 rows here at most
+     * on the runtime's paths; larger B from a caller through the heap) */
+    enum { STACK_ROWS = 64 };
+    struct {
+        pt_gsample_out o[STACK_ROWS];
+        int err[2];
+    } hb;
+    const size_t nbytes = outs_bytes + 2 * sizeof(int);
+    void *h = B <= STACK_ROWS ? (void *)&hb : malloc(nbytes);
+    if (!h) return pt_error(PT_ERR_NOMEM, "GPU sampling: out of memory for %d results", B);
+    cudaError_t e = cudaMemcpyAsync(h, outs_dev, nbytes, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    int err0 = 0;
+    if (e == cudaSuccess) {
+        memcpy(out, h, outs_bytes);
+        memcpy(&err0, (char *)h + outs_bytes, sizeof err0);
+    }
+    if (h != (void *)&hb) free(h);
+    CUDA_CHECK(e);
+    /* an error word set by the forward pass: the backend reports (and clears) it */
+    return err0 ? pt_cuda_check_errors(c) : PT_OK;
 }

@@ -13,8 +13,9 @@
  * What the GPU does not do, answered with status 1 (the caller then samples
  * that row on the host with the same draw): top-k above PT_GSAMPLE_CAP
  * candidates, a top-p nucleus that needs more than PT_GSAMPLE_CAP sorted
- * candidates, and rows without any finite logit (the host reports the
- * error). Masks (constrained decoding) and top-n log-probabilities are not
+ * candidates, rows without any finite logit (the host reports the
+ * error), and on the multi-block path (sample.cu) a top-k that keeps every
+ * finite logit followed by a top-p. Masks (constrained decoding) and top-n log-probabilities are not
  * passed here at all: the runtime keeps those on the host.
  *
  * Every declaration exists in every build; without CUDA the entry point is
@@ -58,14 +59,16 @@ typedef struct pt_gsample_out {
     int32_t pad;
 } pt_gsample_out;
 
-/* Device bytes of the control block for B rows (row table + results). */
+/* Device bytes of the control block for B rows (row table, results, the
+ * multi-block path's per-row scratch of ~24 KB). */
 size_t pt_gsample_ctl_bytes(int B);
 
 /* Samples rows[0..B) of vocabulary V in one launch on the CUDA backend be:
  * uploads the row table to ctl_dev (pt_gsample_ctl_bytes(B) device bytes)
  * unless rows_current says ctl_dev already holds exactly these rows (a
  * greedy decode loop repeats one row), launches, and downloads the B
- * results into out (synchronizes). */
+ * results into out (synchronizes once: the backend's error words come back
+ * in the same download). */
 pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
                               int rows_current, pt_gsample_out *out);
 

@@ -7,7 +7,9 @@
 
 #ifndef PT_HAVE_CUDA
 size_t pt_gsample_ctl_bytes(int B) {
-    return (size_t)(B > 0 ? B : 0) * (sizeof(pt_gsample_row) + sizeof(pt_gsample_out)) + 256;
+    /* the CUDA build's layout (sample.cu) is never used without CUDA; any
+     * size works, this one matches its order of magnitude */
+    return (size_t)(B > 0 ? B : 0) * (sizeof(pt_gsample_row) + sizeof(pt_gsample_out) + 24576) + 512;
 }
 
 pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
