@@ -11,6 +11,10 @@
  * GEMV_LOOPS="0 1 2" in the environment: instead, the GEMV inner
  * loops (PETREL_CUDA_TC_LOOP values; GEMV_ALL_T=1: every T, else T = 1, 8),
  * round-robin, best of 3, outputs compared with the first variant's.
+ * GEMV_XP="0 1 2 3" likewise round-robins the two levers of the launches
+ * above 8 rows at every T (bit 0: warps drift across the x stages,
+ * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block with C·Σx from the x prepare,
+ * PETREL_CUDA_TC_XL).
  * Not a test; built with the CUDA test binaries (make gpu-bundle) and run
  * on the GPU machine: bench_gemv_multi. Numbers in bench/RESULTS.md. */
 #include "bench_util.h"
@@ -22,6 +26,16 @@
 void pt_cuda_tc_multi(int on); /* matmul.cu: the grouped launch (1) or the separate ones (0) */
 void pt_cuda_tc_xpre(int on);  /* gemv_tc.cu: x prepared once per launch above 8 rows (1) or per block (0) */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA_TC_LOOP 0, 1, 2) */
+void pt_cuda_tc_drift(int on); /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
+void pt_cuda_tc_xl(int on);   /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
+
+/* One variant of a round-robin: a PETREL_CUDA_TC_LOOP value, or a GEMV_XP mask. */
+static void set_variant(int xp, int v) {
+    if (xp) {
+        pt_cuda_tc_drift(v & 1);
+        pt_cuda_tc_xl((v >> 1) & 1);
+    } else pt_cuda_tc_loop(v);
+}
 
 enum { NC = 4, NW = 7, REPS = 2, H = 4096, F = 14336, KVD = 1024, TMAX = 64 };
 static const int64_t rows_of[NW] = {H, KVD, KVD, H, F, F, H}, cols_of[NW] = {H, H, H, H, H, H, F};
@@ -112,14 +126,15 @@ int main(void) {
            NC * REPS);
     printf("%3s %5s %4s | %8s %8s %8s | %s\n", "T", "multi", "xpre", "q/k/v", "gate/up", "layer", "outputs");
     static const int Ts[] = {1, 8, 16, 32, 64};
-    const char *vars = getenv("GEMV_LOOPS");
-    if (vars) { /* inner loops (PETREL_CUDA_TC_LOOP values), both levers on, round-robin */
+    const char *xpv = getenv("GEMV_XP"), *vars = xpv ? xpv : getenv("GEMV_LOOPS");
+    if (vars) { /* inner loops (PETREL_CUDA_TC_LOOP values) or XP levers, both launch levers on, round-robin */
         int vl[8];
         const int nv = bench_ints(vars, vl, 8);
-        printf("%3s %5s | %8s %8s %8s | %s\n", "T", "loop", "q/k/v", "gate/up", "layer", "outputs (best of 3)");
+        printf("%3s %5s | %8s %8s %8s | %s\n", "T", xpv ? "xp" : "loop", "q/k/v", "gate/up", "layer",
+               "outputs (best of 3)");
         for (int ti = 0; ti < 5; ti++) {
             const int T = Ts[ti];
-            if (T > 8 && !getenv("GEMV_ALL_T")) continue; /* GEMV_ALL_T: also above 8 rows */
+            if (T > 8 && !xpv && !getenv("GEMV_ALL_T")) continue; /* GEMV_ALL_T: also above 8 rows */
             double t[8][3];
             int same[8];
             for (int k = 0; k < nv; k++) {
@@ -128,7 +143,7 @@ int main(void) {
             }
             for (int round = 0; round < 3; round++)
                 for (int k = 0; k < nv; k++) {
-                    pt_cuda_tc_loop(vl[k]);
+                    set_variant(xpv != NULL, vl[k]);
                     for (int what = 0; what < 3; what++) {
                         const double tt = time_graph(&s, T, what);
                         if (tt < t[k][what]) t[k][what] = tt;
@@ -144,7 +159,10 @@ int main(void) {
                        k ? (same[k] ? "identical" : "DIFFER") : "reference");
             fflush(stdout);
         }
-        pt_cuda_tc_loop(vl[0]);
+        if (xpv) {
+            pt_cuda_tc_drift(-1);
+            pt_cuda_tc_xl(-1);
+        } else pt_cuda_tc_loop(vl[0]);
         return 0;
     }
     static const int cfg[4][2] = {{0, 0}, {1, 0}, {0, 1}, {1, 1}};

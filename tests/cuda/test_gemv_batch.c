@@ -11,6 +11,9 @@
  * PETREL_CUDA_TC_CLUSTER, off by default): two 4-bit g64 shapes are checked
  * again with clusters of 2 and 4 blocks, one of them with a block count that
  * is not a whole number of clusters.
+ * The levers of those launches (PETREL_CUDA_TC_DRIFT: no barrier per x
+ * stage; PETREL_CUDA_TC_XL: 4-bit x laid out per K block with C·Σx from
+ * the x prepare; both on by default) are checked again each alone.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
@@ -28,6 +31,8 @@
 #include <string.h>
 
 void pt_cuda_tc_cluster(int n); /* gemv_tc.cu: blocks per cluster of the launches above 8 rows (1, 2, 4) */
+void pt_cuda_tc_drift(int on);  /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
+void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
@@ -105,6 +110,17 @@ static void test_gemv_batch_invariant(void) {
         if (!check_one(be, 4, 64, 1, 272, 2560, 1) || !check_one(be, 4, 64, 1, 300, 4096, 0)) break;
     }
     pt_cuda_tc_cluster(0);
+    /* each lever alone: drift without XL, XL without drift (several
+     * stages: K 2560 at 64 rows is five, with a partial last one at g128) */
+    for (int v = 0; v < 2; v++) {
+        pt_cuda_tc_drift(v == 0);
+        pt_cuda_tc_xl(v == 1);
+        if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 8, 32, 1, 272, 2560, 0) ||
+            !check_one(be, 4, 128, 1, 300, 4096, 0))
+            break;
+    }
+    pt_cuda_tc_drift(-1);
+    pt_cuda_tc_xl(-1);
 done:
     pt_backend_free(&be);
 }

@@ -60,7 +60,13 @@
  * issued 65 copies (half the 64-row time of the S = 8 weights, which do one
  * unit per warp per stage; PETREL_CUDA_TC_XSTAGE=0: the row layout). The
  * blocks of a cluster can share the stage copies (multicast,
- * PETREL_CUDA_TC_CLUSTER; off by default).
+ * PETREL_CUDA_TC_CLUSTER; off by default). Without a cluster the warps do
+ * not meet at a barrier per stage: the last warp done with a buffer issues
+ * its refill, so warps drift up to a stage apart (PETREL_CUDA_TC_DRIFT=0:
+ * the barrier per stage). Up to 32 rows, 4-bit, the XL kernels read x laid
+ * out per 64-value K block (two 16-byte B loads per n-tile at offsets known
+ * at compile time) with C·Σx computed by the x prepare
+ * (PETREL_CUDA_TC_XL=0: not).
  *
  * Batch invariance: S and the unit assignment depend only on N, K, bits and
  * group size; the stage size and W (which depend on the row count) only
@@ -285,6 +291,9 @@ struct tc_args {
     const bf16 *xb;
     const float *sxg;
     int xst;
+    /* XP: drift = no block-wide barrier per stage: the last warp done with
+     * a buffer issues its refill (gemv_tc_block) */
+    int drift;
 };
 
 __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -413,9 +422,18 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
  * st = k / KS (bytes XB, sxoff). The row layout is KS = XS = K, XB = 0,
  * sx its own array (sxoff = its byte offset from xb); the stage-major one
  * is the shared-memory buffer of each stage (tc_args::xst). */
+/* xl (4-bit, stage-major; the XL kernels, gemv_tc_block): each stage is
+ * [KS/64 blocks of K][ncol rows][128 bytes]: a row's 64 values of a block
+ * as 8 chunks of 16 bytes, chunk 2t + h holding the B values of lane t for
+ * the mmas m = 2h and 2h + 1 (k = 16m + 4t … +3 each), stored at chunk
+ * (2t + h) ^ (row & 1) (so the 8 lanes of a quarter-warp hit 8 distinct
+ * chunks); rows nb … ncol−1 are not written (their columns are not
+ * stored). Its Σx piece is [KS/GS][ncol/2][4]: per group and column pair,
+ * Σx of the even and the odd column, then each times c128 (the fold's C,
+ * rounded as the fold's own __fmul_rn(C128, Σx) was). */
 template <int GS>
 __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, int nb, int K, int ncol, int KS,
-                                                       int XS, int64_t XB, int64_t sxoff) {
+                                                       int XS, int64_t XB, int64_t sxoff, int xl, float c128) {
     pt_release_dependents(); /* the GEMV after it may start its weight loads */
     tc_pdl_wait();           /* x is written by the previous kernel */
     const int spr = K / 8, steps = nb * spr, padded = (steps + 31) & ~31;
@@ -431,13 +449,25 @@ __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb,
         u = __ldg(src), v = __ldg(src + 1);
         uint4 o;
         o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
-        *reinterpret_cast<uint4 *>(reinterpret_cast<bf16 *>(sb) + (int64_t)n * XS + kk) = o;
+        if (xl) { /* values kk … kk+3 are lane t's, kk+4 … kk+7 lane t+1's, both of mma m */
+            const int kl = kk & 63, m = kl >> 4, t0 = (kl & 15) >> 2;
+            char *rb = sb + (int64_t)(kk >> 6) * ncol * 128 + (int64_t)n * 128 + (m & 1) * 8;
+            *reinterpret_cast<uint2 *>(rb + ((2 * t0 + (m >> 1)) ^ (n & 1)) * 16) = make_uint2(o.x, o.y);
+            *reinterpret_cast<uint2 *>(rb + ((2 * t0 + 2 + (m >> 1)) ^ (n & 1)) * 16) = make_uint2(o.z, o.w);
+        } else *reinterpret_cast<uint4 *>(reinterpret_cast<bf16 *>(sb) + (int64_t)n * XS + kk) = o;
     }
     float sum = __fadd_rn(__fadd_rn(__fadd_rn(u.x, u.y), __fadd_rn(u.z, u.w)),
                           __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
 #pragma unroll
     for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    if (live && w8 % (GS / 8) == 0) reinterpret_cast<float *>(sb + sxoff)[(int64_t)(kk / GS) * ncol + n] = sum;
+    if (live && w8 % (GS / 8) == 0) {
+        float *sp = reinterpret_cast<float *>(sb + sxoff);
+        if (xl) {
+            sp += ((int64_t)(kk / GS) * ncol + (n & ~1)) * 2 + (n & 1);
+            sp[0] = sum;
+            sp[2] = __fmul_rn(c128, sum);
+        } else sp[(int64_t)(kk / GS) * ncol + n] = sum;
+    }
 }
 
 /* Compile-time shape: nibbles per group, blocks per unit, groups per block,
@@ -457,7 +487,7 @@ struct tc_shape {
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
  * weight's first block): the same code, so the same bits. */
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
 __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
@@ -479,9 +509,13 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
      * filled by bulk copies of the prepared x, stage st into buffer st & 1
      * (completing on mbar[st & 1]) while stage st − 1 computes; the
      * mbarriers after both buffers and red. */
-    const int XB = (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
+    /* XL (4-bit XP): the stage buffer as tc_xprep_kernel's xl layout */
+    const int XB = XL ? (KS / 64) * NCOL * 128 + (KS / GS) * NCOL * 8 : (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
     uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + (size_t)W * P * SH::SLOT +
                                                   (2 * XB > W * 16 * NCOL * 4 ? 2 * XB : W * 16 * NCOL * 4));
+    /* drift: warps done with buffer b so far, counted over the whole launch
+     * (after the two mbarriers) */
+    unsigned *xrel = reinterpret_cast<unsigned *>(mbar + 2);
     /* cluster size and rank (XP launches with a cluster dimension: the
      * stage copies are shared, see tc_bulk_mc; 1 and 0 otherwise) */
     const int ncl = XP ? (int)tc_cluster_size() : 1, crank = XP && ncl > 1 ? (int)tc_cluster_rank() : 0;
@@ -566,6 +600,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
         if (threadIdx.x == 0) {
             tc_mbar_init(&mbar[0]);
             tc_mbar_init(&mbar[1]);
+            xrel[0] = xrel[1] = 0;
         }
         /* in a cluster, every block's mbarriers are initialized before any
          * rank's copies signal them */
@@ -656,20 +691,83 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
             }
         }
     };
+    /* XL (4-bit, XP): the same mmas and folds from the xl layout of x
+     * (tc_xprep_kernel): per n-tile two 16-byte loads at offsets known at
+     * compile time from two per-lane bases (instead of 4 8-byte loads, each
+     * with its row clamp and address arithmetic), C·Σx loaded with Σx, and
+     * n-tile by n-tile (each acc[n] still takes its mmas m = 0, 1, 2, 3 in
+     * order and is folded where its group ends, as above; other n-tiles'
+     * order does not matter: they are independent): the same bits. */
+    unsigned xl_lo0 = 0, xl_lo1 = 0; /* this lane's chunks (h = 0, 1) in a row, plus its row g */
+    if constexpr (XL) {
+        xl_lo0 = g * 128 + (((2 * t) ^ (g & 1)) * 16);
+        xl_lo1 = g * 128 + (((2 * t + 1) ^ (g & 1)) * 16);
+    }
+    auto block_math_xl = [&](const uint4 &wv, const uint2 (&sbq)[GPB], const int jj) {
+        const unsigned uj = (unsigned)jj;
+        const int b = (int)(((unsigned)s + (uj / BPU) * (unsigned)S) * BPU + uj % BPU);
+        const int kb = b * KPB - k0; /* stage-local K of the block (>= 0, a multiple of 64) */
+        const unsigned char *xk = reinterpret_cast<const unsigned char *>(xs) + (unsigned)(kb >> 6) * (NCOL * 128);
+        uint32_t am[4][4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+            am[m][0] = tc_pair_c(wd, 0, c43), am[m][1] = tc_pair_c(wd, 1, c43), am[m][2] = tc_pair_c(wd, 2, c43),
+            am[m][3] = tc_pair_c(wd, 3, c43);
+        }
+        constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8 */
+        const bool unit_end = MPG <= 4 || (uj % BPU) == BPU - 1;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const uint4 b01 = *reinterpret_cast<const uint4 *>(xk + xl_lo0 + n * 1024);
+            const uint4 b23 = *reinterpret_cast<const uint4 *>(xk + xl_lo1 + n * 1024);
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint4 &bq = m < 2 ? b01 : b23;
+                if (m & 1) tc_mma_nv(acc[n], am[m][0], am[m][1], am[m][2], am[m][3], bq.z, bq.w);
+                else tc_mma_nv(acc[n], am[m][0], am[m][1], am[m][2], am[m][3], bq.x, bq.y);
+                const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && unit_end);
+                if (gend) {
+                    const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
+                    const uint2 sbv = sbq[q];
+                    const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
+                    const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
+                    const int gl = (int)((unsigned)(kb + m * 16) / GS); /* stage-local group */
+                    const float4 v = *reinterpret_cast<const float4 *>(sxs + (gl * NCOL + 8 * n + 2 * t) * 2);
+                    const float o0 = v.z, o1 = v.w; /* C·Σx, from the x prepare */
+                    tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, v.x)));
+                    tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, v.y)));
+                    tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, v.x)));
+                    tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, v.y)));
+#pragma unroll
+                    for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                }
+            }
+        }
+    };
     int jj = 0;
+    /* drift (XP, no cluster): only stage 0 starts with a block-wide barrier;
+     * after that a warp done with stage st's buffer counts itself in
+     * xrel[st & 1], and the last of the W warps to do so issues stage st + 2
+     * into it, so warps run up to a stage apart instead of meeting at every
+     * stage (the lockstep left them all in the mma or all in the fold at
+     * once). Same bytes in the same buffers: the same bits. */
+    const bool drift = XP && ncl == 1 && a.drift;
     for (; k0 < K; k0 += KS) {
         const int ks = K - k0 < KS ? K - k0 : KS;
         /* the previous stage's x is no longer read (in a cluster: in any
          * block of it, since the next copies fill every block's buffer) */
         if (XP && ncl > 1) tc_cluster_sync();
-        else __syncthreads();
+        else if (!drift || k0 == 0) __syncthreads();
         if constexpr (XP) {
             /* stage st = k0 / KS is in buffer st & 1; the next stage goes
-             * into the other one, free since the barrier above */
+             * into the other one, free since the barrier above (drift: from
+             * stage 1 on, issued by the last warp done with stage st − 1) */
             const int st = k0 / KS;
-            if (threadIdx.x == 0 && k0 + KS < K) xcopy(k0 + KS, (st + 1) & 1);
+            if (threadIdx.x == 0 && k0 + KS < K && (!drift || k0 == 0)) xcopy(k0 + KS, (st + 1) & 1);
             xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT + (size_t)(st & 1) * XB);
-            sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);
+            sxs = XL ? reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(xs) + (size_t)(KS / 64) * NCOL * 128)
+                     : reinterpret_cast<float *>(xs + (size_t)nb * XS);
             tc_mbar_wait(&mbar[st & 1], (unsigned)(st >> 1) & 1u);
         } else
         /* x[:, k0 : k0+ks] as bf16, 8 values per thread-step, and Σx per
@@ -713,8 +811,23 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
             uint2 qv[GPB];
 #pragma unroll
             for (int q = 0; q < GPB; q++) qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
-            block_math(wv, qv, jj);
+            if constexpr (XL) block_math_xl(wv, qv, jj);
+            else block_math(wv, qv, jj);
         }
+        if constexpr (XP)
+            if (drift) { /* this warp is done with the stage's buffer */
+                const int st = k0 / KS;
+                __syncwarp();
+                if (lane == 0) {
+                    __threadfence_block();
+                    const unsigned done = atomicAdd(&xrel[st & 1], 1u) + 1u;
+                    if (done == (unsigned)W * (unsigned)(st / 2 + 1) && k0 + 2 * KS < K) {
+                        __threadfence_block();
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        xcopy(k0 + 2 * KS, st & 1);
+                    }
+                }
+            }
     }
     tc_wait<0>();
     tc_pdl_trigger();
@@ -740,9 +853,9 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     }
 }
 
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE>(a, blockIdx.x);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(a, blockIdx.x);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -757,14 +870,14 @@ struct tc_multi_args {
     int n;
 };
 
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
     const int bx = blockIdx.x;
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && bx >= m.first[j]) i = j;
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE>(m.a[i], bx - m.first[i]);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(m.a[i], bx - m.first[i]);
 }
 
 /* ---- launch ------------------------------------------------------------------ */
@@ -777,16 +890,17 @@ static int tc_pdl_on(void) {
 }
 
 /* Dynamic shared memory of a block: the weight ring, then x (XP: two
- * buffers, then the two mbarriers) or the final reduction, whichever is
- * larger. */
+ * buffers, then the two mbarriers and the two drift counters) or the final
+ * reduction, whichever is larger. xl: the XL kernels' stage layout. */
 template <int BITS, int GS>
-static size_t tc_smem(int nb, int NT, int SU, int W, bool xp) {
+static size_t tc_smem(int nb, int NT, int SU, int W, bool xp, bool xl = false) {
     using SH = tc_shape<BITS, GS>;
     const size_t KS = (size_t)SU * SH::UK;
     size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
+    if (xp && xl) xb = (KS / 64) * NT * 8 * 128 + (KS / GS) * NT * 8 * 8; /* tc_xprep_kernel's xl layout */
     if (xp) xb = 2 * ((xb + 15) & ~(size_t)15);
     const size_t rb = (size_t)W * 16 * NT * 8 * 4;
-    return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 16 : 0);
+    return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 32 : 0);
 }
 
 /* The inner loop of the GEMV (A/B; the same bits: the same floating-point
@@ -811,20 +925,20 @@ static int tc_loop(void) {
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
 static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster) {
     static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
     size_t smem = 0;
     for (int i = 0; i < m.n; i++) {
-        const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W, XP);
+        const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W, XP, XL);
         if (b > smem) smem = b;
     }
     if (smem > attr[grouped]) {
         if (grouped)
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         else
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr[grouped] = smem;
     }
@@ -845,8 +959,8 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[1].val.clusterDim.z = 1;
         cfg.numAttrs++;
     }
-    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE>, m));
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE>, m.a[0]));
+    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m.a[0]));
     return PT_OK;
 }
 
@@ -883,15 +997,15 @@ static int tc_xpre(void) {
  * about PT_TC_XP_BUDGET bytes), or 0 when even one round per stage does not
  * fit the shared memory (then the in-block staging serves the launch). */
 template <int BITS, int GS, int NT>
-static int tc_xp_su(const tc_args &a) {
+static int tc_xp_su(const tc_args &a, bool xl) {
     using SH = tc_shape<BITS, GS>;
     const int NU = a.K / SH::UK, nu_r = (NU + a.S - 1) / a.S * a.S;
     int su = (int)(PT_TC_XP_BUDGET / ((int64_t)a.nb * 2 * SH::UK));
     su = su / a.S * a.S;
     if (su < a.S) su = a.S;
     if (su > nu_r) su = nu_r;
-    while (su > a.S && tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true) > PT_TC_SMEM_MAX) su -= a.S;
-    return tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true) <= PT_TC_SMEM_MAX ? su : 0;
+    while (su > a.S && tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true, xl) > PT_TC_SMEM_MAX) su -= a.S;
+    return tc_smem<BITS, GS>(a.nb, NT, su, PT_TC_WIDE_WARPS, true, xl) <= PT_TC_SMEM_MAX ? su : 0;
 }
 
 /* Stage-major prepared x (tc_args::xst): PETREL_CUDA_TC_XSTAGE=0 or
@@ -902,6 +1016,30 @@ extern "C" void pt_cuda_tc_xstage(int on) { g_tc_xstage = on != 0; }
 static bool tc_xstage(void) {
     if (g_tc_xstage < 0) g_tc_xstage = pt_env_on("PETREL_CUDA_TC_XSTAGE");
     return g_tc_xstage;
+}
+
+/* Two levers of the XP launches, each bit-identical: the XL kernels (4-bit,
+ * stage-major x: tc_xprep_kernel's xl layout, with C·Σx computed there
+ * once instead of in every block's fold; PETREL_CUDA_TC_XL, pt_cuda_tc_xl),
+ * and warps that drift across the x stages instead of meeting at a barrier
+ * per stage (tc_args::drift; no cluster; PETREL_CUDA_TC_DRIFT,
+ * pt_cuda_tc_drift). A negative argument: back to the environment. */
+#define PT_TC_XL_DEFAULT 1
+#define PT_TC_DRIFT_DEFAULT 1
+static int g_tc_xl = -1, g_tc_drift = -1;
+extern "C" void pt_cuda_tc_xl(int on) { g_tc_xl = on < 0 ? -1 : on != 0; }
+extern "C" void pt_cuda_tc_drift(int on) { g_tc_drift = on < 0 ? -1 : on != 0; }
+static int tc_env01(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) != 0 : dflt;
+}
+static bool tc_xl(void) {
+    if (g_tc_xl < 0) g_tc_xl = tc_env01("PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT);
+    return g_tc_xl;
+}
+static bool tc_drift(void) {
+    if (g_tc_drift < 0) g_tc_drift = tc_env01("PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT);
+    return g_tc_drift;
 }
 
 /* Blocks per cluster of the XP launches (they share each stage's x load,
@@ -965,23 +1103,37 @@ static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
 template <int BITS, int GS, int NT>
 static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     int su[PT_TC_MULTI];
-    for (int i = 0; i < m.n; i++)
-        if (!(su[i] = tc_xp_su<BITS, GS, NT>(m.a[i]))) return PT_ERR_UNSUPPORTED;
     const int nb = m.a[0].nb, K = m.a[0].K, ncol = NT * 8;
     /* scratch, stage-major when every weight has the same stages and they
      * fit (each stage one bulk copy: PETREL_CUDA_TC_XSTAGE=0 keeps the row
      * layout), else the row layout: xb [nb][K] bf16, then sx [G][ncol] f32
-     * (256-byte aligned) */
+     * (256-byte aligned). 4-bit stage-major launches take the XL kernels
+     * (tc_xprep_kernel's xl layout; PETREL_CUDA_TC_XL=0: not), sized for
+     * it; if its stages do not fit the scratch, sized again without. */
     const size_t xbb = ((size_t)nb * K * 2 + 255) & ~(size_t)255;
     bf16 *xb = (bf16 *)c->tile;
     float *sx = (float *)((char *)c->tile + xbb);
-    bool xst = tc_xstage();
-    for (int i = 1; i < m.n && xst; i++)
-        if (su[i] != su[0]) xst = false;
     using SH = tc_shape<BITS, GS>;
-    const int KS = su[0] * SH::UK, XS = KS + SH::XPAD;
-    const int64_t XB = ((int64_t)nb * XS * 2 + (KS / GS) * ncol * 4 + 15) & ~(int64_t)15;
-    if (xst && (size_t)((K + KS - 1) / KS) * (size_t)XB > c->tile_bytes) xst = false;
+    bool xst = false, xl = false;
+    int KS = 0, XS = 0;
+    int64_t XB = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        /* XL kernels: the default loop only, up to 32 rows (at 64 rows,
+         * NT = 8, they spill 32 bytes and were 2% slower: 250.8 against 246.0
+         * µs per 8b layer) */
+        xl = pass == 0 && BITS == 4 && NT <= 4 && tc_xl() && tc_xstage() && tc_loop();
+        for (int i = 0; i < m.n; i++)
+            if (!(su[i] = tc_xp_su<BITS, GS, NT>(m.a[i], xl))) return PT_ERR_UNSUPPORTED;
+        xst = tc_xstage();
+        for (int i = 1; i < m.n && xst; i++)
+            if (su[i] != su[0]) xst = false;
+        KS = su[0] * SH::UK, XS = KS + SH::XPAD;
+        XB = xl ? (int64_t)(KS / 64) * ncol * 128 + (KS / GS) * ncol * 8
+                : ((int64_t)nb * XS * 2 + (KS / GS) * ncol * 4 + 15) & ~(int64_t)15;
+        if (xst && (size_t)((K + KS - 1) / KS) * (size_t)XB > c->tile_bytes) xst = false;
+        if (!xl || xst) break;
+    }
+    if (!xst) xl = false; /* only after a pass without it (the loop above) */
     for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
     const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
     cudaLaunchConfig_t cfg = {};
@@ -993,12 +1145,13 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    const float c128 = BITS == 4 ? 128.f : 128.f * 17.f; /* the fold's C128 */
     if (xst)
         CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
-                                      (int64_t)nb * XS * 2));
+                                      xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl, c128));
     else
         CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0,
-                                      (int64_t)xbb));
+                                      (int64_t)xbb, 0, c128));
     /* clusters need one stage schedule in all their blocks: every weight's
      * units per stage equal (K and nb are); the grid is padded to a whole
      * number of clusters with blocks past the last weight's tiles (they
@@ -1009,12 +1162,15 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     if (cl > 1) {
         size_t smem = 0;
         for (int i = 0; i < m.n; i++) {
-            const size_t b = tc_smem<BITS, GS>(nb, NT, su[i], PT_TC_WIDE_WARPS, true);
+            const size_t b = tc_smem<BITS, GS>(nb, NT, su[i], PT_TC_WIDE_WARPS, true, xl);
             if (b > smem) smem = b;
         }
         if (!tc_cluster_fits<BITS, GS, NT>(grouped != 0, cl, smem)) cl = 1;
     }
     if (cl > 1) m.first[m.n] = (m.first[m.n] + cl - 1) / cl * cl;
+    for (int i = 0; i < m.n; i++) m.a[i].drift = cl == 1 && tc_drift();
+    if constexpr (BITS == 4 && NT <= 4)
+        if (xl) return tc_launch_k<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false, true>(c, m, 1, grouped, cl);
     return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl);
 }
 
