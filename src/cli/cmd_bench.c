@@ -19,6 +19,11 @@
  * window, at the cache's storage width (bf16 rows, or codes plus bf16 scales
  * and biases when quantized).
  *
+ * tflops (pp rows on CUDA) = FLOPs a prompt token costs (pp_flops_per_token:
+ * 2 per linear weight the token passes, attention's QKᵀ and p·V at the
+ * token's mean causal depth) × tokens/s; mma_fraction = tflops / the bf16
+ * tensor-core rate measured here (a cuBLAS --mma-n³ bf16 GEMM).
+ *
  * --kv-ab runs several KV-cache configurations as one paired A/B: one session
  * per cache mode, each filled to the depth by its own prefill (configurations
  * that differ only in --fused-decode-attn share a session: prefill never uses
@@ -55,6 +60,9 @@ static void help(FILE *f) {
             "  -r N                 repetitions per test (default 5); the median is reported too\n"
             "  --bw-gib N           size of the bandwidth measurement buffer in GiB (default 2; 0 skips\n"
             "                       the measurement and reports bw_fraction 0)\n"
+            "  --mma-n N            on CUDA: size of the square bf16 cuBLAS GEMM (N×N×N) whose measured\n"
+            "                       rate pp rows report a fraction of (default 8192; 0 skips it); pp rows\n"
+            "                       gain TFLOP/s (FLOPs per prompt token × t/s) and 'of MMA'\n"
             "  --kv-ab LIST         paired A/B of KV-cache configurations in one run, e.g.\n"
             "                       off,8,4,4+fused: each item a --kv-quant value, '+fused' adding\n"
             "                       --fused-decode-attn on; one session per cache mode, each filled by\n"
@@ -63,7 +71,8 @@ static void help(FILE *f) {
             "                       use the fused kernel)\n"
             "  --json               stdout holds only a JSON array, one row per test, with\n"
             "                       llama-bench's keys (n_prompt, n_gen, n_depth, avg_ts, stddev_ts)\n"
-            "                       plus median_ts, samples_ts, gbps, bw_fraction and kv\n"
+            "                       plus median_ts, samples_ts, gbps, bw_fraction and kv (on CUDA also\n"
+            "                       tflops, mma_fraction and mma_measured_tflops; 0 on tg rows)\n"
             "  -h, --help           this help\n",
             pt_synthetic_names());
     cli_common_help(f);
@@ -129,7 +138,7 @@ static pt_status to_depth(pt_session *s, int depth, int32_t *buf, int vocab, con
 typedef struct {
     int n_prompt, n_gen, n_depth, reps;
     double *samples;
-    double avg, stddev, median, gbps, bw_fraction;
+    double avg, stddev, median, gbps, bw_fraction, tflops, mma_fraction;
 } row;
 
 /* Repetition `rep` of test r (rep -1: the warm-up, not recorded). */
@@ -247,13 +256,53 @@ static double kv_read_bytes(const pt_model *m, double ctx) {
     return b;
 }
 
+/* Multiply-adds of one row through w, as FLOPs (2 per weight; a stack of
+ * experts counts all of them: the caller scales by the active share). */
+static double mat_flops(const pt_matrix *w) {
+    return 2.0 * (double)w->rows * (double)w->cols * (double)(w->n_experts > 1 ? w->n_experts : 1);
+}
+
+/* FLOPs per prompt token of a pp test: n_prompt tokens after `depth`, in
+ * chunks of `chunk`. Every linear layer the token passes (MoE: the top-k
+ * experts' share; no embedding lookup; the lm_head once per chunk, for its
+ * last row), plus attention: QKᵀ and p·V, 4·head_dim FLOPs per head and
+ * key, at each token's causal key count (capped by a sliding window),
+ * averaged over the prompt. The flash kernel's second QKᵀ pass and masked
+ * work are not counted: this is the work the model needs. */
+static double pp_flops_per_token(const pt_model *m, int depth, int n_prompt, int chunk) {
+    const pt_net *n = &m->net;
+    double lin = 0, att = 0;
+    for (int l = 0; l < n->n_layers; l++) {
+        const pt_layer *L = &n->layers[l];
+        lin += mat_flops(&L->wq) + mat_flops(&L->wk) + mat_flops(&L->wv) + mat_flops(&L->wo);
+        lin += mat_flops(&L->lin_qkv) + mat_flops(&L->lin_z) + mat_flops(&L->lin_b) + mat_flops(&L->lin_a) +
+               mat_flops(&L->lin_out);
+        if (L->is_moe) {
+            const double ex = mat_flops(&L->ex_gate) + mat_flops(&L->ex_up) + mat_flops(&L->ex_down);
+            lin += mat_flops(&L->router) + ex / L->route.n_experts * L->route.top_k;
+            lin += mat_flops(&L->sh_gate) + mat_flops(&L->sh_up) + mat_flops(&L->sh_down) + mat_flops(&L->sh_router);
+        }
+        if (!L->is_moe || L->moe_dense) lin += mat_flops(&L->w_gate) + mat_flops(&L->w_up) + mat_flops(&L->w_down);
+        lin += mat_flops(&L->ple_gate) + mat_flops(&L->ple_proj);
+        if (L->is_linear) continue; /* DeltaNet: no attention over a cache */
+        /* keys of the token at position t: min(t + 1, window); the mean over t in [depth, depth + n_prompt) */
+        const double W = L->attn.window > 0 ? (double)L->attn.window : 1e300;
+        double keys = 0;
+        for (int t = depth; t < depth + n_prompt; t++) keys += (double)(t + 1) < W ? (double)(t + 1) : W;
+        att += 4.0 * L->n_heads * L->head_dim * keys / n_prompt;
+    }
+    lin += mat_flops(&n->ple_model_proj);
+    const double head = mat_flops(&n->lm_head) * ceil((double)n_prompt / chunk) / n_prompt;
+    return lin + att + head;
+}
+
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench";
     cli_common c;
     if (cli_common_init(&c, cmd)) return 2;
     const char *synthetic = NULL, *quant = NULL;
     int pp[MAX_LIST] = {512}, n_pp = 1, tg[MAX_LIST] = {128}, n_tg = 1, dd[MAX_LIST] = {0}, n_dd = 1;
-    int reps = 5, json = 0, bw_gib = 2;
+    int reps = 5, json = 0, bw_gib = 2, mma_n = 8192;
     kv_cfg cfg[MAX_KV_CFG];
     int n_cfg = 0, kv_ab = 0;
     for (int i = 1; i < argc; i++) {
@@ -282,6 +331,9 @@ int cmd_bench(int argc, char **argv) {
         } else if (!missing && (v = cli_flag_value("--bw-gib", argc, argv, &i, &missing))) {
             if (!cli_parse_int(cmd, "--bw-gib", v, 0, 64, &bw_gib)) return 2;
             if (bw_gib == 1) return cli_usage_error(cmd, "--bw-gib: 1 GiB is too small (2 or more, or 0 to skip)");
+        } else if (!missing && (v = cli_flag_value("--mma-n", argc, argv, &i, &missing))) {
+            if (!cli_parse_int(cmd, "--mma-n", v, 0, 32768, &mma_n)) return 2;
+            if (mma_n > 0 && mma_n < 256) return cli_usage_error(cmd, "--mma-n: %d is too small (256 or more, or 0 to skip)", mma_n);
         } else if (missing)
             return cli_usage_error(cmd, "%s needs a value", a);
         else if (!strcmp(a, "--json"))
@@ -364,6 +416,15 @@ int cmd_bench(int argc, char **argv) {
         cli_fail(cmd);
         goto done;
     }
+    /* the matrix roofline of prefill on CUDA: a bf16 cuBLAS GEMM */
+    double mma = 0;
+    if (on_gpu && mma_n) {
+        if (!json) fprintf(stderr, "measuring the bf16 tensor-core rate (cuBLAS %d×%d×%d)...\n", mma_n, mma_n, mma_n);
+        if (pt_cuda_matmul_rate(mma_n, &mma) != PT_OK) {
+            cli_fail(cmd);
+            goto done;
+        }
+    }
     const pt_net *net = &m->net;
     double wbytes = (double)pt_net_decode_bytes(net);
     int vocab = (int)net->vocab;
@@ -375,12 +436,13 @@ int cmd_bench(int argc, char **argv) {
         goto done;
     }
     if (!json) {
-        printf("model: %s | %s | weights read per token %.1f MiB | read bandwidth %.1f GB/s\n\n", pt_model_id(m),
+        printf("model: %s | %s | weights read per token %.1f MiB | read bandwidth %.1f GB/s", pt_model_id(m),
                pt_model_backend_name(m), wbytes / 1048576.0, bw);
-        printf("| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |%s\n", "test", "depth", "reps", "t/s (mean ± sd)",
-               "median", "GB/s", "of BW", kv_ab ? " KV cache |" : "");
-        printf("|%.*s|%s\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------",
-               kv_ab ? "----------|" : "");
+        if (on_gpu && mma_n) printf(" | bf16 tensor-core rate %.1f TFLOP/s (cuBLAS %d³)", mma, mma_n);
+        printf("\n\n| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |%s%s\n", "test", "depth", "reps", "t/s (mean ± sd)",
+               "median", "GB/s", "of BW", on_gpu ? " TFLOP/s | of MMA |" : "", kv_ab ? " KV cache |" : "");
+        printf("|%.*s|%s%s\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------",
+               on_gpu ? "---------|--------|" : "", kv_ab ? "----------|" : "");
         fflush(stdout);
     }
     for (int i = 0; i < n_rows; i++) {
@@ -420,6 +482,10 @@ int cmd_bench(int argc, char **argv) {
                 int chunk = sess[cfg[k].sess]->fwd.chunk;
                 double chunks = ceil((double)r->n_prompt / chunk);
                 bytes_per_tok = (wbytes + kv_read_bytes(m, r->n_depth + r->n_prompt / 2.0)) * chunks / r->n_prompt;
+                if (on_gpu) {
+                    r->tflops = r->median * pp_flops_per_token(m, r->n_depth, r->n_prompt, chunk) / 1e12;
+                    r->mma_fraction = mma > 0 ? r->tflops / mma : 0;
+                }
             }
             m->params.kv_quant = base_kv;
             r->gbps = r->median * bytes_per_tok / 1e9;
@@ -430,6 +496,8 @@ int cmd_bench(int argc, char **argv) {
                 snprintf(ts, sizeof ts, "%.2f ± %.2f", r->avg, r->stddev);
                 printf("| %-14s | %7d | %8d | %20s | %10.2f | %8.2f | %6.1f%% |", name, r->n_depth, r->reps, ts,
                        r->median, r->gbps, 100 * r->bw_fraction);
+                if (on_gpu && r->n_prompt) printf(" %7.1f | %5.1f%% |", r->tflops, 100 * r->mma_fraction);
+                else if (on_gpu) printf(" %7s | %6s |", "-", "-");
                 if (kv_ab) printf(" %-8s |", cfg[k].name);
                 printf("\n");
                 fflush(stdout);
@@ -459,8 +527,12 @@ int cmd_bench(int argc, char **argv) {
                    first ? "" : ",\n", id_json ? id_json : "\"?\"", nth, r->n_prompt, r->n_gen, r->n_depth, r->reps,
                    kvname, r->avg, r->stddev, r->median);
             for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->samples[k]);
-            printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f}", r->gbps, r->bw_fraction,
+            printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f", r->gbps, r->bw_fraction,
                    bw);
+            if (on_gpu)
+                printf(", \"tflops\": %.6f, \"mma_fraction\": %.6f, \"mma_measured_tflops\": %.6f", r->tflops,
+                       r->mma_fraction, mma);
+            printf("}");
             first = 0;
         }
         printf("\n]\n");

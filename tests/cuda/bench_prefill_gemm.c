@@ -7,12 +7,31 @@
  * time), and the largest difference between (c) and (b) relative to the
  * largest output. Timings: host clock around a stream synchronization over
  * batches of calls, median of the batches. Built with CUDA=1 into the GPU
- * bundle; not a test (no pass/fail). Usage: bench_prefill_gemm [batches] */
+ * bundle; not a test (no pass/fail). Usage: bench_prefill_gemm [batches]
+ * (BENCH_NO_Q8=1: the 4-bit and bf16 rows only).
+ *
+ * Two more modes for the prefill A/B runs (bench/RESULTS.md):
+ *   bench_prefill_gemm flash [batches] — the prefill attention op alone on
+ *     the llama-3.1-8b layer shape (32 heads over 8 KV heads of 128, bf16
+ *     cache), chunks of 512 and 2048 from position 0, the old and the
+ *     pipelined flash kernel: µs per call and TFLOP/s (4·128 FLOPs per head
+ *     and causal key pair, the model's work);
+ *   bench_prefill_gemm engine [reps] [model...] — whole prefills through
+ *     the engine (synthetic q4 models, default llama-3.2-1b and
+ *     llama-3.1-8b): pp512 and pp2048 under three configurations in turn
+ *     (A: the old flash kernel, x converted per weight; B: the pipelined
+ *     flash kernel; C: B plus x converted once per matmul_multi), one
+ *     warm-up and `reps` alternating rounds; t/s per round. With
+ *     BENCH_PROFILE=1 the first timed pp2048 of A and of C run between
+ *     cudaProfilerStart/Stop, for `ncu --profile-from-start off`. */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "base/half.h"
+#include "model/model.h" /* pt_model_synthetic */
+#include "petrel.h"
 
+#include <cuda_profiler_api.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +40,8 @@
 #include "bench_util.h"
 
 void pt_cuda_prefill_select(long long tc_max_t, int dequant_old); /* matmul.cu, for benchmarks */
+void pt_cuda_prefill_multi(int on);                                /* matmul.cu */
+void pt_cuda_flash_select(int v);                                  /* flash_attn.cu */
 
 
 static pt_backend *G;
@@ -42,7 +63,116 @@ static double time_mm(float *y, const float *x, int64_t T, const pt_matrix *w, i
     return t[batches / 2];
 }
 
+/* The prefill attention op alone, old vs pipelined kernel, 8b layer shape. */
+static int flash_mode(int batches) {
+    enum { NH = 32, NKV = 8, HD = 128, CAP = 2048 };
+    const int64_t cn = (int64_t)NKV * CAP * HD, qn = (int64_t)2048 * NH * HD;
+    uint16_t *kh = malloc((size_t)cn * 2);
+    float *qh = malloc((size_t)qn * 4);
+    int32_t pos[2048];
+    for (int64_t i = 0; i < cn; i++) kh[i] = pt_f32_to_bf16((float)(ru() & 0xffff) / 21845.0f - 1.5f);
+    for (int64_t i = 0; i < qn; i++) qh[i] = pt_round_bf16((float)(ru() & 0xffff) / 16384.0f - 2.0f);
+    for (int t = 0; t < 2048; t++) pos[t] = t;
+    pt_kv_layer kv = {.n_kv = NKV, .head_dim = HD, .capacity = CAP, .dtype = PT_FT_BF16};
+    kv.k = G->ops->alloc(G, (size_t)cn * 2), kv.v = G->ops->alloc(G, (size_t)cn * 2);
+    float *q = G->ops->alloc(G, (size_t)qn * 4), *o = G->ops->alloc(G, (size_t)qn * 4);
+    int32_t *pd = G->ops->alloc(G, sizeof pos);
+    if (!kv.k || !kv.v || !q || !o || !pd || G->ops->upload(G, kv.k, kh, (size_t)cn * 2) != PT_OK ||
+        G->ops->upload(G, kv.v, kh, (size_t)cn * 2) != PT_OK || G->ops->upload(G, q, qh, (size_t)qn * 4) != PT_OK ||
+        G->ops->upload(G, pd, pos, sizeof pos) != PT_OK)
+        DIE("flash buffers");
+    pt_attn p = {.n_heads = NH, .head_dim = HD, .scale = 1.0f / sqrtf((float)HD)};
+    printf("| T | kernel | µs per call | TFLOP/s |\n|---|---|---|---|\n");
+    for (int T = 512; T <= 2048; T *= 4)
+        for (int v = 1; v <= 2; v++) {
+            pt_cuda_flash_select(v);
+            double t[32];
+            int nb = batches > 32 ? 32 : batches;
+            for (int i = 0; i < 2; i++)
+                if (G->ops->attention(G, o, q, T, pd, &kv, &p) != PT_OK) DIE("attention");
+            if (G->ops->sync(G) != PT_OK) DIE("sync");
+            for (int b = 0; b < nb; b++) {
+                double t0 = now();
+                for (int i = 0; i < 5; i++) G->ops->attention(G, o, q, T, pd, &kv, &p);
+                if (G->ops->sync(G) != PT_OK) DIE("sync");
+                t[b] = (now() - t0) / 5;
+            }
+            qsort(t, (size_t)nb, sizeof t[0], cmpd);
+            const double fl = 4.0 * HD * NH * ((double)T * (T + 1) / 2); /* causal: key pairs */
+            printf("| %d | %s | %.1f | %.1f |\n", T, v == 1 ? "old" : "pipelined", t[nb / 2] * 1e6,
+                   fl / t[nb / 2] * 1e-12);
+            fflush(stdout);
+        }
+    pt_cuda_flash_select(-1);
+    G->ops->dealloc(G, kv.k), G->ops->dealloc(G, kv.v), G->ops->dealloc(G, q), G->ops->dealloc(G, o);
+    G->ops->dealloc(G, pd);
+    free(kh), free(qh);
+    return 0;
+}
+
+/* Whole prefills through the engine, configurations alternating. */
+static int engine_mode(int reps, int nm, char **models) {
+    static const char *defm[] = {"llama-3.2-1b", "llama-3.1-8b"};
+    static const char *cfg_name[] = {"A old", "B flash2", "C flash2+x-once"};
+    if (nm == 0) nm = 2, models = (char **)defm;
+    const int profile = getenv("BENCH_PROFILE") && !strcmp(getenv("BENCH_PROFILE"), "1");
+    printf("| model | test | config | t/s per round |\n|---|---|---|---|\n");
+    for (int mi = 0; mi < nm; mi++) {
+        pt_model_params mp = pt_model_default_params();
+        mp.device = PT_DEVICE_CUDA;
+        pt_model *m = NULL;
+        if (pt_model_synthetic(models[mi], "q4", &mp, &m) != PT_OK) DIE("synthetic %s", models[mi]);
+        pt_session_params sp = pt_session_default_params();
+        sp.n_ctx = 2049;
+        pt_session *s = NULL;
+        if (pt_session_create(m, &sp, &s) != PT_OK) DIE("session");
+        const int V = pt_model_vocab_size(m);
+        static int32_t ids[2048];
+        static const int Ps[] = {512, 2048};
+        for (int pi = 0; pi < 2; pi++) {
+            double ts[3][16];
+            for (int r = -1; r < reps && r < 16; r++)
+                for (int c = 0; c < 3; c++) {
+                    pt_cuda_flash_select(c == 0 ? 1 : 2);
+                    pt_cuda_prefill_multi(c == 2);
+                    for (int i = 0; i < Ps[pi]; i++) ids[i] = (int32_t)(ru() % (uint32_t)V);
+                    /* BENCH_PROFILE=1: the first timed pp2048 of A and of C between
+                     * cudaProfilerStart/Stop (ncu --profile-from-start off) */
+                    const int prof = profile && r == 0 && Ps[pi] == 2048 && c != 1;
+                    if (prof) cudaProfilerStart();
+                    double t0 = now();
+                    if (pt_session_prompt(s, ids, (size_t)Ps[pi]) != PT_OK) DIE("prompt");
+                    const double dt = now() - t0;
+                    if (prof) cudaProfilerStop();
+                    if (pt_session_truncate(s, 0) != PT_OK) DIE("truncate");
+                    if (r >= 0) ts[c][r] = Ps[pi] / dt;
+                }
+            for (int c = 0; c < 3; c++) {
+                printf("| %s | pp%d | %s |", models[mi], Ps[pi], cfg_name[c]);
+                for (int r = 0; r < reps && r < 16; r++) printf(" %.0f", ts[c][r]);
+                printf(" |\n");
+            }
+            fflush(stdout);
+        }
+        pt_cuda_flash_select(-1);
+        pt_cuda_prefill_multi(-1);
+        pt_session_free(&s);
+        pt_model_free(&m);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "engine")) {
+        char why[256];
+        if (pt_cuda_device_count(why, sizeof why) == 0) {
+            printf("no CUDA device: %s\n", why);
+            return 0;
+        }
+        return engine_mode(argc > 2 ? atoi(argv[2]) : 3, argc > 3 ? argc - 3 : 0, argv + 3);
+    }
+    const int flash = argc > 1 && !strcmp(argv[1], "flash");
+    if (flash) argc--, argv++;
     int batches = argc > 1 ? atoi(argv[1]) : 5;
     if (batches < 1) batches = 1;
     char why[256];
@@ -56,6 +186,11 @@ int main(int argc, char **argv) {
     pt_backend_limits lim = {.max_tokens = maxT, .max_ctx = 4096, .max_heads = 32, .max_head_dim = 128,
                              .max_cols = maxK};
     if (G->ops->reserve(G, &lim) != PT_OK) DIE("reserve");
+    if (flash) {
+        flash_mode(batches);
+        pt_backend_free(&G);
+        return 0;
+    }
     float *xh = malloc((size_t)(maxT * maxK) * 4);
     for (int64_t i = 0; i < maxT * maxK; i++) xh[i] = pt_round_bf16(((float)(ru() & 0xffff) / 32768.0f) - 1.0f);
     float *x = G->ops->alloc(G, (size_t)(maxT * maxK) * 4);
@@ -73,6 +208,7 @@ int main(int argc, char **argv) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
         for (int bi = 0; bi < 3; bi++) {
             const int bits = bitss[bi];
+            if (bits == 8 && getenv("BENCH_NO_Q8")) continue; /* BENCH_NO_Q8: 4-bit and bf16 rows only */
             const int64_t N = shapes[si].N, K = shapes[si].K;
             pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = bits ? 64 : 0};
             void *d = NULL, *sc = NULL, *bb = NULL;

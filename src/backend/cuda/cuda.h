@@ -48,6 +48,12 @@ pt_status pt_cuda_device_query(int index, pt_cuda_device_info *info);
  * fractions of. PT_ERR_DEVICE naming the failing call. */
 pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs);
 
+/* Measures the device's bf16 tensor-core rate (TFLOP/s): a cuBLAS bf16 GEMM
+ * of n × n × n (f32 accumulation) on pseudo-random values, median of 5 runs
+ * after a warm-up (matmul.cu); the roofline `petrel bench` reports prefill's
+ * fraction of. PT_ERR_DEVICE naming the failing call. */
+pt_status pt_cuda_matmul_rate(int n, double *tflops);
+
 /* One line describing the device ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"). */
 void pt_cuda_device_describe(const pt_cuda_device_info *info, char *buf, size_t n);
 

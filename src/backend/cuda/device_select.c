@@ -30,6 +30,12 @@ pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs) {
     return pt_error(PT_ERR_UNSUPPORTED, "this petrel was built without CUDA (build with make CUDA=1)");
 }
 
+pt_status pt_cuda_matmul_rate(int n, double *tflops) {
+    (void)n;
+    *tflops = 0;
+    return pt_error(PT_ERR_UNSUPPORTED, "this petrel was built without CUDA (build with make CUDA=1)");
+}
+
 pt_status pt_backend_cuda_create(pt_backend **out, const pt_cuda_params *params) {
     (void)params;
     *out = NULL;

@@ -12,6 +12,10 @@
  *     only the order of the f32 sums differs from the CPU reference.
  *   - f32 activations, or f32/f16 caches: the same tiles as f32 FMAs on CUDA
  *     cores (f32 numerics: DESIGN.md's strict bound in f32 mode).
+ * The tensor-core form has a pipelined version (flash2_prefill_kernel, head
+ * dims up to 128: K/V through a cp.async ring, fragments by ldmatrix) that
+ * computes the same bits; the first version serves head_dim 256, the
+ * quantized caches and PETREL_CUDA_FLASH2=0.
  *
  * The softmax keeps the reference's rounding points (backend.h: scores
  * rounded after the dot and after ·scale, soft-cap steps rounded,
@@ -68,6 +72,72 @@ struct fa_args {
     float qmul;
 };
 
+/* Pass 1's update of this thread's two rows (running max m, this lane's
+ * partial sum of exp l) by the 8 scores it holds of a 32-key tile; the row
+ * max is shared by the row's 4 lanes (shuffles), the sums stay per lane. */
+__device__ __forceinline__ void fa_online(const float (&s)[4][4], float (&m)[2], float (&l)[2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        float tm = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) tm = fmaxf(tm, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+        const float mn = fmaxf(m[rr], tm);
+        if (mn == -INFINITY) continue;
+        float acc = m[rr] == -INFINITY ? 0.f : l[rr] * expf(m[rr] - mn);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const float v = s[nt][2 * rr + i];
+                if (v != -INFINITY) acc += expf(v - mn);
+            }
+        l[rr] = acc;
+        m[rr] = mn;
+    }
+}
+
+/* After pass 1: the row sums (the 4 lanes' partials, lane order fixed by
+ * the shuffles) inverted; 0 for a row with every key masked. */
+__device__ __forceinline__ void fa_inverse(const float (&m)[2], const float (&l)[2], float (&inv)[2]) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        float L = l[rr];
+        L += __shfl_xor_sync(0xffffffffu, L, 1);
+        L += __shfl_xor_sync(0xffffffffu, L, 2);
+        inv[rr] = m[rr] == -INFINITY ? 0.f : 1.0f / L;
+    }
+}
+
+/* Pass 2: p = round(exp(s − max)/sum) of the 16 keys 16·kk.. of the tile,
+ * as the A fragment of the p·V product: the C fragments of two adjacent
+ * 8-key tiles are the A fragment of one 16-key step (rows lane/4 and +8,
+ * keys (lane%4)·2 and +8). */
+__device__ __forceinline__ void fa_probs(const float (&s)[4][4], int kk, const float (&m)[2], const float (&inv)[2],
+                                         uint32_t (&af)[4]) {
+    float p[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; u++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float v = s[2 * kk + u][i];
+            p[u][i] = v == -INFINITY ? 0.f : pt_round_bf(expf(v - m[i >> 1]) * inv[i >> 1]);
+        }
+    af[0] = pack_bf2(p[0][0], p[0][1]);
+    af[1] = pack_bf2(p[0][2], p[0][3]);
+    af[2] = pack_bf2(p[1][0], p[1][1]);
+    af[3] = pack_bf2(p[1][2], p[1][3]);
+}
+
+/* The score of a raw dot product: rounded after the dot and after ·scale,
+ * the soft-cap steps rounded (backend.h's rounding points). */
+__device__ __forceinline__ float fa_score(float dot, const fa_args &a) {
+    float v = pt_round_bf(pt_round_bf(dot) * a.scale);
+    if (a.softcap > 0.f) v = pt_round_bf(pt_round_bf(tanhf(pt_round_bf(v / a.softcap))) * a.softcap);
+    return v;
+}
+
 /* The scores of this thread's 2 rows × 8 keys of the tile (rounded,
  * soft-capped, masked to -inf), from Q rows in shared memory and the K tile. */
 template <int D, bool LO>
@@ -105,8 +175,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat1
         for (int i = 0; i < 4; i++) {
             const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
             const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
-            float v = pt_round_bf(pt_round_bf(s[nt][i]) * a.scale);
-            if (a.softcap > 0.f) v = pt_round_bf(pt_round_bf(tanhf(pt_round_bf(v / a.softcap))) * a.softcap);
+            const float v = fa_score(s[nt][i], a);
             s[nt][i] = ok ? v : -INFINITY;
         }
 }
@@ -184,35 +253,10 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
         load_tile<D, LO>(Ks, Vt, Ks2, Vt2, a, kh, j0, hi, false);
         __syncthreads();
         tile_scores<D, LO>(s, Qs, Ks, Ks2, warp, lane, j0, prow, a);
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            float tm = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) tm = fmaxf(tm, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
-            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
-            const float mn = fmaxf(m[rr], tm);
-            if (mn == -INFINITY) continue;
-            float acc = m[rr] == -INFINITY ? 0.f : l[rr] * expf(m[rr] - mn);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const float v = s[nt][2 * rr + i];
-                    if (v != -INFINITY) acc += expf(v - mn);
-                }
-            l[rr] = acc;
-            m[rr] = mn;
-        }
+        fa_online(s, m, l);
     }
     float inv[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        float L = l[rr];
-        L += __shfl_xor_sync(0xffffffffu, L, 1);
-        L += __shfl_xor_sync(0xffffffffu, L, 2);
-        inv[rr] = m[rr] == -INFINITY ? 0.f : 1.0f / L;
-    }
+    fa_inverse(m, l, inv);
     /* pass 2: p = round(exp(s − max)/sum), O += p·V */
     float o[NT][4];
 #pragma unroll
@@ -228,16 +272,8 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
          * one 16-key step (rows lane/4 and +8, keys (lane%4)·2 and +8) */
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
-            float p[2][4];
-#pragma unroll
-            for (int u = 0; u < 2; u++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const float v = s[2 * kk + u][i];
-                    p[u][i] = v == -INFINITY ? 0.f : pt_round_bf(expf(v - m[i >> 1]) * inv[i >> 1]);
-                }
-            uint32_t af[4] = {pack_bf2(p[0][0], p[0][1]), pack_bf2(p[0][2], p[0][3]), pack_bf2(p[1][0], p[1][1]),
-                              pack_bf2(p[1][2], p[1][3])};
+            uint32_t af[4];
+            fa_probs(s, kk, m, inv, af);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const __nv_bfloat16 *vb = Vt + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
@@ -279,6 +315,233 @@ static pt_status launch(pt_cuda *c, const fa_args &a) {
     flash_prefill_kernel<D, LO><<<grid, FA_THREADS, shm, c->stream>>>(a);
     CUDA_CHECK_LAUNCH("flash attention (prefill)");
     return PT_OK;
+}
+
+/* ---- the tensor-core kernel, pipelined (bf16 cache, bf16 activations) ----
+ * The same tiling and the same arithmetic as flash_prefill_kernel — every
+ * score, max, sum and p·V product is formed by the same instructions on
+ * the same values in the same order, so the output is bit-identical (the
+ * test test_cuda_prefill_flash compares the two) — arranged to keep the
+ * tensor cores fed:
+ *   - K and V tiles (32 keys) arrive by cp.async in a 3-deep ring: the
+ *     next tiles load while this one is computed, one barrier per tile
+ *     (the old kernel loaded each tile synchronously between two barriers);
+ *   - V stays row-major [key][d] and its B fragments come from
+ *     ldmatrix.trans (no transposing scalar stores); Q and K fragments come
+ *     from ldmatrix; rows are padded by 16 bytes, so the 8 rows one
+ *     ldmatrix phase reads sit in 8 different bank groups;
+ *   - tiles wholly inside every row's causal window skip the mask;
+ *   - the row tiles with the most keys (the last ones) start first.
+ * Head dims 32..128 (256 would not fit its accumulators in the register
+ * budget of 3 blocks per SM: it keeps the old kernel, as do the quantized
+ * caches). PETREL_CUDA_FLASH2=0 selects the old kernel (A/B). */
+#define FB_STAGES 3
+
+__device__ __forceinline__ void fa_cp16(uint32_t dst, const void *src, bool pred) {
+    /* src-size 0: the 16 bytes are zero-filled (keys past the last) */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void fa_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void fa_ldm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void fa_ldm4t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+/* cp.async of keys [j0, j0 + 32) into a stage: K (and V when PV) rows of D
+ * values at a (D + 8)-element stride; keys past hi are zero-filled. ring:
+ * the cache wraps (hi >= cap), so a key's slot is j % cap. */
+template <int D, bool PV>
+__device__ __forceinline__ void fa2_issue(uint32_t ks, uint32_t vs, const fa_args &a, int kh, int64_t j0, int64_t hi,
+                                          bool ring) {
+    constexpr int C8 = D / 8, ST = D + 8;
+    for (int idx = threadIdx.x; idx < FA_BK * C8; idx += FA_THREADS) {
+        const int r = idx / C8, c = (idx % C8) * 8;
+        const int64_t j = j0 + r;
+        const bool ok = j <= hi;
+        const int64_t slot = ring ? j % a.cap : j;
+        const int64_t off = ok ? ((int64_t)kh * a.cap + slot) * D + c : 0;
+        const uint32_t so = (uint32_t)(r * ST + c) * 2;
+        fa_cp16(ks + so, a.k + off, ok);
+        if (PV) fa_cp16(vs + so, a.v + off, ok);
+    }
+}
+
+/* Raw dot products of the warp's 16 query rows (Q at qs) with the tile's 32
+ * keys (K at ks): s[nt] = keys 8·nt.., each accumulated over d in steps of
+ * 16 in order (as tile_scores). */
+template <int D>
+__device__ __forceinline__ void fa2_dots(float (&s)[4][4], uint32_t qs, uint32_t ks, int warp, int lane) {
+    constexpr int ST = D + 8;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) s[nt][i] = 0.f;
+    const int mi = lane >> 3;
+#pragma unroll
+    for (int kq = 0; kq < D / 16; kq++) {
+        uint32_t af[4];
+        fa_ldm4(af, qs + (uint32_t)((warp * 16 + (lane & 15)) * ST + kq * 16 + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+            uint32_t b[4];
+            fa_ldm4(b, ks + (uint32_t)((np * 16 + (mi >> 1) * 8 + (lane & 7)) * ST + kq * 16 + (mi & 1) * 8) * 2);
+            mma16816(s[2 * np], af, b[0], b[1]);
+            mma16816(s[2 * np + 1], af, b[2], b[3]);
+        }
+    }
+}
+
+/* One pass over the key tiles [lo, hi]: pass 1 (PV false) the row max and
+ * sum of exp, pass 2 p·V into o. pfirst: the position of the block's first
+ * row (tiles at or below it, and inside the window of its last row hi,
+ * need no mask). */
+template <int D, bool PV>
+__device__ __forceinline__ void fa2_pass(const fa_args &a, uint32_t qs, uint32_t ring_s, int kh, int64_t lo, int64_t hi,
+                                         int64_t pfirst, bool ring, const int64_t (&prow)[2], float (&m)[2],
+                                         float (&l)[2], const float (&inv)[2], float (&o)[D / 8][4], int warp,
+                                         int lane) {
+    constexpr int ST = D + 8, TILE = FA_BK * ST * 2, STAGE = 2 * TILE;
+    const int64_t n = (hi - lo) / FA_BK + 1;
+#pragma unroll
+    for (int st = 0; st < FB_STAGES - 1; st++) {
+        if (st < n) fa2_issue<D, PV>(ring_s + st * STAGE, ring_s + st * STAGE + TILE, a, kh, lo + st * FA_BK, hi, ring);
+        fa_commit();
+    }
+    const int c0 = (lane & 3) * 2, mi = lane >> 3;
+    for (int64_t it = 0; it < n; it++) {
+        fa_wait<FB_STAGES - 2>();
+        __syncthreads(); /* tile it landed for every thread; every warp is done with tile it-1's slot */
+        {
+            const int64_t nx = it + FB_STAGES - 1;
+            const uint32_t sl = ring_s + (uint32_t)(nx % FB_STAGES) * STAGE;
+            if (nx < n) fa2_issue<D, PV>(sl, sl + TILE, a, kh, lo + nx * FA_BK, hi, ring);
+            fa_commit();
+        }
+        const uint32_t ks = ring_s + (uint32_t)(it % FB_STAGES) * STAGE, vs = ks + TILE;
+        const int64_t j0 = lo + it * FA_BK;
+        float s[4][4];
+        fa2_dots<D>(s, qs, ks, warp, lane);
+        if (j0 + FA_BK - 1 > pfirst || (a.window > 0 && j0 < hi - a.window + 1)) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
+                    const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
+                    const float v = fa_score(s[nt][i], a);
+                    s[nt][i] = ok ? v : -INFINITY;
+                }
+        } else { /* every key of the tile in every row's window (padding rows: finite, never stored) */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) s[nt][i] = fa_score(s[nt][i], a);
+        }
+        if (!PV) {
+            fa_online(s, m, l);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                uint32_t af[4];
+                fa_probs(s, kk, m, inv, af);
+#pragma unroll
+                for (int np = 0; np < D / 16; np++) {
+                    uint32_t b[4];
+                    fa_ldm4t(b, vs + (uint32_t)((kk * 16 + (mi & 1) * 8 + (lane & 7)) * ST + np * 16 + (mi >> 1) * 8) * 2);
+                    mma16816(o[2 * np], af, b[0], b[1]);
+                    mma16816(o[2 * np + 1], af, b[2], b[3]);
+                }
+            }
+        }
+    }
+    fa_wait<0>();
+    __syncthreads(); /* the ring is free for the next pass */
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 3) flash2_prefill_kernel(fa_args a) {
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int ST = D + 8, NT = D / 8;
+    __nv_bfloat16 *Qs = reinterpret_cast<__nv_bfloat16 *>(fa_smem); /* [64][D + 8] */
+    const uint32_t qs = (uint32_t)__cvta_generic_to_shared(fa_smem);
+    const uint32_t ring_s = qs + FA_ROWS * ST * 2; /* FB_STAGES × (K [32][D + 8], V [32][D + 8]) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.x, kh = h / (a.nh / a.nkv);
+    const int64_t t0 = (int64_t)(gridDim.y - 1 - blockIdx.y) * FA_ROWS; /* the longest rows first */
+    const int64_t tend = t0 + FA_ROWS < a.T ? t0 + FA_ROWS : a.T;
+    const int64_t p0 = a.pos[0];
+    const int64_t hi = p0 + tend - 1;
+    const int64_t lo = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
+    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        const int64_t t = t0 + r;
+        Qs[r * ST + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] * a.qmul : 0.f);
+    } /* made visible by the first barrier of pass 1 */
+    int64_t prow[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        prow[rr] = t < a.T ? p0 + t : -1;
+    }
+    const bool ring = hi >= a.cap;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, inv[2] = {0.f, 0.f};
+    float o[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) o[nt][i] = 0.f;
+    fa2_pass<D, false>(a, qs, ring_s, kh, lo, hi, p0 + t0, ring, prow, m, l, inv, o, warp, lane);
+    fa_inverse(m, l, inv);
+    fa2_pass<D, true>(a, qs, ring_s, kh, lo, hi, p0 + t0, ring, prow, m, l, inv, o, warp, lane);
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        if (t >= a.T) continue;
+        float *orow = a.out + (t * a.nh + h) * D;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int c = nt * 8 + (lane & 3) * 2;
+            orow[c] = pt_round_bf(o[nt][2 * rr]);
+            orow[c + 1] = pt_round_bf(o[nt][2 * rr + 1]);
+        }
+    }
+}
+
+template <int D>
+static pt_status launch2(pt_cuda *c, const fa_args &a) {
+    const size_t shm = ((size_t)FA_ROWS + 2 * FB_STAGES * (size_t)FA_BK) * (D + 8) * 2;
+    static bool raised = false;
+    if (!raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash2_prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        /* all of the unified L1 as shared memory: 3 blocks of ~68 KiB per SM at head_dim 128 */
+        CUDA_CHECK(cudaFuncSetAttribute(flash2_prefill_kernel<D>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        (int)cudaSharedmemCarveoutMaxShared));
+        raised = true;
+    }
+    dim3 grid((unsigned)a.nh, (unsigned)((a.T + FA_ROWS - 1) / FA_ROWS));
+    flash2_prefill_kernel<D><<<grid, FA_THREADS, shm, c->stream>>>(a);
+    CUDA_CHECK_LAUNCH("flash attention (prefill, pipelined)");
+    return PT_OK;
+}
+
+/* Which tensor-core kernel serves the bf16 cache: 2 the pipelined one, 1 the
+ * old one; -1 reads PETREL_CUDA_FLASH2 (0: the old one). For tests and
+ * benchmarks comparing the two in one process. */
+static int g_flash2 = -1;
+extern "C" void pt_cuda_flash_select(int v) { g_flash2 = v < 0 ? -1 : v == 2; }
+static bool flash2_on(void) {
+    if (g_flash2 < 0) g_flash2 = pt_env_on("PETREL_CUDA_FLASH2");
+    return g_flash2 != 0;
 }
 
 /* ---- the same tiling on CUDA cores: f32 activations and f32/f16 caches ----
@@ -467,6 +730,14 @@ pt_status pt_cuda_flash_prefill(pt_cuda *c, float *out, const float *q, int64_t 
     fa_args a = {out,       q,        (const __nv_bfloat16 *)kv->k,
                  (const __nv_bfloat16 *)kv->v, pos, T, kv->capacity, p->n_heads, kv->n_kv, p->scale, p->softcap,
                  p->window, NULL, NULL, 1.0f};
+    if (flash2_on()) switch (p->head_dim) {
+        case 32: return launch2<32>(c, a);
+        case 64: return launch2<64>(c, a);
+        case 80: return launch2<80>(c, a);
+        case 96: return launch2<96>(c, a);
+        case 128: return launch2<128>(c, a);
+        default: break; /* 256: the old kernel */
+        }
     switch (p->head_dim) {
     case 32: return launch<32>(c, a);
     case 64: return launch<64>(c, a);

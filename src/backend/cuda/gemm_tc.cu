@@ -26,7 +26,10 @@
  * chunks are XOR-swizzled by (row & 7), so the 8 rows an ldmatrix phase
  * reads sit in 8 different bank groups. Two blocks fit one SM (77 / 90 KiB
  * of shared memory), so one block's dequantization overlaps the other's
- * mma. Rows past T or N are loaded as zeros and not stored. */
+ * mma. Rows past T or N are loaded as zeros and not stored.
+ *
+ * Also here: pt_cuda_matmul_rate (cuda.h), the bf16 tensor-core rate of a
+ * cuBLAS GEMM that `petrel bench` reports prefill's fraction of. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
 
@@ -337,4 +340,80 @@ pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 
     a.e_codes = N * (K * w->bits / 8);
     a.e_sb = N * (K / w->group_size);
     return w->bits == 4 ? launch_tc<4>(c, a, ntiles) : launch_tc<8>(c, a, ntiles);
+}
+
+/* ---- the matrix-rate roofline (cuda.h) ----------------------------------
+ * pt_cuda_matmul_rate: a cuBLAS bf16 GEMM C[n, n] = A[n, n]·B[n, n] (f32
+ * accumulation, bf16 output, the prefill GEMM's compute type) on
+ * pseudo-random values (zeros run faster than real data), median of 5 timed
+ * runs after a warm-up: the tensor-core rate `petrel bench` reports
+ * prefill's fraction of. Not the engine's path: a benchmark of the device. */
+__global__ void rate_fill_kernel(__nv_bfloat16 *p, int64_t n, uint32_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+        p[i] = __float2bfloat16_rn((float)(h & 0xffff) / 32768.0f - 1.0f);
+    }
+}
+
+extern "C" pt_status pt_cuda_matmul_rate(int n, double *tflops) {
+    *tflops = 0;
+    if (n < 256 || n > 32768) return pt_error(PT_ERR_INVALID_ARG, "matrix rate: size %d (256..32768)", n);
+    __nv_bfloat16 *a = NULL, *b = NULL, *cm = NULL;
+    cublasHandle_t h = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    pt_status st = PT_OK;
+    const size_t nn = (size_t)n * (size_t)n;
+    float ms[5];
+    const float one = 1.f, zero = 0.f;
+#define PT_MR(call)                                                                                       \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess) {                                                                          \
+            (void)cudaGetLastError();                                                                     \
+            st = pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d)", #call, cudaGetErrorName(e_), (int)e_); \
+            goto done;                                                                                    \
+        }                                                                                                 \
+    } while (0)
+#define PT_MRB(call)                                                                  \
+    do {                                                                              \
+        cublasStatus_t s_ = (call);                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                            \
+            st = pt_error(PT_ERR_DEVICE, "%s failed: cuBLAS status %d", #call, (int)s_); \
+            goto done;                                                                \
+        }                                                                             \
+    } while (0)
+    PT_MR(cudaMalloc((void **)&a, nn * 2));
+    PT_MR(cudaMalloc((void **)&b, nn * 2));
+    PT_MR(cudaMalloc((void **)&cm, nn * 2));
+    rate_fill_kernel<<<1024, 256>>>(a, (int64_t)nn, 0x1234567u);
+    rate_fill_kernel<<<1024, 256>>>(b, (int64_t)nn, 0x89abcdefu);
+    PT_MR(cudaGetLastError());
+    PT_MRB(cublasCreate(&h));
+    PT_MR(cudaEventCreate(&e0));
+    PT_MR(cudaEventCreate(&e1));
+    for (int r = -1; r < 5; r++) {
+        PT_MR(cudaEventRecord(e0));
+        PT_MRB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16BF, n, b, CUDA_R_16BF, n, &zero,
+                            cm, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        PT_MR(cudaEventRecord(e1));
+        PT_MR(cudaEventSynchronize(e1));
+        if (r >= 0) PT_MR(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    for (int i = 1; i < 5; i++) /* insertion sort: the median of 5 */
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
+            const float t = ms[j];
+            ms[j] = ms[j - 1], ms[j - 1] = t;
+        }
+    *tflops = 2.0 * (double)n * (double)n * (double)n / (ms[2] * 1e-3) / 1e12;
+done:
+#undef PT_MR
+#undef PT_MRB
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (h) cublasDestroy(h);
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    if (cm) cudaFree(cm);
+    return st;
 }

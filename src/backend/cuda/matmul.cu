@@ -29,7 +29,9 @@
  * matmul_multi (several weights over one x: q/k/v, gate/up) runs the
  * weights as one grouped tensor-core GEMV launch when they all take that
  * path with one bits, group size and K and T <= 64 (bit-identical to the
- * separate launches); otherwise it makes the separate calls.
+ * separate launches); above 64 rows, when every weight takes the bf16 GEMM
+ * path, it converts x to bf16 once for all of them; otherwise it makes the
+ * separate calls.
  *
  * Not here: attention, MoE routing (moe.cu uses pt_cuda_gemv_items). */
 #include "backend/cuda/cuda_internal.cuh"
@@ -799,32 +801,52 @@ pt_status pt_cuda_dequant_bf16(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_
     return launch_dequant(c, out, w, row_begin, nrows);
 }
 
-static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
-    const pt_cuda_weight *cw = pt_cuda_w(w);
-    const int64_t N = w->rows, K = w->cols;
-    const int bf = c->base.act == PT_ACT_BF16;
-    const bool use_bf16 = bf && (w->bits > 0 || w->dtype == PT_FT_BF16);
+/* Whether the GEMM path runs w on bf16 inputs (x converted to bf16 first). */
+static bool gemm_bf16(const pt_cuda *c, const pt_matrix *w) {
+    return c->base.act == PT_ACT_BF16 && (w->bits > 0 || w->dtype == PT_FT_BF16);
+}
+
+/* The GEMM path's x[T, K] (f32) as bf16 in c->xconv, 16 bytes per thread
+ * where aligned. */
+static pt_status gemm_convert_x(pt_cuda *c, const float *x, int64_t T, int64_t K) {
     if (!c->tile || (size_t)(T * K) * 4 > c->xconv_bytes)
         return pt_error(PT_ERR_INVALID_ARG,
                         "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
                         (long long)T, (long long)K);
+    if ((T * K) % 4 == 0 && (uintptr_t)x % 16 == 0)
+        f32_to_bf16_v4_kernel<<<pt_cuda_blocks(T * K / 4, 256), 256, 0, c->stream>>>((uint2 *)c->xconv,
+                                                                                    (const float4 *)x, T * K / 4);
+    else
+        f32_to_bf16_kernel<<<pt_cuda_blocks(T * K, 256), 256, 0, c->stream>>>((__nv_bfloat16 *)c->xconv, x, T * K);
+    CUDA_CHECK_LAUNCH("f32_to_bf16");
+    return PT_OK;
+}
+
+static pt_status gemm_run(pt_cuda *c, float *y, const void *xin, int64_t T, const pt_matrix *w, int64_t expert);
+
+static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
+    if (!c->tile || (size_t)(T * w->cols) * 4 > c->xconv_bytes)
+        return pt_error(PT_ERR_INVALID_ARG,
+                        "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
+                        (long long)T, (long long)w->cols);
+    if (!gemm_bf16(c, w)) return gemm_run(c, y, x, T, w, expert);
+    PT_TRY(gemm_convert_x(c, x, T, w->cols));
+    return gemm_run(c, y, c->xconv, T, w, expert);
+}
+
+/* y = x·Wᵀ on the GEMM path; xin: bf16 [T, K] (c->xconv) when gemm_bf16,
+ * else the f32 input. */
+static pt_status gemm_run(pt_cuda *c, float *y, const void *xin, int64_t T, const pt_matrix *w, int64_t expert) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    const int64_t N = w->rows, K = w->cols;
+    const int bf = c->base.act == PT_ACT_BF16;
+    const bool use_bf16 = gemm_bf16(c, w);
     const size_t esz = use_bf16 ? 2 : 4;
     int64_t chunk = (int64_t)(c->tile_bytes / esz) / K;
     if (chunk < 1) return pt_error(PT_ERR_UNSUPPORTED, "matmul: %lld columns exceed the tile", (long long)K);
     if (chunk < N) { /* equal chunks (multiples of 128 rows where that fits): no small last GEMM */
         const int64_t n = (N + chunk - 1) / chunk, even = ((N + n - 1) / n + 127) / 128 * 128;
         if (even <= chunk) chunk = even;
-    }
-    const void *xin = x;
-    if (use_bf16) {
-        if ((T * K) % 4 == 0 && (uintptr_t)x % 16 == 0)
-            f32_to_bf16_v4_kernel<<<pt_cuda_blocks(T * K / 4, 256), 256, 0, c->stream>>>(
-                (uint2 *)c->xconv, (const float4 *)x, T * K / 4);
-        else
-            f32_to_bf16_kernel<<<pt_cuda_blocks(T * K, 256), 256, 0, c->stream>>>((__nv_bfloat16 *)c->xconv, x,
-                                                                                  T * K);
-        CUDA_CHECK_LAUNCH("f32_to_bf16");
-        xin = c->xconv;
     }
     if (use_bf16 && w->bits > 0 && T <= tc_max_t()) {
         pt_status st = pt_cuda_gemm_tc(c, y, (const bf16 *)xin, T, w, expert);
@@ -974,6 +996,15 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
  * pt_cuda_tc_gemv launch per weight, which the grouped launch reproduces bit
  * for bit. Anything else (and PETREL_CUDA_MULTI=0 / pt_cuda_tc_multi(0),
  * for A/B): the n separate matmul / matmul_rows calls. */
+/* PETREL_CUDA_PREFILL_MULTI=0 / pt_cuda_prefill_multi(0): matmul_multi
+ * converts x once per weight on the GEMM path, as separate matmuls do (A/B). */
+static int g_prefill_multi = -1;
+extern "C" void pt_cuda_prefill_multi(int on) { g_prefill_multi = on < 0 ? -1 : on != 0; }
+static int prefill_multi_on(void) {
+    if (g_prefill_multi < 0) g_prefill_multi = pt_env_on("PETREL_CUDA_PREFILL_MULTI");
+    return g_prefill_multi;
+}
+
 static int g_tc_multi = -1;
 extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi = on != 0; }
 static int tc_multi_on(void) {
@@ -1005,6 +1036,23 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
             xin = (const float *)c->xconv;
         }
         return pt_cuda_tc_gemv_multi(c, n, y, xin, T, w);
+    }
+    /* Prefill (T > 64, the GEMM path for every weight): x converted to bf16
+     * once for all n weights instead of once per weight; the same values and
+     * the same GEMM calls as the separate matmuls. */
+    if (!rows && n > 1 && T > PT_TC_MAX_T && prefill_multi_on()) {
+        bool all = true;
+        for (int i = 0; i < n; i++)
+            all = all && gemm_bf16(c, w[i]) && w[i]->rows <= INT32_MAX && w[i]->cols <= INT32_MAX;
+        if (all) {
+            if (!c->tile || (size_t)(T * w[0]->cols) * 4 > c->xconv_bytes)
+                return pt_error(PT_ERR_INVALID_ARG,
+                                "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
+                                (long long)T, (long long)w[0]->cols);
+            PT_TRY(gemm_convert_x(c, x, T, w[0]->cols));
+            for (int i = 0; i < n; i++) PT_TRY(gemm_run(c, y[i], c->xconv, T, w[i], 0));
+            return PT_OK;
+        }
     }
     for (int i = 0; i < n; i++)
         PT_TRY(rows ? pt_cuda_matmul_rows(be, y[i], x, T, w[i], 0) : pt_cuda_matmul(be, y[i], x, T, w[i], 0));
