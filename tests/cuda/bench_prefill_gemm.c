@@ -2,8 +2,10 @@
  * the llama-3.2-1b and llama-3.1-8b projection shapes, MLX 4-bit and 8-bit
  * g64 and bf16: for each shape and T, the time of one matmul call through
  * the backend's op table with (a) dequantize (old one-thread-per-32-values
- * kernel) + cuBLAS, (b) the one-word-per-thread dequantize + cuBLAS, (c) the
- * fused tensor-core kernel (gemm_tc.cu), with TFLOP/s (2·T·N·K over the
+ * kernel) + cuBLAS, (b) the one-word-per-thread dequantize + cuBLAS (on the
+ * weight as the engine uploads it: 4/8-bit repacked for the decode GEMV,
+ * whose own dequantize kernel serves both (a) and (b) then), (c) the fused
+ * tensor-core kernel (gemm_tc.cu) on an MLX-layout copy, with TFLOP/s (2·T·N·K over the
  * time), and the largest difference between (c) and (b) relative to the
  * largest output. Timings: host clock around a stream synchronization over
  * batches of calls, median of the batches. Built with CUDA=1 into the GPU
@@ -42,6 +44,7 @@
 void pt_cuda_prefill_select(long long tc_max_t, int dequant_old); /* matmul.cu, for benchmarks */
 void pt_cuda_prefill_multi(int on);                                /* matmul.cu */
 void pt_cuda_flash_select(int v);                                  /* flash_attn.cu */
+void pt_cuda_tc_select(int on); /* gemv_tc.cu: 0 keeps the MLX layout at upload */
 
 
 static pt_backend *G;
@@ -231,7 +234,16 @@ int main(int argc, char **argv) {
                     ((uint16_t *)d)[i] = pt_f32_to_bf16(0.05f * ((float)(ru() & 0xffff) / 32768.0f - 1.0f));
             }
             w.data = d;
+            /* w: the layout the engine uploads (4/8-bit: repacked for the
+             * decode GEMV, dequantized by its own kernel); wm: the MLX layout,
+             * which the fused kernel reads */
+            pt_matrix wm = w;
             if (G->ops->prepare_weight(G, &w, shapes[si].name) != PT_OK) DIE("prepare");
+            if (bits) {
+                pt_cuda_tc_select(0);
+                if (G->ops->prepare_weight(G, &wm, shapes[si].name) != PT_OK) DIE("prepare (MLX layout)");
+                pt_cuda_tc_select(1);
+            }
             for (int ti = 0; ti < 2; ti++) {
                 const int64_t T = Ts[ti];
                 float *y = G->ops->alloc(G, (size_t)(T * N) * 4), *y2 = G->ops->alloc(G, (size_t)(T * N) * 4);
@@ -246,7 +258,7 @@ int main(int argc, char **argv) {
                 t_new = time_mm(y, x, T, &w, batches);
                 if (bits) {
                     pt_cuda_prefill_select(1LL << 40, 0);
-                    t_tc = time_mm(y2, x, T, &w, batches);
+                    t_tc = time_mm(y2, x, T, &wm, batches);
                     float *h1 = malloc((size_t)(T * N) * 4), *h2 = malloc((size_t)(T * N) * 4);
                     if (G->ops->download(G, h1, y, (size_t)(T * N) * 4) != PT_OK ||
                         G->ops->download(G, h2, y2, (size_t)(T * N) * 4) != PT_OK)
@@ -276,6 +288,7 @@ int main(int argc, char **argv) {
             }
             pt_cuda_prefill_select(-1, -1);
             G->ops->release_weight(G, &w);
+            if (bits) G->ops->release_weight(G, &wm);
             free(d), free(sc), free(bb);
         }
     G->ops->dealloc(G, x);

@@ -289,6 +289,9 @@ pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const 
         (T + TC_BM - 1) / TC_BM > 2147483647LL || (N + TC_BN - 1) / TC_BN > 65535 || (uintptr_t)x % 16)
         return PT_ERR_UNSUPPORTED;
     const pt_cuda_weight *cw = pt_cuda_w(w);
+    /* the decode GEMV's repacked layout (gemv_tc.cu) has no MLX codes or
+     * scale arrays to read: dequantize + cuBLAS serves it */
+    if (cw->tc) return PT_ERR_UNSUPPORTED;
     const int64_t e0 = expert * N, gpr = K / gs;
     tc_args a;
     a.y = y;
