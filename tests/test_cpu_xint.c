@@ -284,7 +284,8 @@ static void test_gemm(void) {
  * own dtype) over a 48-token prompt, logits at every position (prefill
  * GEMM) and 8 decoded tokens, with both levers on against both off:
  * argmax identical wherever the levers-off top-1/top-2 margin exceeds 0.05
- * (the bf16 gate of the parity tier), max |dlogit| printed. */
+ * (the bf16 gate of the parity tier), max |dlogit| printed; and with the
+ * levers on, 1 and 2 threads bit-identical. */
 static void test_demo_model(void) {
     if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
     pt_model_params mp = pt_model_default_params();
@@ -342,6 +343,26 @@ static void test_demo_model(void) {
            "of %.4g\n",
            agree, gated, maxd, maxl);
     CHECK(agree == gated, "argmax differs at %d of %d gated positions", gated - agree, gated);
+    /* the levers on with one thread: the same bits as with two (the CPU invariant) */
+    pt_model_params mp1 = pt_model_default_params();
+    mp1.n_threads = 1;
+    pt_model *m1 = NULL;
+    REQUIRE(pt_model_load("models/kjv-llama-4bit", &mp1, &m1) == PT_OK, "%s", pt_last_error());
+    pt_cpu_lever.xint = pt_cpu_lever.xgemm = 1;
+    pt_session *s1 = NULL;
+    pt_session_params sp1 = {.n_ctx = P + D + 2};
+    REQUIRE(pt_session_create(m1, &sp1, &s1) == PT_OK, "%s", pt_last_error());
+    REQUIRE(pt_session_eval_logits(s1, ids, P, lg[0]) == PT_OK, "%s", pt_last_error());
+    CHECK(memcmp(lg[0], lg[1], sizeof(float) * (size_t)V * P) == 0, "prompt logits: 1 and 2 threads differ");
+    for (int i = 0; i < D; i++) {
+        REQUIRE(pt_session_prompt(s1, &ids[P + i], 1) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(pt_session_logits(s1), lg[1] + (size_t)(P + i) * V, sizeof(float) * (size_t)V) == 0,
+              "decode step %d: 1 and 2 threads differ", i);
+    }
+    pt_cpu_lever.xint = saved[0];
+    pt_cpu_lever.xgemm = saved[1];
+    pt_session_free(&s1);
+    pt_model_free(&m1);
     free(lg[0]), free(lg[1]);
     pt_model_free(&m);
 }
