@@ -423,7 +423,9 @@ pt_status pt_cuda_dec_merge(pt_cuda *c, float *out, int nh, int hd, int nsplit, 
  * sizeof(KT) / 16 chunks, with consecutive lanes on consecutive chunks of
  * one row (whole 32-byte sectors per load instruction), and a lane issues
  * all its loads of a batch of keys before it uses any of them, so 8 loads
- * per lane (4 KB per warp at hd 128 in bf16) are in flight at once; 8 warps
+ * per lane (4 KB per warp at hd 128 in bf16; 4 in the p·V kernel for more
+ * than 4 heads per KV head, whose accumulators take the registers) are in
+ * flight at once; 8 warps
  * per block, two blocks per SM. The old kernels kept one key per thread
  * (scores: 256-byte rows as 16 scattered loads, 4 in flight) or 2-byte loads
  * per lane (p·V) and read the per-split statistics one after another.
