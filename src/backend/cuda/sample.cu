@@ -43,6 +43,7 @@ extern "C" {
 #include <string.h>
 
 #define GS_NT 1024
+#define GS_BATCH 8 /* terms per batch of a chunk's sum or walk */
 #define GS_NO_HIT 0x7fffffffffffffffLL
 
 /* ---- block helpers (every thread of the block calls them) ---- */
@@ -99,7 +100,16 @@ __device__ double gs_scan(const F &f, int64_t n, int64_t m, double *sT) {
     const int k = threadIdx.x;
     double S = 0;
     const int64_t a = (int64_t)k * c, b = a + c < m ? a + c : m;
-    for (int64_t j = a; j < b; j++) S = __dadd_rn(S, (double)f(j));
+    /* GS_BATCH terms evaluated (their loads in flight together), then
+     * added in order: the same sum as one term at a time */
+    for (int64_t j0 = a; j0 < b; j0 += GS_BATCH) {
+        float v[GS_BATCH];
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++) v[u] = j0 + u < b ? f(j0 + u) : 0.f;
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++)
+            if (j0 + u < b) S = __dadd_rn(S, (double)v[u]);
+    }
     __syncthreads();
     sT[k] = S;
     __syncthreads();
@@ -123,16 +133,21 @@ __device__ long long gs_walk(const F &f, int64_t n, int64_t m, const double *sT,
     const int64_t a = (int64_t)k * c, b = a + c < n ? a + c : n;
     long long hit = GS_NO_HIT;
     double cum = k ? sT[k - 1] : 0.0;
-    for (int64_t j = a; j < b; j++) {
-        if (j >= m) {
-            hit = m;
-            break;
-        }
-        const float v = f(j);
-        cum = __dadd_rn(cum, (double)v);
-        if (v > 0 && (mode == 0 ? cum >= target : target < cum)) {
-            hit = j;
-            break;
+    /* batched as in gs_scan: terms past a hit are evaluated and ignored */
+    for (int64_t j0 = a; j0 < b && hit == GS_NO_HIT; j0 += GS_BATCH) {
+        float v[GS_BATCH];
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++) v[u] = j0 + u < b && j0 + u < m ? f(j0 + u) : 0.f;
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++) {
+            const int64_t j = j0 + u;
+            if (hit != GS_NO_HIT || j >= b) break;
+            if (j >= m) {
+                hit = m;
+                break;
+            }
+            cum = __dadd_rn(cum, (double)v[u]);
+            if (v[u] > 0 && (mode == 0 ? cum >= target : target < cum)) hit = j;
         }
     }
     return gs_block_min_ll(hit, sc);
@@ -604,17 +619,25 @@ __global__ void __launch_bounds__(GS_P1_NT) gs_mb_pass1(const pt_gsample_row *ro
     float rmx = -INFINITY, best = -INFINITY, smx = -INFINITY;
     long long bi = GS_NO_HIT;
     unsigned cnt = 0;
-    for (int64_t i = a + threadIdx.x; i < b; i += GS_P1_NT) {
-        const float v = x[i];
-        rmx = fmaxf(rmx, v);
-        if (v > best) { /* ids ascend per thread: the thread's first maximum */
-            best = v;
-            bi = i;
-        }
-        if (draw && gs_cand(v)) {
-            const float sv = __fmul_rn(v, inv_t);
-            smx = sv > smx ? sv : smx;
-            cnt++;
+    for (int64_t i0 = a + threadIdx.x; i0 < b; i0 += GS_BATCH * GS_P1_NT) {
+        float xv[GS_BATCH]; /* the loads in flight together */
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++) xv[u] = i0 + u * GS_P1_NT < b ? x[i0 + u * GS_P1_NT] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < GS_BATCH; u++) {
+            const int64_t i = i0 + u * GS_P1_NT;
+            if (i >= b) break;
+            const float v = xv[u];
+            rmx = fmaxf(rmx, v);
+            if (v > best) { /* ids ascend per thread: the thread's first maximum */
+                best = v;
+                bi = i;
+            }
+            if (draw && gs_cand(v)) {
+                const float sv = __fmul_rn(v, inv_t);
+                smx = sv > smx ? sv : smx;
+                cnt++;
+            }
         }
     }
     rmx = gs_red_max_f(rmx, scf);
@@ -670,10 +693,13 @@ __global__ void __launch_bounds__(GS_P2_NT) gs_mb_pass2(const pt_gsample_row *ro
             if (q < np) {
                 const int64_t b = (pb + q) * 128;
                 const int e = V - b < 128 ? (int)(V - b) : 128;
-                for (int i = 0; i < e; i += 4) {
-                    const float v = i + j < e ? R.logits[b + i + j] : -INFINITY;
-                    acc = __fadd_rn(acc, pt_sexp(__fsub_rn(v, mx)));
-                }
+                const float *x = R.logits + b;
+                float xv[32]; /* lane j's terms j, j + 4, ..., all loads in flight together */
+#pragma unroll
+                for (int t = 0; t < 32; t++) xv[t] = 4 * t + j < e ? x[4 * t + j] : -INFINITY;
+#pragma unroll
+                for (int t = 0; t < 32; t++)
+                    if (4 * t < e) acc = __fadd_rn(acc, pt_sexp(__fsub_rn(xv[t], mx)));
             }
             /* the part: ((0 + a0) + a1) + a2) + a3, in lane 4 q4 */
             const float a1 = __shfl_down_sync(0xffffffffu, acc, 1), a2 = __shfl_down_sync(0xffffffffu, acc, 2),
@@ -698,7 +724,14 @@ __global__ void __launch_bounds__(GS_P2_NT) gs_mb_pass2(const pt_gsample_row *ro
         const gs_id_p fp = {R.logits, 1.0f / R.temperature, mx, R.min_p};
         const int64_t c = pt_ss_chunk(V), a = k * c, b = a + c < V ? a + c : V;
         double acc_s = 0;
-        for (int64_t i = a; i < b; i++) acc_s = __dadd_rn(acc_s, (double)fp(i));
+        for (int64_t i0 = a; i0 < b; i0 += GS_BATCH) {
+            float v[GS_BATCH];
+#pragma unroll
+            for (int u = 0; u < GS_BATCH; u++) v[u] = i0 + u < b ? fp(i0 + u) : 0.f;
+#pragma unroll
+            for (int u = 0; u < GS_BATCH; u++)
+                if (i0 + u < b) acc_s = __dadd_rn(acc_s, (double)v[u]);
+        }
         S[k] = acc_s;
     }
 }
