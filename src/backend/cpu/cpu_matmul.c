@@ -12,7 +12,11 @@
  *     sums of x computed once per call), so the codes are never dequantized.
  *   T >= PT_CPU_DIRECT_T (prefill): a packed GEMM (mm_gemm below) whose
  *     weights are dequantized once per call into k-major panels, so the
- *     dequantization cost is paid once per weight, not per token.
+ *     dequantization cost is paid once per weight, not per token; 4-bit
+ *     weights with bf16 activations on AVX-512 VNNI take the integer GEMM
+ *     with x as exact integer pieces instead (pt_cpu_gemm_xint,
+ *     PETREL_CPU_XGEMM), and the decode path's 4-bit bf16 tokens the
+ *     integer-piece kernel (qdot_xint_avx512.c, PETREL_CPU_XINT).
  * The two paths round differently, so a row's result depends on which one
  * ran; matmul_rows (continuous batching) always takes the decode path so a
  * batched row is bit-identical to the same row decoded alone. matmul_multi
