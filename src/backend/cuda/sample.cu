@@ -253,6 +253,68 @@ __host__ __device__ __forceinline__ bool gs_mb_row(const pt_gsample_row &R, int6
     return R.top_k == 0 ? R.top_p >= 1.0f : gs_topk_slice(V, R.top_k) > 0;
 }
 
+/* Pieces gs_kernel and gs_mb_pass3 share (inlined: each kernel's code is
+ * what it was when the pieces were written out in both). */
+
+/* min-p over a sorted sequence of n: the prefix before the first p below
+ * min_p (the block's smallest such j, n when none) */
+__device__ __forceinline__ long long gs_minp_prefix(const gs_key_p &kp, int64_t n, float min_p, long long *sc) {
+    long long first = n;
+    for (int64_t j = (int)threadIdx.x; j < n; j += GS_NT)
+        if (!(kp(j) >= min_p)) {
+            first = j;
+            break;
+        }
+    return gs_block_min_ll(first, sc);
+}
+
+/* the draw over the first n sorted keys: the id of the key where the
+ * running sum passes u * (their sum) (the last one when rounding runs past) */
+__device__ __forceinline__ int32_t gs_draw_sorted(const gs_key_p &kp, int64_t n, double u, double *sT, long long *sc) {
+    const double sum = gs_scan(kp, n, n, sT);
+    const long long at = gs_walk(kp, n, n, sT, u * sum, 1, sc);
+    const int64_t j = at < n ? at : n - 1;
+    return (int32_t)(0xffffffffu - (uint32_t)(kp.key[j] & 0xffffffffu));
+}
+
+/* the draw in id order once sT holds the scan: the id where the running
+ * sum passes target, or, when rounding runs past the end, the last id with
+ * a positive p; when there is none either (-1), *status (if given) gets 1 */
+__device__ __forceinline__ void gs_draw_ids(const gs_id_p &fp, int64_t V, const double *sT, double target,
+                                            long long *sc, int32_t &chosen, int *status) {
+    const long long at = gs_walk(fp, V, V, sT, target, 1, sc);
+    if (at < V) {
+        chosen = (int32_t)at;
+    } else {
+        long long last = -1;
+        for (int64_t i = (int)threadIdx.x; i < V; i += GS_NT)
+            if (fp(i) > 0) last = i;
+        chosen = (int32_t)gs_block_max_ll(last, sc);
+        if (status && chosen < 0) *status = 1;
+    }
+}
+
+/* log p(chosen) = logit - (mx + log(sum of exp(logit - mx))) */
+__device__ __forceinline__ float gs_logprob(const float *logits, int32_t chosen, float mx, double sum) {
+    const double lse = (double)mx + log(sum);
+    return (float)((double)logits[chosen] - lse);
+}
+
+/* thread 0 stores a row's result (id -1 unless status 0) and, on success,
+ * the id in the row's id slot */
+__device__ __forceinline__ void gs_store_out(pt_gsample_out *outs, const pt_gsample_row &R, int status,
+                                             int32_t chosen, float logprob) {
+    if (threadIdx.x == 0) {
+        pt_gsample_out o;
+        o.id = status == 0 ? chosen : -1;
+        o.status = status;
+        o.logprob = logprob;
+        o.pad = 0;
+        outs[blockIdx.x] = o;
+        if (status == 0 && R.id_slot) *R.id_slot = chosen;
+    }
+}
+
 __global__ void __launch_bounds__(GS_NT)
     gs_kernel(const pt_gsample_row *rows, pt_gsample_out *outs, int64_t V, int mb_on, const int *err_src, int *err_dst) {
     __shared__ gs_shared sh;
@@ -465,33 +527,16 @@ __global__ void __launch_bounds__(GS_NT)
             }
             if (status == 0 && sorted && R.min_p > 0) {
                 /* the prefix before the first p below min_p */
-                long long first = n;
-                for (int64_t j = tid; j < n; j += GS_NT)
-                    if (!(kp(j) >= R.min_p)) {
-                        first = j;
-                        break;
-                    }
-                n = m = gs_block_min_ll(first, sh.sc);
+                n = m = gs_minp_prefix(kp, n, R.min_p, sh.sc);
             }
             if (status == 0) {
                 /* 5. the draw */
                 if (sorted) {
-                    const double sum = gs_scan(kp, n, n, sh.T);
-                    const long long at = gs_walk(kp, n, n, sh.T, R.u * sum, 1, sh.sc);
-                    const int64_t j = at < n ? at : n - 1;
-                    chosen = (int32_t)(0xffffffffu - (uint32_t)(sh.key[j] & 0xffffffffu));
+                    chosen = gs_draw_sorted(kp, n, R.u, sh.T, sh.sc);
                 } else {
                     const gs_id_p fp = {w, inv_t, mx, R.min_p};
                     const double sum = gs_scan(fp, V, V, sh.T);
-                    const long long at = gs_walk(fp, V, V, sh.T, R.u * sum, 1, sh.sc);
-                    if (at < V) {
-                        chosen = (int32_t)at;
-                    } else {
-                        long long last = -1;
-                        for (int64_t i = tid; i < V; i += GS_NT)
-                            if (fp(i) > 0) last = i;
-                        chosen = (int32_t)gs_block_max_ll(last, sh.sc);
-                    }
+                    gs_draw_ids(fp, V, sh.T, R.u * sum, sh.sc, chosen, NULL);
                 }
             }
         }
@@ -504,18 +549,9 @@ __global__ void __launch_bounds__(GS_NT)
         const float mx = gs_block_max_f(lmx, sh.scf);
         const gs_lse_part part = {R.logits, V, mx};
         const double sum = gs_scan(part, (V + 127) / 128, (V + 127) / 128, sh.T);
-        const double lse = (double)mx + log(sum);
-        logprob = (float)((double)R.logits[chosen] - lse);
+        logprob = gs_logprob(R.logits, chosen, mx, sum);
     }
-    if (tid == 0) {
-        pt_gsample_out o;
-        o.id = status == 0 ? chosen : -1;
-        o.status = status;
-        o.logprob = logprob;
-        o.pad = 0;
-        outs[blockIdx.x] = o;
-        if (status == 0 && R.id_slot) *R.id_slot = chosen;
-    }
+    gs_store_out(outs, R, status, chosen, logprob);
 }
 
 
@@ -832,51 +868,22 @@ __global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows,
                 const long long at = gs_walk(kp, n, n, sT, target, 0, sc);
                 if (at < n) n = at + 1;
             }
-            if (R.min_p > 0) {
-                long long first = n;
-                for (int64_t j = tid; j < n; j += GS_NT)
-                    if (!(kp(j) >= R.min_p)) {
-                        first = j;
-                        break;
-                    }
-                n = gs_block_min_ll(first, sc);
-            }
-            const double sum = gs_scan(kp, n, n, sT);
-            const long long at = gs_walk(kp, n, n, sT, R.u * sum, 1, sc);
-            const int64_t j = at < n ? at : n - 1;
-            chosen = (int32_t)(0xffffffffu - (uint32_t)(sh.key[j] & 0xffffffffu));
+            if (R.min_p > 0) n = gs_minp_prefix(kp, n, R.min_p, sc);
+            chosen = gs_draw_sorted(kp, n, R.u, sT, sc);
         } else if (R.top_k > 0 && R.top_p < 1.0f) {
             status = 1; /* top-k keeps every candidate: a nucleus over all of them (gs_kernel's 4b; rare) */
         } else {
             const gs_id_p fp = {R.logits, 1.0f / R.temperature, mx, R.min_p};
             const double sum = gs_scan_loaded(S_draw, sT);
-            const long long at = gs_walk(fp, V, V, sT, R.u * sum, 1, sc);
-            if (at < V) {
-                chosen = (int32_t)at;
-            } else {
-                long long last = -1;
-                for (int64_t i = tid; i < V; i += GS_NT)
-                    if (fp(i) > 0) last = i;
-                chosen = (int32_t)gs_block_max_ll(last, sc);
-                if (chosen < 0) status = 1; /* no positive p (an infinite logit): the host decides */
-            }
+            gs_draw_ids(fp, V, sT, R.u * sum, sc, chosen, &status); /* none (an infinite logit): the host decides */
         }
     }
     float logprob = 0.f;
     if (status == 0 && R.want_logprob) {
         const double sum = gs_scan_loaded(S_lse, sT);
-        const double lse = (double)rmx + log(sum);
-        logprob = (float)((double)R.logits[chosen] - lse);
+        logprob = gs_logprob(R.logits, chosen, rmx, sum);
     }
-    if (tid == 0) {
-        pt_gsample_out o;
-        o.id = status == 0 ? chosen : -1;
-        o.status = status;
-        o.logprob = logprob;
-        o.pad = 0;
-        outs[blockIdx.x] = o;
-        if (status == 0 && R.id_slot) *R.id_slot = chosen;
-    }
+    gs_store_out(outs, R, status, chosen, logprob);
 }
 
 /* The control block: [B] rows (padded to 256 bytes), [B] results and the
