@@ -374,6 +374,17 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
     }
 }
 
+/* The merge of out entry i = [b, h, e] (per_row = nh * hd, read once by the
+ * caller): row b's used splits (used) and the first of its partials,
+ * P[b, h, 0, e] (the next split's is hd floats on). */
+__device__ __forceinline__ const float *dec_merge_src(const pt_dec_rows &a, int64_t i, int nh, int hd,
+                                                      int64_t per_row, int64_t nsplit, int64_t &used) {
+    const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
+    int64_t lo, n, per;
+    dec_range(a, b, lo, n, per, used);
+    return a.P + (b * nh + h) * nsplit * hd + e;
+}
+
 /* out[b, h, e] = row b's used splits' partial outputs added in split order,
  * rounded in bf16 mode; a padding row (no split used) gets zeros. */
 __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
@@ -382,10 +393,8 @@ __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
     const int nh = a.nh, hd = a.hd;
     const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
-        int64_t lo, n, per, used;
-        dec_range(a, b, lo, n, per, used);
-        const float *Pb = a.P + (b * nh + h) * nsplit * hd + e;
+        int64_t used;
+        const float *Pb = dec_merge_src(a, i, nh, hd, per_row, nsplit, used);
         float v = 0.f;
         for (int64_t s = 0; s < used; s++) v += Pb[s * hd];
         a.out[i] = pt_rnd(a.bf, v);
@@ -693,10 +702,8 @@ __global__ void dec2_merge_kernel(pt_dec_rows a, int64_t B) {
     const int nh = a.nh, hd = a.hd;
     const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
-        int64_t lo, n, per, used;
-        dec_range(a, b, lo, n, per, used);
-        const float *Pb = a.P + (b * nh + h) * nsplit * hd + e;
+        int64_t used;
+        const float *Pb = dec_merge_src(a, i, nh, hd, per_row, nsplit, used);
         float v = 0.f;
         int64_t s = 0;
         for (; s + 8 <= used; s += 8) {
