@@ -216,6 +216,50 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16 *Ks, __nv_bfloat16 *Vt, 
     }
 }
 
+/* Pieces both tensor-core kernels (flash_prefill_kernel, flash2_prefill_kernel)
+ * share, inlined into each. */
+
+/* Q rows t0.. of head h, scaled by qmul, as bf16 in Qs[FA_ROWS][stride]
+ * (zeros past T) */
+template <int D>
+__device__ __forceinline__ void fa_stage_q(__nv_bfloat16 *Qs, int stride, const fa_args &a, int64_t t0, int h) {
+    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
+        const int r = idx / D, d = idx % D;
+        const int64_t t = t0 + r;
+        Qs[r * stride + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] * a.qmul : 0.f);
+    }
+}
+
+/* this thread's two rows of the mma layout: positions (-1: a padding row,
+ * every key masked) */
+__device__ __forceinline__ void fa_row_pos(int64_t (&prow)[2], const fa_args &a, int64_t t0, int64_t p0, int warp,
+                                           int lane) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        prow[rr] = t < a.T ? p0 + t : -1;
+    }
+}
+
+/* this thread's accumulators o[D / 8][4] (its two rows' columns) to
+ * out[t, h, :], rounded to bf16; padding rows are skipped */
+template <int D>
+__device__ __forceinline__ void fa_store_out(const fa_args &a, const float (&o)[D / 8][4], int64_t t0, int h, int warp,
+                                             int lane) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
+        if (t >= a.T) continue;
+        float *orow = a.out + (t * a.nh + h) * D;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            const int c = nt * 8 + (lane & 3) * 2;
+            orow[c] = pt_round_bf(o[nt][2 * rr]);
+            orow[c + 1] = pt_round_bf(o[nt][2 * rr + 1]);
+        }
+    }
+}
+
 template <int D, bool LO>
 __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a) {
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -233,18 +277,10 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
     const int64_t p0 = a.pos[0];
     const int64_t hi = p0 + tend - 1;
     const int64_t lo = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
-    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
-        const int r = idx / D, d = idx % D;
-        const int64_t t = t0 + r;
-        Qs[r * QS + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] * a.qmul : 0.f);
-    }
+    fa_stage_q<D>(Qs, QS, a, t0, h);
     /* this thread's two rows: positions (-1: a padding row, every key masked) */
     int64_t prow[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
-        prow[rr] = t < a.T ? p0 + t : -1;
-    }
+    fa_row_pos(prow, a, t0, p0, warp, lane);
     /* pass 1: row max and sum of exp */
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float s[4][4];
@@ -287,18 +323,7 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
             }
         }
     }
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
-        if (t >= a.T) continue;
-        float *orow = a.out + (t * a.nh + h) * D;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int c = nt * 8 + (lane & 3) * 2;
-            orow[c] = pt_round_bf(o[nt][2 * rr]);
-            orow[c + 1] = pt_round_bf(o[nt][2 * rr + 1]);
-        }
-    }
+    fa_store_out<D>(a, o, t0, h, warp, lane);
 }
 
 template <int D, bool LO = false>
@@ -482,17 +507,9 @@ __global__ void __launch_bounds__(FA_THREADS, 3) flash2_prefill_kernel(fa_args a
     const int64_t p0 = a.pos[0];
     const int64_t hi = p0 + tend - 1;
     const int64_t lo = a.window > 0 && p0 + t0 - a.window + 1 > 0 ? p0 + t0 - a.window + 1 : 0;
-    for (int idx = threadIdx.x; idx < FA_ROWS * D; idx += blockDim.x) {
-        const int r = idx / D, d = idx % D;
-        const int64_t t = t0 + r;
-        Qs[r * ST + d] = __float2bfloat16_rn(t < a.T ? a.q[(t * a.nh + h) * D + d] * a.qmul : 0.f);
-    } /* made visible by the first barrier of pass 1 */
+    fa_stage_q<D>(Qs, ST, a, t0, h); /* made visible by the first barrier of pass 1 */
     int64_t prow[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
-        prow[rr] = t < a.T ? p0 + t : -1;
-    }
+    fa_row_pos(prow, a, t0, p0, warp, lane);
     const bool ring = hi >= a.cap;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f}, inv[2] = {0.f, 0.f};
     float o[NT][4];
@@ -503,18 +520,7 @@ __global__ void __launch_bounds__(FA_THREADS, 3) flash2_prefill_kernel(fa_args a
     fa2_pass<D, false>(a, qs, ring_s, kh, lo, hi, p0 + t0, ring, prow, m, l, inv, o, warp, lane);
     fa_inverse(m, l, inv);
     fa2_pass<D, true>(a, qs, ring_s, kh, lo, hi, p0 + t0, ring, prow, m, l, inv, o, warp, lane);
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const int64_t t = t0 + warp * 16 + (lane >> 2) + 8 * rr;
-        if (t >= a.T) continue;
-        float *orow = a.out + (t * a.nh + h) * D;
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int c = nt * 8 + (lane & 3) * 2;
-            orow[c] = pt_round_bf(o[nt][2 * rr]);
-            orow[c + 1] = pt_round_bf(o[nt][2 * rr + 1]);
-        }
-    }
+    fa_store_out<D>(a, o, t0, h, warp, lane);
 }
 
 template <int D>
