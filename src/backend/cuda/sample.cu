@@ -48,47 +48,57 @@ extern "C" {
 
 /* ---- block helpers (every thread of the block calls them) ---- */
 
-__device__ __forceinline__ long long gs_block_min_ll(long long v, long long *sc) {
+/* butterfly reductions over a warp: every lane gets the result */
+__device__ __forceinline__ long long gs_warp_min_ll(long long v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         long long w = __shfl_xor_sync(0xffffffffu, v, o);
         v = w < v ? w : v;
     }
+    return v;
+}
+__device__ __forceinline__ long long gs_warp_sum_ll(long long v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+/* fmaxf: NaN is ignored */
+__device__ __forceinline__ float gs_warp_max_f(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+
+__device__ __forceinline__ long long gs_block_min_ll(long long v, long long *sc) {
+    v = gs_warp_min_ll(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = sc[threadIdx.x & 31];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        long long w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
+    v = gs_warp_min_ll(v);
     return v;
 }
 __device__ __forceinline__ long long gs_block_max_ll(long long v, long long *sc) {
     return -gs_block_min_ll(-v, sc);
 }
 __device__ __forceinline__ long long gs_block_sum_ll(long long v, long long *sc) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = gs_warp_sum_ll(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = sc[threadIdx.x & 31];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = gs_warp_sum_ll(v);
     return v;
 }
 /* max over non-NaN values (fmaxf ignores NaN); -inf when none */
 __device__ __forceinline__ float gs_block_max_f(float v, float *sc) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = gs_warp_max_f(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = sc[threadIdx.x & 31];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = gs_warp_max_f(v);
     return v;
 }
 
@@ -611,31 +621,21 @@ static inline int64_t gs_mb_slice(int64_t V) {
 
 /* Reductions over a block of any multiple of 32 threads (every thread calls). */
 __device__ __forceinline__ float gs_red_max_f(float v, float *sc) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = gs_warp_max_f(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sc[threadIdx.x & 31] : -INFINITY;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = gs_warp_max_f(v);
     return v;
 }
 __device__ __forceinline__ long long gs_red_min_ll(long long v, long long *sc) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        long long w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
+    v = gs_warp_min_ll(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sc[threadIdx.x & 31] : GS_NO_HIT;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        long long w = __shfl_xor_sync(0xffffffffu, v, o);
-        v = w < v ? w : v;
-    }
+    v = gs_warp_min_ll(v);
     return v;
 }
 
