@@ -140,6 +140,21 @@ __device__ __forceinline__ float fa_score(float dot, const fa_args &a) {
 
 /* The scores of this thread's 2 rows × 8 keys of the tile (rounded,
  * soft-capped, masked to -inf), from Q rows in shared memory and the K tile. */
+/* A tile's raw dots s[nt][i] (key j0 + nt * 8 + c0 + (i & 1), row i >> 1 at
+ * position prow[i >> 1]) to scores, -inf outside the row's causal window. */
+__device__ __forceinline__ void fa_mask_scores(float (&s)[4][4], const fa_args &a, int64_t j0, int c0,
+                                               const int64_t (&prow)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
+            const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
+            const float v = fa_score(s[nt][i], a);
+            s[nt][i] = ok ? v : -INFINITY;
+        }
+}
+
 template <int D, bool LO>
 __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat16 *Qs, const __nv_bfloat16 *Ks,
                                             const __nv_bfloat16 *Ks2, int warp, int lane, int64_t j0,
@@ -169,15 +184,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat1
             }
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
-            const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
-            const float v = fa_score(s[nt][i], a);
-            s[nt][i] = ok ? v : -INFINITY;
-        }
+    fa_mask_scores(s, a, j0, c0, prow);
 }
 
 /* Stages keys [j0, j0 + FA_BK) (rows beyond hi or below 0 zero-filled): K
@@ -457,15 +464,7 @@ __device__ __forceinline__ void fa2_pass(const fa_args &a, uint32_t qs, uint32_t
         float s[4][4];
         fa2_dots<D>(s, qs, ks, warp, lane);
         if (j0 + FA_BK - 1 > pfirst || (a.window > 0 && j0 < hi - a.window + 1)) {
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int64_t j = j0 + nt * 8 + c0 + (i & 1), p = prow[i >> 1];
-                    const bool ok = j <= p && (a.window <= 0 || j > p - a.window);
-                    const float v = fa_score(s[nt][i], a);
-                    s[nt][i] = ok ? v : -INFINITY;
-                }
+            fa_mask_scores(s, a, j0, c0, prow);
         } else { /* every key of the tile in every row's window (padding rows: finite, never stored) */
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
