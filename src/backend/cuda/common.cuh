@@ -28,6 +28,20 @@ extern "C" {
         }                                                                                  \
     } while (0)
 
+/* CUDA_CHECK for functions that free what they hold on the way out: on
+ * failure stores PT_ERR_DEVICE "<call> failed: <name> (code N)" in st and
+ * jumps to label (the cleanup). The last-error state is cleared. */
+#define CUDA_CHECK_GOTO(call, st, label)                                                   \
+    do {                                                                                   \
+        cudaError_t pt_cuda_e_ = (call);                                                   \
+        if (pt_cuda_e_ != cudaSuccess) {                                                   \
+            (void)cudaGetLastError();                                                      \
+            st = pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d)", #call,                 \
+                          cudaGetErrorName(pt_cuda_e_), (int)pt_cuda_e_);                  \
+            goto label;                                                                    \
+        }                                                                                  \
+    } while (0)
+
 /* After a kernel launch: a bad configuration shows up here, not at the
  * launch. The message names the kernel. */
 #define CUDA_CHECK_LAUNCH(name)                                                            \

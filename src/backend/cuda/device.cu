@@ -104,15 +104,7 @@ extern "C" pt_status pt_cuda_read_bandwidth(size_t bytes, double *gbs) {
     cudaDeviceProp prop;
     float best = 1e30f;
     const size_t n = bytes / 16;
-#define PT_RB(call)                                                                                   \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            (void)cudaGetLastError();                                                                 \
-            st = pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d)", #call, cudaGetErrorName(e_), (int)e_); \
-            goto done;                                                                                \
-        }                                                                                             \
-    } while (0)
+#define PT_RB(call) CUDA_CHECK_GOTO(call, st, done)
     PT_RB(cudaGetDeviceProperties(&prop, 0));
     PT_RB(cudaMalloc(&buf, n * 16));
     PT_RB(cudaMalloc((void **)&sink, sizeof(unsigned)));

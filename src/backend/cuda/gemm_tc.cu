@@ -369,15 +369,7 @@ extern "C" pt_status pt_cuda_matmul_rate(int n, double *tflops) {
     const size_t nn = (size_t)n * (size_t)n;
     float ms[5];
     const float one = 1.f, zero = 0.f;
-#define PT_MR(call)                                                                                       \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess) {                                                                          \
-            (void)cudaGetLastError();                                                                     \
-            st = pt_error(PT_ERR_DEVICE, "%s failed: %s (code %d)", #call, cudaGetErrorName(e_), (int)e_); \
-            goto done;                                                                                    \
-        }                                                                                                 \
-    } while (0)
+#define PT_MR(call) CUDA_CHECK_GOTO(call, st, done)
 #define PT_MRB(call)                                                                  \
     do {                                                                              \
         cublasStatus_t s_ = (call);                                                   \
