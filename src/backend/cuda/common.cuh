@@ -153,4 +153,32 @@ __device__ __forceinline__ void pt_softmax_merge(const float2 *ml, int n, float 
         if (ml[s].x != -INFINITY) L += ml[s].y * expf(ml[s].x - M);
 }
 
+/* sm_80+ instruction wrappers the tensor-core kernels (gemm_tc.cu,
+ * flash_attn.cu) share. */
+
+/* cp.async of 16 bytes global -> shared (dst: a shared-space address);
+ * pred false: src-size 0, the 16 bytes are zero-filled */
+__device__ __forceinline__ void pt_cp16(uint32_t dst, const void *src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
+}
+__device__ __forceinline__ void pt_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* waits until at most N committed groups are still in flight */
+template <int N>
+__device__ __forceinline__ void pt_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* ldmatrix x4: four 8x8 b16 tiles from shared memory */
+__device__ __forceinline__ void pt_ldm4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* c[16x8 f32] += a[16x16 bf16] · b[16x8 bf16] (mma.sync m16n8k16) */
+__device__ __forceinline__ void pt_mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 #endif

@@ -43,13 +43,6 @@
 #define FA_BK 32   /* keys per tile */
 #define FA_THREADS 128
 
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); /* .x = lo: the lower k index in the low half */
     return *reinterpret_cast<uint32_t *>(&v);
@@ -176,10 +169,10 @@ __device__ __forceinline__ void tile_scores(float (&s)[4][4], const __nv_bfloat1
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const __nv_bfloat16 *kb = Ks + (nt * 8 + (lane >> 2)) * KS + ks * 16 + c0;
-            mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 8));
+            pt_mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kb), *reinterpret_cast<const uint32_t *>(kb + 8));
             if (LO) {
                 const __nv_bfloat16 *kl = Ks2 + (nt * 8 + (lane >> 2)) * KS + ks * 16 + c0;
-                mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kl),
+                pt_mma16816(s[nt], af, *reinterpret_cast<const uint32_t *>(kl),
                          *reinterpret_cast<const uint32_t *>(kl + 8));
             }
         }
@@ -320,11 +313,11 @@ __global__ void __launch_bounds__(FA_THREADS, 1) flash_prefill_kernel(fa_args a)
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const __nv_bfloat16 *vb = Vt + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
-                mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vb),
+                pt_mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vb),
                          *reinterpret_cast<const uint32_t *>(vb + 8));
                 if (LO) {
                     const __nv_bfloat16 *vl = Vt2 + (nt * 8 + (lane >> 2)) * VS + kk * 16 + (lane & 3) * 2;
-                    mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vl),
+                    pt_mma16816(o[nt], af, *reinterpret_cast<const uint32_t *>(vl),
                              *reinterpret_cast<const uint32_t *>(vl + 8));
                 }
             }
@@ -369,20 +362,6 @@ static pt_status launch(pt_cuda *c, const fa_args &a) {
  * caches). PETREL_CUDA_FLASH2=0 selects the old kernel (A/B). */
 #define FB_STAGES 3
 
-__device__ __forceinline__ void fa_cp16(uint32_t dst, const void *src, bool pred) {
-    /* src-size 0: the 16 bytes are zero-filled (keys past the last) */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void fa_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void fa_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void fa_ldm4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
 __device__ __forceinline__ void fa_ldm4t(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -403,8 +382,8 @@ __device__ __forceinline__ void fa2_issue(uint32_t ks, uint32_t vs, const fa_arg
         const int64_t slot = ring ? j % a.cap : j;
         const int64_t off = ok ? ((int64_t)kh * a.cap + slot) * D + c : 0;
         const uint32_t so = (uint32_t)(r * ST + c) * 2;
-        fa_cp16(ks + so, a.k + off, ok);
-        if (PV) fa_cp16(vs + so, a.v + off, ok);
+        pt_cp16(ks + so, a.k + off, ok);
+        if (PV) pt_cp16(vs + so, a.v + off, ok);
     }
 }
 
@@ -422,13 +401,13 @@ __device__ __forceinline__ void fa2_dots(float (&s)[4][4], uint32_t qs, uint32_t
 #pragma unroll
     for (int kq = 0; kq < D / 16; kq++) {
         uint32_t af[4];
-        fa_ldm4(af, qs + (uint32_t)((warp * 16 + (lane & 15)) * ST + kq * 16 + (lane >> 4) * 8) * 2);
+        pt_ldm4(af, qs + (uint32_t)((warp * 16 + (lane & 15)) * ST + kq * 16 + (lane >> 4) * 8) * 2);
 #pragma unroll
         for (int np = 0; np < 2; np++) {
             uint32_t b[4];
-            fa_ldm4(b, ks + (uint32_t)((np * 16 + (mi >> 1) * 8 + (lane & 7)) * ST + kq * 16 + (mi & 1) * 8) * 2);
-            mma16816(s[2 * np], af, b[0], b[1]);
-            mma16816(s[2 * np + 1], af, b[2], b[3]);
+            pt_ldm4(b, ks + (uint32_t)((np * 16 + (mi >> 1) * 8 + (lane & 7)) * ST + kq * 16 + (mi & 1) * 8) * 2);
+            pt_mma16816(s[2 * np], af, b[0], b[1]);
+            pt_mma16816(s[2 * np + 1], af, b[2], b[3]);
         }
     }
 }
@@ -447,17 +426,17 @@ __device__ __forceinline__ void fa2_pass(const fa_args &a, uint32_t qs, uint32_t
 #pragma unroll
     for (int st = 0; st < FB_STAGES - 1; st++) {
         if (st < n) fa2_issue<D, PV>(ring_s + st * STAGE, ring_s + st * STAGE + TILE, a, kh, lo + st * FA_BK, hi, ring);
-        fa_commit();
+        pt_cp_commit();
     }
     const int c0 = (lane & 3) * 2, mi = lane >> 3;
     for (int64_t it = 0; it < n; it++) {
-        fa_wait<FB_STAGES - 2>();
+        pt_cp_wait<FB_STAGES - 2>();
         __syncthreads(); /* tile it landed for every thread; every warp is done with tile it-1's slot */
         {
             const int64_t nx = it + FB_STAGES - 1;
             const uint32_t sl = ring_s + (uint32_t)(nx % FB_STAGES) * STAGE;
             if (nx < n) fa2_issue<D, PV>(sl, sl + TILE, a, kh, lo + nx * FA_BK, hi, ring);
-            fa_commit();
+            pt_cp_commit();
         }
         const uint32_t ks = ring_s + (uint32_t)(it % FB_STAGES) * STAGE, vs = ks + TILE;
         const int64_t j0 = lo + it * FA_BK;
@@ -482,13 +461,13 @@ __device__ __forceinline__ void fa2_pass(const fa_args &a, uint32_t qs, uint32_t
                 for (int np = 0; np < D / 16; np++) {
                     uint32_t b[4];
                     fa_ldm4t(b, vs + (uint32_t)((kk * 16 + (mi & 1) * 8 + (lane & 7)) * ST + np * 16 + (mi >> 1) * 8) * 2);
-                    mma16816(o[2 * np], af, b[0], b[1]);
-                    mma16816(o[2 * np + 1], af, b[2], b[3]);
+                    pt_mma16816(o[2 * np], af, b[0], b[1]);
+                    pt_mma16816(o[2 * np + 1], af, b[2], b[3]);
                 }
             }
         }
     }
-    fa_wait<0>();
+    pt_cp_wait<0>();
     __syncthreads(); /* the ring is free for the next pass */
 }
 

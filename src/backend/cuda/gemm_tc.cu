@@ -71,26 +71,6 @@ __device__ __forceinline__ uint32_t tc_swz(int row, int k) {
     return (uint32_t)(row * 128 + ((((k >> 3) ^ (row & 7))) << 4));
 }
 
-__device__ __forceinline__ void tc_cp16(uint32_t dst, const void *src, bool pred) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void tc_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void tc_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void tc_ldm4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void tc_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 /* Two codes → bf16x2 of s·q + b (low half: the first). The code → float is
  * exact through the mantissa of 2^23. */
 __device__ __forceinline__ uint32_t tc_dq2(uint32_t q0, uint32_t q1, float s, float b) {
@@ -129,7 +109,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
             const int q = tid + i * TC_THREADS, row = q >> 3, c = q & 7, gm = m0 + row;
             const bool ok = gm < mend;
             const bf16 *src = a.x + (int64_t)(ok ? gm : 0) * K + kt * TC_BK + c * 8;
-            tc_cp16(xs + tc_swz(row, c * 8), src, ok);
+            pt_cp16(xs + tc_swz(row, c * 8), src, ok);
         }
         constexpr int R = L::RAW_ROW / 16; /* 16-byte chunks per row */
 #pragma unroll
@@ -137,7 +117,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
             const int q = tid + i * TC_THREADS, row = q / R, c = q % R, gn = n0 + row;
             const bool ok = gn < a.N;
             const uint8_t *src = codes + (int64_t)(ok ? gn : 0) * row_bytes + kt * L::RAW_ROW + c * 16;
-            tc_cp16(rs + row * L::RAW_ROW + c * 16, src, ok);
+            pt_cp16(rs + row * L::RAW_ROW + c * 16, src, ok);
         }
     };
 
@@ -164,7 +144,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 #pragma unroll
     for (int st = 0; st < TC_STAGES - 1; st++) {
         if (st < KT) load_stage(st, st);
-        tc_commit();
+        pt_cp_commit();
     }
     float s_cur, b_cur;
     load_sb(0, s_cur, b_cur);
@@ -172,7 +152,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 
     for (int kt = 0; kt < KT; kt++) {
         const int sl = kt % TC_STAGES;
-        tc_wait<TC_STAGES - 2>();
+        pt_cp_wait<TC_STAGES - 2>();
         __syncthreads(); /* step kt landed; every warp is done with the weight tile of step kt-1 */
         float s_nxt = 0.f, b_nxt = 0.f;
         if (kt + 1 < KT) load_sb(kt + 1, s_nxt, b_nxt);
@@ -214,7 +194,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
         {
             const int nk = kt + TC_STAGES - 1; /* refills the slot of step kt-1, free since the barrier */
             if (nk < KT) load_stage(nk % TC_STAGES, nk);
-            tc_commit();
+            pt_cp_commit();
         }
         __syncthreads(); /* the weight tile of step kt is complete */
         const uint32_t xs = sbase + sl * L::STAGE;
@@ -224,25 +204,25 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
 #pragma unroll
             for (int mi = 0; mi < 4; mi++) {
                 const int row = wm * 64 + mi * 16 + (lane & 15), k = ks * 16 + (lane >> 4) * 8;
-                tc_ldm4(af[mi], xs + tc_swz(row, k));
+                pt_ldm4(af[mi], xs + tc_swz(row, k));
             }
 #pragma unroll
             for (int nj = 0; nj < 2; nj++) {
                 const int mi_l = lane >> 3;
                 const int row = wn * 32 + nj * 16 + ((mi_l >> 1) << 3) + (lane & 7), k = ks * 16 + (mi_l & 1) * 8;
                 uint32_t r[4];
-                tc_ldm4(r, ws + tc_swz(row, k));
+                pt_ldm4(r, ws + tc_swz(row, k));
                 bfr[2 * nj][0] = r[0], bfr[2 * nj][1] = r[1];
                 bfr[2 * nj + 1][0] = r[2], bfr[2 * nj + 1][1] = r[3];
             }
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++) tc_mma(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+                for (int ni = 0; ni < 4; ni++) pt_mma16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
         }
         s_cur = s_nxt, b_cur = b_nxt;
     }
-    tc_wait<0>();
+    pt_cp_wait<0>();
 
     /* epilogue: + bias, bf16 rounding, f32 stores */
     const int g = lane >> 2, t4 = lane & 3;
