@@ -102,6 +102,21 @@ __device__ __forceinline__ float gs_block_max_f(float v, float *sc) {
     return v;
 }
 
+/* The inclusive scan of the chunk sums, thread k holding chunk k's S:
+ * sT[k] = S_0 + ... + S_k (Hillis-Steele, doubles rounded per add);
+ * returns the total. The caller has passed a barrier since sT was last read. */
+__device__ __forceinline__ double gs_scan_chunks(double *sT, int k, double S) {
+    sT[k] = S;
+    __syncthreads();
+    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1) {
+        double v = k >= d ? __dadd_rn(sT[k - d], sT[k]) : sT[k];
+        __syncthreads();
+        sT[k] = v;
+        __syncthreads();
+    }
+    return sT[PT_SS_CHUNKS - 1];
+}
+
 /* The structured sum of sample_math.h over terms f(j), j < m of a sequence
  * of n: sT[k] = the scanned chunk sums; returns sT[last]. */
 template <class F>
@@ -121,15 +136,7 @@ __device__ double gs_scan(const F &f, int64_t n, int64_t m, double *sT) {
             if (j0 + u < b) S = __dadd_rn(S, (double)v[u]);
     }
     __syncthreads();
-    sT[k] = S;
-    __syncthreads();
-    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1) {
-        double v = k >= d ? __dadd_rn(sT[k - d], sT[k]) : sT[k];
-        __syncthreads();
-        sT[k] = v;
-        __syncthreads();
-    }
-    return sT[PT_SS_CHUNKS - 1];
+    return gs_scan_chunks(sT, k, S);
 }
 
 /* The walk of sample_math.h (mode 0: cum >= target, mode 1: target < cum)
@@ -802,15 +809,7 @@ __global__ void __launch_bounds__(GS_P1_NT) gs_mb_topk(const pt_gsample_row *row
 __device__ double gs_scan_loaded(const double *S, double *sT) {
     const int k = threadIdx.x;
     __syncthreads();
-    sT[k] = S[k];
-    __syncthreads();
-    for (int d = 1; d < PT_SS_CHUNKS; d <<= 1) {
-        double v = k >= d ? __dadd_rn(sT[k - d], sT[k]) : sT[k];
-        __syncthreads();
-        sT[k] = v;
-        __syncthreads();
-    }
-    return sT[PT_SS_CHUNKS - 1];
+    return gs_scan_chunks(sT, k, S[k]);
 }
 
 __global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows, pt_gsample_out *outs, char *scr,
