@@ -62,12 +62,7 @@ __device__ __forceinline__ long long gs_warp_sum_ll(long long v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-/* fmaxf: NaN is ignored */
-__device__ __forceinline__ float gs_warp_max_f(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+/* (the float max is common.cuh's pt_warp_max: fmaxf, NaN ignored) */
 
 
 __device__ __forceinline__ long long gs_block_min_ll(long long v, long long *sc) {
@@ -93,12 +88,12 @@ __device__ __forceinline__ long long gs_block_sum_ll(long long v, long long *sc)
 }
 /* max over non-NaN values (fmaxf ignores NaN); -inf when none */
 __device__ __forceinline__ float gs_block_max_f(float v, float *sc) {
-    v = gs_warp_max_f(v);
+    v = pt_warp_max(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = sc[threadIdx.x & 31];
-    v = gs_warp_max_f(v);
+    v = pt_warp_max(v);
     return v;
 }
 
@@ -628,12 +623,12 @@ static inline int64_t gs_mb_slice(int64_t V) {
 
 /* Reductions over a block of any multiple of 32 threads (every thread calls). */
 __device__ __forceinline__ float gs_red_max_f(float v, float *sc) {
-    v = gs_warp_max_f(v);
+    v = pt_warp_max(v);
     __syncthreads();
     if ((threadIdx.x & 31) == 0) sc[threadIdx.x >> 5] = v;
     __syncthreads();
     v = (threadIdx.x & 31) < (blockDim.x >> 5) ? sc[threadIdx.x & 31] : -INFINITY;
-    v = gs_warp_max_f(v);
+    v = pt_warp_max(v);
     return v;
 }
 __device__ __forceinline__ long long gs_red_min_ll(long long v, long long *sc) {
