@@ -178,18 +178,24 @@ static void test_bound(void) {
         }
 }
 
+/* A 2-thread CPU backend with bf16 activations in *be, or *be NULL when its
+ * ISA is not avx512 (the caller skips). Returns 0 if creating it failed. */
+static int avx512_backend(pt_backend **be) {
+    pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
+    *be = NULL;
+    if (pt_backend_cpu_create(be, &cp) != PT_OK) return 0;
+    if (strcmp(pt_backend_cpu_isa_name(*be), "avx512")) pt_backend_free(be);
+    return 1;
+}
+
 /* Through the backend: lever on against off (the bf16 kernel), and a bf16
  * token's row unchanged when a non-bf16 token joins its matmul_rows batch. */
 static void test_backend(void) {
     if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
     enum { N = 37, K = 512, T = 3 };
     pt_backend *be = NULL;
-    pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
-    REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
-    if (strcmp(pt_backend_cpu_isa_name(be), "avx512")) {
-        pt_backend_free(&be);
-        TEST_SKIP("backend ISA is not avx512");
-    }
+    REQUIRE(avx512_backend(&be), "%s", pt_last_error());
+    if (!be) TEST_SKIP("backend ISA is not avx512");
     rand_qweight q;
     rand_qweight_make(&q, N, K, 4, 64, 1, 0);
     REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
@@ -228,12 +234,8 @@ static void test_gemm(void) {
         int gs = gss[gi];
         int64_t ng = K / gs;
         pt_backend *be = NULL;
-        pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
-        REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
-        if (strcmp(pt_backend_cpu_isa_name(be), "avx512")) {
-            pt_backend_free(&be);
-            TEST_SKIP("backend ISA is not avx512");
-        }
+        REQUIRE(avx512_backend(&be), "%s", pt_last_error());
+        if (!be) TEST_SKIP("backend ISA is not avx512");
         rand_qweight q;
         rand_qweight_make(&q, N, K, 4, gs, 1, 0);
         REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
