@@ -445,11 +445,11 @@ static pt_status commit_rows(pt_session *const *sessions, const int32_t *ids, co
     for (int i = 0; i < n; i++) {
         pt_session *s = sessions[i];
         const size_t c = (size_t)(counts ? counts[i] : 1);
-        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens, ids + off, c);
         if (st != PT_OK) {
             s->has_logits = s->logits_dev = 0;
             continue;
         }
+        pt_session_hist_changed(s, s->n_tokens, c);
         memcpy(s->tokens + s->n_tokens, ids + off, c * sizeof *ids);
         s->n_tokens += c;
         s->has_logits = 1;

@@ -135,8 +135,8 @@ static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *
         /* GPU sampling: the last logits stay on the device (dst NULL) */
         float *dst = out_all ? out_all + done * V : s->gpu ? NULL : s->logits;
         st = pt_fwd_run(m, &s->fwd, ids + done, T, (int)(s->n_tokens + done), n_logits, dst);
-        if (st == PT_OK) st = pt_session_hist_push(s, s->n_tokens + done, ids + done, (size_t)T);
         if (st != PT_OK) break;
+        pt_session_hist_changed(s, s->n_tokens + done, (size_t)T);
         memcpy(s->tokens + s->n_tokens + done, ids + done, (size_t)T * sizeof *ids);
         done += (size_t)T;
     }
@@ -163,10 +163,8 @@ pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids
     return run_tokens(s, ids, n_ids, out);
 }
 
-pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n) {
-    (void)ids;
+void pt_session_hist_changed(pt_session *s, size_t at, size_t n) {
     if (n > 0 && at < s->hist_dev_n) s->hist_dev_n = at;
-    return PT_OK;
 }
 
 /* Makes s->logits current (downloads the device copy GPU sampling left). */

@@ -48,11 +48,10 @@ struct pt_session {
 void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params *const *sps, pt_token_info *outs,
                                 pt_status *sts, char (*errs)[512], uint8_t *done, int n);
 
-/* Notes that s->tokens changed from position at on (ids, n: the new
- * tokens, already there or about to be): the device copy used by GPU
- * sampling's penalties is brought up to date when a penalised sample needs
- * it, not here. Never fails. */
-pt_status pt_session_hist_push(pt_session *s, size_t at, const int32_t *ids, size_t n);
+/* Notes that n tokens of s->tokens change from position at on (already
+ * there or about to be): the device copy used by GPU sampling's penalties
+ * is brought up to date when a penalised sample needs it, not here. */
+void pt_session_hist_changed(pt_session *s, size_t at, size_t n);
 
 /* Checks ids against the vocabulary and the context (PT_ERR_RANGE naming the
  * offending id / the lengths). */
