@@ -806,13 +806,18 @@ static bool gemm_bf16(const pt_cuda *c, const pt_matrix *w) {
     return c->base.act == PT_ACT_BF16 && (w->bits > 0 || w->dtype == PT_FT_BF16);
 }
 
-/* The GEMM path's x[T, K] (f32) as bf16 in c->xconv, 16 bytes per thread
- * where aligned. */
-static pt_status gemm_convert_x(pt_cuda *c, const float *x, int64_t T, int64_t K) {
+/* The GEMM path's scratch (the weight tile, x converted) holds T × K. */
+static pt_status gemm_scratch(const pt_cuda *c, int64_t T, int64_t K) {
     if (!c->tile || (size_t)(T * K) * 4 > c->xconv_bytes)
         return pt_error(PT_ERR_INVALID_ARG,
                         "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
                         (long long)T, (long long)K);
+    return PT_OK;
+}
+
+/* The GEMM path's x[T, K] (f32) as bf16 in c->xconv, 16 bytes per thread
+ * where aligned (the caller checked gemm_scratch). */
+static pt_status gemm_convert_x(pt_cuda *c, const float *x, int64_t T, int64_t K) {
     if ((T * K) % 4 == 0 && (uintptr_t)x % 16 == 0)
         f32_to_bf16_v4_kernel<<<pt_cuda_blocks(T * K / 4, 256), 256, 0, c->stream>>>((uint2 *)c->xconv,
                                                                                     (const float4 *)x, T * K / 4);
@@ -825,10 +830,7 @@ static pt_status gemm_convert_x(pt_cuda *c, const float *x, int64_t T, int64_t K
 static pt_status gemm_run(pt_cuda *c, float *y, const void *xin, int64_t T, const pt_matrix *w, int64_t expert);
 
 static pt_status gemm(pt_cuda *c, float *y, const float *x, int64_t T, const pt_matrix *w, int64_t expert) {
-    if (!c->tile || (size_t)(T * w->cols) * 4 > c->xconv_bytes)
-        return pt_error(PT_ERR_INVALID_ARG,
-                        "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
-                        (long long)T, (long long)w->cols);
+    PT_TRY(gemm_scratch(c, T, w->cols));
     if (!gemm_bf16(c, w)) return gemm_run(c, y, x, T, w, expert);
     PT_TRY(gemm_convert_x(c, x, T, w->cols));
     return gemm_run(c, y, c->xconv, T, w, expert);
@@ -1045,10 +1047,7 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
         for (int i = 0; i < n; i++)
             all = all && gemm_bf16(c, w[i]) && w[i]->rows <= INT32_MAX && w[i]->cols <= INT32_MAX;
         if (all) {
-            if (!c->tile || (size_t)(T * w[0]->cols) * 4 > c->xconv_bytes)
-                return pt_error(PT_ERR_INVALID_ARG,
-                                "matmul: scratch not reserved for %lld tokens × %lld columns (call reserve first)",
-                                (long long)T, (long long)w[0]->cols);
+            PT_TRY(gemm_scratch(c, T, w[0]->cols));
             PT_TRY(gemm_convert_x(c, x, T, w[0]->cols));
             for (int i = 0; i < n; i++) PT_TRY(gemm_run(c, y[i], c->xconv, T, w[i], 0));
             return PT_OK;
