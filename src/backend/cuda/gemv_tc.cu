@@ -338,6 +338,19 @@ __device__ __forceinline__ uint32_t tc_pair_c(uint32_t w, int j, uint32_t c) {
     asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(d) : "r"(w >> (4 * j)), "r"(c));
     return d;
 }
+/* One group's fold of an n-tile's four accumulators: column pair (sx0,
+ * sx1: its Σx; o0, o1: C·Σx), row pair (sc, bi: scale and bias of rows g,
+ * g + 8): tot += sc·(acc − C·Σx) + bi·Σx, rounded at each step; acc cleared
+ * for the next group. */
+__device__ __forceinline__ void tc_fold4(float (&tot)[4], float (&acc)[4], float sc0, float bi0, float sc1, float bi1,
+                                         float sx0, float sx1, float o0, float o1) {
+    tot[0] = __fadd_rn(tot[0], __fmaf_rn(sc0, __fsub_rn(acc[0], o0), __fmul_rn(bi0, sx0)));
+    tot[1] = __fadd_rn(tot[1], __fmaf_rn(sc0, __fsub_rn(acc[1], o1), __fmul_rn(bi0, sx1)));
+    tot[2] = __fadd_rn(tot[2], __fmaf_rn(sc1, __fsub_rn(acc[2], o0), __fmul_rn(bi1, sx0)));
+    tot[3] = __fadd_rn(tot[3], __fmaf_rn(sc1, __fsub_rn(acc[3], o1), __fmul_rn(bi1, sx1)));
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc[i] = 0.f;
+}
 __device__ __forceinline__ void tc_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void tc_wait(void) {
@@ -680,12 +693,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
                     for (int n = 0; n < NT; n++) {
                         const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
                         const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
-                        tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, sx.x)));
-                        tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, sx.y)));
-                        tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, sx.x)));
-                        tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, sx.y)));
-#pragma unroll
-                        for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                        tc_fold4(tot[n], acc[n], sc0, bi0, sc1, bi1, sx.x, sx.y, o0, o1);
                     }
                 }
             }
@@ -735,12 +743,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
                     const int gl = (int)((unsigned)(kb + m * 16) / GS); /* stage-local group */
                     const float4 v = *reinterpret_cast<const float4 *>(sxs + (gl * NCOL + 8 * n + 2 * t) * 2);
                     const float o0 = v.z, o1 = v.w; /* C·Σx, from the x prepare */
-                    tot[n][0] = __fadd_rn(tot[n][0], __fmaf_rn(sc0, __fsub_rn(acc[n][0], o0), __fmul_rn(bi0, v.x)));
-                    tot[n][1] = __fadd_rn(tot[n][1], __fmaf_rn(sc0, __fsub_rn(acc[n][1], o1), __fmul_rn(bi0, v.y)));
-                    tot[n][2] = __fadd_rn(tot[n][2], __fmaf_rn(sc1, __fsub_rn(acc[n][2], o0), __fmul_rn(bi1, v.x)));
-                    tot[n][3] = __fadd_rn(tot[n][3], __fmaf_rn(sc1, __fsub_rn(acc[n][3], o1), __fmul_rn(bi1, v.y)));
-#pragma unroll
-                    for (int i = 0; i < 4; i++) acc[n][i] = 0.f;
+                    tc_fold4(tot[n], acc[n], sc0, bi0, sc1, bi1, v.x, v.y, o0, o1);
                 }
             }
         }
