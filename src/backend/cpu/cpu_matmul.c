@@ -34,22 +34,26 @@
 
 #define PT_CPU_DIRECT_T 4
 
-/* Selectable levers (results are the same bits either way), for paired A/B
- * measurements: read from the environment once (PETREL_CPU_MULTI=0: matmul_multi
- * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode kernel
- * takes scales/biases converted to f32 by the caller); a field a dev benchmark
- * has already set is kept. */
+/* Selectable levers, for paired A/B measurements: read from the environment
+ * once, each on unless its variable is "0" (PETREL_CPU_MULTI=0: matmul_multi
+ * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode
+ * kernel takes scales/biases converted to f32 by the caller — both the same
+ * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0: the 4-bit decode
+ * kernel / prefill GEMM without x as integer pieces, which round
+ * differently); a field a dev benchmark has already set is kept. */
 pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1};
 
+static void lever_read(int *field, const char *name) {
+    if (*field >= 0) return;
+    const char *e = getenv(name);
+    *field = !(e && !strcmp(e, "0"));
+}
+
 static void levers_read(void) {
-    const char *e = getenv("PETREL_CPU_MULTI");
-    if (pt_cpu_lever.multi < 0) pt_cpu_lever.multi = !(e && !strcmp(e, "0"));
-    e = getenv("PETREL_CPU_SCALE16");
-    if (pt_cpu_lever.scale16 < 0) pt_cpu_lever.scale16 = !(e && !strcmp(e, "0"));
-    e = getenv("PETREL_CPU_XINT");
-    if (pt_cpu_lever.xint < 0) pt_cpu_lever.xint = !(e && !strcmp(e, "0"));
-    e = getenv("PETREL_CPU_XGEMM");
-    if (pt_cpu_lever.xgemm < 0) pt_cpu_lever.xgemm = !(e && !strcmp(e, "0"));
+    lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI");
+    lever_read(&pt_cpu_lever.scale16, "PETREL_CPU_SCALE16");
+    lever_read(&pt_cpu_lever.xint, "PETREL_CPU_XINT");
+    lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM");
 }
 
 static pthread_once_t levers_once = PTHREAD_ONCE_INIT;
