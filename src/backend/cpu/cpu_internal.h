@@ -11,6 +11,7 @@
 #include "backend/backend.h"
 #include "base/threadpool.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* 4-bit codes are consumed with x permuted per 32-value block: byte i of a
@@ -250,6 +251,15 @@ typedef struct {
     int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
+/* How often each quantized matmul path ran (cpu_matmul.c), so a test can
+ * prove that a model-level parity run reached the kernel it means to check:
+ * 4-bit decode tokens through the integer-piece kernel (XINT), the bf16
+ * kernel (BF16) or the f32-x kernel (F32); prefill calls through the
+ * integer-piece GEMM (XGEMM) or the f32 GEMM (GEMM). Relaxed atomics, counted
+ * once per call or token, never per row. */
+enum { PT_CPU_PATH_XINT, PT_CPU_PATH_BF16, PT_CPU_PATH_F32, PT_CPU_PATH_XGEMM, PT_CPU_PATH_GEMM,
+       PT_CPU_PATH_N };
+extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                          const pt_matrix *down, pt_glu_kind act);

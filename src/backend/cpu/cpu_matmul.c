@@ -56,6 +56,12 @@ static void levers_read(void) {
     lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM");
 }
 
+_Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
+
+static inline void path_count(int path, long n) {
+    atomic_fetch_add_explicit(&pt_cpu_path_count[path], n, memory_order_relaxed);
+}
+
 static pthread_once_t levers_once = PTHREAD_ONCE_INIT;
 static void levers_init(void) { pthread_once(&levers_once, levers_read); }
 
@@ -627,6 +633,20 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
     return PT_OK;
 }
 
+/* Counts the 4-bit decode tokens of a prepared call by the kernel
+ * mm_direct_q48 gives them (pt_cpu_path_count). */
+static void count_decode(const mm_ctx *m) {
+    if (m->w->bits != 4 || m->xi8) return;
+    long xi = 0, bf = 0;
+    for (int64_t t = 0; t < m->T; t++) {
+        if (m->xint && m->xiok[t]) xi++;
+        else if (m->xa && m->xok[t]) bf++;
+    }
+    if (xi) path_count(PT_CPU_PATH_XINT, xi);
+    if (bf) path_count(PT_CPU_PATH_BF16, bf);
+    if (m->T - xi - bf) path_count(PT_CPU_PATH_F32, (long)(m->T - xi - bf));
+}
+
 /* direct: the decode kernels for every row (any T); else chosen by T. Under
  * the int8 lever, 4/8-bit prefill takes the VNNI GEMM (gemm_i8_avx512.c) on
  * AVX-512, else the decode kernels, so the lever's formula holds for every T
@@ -667,6 +687,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
             pt_pool_for(c->pool, (long)T, 8, xgemm_prep_job, &q);
             if (!atomic_load(&q.bad)) {
                 pt_cpu_gemm_xint(c, y, q.xq, q.st, q.xs, T, w, expert);
+                path_count(PT_CPU_PATH_XGEMM, 1);
                 return PT_OK;
             }
         }
@@ -674,6 +695,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
     if (direct || T < PT_CPU_DIRECT_T || i8) {
         levers_init();
         PT_TRY(direct_prep(c, &m));
+        count_decode(&m);
         /* chunks of 4 rows: the 4-row kernels never pad a chunk but the last */
         if (w->bits == 4 || w->bits == 8)
             pool_for_guided(c, (long)w->rows, 4, (size_t)K * (size_t)w->bits / 8, mm_direct_q48, &m);
@@ -687,6 +709,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         m.xpk = c->xbuf;
         /* chunks of 32-row panels: only the last chunk has a narrow panel */
         pt_pool_for(c->pool, (long)w->rows, 32, mm_gemm, &m);
+        if (w->bits) path_count(PT_CPU_PATH_GEMM, 1);
     }
     return PT_OK;
 }
@@ -758,6 +781,7 @@ pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const floa
     mm_multi_ctx mc = {.n = n};
     mc.m[0] = (mm_ctx){.c = c, .y = y[0], .x = x, .xq = x, .T = T, .w = w[0], .expert = 0};
     PT_TRY(direct_prep(c, &mc.m[0]));
+    count_decode(&mc.m[0]);
     mc.start[0] = 0;
     for (int i = 0; i < n; i++) {
         if (i) {
