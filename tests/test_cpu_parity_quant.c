@@ -2,7 +2,8 @@
  * model loaded in its own dtype (PT_COMPUTE_MODEL, what `petrel run` does on
  * an MLX checkpoint), so the quantized weights stay quantized and the
  * activations are bf16 — the path of the 4-bit integer-piece decode kernel
- * (PETREL_CPU_XINT, qdot_xint_avx512.c), the integer-piece prefill GEMM
+ * (PETREL_CPU_XINT, qdot_xint_avx512.c; its 8-bit sibling under the same
+ * lever), the integer-piece prefill GEMM
  * (PETREL_CPU_XGEMM, gemm_i8_avx512.c) and, with those levers off, the bf16
  * decode kernel and the f32 GEMM. test_parity.c runs the same fixtures in
  * f32 and under --dtype bf16, which dequantizes the weights to bf16 and so
@@ -23,8 +24,9 @@
  * Each with the integer-piece levers on and off (pt_cpu_lever), and the path
  * counters (pt_cpu_path_count) prove which kernels ran: with the levers on,
  * the 4-bit fixtures' decode reaches the integer-piece kernel and their
- * prefill the integer-piece GEMM (on AVX-512 VNNI; elsewhere the check says
- * so and the gates still run). Prints max|Δlogit| and the mean KL against the
+ * prefill the integer-piece GEMM, the 8-bit fixture's decode the 8-bit
+ * integer-piece kernel (on AVX-512 VNNI; elsewhere the check says so and the
+ * gates still run). Prints max|Δlogit| and the mean KL against the
  * golden (MEASURE). */
 #include "test.h"
 #include "golden.h"
@@ -250,18 +252,22 @@ static void check_fixture(const char *name, int gate) {
         long d[PT_CPU_PATH_N];
         for (int i = 0; i < PT_CPU_PATH_N; i++) d[i] = atomic_load(&pt_cpu_path_count[i]) - c0[i];
         printf("INFO %s levers %s: 4-bit decode tokens on the integer-piece kernel %ld, bf16 kernel %ld, f32 kernel "
-               "%ld; prefill calls on the integer-piece GEMM %ld, f32 GEMM %ld\n",
-               name, lv, d[PT_CPU_PATH_XINT], d[PT_CPU_PATH_BF16], d[PT_CPU_PATH_F32], d[PT_CPU_PATH_XGEMM],
-               d[PT_CPU_PATH_GEMM]);
-        /* the levers reach their kernels (4-bit fixtures, AVX-512 VNNI), and nothing does when they are off */
+               "%ld; 8-bit decode tokens on the integer-piece kernel %ld, f32 kernel %ld; prefill calls on the "
+               "integer-piece GEMM %ld, f32 GEMM %ld\n",
+               name, lv, d[PT_CPU_PATH_XINT], d[PT_CPU_PATH_BF16], d[PT_CPU_PATH_F32], d[PT_CPU_PATH_XINT8],
+               d[PT_CPU_PATH_Q8F32], d[PT_CPU_PATH_XGEMM], d[PT_CPU_PATH_GEMM]);
+        /* the levers reach their kernels (AVX-512 VNNI; 4-bit fixtures: decode and prefill, 8-bit: decode),
+         * and nothing does when they are off */
         if (!on)
-            CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XGEMM] == 0, "%s: integer pieces with the levers off",
-                  name);
-        else if (strstr(name, "_q4") && pt_cpu_gemm_i8_available())
+            CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XINT8] == 0 && d[PT_CPU_PATH_XGEMM] == 0,
+                  "%s: integer pieces with the levers off", name);
+        else if (!pt_cpu_gemm_i8_available())
+            printf("INFO %s: no AVX-512 VNNI here, the integer-piece kernels are not reachable\n", name);
+        else if (strstr(name, "_q4"))
             CHECK(d[PT_CPU_PATH_XGEMM] > 0 && d[PT_CPU_PATH_XINT] > 0,
                   "%s levers on: the integer-piece kernels were not reached", name);
-        else if (strstr(name, "_q4"))
-            printf("INFO %s: no AVX-512 VNNI here, the integer-piece kernels are not reachable\n", name);
+        else if (strstr(name, "_q8"))
+            CHECK(d[PT_CPU_PATH_XINT8] > 0, "%s levers on: the 8-bit integer-piece kernel was not reached", name);
     }
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];

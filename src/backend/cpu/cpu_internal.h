@@ -50,6 +50,19 @@ void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, con
                            const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
                            int64_t K, int gs);
 
+/* The 8-bit decode kernel on the same pieces (qdot_xint_avx512.c): x in
+ * natural order per 64-value chunk [A | B | C] (xq [3·K] bytes, step
+ * [K/gs]); 0 unless K % 128 == 0, gs is 32/64/128 and every x is finite and
+ * exactly bf16. The kernels compute qdot8_x4's sum (bias term included) from
+ * the f32 or the bf16 (as stored) scales and biases. */
+int pt_cpu_arrange_xint8(int8_t *xq, float *step, const float *x, int64_t K, int gs);
+void pt_cpu_qdot8_x4_xint(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                          const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                          int gs);
+void pt_cpu_qdot8_x4_xints(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                           const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
+                           int64_t K, int gs);
+
 void pt_cpu_panel_t16_ref(float *wp, int r0, const float *rows, int64_t K);
 void pt_cpu_dequant_q_ref(float *dst, const uint8_t *row, int64_t k0, int64_t n, const float *sc, const float *bi,
                           int gs, int bits);
@@ -247,18 +260,27 @@ int pt_cpu_multi_on(void);
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
-    int xint;    /* 4-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 kernel) */
+    int xint;    /* 4/8-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 / f32 kernels) */
     int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 /* How often each quantized matmul path ran (cpu_matmul.c), so a test can
  * prove that a model-level parity run reached the kernel it means to check:
  * 4-bit decode tokens through the integer-piece kernel (XINT), the bf16
- * kernel (BF16) or the f32-x kernel (F32); prefill calls through the
- * integer-piece GEMM (XGEMM) or the f32 GEMM (GEMM). Relaxed atomics, counted
- * once per call or token, never per row. */
-enum { PT_CPU_PATH_XINT, PT_CPU_PATH_BF16, PT_CPU_PATH_F32, PT_CPU_PATH_XGEMM, PT_CPU_PATH_GEMM,
-       PT_CPU_PATH_N };
+ * kernel (BF16) or the f32-x kernel (F32); 8-bit decode tokens through the
+ * integer-piece kernel (XINT8) or the f32-x kernel (Q8F32); prefill calls
+ * through the integer-piece GEMM (XGEMM) or the f32 GEMM (GEMM). Relaxed
+ * atomics, counted once per call or token, never per row. */
+enum {
+    PT_CPU_PATH_XINT,
+    PT_CPU_PATH_BF16,
+    PT_CPU_PATH_F32,
+    PT_CPU_PATH_XINT8,
+    PT_CPU_PATH_Q8F32,
+    PT_CPU_PATH_XGEMM,
+    PT_CPU_PATH_GEMM,
+    PT_CPU_PATH_N
+};
 extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
 pt_status pt_cpu_moe_ffn(pt_backend *be, float *y, const float *x, int64_t T, const int32_t *idx,
                          const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,

@@ -15,8 +15,8 @@
  *     dequantization cost is paid once per weight, not per token; 4-bit
  *     weights with bf16 activations on AVX-512 VNNI take the integer GEMM
  *     with x as exact integer pieces instead (pt_cpu_gemm_xint,
- *     PETREL_CPU_XGEMM), and the decode path's 4-bit bf16 tokens the
- *     integer-piece kernel (qdot_xint_avx512.c, PETREL_CPU_XINT).
+ *     PETREL_CPU_XGEMM), and the decode path's 4- and 8-bit bf16 tokens the
+ *     integer-piece kernels (qdot_xint_avx512.c, PETREL_CPU_XINT).
  * The two paths round differently, so a row's result depends on which one
  * ran; matmul_rows (continuous batching) always takes the decode path so a
  * batched row is bit-identical to the same row decoded alone. matmul_multi
@@ -38,8 +38,8 @@
  * once, each on unless its variable is "0" (PETREL_CPU_MULTI=0: matmul_multi
  * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode
  * kernel takes scales/biases converted to f32 by the caller — both the same
- * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0: the 4-bit decode
- * kernel / prefill GEMM without x as integer pieces, which round
+ * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0: the 4- and 8-bit
+ * decode kernels / the 4-bit prefill GEMM without x as integer pieces, which round
  * differently); a field a dev benchmark has already set is kept. */
 pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1};
 
@@ -383,7 +383,14 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
         }
         for (int64_t t = 0; t < T; t++) {
             float out[4];
-            if (m->xint && m->xiok[t] && p16)
+            if (m->xint && m->xiok[t] && w->bits == 8) {
+                if (p16)
+                    pt_cpu_qdot8_x4_xints(out, m->xint + t * 3 * K, m->xstep + t * ng, m->xs + t * ng, codes, sc16,
+                                          bi16, K, w->group_size);
+                else
+                    pt_cpu_qdot8_x4_xint(out, m->xint + t * 3 * K, m->xstep + t * ng, m->xs + t * ng, codes, sc, bi,
+                                         K, w->group_size);
+            } else if (m->xint && m->xiok[t] && p16)
                 pt_cpu_qdot4_x4_xints(out, m->xint + t * 3 * K, m->xstep + t * ng, m->xs + t * ng, codes, sc16, bi16,
                                       K, w->group_size);
             else if (m->xint && m->xiok[t])
@@ -564,16 +571,17 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
     PT_TRY(pt_cpu_need_scratch(c, (size_t)(8 * ng + K),
                                (size_t)(T * (K + 2 * ng + K / 2 + K / 2 + 2) + T * ((3 * K + 3) / 4 + ng + 1))));
     int all_bf16 = 0; /* every token takes the bf16 kernel: the permuted f32 x is never read */
-    if (w->bits == 4 && !c->int8_act && c->base.act == PT_ACT_BF16 && c->isa == PT_ISA_AVX512 && K % 128 == 0 &&
-        pt_cpu_lever.xint > 0 && pt_cpu_gemm_i8_available()) {
-        /* the integer-piece kernel for each token whose x is finite and exactly bf16, decided from
-         * its own values (so batching never changes a row); the others below */
+    if ((w->bits == 4 || w->bits == 8) && !c->int8_act && c->base.act == PT_ACT_BF16 && c->isa == PT_ISA_AVX512 &&
+        K % 128 == 0 && pt_cpu_lever.xint > 0 && pt_cpu_gemm_i8_available()) {
+        /* the integer-piece kernel (4- or 8-bit) for each token whose x is finite and exactly bf16,
+         * decided from its own values (so batching never changes a row); the others below */
         int8_t *xq = (int8_t *)(c->xbuf + T * (2 * K + 2 * ng + 2));
         float *st = (float *)(xq + T * 3 * K);
         uint8_t *ok = (uint8_t *)(st + T * ng);
         int all = 1, any = 0;
         for (int64_t t = 0; t < T; t++) {
-            ok[t] = (uint8_t)pt_cpu_arrange_xint(xq + t * 3 * K, st + t * ng, x + t * K, K, w->group_size);
+            ok[t] = (uint8_t)(w->bits == 4 ? pt_cpu_arrange_xint(xq + t * 3 * K, st + t * ng, x + t * K, K, w->group_size)
+                                           : pt_cpu_arrange_xint8(xq + t * 3 * K, st + t * ng, x + t * K, K, w->group_size));
             all &= ok[t];
             any |= ok[t];
         }
@@ -633,9 +641,16 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
     return PT_OK;
 }
 
-/* Counts the 4-bit decode tokens of a prepared call by the kernel
+/* Counts the 4- and 8-bit decode tokens of a prepared call by the kernel
  * mm_direct_q48 gives them (pt_cpu_path_count). */
 static void count_decode(const mm_ctx *m) {
+    if (m->w->bits == 8 && !m->xi8) {
+        long xi = 0;
+        for (int64_t t = 0; t < m->T; t++) xi += m->xint && m->xiok[t];
+        if (xi) path_count(PT_CPU_PATH_XINT8, xi);
+        if (m->T - xi) path_count(PT_CPU_PATH_Q8F32, (long)(m->T - xi));
+        return;
+    }
     if (m->w->bits != 4 || m->xi8) return;
     long xi = 0, bf = 0;
     for (int64_t t = 0; t < m->T; t++) {

@@ -18,7 +18,8 @@
  * [0, 127] (non-negative bytes). A bf16 value has 8 significant bits, so X is
  * exact for every x within a factor 2^13 of the group's max (x's last bit is
  * then at or above 2^(e_g−20)); a smaller x is rounded by at most
- * 2^-21·max|x_g|. That is below the f32 rounding the other kernels commit
+ * 2^-21·max|x_g| (by at most 2^-121 in a group whose max is under 2^-100,
+ * where the step is held at 2^-120 so that it stays a normal float). That is below the f32 rounding the other kernels commit
  * (the bf16 kernel's 128-offset sums lose ~2^-17·max|x_g| per value), and far
  * below the L1 gate (1e-4 of the logits).
  *
@@ -50,9 +51,12 @@ static inline float pow2f(int n) {
  * Returns 0 (x left to the other kernels) when K % 128 != 0, gs is not 32,
  * 64 or 128, or a value is not finite or not exactly bf16. */
 /* rows = 0: the decode layout above; rows = 1: the prefill GEMM's, per token
- * [A: K bytes][B: K][C: K] in natural order (pt_cpu_arrange_xint_rows). */
+ * [A: K bytes][B: K][C: K] in natural order (pt_cpu_arrange_xint_rows);
+ * rows = 2: the 8-bit decode kernel's, per 64-value chunk c: 192 bytes,
+ * piece p at c·192 + p·64 in natural order (pt_cpu_arrange_xint8; K % 128
+ * == 0 too: the kernel steps two chunks at a time). */
 static int arrange(int8_t *xq, float *step, const float *x, int64_t K, int gs, int rows) {
-    if ((rows ? K % gs : K % 128) || (gs != 32 && gs != 64 && gs != 128)) return 0;
+    if ((rows == 1 ? K % gs : K % 128) || (gs != 32 && gs != 64 && gs != 128)) return 0;
     /* evens / odds of 32 consecutive int32 (two vectors) */
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
@@ -86,13 +90,16 @@ static int arrange(int8_t *xq, float *step, const float *x, int64_t K, int gs, i
             __m512i Xe = _mm512_permutex2var_epi32(X0, ev, X1), Xo = _mm512_permutex2var_epi32(X0, od, X1);
             if (rows) { /* natural order: the pieces of 32 values as they come */
                 int8_t *d = xq + j;
+                int64_t pk = K; /* distance between the pieces */
+                if (rows == 2) d = xq + (j / 64) * 192 + j % 64, pk = 64;
                 _mm_storeu_si128((__m128i *)d, _mm512_cvtepi32_epi8(_mm512_srai_epi32(X0, 14)));
                 _mm_storeu_si128((__m128i *)(d + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(X1, 14)));
-                _mm_storeu_si128((__m128i *)(d + K), _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(X0, 7), m127)));
-                _mm_storeu_si128((__m128i *)(d + K + 16),
+                _mm_storeu_si128((__m128i *)(d + pk),
+                                 _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(X0, 7), m127)));
+                _mm_storeu_si128((__m128i *)(d + pk + 16),
                                  _mm512_cvtepi32_epi8(_mm512_and_si512(_mm512_srai_epi32(X1, 7), m127)));
-                _mm_storeu_si128((__m128i *)(d + 2 * K), _mm512_cvtepi32_epi8(_mm512_and_si512(X0, m127)));
-                _mm_storeu_si128((__m128i *)(d + 2 * K + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(X1, m127)));
+                _mm_storeu_si128((__m128i *)(d + 2 * pk), _mm512_cvtepi32_epi8(_mm512_and_si512(X0, m127)));
+                _mm_storeu_si128((__m128i *)(d + 2 * pk + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(X1, m127)));
                 continue;
             }
             int8_t *d = xq + (j / 128) * 384 + (j % 128) / 2;
@@ -115,6 +122,10 @@ int pt_cpu_arrange_xint(int8_t *xq, float *step, const float *x, int64_t K, int 
 
 int pt_cpu_arrange_xint_rows(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
     return arrange(xq, step, x, K, gs, 1);
+}
+
+int pt_cpu_arrange_xint8(int8_t *xq, float *step, const float *x, int64_t K, int gs) {
+    return arrange(xq, step, x, K, gs, 2);
 }
 
 /* vpdpbusd through inline asm: gcc 12 copies every accumulator to another
@@ -208,4 +219,150 @@ void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, con
                            const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
                            int64_t K, int gs) {
     xint_body(out, xq, xstep, xs, codes, (const void *const *)sc, (const void *const *)bi, K, gs, 1);
+}
+
+/* ---- 8-bit codes ----
+ *
+ * The codes are unsigned bytes in natural order, so a 64-byte vector of a
+ * row's codes goes into vpdpbusd as it is loaded: lane i multiplies values
+ * 4i..4i+3 with the same values' pieces (pt_cpu_arrange_xint8: per 64 values
+ * [A | B | C], 64 bytes each). Per 64 weights and row: three vpdpbusd and two
+ * shifts into one int32 accumulator, one conversion, one FMA (against eight
+ * widenings, eight conversions and eight FMAs per 64 weights and row in
+ * qdot8_x4):
+ *   acc = Σ q·A;  acc <<= 7;  acc += Σ q·B;  acc <<= 7;  acc += Σ q·C  (= Σ q·X)
+ * exact in int32 because a lane sums only four products per vector:
+ * |Σ q·X| ≤ 4·255·2^21 < 2^31 (also every partial sum on the way). The
+ * accumulator of each vector is converted and scaled on its own (the next
+ * vector's would overflow it). The per-lane scale·step: groups of 64 take a
+ * broadcast of one product per vector; groups of 32 (two groups per vector,
+ * lanes 0–7 and 8–15) and 128 (a group spans two vectors) the same products
+ * spread over the lanes by one permute. The products scale_g·step_g of the
+ * four rows are formed for up to XI8_KC values at a time in a small buffer
+ * (f32 multiplies of f32 operands: the same value whichever parameter type
+ * the caller passes). Same accuracy bound as the 4-bit kernel. */
+#define XI8_KC 2048 /* values per block of precomputed scale·step: [4][XI8_KC/32] floats on the stack */
+
+static inline __attribute__((always_inline)) void xint8_body(float *out, const int8_t *xq, const float *xstep,
+                                                             const float *xs, const uint8_t *const *codes,
+                                                             const void *const *sc, const void *const *bi, int64_t K,
+                                                             int gs, int p16) {
+    const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
+    const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 8); /* the sweep of kernels_avx512.c PF_LINE */
+    /* lane i of vector v (values 64v + 4i ..) belongs to group (64v + 4i)/gs of the block */
+    const __m512i lidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    float ss[4][XI8_KC / 32] __attribute__((aligned(64)));
+    __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
+    for (int64_t k0 = 0; k0 < K; k0 += XI8_KC) {
+        const int64_t kc = K - k0 < XI8_KC ? K - k0 : XI8_KC, g0 = k0 / gs, ngc = kc / gs;
+        /* ss[r][j] = scale_r[g0 + j] · step[g0 + j] */
+        for (int64_t j = 0; j < ngc; j += 16) {
+            __mmask16 m_ = ngc - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ngc - j)) - 1u);
+            __m512 st_ = _mm512_maskz_loadu_ps(m_, xstep + g0 + j);
+            for (int r = 0; r < 4; r++) {
+                __m512 s_ = p16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m_, (const uint16_t *)sc[r] + g0 + j)), 16))
+                                : _mm512_maskz_loadu_ps(m_, (const float *)sc[r] + g0 + j);
+                _mm512_store_ps(&ss[r][j], _mm512_mul_ps(s_, st_));
+            }
+        }
+#define XI8_ROW(r, v, scl)                                                                                        \
+    do {                                                                                                          \
+        __m512i q_ = _mm512_loadu_si512((const void *)(c##r + k0 + b + 64 * (v)));                                \
+        __m512i a_ = _mm512_setzero_si512();                                                                      \
+        XI_DPBUSD(a_, q_, xa##v);                                                                                 \
+        a_ = _mm512_slli_epi32(a_, 7);                                                                            \
+        XI_DPBUSD(a_, q_, xb##v);                                                                                 \
+        a_ = _mm512_slli_epi32(a_, 7);                                                                            \
+        XI_DPBUSD(a_, q_, xc##v);                                                                                 \
+        f##r = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a_), scl, f##r);                                                \
+    } while (0)
+        /* two vectors (128 values) per step: the rows' four streams advance 128 bytes each */
+        for (int64_t b = 0; b < kc; b += 128) {
+            const int8_t *xb = xq + 3 * (k0 + b);
+            const __m512i xa0 = _mm512_loadu_si512((const void *)xb), xb0 = _mm512_loadu_si512((const void *)(xb + 64)),
+                          xc0 = _mm512_loadu_si512((const void *)(xb + 128));
+            const __m512i xa1 = _mm512_loadu_si512((const void *)(xb + 192)),
+                          xb1 = _mm512_loadu_si512((const void *)(xb + 256)),
+                          xc1 = _mm512_loadu_si512((const void *)(xb + 320));
+            for (int l = 0; l < 8; l++) /* this step reads 4 × 128 bytes */
+                _mm_prefetch((const char *)(pf + 4 * (k0 + b) + 64 * l), _MM_HINT_T0);
+            const int64_t j = b / gs; /* the block's first group, relative to g0 */
+            if (gs == 64) {
+                XI8_ROW(0, 0, _mm512_set1_ps(ss[0][j]));
+                XI8_ROW(1, 0, _mm512_set1_ps(ss[1][j]));
+                XI8_ROW(2, 0, _mm512_set1_ps(ss[2][j]));
+                XI8_ROW(3, 0, _mm512_set1_ps(ss[3][j]));
+                XI8_ROW(0, 1, _mm512_set1_ps(ss[0][j + 1]));
+                XI8_ROW(1, 1, _mm512_set1_ps(ss[1][j + 1]));
+                XI8_ROW(2, 1, _mm512_set1_ps(ss[2][j + 1]));
+                XI8_ROW(3, 1, _mm512_set1_ps(ss[3][j + 1]));
+            } else if (gs == 128) {
+                const __m512 s0 = _mm512_set1_ps(ss[0][j]), s1 = _mm512_set1_ps(ss[1][j]),
+                             s2 = _mm512_set1_ps(ss[2][j]), s3 = _mm512_set1_ps(ss[3][j]);
+                XI8_ROW(0, 0, s0);
+                XI8_ROW(1, 0, s1);
+                XI8_ROW(2, 0, s2);
+                XI8_ROW(3, 0, s3);
+                XI8_ROW(0, 1, s0);
+                XI8_ROW(1, 1, s1);
+                XI8_ROW(2, 1, s2);
+                XI8_ROW(3, 1, s3);
+            } else { /* gs == 32: groups j, j+1 in vector 0, j+2, j+3 in vector 1 */
+#define XI8_S32(r, v) _mm512_permutexvar_ps(lidx, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)&ss[r][j + 2 * (v)]))))
+                XI8_ROW(0, 0, XI8_S32(0, 0));
+                XI8_ROW(1, 0, XI8_S32(1, 0));
+                XI8_ROW(2, 0, XI8_S32(2, 0));
+                XI8_ROW(3, 0, XI8_S32(3, 0));
+                XI8_ROW(0, 1, XI8_S32(0, 1));
+                XI8_ROW(1, 1, XI8_S32(1, 1));
+                XI8_ROW(2, 1, XI8_S32(2, 1));
+                XI8_ROW(3, 1, XI8_S32(3, 1));
+#undef XI8_S32
+            }
+        }
+#undef XI8_ROW
+    }
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g += 16) { /* the bias term: Σ_g b_g·xs_g */
+        __mmask16 m_ = ng - g >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ng - g)) - 1u);
+        __m512 xs_ = _mm512_maskz_loadu_ps(m_, xs + g);
+#define XI_LD(p)                                                                                                   \
+    (p16 ? _mm512_castsi512_ps(                                                                                    \
+               _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m_, (const uint16_t *)(p) + g)), 16)) \
+         : _mm512_maskz_loadu_ps(m_, (const float *)(p) + g))
+        f0 = _mm512_fmadd_ps(XI_LD(bi[0]), xs_, f0);
+        f1 = _mm512_fmadd_ps(XI_LD(bi[1]), xs_, f1);
+        f2 = _mm512_fmadd_ps(XI_LD(bi[2]), xs_, f2);
+        f3 = _mm512_fmadd_ps(XI_LD(bi[3]), xs_, f3);
+#undef XI_LD
+    }
+    out[0] = _mm512_reduce_add_ps(f0);
+    out[1] = _mm512_reduce_add_ps(f1);
+    out[2] = _mm512_reduce_add_ps(f2);
+    out[3] = _mm512_reduce_add_ps(f3);
+}
+
+/* gs as a constant in each instantiation (the branches above fold) */
+#define XI8_GS(body_call)                                                                                         \
+    switch (gs) {                                                                                                 \
+    case 32: body_call(32); break;                                                                                \
+    case 64: body_call(64); break;                                                                                \
+    default: body_call(128); break;                                                                               \
+    }
+
+void pt_cpu_qdot8_x4_xint(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                          const uint8_t *const *codes, const float *const *sc, const float *const *bi, int64_t K,
+                          int gs) {
+#define CALL(G) xint8_body(out, xq, xstep, xs, codes, (const void *const *)sc, (const void *const *)bi, K, G, 0)
+    XI8_GS(CALL)
+#undef CALL
+}
+
+void pt_cpu_qdot8_x4_xints(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                           const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi,
+                           int64_t K, int gs) {
+#define CALL(G) xint8_body(out, xq, xstep, xs, codes, (const void *const *)sc, (const void *const *)bi, K, G, 1)
+    XI8_GS(CALL)
+#undef CALL
 }
