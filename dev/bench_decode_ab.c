@@ -9,8 +9,8 @@
  *
  * Variants are lever masks (pt_cpu_lever, cpu_internal.h): bit 0 = multi
  * (q/k/v and gate/up as one pool dispatch each), bit 1 = scale16 (decode
- * kernels read bf16 scales/biases directly), bit 2 = xint (4-bit decode with x
- * as integer pieces, qdot_xint_avx512.c). Each round runs one step of
+ * kernels read bf16 scales/biases directly), bit 2 = xint (4- and 8-bit decode
+ * with x as integer pieces, qdot_xint_avx512.c). Each round runs one step of
  * every variant in turn (A B A B ...), plus a streaming read of as many
  * bytes as the weights on the same threads; the medians over rounds are
  * printed with the bandwidth fraction (weight bytes / median step time over
