@@ -6,7 +6,8 @@
  * times prefilling n_prompt random tokens; a tg test prefills `depth` tokens
  * untimed, then times n_gen single-token decode steps (each step runs the
  * whole model and the lm_head and samples greedily, as generation does —
- * on the GPU with --gpu-sampling on — then feeds a random id). Each test
+ * on the GPU with --gpu-sampling on, pipelined on CUDA unless
+ * PETREL_CUDA_PIPELINE=0 — then feeds the sampled id back). Each test
  * runs -r times after one untimed warm-up; tokens/s is reported as the mean,
  * standard deviation and median over the repetitions.
  *
@@ -73,7 +74,9 @@ static void help(FILE *f) {
             "                       llama-bench's keys (n_prompt, n_gen, n_depth, avg_ts, stddev_ts)\n"
             "                       plus median_ts, samples_ts, gbps, bw_fraction and kv (on CUDA also\n"
             "                       tflops, mma_fraction and mma_measured_tflops; 0 on tg rows)\n"
-            "  -h, --help           this help\n",
+            "  -h, --help           this help\n\n"
+            "A tg step samples greedily and feeds the sampled id back; on CUDA the loop is pipelined\n"
+            "(the next step enqueued before the host reads the id) unless PETREL_CUDA_PIPELINE=0.\n",
             pt_synthetic_names());
     cli_common_help(f);
 }
@@ -153,9 +156,10 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
         if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
     } else {
         /* the decode steps start from a context of depth + 1 tokens; each
-         * step samples greedily as generation does (on the GPU with
-         * --gpu-sampling on, else on the host) and then feeds a random id,
-         * so every configuration decodes the same tokens */
+         * step samples greedily and feeds the sampled id back, as generation
+         * does (on the GPU with --gpu-sampling on, else on the host; on CUDA
+         * pipelined unless PETREL_CUDA_PIPELINE=0: the step on the sampled
+         * id is enqueued before the host reads it) */
         int32_t id = rand_id(vocab);
         PT_TRY(pt_session_prompt(s, &id, 1));
         pt_sampling_params greedy = pt_sampling_default_params(NULL);
@@ -163,9 +167,8 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
         pt_token_info ti;
         t0 = now_s();
         for (int i = 0; i < r->n_gen; i++) {
-            PT_TRY(pt_session_sample(s, &greedy, NULL, &ti));
-            id = rand_id(vocab);
-            PT_TRY(pt_session_prompt(s, &id, 1));
+            PT_TRY(pt_session_sample_ahead(s, &greedy, &ti));
+            PT_TRY(pt_session_prompt(s, &ti.id, 1));
         }
         dt = now_s() - t0;
         if (rep >= 0) r->samples[rep] = r->n_gen / dt;

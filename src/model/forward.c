@@ -141,8 +141,8 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
-    pt_cuda_graph_free(&st->graph[0]);
-    pt_cuda_graph_free(&st->graph[1]);
+    if (st->logits_ahead) OPS(m)->dealloc(m->be, st->logits_ahead);
+    for (int g = 0; g < 4; g++) pt_cuda_graph_free(&st->graph[g]);
     memset(st, 0, sizeof *st);
 }
 
@@ -432,12 +432,17 @@ static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r,
  * kernels read the token id and position from device memory, so only the
  * uploads before and the logits download after run outside the graph.
  * Replay is bit-identical to eager execution (tests/cuda test_graph_replay).
- * Not used with the debug callbacks, which read activations on the host. */
-static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float *out) {
+ * Not used with the debug callbacks, which read activations on the host.
+ * ahead: the pipelined decode's step (pt_fwd_ahead_enqueue), the same step
+ * captured with its logits into st->logits_ahead; it neither advances the
+ * DeltaNet bookkeeping (never with those layers) nor calls
+ * pt_kv_cache_step_done (pt_fwd_ahead_accept does). */
+static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float *out, int ahead) {
     const pt_net *n = &m->net;
     int use_long = 0;
     for (int l = 0; l < n->n_layers; l++)
         if (n->layers[l].inv_freq_long && (int64_t)pos0 + 1 > n->layers[l].rope_switch_len) use_long = 1;
+    const int gi = use_long + 2 * ahead;
     /* Qwen3.5: the DeltaNet states' bookkeeping is host-side; a replay
      * checks and advances it as the captured fwd_body would (the reset at
      * position 0 never runs here, see pt_fwd_run) */
@@ -445,27 +450,68 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
      * (petrel bench --kv-ab switches it within a session) drops the graphs */
     const int fused = m->params.fused_decode_attn == PT_LEVER_ON;
     if (st->graph_fused != fused) {
-        pt_cuda_graph_free(&st->graph[0]);
-        pt_cuda_graph_free(&st->graph[1]);
+        for (int g = 0; g < 4; g++) pt_cuda_graph_free(&st->graph[g]);
         st->graph_fused = fused;
     }
-    if (st->conv_state && st->graph[use_long]) PT_TRY(pt_qwen35_begin(m, st, pos0));
-    if (!st->graph[use_long]) {
+    if (st->conv_state && st->graph[gi]) PT_TRY(pt_qwen35_begin(m, st, pos0));
+    if (!st->graph[gi]) {
         PT_TRY(pt_cuda_graph_begin(m->be));
         float *hn = NULL;
         pt_status s = fwd_body(m, st, NULL, 1, pos0, 1, &hn);
-        if (s == PT_OK) s = fwd_logits(m, st, NULL, hn, 1);
+        if (s == PT_OK) s = fwd_logits_to(m, NULL, hn, 1, ahead ? st->logits_ahead : st->logits);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());
-        pt_status e = pt_cuda_graph_end(m->be, &st->graph[use_long]);
+        pt_status e = pt_cuda_graph_end(m->be, &st->graph[gi]);
         if (s != PT_OK) return pt_error(s, "compiled decode: capturing the step: %s", msg);
         PT_TRY(e);
     }
-    PT_TRY(pt_cuda_graph_launch(m->be, st->graph[use_long]));
+    PT_TRY(pt_cuda_graph_launch(m->be, st->graph[gi]));
+    if (ahead) return PT_OK;
     if (st->conv_state) st->lin_pos = (int64_t)pos0 + 1;
     PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1));
     if (!out) return PT_OK; /* GPU sampling: the logits stay in st->logits */
     return OPS(m)->download(m->be, out, st->logits, (size_t)n->vocab * 4);
+}
+
+/* pt_fwd_run takes the captured step for (T, n_logits, pos0) */
+static int decode_graph_ok(const pt_model *m, const pt_fwd_state *st, int T, int n_logits, int pos0) {
+    /* A graph bakes the cache descriptors in: with quantized KV only once
+     * the caches are converted (the conversion swaps them; after it the
+     * descriptors are the quantized ones until a reset, which swaps back and
+     * runs eagerly until the next conversion restores the same quantized
+     * descriptors). Not for a Qwen3.5 step at position 0 either: it resets
+     * the DeltaNet states with uploads, which cannot be captured. */
+    return T == 1 && n_logits == 1 && m->device == PT_DEVICE_CUDA && m->params.compiled_decode == PT_LEVER_ON &&
+           !m->hidden_cb && !m->route_cb && (!st->cache->any_quant || st->cache->converted) &&
+           !(st->conv_state && pos0 == 0);
+}
+
+int pt_fwd_ahead_ok(const pt_model *m, const pt_fwd_state *st, int pos0) {
+    if (pos0 < 0 || pos0 >= st->n_ctx || st->conv_state || !decode_graph_ok(m, st, 1, 1, pos0)) return 0;
+    /* a rotating cache's row at pos0 replaces position pos0 - capacity,
+     * which a later truncation could still need: no step ahead once the
+     * ring has wrapped (before, the slot holds nothing of the context) */
+    for (int l = 0; l < m->net.n_layers; l++)
+        if (st->kv[l].k && st->kv[l].capacity < st->n_ctx && pos0 >= st->kv[l].capacity) return 0;
+    return 1;
+}
+
+pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0) {
+    if (!pt_fwd_ahead_ok(m, st, pos0))
+        return pt_error(PT_ERR_INTERNAL, "pipelined decode: no step ahead at position %d", pos0);
+    if (!st->logits_ahead) {
+        st->logits_ahead = OPS(m)->alloc(m->be, (size_t)m->net.vocab * 4);
+        if (!st->logits_ahead) return pt_error_prefix(PT_ERR_NOMEM, "pipelined decode: the step's logits");
+    }
+    return fwd_decode_graph(m, st, pos0, NULL, 1);
+}
+
+pt_status pt_fwd_ahead_accept(pt_model *m, pt_fwd_state *st, int pos0) {
+    const int64_t V = m->net.vocab;
+    /* a plain copy of the f32 row: the logits are bit-identical to the
+     * ones pt_fwd_run would have left in st->logits */
+    PT_TRY(OPS(m)->copy_rows(m->be, st->logits, V, st->logits_ahead, V, 1, V));
+    return pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1);
 }
 
 pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits, float *out) {
@@ -478,16 +524,7 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
     PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
     PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
-    /* A graph bakes the cache descriptors in: with quantized KV only once
-     * the caches are converted (the conversion swaps them; after it the
-     * descriptors are the quantized ones until a reset, which swaps back and
-     * runs eagerly until the next conversion restores the same quantized
-     * descriptors). Not for a Qwen3.5 step at position 0 either: it resets
-     * the DeltaNet states with uploads, which cannot be captured. */
-    if (T == 1 && n_logits == 1 && m->device == PT_DEVICE_CUDA && m->params.compiled_decode == PT_LEVER_ON &&
-        !m->hidden_cb && !m->route_cb && (!st->cache->any_quant || st->cache->converted) &&
-        !(st->conv_state && pos0 == 0))
-        return fwd_decode_graph(m, st, pos0, out);
+    if (decode_graph_ok(m, st, T, n_logits, pos0)) return fwd_decode_graph(m, st, pos0, out, 0);
     float *hn = NULL;
     PT_TRY(fwd_body(m, st, NULL, T, pos0, n_logits, &hn));
     /* quantized KV: convert the caches once they hold quantized_kv_start

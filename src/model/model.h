@@ -185,8 +185,11 @@ typedef struct pt_fwd_state {
     float *pg, *pa;                 /* [chunk, pd] per-layer gate and act(gate)·input */
     int logit_rows;
     /* CUDA compiled decode: the captured single-token step, one per RoPE
-     * table in use (longrope switches tables past its original context). */
-    struct pt_cuda_graph *graph[2];
+     * table in use (longrope switches tables past its original context):
+     * [use_long] writes st->logits, [2 + use_long] (the pipelined decode's
+     * step ahead, pt_fwd_ahead_enqueue) writes logits_ahead. */
+    struct pt_cuda_graph *graph[4];
+    float *logits_ahead;            /* [V] backend, allocated by the first step ahead */
     int graph_fused; /* the --fused-decode-attn setting the graphs were captured with */
     /* Gated DeltaNet layers (qwen3_5.c), NULL without any: per layer (NULL
      * for attention layers) the conv state [K-1, conv_dim] and the recurrent
@@ -210,6 +213,29 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st);
  * vocabulary. Callers hold m->lock. */
 pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits,
                      float *out);
+
+/* The pipelined decode (CUDA compiled decode, runtime/session.c): a step
+ * enqueued before the host knows its token. The GPU sampler writes the id
+ * into st->ids_dev[0] and the position into st->pos_dev[0] (on the stream,
+ * no host wait); the step runs the captured graph at position pos0 and
+ * writes its logits to st->logits_ahead, so st->logits (the logits the id
+ * was sampled from) stay intact until the step is accepted:
+ *   pt_fwd_ahead_ok       1 when such a step may run at pos0: a CUDA
+ *                         compiled decode step (as pt_fwd_run would replay a
+ *                         graph), no Qwen3.5 recurrent state (it cannot
+ *                         take back a token), no rotating cache that has
+ *                         wrapped (the row would replace a stored one),
+ *                         pos0 < n_ctx;
+ *   pt_fwd_ahead_enqueue  launches it (nothing waits);
+ *   pt_fwd_ahead_accept   the host's token was the one the step ran on: the
+ *                         logits become st->logits (a device copy, enqueued)
+ *                         and the cache's bookkeeping counts pos0 + 1 tokens.
+ * A step not accepted needs no undo: its cache row lies at pos0, past the
+ * context, where the next token written overwrites it before anything
+ * reads it; st->logits were not touched. Callers hold m->lock. */
+int pt_fwd_ahead_ok(const pt_model *m, const pt_fwd_state *st, int pos0);
+pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0);
+pt_status pt_fwd_ahead_accept(pt_model *m, pt_fwd_state *st, int pos0);
 
 /* Qwen3.5 (qwen3_5.c): binds a Gated DeltaNet layer's mixer weights;
  * sizes / frees the linear states and scratch (called by pt_fwd_init /

@@ -7,7 +7,12 @@
  * emitted. An eos token is not emitted either (its callback is not called).
  * The token that ends generation (eos, the token completing a stop string,
  * or the max_tokens-th token) is not run through the model: the context holds
- * the prompt and every generated token before it. */
+ * the prompt and every generated token before it.
+ *
+ * On CUDA the loop is pipelined (pt_session_sample_ahead): the decode step
+ * on a sampled token is enqueued before the host reads the token, and
+ * pt_session_prompt of that token takes it; PETREL_CUDA_PIPELINE=0 turns it
+ * off (same tokens either way). */
 #include "runtime/session.h"
 
 #include "base/error.h"
@@ -111,7 +116,11 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
     pt_status status = PT_OK;
     for (int i = 0; i < params->max_tokens; i++) {
         pt_token_info ti;
-        status = pt_session_sample(s, &params->sampling, NULL, &ti);
+        /* pipelined (CUDA): the step on this token runs while the host hands
+         * it out below; pt_session_prompt takes it. Not for the last token,
+         * which is never run through the model. */
+        status = i + 1 < params->max_tokens ? pt_session_sample_ahead(s, &params->sampling, &ti)
+                                            : pt_session_sample(s, &params->sampling, NULL, &ti);
         if (status != PT_OK) break;
         if (i == 0) st.first_token_seconds = now_s() - t0;
         st.n_generated++;
@@ -177,6 +186,10 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
             if (at >= 0) fin = PT_FINISH_STOP;
         }
     }
+    /* a token that ended generation was not taken into the context: its
+     * step ahead, if one ran, is dropped (the session holds the prompt and
+     * the tokens before it, as without the pipeline) */
+    s->ahead = 0;
     st.generate_seconds = now_s() - t1;
     free(pend.buf);
     pt_detokenizer_free(&ds);

@@ -65,6 +65,7 @@ pt_status pt_session_create(pt_model *model, const pt_session_params *params, pt
 void pt_session_free(pt_session **session) {
     if (!session || !*session) return;
     pt_session *s = *session;
+    pt_gsample_pipe_free(s->m->be, &s->pipe);
     if (s->fwd.kv) pt_fwd_free(s->m, &s->fwd);
     void *dev[] = {s->hist_dev, s->work_dev, s->counts_dev, s->ctl_dev};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -86,6 +87,7 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_truncate: session is NULL");
     if (n_keep > s->n_tokens)
         return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
+    s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
     if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
     if (n_keep < s->n_tokens) s->has_logits = s->logits_dev = 0;
     if (n_keep < s->n_tokens && n_keep > 0 && s->fwd.conv_state) {
@@ -126,6 +128,26 @@ static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *
     pt_model *m = s->m;
     int64_t V = m->net.vocab;
     pt_status st = PT_OK;
+    if (s->ahead) {
+        /* pt_session_sample_ahead enqueued the step of ahead_id at position
+         * n_tokens: this one id takes it as it is; anything else drops it */
+        s->ahead = 0;
+        if (n == 1 && !out_all && ids[0] == s->ahead_id) {
+            pthread_mutex_lock(&m->lock);
+            st = pt_fwd_ahead_accept(m, &s->fwd, (int)s->n_tokens);
+            pthread_mutex_unlock(&m->lock);
+            if (st != PT_OK) {
+                s->has_logits = s->logits_dev = 0;
+                return st;
+            }
+            pt_session_hist_changed(s, s->n_tokens, 1);
+            s->tokens[s->n_tokens++] = ids[0];
+            s->has_logits = 1;
+            s->logits_dev = 1; /* only GPU-sampling sessions step ahead */
+            s->ahead_taken++;
+            return PT_OK;
+        }
+    }
     pthread_mutex_lock(&m->lock);
     size_t done = 0;
     while (done < n) {
@@ -247,6 +269,7 @@ pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const u
     if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: NULL argument");
     if (!s->has_logits)
         return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample: no logits yet (prompt the session first)");
+    s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
     if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
     pt_gsample_row row;
     double u;
@@ -282,6 +305,7 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
     for (int i = 0; i < n && B < MAXR; i++) {
         pt_session *s = ss[i];
         if (!s || s->m != m || !s->has_logits || pt_sampling_validate(sps[i]) != PT_OK) continue;
+        s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
         if (!gpu_row(s, sps[i], &rows[B], &us[B])) continue;
         idx[B++] = i;
     }
@@ -311,4 +335,46 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
         sts[i] = st == PT_OK ? gpu_result(ss[i], sps[i], &go[b], us[b], &outs[i]) : st;
         if (sts[i] != PT_OK) snprintf(errs[i], sizeof errs[i], "%s", st == PT_OK ? pt_last_error() : msg);
     }
+}
+
+int pt_pipeline_on(void) {
+    const char *e = getenv("PETREL_CUDA_PIPELINE");
+    return !(e && !strcmp(e, "0"));
+}
+
+pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, pt_token_info *out) {
+    if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample_ahead: NULL argument");
+    s->ahead = 0;
+    pt_model *m = s->m;
+    const int pos = (int)s->n_tokens;
+    if (!s->gpu || !s->has_logits || !s->logits_dev || sp->n_logprobs != 0 || !pt_pipeline_on() ||
+        pt_sampling_validate(sp) != PT_OK || !pt_fwd_ahead_ok(m, &s->fwd, pos))
+        return pt_session_sample(s, sp, NULL, out);
+    if (!s->pipe && pt_gsample_pipe_create(m->be, &s->pipe) != PT_OK) {
+        pt_clear_error();
+        return pt_session_sample(s, sp, NULL, out);
+    }
+    pt_gsample_row row;
+    double u;
+    if (!gpu_row(s, sp, &row, &u)) return pt_session_sample(s, sp, NULL, out);
+    row.id_slot = s->fwd.ids_dev; /* the id the step below embeds */
+    const int same = s->last_row_ok && !memcmp(&row, &s->last_row, sizeof row);
+    pt_gsample_out o;
+    pthread_mutex_lock(&m->lock);
+    /* on the stream, in order: position, sample (id into ids_dev[0]), the
+     * result's copy back, the step; then the host waits for the result only */
+    pt_status st = pt_cuda_sample_enqueue(m->be, s->pipe, &row, m->net.vocab, s->ctl_dev, same, s->fwd.pos_dev, pos);
+    pt_status st_step = st == PT_OK ? pt_fwd_ahead_enqueue(m, &s->fwd, pos) : PT_OK;
+    char msg[512] = "";
+    if (st_step != PT_OK) snprintf(msg, sizeof msg, "%s", pt_last_error());
+    if (st == PT_OK) st = pt_cuda_sample_wait(m->be, s->pipe, &o);
+    pthread_mutex_unlock(&m->lock);
+    s->last_row = row;
+    s->last_row_ok = st == PT_OK;
+    PT_TRY(st);
+    if (st_step != PT_OK) return pt_error(st_step, "%s", msg);
+    /* status 1: the host samples this row, and the step ran on a stale id */
+    s->ahead = o.status == 0;
+    s->ahead_id = o.id;
+    return gpu_result(s, sp, &o, u, out);
 }

@@ -34,7 +34,29 @@ struct pt_session {
     void *ctl_dev;       /* backend: the sampler's row table and result */
     pt_gsample_row last_row; /* what ctl_dev holds (valid when last_row_ok) */
     int last_row_ok;
+    /* The pipelined decode (pt_session_sample_ahead): */
+    pt_gsample_pipe *pipe; /* pinned memory and event of the sample in flight; NULL until first used */
+    int ahead;             /* 1: the step on ahead_id at position n_tokens is enqueued, not yet taken */
+    int32_t ahead_id;
+    uint64_t ahead_taken;  /* steps ahead that a prompt took (tests, diagnostics) */
 };
+
+/* pt_session_sample without a mask, pipelined (CUDA): when the session
+ * samples on the GPU with a compiled decode step (pt_fwd_ahead_ok) and
+ * PETREL_CUDA_PIPELINE is not 0, the sampler writes the chosen id into the
+ * device buffer the next step reads, and that step (position n_tokens) is
+ * enqueued before the host waits for the id: the host hands out token n
+ * while the GPU runs step n + 1. A following pt_session_prompt of exactly
+ * that one id takes the step as it is (no new launch); any other call on the
+ * session drops it (nothing to undo: its cache row lies past the context and
+ * the current logits were not touched). The result is bit-identical to
+ * pt_session_sample(s, sp, NULL, out) and so is the session after the
+ * prompt; otherwise (no GPU row, PETREL_CUDA_PIPELINE=0, a row the GPU hands
+ * back) it is that call. */
+pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, pt_token_info *out);
+
+/* 1 unless the environment sets PETREL_CUDA_PIPELINE=0 (read per call). */
+int pt_pipeline_on(void);
 
 /* The server's turn: samples, in one GPU launch over the rows, every row i <
  * n whose session holds its logits on the device and whose request the GPU

@@ -40,6 +40,7 @@ extern "C" {
 }
 #include "runtime/sample_math.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #define GS_NT 1024
@@ -890,18 +891,19 @@ extern "C" size_t pt_gsample_ctl_bytes(int B) {
            (size_t)B * GS_ROW_SCR;
 }
 
-extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V,
-                                         void *ctl_dev, int rows_current, pt_gsample_out *out) {
-    if (!be || strcmp(be->ops->name, "cuda"))
-        return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: the model does not run on the CUDA backend");
-    if (B < 1 || V < 1 || !ctl_dev) return pt_error(PT_ERR_INTERNAL, "GPU sampling: bad call (%d rows)", B);
-    pt_cuda *c = pt_cuda_of(be);
+/* The launches of one call, enqueue only: the row table (from rows_src, host
+ * memory; skipped when rows_current), then gs_kernel and/or the multi-block
+ * kernels; the last kernel copies the backend's error words next to the
+ * results. *outs_dev: where the B results land (then the 2 error words). */
+static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsample_row *rows_src, int B, int64_t V,
+                            void *ctl_dev, int rows_current, pt_gsample_out **outs_dev_out) {
     const size_t rows_bytes = gs_al((size_t)B * sizeof(pt_gsample_row));
     const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
     pt_gsample_row *rows_dev = (pt_gsample_row *)ctl_dev;
     pt_gsample_out *outs_dev = (pt_gsample_out *)((char *)ctl_dev + rows_bytes);
     int *err_dev = (int *)((char *)outs_dev + outs_bytes);
     char *scr = (char *)ctl_dev + rows_bytes + gs_al(outs_bytes + 2 * sizeof(int));
+    *outs_dev_out = outs_dev;
     /* PETREL_CUDA_SAMPLE_MB=0: every row through gs_kernel (A/B); read per
      * call so that one process can compare both paths */
     const int mb_on = pt_env_on("PETREL_CUDA_SAMPLE_MB");
@@ -918,7 +920,7 @@ extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *r
             }
         }
     if (!rows_current)
-        CUDA_CHECK(cudaMemcpyAsync(rows_dev, rows, (size_t)B * sizeof *rows, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaMemcpyAsync(rows_dev, rows_src, (size_t)B * sizeof *rows, cudaMemcpyHostToDevice, c->stream));
     /* the last kernel also copies the error words next to the results */
     if (n_mb < B) {
         gs_kernel<<<B, GS_NT, 0, c->stream>>>(rows_dev, outs_dev, V, mb_on, n_mb ? NULL : c->err_dev, err_dev);
@@ -946,6 +948,23 @@ extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *r
                   (const int *)c->err_dev, err_dev);
         CUDA_CHECK_LAUNCH("sample pass 3");
     }
+    return PT_OK;
+}
+
+static pt_status gs_check(pt_backend *be, int B, int64_t V, const void *ctl_dev) {
+    if (!be || strcmp(be->ops->name, "cuda"))
+        return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: the model does not run on the CUDA backend");
+    if (B < 1 || V < 1 || !ctl_dev) return pt_error(PT_ERR_INTERNAL, "GPU sampling: bad call (%d rows)", B);
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V,
+                                         void *ctl_dev, int rows_current, pt_gsample_out *out) {
+    PT_TRY(gs_check(be, B, V, ctl_dev));
+    pt_cuda *c = pt_cuda_of(be);
+    const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
+    pt_gsample_out *outs_dev = NULL;
+    PT_TRY(gs_enqueue(c, rows, rows, B, V, ctl_dev, rows_current, &outs_dev));
     /* results and error words in one download (B <= 64 rows here at most
      * on the runtime's paths; larger B from a caller through the heap) */
     enum { STACK_ROWS = 64 };
@@ -967,4 +986,86 @@ extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *r
     CUDA_CHECK(e);
     /* an error word set by the forward pass: the backend reports (and clears) it */
     return err0 ? pt_cuda_check_errors(c) : PT_OK;
+}
+
+/* ---- the pipelined decode's one-row sample (sample.h) ---- */
+
+/* Pinned host memory (cudaHostAlloc), so that the copies below neither wait
+ * for the stream nor stage through the driver: what the host hands the
+ * device (the row table, the position) and what comes back (the result and
+ * the error words). One enqueue in flight at a time: its event covers every
+ * copy from and into this block. */
+typedef struct {
+    pt_gsample_row row;
+    pt_gsample_out out;
+    int err[2];
+    int32_t pos;
+} gs_pinned;
+
+/* the result and the error words arrive in one copy, as they lie on the device */
+static_assert(offsetof(gs_pinned, err) == offsetof(gs_pinned, out) + sizeof(pt_gsample_out),
+              "gs_pinned: the error words must follow the result");
+
+struct pt_gsample_pipe {
+    gs_pinned *h;
+    cudaEvent_t done;  /* recorded after the result's copy */
+    int pending;       /* 1: enqueued, not yet waited for */
+};
+
+extern "C" pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **out) {
+    *out = NULL;
+    if (!be || strcmp(be->ops->name, "cuda"))
+        return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: the model does not run on the CUDA backend");
+    pt_gsample_pipe *p = (pt_gsample_pipe *)calloc(1, sizeof *p);
+    if (!p) return pt_error(PT_ERR_NOMEM, "pipelined decode: out of host memory");
+    pt_status st = PT_OK;
+    CUDA_CHECK_GOTO(cudaHostAlloc((void **)&p->h, sizeof *p->h, cudaHostAllocDefault), st, fail);
+    memset(p->h, 0, sizeof *p->h);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), st, fail);
+    *out = p;
+    return PT_OK;
+fail:
+    if (p->h) cudaFreeHost(p->h);
+    free(p);
+    return st;
+}
+
+extern "C" void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **pp) {
+    if (!pp || !*pp) return;
+    pt_gsample_pipe *p = *pp;
+    if (p->pending) cudaEventSynchronize(p->done); /* the copies still use the pinned block */
+    (void)be;
+    if (p->done) cudaEventDestroy(p->done);
+    if (p->h) cudaFreeHost(p->h);
+    free(p);
+    *pp = NULL;
+}
+
+extern "C" pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
+                                            void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos) {
+    PT_TRY(gs_check(be, 1, V, ctl_dev));
+    if (!p || p->pending) return pt_error(PT_ERR_INTERNAL, "pipelined decode: a sample is already in flight");
+    pt_cuda *c = pt_cuda_of(be);
+    p->h->row = *row;
+    p->h->pos = pos;
+    /* the position first: the step after the sample reads it (the sampler
+     * does not), and the event below covers this copy too */
+    if (pos_dev) CUDA_CHECK(cudaMemcpyAsync(pos_dev, &p->h->pos, sizeof pos, cudaMemcpyHostToDevice, c->stream));
+    pt_gsample_out *outs_dev = NULL;
+    PT_TRY(gs_enqueue(c, row, &p->h->row, 1, V, ctl_dev, row_current, &outs_dev));
+    CUDA_CHECK(cudaMemcpyAsync(&p->h->out, outs_dev, sizeof p->h->out + sizeof p->h->err, cudaMemcpyDeviceToHost,
+                               c->stream));
+    CUDA_CHECK(cudaEventRecord(p->done, c->stream));
+    p->pending = 1;
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {
+    if (!p || !p->pending) return pt_error(PT_ERR_INTERNAL, "pipelined decode: no sample in flight");
+    pt_cuda *c = pt_cuda_of(be);
+    p->pending = 0;
+    CUDA_CHECK(cudaEventSynchronize(p->done));
+    *out = p->h->out;
+    /* an error word set by the forward pass: the backend reports (and clears) it */
+    return p->h->err[0] ? pt_cuda_check_errors(c) : PT_OK;
 }

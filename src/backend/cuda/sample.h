@@ -72,6 +72,29 @@ size_t pt_gsample_ctl_bytes(int B);
 pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V, void *ctl_dev,
                               int rows_current, pt_gsample_out *out);
 
+/* ---- The pipelined decode's one-row sample (runtime/session.c) ----------
+ * pt_cuda_sample_rows waits for its result. The pipelined decode instead
+ * enqueues the sample, then the next decode step (which reads the id the
+ * sampler writes into row->id_slot), and only then waits for the sample's
+ * result: the host reads token n while the GPU runs step n + 1. A pipe holds
+ * the pinned host memory and the event of one sample in flight. */
+typedef struct pt_gsample_pipe pt_gsample_pipe;
+pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **out);
+void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **p);
+
+/* Enqueues, without waiting: *pos_dev = pos (when pos_dev is not NULL: the
+ * next step's position), the row table unless row_current (ctl_dev already
+ * holds exactly *row), the same launches as pt_cuda_sample_rows for this one
+ * row, and the copy of its result back to pinned memory. Nothing may be
+ * enqueued on p again before pt_cuda_sample_wait. */
+pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
+                                 void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos);
+
+/* Waits for the enqueued sample's result (not for the work enqueued after
+ * it) into *out; an error word set by the forward pass is reported as
+ * pt_cuda_sample_rows reports it. */
+pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out);
+
 #ifdef __cplusplus
 }
 #endif

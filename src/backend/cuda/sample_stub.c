@@ -23,6 +23,28 @@ pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B,
     (void)out;
     return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: this petrel was built without CUDA");
 }
+
+pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **out) {
+    (void)be;
+    *out = NULL;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
+}
+
+void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **p) {
+    (void)be;
+    if (p) *p = NULL;
+}
+
+pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
+                                 void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos) {
+    (void)be, (void)p, (void)row, (void)V, (void)ctl_dev, (void)row_current, (void)pos_dev, (void)pos;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
+}
+
+pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {
+    (void)be, (void)p, (void)out;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
+}
 #else
 typedef int pt_sample_stub_unused; /* ISO C forbids an empty translation unit */
 #endif
