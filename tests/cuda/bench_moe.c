@@ -1,0 +1,145 @@
+/* The MoE block of one qwen3-30b-a3b layer (128 experts, top-8, hidden
+ * 2048, expert width 768, 4-bit group 64) on CUDA: routing (moe_route) and
+ * the experts (moe_ffn), A/B of the decode path (moe.cu,
+ * PETREL_CUDA_MOE_V2) against the per-item kernels in one process,
+ * alternating, for T = 1, 4, 16, 64 tokens. Each number is µs per layer:
+ * the median of 5 replays of a CUDA graph of NL passes, each pass over its
+ * own router logits (so the passes pick different experts and the ~330 MB
+ * stack does not sit in L2). Also prints the weight bytes a T = 1 pass
+ * reads (8 experts × gate, up, down codes + scales + biases) and the rate
+ * that makes. The two paths' outputs are compared bit for bit.
+ * Not a test; built with the CUDA test binaries (make gpu-bundle) and run on
+ * the GPU machine: bench_moe. Numbers in bench/RESULTS.md. */
+#include "bench_util.h"
+
+#include "base/half.h"
+
+#include <string.h>
+
+void pt_cuda_moe_select(int v2); /* moe.cu: 1 the decode path, 0 the per-item kernels */
+
+enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 64 };
+
+static void make_stack(pt_backend *be, pt_matrix *w, int64_t N, int64_t Kc) {
+    const int64_t R = (int64_t)E * N;
+    uint32_t *d = malloc((size_t)(R * Kc / 2));
+    uint16_t *sc = malloc((size_t)(R * Kc / GS) * 2), *bi = malloc((size_t)(R * Kc / GS) * 2);
+    for (int64_t i = 0; i < R * Kc / 8; i++) d[i] = ru();
+    for (int64_t i = 0; i < R * Kc / GS; i++) {
+        sc[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.02f);
+        bi[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.2f);
+    }
+    *w = (pt_matrix){.rows = N, .cols = Kc, .n_experts = E, .dtype = PT_FT_BF16, .bits = 4, .group_size = GS,
+                     .data = d, .scales = sc, .biases = bi};
+    if (be->ops->prepare_weight(be, w, "experts") != PT_OK) DIE("prepare");
+    free(d), free(sc), free(bi);
+}
+
+typedef struct {
+    pt_backend *be;
+    pt_matrix g, u, d;
+    float *logits[NL], *x, *y, *wts;
+    int32_t *idx;
+} moe_set;
+
+static void pass(moe_set *s, int l, int T) {
+    pt_backend *be = s->be;
+    const pt_moe_route rp = {E, K, 1, NULL};
+    if (be->ops->moe_route(be, s->idx, s->wts, s->logits[l], T, &rp) != PT_OK) DIE("route");
+    if (be->ops->moe_ffn(be, s->y, s->x, T, s->idx, s->wts, K, &s->g, &s->u, &s->d, PT_GLU_SILU) != PT_OK)
+        DIE("moe_ffn");
+}
+
+/* µs per pass (median of 5 graph replays), what 0: routing + experts, 1: routing alone */
+static double time_graph(moe_set *s, int T, int what) {
+    pt_backend *be = s->be;
+    const pt_moe_route rp = {E, K, 1, NULL};
+    for (int l = 0; l < NL; l++) pass(s, l, T); /* eager first */
+    if (be->ops->sync(be) != PT_OK) DIE("sync");
+    pt_cuda_graph *g = NULL;
+    if (pt_cuda_graph_begin(be) != PT_OK) DIE("begin");
+    for (int l = 0; l < NL; l++) {
+        if (what == 1) {
+            if (be->ops->moe_route(be, s->idx, s->wts, s->logits[l], T, &rp) != PT_OK) DIE("route");
+        } else pass(s, l, T);
+    }
+    if (pt_cuda_graph_end(be, &g) != PT_OK) DIE("end");
+    pt_cuda_graph_launch(be, g);
+    be->ops->sync(be);
+    double t[5];
+    for (int i = 0; i < 5; i++) {
+        const double t0 = now();
+        pt_cuda_graph_launch(be, g);
+        if (be->ops->sync(be) != PT_OK) DIE("sync");
+        t[i] = (now() - t0) / NL;
+    }
+    pt_cuda_graph_free(&g);
+    qsort(t, 5, sizeof t[0], cmpd);
+    return t[2] * 1e6;
+}
+
+int main(void) {
+    moe_set s;
+    memset(&s, 0, sizeof s);
+    s.be = bench_cuda_open();
+    pt_backend *be = s.be;
+    pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = H, .max_ffn = I, .max_top_k = K, .max_ctx = 16,
+                             .max_heads = 1, .max_head_dim = 64};
+    if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
+    make_stack(be, &s.g, I, H);
+    make_stack(be, &s.u, I, H);
+    make_stack(be, &s.d, H, I);
+    float *h = malloc((size_t)TMAX * E * 4);
+    for (int l = 0; l < NL; l++) {
+        for (int i = 0; i < TMAX * E; i++) h[i] = ((ru() & 0xffff) / 65536.0f - 0.5f) * 8.0f;
+        s.logits[l] = be->ops->alloc(be, (size_t)TMAX * E * 4);
+        if (!s.logits[l] || be->ops->upload(be, s.logits[l], h, (size_t)TMAX * E * 4) != PT_OK) DIE("logits");
+    }
+    float *xh = malloc((size_t)TMAX * H * 4);
+    for (int i = 0; i < TMAX * H; i++) xh[i] = pt_bf16_to_f32(pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f)));
+    s.x = be->ops->alloc(be, (size_t)TMAX * H * 4);
+    s.y = be->ops->alloc(be, (size_t)TMAX * H * 4);
+    s.wts = be->ops->alloc(be, (size_t)TMAX * K * 4);
+    s.idx = be->ops->alloc(be, (size_t)TMAX * K * 4);
+    if (!s.x || !s.y || !s.wts || !s.idx || be->ops->upload(be, s.x, xh, (size_t)TMAX * H * 4) != PT_OK) DIE("alloc");
+    /* bytes one token's pass reads: 8 experts × 3 matrices × (codes + bf16 scales and biases) */
+    const double bytes = (double)K * 3 * ((double)I * H / 2 + 2.0 * 2 * I * H / GS);
+    printf("qwen3-30b-a3b MoE block (E=%d top-%d H=%d I=%d 4-bit g%d): µs per layer, graphs of %d passes;\n"
+           "T=1 reads %.2f MB of expert weights\n",
+           E, K, H, I, GS, NL, bytes / 1e6);
+    /* the paths' outputs, bit for bit, at every T */
+    float *y0 = malloc((size_t)TMAX * H * 4), *y1 = malloc((size_t)TMAX * H * 4);
+    const int Ts[] = {1, 4, 16, 64};
+    for (int ti = 0; ti < 4; ti++) {
+        const int T = Ts[ti];
+        for (int v = 0; v < 2; v++) {
+            pt_cuda_moe_select(v);
+            pass(&s, 3, T);
+            if (be->ops->download(be, v ? y1 : y0, s.y, (size_t)T * H * 4) != PT_OK) DIE("download");
+        }
+        printf("T=%d: outputs of the two paths %s\n", T,
+               memcmp(y0, y1, (size_t)T * H * 4) ? "DIFFER" : "bit-identical");
+    }
+    printf("%4s %12s %12s %12s %12s %9s %10s\n", "T", "route old", "route new", "moe old", "moe new", "speedup",
+           "new GB/s");
+    for (int ti = 0; ti < 4; ti++) {
+        const int T = Ts[ti];
+        double r[2][3], m[2][3]; /* [path][round], alternating */
+        for (int round = 0; round < 3; round++)
+            for (int v = 0; v < 2; v++) {
+                pt_cuda_moe_select(v);
+                r[v][round] = time_graph(&s, T, 1);
+                m[v][round] = time_graph(&s, T, 0);
+            }
+        for (int v = 0; v < 2; v++) {
+            qsort(r[v], 3, sizeof(double), cmpd);
+            qsort(m[v], 3, sizeof(double), cmpd);
+        }
+        printf("%4d %12.2f %12.2f %12.2f %12.2f %8.2fx %10.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
+               m[0][1] / m[1][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
+    }
+    pt_cuda_moe_select(-1);
+    free(h), free(xh), free(y0), free(y1);
+    pt_backend_free(&s.be);
+    return 0;
+}
