@@ -31,7 +31,21 @@ static int cmpd(const void *a, const void *b) {
 }
 
 #define GS 64
+/* ALT_KERNEL: a fourth variant, alt_qdot8_x4_xints — a copy of
+ * qdot_xint_avx512.c built with other settings and its symbols renamed, e.g.
+ *   cc -O2 -Iinclude -Isrc -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 \
+ *      -Dpt_cpu_qdot8_x4_xints=alt_qdot8_x4_xints -Dpt_cpu_arrange_xint8=alt_arrange8 ... (every
+ *      exported symbol) -c -o /tmp/alt.o copy.c
+ *   cc ... -DALT_KERNEL -o /tmp/k8alt dev/bench_decode_ab_kernel8.c /tmp/alt.o build/libpetrel.a ...
+ * (how the prefetch variants in bench/RESULTS.md were compared in one process) */
+#ifdef ALT_KERNEL
+#define NV 4
+void alt_qdot8_x4_xints(float *out, const int8_t *xq, const float *xstep, const float *xs,
+                        const uint8_t *const *codes, const uint16_t *const *sc, const uint16_t *const *bi, int64_t K,
+                        int gs);
+#else
 #define NV 3
+#endif
 
 typedef struct {
     uint8_t *codes;
@@ -98,6 +112,9 @@ static double pass(int v, const wt *w, const float *x, const int8_t *xq, const f
         }
         float out[4];
         if (v == 0) pt_cpu_kernels_avx512.qdot8_x4(out, x, xs, codes, scf, bif, K, GS);
+#ifdef ALT_KERNEL
+        else if (v == 3) alt_qdot8_x4_xints(out, xq, st, xs, codes, sc, bi, K, GS);
+#endif
         else pt_cpu_qdot8_x4_xints(out, xq, st, xs, codes, sc, bi, K, GS);
         sink += out[0];
     }
@@ -127,7 +144,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "x not arranged\n");
         return 1;
     }
-    const char *names[NV] = {"f32 kernel", "integer pieces", "plain read"};
+    const char *names[4] = {"f32 kernel", "integer pieces", "plain read", "alternative"};
     const int64_t sizes[2] = {cache_kib << 10, stream_mib << 20};
     for (int si = 0; si < 2; si++) {
         wt w;

@@ -242,6 +242,18 @@ void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, con
  * (f32 multiplies of f32 operands: the same value whichever parameter type
  * the caller passes). Same accuracy bound as the 4-bit kernel. */
 #define XI8_KC 2048 /* values per block of precomputed scale·step: [4][XI8_KC/32] floats on the stack */
+/* Prefetch of the codes. Rows of up to 4096 values: the sweep of the other
+ * decode kernels (the next 4-row block, linearly, pt_cpu_pf_offset ahead).
+ * Longer rows: each of the four rows' streams XI8_PF_ROW bytes ahead of
+ * where it reads (the sweep would fetch the next block's first row long
+ * before its last, 32+ KiB ahead). Measured one thread, streaming 512 MiB,
+ * dev/bench_decode_ab_kernel8 with the other variant built alongside
+ * (bench/RESULTS.md): K 8192 per-row 12.3–12.4 GB/s vs sweep 11.1–11.4;
+ * K 14336 11.3 vs 9.1; but K 4096 10.4–12.0 vs 12.1–12.9 and K 2048
+ * 9.4–9.7 vs 12.8 (a distance shorter than the row there lands in rows the
+ * block is already reading). */
+#define XI8_PF_ROWWISE_K 8192
+#define XI8_PF_ROW 4096
 
 static inline __attribute__((always_inline)) void xint8_body(float *out, const int8_t *xq, const float *xstep,
                                                              const float *xs, const uint8_t *const *codes,
@@ -285,8 +297,19 @@ static inline __attribute__((always_inline)) void xint8_body(float *out, const i
             const __m512i xa1 = _mm512_loadu_si512((const void *)(xb + 192)),
                           xb1 = _mm512_loadu_si512((const void *)(xb + 256)),
                           xc1 = _mm512_loadu_si512((const void *)(xb + 320));
-            for (int l = 0; l < 8; l++) /* this step reads 4 × 128 bytes */
-                _mm_prefetch((const char *)(pf + 4 * (k0 + b) + 64 * l), _MM_HINT_T0);
+            if (K >= XI8_PF_ROWWISE_K) { /* long rows: each row's own stream, XI8_PF_ROW bytes ahead */
+                const int64_t o = k0 + b + XI8_PF_ROW;
+                _mm_prefetch((const char *)(c0 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c0 + o + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c1 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c1 + o + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c2 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c2 + o + 64), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c3 + o), _MM_HINT_T0);
+                _mm_prefetch((const char *)(c3 + o + 64), _MM_HINT_T0);
+            } else
+                for (int l = 0; l < 8; l++) /* the sweep: this step reads 4 × 128 bytes */
+                    _mm_prefetch((const char *)(pf + 4 * (k0 + b) + 64 * l), _MM_HINT_T0);
             const int64_t j = b / gs; /* the block's first group, relative to g0 */
             if (gs == 64) {
                 XI8_ROW(0, 0, _mm512_set1_ps(ss[0][j]));
