@@ -20,7 +20,11 @@
  * Each row ends with a hash of the last layer's output (equal hashes: the
  * same bits, e.g. across ring depths, which keep the split count).
  * Built with CUDA=1 into the GPU bundle; not a test (no pass/fail).
- * Usage: [BENCH_FUSED_ONLY=1] bench_decode_attn [reps] [depth ...] */
+ * BENCH_BF16_ONLY=1 times the bf16 cache's decode alone (no quantized
+ * cache, no prefill chunk): a few seconds per process, for A/B runs of the
+ * full-precision decode attention's switches (PETREL_CUDA_ATTN_V2) or of
+ * two builds, run alternately.
+ * Usage: [BENCH_FUSED_ONLY=1 | BENCH_BF16_ONLY=1] bench_decode_attn [reps] [depth ...] */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
@@ -57,7 +61,7 @@ static void *dalloc(pt_backend *be, size_t n) {
 
 int main(int argc, char **argv) {
     /* BENCH_FUSED_ONLY=1: time the fused configurations alone (no bf16 cache, no prefill chunk) */
-    const int fonly = getenv("BENCH_FUSED_ONLY") != NULL;
+    const int fonly = getenv("BENCH_FUSED_ONLY") != NULL, bonly = !fonly && getenv("BENCH_BF16_ONLY") != NULL;
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
     int64_t depths[8] = {8192, 32768};
@@ -92,6 +96,8 @@ int main(int argc, char **argv) {
     printf("decode attention, llama-3.1-8b shape: %d layers x (%d heads, %d KV heads, head_dim %d), group %d; "
            "median of %d paired repetitions\n",
            LAYERS, NH, NKV, HD, GS, reps);
+    const char *v2 = getenv("PETREL_CUDA_ATTN_V2");
+    if (bonly) printf("bf16 cache only; PETREL_CUDA_ATTN_V2=%s\n", v2 ? v2 : "(unset)");
     printf("%-10s %6s %10s %10s %9s %8s %9s\n", "kv", "depth", "KV MB/step", "us/step", "us/layer", "GB/s", "of read");
 
     for (int di = 0; di < nd; di++) {
@@ -103,7 +109,7 @@ int main(int argc, char **argv) {
         double kvbytes[5];
         double fill_s[5] = {0};
         for (int c = 0; c < 5; c++) {
-            if (fonly && c == 0) continue;
+            if ((fonly && c == 0) || (bonly && c > 0)) continue;
             const int bits = cs[c].bits;
             const size_t rows = (size_t)NKV * cap;
             const size_t cb = bits ? rows * HD * bits / 8 : rows * HD * 2, pb = bits ? rows * (HD / GS) * 2 : 0;
@@ -135,7 +141,7 @@ int main(int argc, char **argv) {
             }
             if (be->ops->sync(be) != PT_OK) DIE("fill");
             /* a prefill chunk of CHUNK tokens attending to the whole cache (layer 0) */
-            if (!share && !fonly) {
+            if (!share && !fonly && !bonly) {
                 for (int64_t t = 0; t < CHUNK; t++) hp[t] = (int32_t)(depth + 1 - CHUNK + t);
                 be->ops->upload(be, pos, hp, CHUNK * 4);
                 pt_attn p = {.n_heads = NH, .head_dim = HD, .scale = 1.0f / sqrtf((float)HD)};
@@ -160,14 +166,14 @@ int main(int argc, char **argv) {
         }
         for (int r = -1; r < reps; r++)
             for (int c = 0; c < 5; c++) {
-                if (fonly && !cs[c].fused) continue;
+                if ((fonly && !cs[c].fused) || (bonly && c > 0)) continue;
                 double t0 = now();
                 for (int i = 0; i < 5; i++) pt_cuda_graph_launch(be, cs[c].g);
                 if (be->ops->sync(be) != PT_OK) DIE("replay %s", cs[c].name);
                 if (r >= 0) cs[c].t[r] = (now() - t0) / 5;
             }
         for (int c = 0; c < 5; c++) {
-            if (fonly && !cs[c].fused) continue;
+            if ((fonly && !cs[c].fused) || (bonly && c > 0)) continue;
             qsort(cs[c].t, (size_t)reps, sizeof(double), cmpd);
             const double t = cs[c].t[reps / 2], gbs = kvbytes[c] / t / 1e9;
             /* the last layer's output after one more replay, hashed: equal hashes across builds or
@@ -180,7 +186,7 @@ int main(int argc, char **argv) {
             printf("%-10s %6lld %10.1f %10.1f %9.2f %8.0f %8.0f%%  out %08x\n", cs[c].name, (long long)depth,
                    kvbytes[c] / 1e6, t * 1e6, t * 1e6 / LAYERS, gbs, 100.0 * gbs / read_gbs, hash);
         }
-        for (int c = 0; c < 3 && !fonly; c++)
+        for (int c = 0; c < 3 && !fonly && !bonly; c++)
             printf("prefill chunk of %d tokens at depth %lld over %s: %.2f ms per layer\n", CHUNK, (long long)depth,
                    cs[c].name, fill_s[c] * 1e3);
         for (int c = 0; c < 5; c++) {
