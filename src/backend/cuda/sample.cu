@@ -1008,8 +1008,16 @@ static_assert(offsetof(gs_pinned, err) == offsetof(gs_pinned, out) + sizeof(pt_g
 
 struct pt_gsample_pipe {
     gs_pinned *h;
-    cudaEvent_t done;  /* recorded after the result's copy */
-    int pending;       /* 1: enqueued, not yet waited for */
+    /* The copies of the position and of the result need not hold up the
+     * decode stream: they run on a second stream, ordered by events —
+     * step: recorded on the decode stream at the enqueue (the step before
+     * has been enqueued: its readers of the position come first); pos: after
+     * the position's copy, waited for by the decode stream before the next
+     * step; sampled: after the sampler; done: after the result's copy, the
+     * event the host waits for. */
+    cudaStream_t side;
+    cudaEvent_t step, pos, sampled, done;
+    int pending; /* 1: enqueued, not yet waited for */
 };
 
 extern "C" pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **out) {
@@ -1021,21 +1029,27 @@ extern "C" pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **ou
     pt_status st = PT_OK;
     CUDA_CHECK_GOTO(cudaHostAlloc((void **)&p->h, sizeof *p->h, cudaHostAllocDefault), st, fail);
     memset(p->h, 0, sizeof *p->h);
+    CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&p->side, cudaStreamNonBlocking), st, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->step, cudaEventDisableTiming), st, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->pos, cudaEventDisableTiming), st, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->sampled, cudaEventDisableTiming), st, fail);
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), st, fail);
     *out = p;
     return PT_OK;
 fail:
-    if (p->h) cudaFreeHost(p->h);
-    free(p);
+    pt_gsample_pipe_free(be, &p);
     return st;
 }
 
 extern "C" void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **pp) {
     if (!pp || !*pp) return;
     pt_gsample_pipe *p = *pp;
-    if (p->pending) cudaEventSynchronize(p->done); /* the copies still use the pinned block */
     (void)be;
-    if (p->done) cudaEventDestroy(p->done);
+    if (p->pending) cudaEventSynchronize(p->done); /* the copies still use the pinned block */
+    cudaEvent_t ev[] = {p->step, p->pos, p->sampled, p->done};
+    for (int i = 0; i < 4; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    if (p->side) cudaStreamDestroy(p->side);
     if (p->h) cudaFreeHost(p->h);
     free(p);
     *pp = NULL;
@@ -1048,14 +1062,30 @@ extern "C" pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, 
     pt_cuda *c = pt_cuda_of(be);
     p->h->row = *row;
     p->h->pos = pos;
-    /* the position first: the step after the sample reads it (the sampler
-     * does not), and the event below covers this copy too */
-    if (pos_dev) CUDA_CHECK(cudaMemcpyAsync(pos_dev, &p->h->pos, sizeof pos, cudaMemcpyHostToDevice, c->stream));
+    /* PETREL_CUDA_PIPE_SIDE=0: both copies on the decode stream, in order
+     * (the A/B of the second stream; read per call) */
+    const int side = pt_env_on("PETREL_CUDA_PIPE_SIDE");
+    cudaStream_t cs = side ? p->side : c->stream;
+    if (pos_dev) {
+        /* the position: the step after the sample reads it (the sampler
+         * does not); the event the host waits for covers this copy too */
+        if (side) {
+            CUDA_CHECK(cudaEventRecord(p->step, c->stream));
+            CUDA_CHECK(cudaStreamWaitEvent(p->side, p->step, 0));
+        }
+        CUDA_CHECK(cudaMemcpyAsync(pos_dev, &p->h->pos, sizeof pos, cudaMemcpyHostToDevice, cs));
+        if (side) CUDA_CHECK(cudaEventRecord(p->pos, p->side));
+    }
     pt_gsample_out *outs_dev = NULL;
     PT_TRY(gs_enqueue(c, row, &p->h->row, 1, V, ctl_dev, row_current, &outs_dev));
+    if (side) {
+        CUDA_CHECK(cudaEventRecord(p->sampled, c->stream));
+        if (pos_dev) CUDA_CHECK(cudaStreamWaitEvent(c->stream, p->pos, 0)); /* before the next step */
+        CUDA_CHECK(cudaStreamWaitEvent(p->side, p->sampled, 0));
+    }
     CUDA_CHECK(cudaMemcpyAsync(&p->h->out, outs_dev, sizeof p->h->out + sizeof p->h->err, cudaMemcpyDeviceToHost,
-                               c->stream));
-    CUDA_CHECK(cudaEventRecord(p->done, c->stream));
+                               cs));
+    CUDA_CHECK(cudaEventRecord(p->done, cs));
     p->pending = 1;
     return PT_OK;
 }

@@ -85,8 +85,11 @@ void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **p);
 /* Enqueues, without waiting: *pos_dev = pos (when pos_dev is not NULL: the
  * next step's position), the row table unless row_current (ctl_dev already
  * holds exactly *row), the same launches as pt_cuda_sample_rows for this one
- * row, and the copy of its result back to pinned memory. Nothing may be
- * enqueued on p again before pt_cuda_sample_wait. */
+ * row, and the copy of its result back to pinned memory. The two small
+ * copies run on the pipe's own stream, ordered by events, so that work
+ * enqueued next on the backend's stream waits only for the sampler and the
+ * position (PETREL_CUDA_PIPE_SIDE=0: both on the backend's stream, the A/B).
+ * Nothing may be enqueued on p again before pt_cuda_sample_wait. */
 pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
                                  void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos);
 
