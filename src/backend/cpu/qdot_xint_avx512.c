@@ -234,15 +234,15 @@ void pt_cpu_qdot4_x4_xints(float *out, const int8_t *xq, const float *xstep, con
  * exact in int32 because a lane sums only four products per vector:
  * |Σ q·X| ≤ 4·255·2^21 < 2^31 (also every partial sum on the way). The
  * accumulator of each vector is converted and scaled on its own (the next
- * vector's would overflow it). The per-lane scale·step: groups of 64 take a
- * broadcast of one product per vector; groups of 32 (two groups per vector,
- * lanes 0–7 and 8–15) and 128 (a group spans two vectors) the same products
+ * vector's would overflow it). The per-lane scale·step: groups of 64 and 128
+ * (a group spans two vectors) take a broadcast of one product per vector;
+ * groups of 32 (two groups per vector, lanes 0–7 and 8–15) two products
  * spread over the lanes by one permute. The products scale_g·step_g of the
  * four rows are formed for up to XI8_KC values at a time in a small buffer
  * (f32 multiplies of f32 operands: the same value whichever parameter type
  * the caller passes). Same accuracy bound as the 4-bit kernel. */
 #define XI8_KC 2048 /* values per block of precomputed scale·step: [4][XI8_KC/32] floats on the stack */
-/* Prefetch of the codes. Rows of up to 4096 values: the sweep of the other
+/* Prefetch of the codes. Rows of fewer than 8192 values: the sweep of the other
  * decode kernels (the next 4-row block, linearly, pt_cpu_pf_offset ahead).
  * Longer rows: each of the four rows' streams XI8_PF_ROW bytes ahead of
  * where it reads (the sweep would fetch the next block's first row long
