@@ -417,6 +417,19 @@ typedef struct pt_backend_ops {
      * positional initializers stay valid. */
     pt_status (*matmul_multi)(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                               const pt_matrix *const *w, int rows);
+
+    /* A feed-forward's gate and up projections and the gated activation in
+     * one call: y[T, F] = glu(x·Wgᵀ, x·Wuᵀ) with act, F = wg->rows ==
+     * wu->rows, bit-identical to matmul_multi(2, {g, u}, x, T, {wg, wu},
+     * rows) followed by glu(y, g, u, T, F, F, act). The backend may fold the
+     * activation into the projections' epilogue (CUDA: one launch instead
+     * of two, for decode-sized T). Returns PT_ERR_UNSUPPORTED, having
+     * enqueued nothing and set no message, for what it does not fuse (shapes,
+     * weight layouts, row counts, a switch): callers then make the two
+     * calls. NULL = not implemented (the CPU backend): the same. Kept last
+     * so positional initializers stay valid. */
+    pt_status (*matmul_glu)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
+                            const pt_matrix *wu, pt_glu_kind act, int rows);
 } pt_backend_ops;
 
 struct pt_backend {

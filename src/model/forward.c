@@ -196,6 +196,15 @@ static pt_status shared_expert(pt_model *m, pt_fwd_state *st, const pt_fwd_rows 
 static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const pt_layer *L, int l, int T, int pos0) {
     pt_backend *be = m->be;
     if (!L->is_moe) {
+        /* gate/up and the GLU in one op where the backend fuses them (CUDA
+         * decode: the GEMV's epilogue; bit-identical), else the two calls */
+        if (OPS(m)->matmul_glu) {
+            const pt_status s = OPS(m)->matmul_glu(be, st->act, st->xn, T, &L->w_gate, &L->w_up, L->glu, r != NULL);
+            if (s != PT_ERR_UNSUPPORTED) {
+                PT_TRY(s);
+                return mmul(m, r, st->y, st->act, T, &L->w_down);
+            }
+        }
         PT_TRY(mmul_multi(m, r, 2, (float *const[]){st->gate, st->up}, st->xn, T,
                           (const pt_matrix *const[]){&L->w_gate, &L->w_up}));
         PT_TRY(OPS(m)->glu(be, st->act, st->gate, st->up, T, L->ffn, L->ffn, L->glu));

@@ -15,6 +15,11 @@
  * above 8 rows at every T (bit 0: warps drift across the x stages,
  * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block with C·Σx from the x prepare,
  * PETREL_CUDA_TC_XL).
+ * GEMV_FUSE=1: the layer as the forward pass runs it, with the GLU between
+ * gate/up and down (down reads its output), A/B of the GLU folded into the
+ * gate/up GEMV's epilogue (matmul_glu; PETREL_CUDA_GEMV_FUSE) against
+ * matmul_multi + glu, round-robin, best of 3, at T = 1, 2, 8, 9, 16, 32, 64;
+ * the GLU output, q/k/v, o and down compared with the unfused run's.
  * Not a test; built with the CUDA test binaries (make gpu-bundle) and run
  * on the GPU machine: bench_gemv_multi. Numbers in bench/RESULTS.md. */
 #include "bench_util.h"
@@ -28,6 +33,7 @@ void pt_cuda_tc_xpre(int on);  /* gemv_tc.cu: x prepared once per launch above 8
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA_TC_LOOP 0, 1, 2) */
 void pt_cuda_tc_drift(int on); /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
 void pt_cuda_tc_xl(int on);   /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
+void pt_cuda_gemv_fuse(int on); /* matmul.cu: matmul_glu fused (1) or PT_ERR_UNSUPPORTED (0); -1: the environment */
 
 /* One variant of a round-robin: a PETREL_CUDA_TC_LOOP value, or a GEMV_XP mask. */
 static void set_variant(int xp, int v) {
@@ -45,6 +51,8 @@ typedef struct {
     pt_backend *be;
     pt_matrix w[NC][NW];
     float *x, *xf, *y[NW]; /* x [TMAX, H], xf [TMAX, F] (down's input), y[i] [TMAX, rows_of[i]] */
+    int glu;               /* GEMV_FUSE: gate/up, then the GLU into act, which down reads */
+    float *act;            /* [TMAX, F] */
 } layer_set;
 
 static void make_weight(pt_backend *be, pt_matrix *w, int64_t N, int64_t K) {
@@ -72,11 +80,18 @@ static void run_layer(layer_set *s, int c, int T, int what) {
     }
     if (what == 2 && be->ops->matmul(be, s->y[WO], s->x, T, &w[WO], 0) != PT_OK) DIE("o");
     if (what != 0) {
-        const pt_matrix *ws[2] = {&w[WG], &w[WU]};
-        float *ys[2] = {s->y[WG], s->y[WU]};
-        if (pt_backend_matmul_multi(be, 2, ys, s->x, T, ws, 0) != PT_OK) DIE("gate/up");
+        /* GEMV_FUSE: as forward.c's ffn: matmul_glu where it fuses, else matmul_multi + glu */
+        pt_status st = s->glu ? be->ops->matmul_glu(be, s->act, s->x, T, &w[WG], &w[WU], PT_GLU_SILU, 0)
+                              : PT_ERR_UNSUPPORTED;
+        if (st == PT_ERR_UNSUPPORTED) {
+            const pt_matrix *ws[2] = {&w[WG], &w[WU]};
+            float *ys[2] = {s->y[WG], s->y[WU]};
+            st = pt_backend_matmul_multi(be, 2, ys, s->x, T, ws, 0);
+            if (st == PT_OK && s->glu) st = be->ops->glu(be, s->act, s->y[WG], s->y[WU], T, F, F, PT_GLU_SILU);
+        }
+        if (st != PT_OK) DIE("gate/up");
     }
-    if (what == 2 && be->ops->matmul(be, s->y[WD], s->xf, T, &w[WD], 0) != PT_OK) DIE("down");
+    if (what == 2 && be->ops->matmul(be, s->y[WD], s->glu ? s->act : s->xf, T, &w[WD], 0) != PT_OK) DIE("down");
 }
 
 static double time_graph(layer_set *s, int T, int what) {
@@ -126,6 +141,40 @@ int main(void) {
            NC * REPS);
     printf("%3s %5s %4s | %8s %8s %8s | %s\n", "T", "multi", "xpre", "q/k/v", "gate/up", "layer", "outputs");
     static const int Ts[] = {1, 8, 16, 32, 64};
+    if (getenv("GEMV_FUSE")) { /* the GLU folded into gate/up (1) or its own kernel (0), round-robin */
+        s.glu = 1;
+        if (!(s.act = be->ops->alloc(be, (size_t)TMAX * F * 4))) DIE("alloc");
+        static const int Tf[] = {1, 2, 8, 9, 16, 32, 64};
+        float *aref = malloc((size_t)TMAX * F * 4);
+        printf("%3s %4s | %8s %8s | %s\n", "T", "fuse", "gate/up", "layer", "outputs (best of 3)");
+        for (int ti = 0; ti < 7; ti++) {
+            const int T = Tf[ti];
+            double t[2][2] = {{1e9, 1e9}, {1e9, 1e9}};
+            int same = 1;
+            for (int round = 0; round < 3; round++)
+                for (int k = 0; k < 2; k++) {
+                    pt_cuda_gemv_fuse(k);
+                    for (int what = 1; what < 3; what++) {
+                        const double tt = time_graph(&s, T, what);
+                        if (tt < t[k][what - 1]) t[k][what - 1] = tt;
+                    }
+                    /* the GLU output and every GEMV output but gate/up (not written when fused) */
+                    for (int i = -1; i < NW; i++) {
+                        if (i == WG || i == WU) continue;
+                        const size_t n = (size_t)T * (i < 0 ? F : rows_of[i]) * 4;
+                        float *dst = k ? out : i < 0 ? aref : ref[i];
+                        if (be->ops->download(be, dst, i < 0 ? s.act : s.y[i], n) != PT_OK) DIE("download");
+                        if (k && memcmp(out, i < 0 ? aref : ref[i], n)) same = 0;
+                    }
+                }
+            for (int k = 0; k < 2; k++)
+                printf("%3d %4d | %8.1f %8.1f | %s\n", T, k, t[k][0], t[k][1],
+                       k ? (same ? "identical" : "DIFFER") : "reference");
+            fflush(stdout);
+        }
+        pt_cuda_gemv_fuse(-1);
+        return 0;
+    }
     const char *xpv = getenv("GEMV_XP"), *vars = xpv ? xpv : getenv("GEMV_LOOPS");
     if (vars) { /* inner loops (PETREL_CUDA_TC_LOOP values) or XP levers, both launch levers on, round-robin */
         int vl[8];

@@ -350,6 +350,7 @@ static const pt_backend_ops cuda_ops = {
     .rope_qk = pt_cuda_rope_qk,
     .rope_qk_kv_append = pt_cuda_rope_qk_kv_append,
     .matmul_multi = pt_cuda_matmul_multi,
+    .matmul_glu = pt_cuda_matmul_glu,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

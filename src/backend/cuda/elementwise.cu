@@ -90,21 +90,13 @@ pt_status pt_cuda_embed(pt_backend *be, float *y, const int32_t *ids, int T, con
 
 /* ---- gated activations ---- */
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
-__device__ __forceinline__ float gelu_tanh(float g) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
-
 __global__ void glu_kernel(float *y, const float *gate, const float *up, int64_t T, int64_t F, int64_t ld, int fn,
                            int bf) {
     pt_release_dependents();
     pt_wait_primary();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T * F; i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t t = i / F, f = i % F;
-        const float g = gate[t * ld + f], u = up[t * ld + f];
-        const float a = fn == PT_GLU_SILU ? silu(g) : gelu_tanh(g);
-        y[i] = pt_rnd(bf, pt_rnd(bf, a) * u);
+        y[i] = pt_glu_val(fn, gate[t * ld + f], up[t * ld + f], bf); /* matmul.cuh */
     }
 }
 

@@ -86,6 +86,18 @@
  * each on the 8B shape) share the machine with the large one instead of
  * running alone on a quarter of the SMs, and one launch gap instead of three.
  *
+ * GLU epilogue (pt_cuda_tc_gemv_glu, backend.h matmul_glu): a dense
+ * feed-forward's gate and up weights (one shape) in one launch whose blocks
+ * each hold the same TPB/2 tiles of both, gate in the lower half of the
+ * warps and up in the upper half, each warp running exactly the code (tile,
+ * units, stages) it runs in the plain launch; the epilogue reduces both
+ * partials as the plain launch does, rounds each, and writes glu(gate, up)
+ * with matmul.cuh's pt_glu_val, the very function of glu_kernel: the bits of
+ * matmul_multi + glu, one kernel and two [T, F] round trips fewer. Its own
+ * kernel (gemv_tc_glu_kernel: a template flag of gemv_tc_block, the up
+ * weight in its own argument tc_glu), so the plain kernels compile exactly
+ * as they did without it.
+ *
  * Launched with programmatic dependent launch (PETREL_CUDA_PDL=0: off): the
  * ring's first weight loads are issued before griddepcontrol.wait, every
  * read of x and write of y after it. Expert stacks are not repacked (the
@@ -296,6 +308,20 @@ struct tc_args {
     int drift;
 };
 
+/* The GLU epilogue's second weight (pt_cuda_tc_gemv_glu; gemv_tc_glu_kernel
+ * only, so tc_args and the plain kernels stay as they were): tc_args's w,
+ * sb, bias are the gate weight's and these the up weight's (same shape,
+ * hence the same S and stages); a block's lower W/2 warps take TPB/2 tiles
+ * of gate, its upper W/2 warps the same tiles of up, and y [nb, ldy]
+ * receives glu(gate, up) (matmul.cuh pt_glu_val with fn, bf: bf16 mode)
+ * instead of either projection. No experts. */
+struct tc_glu {
+    const uint4 *w2, *sb2;
+    const void *bias2;
+    pt_ftype bt2;
+    int fn, bf;
+};
+
 __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -500,8 +526,8 @@ struct tc_shape {
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
  * weight's first block): the same code, so the same bits. */
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
-__device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool GLU = false>
+__device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, const tc_glu &gl) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
@@ -509,7 +535,13 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = a.S, TPB = W / S, s = warp % S;
     const int K = a.K, N = a.N, nb = a.nb, SU = a.SU;
-    const int tpe = (N + 15) / 16, tile = bx * TPB + warp / S;
+    /* GLU: TPO = TPB/2 output tiles per block, each computed twice (gate in
+     * warp w < W/2, up in warp w + W/2: the same tile, unit and stage
+     * schedule as in the plain launch, so each projection's bits are the
+     * plain launch's); else TPO = TPB */
+    const bool upw = GLU && warp >= W / 2;
+    const int TPO = GLU ? TPB / 2 : TPB;
+    const int tpe = (N + 15) / 16, tile = bx * TPO + (upw ? warp - W / 2 : warp) / S;
     const int G = K / GS, NU = K / UK, KS = SU * UK;    /* groups per row, units per tile, K values per stage */
     const int XS = KS + SH::XPAD;                      /* x row stride (bf16) */
     const int64_t b_item = blockIdx.y;
@@ -570,8 +602,8 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
     const float *x = a.x + (b_item / a.x_div) * (int64_t)nb * K;
     const bool has_rows = tile < tpe;
     const int64_t gtile = e * tpe + (has_rows ? tile : 0);
-    const uint4 *wt = a.w + gtile * (int64_t)(K / KPB) * 32;   /* block b of the tile: wt + b·32 (uint4) */
-    const uint4 *sbt = a.sb + gtile * (int64_t)G * 4;           /* group gi: sbt + gi·4 (uint4) */
+    const uint4 *wt = (upw ? gl.w2 : a.w) + gtile * (int64_t)(K / KPB) * 32; /* block b of the tile: wt + b·32 (uint4) */
+    const uint4 *sbt = (upw ? gl.sb2 : a.sb) + gtile * (int64_t)G * 4;       /* group gi: sbt + gi·4 (uint4) */
     const int nu_w = has_rows && s < NU ? (NU - s + S - 1) / S : 0; /* this warp's units */
     const int nj = nu_w * BPU;                                  /* and blocks */
 
@@ -844,21 +876,35 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx) {
         }
     __syncthreads();
     float *y = a.y + b_item * (int64_t)nb * a.ldy;
-    const int outs = TPB * 16 * nb;
+    const int outs = TPO * 16 * nb;
     for (int i = threadIdx.x; i < outs; i += blockDim.x) {
         const int col = i % nb, r16 = (i / nb) % 16, tl = i / (nb * 16);
-        const int row = (bx * TPB + tl) * 16 + r16;
+        const int row = (bx * TPO + tl) * 16 + r16;
         if (row >= N) continue;
         float v = 0.f;
         for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * NCOL + col];
         if (a.bias) v += pt_ld(a.bt, a.bias, e * N + row);
-        y[(int64_t)col * a.ldy + row] = eok ? pt_round_bf(v) : 0.f;
+        float o = eok ? pt_round_bf(v) : 0.f;
+        if constexpr (GLU) { /* up: the upper warps' partials, reduced as gate's; then the GLU of the two stored values */
+            float u = 0.f;
+            for (int ss = 0; ss < S; ss++) u += red[(((TPO + tl) * S + ss) * 16 + r16) * NCOL + col];
+            if (gl.bias2) u += pt_ld(gl.bt2, gl.bias2, row);
+            o = pt_glu_val(gl.fn, o, pt_round_bf(u), gl.bf);
+        }
+        y[(int64_t)col * a.ldy + row] = o;
     }
 }
 
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(a, blockIdx.x);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(a, blockIdx.x, tc_glu());
+}
+
+/* The GLU epilogue's launch (pt_cuda_tc_gemv_glu): the default inner loop
+ * only. */
+template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false>
+__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_glu_kernel(tc_args a, tc_glu g) {
+    gemv_tc_block<BITS, GS, NT, W, XP, 1, ONE, XL, true>(a, blockIdx.x, g);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -880,7 +926,7 @@ __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_mult
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && bx >= m.first[j]) i = j;
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(m.a[i], bx - m.first[i]);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(m.a[i], bx - m.first[i], tc_glu());
 }
 
 /* ---- launch ------------------------------------------------------------------ */
@@ -929,14 +975,26 @@ static int tc_loop(void) {
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
-static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster) {
-    static size_t attr[2] = {48 * 1024, 48 * 1024}; /* dynamic shared memory opted in so far, per kernel */
+static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster,
+                             const tc_glu *gl = NULL) {
+    /* dynamic shared memory opted in so far, per kernel: [grouped], then the GLU kernel */
+    static size_t attr[3] = {48 * 1024, 48 * 1024, 48 * 1024};
     size_t smem = 0;
     for (int i = 0; i < m.n; i++) {
         const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W, XP, XL);
         if (b > smem) smem = b;
     }
-    if (smem > attr[grouped]) {
+    if constexpr (LV == 1) {
+        if (gl) { /* the GLU epilogue: one weight pair, one item, its own kernel */
+            if (smem > attr[2]) {
+                CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                attr[2] = smem;
+            }
+        }
+    } else if (gl)
+        return pt_error(PT_ERR_INTERNAL, "gemv: the GLU epilogue runs the default inner loop only");
+    if (!gl && smem > attr[grouped]) {
         if (grouped)
             CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -962,6 +1020,11 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[1].val.clusterDim.z = 1;
         cfg.numAttrs++;
     }
+    if constexpr (LV == 1)
+        if (gl) {
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL>, m.a[0], *gl));
+            return PT_OK;
+        }
     if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m.a[0]));
     return PT_OK;
@@ -971,12 +1034,12 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
  * the kernel that folds only the stored column). */
 template <int BITS, int GS, int NT, int W, bool XP = false>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped,
-                              int cluster = 1) {
+                              int cluster = 1, const tc_glu *gl = NULL) {
     const int lv = tc_loop();
     if constexpr (NT == 1)
-        if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped, cluster);
-    return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped, cluster)
-              : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped, cluster);
+        if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped, cluster, gl);
+    return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped, cluster, gl)
+              : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped, cluster, gl);
 }
 
 /* Above 8 rows (16-warp blocks, one item) x is prepared once per launch by
@@ -1104,7 +1167,7 @@ static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
 /* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
  * nothing launched, m unchanged): the x prepare kernel, then the GEMV. */
 template <int BITS, int GS, int NT>
-static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
+static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, const tc_glu *gl) {
     int su[PT_TC_MULTI];
     const int nb = m.a[0].nb, K = m.a[0].K, ncol = NT * 8;
     /* scratch, stage-major when every weight has the same stages and they
@@ -1173,8 +1236,8 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped) {
     if (cl > 1) m.first[m.n] = (m.first[m.n] + cl - 1) / cl * cl;
     for (int i = 0; i < m.n; i++) m.a[i].drift = cl == 1 && tc_drift();
     if constexpr (BITS == 4 && NT <= 4)
-        if (xl) return tc_launch_k<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false, true>(c, m, 1, grouped, cl);
-    return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl);
+        if (xl) return tc_launch_k<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false, true>(c, m, 1, grouped, cl, gl);
+    return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl, gl);
 }
 
 /* Whether a launch may take the XP kernels: above 8 rows, 16-warp blocks,
@@ -1201,7 +1264,7 @@ static int tc_wide(void) {
  * about PT_TC_XBUDGET bytes of x) and the block table for W warps per
  * block, then launches with the NT for the row count. */
 template <int BITS, int GS>
-static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped) {
+static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped, const tc_glu *gl) {
     using SH = tc_shape<BITS, GS>;
     const int nb = m.a[0].nb, wide = nb > 8 && tc_wide(), W = wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS;
     m.first[0] = 0;
@@ -1213,24 +1276,27 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (su < a.S) su = a.S;
         const int nu_r = (NU + a.S - 1) / a.S * a.S;
         a.SU = su < nu_r ? su : nu_r;
-        const int tpe = (a.N + 15) / 16, tpb = W / a.S;
+        /* GLU: half the block's warps per projection, so whole tiles of
+         * both need an even number of tiles per block */
+        if (gl && (W / a.S) % 2) return PT_ERR_UNSUPPORTED;
+        const int tpe = (a.N + 15) / 16, tpb = gl ? W / a.S / 2 : W / a.S;
         m.first[i + 1] = m.first[i] + (tpe + tpb - 1) / tpb;
     }
-    if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped);
+    if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
     if (!wide) {
-        if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, m, items, grouped);
-        if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, m, items, grouped);
-        return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, m, items, grouped);
+        if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
+        if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
+        return tc_launch_nt<BITS, GS, 8, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
     }
     if (tc_xp_ok(c, nb, m.a[0].K, items)) {
-        const pt_status st = nb <= 16   ? tc_launch_xp<BITS, GS, 2>(c, m, grouped)
-                             : nb <= 32 ? tc_launch_xp<BITS, GS, 4>(c, m, grouped)
-                                        : tc_launch_xp<BITS, GS, 8>(c, m, grouped);
+        const pt_status st = nb <= 16   ? tc_launch_xp<BITS, GS, 2>(c, m, grouped, gl)
+                             : nb <= 32 ? tc_launch_xp<BITS, GS, 4>(c, m, grouped, gl)
+                                        : tc_launch_xp<BITS, GS, 8>(c, m, grouped, gl);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
-    if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, m, items, grouped);
-    if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, m, items, grouped);
-    return tc_launch_nt<BITS, GS, 8, PT_TC_WIDE_WARPS>(c, m, items, grouped);
+    if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
+    if (nb <= 32) return tc_launch_nt<BITS, GS, 4, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
+    return tc_launch_nt<BITS, GS, 8, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
 }
 
 /* Warps per SM the split aims at: PT_TC_TARGET_WARPS, or
@@ -1275,14 +1341,15 @@ static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, i
     a.err = c->err_dev;
 }
 
-static pt_status tc_dispatch(const pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped) {
+static pt_status tc_dispatch(const pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped,
+                             const tc_glu *gl = NULL) {
     switch (bits * 1000 + gs) {
-    case 4032: return tc_launch<4, 32>(c, m, items, grouped);
-    case 4064: return tc_launch<4, 64>(c, m, items, grouped);
-    case 4128: return tc_launch<4, 128>(c, m, items, grouped);
-    case 8032: return tc_launch<8, 32>(c, m, items, grouped);
-    case 8064: return tc_launch<8, 64>(c, m, items, grouped);
-    default: return tc_launch<8, 128>(c, m, items, grouped);
+    case 4032: return tc_launch<4, 32>(c, m, items, grouped, gl);
+    case 4064: return tc_launch<4, 64>(c, m, items, grouped, gl);
+    case 4128: return tc_launch<4, 128>(c, m, items, grouped, gl);
+    case 8032: return tc_launch<8, 32>(c, m, items, grouped, gl);
+    case 8064: return tc_launch<8, 64>(c, m, items, grouped, gl);
+    default: return tc_launch<8, 128>(c, m, items, grouped, gl);
     }
 }
 
@@ -1329,4 +1396,32 @@ pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float 
     __atomic_fetch_add(&g_tc_multi_launches, 1ull, __ATOMIC_RELAXED);
     for (int i = 0; i < n; i++) tc_args_of(c, m.a[i], y[i], x, nb, w[i], 0, NULL, 1, w[i]->rows);
     return tc_dispatch(c, m, w[0]->bits, w[0]->group_size, 1, 1);
+}
+
+/* Launches made so far with the GLU epilogue (tests check it ran). */
+static unsigned long long g_tc_glu_launches;
+extern "C" unsigned long long pt_cuda_tc_glu_count(void) { return __atomic_load_n(&g_tc_glu_launches, __ATOMIC_RELAXED); }
+
+pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                              const pt_matrix *wu, pt_glu_kind act) {
+    const pt_matrix *w[2] = {wg, wu};
+    /* the GLU kernels exist for the default inner loop only (PETREL_CUDA_TC_LOOP=0: the separate calls) */
+    if (!pt_cuda_tc_multi_ok(c, 2, w) || wg->rows != wu->rows || nb < 1 || nb > 64 || (uintptr_t)x % 16 ||
+        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop())
+        return PT_ERR_UNSUPPORTED;
+    tc_multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n = 1;
+    tc_args_of(c, m.a[0], y, x, nb, wg, 0, NULL, 1, wg->rows);
+    const pt_cuda_weight *cu = pt_cuda_w(wu);
+    tc_glu gl;
+    gl.w2 = (const uint4 *)cu->data;
+    gl.sb2 = (const uint4 *)cu->scales;
+    gl.bias2 = cu->bias;
+    gl.bt2 = wu->bias_dtype;
+    gl.fn = (int)act;
+    gl.bf = c->base.act == PT_ACT_BF16;
+    const pt_status st = tc_dispatch(c, m, wg->bits, wg->group_size, 1, 0, &gl);
+    if (st == PT_OK) __atomic_fetch_add(&g_tc_glu_launches, 1ull, __ATOMIC_RELAXED);
+    return st;
 }

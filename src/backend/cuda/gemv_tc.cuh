@@ -36,5 +36,19 @@ int pt_cuda_tc_multi_ok(const pt_cuda *c, int n, const pt_matrix *const *w);
  * bit-identical to pt_cuda_tc_gemv of w[i] alone (same per-weight split). */
 pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
                                 const pt_matrix *const *w);
+/* y[nb, F] = glu(x · Wgᵀ, x · Wuᵀ) with act (backend.h glu), nb = 1..64
+ * rows of x [nb, K], F = wg->rows = wu->rows: ONE launch whose blocks each
+ * compute the same tiles of both projections and write the GLU of the two
+ * (the GEMV's epilogue), bit-identical to pt_cuda_tc_gemv_multi of {wg, wu}
+ * followed by pt_cuda_glu. PT_ERR_UNSUPPORTED (nothing launched, no
+ * message) where it does not apply: weights not groupable (see
+ * pt_cuda_tc_multi_ok) or of different row counts, an unaligned x, an odd
+ * number of tiles per block (a warp split S of 8 at up to 8 rows), the
+ * inner loop of PETREL_CUDA_TC_LOOP=0. */
+pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                              const pt_matrix *wu, pt_glu_kind act);
+/* pt_cuda_matmul_glu (matmul.cu): the backend.h matmul_glu op. */
+pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
+                             const pt_matrix *wu, pt_glu_kind act, int rows);
 
 #endif

@@ -1057,3 +1057,25 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
         PT_TRY(rows ? pt_cuda_matmul_rows(be, y[i], x, T, w[i], 0) : pt_cuda_matmul(be, y[i], x, T, w[i], 0));
     return PT_OK;
 }
+
+/* ---- matmul_glu (backend.h): gate/up and the GLU in one launch ----------------
+ * For T <= 64 rows with both weights groupable (the grouped launch's
+ * conditions, same row count): pt_cuda_tc_gemv_glu, the GEMV whose epilogue
+ * writes glu(gate, up). For T <= 64 matmul and matmul_rows run the same
+ * tensor-core launch, so rows changes nothing here. Anything else, and
+ * PETREL_CUDA_GEMV_FUSE=0 / pt_cuda_gemv_fuse(0) (A/B): PT_ERR_UNSUPPORTED,
+ * and the caller makes the matmul_multi and glu calls (same bits). */
+static int g_gemv_fuse = -1;
+extern "C" void pt_cuda_gemv_fuse(int on) { g_gemv_fuse = on < 0 ? -1 : on != 0; }
+static int gemv_fuse_on(void) {
+    if (g_gemv_fuse < 0) g_gemv_fuse = pt_env_on("PETREL_CUDA_GEMV_FUSE");
+    return g_gemv_fuse;
+}
+
+pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
+                             const pt_matrix *wu, pt_glu_kind act, int rows) {
+    pt_cuda *c = pt_cuda_of(be);
+    (void)rows;
+    if (!gemv_fuse_on() || T < 1 || T > PT_TC_MAX_T || c->no_fast_gemv) return PT_ERR_UNSUPPORTED;
+    return pt_cuda_tc_gemv_glu(c, y, x, T, wg, wu, act);
+}

@@ -178,4 +178,21 @@ __device__ __forceinline__ void pt_qw_sb(const pt_qw &q, int64_t row, int64_t gi
     }
 }
 
+/* One element of the gated activation (backend.h glu): act(g)·u, with
+ * act(g) rounded, then the product (bf: bf16 mode). The one definition
+ * behind glu_kernel (elementwise.cu) and the GLU epilogue of the gate/up
+ * GEMV (gemv_tc.cu, pt_cuda_tc_gemv_glu): the same inlined code in both, so
+ * the compiler emits the same operations and the fused path's bits equal
+ * the separate GLU's. silu and gelu_tanh keep the expressions glu_kernel
+ * has always had (expf / tanhf, IEEE division). */
+__device__ __forceinline__ float pt_silu(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ float pt_gelu_tanh(float g) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+__device__ __forceinline__ float pt_glu_val(int fn, float g, float u, int bf) {
+    const float a = fn == PT_GLU_SILU ? pt_silu(g) : pt_gelu_tanh(g);
+    return pt_rnd(bf, pt_rnd(bf, a) * u);
+}
+
 #endif

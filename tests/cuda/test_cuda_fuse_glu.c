@@ -1,0 +1,309 @@
+/* matmul_glu on CUDA (backend.h; src/backend/cuda/matmul.cu, gemv_tc.cu):
+ * a feed-forward's gate and up projections with the gated activation folded
+ * into the tensor-core GEMV's epilogue must give y = glu(gate, up) bit for
+ * bit as matmul_multi followed by glu:
+ *   - 4- and 8-bit codes, groups 32/64/128, with and without a bias, a row
+ *     count that is not a multiple of the 16-row tile, SiLU and GeGLU;
+ *   - the llama-3.2-1b and llama-3.1-8b gate/up shapes (8192 × 2048 and
+ *     14336 × 4096), 4- and 8-bit;
+ *   - T = 1, 2, 8, 9, 16, 17, 32, 33, 64 (the 8- and 16-warp blocks, every
+ *     n-tile count, the in-block and the prepared-x staging), both rows
+ *     modes, and each row of a 64-row call equal to that row alone;
+ *   - what it does not fuse (PETREL_CUDA_GEMV_FUSE=0, T > 64, an unaligned
+ *     x, different row counts, an odd number of tiles per block) answered
+ *     PT_ERR_UNSUPPORTED with nothing launched;
+ * and the whole forward pass (prefill of 20 tokens, then compiled greedy
+ * decode steps) bit-identical with the fold on and off, on the 4-bit demo
+ * model and the llama-3.2-1b shape with random 4- and 8-bit weights. A
+ * launch counter proves the fused path ran where it should.
+ *
+ * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
+ * without a GPU it reports SKIP. */
+#include "test.h"
+#include "test_rand.h"
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/mmap.h"
+#include "model/model.h" /* pt_model_synthetic */
+#include "petrel.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* matmul.cu / gemv_tc.cu: the fold on or off (as PETREL_CUDA_GEMV_FUSE;
+ * -1: back to the environment), GLU-epilogue launches made so far */
+void pt_cuda_gemv_fuse(int on);
+unsigned long long pt_cuda_tc_glu_count(void);
+
+enum { TMAX = 80 };
+
+static int qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
+    rand_qweight_make(q, N, K, bits, gs, with_bias, 1);
+    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
+    return 1;
+}
+
+static void qw_free(pt_backend *be, rand_qweight *q) {
+    be->ops->release_weight(be, &q->w);
+    rand_qweight_free(q);
+}
+
+static pt_backend *open_cuda(void) {
+    pt_backend *be = NULL;
+    if (pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) != PT_OK) {
+        CHECK(0, "cuda: %s", pt_last_error());
+        return NULL;
+    }
+    pt_backend_limits lim = {.max_tokens = TMAX, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64,
+                             .max_cols = 4096};
+    if (be->ops->reserve(be, &lim) != PT_OK) {
+        CHECK(0, "reserve: %s", pt_last_error());
+        pt_backend_free(&be);
+    }
+    return be;
+}
+
+static int gpu_ok(void) {
+    char why[512];
+    if (pt_cuda_device_count(why, sizeof why) == 0) {
+        printf("INFO no usable CUDA device here: %s\n", why);
+        return 0;
+    }
+    return 1;
+}
+
+static int same(const char *what, const float *a, const float *b, int64_t n, int64_t F) {
+    for (int64_t j = 0; j < n; j++)
+        if (memcmp(&a[j], &b[j], 4)) {
+            CHECK(0, "%s: row %lld col %lld: fused %.9g, separate %.9g", what, (long long)(j / F),
+                  (long long)(j % F), a[j], b[j]);
+            return 0;
+        }
+    return 1;
+}
+
+/* Gate g and up u over x for each T of Ts, both rows modes and both
+ * activations: matmul_glu vs matmul_multi + glu, bit for bit. fused: 1 =
+ * every call must take the fused launch, 0 = every call must answer
+ * PT_ERR_UNSUPPORTED, 2 = only the calls above 8 rows fuse (a warp split
+ * of 8 at up to 8 rows). */
+static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qweight *u, const int *Ts, int nT,
+                      int fused) {
+    const int64_t K = g->w.cols, F = g->w.rows;
+    float *xh = malloc((size_t)(TMAX * K) * 4);
+    for (int64_t i = 0; i < TMAX * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *x = NULL, *yg = NULL, *yu = NULL, *yr = NULL, *yf = NULL, *y1 = NULL;
+    float *hr = malloc((size_t)(TMAX * F) * 4), *hf = malloc((size_t)(TMAX * F) * 4);
+    x = be->ops->alloc(be, (size_t)(TMAX * K) * 4);
+    yg = be->ops->alloc(be, (size_t)(TMAX * F) * 4), yu = be->ops->alloc(be, (size_t)(TMAX * F) * 4);
+    yr = be->ops->alloc(be, (size_t)(TMAX * F) * 4), yf = be->ops->alloc(be, (size_t)(TMAX * F) * 4);
+    y1 = be->ops->alloc(be, (size_t)F * 4);
+    int ok = x && yg && yu && yr && yf && y1 && be->ops->upload(be, x, xh, (size_t)(TMAX * K) * 4) == PT_OK;
+    CHECK(ok, "%s: buffers: %s", what, pt_last_error());
+    const pt_matrix *ws[2] = {&g->w, &u->w};
+    float *ys[2] = {yg, yu};
+    char w2[224];
+    for (int ti = 0; ti < nT && ok; ti++)
+        for (int rows = 0; rows < 2 && ok; rows++)
+            for (int act = 0; act < 2 && ok; act++) {
+                const int64_t T = Ts[ti];
+                const int want = fused == 1 || (fused == 2 && T > 8);
+                ok = be->ops->matmul_multi(be, 2, ys, x, T, ws, rows) == PT_OK &&
+                     be->ops->glu(be, yr, yg, yu, T, F, F, (pt_glu_kind)act) == PT_OK;
+                CHECK(ok, "%s: separate calls T=%lld: %s", what, (long long)T, pt_last_error());
+                const unsigned long long c0 = pt_cuda_tc_glu_count();
+                const pt_status st = ok ? be->ops->matmul_glu(be, yf, x, T, &g->w, &u->w, (pt_glu_kind)act, rows)
+                                        : PT_ERR_INTERNAL;
+                const int took = pt_cuda_tc_glu_count() != c0;
+                snprintf(w2, sizeof w2, "%s T=%lld rows %d %s", what, (long long)T, rows, act ? "gelu" : "silu");
+                if (!want) {
+                    CHECK(st == PT_ERR_UNSUPPORTED && !took, "%s: expected PT_ERR_UNSUPPORTED and no launch, got %d",
+                          w2, (int)st);
+                    ok = st == PT_ERR_UNSUPPORTED && !took;
+                    continue;
+                }
+                CHECK(st == PT_OK && took, "%s: fused launch not taken (status %d): %s", w2, (int)st,
+                      pt_last_error());
+                ok = ok && st == PT_OK && took;
+                ok = ok && be->ops->download(be, hr, yr, (size_t)(T * F) * 4) == PT_OK &&
+                     be->ops->download(be, hf, yf, (size_t)(T * F) * 4) == PT_OK;
+                ok = ok && same(w2, hf, hr, T * F, F);
+                /* batch invariance: rows 0, T/2 and T-1 of a T-row call equal that row alone (fused, or
+                 * where one row does not fuse, the separate calls, as the forward pass makes them) */
+                for (int k = 0; k < 3 && ok && T > 1; k++) {
+                    const int64_t t = k == 0 ? 0 : k == 1 ? T / 2 : T - 1;
+                    pt_status s1 = be->ops->matmul_glu(be, y1, x + t * K, 1, &g->w, &u->w, (pt_glu_kind)act, rows);
+                    if (s1 == PT_ERR_UNSUPPORTED && fused == 2) {
+                        s1 = be->ops->matmul_multi(be, 2, ys, x + t * K, 1, ws, rows);
+                        if (s1 == PT_OK) s1 = be->ops->glu(be, y1, yg, yu, 1, F, F, (pt_glu_kind)act);
+                    }
+                    ok = s1 == PT_OK && be->ops->download(be, hr, y1, (size_t)F * 4) == PT_OK;
+                    CHECK(ok, "%s: row %lld alone: %s", w2, (long long)t, pt_last_error());
+                    char w3[320];
+                    snprintf(w3, sizeof w3, "%s: row %lld in the batch vs alone", w2, (long long)t);
+                    ok = ok && same(w3, hf + t * F, hr, F, F);
+                }
+            }
+    be->ops->dealloc(be, x), be->ops->dealloc(be, yg), be->ops->dealloc(be, yu), be->ops->dealloc(be, yr);
+    be->ops->dealloc(be, yf), be->ops->dealloc(be, y1);
+    free(xh), free(hr), free(hf);
+    return ok;
+}
+
+static void test_glu_op_bit_identical(void) {
+    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = open_cuda();
+    REQUIRE(be, "backend");
+    REQUIRE(be->ops->matmul_glu, "the CUDA backend has no matmul_glu");
+    pt_cuda_gemv_fuse(1);
+    static const int Ts[] = {1, 2, 8, 9, 16, 17, 32, 33, 64};
+    static const int bitss[] = {4, 8}, gss[] = {32, 64, 128};
+    char what[160];
+    int ok = 1;
+    /* every bits × group size: F 640 and 300 (a partial tile), K 768 (384 at 8-bit g32): a warp split
+     * of 1 to 4 on 132 SMs, so every row count fuses */
+    for (int b = 0; b < 2 && ok; b++)
+        for (int gi = 0; gi < 3 && ok; gi++)
+            for (int fi = 0; fi < 2 && ok; fi++) {
+                const int64_t F = fi ? 300 : 640, K = bitss[b] == 8 && gss[gi] == 32 ? 384 : 768;
+                rand_qweight g, u;
+                ok = qw_make(be, &g, bitss[b], gss[gi], F, K, (gi + fi) & 1);
+                if (ok && !(ok = qw_make(be, &u, bitss[b], gss[gi], F, K, gi & 1))) qw_free(be, &g);
+                if (!ok) break;
+                snprintf(what, sizeof what, "%d-bit g%d %lld×%lld%s", bitss[b], gss[gi], (long long)F, (long long)K,
+                         (gi + fi) & 1 ? " (bias)" : "");
+                ok = check_pair(be, what, &g, &u, Ts, 9, 1);
+                qw_free(be, &g), qw_free(be, &u);
+            }
+    /* the 1b and 8b gate/up shapes, group 64 */
+    for (int b = 0; b < 2 && ok; b++)
+        for (int s = 0; s < 2 && ok; s++) {
+            static const int Tl[] = {1, 2, 8, 9, 32, 64};
+            const int64_t F = s ? 14336 : 8192, K = s ? 4096 : 2048;
+            rand_qweight g, u;
+            ok = qw_make(be, &g, bitss[b], 64, F, K, 0);
+            if (ok && !(ok = qw_make(be, &u, bitss[b], 64, F, K, 0))) qw_free(be, &g);
+            if (!ok) break;
+            snprintf(what, sizeof what, "%d-bit g64 gate/up %lld×%lld", bitss[b], (long long)F, (long long)K);
+            ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+            qw_free(be, &g), qw_free(be, &u);
+        }
+    /* a warp split of 8 (F 640, K 2560, 4-bit g64): one tile per 8-warp block, not fused up to 8 rows */
+    if (ok) {
+        static const int Ts8[] = {1, 8, 9, 64};
+        rand_qweight g, u;
+        ok = qw_make(be, &g, 4, 64, 640, 2560, 0);
+        if (ok && !(ok = qw_make(be, &u, 4, 64, 640, 2560, 0))) qw_free(be, &g);
+        if (ok) {
+            ok = check_pair(be, "4-bit g64 640×2560 (split 8)", &g, &u, Ts8, 4, 2);
+            qw_free(be, &g), qw_free(be, &u);
+        }
+    }
+    /* not fused: the switch off, T > 64, an unaligned x, different row counts */
+    if (ok) {
+        static const int Ts1[] = {1, 9}, T65[] = {65};
+        rand_qweight g, u, u2;
+        ok = qw_make(be, &g, 4, 64, 640, 768, 0) && qw_make(be, &u, 4, 64, 640, 768, 0) &&
+             qw_make(be, &u2, 4, 64, 320, 768, 0);
+        if (ok) {
+            pt_cuda_gemv_fuse(0);
+            ok = check_pair(be, "PETREL_CUDA_GEMV_FUSE=0", &g, &u, Ts1, 2, 0);
+            pt_cuda_gemv_fuse(1);
+            ok = ok && check_pair(be, "T = 65", &g, &u, T65, 1, 0);
+            float *x = be->ops->alloc(be, 4 * 768 * 4 + 16), *y = be->ops->alloc(be, 4 * 640 * 4);
+            const unsigned long long c0 = pt_cuda_tc_glu_count();
+            CHECK(be->ops->matmul_glu(be, y, x + 1, 2, &g.w, &u.w, PT_GLU_SILU, 0) == PT_ERR_UNSUPPORTED,
+                  "unaligned x: not PT_ERR_UNSUPPORTED");
+            CHECK(be->ops->matmul_glu(be, y, x, 2, &g.w, &u2.w, PT_GLU_SILU, 0) == PT_ERR_UNSUPPORTED,
+                  "640 vs 320 rows: not PT_ERR_UNSUPPORTED");
+            CHECK(pt_cuda_tc_glu_count() == c0, "a fused launch where none may be");
+            be->ops->dealloc(be, x), be->ops->dealloc(be, y);
+        }
+        qw_free(be, &g), qw_free(be, &u), qw_free(be, &u2);
+    }
+    pt_cuda_gemv_fuse(-1);
+    pt_backend_free(&be);
+}
+
+/* Prefill of 20 tokens, then 5 greedy steps (compiled decode): every logits
+ * row of a run with the fold on equals the run with it off. */
+static int run_model(const char *dir, const char *quant, int fuse, float **logits, int32_t *ids_out, int *V,
+                     unsigned long long *launches) {
+    pt_cuda_gemv_fuse(fuse);
+    pt_model_params mp = pt_model_default_params();
+    mp.device = PT_DEVICE_CUDA;
+    mp.compiled_decode = PT_LEVER_ON;
+    pt_model *m = NULL;
+    pt_status st = strncmp(dir, "synthetic:", 10) == 0 ? pt_model_synthetic(dir + 10, quant, &mp, &m)
+                                                       : pt_model_load(dir, &mp, &m);
+    NEED(st == PT_OK, "load %s: %s", dir, pt_last_error());
+    *V = pt_model_vocab_size(m);
+    pt_session_params sp = pt_session_default_params();
+    sp.n_ctx = 64;
+    pt_session *s = NULL;
+    NEED(pt_session_create(m, &sp, &s) == PT_OK, "session: %s", pt_last_error());
+    enum { P = 20, STEPS = 5 };
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(1 + (i * 37) % (*V - 1));
+    *logits = malloc((size_t)(STEPS + 1) * (size_t)*V * 4);
+    const unsigned long long c0 = pt_cuda_tc_glu_count();
+    int ok = pt_session_prompt(s, ids, P) == PT_OK;
+    for (int k = 0; ok && k <= STEPS; k++) {
+        const float *lg = pt_session_logits(s);
+        ok = lg != NULL;
+        if (!ok) break;
+        memcpy(*logits + (size_t)k * *V, lg, (size_t)*V * 4);
+        int32_t best = 0;
+        for (int v = 1; v < *V; v++)
+            if (lg[v] > lg[best]) best = v;
+        ids_out[k] = best;
+        if (k < STEPS) ok = pt_session_prompt(s, &best, 1) == PT_OK;
+    }
+    *launches = pt_cuda_tc_glu_count() - c0;
+    CHECK(ok, "%s: run: %s", dir, pt_last_error());
+    pt_session_free(&s);
+    pt_model_free(&m);
+    pt_cuda_gemv_fuse(-1);
+    return ok;
+}
+
+static void check_forward(const char *dir, const char *quant) {
+    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
+        printf("INFO %s absent, skipped\n", dir);
+        return;
+    }
+    float *on = NULL, *off = NULL;
+    int32_t ids_on[6], ids_off[6];
+    int V = 0, V2 = 0;
+    unsigned long long l_on = 0, l_off = 0;
+    if (run_model(dir, quant, 1, &on, ids_on, &V, &l_on) && run_model(dir, quant, 0, &off, ids_off, &V2, &l_off)) {
+        CHECK(l_on > 0, "%s %s: no fused launch with the fold on", dir, quant);
+        CHECK(l_off == 0, "%s %s: %llu fused launches with the fold off", dir, quant, l_off);
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
+        CHECK(bad == 0, "%s %s: %d of %lld logits differ between the fold on and off", dir, quant, bad,
+              (long long)6 * V);
+        CHECK(!memcmp(ids_on, ids_off, sizeof ids_on), "%s %s: greedy ids differ", dir, quant);
+        printf("INFO %s %s: logits of the prompt and 5 greedy steps bit-identical with the GLU fold on (%llu fused "
+               "launches) and off\n",
+               dir, quant, l_on);
+    }
+    free(on), free(off);
+}
+
+static void test_glu_forward_on_off(void) {
+    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    check_forward("models/kjv-llama-4bit", "q4");
+    check_forward("synthetic:llama-3.2-1b", "q4");
+    check_forward("synthetic:llama-3.2-1b", "q8");
+}
+
+int main(void) {
+    TEST_RUN(test_glu_op_bit_identical);
+    TEST_RUN(test_glu_forward_on_off);
+    return test_summary();
+}
