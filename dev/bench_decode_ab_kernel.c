@@ -8,6 +8,7 @@
  *   make && dev/build.sh && dev/bench_decode_ab_kernel [K] [cache KiB] [stream MiB] [reps] */
 #include "backend/cpu/cpu_internal.h"
 #include "base/half.h"
+#include "kernel_ab.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -15,45 +16,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-#define GS 64
-
-typedef struct {
-    uint8_t *codes;
-    uint16_t *sc, *bi;
-    int64_t N, K;
-} wt;
-
-static void *big(size_t n) {
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) abort();
-    madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
-
-static void make(wt *w, int64_t N, int64_t K) {
-    w->N = N, w->K = K;
-    w->codes = big((size_t)(N * K / 2));
-    w->sc = big((size_t)(N * K / GS) * 2);
-    w->bi = big((size_t)(N * K / GS) * 2);
-    uint32_t s = 12345;
-    for (int64_t i = 0; i < N * K / 2; i++) w->codes[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
-    for (int64_t i = 0; i < N * K / GS; i++) {
-        w->sc[i] = pt_f32_to_bf16(0.01f * (float)((i % 7) + 1));
-        w->bi[i] = pt_f32_to_bf16(-0.02f * (float)((i % 5) + 1));
-    }
-}
 
 static float sink;
 
@@ -104,7 +66,7 @@ int main(int argc, char **argv) {
         wt w;
         int64_t N = sizes[si] / (K / 2) / 4 * 4;
         if (N < 4) N = 4;
-        make(&w, N, K);
+        make(&w, N, K, 4, 0.01f);
         int64_t inner = si == 0 ? (int64_t)((256ll << 20) / (N * K / 2)) : 1; /* ~256 MiB of codes per timing */
         if (inner < 1) inner = 1;
         double t[2][99];

@@ -10,6 +10,7 @@
  *   make && dev/build.sh && dev/bench_decode_ab_kernel8 [K] [cache KiB] [stream MiB] [reps] */
 #include "backend/cpu/cpu_internal.h"
 #include "base/half.h"
+#include "kernel_ab.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -19,18 +20,6 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmpd(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-#define GS 64
 /* ALT_KERNEL: a fourth variant, alt_qdot8_x4_xints — a copy of
  * qdot_xint_avx512.c built with other settings and its symbols renamed, e.g.
  *   cc -O2 -Iinclude -Isrc -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx512bf16 \
@@ -46,32 +35,6 @@ void alt_qdot8_x4_xints(float *out, const int8_t *xq, const float *xstep, const 
 #else
 #define NV 3
 #endif
-
-typedef struct {
-    uint8_t *codes;
-    uint16_t *sc, *bi;
-    int64_t N, K;
-} wt;
-
-static void *big(size_t n) {
-    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) abort();
-    madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
-
-static void make(wt *w, int64_t N, int64_t K) {
-    w->N = N, w->K = K;
-    w->codes = big((size_t)(N * K));
-    w->sc = big((size_t)(N * K / GS) * 2);
-    w->bi = big((size_t)(N * K / GS) * 2);
-    uint32_t s = 12345;
-    for (int64_t i = 0; i < N * K; i++) w->codes[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
-    for (int64_t i = 0; i < N * K / GS; i++) {
-        w->sc[i] = pt_f32_to_bf16(0.001f * (float)((i % 7) + 1));
-        w->bi[i] = pt_f32_to_bf16(-0.02f * (float)((i % 5) + 1));
-    }
-}
 
 static float sink;
 
@@ -150,7 +113,7 @@ int main(int argc, char **argv) {
         wt w;
         int64_t N = sizes[si] / K / 4 * 4;
         if (N < 4) N = 4;
-        make(&w, N, K);
+        make(&w, N, K, 8, 0.001f);
         int64_t inner = si == 0 ? (int64_t)((256ll << 20) / (N * K)) : 1; /* ~256 MiB of codes per timing */
         if (inner < 1) inner = 1;
         double t[NV][99];

@@ -30,3 +30,35 @@ double parity_kl_row(const float *p, const float *q, int V) {
     }
     return kl;
 }
+
+int parity_greedy(pt_model *m, const int32_t *ids, int n, int steps, int32_t *out, float *margin) {
+    pt_session *s = NULL;
+    pt_session_params sp = {.n_ctx = n + steps + 1 < pt_model_max_ctx(m) ? n + steps + 1 : pt_model_max_ctx(m)};
+    if (pt_session_create(m, &sp, &s) != PT_OK) return 0;
+    pt_sampling_params smp = pt_sampling_default_params(NULL);
+    smp.temperature = 0;
+    int ok = pt_session_prompt(s, ids, (size_t)n) == PT_OK;
+    for (int i = 0; ok && i < steps; i++) {
+        pt_token_info ti;
+        ok = pt_session_sample(s, &smp, NULL, &ti) == PT_OK;
+        out[i] = ti.id;
+        const float *lg = pt_session_logits(s); /* top-1 and top-2 of this step's logits */
+        float t1 = -INFINITY, t2 = -INFINITY;
+        for (int v = 0; v < pt_model_vocab_size(m); v++) {
+            if (lg[v] > t1) t2 = t1, t1 = lg[v];
+            else if (lg[v] > t2) t2 = lg[v];
+        }
+        margin[2 * i] = t1 - t2;
+        margin[2 * i + 1] = t1;
+        if (ok && i + 1 < steps) ok = pt_session_prompt(s, &ti.id, 1) == PT_OK;
+    }
+    if (!ok) printf("    greedy: %s\n", pt_last_error());
+    pt_session_free(&s);
+    return ok;
+}
+
+float parity_ulp_bf16(float x) {
+    int e;
+    frexpf(fabsf(x), &e);
+    return ldexpf(1.0f, e - 8);
+}

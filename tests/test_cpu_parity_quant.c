@@ -63,40 +63,6 @@ static int eval_stepwise(pt_model *m, const int32_t *ids, int n, float *out) {
     return ok;
 }
 
-static float ulp_bf16(float x) {
-    int e;
-    frexpf(fabsf(x), &e);
-    return ldexpf(1.0f, e - 8);
-}
-
-/* Greedy continuation of steps tokens (prompt prefilled, then decode);
- * margin[2i] = our top-1 minus top-2 at step i, margin[2i+1] = our top-1. */
-static int greedy(pt_model *m, const int32_t *ids, int n, int steps, int32_t *out, float *margin) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + steps + 1 < pt_model_max_ctx(m) ? n + steps + 1 : pt_model_max_ctx(m)};
-    if (pt_session_create(m, &sp, &s) != PT_OK) return 0;
-    pt_sampling_params smp = pt_sampling_default_params(NULL);
-    smp.temperature = 0;
-    int ok = pt_session_prompt(s, ids, (size_t)n) == PT_OK;
-    for (int i = 0; ok && i < steps; i++) {
-        pt_token_info ti;
-        ok = pt_session_sample(s, &smp, NULL, &ti) == PT_OK;
-        out[i] = ti.id;
-        const float *lg = pt_session_logits(s);
-        float t1 = -INFINITY, t2 = -INFINITY;
-        for (int v = 0; v < pt_model_vocab_size(m); v++) {
-            if (lg[v] > t1) t2 = t1, t1 = lg[v];
-            else if (lg[v] > t2) t2 = lg[v];
-        }
-        margin[2 * i] = t1 - t2;
-        margin[2 * i + 1] = t1;
-        if (ok && i + 1 < steps) ok = pt_session_prompt(s, &ti.id, 1) == PT_OK;
-    }
-    if (!ok) printf("    greedy: %s\n", pt_last_error());
-    pt_session_free(&s);
-    return ok;
-}
-
 typedef struct {
     long gated, agree;
     double maxd, maxl, kl;
@@ -211,7 +177,7 @@ static void check_fixture(const char *name, int gate) {
             if (!gg || !gm || sm != steps || steps <= 0) continue;
             int32_t *out = malloc(sizeof *out * (size_t)steps);
             float *om = malloc(sizeof *om * 2 * (size_t)steps);
-            if (greedy(m2, ids, n, steps, out, om)) {
+            if (parity_greedy(m2, ids, n, steps, out, om)) {
                 int same = 0, decided = steps;
                 for (int i = 0; i < steps; i++)
                     if (gm[i] <= 0.05f) {
@@ -224,7 +190,7 @@ static void check_fixture(const char *name, int gate) {
                        "before a near-tie)\n",
                        name, p, lv, same, steps, decided);
                 if (same < steps) {
-                    float ours = om[2 * same], ulp = ulp_bf16(om[2 * same + 1]);
+                    float ours = om[2 * same], ulp = parity_ulp_bf16(om[2 * same + 1]);
                     printf("INFO %s prompt %d greedy levers %s: step %d ours %d vs golden %d; golden margin %.4f, our "
                            "margin %.4f (bf16 ulp %.4f)\n",
                            name, p, lv, same, out[same], gg[same], gm[same], ours, ulp);
@@ -379,7 +345,7 @@ static void test_demo(void) {
                 if (id != gid[i]) {
                     const float *lg = pt_session_logits(s);
                     ourm = mg;
-                    near = gm->f32[i] <= 0.05f || mg <= ulp_bf16(lg[id]);
+                    near = gm->f32[i] <= 0.05f || mg <= parity_ulp_bf16(lg[id]);
                     break;
                 }
                 same++;

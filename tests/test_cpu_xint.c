@@ -12,6 +12,7 @@
  * pieces (test_gemm). Skipped without AVX-512 VNNI. */
 #include "test.h"
 #include "test_rand.h"
+#include "xint_check.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_internal.h"
@@ -24,70 +25,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int have_xint(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && pt_cpu_gemm_i8_available();
-}
-
-static void group_sums(float *xs, const float *x, int64_t K, int gs) {
-    for (int64_t g = 0; g < K / gs; g++) {
-        float s = 0.0f;
-        for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += x[j];
-        xs[g] = s;
-    }
-}
-
-/* Runs both variants on 4 rows; checks they agree bitwise; out = the result. */
-static int run_xint(float *out, const float *x, const uint8_t *const *codes, const uint16_t *const *sc16,
-                    const uint16_t *const *bi16, int64_t K, int gs) {
-    int64_t ng = K / gs;
-    int8_t *xq = aligned_alloc(64, (size_t)(3 * K));
-    float *st = malloc(sizeof(float) * (size_t)ng), *xs = malloc(sizeof(float) * (size_t)ng);
-    float *sc = malloc(sizeof(float) * (size_t)(8 * ng));
-    const float *scp[4], *bip[4];
-    for (int r = 0; r < 4; r++) {
-        for (int64_t g = 0; g < ng; g++) {
-            sc[r * 2 * ng + g] = pt_bf16_to_f32(sc16[r][g]);
-            sc[r * 2 * ng + ng + g] = pt_bf16_to_f32(bi16[r][g]);
-        }
-        scp[r] = sc + r * 2 * ng;
-        bip[r] = sc + r * 2 * ng + ng;
-    }
-    int ok = pt_cpu_arrange_xint(xq, st, x, K, gs);
-    if (ok) {
-        float o2[4];
-        group_sums(xs, x, K, gs);
-        pt_cpu_qdot4_x4_xint(out, xq, st, xs, codes, scp, bip, K, gs);
-        pt_cpu_qdot4_x4_xints(o2, xq, st, xs, codes, sc16, bi16, K, gs);
-        CHECK(memcmp(out, o2, sizeof o2) == 0, "f32 and bf16 parameters differ: %g vs %g", out[0], o2[0]);
-    }
-    free(xq), free(st), free(xs), free(sc);
-    return ok;
-}
-
 static void test_refusals(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     float x[256];
-    int8_t xq[3 * 256] __attribute__((aligned(64)));
-    float st[8];
     for (int i = 0; i < 256; i++) x[i] = pt_round_bf16(rf(-1, 1));
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 256, 64) == 1, "plain bf16 x");
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 192, 64) == 0, "K %% 128 != 0");
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 256, 16) == 0, "group 16");
-    x[77] = 0.1234567f;
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 256, 64) == 0, "a value that is not bf16");
-    x[77] = NAN;
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 256, 64) == 0, "NaN");
-    x[77] = -INFINITY;
-    CHECK(pt_cpu_arrange_xint(xq, st, x, 256, 64) == 0, "infinity");
+    xint_check_refusals(pt_cpu_arrange_xint, x);
 }
 
 /* Integer x (|x| <= 255, largest group values at the extremes of the bf16
  * significand), scales 1 or 2, integer biases: every sum is an exact
  * integer below 2^24, so the result must be exact. */
 static void test_exact_integers(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     static const int gss[3] = {32, 64, 128};
     for (int gi = 0; gi < 3; gi++)
         for (int64_t K = 128; K <= 512; K *= 2) {
@@ -108,7 +57,7 @@ static void test_exact_integers(void) {
                 }
             }
             float out[4];
-            REQUIRE(run_xint(out, x, (const uint8_t *const *)codes, (const uint16_t *const *)sc,
+            REQUIRE(xint_run(&xint_kernel4, out, x, (const uint8_t *const *)codes, (const uint16_t *const *)sc,
                              (const uint16_t *const *)bi, K, gs),
                     "refused integer x");
             for (int r = 0; r < 4; r++) {
@@ -126,7 +75,7 @@ static void test_exact_integers(void) {
 
 /* Random weights; x of several shapes; against double with the bound. */
 static void test_bound(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     static const int gss[3] = {32, 64, 128};
     for (int kind = 0; kind < 4; kind++)
         for (int gi = 0; gi < 3; gi++) {
@@ -152,8 +101,8 @@ static void test_bound(void) {
                 bi[r] = q.bi + r * ng;
             }
             float out[4], xs[64];
-            REQUIRE(run_xint(out, x, codes, sc, bi, K, gs), "kind %d gs %d refused", kind, gs);
-            group_sums(xs, x, K, gs);
+            REQUIRE(xint_run(&xint_kernel4, out, x, codes, sc, bi, K, gs), "kind %d gs %d refused", kind, gs);
+            xint_group_sums(xs, x, K, gs);
             for (int r = 0; r < 4; r++) {
                 double ref = 0, mag = 0, xr = 0;
                 for (int64_t g = 0; g < ng; g++) {
@@ -178,23 +127,13 @@ static void test_bound(void) {
         }
 }
 
-/* A 2-thread CPU backend with bf16 activations in *be, or *be NULL when its
- * ISA is not avx512 (the caller skips). Returns 0 if creating it failed. */
-static int avx512_backend(pt_backend **be) {
-    pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};
-    *be = NULL;
-    if (pt_backend_cpu_create(be, &cp) != PT_OK) return 0;
-    if (strcmp(pt_backend_cpu_isa_name(*be), "avx512")) pt_backend_free(be);
-    return 1;
-}
-
 /* Through the backend: lever on against off (the bf16 kernel), and a bf16
  * token's row unchanged when a non-bf16 token joins its matmul_rows batch. */
 static void test_backend(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     enum { N = 37, K = 512, T = 3 };
     pt_backend *be = NULL;
-    REQUIRE(avx512_backend(&be), "%s", pt_last_error());
+    REQUIRE(xint_avx512_backend(&be, 2), "%s", pt_last_error());
     if (!be) TEST_SKIP("backend ISA is not avx512");
     rand_qweight q;
     rand_qweight_make(&q, N, K, 4, 64, 1, 0);
@@ -227,14 +166,14 @@ static void test_backend(void) {
  * ulps. Also a token that is not bf16: the whole call takes the f32 GEMM,
  * bit-identical to the lever off. */
 static void test_gemm(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     enum { N = 45, K = 512, T = 11 };
     static const int gss[3] = {32, 64, 128};
     for (int gi = 0; gi < 3; gi++) {
         int gs = gss[gi];
         int64_t ng = K / gs;
         pt_backend *be = NULL;
-        REQUIRE(avx512_backend(&be), "%s", pt_last_error());
+        REQUIRE(xint_avx512_backend(&be, 2), "%s", pt_last_error());
         if (!be) TEST_SKIP("backend ISA is not avx512");
         rand_qweight q;
         rand_qweight_make(&q, N, K, 4, gs, 1, 0);
@@ -289,7 +228,7 @@ static void test_gemm(void) {
  * (the bf16 gate of the parity tier), max |dlogit| printed; and with the
  * levers on, 1 and 2 threads bit-identical. */
 static void test_demo_model(void) {
-    if (!have_xint()) TEST_SKIP("no AVX-512 VNNI");
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
     pt_model_params mp = pt_model_default_params();
     mp.n_threads = 2;
     pt_model *m = NULL;

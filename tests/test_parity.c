@@ -180,41 +180,6 @@ static void route_reset(void) {
     for (int i = 0; i < MAXPOS; i++) g_route_gap[i] = INFINITY;
 }
 
-/* one bf16 ulp at the magnitude of x */
-static float ulp_bf16(float x) {
-    int e;
-    frexpf(fabsf(x), &e);
-    return ldexpf(1.0f, e - 8);
-}
-
-static int greedy(pt_model *m, const int32_t *ids, int n, int steps, int32_t *out, float *margin) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + steps + 1 < pt_model_max_ctx(m) ? n + steps + 1 : pt_model_max_ctx(m)};
-    if (pt_session_create(m, &sp, &s) != PT_OK) return 0;
-    pt_sampling_params smp = pt_sampling_default_params(NULL);
-    smp.temperature = 0;
-    int ok = pt_session_prompt(s, ids, (size_t)n) == PT_OK;
-    for (int i = 0; ok && i < steps; i++) {
-        pt_token_info ti;
-        ok = pt_session_sample(s, &smp, NULL, &ti) == PT_OK;
-        out[i] = ti.id;
-        const float *lg = pt_session_logits(s);
-        float t1 = -INFINITY, t2 = -INFINITY;
-        for (int v = 0; v < pt_model_vocab_size(m); v++) {
-            if (lg[v] > t1) {
-                t2 = t1;
-                t1 = lg[v];
-            } else if (lg[v] > t2)
-                t2 = lg[v];
-        }
-        margin[2 * i] = t1 - t2;
-        margin[2 * i + 1] = t1;
-        if (ok && i + 1 < steps) ok = pt_session_prompt(s, &ti.id, 1) == PT_OK;
-    }
-    pt_session_free(&s);
-    return ok;
-}
-
 /* per-layer hidden states against prompt.P.hidden.f32 [L+2, n, H] */
 typedef struct {
     const garr *h;
@@ -366,7 +331,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
             int32_t *out = malloc(sizeof *out * (size_t)steps);
             float *om = malloc(sizeof *om * 2 * (size_t)steps);
             route_reset();
-            if (greedy(k ? m16 : m32, id, n, steps, out, om)) {
+            if (parity_greedy(k ? m16 : m32, id, n, steps, out, om)) {
                 float tie = k ? 0.05f : 1e-3f;
                 int same = 0, decided = steps;
                 for (int i = 0; i < steps; i++)
@@ -381,7 +346,7 @@ static void check_fixture(const char *dir, const char *name, int moe) {
                 if (same < steps) {
                     /* the logits of step `same` come from position n + same - 1 */
                     int pos = n + same - 1;
-                    float ours = om[2 * same], ulp = ulp_bf16(om[2 * same + 1]);
+                    float ours = om[2 * same], ulp = parity_ulp_bf16(om[2 * same + 1]);
                     printf("INFO %s prompt %d greedy %s: step %d ours %d vs golden %d; golden margin %.4f, our margin "
                            "%.4f (bf16 ulp %.4f)%s",
                            name, p, kinds[k], same, out[same], gi(gg, same), gf(gm, same), ours, ulp,

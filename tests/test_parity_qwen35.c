@@ -54,27 +54,6 @@ static void compare(const float *ours, const float *gold, int64_t count, double 
     }
 }
 
-static void top2(const float *x, int V, float *margin, float *top);
-
-static int greedy(pt_model *m, const int32_t *ids, int n, int steps, int32_t *out, float *margin) {
-    pt_session *s = NULL;
-    pt_session_params sp = {.n_ctx = n + steps + 1 < pt_model_max_ctx(m) ? n + steps + 1 : pt_model_max_ctx(m)};
-    if (pt_session_create(m, &sp, &s) != PT_OK) return 0;
-    pt_sampling_params smp = pt_sampling_default_params(NULL);
-    smp.temperature = 0;
-    int ok = pt_session_prompt(s, ids, (size_t)n) == PT_OK;
-    for (int i = 0; ok && i < steps; i++) {
-        pt_token_info ti;
-        ok = pt_session_sample(s, &smp, NULL, &ti) == PT_OK;
-        out[i] = ti.id;
-        if (ok) top2(pt_session_logits(s), pt_model_vocab_size(m), &margin[2 * i], &margin[2 * i + 1]);
-        if (ok && i + 1 < steps) ok = pt_session_prompt(s, &ti.id, 1) == PT_OK;
-    }
-    if (!ok) printf("    greedy: %s\n", pt_last_error());
-    pt_session_free(&s);
-    return ok;
-}
-
 /* per-layer hidden states against the golden */
 typedef struct {
     const golden *g;
@@ -115,27 +94,6 @@ static void locate_divergence(const char *name, const golden *g) {
                l == 0 || l == ne - 1 ? 0 : l - 1, c.worst[l]);
     free(lg);
     pt_model_free(&m);
-}
-
-/* one bf16 ulp at the magnitude of x */
-static float ulp_bf16(float x) {
-    int e;
-    frexpf(fabsf(x), &e);
-    return ldexpf(1.0f, e - 8);
-}
-
-/* top-1 minus top-2 of a row, and top-1 */
-static void top2(const float *x, int V, float *margin, float *top) {
-    float t1 = -INFINITY, t2 = -INFINITY;
-    for (int v = 0; v < V; v++) {
-        if (x[v] > t1) {
-            t2 = t1;
-            t1 = x[v];
-        } else if (x[v] > t2)
-            t2 = x[v];
-    }
-    *margin = t1 - t2;
-    *top = t1;
 }
 
 /* The gates of one fixture. moe: the bf16 argmax gate is >= 95% of the gated
@@ -232,7 +190,7 @@ static void parity_fixture(const char *name, int moe) {
             if (!gg || !gm || ns != steps || steps <= 0) continue;
             int32_t *out = malloc(sizeof *out * (size_t)steps);
             float *om = malloc(sizeof *om * 2 * (size_t)steps);
-            if (greedy(k ? m16 : m32, ids, n, steps, out, om)) {
+            if (parity_greedy(k ? m16 : m32, ids, n, steps, out, om)) {
                 float tie = k ? 0.05f : 1e-3f;
                 int same = 0, decided = steps;
                 for (int i = 0; i < steps; i++)
@@ -245,7 +203,7 @@ static void parity_fixture(const char *name, int moe) {
                        "near-tie)\n",
                        name, p, k ? "bf16" : "f32", same, steps, decided);
                 int ok = same >= decided - (decided < steps ? 1 : 0);
-                if (!ok && moe && k == 1 && om[2 * same] <= 2 * ulp_bf16(om[2 * same + 1])) {
+                if (!ok && moe && k == 1 && om[2 * same] <= 2 * parity_ulp_bf16(om[2 * same + 1])) {
                     printf("MEASURE parity %s prompt %d greedy bf16: near-tie divergence at step %d (our margin %.4f) "
                            "allowed for MoE\n",
                            name, p, same, om[2 * same]);

@@ -98,23 +98,10 @@ static double time_graph(layer_set *s, int T, int what) {
     pt_backend *be = s->be;
     for (int c = 0; c < NC; c++) run_layer(s, c, T, what); /* eager first: shared-memory attributes */
     if (be->ops->sync(be) != PT_OK) DIE("sync");
-    pt_cuda_graph *g = NULL;
     if (pt_cuda_graph_begin(be) != PT_OK) DIE("begin");
     for (int r = 0; r < REPS; r++)
         for (int c = 0; c < NC; c++) run_layer(s, c, T, what);
-    if (pt_cuda_graph_end(be, &g) != PT_OK) DIE("end");
-    pt_cuda_graph_launch(be, g);
-    be->ops->sync(be);
-    double t[5];
-    for (int i = 0; i < 5; i++) {
-        const double t0 = now();
-        pt_cuda_graph_launch(be, g);
-        if (be->ops->sync(be) != PT_OK) DIE("sync");
-        t[i] = (now() - t0) / (REPS * NC);
-    }
-    pt_cuda_graph_free(&g);
-    qsort(t, 5, sizeof t[0], cmpd);
-    return t[2] * 1e6;
+    return bench_graph_median_us(be, REPS * NC);
 }
 
 int main(void) {

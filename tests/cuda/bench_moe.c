@@ -56,26 +56,13 @@ static double time_graph(moe_set *s, int T, int what) {
     const pt_moe_route rp = {E, K, 1, NULL};
     for (int l = 0; l < NL; l++) pass(s, l, T); /* eager first */
     if (be->ops->sync(be) != PT_OK) DIE("sync");
-    pt_cuda_graph *g = NULL;
     if (pt_cuda_graph_begin(be) != PT_OK) DIE("begin");
     for (int l = 0; l < NL; l++) {
         if (what == 1) {
             if (be->ops->moe_route(be, s->idx, s->wts, s->logits[l], T, &rp) != PT_OK) DIE("route");
         } else pass(s, l, T);
     }
-    if (pt_cuda_graph_end(be, &g) != PT_OK) DIE("end");
-    pt_cuda_graph_launch(be, g);
-    be->ops->sync(be);
-    double t[5];
-    for (int i = 0; i < 5; i++) {
-        const double t0 = now();
-        pt_cuda_graph_launch(be, g);
-        if (be->ops->sync(be) != PT_OK) DIE("sync");
-        t[i] = (now() - t0) / NL;
-    }
-    pt_cuda_graph_free(&g);
-    qsort(t, 5, sizeof t[0], cmpd);
-    return t[2] * 1e6;
+    return bench_graph_median_us(be, NL);
 }
 
 int main(void) {

@@ -1,7 +1,8 @@
 /* Helpers shared by the CUDA benchmarks (tests/cuda/bench_*.c,
  * dev/cuda_gemv_bench.c): a monotonic clock, a seeded xorshift source, a
  * comparison for sorting timings (medians), DIE for a failed engine call,
- * and the benchmarks' CUDA backend (bench_cuda_open).
+ * the benchmarks' CUDA backend (bench_cuda_open) and the median of a
+ * captured graph's replays (bench_graph_median_us).
  * Header-only: each benchmark includes it once. Not a test harness. */
 #ifndef PT_TESTS_CUDA_BENCH_UTIL_H
 #define PT_TESTS_CUDA_BENCH_UTIL_H
@@ -72,6 +73,26 @@ static inline pt_backend *bench_cuda_open(void) {
     pt_cuda_device_describe(&info, desc, sizeof desc);
     printf("device: %s\n", desc);
     return be;
+}
+
+/* Ends the graph capture begun on be, replays it once (warm-up), then times
+ * 5 replays: the median µs of one replay divided by per (the passes it
+ * holds). Frees the graph. Dies when capture or a replay fails. */
+static inline double bench_graph_median_us(pt_backend *be, double per) {
+    pt_cuda_graph *g = NULL;
+    if (pt_cuda_graph_end(be, &g) != PT_OK) DIE("end");
+    pt_cuda_graph_launch(be, g);
+    be->ops->sync(be);
+    double t[5];
+    for (int i = 0; i < 5; i++) {
+        const double t0 = now();
+        pt_cuda_graph_launch(be, g);
+        if (be->ops->sync(be) != PT_OK) DIE("sync");
+        t[i] = (now() - t0) / per;
+    }
+    pt_cuda_graph_free(&g);
+    qsort(t, 5, sizeof t[0], cmpd);
+    return t[2] * 1e6;
 }
 
 #endif

@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/half.h"
 #include "test_rand.h"
+#include "gpu_util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -45,15 +46,10 @@ static int compare(const char *what, const float *got, const float *ref, int64_t
 
 static int setup(void) {
     if (have_gpu) return 1;
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) return 0;
+    if (!gpu_usable(NULL)) return 0;
     for (int a = 0; a < 2; a++) {
-        pt_cuda_params gp = {0, a ? PT_ACT_BF16 : PT_ACT_F32};
         pt_cpu_params cp = {.n_threads = 2, .act = a ? PT_ACT_BF16 : PT_ACT_F32, .isa = PT_ISA_AUTO};
-        if (pt_backend_cuda_create(&G_[a], &gp) != PT_OK) {
-            printf("INFO cuda backend: %s\n", pt_last_error());
-            return 0;
-        }
+        if (!gpu_backend_create(&G_[a], a ? PT_ACT_BF16 : PT_ACT_F32)) return 0;
         if (pt_backend_cpu_create(&C_[a], &cp) != PT_OK) return 0;
         pt_backend_limits lim = {.max_tokens = 512, .max_ctx = 4096, .max_heads = 16, .max_head_dim = 256,
                                  .max_cols = 4096, .max_ffn = 512, .max_top_k = 8};

@@ -21,6 +21,7 @@
  * without a GPU it reports SKIP. */
 #include "test.h"
 #include "test_rand.h"
+#include "gpu_util.h"
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -40,41 +41,6 @@ void pt_cuda_gemv_fuse(int on);
 unsigned long long pt_cuda_tc_glu_count(void);
 
 enum { TMAX = 80 };
-
-static int qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
-    rand_qweight_make(q, N, K, bits, gs, with_bias, 1);
-    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
-    return 1;
-}
-
-static void qw_free(pt_backend *be, rand_qweight *q) {
-    be->ops->release_weight(be, &q->w);
-    rand_qweight_free(q);
-}
-
-static pt_backend *open_cuda(void) {
-    pt_backend *be = NULL;
-    if (pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) != PT_OK) {
-        CHECK(0, "cuda: %s", pt_last_error());
-        return NULL;
-    }
-    pt_backend_limits lim = {.max_tokens = TMAX, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64,
-                             .max_cols = 4096};
-    if (be->ops->reserve(be, &lim) != PT_OK) {
-        CHECK(0, "reserve: %s", pt_last_error());
-        pt_backend_free(&be);
-    }
-    return be;
-}
-
-static int gpu_ok(void) {
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) {
-        printf("INFO no usable CUDA device here: %s\n", why);
-        return 0;
-    }
-    return 1;
-}
 
 static int same(const char *what, const float *a, const float *b, int64_t n, int64_t F) {
     for (int64_t j = 0; j < n; j++)
@@ -155,8 +121,8 @@ static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qw
 }
 
 static void test_glu_op_bit_identical(void) {
-    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
-    pt_backend *be = open_cuda();
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(TMAX);
     REQUIRE(be, "backend");
     REQUIRE(be->ops->matmul_glu, "the CUDA backend has no matmul_glu");
     pt_cuda_gemv_fuse(1);
@@ -171,13 +137,13 @@ static void test_glu_op_bit_identical(void) {
             for (int fi = 0; fi < 2 && ok; fi++) {
                 const int64_t F = fi ? 300 : 640, K = bitss[b] == 8 && gss[gi] == 32 ? 384 : 768;
                 rand_qweight g, u;
-                ok = qw_make(be, &g, bitss[b], gss[gi], F, K, (gi + fi) & 1);
-                if (ok && !(ok = qw_make(be, &u, bitss[b], gss[gi], F, K, gi & 1))) qw_free(be, &g);
+                ok = gpu_qw_make(be, &g, bitss[b], gss[gi], F, K, (gi + fi) & 1);
+                if (ok && !(ok = gpu_qw_make(be, &u, bitss[b], gss[gi], F, K, gi & 1))) gpu_qw_free(be, &g);
                 if (!ok) break;
                 snprintf(what, sizeof what, "%d-bit g%d %lld×%lld%s", bitss[b], gss[gi], (long long)F, (long long)K,
                          (gi + fi) & 1 ? " (bias)" : "");
                 ok = check_pair(be, what, &g, &u, Ts, 9, 1);
-                qw_free(be, &g), qw_free(be, &u);
+                gpu_qw_free(be, &g), gpu_qw_free(be, &u);
             }
     /* the 1b and 8b gate/up shapes, group 64 */
     for (int b = 0; b < 2 && ok; b++)
@@ -185,30 +151,30 @@ static void test_glu_op_bit_identical(void) {
             static const int Tl[] = {1, 2, 8, 9, 32, 64};
             const int64_t F = s ? 14336 : 8192, K = s ? 4096 : 2048;
             rand_qweight g, u;
-            ok = qw_make(be, &g, bitss[b], 64, F, K, 0);
-            if (ok && !(ok = qw_make(be, &u, bitss[b], 64, F, K, 0))) qw_free(be, &g);
+            ok = gpu_qw_make(be, &g, bitss[b], 64, F, K, 0);
+            if (ok && !(ok = gpu_qw_make(be, &u, bitss[b], 64, F, K, 0))) gpu_qw_free(be, &g);
             if (!ok) break;
             snprintf(what, sizeof what, "%d-bit g64 gate/up %lld×%lld", bitss[b], (long long)F, (long long)K);
             ok = check_pair(be, what, &g, &u, Tl, 6, 1);
-            qw_free(be, &g), qw_free(be, &u);
+            gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
     /* a warp split of 8 (F 640, K 2560, 4-bit g64): one tile per 8-warp block, not fused up to 8 rows */
     if (ok) {
         static const int Ts8[] = {1, 8, 9, 64};
         rand_qweight g, u;
-        ok = qw_make(be, &g, 4, 64, 640, 2560, 0);
-        if (ok && !(ok = qw_make(be, &u, 4, 64, 640, 2560, 0))) qw_free(be, &g);
+        ok = gpu_qw_make(be, &g, 4, 64, 640, 2560, 0);
+        if (ok && !(ok = gpu_qw_make(be, &u, 4, 64, 640, 2560, 0))) gpu_qw_free(be, &g);
         if (ok) {
             ok = check_pair(be, "4-bit g64 640×2560 (split 8)", &g, &u, Ts8, 4, 2);
-            qw_free(be, &g), qw_free(be, &u);
+            gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
     }
     /* not fused: the switch off, T > 64, an unaligned x, different row counts */
     if (ok) {
         static const int Ts1[] = {1, 9}, T65[] = {65};
         rand_qweight g, u, u2;
-        ok = qw_make(be, &g, 4, 64, 640, 768, 0) && qw_make(be, &u, 4, 64, 640, 768, 0) &&
-             qw_make(be, &u2, 4, 64, 320, 768, 0);
+        ok = gpu_qw_make(be, &g, 4, 64, 640, 768, 0) && gpu_qw_make(be, &u, 4, 64, 640, 768, 0) &&
+             gpu_qw_make(be, &u2, 4, 64, 320, 768, 0);
         if (ok) {
             pt_cuda_gemv_fuse(0);
             ok = check_pair(be, "PETREL_CUDA_GEMV_FUSE=0", &g, &u, Ts1, 2, 0);
@@ -223,7 +189,7 @@ static void test_glu_op_bit_identical(void) {
             CHECK(pt_cuda_tc_glu_count() == c0, "a fused launch where none may be");
             be->ops->dealloc(be, x), be->ops->dealloc(be, y);
         }
-        qw_free(be, &g), qw_free(be, &u), qw_free(be, &u2);
+        gpu_qw_free(be, &g), gpu_qw_free(be, &u), gpu_qw_free(be, &u2);
     }
     pt_cuda_gemv_fuse(-1);
     pt_backend_free(&be);
@@ -296,7 +262,7 @@ static void check_forward(const char *dir, const char *quant) {
 }
 
 static void test_glu_forward_on_off(void) {
-    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     check_forward("models/kjv-llama-4bit", "q4");
     check_forward("synthetic:llama-3.2-1b", "q4");
     check_forward("synthetic:llama-3.2-1b", "q8");

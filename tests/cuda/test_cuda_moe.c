@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
 #include "test_rand.h"
+#include "gpu_util.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -32,14 +33,9 @@ static int have_gpu;
 
 static int setup(void) {
     if (have_gpu) return 1;
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) return 0;
+    if (!gpu_usable(NULL)) return 0;
     for (int a = 0; a < 2; a++) {
-        pt_cuda_params gp = {0, a ? PT_ACT_BF16 : PT_ACT_F32};
-        if (pt_backend_cuda_create(&G_[a], &gp) != PT_OK) {
-            printf("INFO cuda backend: %s\n", pt_last_error());
-            return 0;
-        }
+        if (!gpu_backend_create(&G_[a], a ? PT_ACT_BF16 : PT_ACT_F32)) return 0;
         pt_backend_limits lim = {.max_tokens = 16, .max_ctx = 64, .max_heads = 4, .max_head_dim = 64,
                                  .max_cols = 2048, .max_ffn = 768, .max_top_k = 8};
         if (G_[a]->ops->reserve(G_[a], &lim) != PT_OK) return 0;

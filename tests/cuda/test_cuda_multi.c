@@ -20,6 +20,7 @@
  * without a GPU it reports SKIP. */
 #include "test.h"
 #include "test_rand.h"
+#include "gpu_util.h"
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -38,18 +39,6 @@
 void pt_cuda_tc_multi(int on);
 void pt_cuda_tc_wide(int on);
 unsigned long long pt_cuda_tc_multi_count(void);
-
-/* A random weight (32-bit code words, tests/test_rand.h) prepared on be. */
-static int qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
-    rand_qweight_make(q, N, K, bits, gs, with_bias, 1);
-    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
-    return 1;
-}
-
-static void qw_free(pt_backend *be, rand_qweight *q) {
-    be->ops->release_weight(be, &q->w);
-    rand_qweight_free(q);
-}
 
 enum { TMAX = 100 };
 
@@ -108,33 +97,9 @@ static int check_set(pt_backend *be, const char *what, int n, rand_qweight *q, c
     return ok;
 }
 
-static pt_backend *open_cuda(void) {
-    pt_backend *be = NULL;
-    if (pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) != PT_OK) {
-        CHECK(0, "cuda: %s", pt_last_error());
-        return NULL;
-    }
-    pt_backend_limits lim = {.max_tokens = TMAX, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64,
-                             .max_cols = 4096};
-    if (be->ops->reserve(be, &lim) != PT_OK) {
-        CHECK(0, "reserve: %s", pt_last_error());
-        pt_backend_free(&be);
-    }
-    return be;
-}
-
-static int gpu_ok(void) {
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) {
-        printf("INFO no usable CUDA device here: %s\n", why);
-        return 0;
-    }
-    return 1;
-}
-
 static void test_multi_op_bit_identical(void) {
-    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
-    pt_backend *be = open_cuda();
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(TMAX);
     REQUIRE(be, "backend");
     REQUIRE(be->ops->matmul_multi, "the CUDA backend has no matmul_multi");
     static const int Ts[] = {1, 2, 8, 9, 16, 17, 33, 48, 64, 65, 100};
@@ -147,14 +112,14 @@ static void test_multi_op_bit_identical(void) {
             rand_qweight q[3];
             static const int64_t Ns[3] = {640, 256, 300};
             int made = 0;
-            for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], gss[g], Ns[made], 2560, (made + g) & 1);
+            for (; made < 3 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], gss[g], Ns[made], 2560, (made + g) & 1);
             if (ok) {
                 snprintf(what, sizeof what, "%d-bit g%d 640/256/300×2560 n=3", bitss[b], gss[g]);
                 ok = check_set(be, what, 3, q, Ts, 11, 1, 0);
                 snprintf(what, sizeof what, "%d-bit g%d 256/300×2560 n=2", bitss[b], gss[g]);
                 if (ok) ok = check_set(be, what, 2, q + 1, Ts, 11, 1, 0);
             }
-            for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+            for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         }
     /* the llama-3.1-8b shapes, 4- and 8-bit, group 64 */
     for (int b = 0; b < 2 && ok; b++) {
@@ -162,7 +127,7 @@ static void test_multi_op_bit_identical(void) {
         rand_qweight q[3];
         int made = 0;
         static const int64_t Nq[3] = {4096, 1024, 1024};
-        for (; made < 3 && ok; made++) ok = qw_make(be, &q[made], bitss[b], 64, Nq[made], 4096, 0);
+        for (; made < 3 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, Nq[made], 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v 4096/1024/1024×4096", bitss[b]);
         if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
         /* 8-warp blocks above 8 rows, and an unaligned x (copied, as matmul does) */
@@ -177,20 +142,20 @@ static void test_multi_op_bit_identical(void) {
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, grouped launch off", bitss[b]);
         if (ok) ok = check_set(be, what, 3, q, T8, 5, 0, 0);
         pt_cuda_tc_multi(1);
-        for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+        for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         made = 0;
-        for (; made < 2 && ok; made++) ok = qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
+        for (; made < 2 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096", bitss[b]);
         if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
-        for (int i = 0; i < made; i++) qw_free(be, &q[i]);
+        for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
     }
     /* mixed bits: not groupable, the separate calls */
     if (ok) {
         rand_qweight q[2];
-        ok = qw_make(be, &q[0], 4, 64, 256, 1024, 1) && qw_make(be, &q[1], 8, 64, 128, 1024, 0);
+        ok = gpu_qw_make(be, &q[0], 4, 64, 256, 1024, 1) && gpu_qw_make(be, &q[1], 8, 64, 128, 1024, 0);
         static const int Tm[] = {1, 9};
         if (ok) ok = check_set(be, "4-bit + 8-bit", 2, q, Tm, 2, 0, 0);
-        qw_free(be, &q[0]), qw_free(be, &q[1]);
+        gpu_qw_free(be, &q[0]), gpu_qw_free(be, &q[1]);
     }
     pt_backend_free(&be);
 }
@@ -258,7 +223,7 @@ static void check_forward(const char *dir) {
 }
 
 static void test_multi_forward_on_off(void) {
-    if (!gpu_ok()) TEST_SKIP("no usable CUDA device here");
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     check_forward("models/kjv-llama-4bit");
     check_forward("synthetic:llama-3.2-1b");
 }

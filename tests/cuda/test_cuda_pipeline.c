@@ -17,6 +17,7 @@
  *     not where it cannot (Qwen3.5's recurrent state, rotating caches).
  * Not the speed (petrel bench, bench/RESULTS.md). */
 #include "test.h"
+#include "gpu_util.h"
 
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
@@ -28,17 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int have_gpu(void) {
-    char why[512];
-    if (pt_cuda_device_count(why, sizeof why) == 0) {
-        printf("INFO no GPU: %s\n", why);
-        return 0;
-    }
-    return 1;
-}
 #define NEED_GPU()                                \
     do {                                          \
-        if (!have_gpu()) {                        \
+        if (!gpu_usable("no GPU")) {              \
             TEST_SKIP("no usable CUDA device");   \
             return;                               \
         }                                         \
