@@ -12,6 +12,7 @@
  * pieces (test_gemm). Skipped without AVX-512 VNNI. */
 #include "test.h"
 #include "test_rand.h"
+#include "xint_cases.h"
 #include "xint_check.h"
 
 #include "backend/backend.h"
@@ -37,94 +38,13 @@ static void test_refusals(void) {
  * integer below 2^24, so the result must be exact. */
 static void test_exact_integers(void) {
     if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
-    static const int gss[3] = {32, 64, 128};
-    for (int gi = 0; gi < 3; gi++)
-        for (int64_t K = 128; K <= 512; K *= 2) {
-            int gs = gss[gi];
-            int64_t ng = K / gs;
-            float *x = malloc(sizeof(float) * (size_t)K);
-            uint8_t *codes[4];
-            uint16_t *sc[4], *bi[4];
-            for (int64_t j = 0; j < K; j++) x[j] = (float)((int)(ru32() % 511) - 255);
-            x[0] = -255.0f, x[gs + 1] = 255.0f, x[K - 1] = 0.0f;
-            for (int r = 0; r < 4; r++) {
-                codes[r] = malloc((size_t)K / 2);
-                sc[r] = malloc(2 * (size_t)ng), bi[r] = malloc(2 * (size_t)ng);
-                for (int64_t j = 0; j < K / 2; j++) codes[r][j] = (uint8_t)ru32();
-                for (int64_t g = 0; g < ng; g++) {
-                    sc[r][g] = pt_f32_to_bf16((float)(1 + ru32() % 2));
-                    bi[r][g] = pt_f32_to_bf16((float)((int)(ru32() % 9) - 4));
-                }
-            }
-            float out[4];
-            REQUIRE(xint_run(&xint_kernel4, out, x, (const uint8_t *const *)codes, (const uint16_t *const *)sc,
-                             (const uint16_t *const *)bi, K, gs),
-                    "refused integer x");
-            for (int r = 0; r < 4; r++) {
-                double ref = 0;
-                for (int64_t j = 0; j < K; j++) {
-                    int q = j % 2 ? codes[r][j / 2] >> 4 : codes[r][j / 2] & 15;
-                    ref += ((double)pt_bf16_to_f32(sc[r][j / gs]) * q + pt_bf16_to_f32(bi[r][j / gs])) * x[j];
-                }
-                CHECK(out[r] == (float)ref, "gs %d K %lld row %d: %.9g vs exact %.9g", gs, (long long)K, r, out[r], ref);
-            }
-            for (int r = 0; r < 4; r++) free(codes[r]), free(sc[r]), free(bi[r]);
-            free(x);
-        }
+    xint_check_exact(&xint_kernel4, 4, 255);
 }
 
 /* Random weights; x of several shapes; against double with the bound. */
 static void test_bound(void) {
     if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
-    static const int gss[3] = {32, 64, 128};
-    for (int kind = 0; kind < 4; kind++)
-        for (int gi = 0; gi < 3; gi++) {
-            int gs = gss[gi];
-            int64_t K = 2048, ng = K / gs;
-            float *x = malloc(sizeof(float) * (size_t)K);
-            for (int64_t j = 0; j < K; j++) {
-                float v;
-                if (kind == 0) v = rf(-2, 2); /* ordinary activations */
-                else if (kind == 1) /* 50 octaves in every group, some zeros */
-                    v = (ru32() % 8 == 0) ? 0.0f : ldexpf(rf(1, 2), (int)(ru32() % 50) - 40) * (ru32() % 2 ? 1 : -1);
-                else if (kind == 2) v = j / gs == 3 ? 0.0f : rf(-100, 100); /* a group of zeros */
-                else v = ldexpf(rf(-1, 1), -130); /* subnormals (bf16 keeps some of their bits) */
-                x[j] = pt_round_bf16(v);
-            }
-            rand_qweight q;
-            rand_qweight_make(&q, 4, K, 4, gs, 0, 0);
-            const uint8_t *codes[4];
-            const uint16_t *sc[4], *bi[4];
-            for (int r = 0; r < 4; r++) {
-                codes[r] = (const uint8_t *)q.codes + r * K / 2;
-                sc[r] = q.sc + r * ng;
-                bi[r] = q.bi + r * ng;
-            }
-            float out[4], xs[64];
-            REQUIRE(xint_run(&xint_kernel4, out, x, codes, sc, bi, K, gs), "kind %d gs %d refused", kind, gs);
-            xint_group_sums(xs, x, K, gs);
-            for (int r = 0; r < 4; r++) {
-                double ref = 0, mag = 0, xr = 0;
-                for (int64_t g = 0; g < ng; g++) {
-                    double s = pt_bf16_to_f32(sc[r][g]), b = pt_bf16_to_f32(bi[r][g]), mx = 0, sq = 0;
-                    for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
-                        int qv = j % 2 ? codes[r][j / 2] >> 4 : codes[r][j / 2] & 15;
-                        ref += s * qv * x[j];
-                        mag += fabs(s * qv * x[j]);
-                        mx = fmax(mx, fabs(x[j]));
-                        sq += fabs(s) * qv;
-                    }
-                    ref += b * xs[g];
-                    mag += fabs(b * xs[g]);
-                    xr += ldexp(mx, -21) * sq; /* x's rounding, at most 2^-21·max|x_g| per value */
-                }
-                double err = fabs(out[r] - ref), tol = xr + 8e-6 * mag + 1e-37;
-                CHECK(err <= tol, "kind %d gs %d row %d: %.9g vs %.9g (err %.3g, bound %.3g)", kind, gs, r, out[r], ref,
-                      err, tol);
-            }
-            rand_qweight_free(&q);
-            free(x);
-        }
+    xint_check_bound(&xint_kernel4, 4, 2048);
 }
 
 /* Through the backend: lever on against off (the bf16 kernel), and a bf16

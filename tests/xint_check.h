@@ -4,8 +4,8 @@
  * parameter variants run and compared bitwise, the preparation's refusals,
  * and an avx512 CPU backend.
  *
- * What it is: test support linked into every test binary. What it is not: a
- * reference for the kernels' results (each test computes its own). */
+ * What it is: test support linked into every test binary. What it is not: the
+ * cases and their double-precision references (tests/xint_cases.h). */
 #ifndef PT_TESTS_XINT_CHECK_H
 #define PT_TESTS_XINT_CHECK_H
 

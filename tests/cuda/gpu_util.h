@@ -1,7 +1,7 @@
 /* Small pieces shared by the CUDA tests (tests/cuda/test_*.c, op_check.h):
  * whether a CUDA device is usable, a CUDA backend of one activation mode,
- * a bf16 backend reserved for GEMV-sized op tests, and random weights
- * prepared on a backend. Header-only (static inline), included once per
+ * a bf16 backend reserved for GEMV-sized op tests, random weights
+ * prepared on a backend, and a short greedy run of a whole model. Header-only (static inline), included once per
  * test binary. Not a harness of its own: tests/test.h runs the tests. */
 #ifndef PT_TESTS_CUDA_GPU_UTIL_H
 #define PT_TESTS_CUDA_GPU_UTIL_H
@@ -12,9 +12,13 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
+#include "model/model.h" /* pt_model_synthetic */
+#include "petrel.h"
 
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* 1 when a CUDA device is usable; else 0, after "INFO <info>: <why>" when
  * info is not NULL. */
@@ -67,6 +71,50 @@ static inline int gpu_qw_make(pt_backend *be, rand_qweight *q, int bits, int gs,
 static inline void gpu_qw_free(pt_backend *be, rand_qweight *q) {
     be->ops->release_weight(be, &q->w);
     rand_qweight_free(q);
+}
+
+/* Loads dir (a model folder, or "synthetic:<shape>" of quantization quant)
+ * on CUDA with compiled decode, prefills 20 tokens, then takes 5 greedy
+ * steps: the logits after the prompt and after each step into *logits
+ * ([6, *V], malloc'd), the greedy tokens into ids_out[6] (when not NULL),
+ * and count()'s growth over the run into *launches. Returns 1, or 0 (the
+ * test CHECK failed). */
+static inline int gpu_model_greedy(const char *dir, const char *quant, float **logits, int32_t *ids_out, int *V,
+                                   unsigned long long (*count)(void), unsigned long long *launches) {
+    pt_model_params mp = pt_model_default_params();
+    mp.device = PT_DEVICE_CUDA;
+    mp.compiled_decode = PT_LEVER_ON;
+    pt_model *m = NULL;
+    pt_status st = strncmp(dir, "synthetic:", 10) == 0 ? pt_model_synthetic(dir + 10, quant, &mp, &m)
+                                                       : pt_model_load(dir, &mp, &m);
+    NEED(st == PT_OK, "load %s: %s", dir, pt_last_error());
+    *V = pt_model_vocab_size(m);
+    pt_session_params sp = pt_session_default_params();
+    sp.n_ctx = 64;
+    pt_session *s = NULL;
+    NEED(pt_session_create(m, &sp, &s) == PT_OK, "session: %s", pt_last_error());
+    enum { P = 20, STEPS = 5 };
+    int32_t ids[P];
+    for (int i = 0; i < P; i++) ids[i] = (int32_t)(1 + (i * 37) % (*V - 1));
+    *logits = malloc((size_t)(STEPS + 1) * (size_t)*V * 4);
+    const unsigned long long c0 = count();
+    int ok = pt_session_prompt(s, ids, P) == PT_OK;
+    for (int k = 0; ok && k <= STEPS; k++) {
+        const float *lg = pt_session_logits(s);
+        ok = lg != NULL;
+        if (!ok) break;
+        memcpy(*logits + (size_t)k * *V, lg, (size_t)*V * 4);
+        int32_t best = 0;
+        for (int v = 1; v < *V; v++)
+            if (lg[v] > lg[best]) best = v;
+        if (ids_out) ids_out[k] = best;
+        if (k < STEPS) ok = pt_session_prompt(s, &best, 1) == PT_OK;
+    }
+    *launches = count() - c0;
+    CHECK(ok, "%s: run: %s", dir, pt_last_error());
+    pt_session_free(&s);
+    pt_model_free(&m);
+    return ok;
 }
 
 #endif

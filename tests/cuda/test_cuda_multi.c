@@ -164,38 +164,7 @@ static void test_multi_op_bit_identical(void) {
  * logits row of a run with the grouped launch on equals the run with it off. */
 static int run_model(const char *dir, int multi, float **logits, int *V, unsigned long long *launches) {
     pt_cuda_tc_multi(multi);
-    pt_model_params mp = pt_model_default_params();
-    mp.device = PT_DEVICE_CUDA;
-    mp.compiled_decode = PT_LEVER_ON;
-    pt_model *m = NULL;
-    pt_status st = strncmp(dir, "synthetic:", 10) == 0 ? pt_model_synthetic(dir + 10, "q4", &mp, &m)
-                                                       : pt_model_load(dir, &mp, &m);
-    NEED(st == PT_OK, "load %s: %s", dir, pt_last_error());
-    *V = pt_model_vocab_size(m);
-    pt_session_params sp = pt_session_default_params();
-    sp.n_ctx = 64;
-    pt_session *s = NULL;
-    NEED(pt_session_create(m, &sp, &s) == PT_OK, "session: %s", pt_last_error());
-    enum { P = 20, STEPS = 5 };
-    int32_t ids[P];
-    for (int i = 0; i < P; i++) ids[i] = (int32_t)(1 + (i * 37) % (*V - 1));
-    *logits = malloc((size_t)(STEPS + 1) * (size_t)*V * 4);
-    const unsigned long long c0 = pt_cuda_tc_multi_count();
-    int ok = pt_session_prompt(s, ids, P) == PT_OK;
-    for (int k = 0; ok && k <= STEPS; k++) {
-        const float *lg = pt_session_logits(s);
-        ok = lg != NULL;
-        if (!ok) break;
-        memcpy(*logits + (size_t)k * *V, lg, (size_t)*V * 4);
-        int32_t best = 0;
-        for (int v = 1; v < *V; v++)
-            if (lg[v] > lg[best]) best = v;
-        if (k < STEPS) ok = pt_session_prompt(s, &best, 1) == PT_OK;
-    }
-    *launches = pt_cuda_tc_multi_count() - c0;
-    CHECK(ok, "%s: run: %s", dir, pt_last_error());
-    pt_session_free(&s);
-    pt_model_free(&m);
+    int ok = gpu_model_greedy(dir, "q4", logits, NULL, V, pt_cuda_tc_multi_count, launches);
     pt_cuda_tc_multi(1);
     return ok;
 }
