@@ -531,7 +531,7 @@ struct moe_qm {
     const void *scales, *biases;  /* [E·rows, K/gs] of st */
     const void *bias;             /* [E·rows] of bt, or NULL */
     pt_ftype st, bt;
-    int gs;
+    int gs, gshift;               /* group size, its log2 (gs is 32, 64 or 128) */
     int64_t rows;                 /* rows per expert */
     int64_t row_off;              /* first row used (the up half of a fused gate|up) */
 };
@@ -546,6 +546,7 @@ static moe_qm moe_qm_of(const pt_matrix *w, int64_t row_off) {
     m.st = w->dtype;
     m.bt = w->bias_dtype;
     m.gs = w->group_size;
+    m.gshift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
     m.rows = w->rows;
     m.row_off = row_off;
     return m;
@@ -645,15 +646,15 @@ __device__ __forceinline__ void moe_load_row(uint4 (&w)[CPL], float (&sc)[CPL], 
                                              int64_t grow, int64_t K, int64_t nchunks, int lane) {
     constexpr int VPC = 128 / BITS;
     const uint4 *rp = reinterpret_cast<const uint4 *>(m.codes + grow * (K * BITS / 32));
-    const int64_t ngroups = K / m.gs;
+    const int64_t ngroups = K >> m.gshift; /* shifts: a 64-bit division is a subroutine */
 #pragma unroll
     for (int j = 0; j < CPL; j++) {
-        const int64_t c = lane + 32 * j;
+        const int c = lane + 32 * j;
         w[j] = make_uint4(0u, 0u, 0u, 0u);
         sc[j] = bi[j] = 0.f;
         if (c < nchunks) {
             w[j] = __ldg(rp + c);
-            const int64_t gi = grow * ngroups + c * VPC / m.gs;
+            const int64_t gi = grow * ngroups + ((c * VPC) >> m.gshift);
             if (m.st == PT_FT_BF16) {
                 sc[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.scales + gi));
                 bi[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.biases + gi));
@@ -761,6 +762,7 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32)
     const int64_t t = blockIdx.y, d0 = (int64_t)blockIdx.x * MOE_DN_ROWS;
     constexpr int VPC = 128 / BITS;
     const int64_t nchunks = I / VPC;
+#pragma unroll 1 /* the body is 8 rows unrolled already */
     for (int j = warp; j < k; j += nw) {
         const int64_t b = t * k + j;
         bool eok;
