@@ -10,7 +10,9 @@
  *    gate|up, 8-bit, group 32 and 128, a bias, top-2 with few warps per
  *    block);
  *  - batch invariance: a token's output is the same bits alone and inside a
- *    batch of tokens with other experts;
+ *    batch of tokens with other experts (3, 16 and 64 tokens: alone it takes
+ *    the per-item grid, in the batch the expert grid, so the two grids are
+ *    held to the same bits);
  *  - an expert index outside the stack is PT_ERR_RANGE naming it.
  * The CPU parity of both paths is test_cuda_ops' test_moe. Built with
  * CUDA=1 and run on the GPU machine; without a GPU every test is SKIP. */
@@ -27,6 +29,7 @@
 #include <string.h>
 
 void pt_cuda_moe_select(int v2); /* moe.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
+void pt_cuda_moe_expert_min(int b); /* moe.cu: the decode path's expert grid from b items up (<= 0: default) */
 
 static pt_backend *G_[2]; /* [act]: 0 f32, 1 bf16 */
 static int have_gpu;
@@ -36,7 +39,7 @@ static int setup(void) {
     if (!gpu_usable(NULL)) return 0;
     for (int a = 0; a < 2; a++) {
         if (!gpu_backend_create(&G_[a], a ? PT_ACT_BF16 : PT_ACT_F32)) return 0;
-        pt_backend_limits lim = {.max_tokens = 16, .max_ctx = 64, .max_heads = 4, .max_head_dim = 64,
+        pt_backend_limits lim = {.max_tokens = 64, .max_ctx = 64, .max_heads = 4, .max_head_dim = 64,
                                  .max_cols = 2048, .max_ffn = 768, .max_top_k = 8};
         if (G_[a]->ops->reserve(G_[a], &lim) != PT_OK) return 0;
     }
@@ -131,9 +134,8 @@ static int run_ffn(pt_backend *G, int v, float *y, const float *x, const int32_t
     return s == PT_OK;
 }
 
-static int ffn_case(int a, int64_t E, int k, int64_t H, int64_t I, int bits, int gs, int fused, int bias) {
+static int ffn_case(int a, int64_t T, int64_t E, int k, int64_t H, int64_t I, int bits, int gs, int fused, int bias) {
     pt_backend *G = G_[a];
-    const int64_t T = 3;
     stack g, u = {0}, d;
     int ok = stack_make(&g, G, E, fused ? 2 * I : I, H, bits, gs, bias);
     if (ok && !fused) ok = stack_make(&u, G, E, I, H, bits, gs, bias);
@@ -150,7 +152,7 @@ static int ffn_case(int a, int64_t E, int k, int64_t H, int64_t I, int bits, int
             idx[t * k + j] = (int32_t)((t * 5 + j * 3 + (j & 1) * 7) % E);
             wts[t * k + j] = a ? pt_round_bf16(rf(0.01f, 0.3f)) : rf(0.01f, 0.3f);
         }
-    if (k > 1) idx[2 * k + 1] = idx[2 * k];
+    if (k > 1 && T > 2) idx[2 * k + 1] = idx[2 * k];
     const pt_matrix *gw = &g.q.w, *uw = fused ? NULL : &u.q.w, *dw = &d.q.w;
     if (ok) ok = run_ffn(G, 0, y0, x, idx, wts, T, k, H, gw, uw, dw) && run_ffn(G, 1, y1, x, idx, wts, T, k, H, gw, uw, dw);
     if (ok) {
@@ -175,27 +177,33 @@ static int ffn_case(int a, int64_t E, int k, int64_t H, int64_t I, int bits, int
         CHECK(worst <= tol, "bits=%d gs=%d fused=%d act=%d: max |diff| %.3g from the per-item path > %.3g", bits, gs,
               fused, a, worst, tol);
         ok = worst <= tol;
-        /* batch invariance: each token alone gives its row of the batch */
+        /* batch invariance: each token alone gives its row of the batch
+         * (alone: the per-item grid; in a batch of T·k > 8 items: the
+         * expert grid, so this also holds the two grids to the same bits) */
         for (int64_t t = 0; t < T && ok; t++) {
             ok = run_ffn(G, 1, y2, x + t * H, idx + t * k, wts + t * k, 1, k, H, gw, uw, dw);
             if (ok) {
-                CHECK(memcmp(y2, y1 + t * H, (size_t)H * 4) == 0, "token %lld alone differs from its batch row",
-                      (long long)t);
+                CHECK(memcmp(y2, y1 + t * H, (size_t)H * 4) == 0,
+                      "T=%lld bits=%d fused=%d k=%d act=%d: token %lld alone differs from its batch row", (long long)T,
+                      bits, fused, k, a, (long long)t);
                 ok = memcmp(y2, y1 + t * H, (size_t)H * 4) == 0;
             }
         }
     }
     if (ok) {
         /* an expert index outside the stack: an error naming it, no wild read */
-        int32_t bad[64];
-        memcpy(bad, idx, (size_t)k * 4);
-        bad[k - 1] = (int32_t)(E + 90);
-        float *xd = put(G, x, (size_t)H * 4), *yd = put(G, NULL, (size_t)H * 4), *wd = put(G, wts, (size_t)k * 4);
-        int32_t *id = put(G, bad, (size_t)k * 4);
+        /* (in the last token of the batch: T·k > 8 takes the expert grid) */
+        int32_t *bad = malloc((size_t)(T * k) * 4);
+        memcpy(bad, idx, (size_t)(T * k) * 4);
+        bad[T * k - 1] = (int32_t)(E + 90);
+        float *xd = put(G, x, (size_t)(T * H) * 4), *yd = put(G, NULL, (size_t)(T * H) * 4);
+        float *wd = put(G, wts, (size_t)(T * k) * 4);
+        int32_t *id = put(G, bad, (size_t)(T * k) * 4);
+        free(bad);
         pt_cuda_moe_select(1);
-        pt_status s = G->ops->moe_ffn(G, yd, xd, 1, id, wd, k, gw, uw, dw, PT_GLU_SILU);
+        pt_status s = G->ops->moe_ffn(G, yd, xd, T, id, wd, k, gw, uw, dw, PT_GLU_SILU);
         if (s == PT_OK) s = G->ops->sync(G);
-        if (s == PT_OK) s = G->ops->download(G, y2, yd, (size_t)H * 4);
+        if (s == PT_OK) s = G->ops->download(G, y0, yd, (size_t)(T * H) * 4);
         pt_cuda_moe_select(-1);
         char want[32];
         snprintf(want, sizeof want, "%d", (int)(E + 90));
@@ -260,15 +268,30 @@ static void test_moe_decode_same_bits(void) {
         }
 }
 
+/* The expert shapes at 3, 16 and 64 tokens; 0 at the first failure. */
+static int experts_cases(void) {
+    static const int64_t Ts[] = {3, 16, 64};
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 1; a >= 0; a--) {
+            const int64_t T = Ts[ti];
+            if (!ffn_case(a, T, 16, 8, 2048, 768, 4, 64, 0, 0)) return 0; /* the Qwen3-30B-A3B expert shape */
+            if (!ffn_case(a, T, 8, 8, 1024, 512, 4, 64, 1, 0)) return 0;  /* fused gate|up */
+            if (!ffn_case(a, T, 12, 8, 1024, 768, 8, 64, 0, 0)) return 0; /* 8-bit */
+            if (!ffn_case(a, T, 12, 8, 2048, 768, 8, 64, 1, 0)) return 0; /* 8-bit, K = 2048: 4 chunks per lane */
+            if (!ffn_case(a, T, 8, 8, 512, 256, 4, 32, 0, 1)) return 0;   /* group 32, a bias */
+            if (!ffn_case(a, T, 8, 2, 256, 128, 4, 128, 1, 0)) return 0;  /* top-2: two warps per down block; group 128 */
+        }
+    return 1;
+}
+
 static void test_moe_decode_experts(void) {
     NEED_GPU();
-    for (int a = 1; a >= 0; a--) {
-        if (!ffn_case(a, 16, 8, 2048, 768, 4, 64, 0, 0)) return; /* the Qwen3-30B-A3B expert shape */
-        if (!ffn_case(a, 8, 8, 1024, 512, 4, 64, 1, 0)) return;  /* fused gate|up */
-        if (!ffn_case(a, 12, 8, 1024, 768, 8, 64, 0, 0)) return; /* 8-bit */
-        if (!ffn_case(a, 8, 8, 512, 256, 4, 32, 0, 1)) return;   /* group 32, a bias */
-        if (!ffn_case(a, 8, 2, 256, 128, 4, 128, 1, 0)) return;   /* top-2: two warps per down block; group 128 */
-    }
+    /* the expert grid from 9 items up (its default threshold is higher): T =
+     * 3 takes it at top-8 (24 items), the per-item grid at top-2 (6 items);
+     * T = 16 and 64 take it everywhere, one token alone (<= 8 items) never */
+    pt_cuda_moe_expert_min(9);
+    (void)experts_cases();
+    pt_cuda_moe_expert_min(0);
 }
 
 int main(void) {

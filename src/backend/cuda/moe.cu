@@ -133,7 +133,11 @@ __global__ void __launch_bounds__(ROUTE_THREADS)
  * per-item path wherever that path chose one warp per row (the MoE shapes'
  * decode). Applies to 4/8-bit experts in the MLX layout with K <= 2048 (x
  * fits the registers: 64 values per lane); other weights take the per-item
- * path. */
+ * path. From MOE_EXPERT_MIN_B items (T·top_k) on, the same per-row code runs
+ * over an expert grid instead (moe_gu_expert_kernel, moe_down_expert_kernel
+ * + moe_combine_kernel, below): one block per (rows, expert) that keeps its
+ * rows in registers for all the items that picked the expert; each (row,
+ * item) value and the combine are the same bits as in the per-item grid. */
 static int g_moe_v2 = -1;
 static int moe_v2_on(void) {
     if (g_moe_v2 < 0) g_moe_v2 = pt_env_on("PETREL_CUDA_MOE_V2");
@@ -270,7 +274,10 @@ __global__ void moe_combine_kernel(float *y, const float *o, const int32_t *idx,
             prev = it[bj];
             prev_j = bj;
             const int64_t row = inv ? (int64_t)inv[t * k + bj] : t * k + bj;
-            acc = pt_rnd(bf, acc + pt_rnd(bf, o[row * H + d] * weights[t * k + bj]));
+            /* _rn: no contraction into an FMA, which the compiler may or may
+             * not form per kernel in f32 mode; moe_down_kernel's combine
+             * gives these bits too */
+            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[row * H + d], weights[t * k + bj]))));
         }
         y[i] = acc;
     }
@@ -805,9 +812,166 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32)
         float acc = 0.f;
         for (int n = 0; n < k; n++) {
             const int j = ord[n];
-            acc = pt_rnd(bf, acc + pt_rnd(bf, o[j][threadIdx.x] * wt[j]));
+            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[j][threadIdx.x], wt[j])))); /* as moe_combine_kernel */
         }
         y[t * H + d0 + threadIdx.x] = acc;
+    }
+}
+
+/* ---- the decode path's expert grid (batches of more than MOE_EXPERT_MIN_B
+ * items) ----------------------------------------------------------------------
+ * The kernels above run one block per (rows, item): every item re-reads its
+ * expert's rows, so at a few tokens the weights are read top_k·T times. These
+ * run one block per (rows, expert): the block loads its rows of the expert
+ * into registers once, finds the items that picked the expert (a scan of
+ * idx[0 .. B) in ascending order) and forms each item's rows with the same
+ * per-row code as the kernels above (moe_load_row, moe_load_x,
+ * moe_row_partial, the butterfly, moe_row_out): each (row, item) value is
+ * the same bits whichever grid computed it, so a token's result still
+ * depends on nothing but its own row. Items whose index is outside [0, E)
+ * belong to expert 0's blocks (they compute zeros from expert 0 and raise
+ * the error word, as moe_item_expert does). A block whose expert nobody
+ * picked exits after the scan. */
+
+/* The items b in [base, base + blockDim.x) ∩ [0, B) routed to expert e, in
+ * ascending order, into items[]; returns their count. Every thread calls it. */
+__device__ __forceinline__ int moe_expert_items(int *items, int *wcount, const int32_t *idx, int64_t base, int64_t B,
+                                                int64_t e, int64_t n_experts) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t b = base + threadIdx.x;
+    bool hit = false;
+    if (b < B) {
+        const int64_t v = idx[b];
+        hit = v == e || (e == 0 && (v < 0 || v >= n_experts));
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    __syncthreads(); /* the previous tile's readers of items[] and wcount[] are done */
+    if (lane == 0) wcount[warp] = __popc(m);
+    __syncthreads();
+    int off = 0, n = 0;
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) off += wcount[w];
+        n += wcount[w];
+    }
+    if (hit) items[off + __popc(m & ((1u << lane) - 1u))] = (int)b;
+    __syncthreads();
+    return n;
+}
+
+/* Whether any item of idx[0 .. B) is routed to expert e (block-wide). */
+__device__ __forceinline__ bool moe_expert_used(const int32_t *idx, int64_t B, int64_t e, int64_t n_experts) {
+    bool hit = false;
+    for (int64_t b = threadIdx.x; b < B && !hit; b += blockDim.x) {
+        const int64_t v = idx[b];
+        hit = v == e || (e == 0 && (v < 0 || v >= n_experts));
+    }
+    return __syncthreads_or(hit) != 0;
+}
+
+/* moe_gu_kernel over grid (I / (WARPS·RPW), E): the same h[b, r] for every
+ * item b that picked expert blockIdx.y. */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_GU_WARPS * 32)
+    moe_gu_expert_kernel(float *h, const float *x, const int32_t *idx, int64_t B, int k, int64_t K, int64_t I,
+                         moe_qm g, moe_qm u, int64_t n_experts, int *err, int bf, int act) {
+    constexpr int VPC = 128 / BITS;
+    __shared__ __align__(16) float xs[32 * CPL * (VPC + 4)]; /* x of the current item, chunks padded */
+    __shared__ int items[MOE_GU_WARPS * 32];                  /* this tile's items of the expert */
+    __shared__ int wcount[MOE_GU_WARPS];
+    pt_release_dependents();
+    pt_wait_primary();
+    const int64_t e = blockIdx.y;
+    if (!moe_expert_used(idx, B, e, n_experts)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GU_WARPS + warp) * MOE_GU_RPW;
+    const int64_t nchunks = K / VPC;
+    /* the warp's 2·RPW rows of the expert, once for all its items */
+    uint4 w[2 * MOE_GU_RPW][CPL];
+    float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
+    int64_t grow[2 * MOE_GU_RPW];
+#pragma unroll
+    for (int d = 0; d < 2 * MOE_GU_RPW; d++) {
+        const moe_qm &m = d < MOE_GU_RPW ? g : u;
+        const int64_t r = r0 + d % MOE_GU_RPW < I ? r0 + d % MOE_GU_RPW : I - 1;
+        grow[d] = e * m.rows + m.row_off + r;
+        moe_load_row<BITS, CPL>(w[d], sc[d], bi[d], m, grow[d], K, nchunks, lane);
+    }
+    for (int64_t base = 0; base < B; base += blockDim.x) {
+        const int n = moe_expert_items(items, wcount, idx, base, B, e, n_experts);
+#pragma unroll 1
+        for (int i = 0; i < n; i++) {
+            const int64_t b = items[i];
+            bool eok;
+            (void)moe_item_expert(idx, b, n_experts, err, eok);
+            moe_stage_x<BITS>(xs, x + (b / k) * K, K);
+            __syncthreads();
+            if (r0 < I) {
+                float xr[CPL][VPC], sx[CPL];
+                moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
+                float v[2 * MOE_GU_RPW];
+#pragma unroll
+                for (int d = 0; d < 2 * MOE_GU_RPW; d++)
+                    v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
+                if (lane == 0) {
+#pragma unroll
+                    for (int r = 0; r < MOE_GU_RPW; r++) {
+                        if (r0 + r >= I) break;
+                        const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
+                        const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
+                        const float a = act == PT_GLU_SILU ? moe_silu(gv) : moe_gelu_tanh(gv);
+                        h[b * I + r0 + r] = pt_rnd(bf, pt_rnd(bf, a) * uv);
+                    }
+                }
+            }
+            __syncthreads(); /* xs is rewritten for the next item */
+        }
+    }
+}
+
+#define MOE_DNE_WARPS 4 /* warps (DN_ROWS rows each) per block of moe_down_expert_kernel */
+
+/* o[b, d] = down row d of expert blockIdx.y · h[b] for every item b that
+ * picked it, rounded as moe_down_kernel rounds its per-expert outputs; grid
+ * (H / (DNE_WARPS·DN_ROWS), E). moe_combine_kernel then sums them in
+ * moe_down_kernel's order and rounding. */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_DNE_WARPS * 32)
+    moe_down_expert_kernel(float *o, const float *h, const int32_t *idx, int64_t B, int64_t H, int64_t I, moe_qm m,
+                           int64_t n_experts, int *err, int bf) {
+    __shared__ int items[MOE_DNE_WARPS * 32];
+    __shared__ int wcount[MOE_DNE_WARPS];
+    pt_release_dependents();
+    pt_wait_primary();
+    const int64_t e = blockIdx.y;
+    if (!moe_expert_used(idx, B, e, n_experts)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t d0 = ((int64_t)blockIdx.x * MOE_DNE_WARPS + warp) * MOE_DN_ROWS;
+    constexpr int VPC = 128 / BITS;
+    const int64_t nchunks = I / VPC;
+    uint4 w[MOE_DN_ROWS][CPL];
+    float sc[MOE_DN_ROWS][CPL], bi[MOE_DN_ROWS][CPL];
+    int64_t grow[MOE_DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_DN_ROWS; r++) {
+        grow[r] = e * m.rows + (d0 + r < H ? d0 + r : d0 < H ? d0 : H - 1);
+        moe_load_row<BITS, CPL>(w[r], sc[r], bi[r], m, grow[r], I, nchunks, lane);
+    }
+    for (int64_t base = 0; base < B; base += blockDim.x) {
+        const int n = moe_expert_items(items, wcount, idx, base, B, e, n_experts);
+        if (d0 >= H) continue;
+#pragma unroll 1
+        for (int i = 0; i < n; i++) {
+            const int64_t b = items[i];
+            bool eok;
+            (void)moe_item_expert(idx, b, n_experts, err, eok);
+            float xr[CPL][VPC], sx[CPL];
+            moe_load_x<BITS, CPL, false>(xr, sx, h + b * I, VPC, nchunks, lane);
+#pragma unroll
+            for (int r = 0; r < MOE_DN_ROWS; r++) {
+                const float v = pt_warp_sum(moe_row_partial<BITS, CPL>(w[r], sc[r], bi[r], xr, sx, nchunks, lane));
+                if (lane == 0 && d0 + r < H) o[b * H + d0 + r] = moe_row_out(v, m, grow[r], eok, bf);
+            }
+        }
     }
 }
 
@@ -851,11 +1015,60 @@ static pt_status launch_down(pt_cuda *c, float *y, const float *h, const int32_t
     return PT_OK;
 }
 
+template <int BITS, int CPL>
+static pt_status launch_gu_expert(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
+                                  int64_t K, int64_t I, const moe_qm &g, const moe_qm &u, int64_t E, int act) {
+    const int64_t per_block = MOE_GU_WARPS * MOE_GU_RPW;
+    pt_launch(moe_gu_expert_kernel<BITS, CPL>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)E),
+              dim3(MOE_GU_WARPS * 32), 0, c->stream, pt_pdl_chain(), h, x, idx, B, k, K, I, g, u, E, c->err_dev,
+              (int)(c->base.act == PT_ACT_BF16), act);
+    CUDA_CHECK_LAUNCH("moe gate|up (expert grid)");
+    return PT_OK;
+}
+
+template <int BITS, int CPL>
+static pt_status launch_down_expert(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights,
+                                    int64_t T, int k, int64_t H, int64_t I, const moe_qm &m, int64_t E) {
+    const int64_t per_block = MOE_DNE_WARPS * MOE_DN_ROWS;
+    const int bf = (int)(c->base.act == PT_ACT_BF16);
+    pt_launch(moe_down_expert_kernel<BITS, CPL>, dim3((unsigned)((H + per_block - 1) / per_block), (unsigned)E),
+              dim3(MOE_DNE_WARPS * 32), 0, c->stream, pt_pdl_chain(), c->moe_o, h, idx, T * k, H, I, m, E,
+              c->err_dev, bf);
+    CUDA_CHECK_LAUNCH("moe down (expert grid)");
+    moe_combine_kernel<<<pt_cuda_blocks(T * H, 256), 256, 0, c->stream>>>(y, c->moe_o, idx, weights, T, k, H, bf,
+                                                                         (const int32_t *)NULL);
+    CUDA_CHECK_LAUNCH("moe_combine");
+    return PT_OK;
+}
+
+/* The expert grid from this many items (T·top_k) up. Measured on the H200
+ * at the Qwen3-30B-A3B expert shape (bench/RESULTS.md): slower than the
+ * per-item grid at 32 and 128 items (its items run one after another in a
+ * block, and the blocks of idle experts still scan the item list), level at
+ * 512, faster from there (prefill chunks of 128 tokens). */
+#define MOE_EXPERT_MIN_B 512
+static int g_moe_expert_grid = -1;
+static int64_t g_moe_expert_min_b = MOE_EXPERT_MIN_B;
+/* For tests: the expert grid from b items up (b <= 0: the default). */
+extern "C" void pt_cuda_moe_expert_min(int b) { g_moe_expert_min_b = b > 0 ? b : MOE_EXPERT_MIN_B; }
+static bool moe_expert_grid(int64_t B, int64_t E) {
+    if (g_moe_expert_grid < 0) g_moe_expert_grid = pt_env_on("PETREL_CUDA_MOE_EXPERT_GRID");
+    return g_moe_expert_grid && B >= g_moe_expert_min_b && E <= 65535;
+}
+
 static pt_status moe_gu(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
                         const pt_matrix *gate, const pt_matrix *up, int64_t I, int act) {
     const int64_t K = gate->cols, E = gate->n_experts > 1 ? gate->n_experts : 1;
     const moe_qm g = moe_qm_of(gate, 0), u = up ? moe_qm_of(up, 0) : moe_qm_of(gate, I);
     const int cpl = moe_cpl(K, gate->bits);
+    if (moe_expert_grid(B, E)) {
+        if (gate->bits == 4)
+            return cpl == 1 ? launch_gu_expert<4, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                            : launch_gu_expert<4, 2>(c, h, x, idx, B, k, K, I, g, u, E, act);
+        return cpl == 1   ? launch_gu_expert<8, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+               : cpl == 2 ? launch_gu_expert<8, 2>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                          : launch_gu_expert<8, 4>(c, h, x, idx, B, k, K, I, g, u, E, act);
+    }
     if (gate->bits == 4)
         return cpl == 1 ? launch_gu<4, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
                         : launch_gu<4, 2>(c, h, x, idx, B, k, K, I, g, u, E, act);
@@ -869,6 +1082,14 @@ static pt_status moe_down(pt_cuda *c, float *y, const float *h, const int32_t *i
     const int64_t H = down->rows, I = down->cols, E = down->n_experts > 1 ? down->n_experts : 1;
     const moe_qm m = moe_qm_of(down, 0);
     const int cpl = moe_cpl(I, down->bits);
+    if (moe_expert_grid(T * k, E)) {
+        if (down->bits == 4)
+            return cpl == 1 ? launch_down_expert<4, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+                            : launch_down_expert<4, 2>(c, y, h, idx, weights, T, k, H, I, m, E);
+        return cpl == 1   ? launch_down_expert<8, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+               : cpl == 2 ? launch_down_expert<8, 2>(c, y, h, idx, weights, T, k, H, I, m, E)
+                          : launch_down_expert<8, 4>(c, y, h, idx, weights, T, k, H, I, m, E);
+    }
     if (down->bits == 4)
         return cpl == 1 ? launch_down<4, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
                         : launch_down<4, 2>(c, y, h, idx, weights, T, k, H, I, m, E);
