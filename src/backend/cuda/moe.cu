@@ -698,10 +698,49 @@ __device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t g
     return eok ? pt_rnd(bf, v) : 0.f;
 }
 
-__device__ __forceinline__ float moe_silu(float g) { return g / (1.0f + expf(-g)); }
-__device__ __forceinline__ float moe_gelu_tanh(float g) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+/* A warp's 2·RPW rows of expert e: gate rows r0 .. r0 + RPW, then the
+ * same up rows (rows past I read row I − 1 and store nothing). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_gu_rows(uint4 (&w)[2 * MOE_GU_RPW][CPL], float (&sc)[2 * MOE_GU_RPW][CPL],
+                                            float (&bi)[2 * MOE_GU_RPW][CPL], int64_t (&grow)[2 * MOE_GU_RPW],
+                                            const moe_qm &g, const moe_qm &u, int64_t e, int64_t r0, int64_t I,
+                                            int64_t K, int64_t nchunks, int lane) {
+#pragma unroll
+    for (int d = 0; d < 2 * MOE_GU_RPW; d++) {
+        const moe_qm &m = d < MOE_GU_RPW ? g : u;
+        const int64_t r = r0 + d % MOE_GU_RPW < I ? r0 + d % MOE_GU_RPW : I - 1;
+        grow[d] = e * m.rows + m.row_off + r;
+        moe_load_row<BITS, CPL>(w[d], sc[d], bi[d], m, grow[d], K, nchunks, lane);
+    }
+}
+
+/* h[b, r0 .. r0 + RPW) = glu(gate row · x, up row · x) from the rows of
+ * moe_gu_rows and item b's x staged in xs (moe_stage_x), rounded as
+ * pt_cuda_glu rounds (pt_glu_val, the GLU kernel's own code). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_gu_out(float *h, int64_t b, const float *xs,
+                                           const uint4 (&w)[2 * MOE_GU_RPW][CPL],
+                                           const float (&sc)[2 * MOE_GU_RPW][CPL],
+                                           const float (&bi)[2 * MOE_GU_RPW][CPL],
+                                           const int64_t (&grow)[2 * MOE_GU_RPW], const moe_qm &g, const moe_qm &u,
+                                           int64_t r0, int64_t I, int64_t nchunks, int lane, bool eok, int bf,
+                                           int act) {
+    constexpr int VPC = 128 / BITS;
+    float xr[CPL][VPC], sx[CPL];
+    moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
+    float v[2 * MOE_GU_RPW];
+#pragma unroll
+    for (int d = 0; d < 2 * MOE_GU_RPW; d++)
+        v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MOE_GU_RPW; r++) {
+            if (r0 + r >= I) break;
+            const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
+            const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
+            h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
+        }
+    }
 }
 
 /* h[b, r] = act(gate row r · x) · (up row r · x) for item b (x row b / k),
@@ -725,32 +764,11 @@ __global__ void __launch_bounds__(MOE_GU_WARPS * 32)
     uint4 w[2 * MOE_GU_RPW][CPL];
     float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
     int64_t grow[2 * MOE_GU_RPW];
-#pragma unroll
-    for (int d = 0; d < 2 * MOE_GU_RPW; d++) {
-        const moe_qm &m = d < MOE_GU_RPW ? g : u;
-        const int64_t r = r0 + d % MOE_GU_RPW < I ? r0 + d % MOE_GU_RPW : I - 1;
-        grow[d] = e * m.rows + m.row_off + r;
-        moe_load_row<BITS, CPL>(w[d], sc[d], bi[d], m, grow[d], K, nchunks, lane);
-    }
+    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
     moe_stage_x<BITS>(xs, x + (b / k) * K, K);
     __syncthreads();
     if (r0 >= I) return;
-    float xr[CPL][VPC], sx[CPL];
-    moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
-    float v[2 * MOE_GU_RPW];
-#pragma unroll
-    for (int d = 0; d < 2 * MOE_GU_RPW; d++)
-        v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MOE_GU_RPW; r++) {
-            if (r0 + r >= I) break;
-            const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
-            const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
-            const float a = act == PT_GLU_SILU ? moe_silu(gv) : moe_gelu_tanh(gv);
-            h[b * I + r0 + r] = pt_rnd(bf, pt_rnd(bf, a) * uv);
-        }
-    }
+    moe_gu_out<BITS, CPL>(h, b, xs, w, sc, bi, grow, g, u, r0, I, nchunks, lane, eok, bf, act);
 }
 
 /* y[t, d0 .. d0 + DN_ROWS) = the weighted sum over token t's k experts of
@@ -889,13 +907,7 @@ __global__ void __launch_bounds__(MOE_GU_WARPS * 32)
     uint4 w[2 * MOE_GU_RPW][CPL];
     float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
     int64_t grow[2 * MOE_GU_RPW];
-#pragma unroll
-    for (int d = 0; d < 2 * MOE_GU_RPW; d++) {
-        const moe_qm &m = d < MOE_GU_RPW ? g : u;
-        const int64_t r = r0 + d % MOE_GU_RPW < I ? r0 + d % MOE_GU_RPW : I - 1;
-        grow[d] = e * m.rows + m.row_off + r;
-        moe_load_row<BITS, CPL>(w[d], sc[d], bi[d], m, grow[d], K, nchunks, lane);
-    }
+    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
     for (int64_t base = 0; base < B; base += blockDim.x) {
         const int n = moe_expert_items(items, wcount, idx, base, B, e, n_experts);
 #pragma unroll 1
@@ -905,24 +917,7 @@ __global__ void __launch_bounds__(MOE_GU_WARPS * 32)
             (void)moe_item_expert(idx, b, n_experts, err, eok);
             moe_stage_x<BITS>(xs, x + (b / k) * K, K);
             __syncthreads();
-            if (r0 < I) {
-                float xr[CPL][VPC], sx[CPL];
-                moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
-                float v[2 * MOE_GU_RPW];
-#pragma unroll
-                for (int d = 0; d < 2 * MOE_GU_RPW; d++)
-                    v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
-                if (lane == 0) {
-#pragma unroll
-                    for (int r = 0; r < MOE_GU_RPW; r++) {
-                        if (r0 + r >= I) break;
-                        const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
-                        const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
-                        const float a = act == PT_GLU_SILU ? moe_silu(gv) : moe_gelu_tanh(gv);
-                        h[b * I + r0 + r] = pt_rnd(bf, pt_rnd(bf, a) * uv);
-                    }
-                }
-            }
+            if (r0 < I) moe_gu_out<BITS, CPL>(h, b, xs, w, sc, bi, grow, g, u, r0, I, nchunks, lane, eok, bf, act);
             __syncthreads(); /* xs is rewritten for the next item */
         }
     }
