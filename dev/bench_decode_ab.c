@@ -10,7 +10,9 @@
  * Variants are lever masks (pt_cpu_lever, cpu_internal.h): bit 0 = multi
  * (q/k/v and gate/up as one pool dispatch each), bit 1 = scale16 (decode
  * kernels read bf16 scales/biases directly), bit 2 = xint (4- and 8-bit decode
- * with x as integer pieces, qdot_xint_avx512.c). Each round runs one step of
+ * with x as integer pieces, qdot_xint_avx512.c), bit 3 = split (decode
+ * matvec rows as one contiguous share per thread with stealing, instead of
+ * the guided claims from one counter). Each round runs one step of
  * every variant in turn (A B A B ...), plus a streaming read of as many
  * bytes as the weights on the same threads; the medians over rounds are
  * printed with the bandwidth fraction (weight bytes / median step time over
@@ -81,6 +83,7 @@ int main(int argc, char **argv) {
             pt_cpu_lever.multi = masks[vi] & 1;
             pt_cpu_lever.scale16 = (masks[vi] >> 1) & 1;
             pt_cpu_lever.xint = (masks[vi] >> 2) & 1;
+            pt_cpu_lever.split = (masks[vi] >> 3) & 1;
             double t1 = now();
             be->ops->embed(be, x, &tok, 1, &emb, 1.0f);
             for (int l = 0; l < L; l++) {
@@ -116,8 +119,10 @@ int main(int argc, char **argv) {
         double *t = ts + vi * rounds, best = 1e30;
         for (int r = 0; r < rounds; r++) best = t[r] < best ? t[r] : best;
         double med = median(t, rounds);
-        printf("  mask %d (multi %d scale16 %d xint %d): median %.2f tok/s (best %.2f), %.1f GB/s = %.1f%% of the read\n",
-               masks[vi], masks[vi] & 1, (masks[vi] >> 1) & 1, (masks[vi] >> 2) & 1, 1 / med, 1 / best, gb / med, 100 * rdm / med);
+        printf("  mask %d (multi %d scale16 %d xint %d split %d): median %.2f tok/s (best %.2f), %.1f GB/s = %.1f%% of the "
+               "read\n",
+               masks[vi], masks[vi] & 1, (masks[vi] >> 1) & 1, (masks[vi] >> 2) & 1, (masks[vi] >> 3) & 1, 1 / med,
+               1 / best, gb / med, 100 * rdm / med);
     }
     pt_pool_free(&pool);
     pt_backend_free(&be);

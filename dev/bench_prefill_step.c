@@ -4,9 +4,13 @@
  * of the last token (vocab 128256, tied), MLX 4- or 8-bit weights (group
  * 64), bf16 activations and KV cache. Prints tokens/s and the time per op
  * kind. With one thread the clock is the process's CPU time (robust to the
- * other processes of a shared machine), else wall time.
- *   dev/build.sh && dev/bench_prefill_step [bits] [threads] [T] [steps] [int8_act] */
+ * other processes of a shared machine), else wall time. ab = 1: the steps
+ * alternate the prefill GEMM with x as integer pieces off / on
+ * (pt_cpu_lever.xgemm for 4-bit weights, .xgemm8 for 8-bit) and each
+ * variant's median and best are printed (a paired A/B in one process).
+ *   dev/build.sh && dev/bench_prefill_step [bits] [threads] [T] [steps] [int8_act] [ab] */
 #include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
 #include "base/half.h"
 
 #include <immintrin.h>
@@ -19,11 +23,17 @@
 #include "step_common.h"
 
 /* time per op kind (the CPU ops are synchronous) */
-static double prof[8];
+static double prof_v[2][8], *prof = prof_v[0];
 #define P(cat, call) do { double t_ = now(); call; prof[cat] += now() - t_; } while (0)
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 int main(int argc, char **argv) {
     int bits = argc > 1 ? atoi(argv[1]) : 4, nth = argc > 2 ? atoi(argv[2]) : 2;
     int T = argc > 3 ? atoi(argv[3]) : 512, steps = argc > 4 ? atoi(argv[4]) : 2, i8 = argc > 5 ? atoi(argv[5]) : 0;
+    int ab = argc > 6 ? atoi(argv[6]) : 0;
     const int D = 0;
     if (nth == 1) bench_clock = CLOCK_PROCESS_CPUTIME_ID;
     const int L = 16, H = 2048, nh = 32, nkv = 8, hd = 64, F = 8192, V = 128256;
@@ -49,8 +59,12 @@ int main(int argc, char **argv) {
     int32_t *toks = malloc(sizeof(int32_t) * Tz), *posv = malloc(sizeof(int32_t) * Tz);
     for (int i = 0; i < T; i++) toks[i] = (i * 7919) % V, posv[i] = D + i;
     int32_t am;
-    double best_step = 1e30;
+    double best_step = 1e30, *ts = calloc((size_t)steps + 2, sizeof *ts);
+    int nts[2] = {0, 0};
     for (int s = 0; s < steps; s++) {
+        int vi = ab ? s % 2 : 0;
+        if (ab) *(bits == 8 ? &pt_cpu_lever.xgemm8 : &pt_cpu_lever.xgemm) = vi;
+        prof = prof_v[vi];
         double t1 = now();
         P(5, be->ops->embed(be, x, toks, T, &emb, 1.0f));
         for (int l = 0; l < L; l++) {
@@ -76,13 +90,23 @@ int main(int argc, char **argv) {
         P(5, be->ops->argmax(be, &am, logits, 1, V));
         double t2 = now();
         if (t2 - t1 < best_step) best_step = t2 - t1;
+        ts[vi * ((steps + 1) / 2) + nts[vi]++] = t2 - t1;
+    }
+    for (int vi = 0; ab && vi < 2; vi++) {
+        double *t = ts + vi * ((steps + 1) / 2);
+        qsort(t, (size_t)nts[vi], sizeof *t, cmp_d);
+        printf("  %s %d: pp%d median %.2f tok/s, best %.2f (%d steps), matmul %.1f ms/step\n",
+               bits == 8 ? "xgemm8" : "xgemm", vi, T, T / t[nts[vi] / 2], T / t[0], nts[vi],
+               1e3 * prof_v[vi][0] / nts[vi]);
     }
     printf("llama-3.2-1b q%d%s threads=%d: pp%d %.2f tok/s (%s, best of %d)\n", bits, i8 ? " int8-act" : "", nth, T,
            T / best_step, nth == 1 ? "CPU time" : "wall time", steps);
     const char *nm[6] = {"matmul", "logits", "attn+kv", "rmsnorm", "rope", "other"};
     double tot = 0;
-    for (int i = 0; i < 6; i++) tot += prof[i];
-    for (int i = 0; i < 6; i++) printf("  %-8s %7.1f ms/step %5.1f%%\n", nm[i], 1e3 * prof[i] / steps, 100 * prof[i] / tot);
+    for (int i = 0; i < 6; i++) tot += prof_v[0][i] + prof_v[1][i];
+    for (int i = 0; i < 6; i++)
+        printf("  %-8s %7.1f ms/step %5.1f%%\n", nm[i], 1e3 * (prof_v[0][i] + prof_v[1][i]) / steps,
+               100 * (prof_v[0][i] + prof_v[1][i]) / tot);
     pt_backend_free(&be);
     return 0;
 }

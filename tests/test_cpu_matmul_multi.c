@@ -10,7 +10,8 @@
  * int8 lever, T past the decode path (the separate calls), mixed bits (the
  * separate calls); nothing past a weight's rows is written. Also: the 4-bit
  * bf16 kernel reading bf16 scales/biases itself gives the bits of the one
- * fed f32 copies. (The op table
+ * fed f32 copies; and the decode split's two forms (one contiguous share
+ * per thread with stealing, or guided claims) give the same bits. (The op table
  * wiring and the backend-independent contract are checked by
  * tests/test_matmul_multi.c.) */
 #include "test.h"
@@ -89,6 +90,50 @@ static void test_multi_bit_identical(void) {
                 }
 }
 
+/* The decode split (pt_cpu_lever.split): one contiguous share per thread
+ * with stealing against the guided claims from one counter, 2 and 3
+ * threads, 4- and 8-bit weights: matmul_rows and matmul_multi outputs
+ * bit-identical between the two splits (which thread computes a row never
+ * changes its bits), and matmul_multi against the separate calls under the
+ * contiguous split (check_case). */
+static void test_split_bit_identical(void) {
+    static const int64_t Ns[3] = {517, 13, 301};
+    int saved = pt_cpu_lever.split;
+    for (int nth = 2; nth <= 3; nth++)
+        for (int b = 4; b <= 8; b += 4) {
+            int bits[3] = {b, b, b};
+            pt_cpu_lever.split = 1;
+            check_case(nth, PT_ACT_BF16, 0, 384, bits, 64, Ns, 3, 1, 0, 0);
+            check_case(nth, PT_ACT_BF16, 0, 384, bits, 64, Ns, 3, 3, 1, 1);
+            pt_backend *be = NULL;
+            pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
+            REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "%s", pt_last_error());
+            rand_qweight q[3];
+            const pt_matrix *ws[3];
+            for (int i = 0; i < 3; i++) {
+                rand_qweight_make(&q[i], Ns[i], 384, b, 64, 0, 0);
+                REQUIRE(be->ops->prepare_weight(be, &q[i].w, "w") == PT_OK, "%s", pt_last_error());
+                ws[i] = &q[i].w;
+            }
+            pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = 384};
+            REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "%s", pt_last_error());
+            float x[3 * 384], y[2][3][3 * 517], *yp[2][3];
+            for (int i = 0; i < 3 * 384; i++) x[i] = pt_round_bf16(rf(-2, 2));
+            for (int sp = 0; sp < 2; sp++) {
+                pt_cpu_lever.split = sp;
+                for (int i = 0; i < 3; i++) yp[sp][i] = y[sp][i];
+                REQUIRE(be->ops->matmul_rows(be, y[sp][0], x, 3, ws[0], 0) == PT_OK, "%s", pt_last_error());
+                REQUIRE(pt_cpu_matmul_multi(be, 2, yp[sp] + 1, x, 1, ws + 1, 0) == PT_OK, "%s", pt_last_error());
+            }
+            CHECK(memcmp(y[0][0], y[1][0], sizeof(float) * 3 * 517) == 0, "nth %d bits %d: matmul_rows differs", nth, b);
+            CHECK(memcmp(y[0][1], y[1][1], sizeof(float) * 13) == 0 && memcmp(y[0][2], y[1][2], sizeof(float) * 301) == 0,
+                  "nth %d bits %d: matmul_multi differs", nth, b);
+            for (int i = 0; i < 3; i++) rand_qweight_free(&q[i]);
+            pt_backend_free(&be);
+        }
+    pt_cpu_lever.split = saved;
+}
+
 static void test_multi_other_shapes(void) {
     static const int64_t Ns[3] = {40, 24, 8};
     int bits4[3] = {4, 4, 4}, mixed[3] = {4, 8, 4};
@@ -160,6 +205,7 @@ int main(void) {
     TEST_RUN(test_scale16_bit_identical);
     TEST_RUN(test_multi_bit_identical);
     TEST_RUN(test_multi_other_shapes);
+    TEST_RUN(test_split_bit_identical);
     TEST_RUN(test_multi_bad_args);
     return test_summary();
 }

@@ -25,7 +25,8 @@
  * counters (pt_cpu_path_count) prove which kernels ran: with the levers on,
  * the 4-bit fixtures' decode reaches the integer-piece kernel and their
  * prefill the integer-piece GEMM, the 8-bit fixture's decode the 8-bit
- * integer-piece kernel (on AVX-512 VNNI; elsewhere the check says so and the
+ * integer-piece kernel and its prefill the 8-bit integer-piece GEMM
+ * (PETREL_CPU_XGEMM8; on AVX-512 VNNI; elsewhere the check says so and the
  * gates still run). Prints max|Δlogit| and the mean KL against the
  * golden (MEASURE). */
 #include "test.h"
@@ -129,13 +130,13 @@ static void check_fixture(const char *name, int gate) {
         goto out;
     }
     int V = pt_model_vocab_size(m1);
-    int saved[2] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm};
+    int saved[3] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8};
     /* our argmax / margin per prompt, [levers][prefill, decode], for the levers-on vs -off comparison */
     int *am[2][2][MAXP] = {0};
     float *mg[2][2][MAXP] = {0};
     for (int on = 0; on < 2; on++) {
         const char *lv = on ? "on" : "off";
-        pt_cpu_lever.xint = pt_cpu_lever.xgemm = on;
+        pt_cpu_lever.xint = pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = on;
         long c0[PT_CPU_PATH_N];
         for (int i = 0; i < PT_CPU_PATH_N; i++) c0[i] = atomic_load(&pt_cpu_path_count[i]);
         gate_acc acc[2] = {{0}, {0}};
@@ -219,13 +220,14 @@ static void check_fixture(const char *name, int gate) {
         for (int i = 0; i < PT_CPU_PATH_N; i++) d[i] = atomic_load(&pt_cpu_path_count[i]) - c0[i];
         printf("INFO %s levers %s: 4-bit decode tokens on the integer-piece kernel %ld, bf16 kernel %ld, f32 kernel "
                "%ld; 8-bit decode tokens on the integer-piece kernel %ld, f32 kernel %ld; prefill calls on the "
-               "integer-piece GEMM %ld, f32 GEMM %ld\n",
+               "integer-piece GEMM %ld (8-bit: %ld), f32 GEMM %ld\n",
                name, lv, d[PT_CPU_PATH_XINT], d[PT_CPU_PATH_BF16], d[PT_CPU_PATH_F32], d[PT_CPU_PATH_XINT8],
-               d[PT_CPU_PATH_Q8F32], d[PT_CPU_PATH_XGEMM], d[PT_CPU_PATH_GEMM]);
-        /* the levers reach their kernels (AVX-512 VNNI; 4-bit fixtures: decode and prefill, 8-bit: decode),
-         * and nothing does when they are off */
+               d[PT_CPU_PATH_Q8F32], d[PT_CPU_PATH_XGEMM], d[PT_CPU_PATH_XGEMM8], d[PT_CPU_PATH_GEMM]);
+        /* the levers reach their kernels (AVX-512 VNNI; 4- and 8-bit fixtures: decode and prefill), and
+         * nothing does when they are off */
         if (!on)
-            CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XINT8] == 0 && d[PT_CPU_PATH_XGEMM] == 0,
+            CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XINT8] == 0 && d[PT_CPU_PATH_XGEMM] == 0 &&
+                      d[PT_CPU_PATH_XGEMM8] == 0,
                   "%s: integer pieces with the levers off", name);
         else if (!pt_cpu_gemm_i8_available())
             printf("INFO %s: no AVX-512 VNNI here, the integer-piece kernels are not reachable\n", name);
@@ -233,10 +235,12 @@ static void check_fixture(const char *name, int gate) {
             CHECK(d[PT_CPU_PATH_XGEMM] > 0 && d[PT_CPU_PATH_XINT] > 0,
                   "%s levers on: the integer-piece kernels were not reached", name);
         else if (strstr(name, "_q8"))
-            CHECK(d[PT_CPU_PATH_XINT8] > 0, "%s levers on: the 8-bit integer-piece kernel was not reached", name);
+            CHECK(d[PT_CPU_PATH_XINT8] > 0 && d[PT_CPU_PATH_XGEMM8] > 0,
+                  "%s levers on: the 8-bit integer-piece kernel or GEMM was not reached", name);
     }
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];
+    pt_cpu_lever.xgemm8 = saved[2];
     /* levers on vs off: the same argmax wherever either run's own top-2 are more than 0.05 apart (MoE:
      * at >= 95% of those positions) */
     for (int k = 0; k < 2; k++) {

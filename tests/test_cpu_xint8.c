@@ -9,7 +9,8 @@
  * bit-identical; and through the backend: the lever on against off (the f32
  * kernel qdot8_x4) within one bf16 ulp, matmul_rows batch invariance when a
  * token that is not exactly bf16 (the f32 kernel) shares the batch, and 1 and
- * 2 threads bit-identical. Skipped without AVX-512 VNNI. */
+ * 2 threads bit-identical; and the prefill GEMM on the same pieces
+ * (PETREL_CPU_XGEMM8, test_gemm8). Skipped without AVX-512 VNNI. */
 #include "test.h"
 #include "test_rand.h"
 #include "xint_cases.h"
@@ -100,10 +101,94 @@ static void test_backend(void) {
     }
 }
 
+/* The prefill GEMM of 8-bit weights on the same pieces (PETREL_CPU_XGEMM8,
+ * tile8x3q8 in gemm_i8_avx512.c), groups 32/64/128, T past the decode path:
+ * against double within the bf16 rounding of the output plus the bound
+ * (rows of all-255 codes against tokens at the largest |X| in some groups:
+ * the per-piece int32 sums at their limit); against the f32 GEMM (lever
+ * off) within two bf16 ulps; a call of fewer tokens (other tiles) and 1 vs
+ * 2 threads bit-identical; the path counter; and a token that is not bf16:
+ * the call takes the f32 GEMM, bit-identical to the lever off. */
+static void test_gemm8(void) {
+    if (!xint_available()) TEST_SKIP("no AVX-512 VNNI");
+    enum { N = 45, K = 640, T = 11, T2 = 5 };
+    static const int gss[3] = {32, 64, 128};
+    for (int gi = 0; gi < 3; gi++) {
+        int gs = gss[gi];
+        int64_t ng = K / gs;
+        pt_backend *be = NULL, *be1 = NULL;
+        REQUIRE(xint_avx512_backend(&be, 2) && xint_avx512_backend(&be1, 1), "%s", pt_last_error());
+        if (!be || !be1) {
+            pt_backend_free(&be);
+            pt_backend_free(&be1);
+            TEST_SKIP("backend ISA is not avx512");
+        }
+        rand_qweight q;
+        rand_qweight_make(&q, N, K, 8, gs, 1, 0);
+        uint8_t *codes = q.codes;
+        for (int n = 0; n < 3; n++) memset(codes + (size_t)n * K, 255, K); /* rows 0-2: every code 255 */
+        REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
+        pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+        REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s", pt_last_error());
+        static float x[T * K], y1[T * N], y0[T * N], y2[T * N];
+        for (int64_t i = 0; i < T * K; i++) {
+            int t = (int)(i / K);
+            float v = t % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3); /* wide ranges */
+            if (t % 4 == 1) v = (i / gs) % 2 ? 1.9921875f : -1.9921875f; /* |X| at its largest, both signs */
+            x[i] = pt_round_bf16(v);
+        }
+        int saved = pt_cpu_lever.xgemm8;
+        pt_cpu_lever.xgemm8 = 1;
+        long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM8]);
+        REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM8]) - c0 == 1, "gs %d: the call missed the 8-bit GEMM", gs);
+        REQUIRE(be1->ops->matmul(be1, y2, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(y1, y2, sizeof y1) == 0, "gs %d: 1 and 2 threads differ", gs);
+        REQUIRE(be->ops->matmul(be, y2, x + (T - T2) * K, T2, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(y1 + (T - T2) * N, y2, sizeof(float) * T2 * N) == 0, "gs %d: the last %d tokens changed alone",
+              gs, T2);
+        pt_cpu_lever.xgemm8 = 0;
+        REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                double ref = pt_bf16_to_f32(q.bias[n]), mag = fabs(ref), xr = 0;
+                for (int64_t g = 0; g < ng; g++) {
+                    double sc = pt_bf16_to_f32(q.sc[n * ng + g]), bi = pt_bf16_to_f32(q.bi[n * ng + g]), mx = 0, sq = 0;
+                    for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                        int qv = codes[(size_t)n * K + j];
+                        double term = (sc * qv + bi) * x[t * K + j];
+                        ref += term;
+                        mag += fabs(term);
+                        mx = fmax(mx, fabs(x[t * K + j]));
+                        sq += fabs(sc) * qv;
+                    }
+                    xr += ldexp(mx, -21) * sq;
+                }
+                double v = y1[t * N + n], tol = ldexp(fabs(ref), -8) + xr + 8e-6 * mag + 1e-30;
+                CHECK(fabs(v - ref) <= tol, "gs %d t %d n %d: %.9g vs %.9g (bound %.3g)", gs, t, n, v, ref, tol);
+                CHECK(fabsf(y1[t * N + n] - y0[t * N + n]) <= ldexpf(fabsf(y0[t * N + n]), -7) + 1e-30f,
+                      "gs %d t %d n %d: %g (pieces) vs %g (f32 GEMM)", gs, t, n, y1[t * N + n], y0[t * N + n]);
+            }
+        x[5 * K + 3] = 0.1234567f; /* not bf16: the f32 GEMM for the call */
+        pt_cpu_lever.xgemm8 = 1;
+        c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM8]);
+        REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM8]) == c0, "gs %d: a non-bf16 call counted", gs);
+        pt_cpu_lever.xgemm8 = 0;
+        REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(y1, y0, sizeof y1) == 0, "gs %d: a non-bf16 token did not send the call to the f32 GEMM", gs);
+        pt_cpu_lever.xgemm8 = saved;
+        rand_qweight_free(&q);
+        pt_backend_free(&be);
+        pt_backend_free(&be1);
+    }
+}
+
 int main(void) {
     TEST_RUN(test_refusals);
     TEST_RUN(test_exact_integers);
     TEST_RUN(test_bound);
     TEST_RUN(test_backend);
+    TEST_RUN(test_gemm8);
     return test_summary();
 }

@@ -229,8 +229,9 @@ pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t 
  * floats of per-thread scratch. */
 int pt_cpu_gemm_i8_available(void);
 /* The same GEMM with x as the integer pieces of pt_cpu_arrange_xint_rows
- * (xq [T, 3K] bytes, steps [T, ng]) instead of int8: 4-bit weights only,
- * the L1 path's accuracy (qdot_xint_avx512.c); same scratch. */
+ * (xq [T, 3K] bytes, steps [T, ng]) instead of int8: 4- and 8-bit weights
+ * (8-bit: the pieces' sums combined in int64), the L1 path's accuracy
+ * (qdot_xint_avx512.c); same scratch. */
 void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep, const float *xs, int64_t T,
                       const pt_matrix *w, int64_t expert);
 size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
@@ -262,6 +263,9 @@ typedef struct {
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
     int xint;    /* 4/8-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 / f32 kernels) */
     int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
+    int xgemm8;  /* 8-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM8, default 1; 0: the f32 GEMM) */
+    int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT=1) or the
+                  * guided claims from one counter (default 0); the same bits either way */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 /* How often each quantized matmul path ran (cpu_matmul.c), so a test can
@@ -269,7 +273,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * 4-bit decode tokens through the integer-piece kernel (XINT), the bf16
  * kernel (BF16) or the f32-x kernel (F32); 8-bit decode tokens through the
  * integer-piece kernel (XINT8) or the f32-x kernel (Q8F32); prefill calls
- * through the integer-piece GEMM (XGEMM) or the f32 GEMM (GEMM). Relaxed
+ * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit) or the f32
+ * GEMM (GEMM). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -278,6 +283,7 @@ enum {
     PT_CPU_PATH_XINT8,
     PT_CPU_PATH_Q8F32,
     PT_CPU_PATH_XGEMM,
+    PT_CPU_PATH_XGEMM8,
     PT_CPU_PATH_GEMM,
     PT_CPU_PATH_N
 };

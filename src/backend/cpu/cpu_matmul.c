@@ -13,10 +13,11 @@
  *   T >= PT_CPU_DIRECT_T (prefill): a packed GEMM (mm_gemm below) whose
  *     weights are dequantized once per call into k-major panels, so the
  *     dequantization cost is paid once per weight, not per token; 4-bit
- *     weights with bf16 activations on AVX-512 VNNI take the integer GEMM
- *     with x as exact integer pieces instead (pt_cpu_gemm_xint,
- *     PETREL_CPU_XGEMM), and the decode path's 4- and 8-bit bf16 tokens the
- *     integer-piece kernels (qdot_xint_avx512.c, PETREL_CPU_XINT).
+ *     and 8-bit weights with bf16 activations on AVX-512 VNNI take the integer
+ *     GEMM with x as exact integer pieces instead (pt_cpu_gemm_xint,
+ *     PETREL_CPU_XGEMM / PETREL_CPU_XGEMM8), and the decode path's 4- and
+ *     8-bit bf16 tokens the integer-piece kernels (qdot_xint_avx512.c,
+ *     PETREL_CPU_XINT).
  * The two paths round differently, so a row's result depends on which one
  * ran; matmul_rows (continuous batching) always takes the decode path so a
  * batched row is bit-identical to the same row decoded alone. matmul_multi
@@ -38,10 +39,12 @@
  * once, each on unless its variable is "0" (PETREL_CPU_MULTI=0: matmul_multi
  * makes the separate calls; PETREL_CPU_SCALE16=0: the 4-bit bf16 decode
  * kernel takes scales/biases converted to f32 by the caller — both the same
- * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0: the 4- and 8-bit
- * decode kernels / the 4-bit prefill GEMM without x as integer pieces, which round
- * differently); a field a dev benchmark has already set is kept. */
-pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1};
+ * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0 / PETREL_CPU_XGEMM8=0:
+ * the 4- and 8-bit decode kernels / the 4-bit / the 8-bit prefill GEMM without
+ * x as integer pieces, which round differently); PETREL_CPU_SPLIT=1 (off by
+ * default): the decode matvecs' contiguous per-thread split (owned_run), the
+ * same bits; a field a dev benchmark has already set is kept. */
+pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .split = -1};
 
 static void lever_read(int *field, const char *name) {
     if (*field >= 0) return;
@@ -49,11 +52,20 @@ static void lever_read(int *field, const char *name) {
     *field = !(e && !strcmp(e, "0"));
 }
 
+/* A lever that is off unless its variable is "1" (PETREL_CPU_SPLIT). */
+static void lever_read_off(int *field, const char *name) {
+    if (*field >= 0) return;
+    const char *e = getenv(name);
+    *field = e && !strcmp(e, "1");
+}
+
 static void levers_read(void) {
     lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI");
     lever_read(&pt_cpu_lever.scale16, "PETREL_CPU_SCALE16");
     lever_read(&pt_cpu_lever.xint, "PETREL_CPU_XINT");
     lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM");
+    lever_read(&pt_cpu_lever.xgemm8, "PETREL_CPU_XGEMM8");
+    lever_read_off(&pt_cpu_lever.split, "PETREL_CPU_SPLIT");
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -455,10 +467,75 @@ static void guided_run(void *arg, long u0, long u1, int ith) {
     }
 }
 
+/* The other split (PETREL_CPU_SPLIT=1): each thread owns one contiguous
+ * share of the rows ([lo, hi) in one atomic word, lo in the low 32 bits)
+ * and claims it from the front, so its rows stream in order and its
+ * prefetch runs into rows it will read itself; a thread whose share is done
+ * steals the back half of the first share that has rows left (in ith
+ * order), so a descheduled thread still delays the op by at most what it
+ * has claimed. The owner's claims are a quarter of what is left of its
+ * share (at least min_take rows), so the rows a thief can take shrink
+ * towards the end. Which thread computes a row never changes its bits. */
+#define PT_SPLIT_MAX 64
+
+typedef struct {
+    _Atomic uint64_t r[PT_SPLIT_MAX];
+    long grain, min_take;
+    int nth;
+    pt_pool_range_fn fn;
+    void *ctx;
+} owned_ctx;
+
+static void owned_run(void *arg, long u0, long u1, int ith) {
+    owned_ctx *o = arg;
+    (void)u0;
+    (void)u1;
+    for (;;) { /* the own share, from the front */
+        uint64_t v = atomic_load_explicit(&o->r[ith], memory_order_relaxed);
+        long lo = (long)(v & 0xffffffffu), hi = (long)(v >> 32);
+        if (lo >= hi) break;
+        long take = (hi - lo) / 4;
+        if (take < o->min_take) take = o->min_take;
+        take = (take + o->grain - 1) / o->grain * o->grain;
+        if (take > hi - lo) take = hi - lo;
+        if (atomic_compare_exchange_weak_explicit(&o->r[ith], &v, v + (uint64_t)take, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            o->fn(o->ctx, lo, lo + take, ith);
+    }
+    for (int k = 1; k < o->nth; k++) { /* then the back halves of the others' shares */
+        int vi = (ith + k) % o->nth;
+        for (;;) {
+            uint64_t v = atomic_load_explicit(&o->r[vi], memory_order_relaxed);
+            long lo = (long)(v & 0xffffffffu), hi = (long)(v >> 32);
+            if (lo >= hi) break;
+            long take = (hi - lo) / 2;
+            take = (take + o->grain - 1) / o->grain * o->grain;
+            if (take < o->grain) take = o->grain;
+            if (take > hi - lo) take = hi - lo;
+            uint64_t nv = ((uint64_t)(hi - take) << 32) | (uint64_t)lo;
+            if (atomic_compare_exchange_weak_explicit(&o->r[vi], &v, nv, memory_order_relaxed, memory_order_relaxed))
+                o->fn(o->ctx, hi - take, hi, ith);
+        }
+    }
+}
+
 static void pool_for_guided(pt_cpu *c, long n, long grain, size_t row_bytes, pt_pool_range_fn fn, void *ctx) {
     int nth = pt_pool_size(c->pool);
     if (nth == 1) {
         fn(ctx, 0, n, 0);
+        return;
+    }
+    if (pt_cpu_lever.split > 0 && nth <= PT_SPLIT_MAX && n < (1L << 31)) {
+        owned_ctx o = {.grain = grain, .nth = nth, .fn = fn, .ctx = ctx};
+        o.min_take = (long)(PT_GUIDED_MIN_BYTES / (row_bytes ? row_bytes : 1));
+        if (o.min_take < grain) o.min_take = grain;
+        long share = ((n + nth - 1) / nth + grain - 1) / grain * grain;
+        for (int i = 0; i < nth; i++) {
+            long lo = i * share < n ? i * share : n, hi = lo + share < n ? lo + share : n;
+            atomic_init(&o.r[i], ((uint64_t)hi << 32) | (uint64_t)lo);
+        }
+        /* 4 units per thread, as below: any thread that wakes up runs its share */
+        pt_pool_for(c->pool, 4L * nth, 1, owned_run, &o);
         return;
     }
     guided_ctx g = {.n = n, .grain = grain, .nth = nth, .fn = fn, .ctx = ctx};
@@ -687,11 +764,11 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         return PT_OK;
     }
     int gs = w->group_size;
-    if (!direct && T >= PT_CPU_DIRECT_T && !i8 && w->bits == 4 && c->base.act == PT_ACT_BF16 &&
+    if (!direct && T >= PT_CPU_DIRECT_T && !i8 && (w->bits == 4 || w->bits == 8) && c->base.act == PT_ACT_BF16 &&
         c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
         pt_cpu_gemm_i8_available()) {
         levers_init();
-        if (pt_cpu_lever.xgemm > 0) {
+        if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
             /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
              * steps [T·ng], pieces [3·T·K bytes] */
             int64_t ng = K / gs;
@@ -702,7 +779,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
             pt_pool_for(c->pool, (long)T, 8, xgemm_prep_job, &q);
             if (!atomic_load(&q.bad)) {
                 pt_cpu_gemm_xint(c, y, q.xq, q.st, q.xs, T, w, expert);
-                path_count(PT_CPU_PATH_XGEMM, 1);
+                path_count(w->bits == 4 ? PT_CPU_PATH_XGEMM : PT_CPU_PATH_XGEMM8, 1);
                 return PT_OK;
             }
         }

@@ -23,7 +23,10 @@
  * bf16 activations (pt_cpu_gemm_xint, PETREL_CPU_XGEMM): x as the three exact
  * integer pieces of qdot_xint_avx512.c instead of int8, three passes of
  * vpdpbusd per group chunk (tile8x3). On this VM it replaces the f32 GEMM,
- * whose FMAs do 16 multiply-adds per instruction against vpdpbusd's 64. */
+ * whose FMAs do 16 multiply-adds per instruction against vpdpbusd's 64.
+ * 8-bit weights take the same pieces (pt_cpu_gemm_xint, PETREL_CPU_XGEMM8,
+ * tile8x3q8): their sums per piece stay exact in int32 and are combined in
+ * int64. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
@@ -187,6 +190,91 @@ static void tile8x3(float *F, const uint8_t *P, const float *S, const float *B, 
     }
 }
 
+/* f32(J·2^7 + IC) for 16 lanes: the sum formed exactly in int64 (|J·2^7 + IC|
+ * < 2^37), then one conversion (round to nearest even). */
+static inline __m512 q8_sum(const int32_t *J, __m512i ic) {
+    __m512i j = _mm512_loadu_si512((const void *)J);
+    __m512i lo = _mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(j)), 7),
+                                  _mm512_cvtepi32_epi64(_mm512_castsi512_si256(ic)));
+    __m512i hi = _mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(j, 1)), 7),
+                                  _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(ic, 1)));
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo)), _mm512_cvtepi64_ps(hi), 1);
+}
+
+/* tile8x3 for 8-bit codes (PETREL_CPU_XGEMM8). A chunk's Σ q·X no longer
+ * fits int32 (64·255·2^21 > 2^31), so the pieces' sums are kept apart long
+ * enough to stay exact: per group, IA = Σ q·A (|IA| <= 128·255·128 < 2^22
+ * for groups up to 128), shifted left by 7 and continued with the B pieces
+ * into J = IA·2^7 + IB (|J| < 2^30: exact in int32), stashed in L1; then
+ * IC = Σ q·C in the same registers; Σ q·X = J·2^7 + IC (< 2^37) is formed
+ * exactly in int64 and converted to f32 once (one rounding, as the 4-bit
+ * tile's int32 → f32 conversion), scaled by sc·step; the bias term once per
+ * group. Per group and tile: 3·gs/4·16 vpdpbusd against 16 stores, 16
+ * loads and ~12 widening / shift / add / conversion ops per 16 sums. */
+static void tile8x3q8(float *F, const uint8_t *P, const float *S, const float *B, const int8_t *xq, const float *xst,
+                      const float *xs, const int64_t *tt, int64_t K, int64_t gs) {
+    int64_t ng = K / gs;
+    int32_t J[MR * 32]; /* [t][32 rows]: IA·2^7 + IB of the current group */
+#define XPTR(t) const int8_t *x##t = xq + tt[t] * 3 * K;
+    X8(XPTR)
+#undef XPTR
+    for (int i = 0; i < MR * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+    for (int64_t g = 0; g < ng; g++) {
+        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+#define ZERO(t) __m512i i##t##a = _mm512_setzero_si512(), i##t##b = _mm512_setzero_si512();
+        X8(ZERO)
+#undef ZERO
+        for (int64_t pc = 0; pc < 3; pc++) {
+            if (pc == 1) {
+#define SHL(t) i##t##a = _mm512_slli_epi32(i##t##a, 7), i##t##b = _mm512_slli_epi32(i##t##b, 7);
+                X8(SHL)
+#undef SHL
+            } else if (pc == 2) {
+#define STASH(t)                                                                                               \
+    _mm512_storeu_si512((void *)(J + t * 32), i##t##a), _mm512_storeu_si512((void *)(J + t * 32 + 16), i##t##b); \
+    i##t##a = _mm512_setzero_si512(), i##t##b = _mm512_setzero_si512();
+                X8(STASH)
+#undef STASH
+            }
+            for (int64_t k = g * gs; k < (g + 1) * gs; k += 4) {
+                __m512i w0 = _mm512_loadu_si512((const void *)(P + k * 32)),
+                        w1 = _mm512_loadu_si512((const void *)(P + k * 32 + 64));
+#define DOT(t)                                                                                                 \
+    {                                                                                                          \
+        int32_t v_;                                                                                            \
+        memcpy(&v_, x##t + pc * K + k, 4);                                                                     \
+        __m512i b_ = _mm512_set1_epi32(v_);                                                                    \
+        DPBUSD(i##t##a, w0, b_);                                                                               \
+        DPBUSD(i##t##b, w1, b_);                                                                               \
+    }
+                X8(DOT)
+#undef DOT
+            }
+        }
+#define POST(t)                                                                                                \
+    {                                                                                                          \
+        __m512 d_ = _mm512_set1_ps(xst[tt[t] * ng + g]);                                                       \
+        float *f_ = F + t * 32;                                                                                \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(q8_sum(J + t * 32, i##t##a), _mm512_mul_ps(s0, d_),                  \
+                                             _mm512_loadu_ps(f_)));                                            \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(q8_sum(J + t * 32 + 16, i##t##b), _mm512_mul_ps(s1, d_),        \
+                                                  _mm512_loadu_ps(f_ + 16)));                                  \
+    }
+        X8(POST)
+#undef POST
+        __m512 b0 = _mm512_loadu_ps(B + g * 32), b1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define BIAS(t)                                                                                                \
+    {                                                                                                          \
+        __m512 e_ = _mm512_set1_ps(xs[tt[t] * ng + g]);                                                        \
+        float *f_ = F + t * 32;                                                                                \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(b0, e_, _mm512_loadu_ps(f_)));                                    \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(b1, e_, _mm512_loadu_ps(f_ + 16)));                          \
+    }
+        X8(BIAS)
+#undef BIAS
+    }
+}
+
 static void gi8_panels(void *arg, long n0, long n1, int ith) {
     gi8_ctx *m = arg;
     const pt_matrix *w = m->w;
@@ -226,7 +314,8 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
-            if (m->xstep) tile8x3(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
+            if (m->xstep && w->bits == 8) tile8x3q8(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
+            else if (m->xstep) tile8x3(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
             else tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
             for (int t = 0; t < MR && t0 + t < T; t++)
                 for (int r = 0; r < nr; r++) {
