@@ -1,0 +1,740 @@
+/* The CUDA MoE decode path (PETREL_CUDA_MOE_V2, on unless "0"): routing one
+ * warp per token, the experts' gate|up + activation and down + combine as
+ * one-warp-per-row GEMVs over the (token, k) items or over the experts
+ * that the items picked. Not here: the block routing kernel, the combine
+ * kernel and the grouped prefill (moe.cu), the shared GEMV (matmul.cu).
+ *
+ * ---- the decode path ---------------------------------------------------
+ * The same arithmetic as the kernels it replaces, in fewer and wider
+ * launches (the per-item GEMV ran 6144 blocks of one warp per projection and
+ * the routing and combine were one-block kernels):
+ *  - routing: one warp per token (moe_route_warp_kernel) instead of a block
+ *    of ROUTE_THREADS; the softmax sum is formed in the block kernel's order
+ *    (the ROUTE_THREADS virtual threads' serial sums, each warp of them
+ *    reduced by the butterfly, the four warp sums as (s0 + s2) + (s1 + s3)),
+ *    the top-k is an exact argmax (order-free), so the picks and weights are
+ *    the same bits;
+ *  - gate|up + activation: one launch (moe_gu_kernel) over (row pair, item);
+ *    the block stages x in shared memory once, a warp holds its lanes'
+ *    slices of it in registers and computes two gate rows and the matching
+ *    two up rows (every code and scale load issued before the arithmetic),
+ *    then the GLU, so the gate/up scratch and the GLU launch go away;
+ *  - down + combine: one launch (moe_down_kernel) over (8 output rows,
+ *    token); warp j computes the 8 rows of the token's j-th expert into
+ *    shared memory, then 8 threads form the weighted sum in ascending
+ *    (expert, slot) order, rounding after each add as moe_combine_kernel.
+ * Each row's dot product is formed exactly as the fast GEMV (matmul.cu,
+ * gemv_fast_kernel) forms it with one warp per row: lane l takes the
+ * 16-byte code chunks l, l + 32, ... in order, per chunk
+ * scale·Σq·x + bias·Σx, then the warp's butterfly sum; so a token's result
+ * depends on nothing but its own row (batch-invariant), and equals the
+ * per-item path wherever that path chose one warp per row (the MoE shapes'
+ * decode). Applies to 4/8-bit experts in the MLX layout with K <= 2048 (x
+ * fits the registers: 64 values per lane); other weights take the per-item
+ * path. From MOE_EXPERT_MIN_B items (T·top_k) on, the same per-row code runs
+ * over an expert grid instead (moe_gu_expert_kernel, moe_down_expert_kernel
+ * + moe_combine_kernel, below): one block per (rows, expert) that keeps its
+ * rows in registers for all the items that picked the expert; each (row,
+ * item) value and the combine are the same bits as in the per-item grid. */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/matmul.cuh"
+#include "backend/cuda/moe_decode.cuh"
+
+static int g_moe_v2 = -1;
+int pt_cuda_moe_v2_on(void) {
+    if (g_moe_v2 < 0) g_moe_v2 = pt_env_on("PETREL_CUDA_MOE_V2");
+    return g_moe_v2;
+}
+/* For tests and benchmarks that compare both paths in one process: 1 the
+ * decode path above, 0 the per-item kernels, -1 re-reads the environment. */
+extern "C" void pt_cuda_moe_select(int v2) {
+    g_moe_v2 = v2 < 0 ? -1 : v2 != 0;
+    (void)pt_cuda_moe_v2_on();
+}
+
+#define ROUTE_THREADS 128 /* the block routing kernel's threads (moe.cu), whose sums this repeats */
+#define ROUTE_WARPS 4 /* tokens (warps) per block of the warp routing kernel */
+
+/* One warp per token; prob[] is this warp's slice of the shared memory
+ * (E floats). Same results as moe_route_kernel (moe.cu; see above). */
+__global__ void __launch_bounds__(ROUTE_WARPS * 32)
+    moe_route_warp_kernel(int32_t *idx, float *weights, const float *logits, int64_t T, int E, int k, int renorm,
+                          const float *per_expert_scale, int bf) {
+    extern __shared__ float route_sm[]; /* [warps per block][E] */
+    pt_release_dependents();
+    pt_wait_primary();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    if (t >= T) return;
+    float *prob = route_sm + (size_t)warp * E;
+    const float *l = logits + t * E;
+    float m = -INFINITY;
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+    m = pt_warp_max(m); /* a max: the same whatever the order */
+    /* virtual thread v = 32·w + lane of the ROUTE_THREADS-thread block sums
+     * e = v, v + ROUTE_THREADS, ... in that order */
+    float s[ROUTE_THREADS / 32];
+#pragma unroll
+    for (int w = 0; w < ROUTE_THREADS / 32; w++) {
+        float a = 0.f;
+        for (int e = 32 * w + lane; e < E; e += ROUTE_THREADS) {
+            const float p = expf(l[e] - m);
+            prob[e] = p;
+            a += p;
+        }
+        s[w] = pt_warp_sum(a);
+    }
+    static_assert(ROUTE_THREADS == 128, "pt_block_sum's second stage below is written for four warps");
+    const float sum = (s[0] + s[2]) + (s[1] + s[3]);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) prob[e] = prob[e] / sum;
+    __syncwarp();
+    /* lane 0 keeps the picks (k <= 64) and writes them once at the end:
+     * reading them back from global memory cost a round trip per pick */
+    int32_t pick[64];
+    float pw[64];
+    for (int j = 0; j < k; j++) {
+        float best = -INFINITY;
+        int bi = -1;
+        for (int e = lane; e < E; e += 32)
+            if (prob[e] != -INFINITY && (bi < 0 || prob[e] > best)) {
+                best = prob[e];
+                bi = e;
+            }
+        /* (value, index) argmax, ties to the lower index: one total order,
+         * so every lane ends with the same pick */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
+                best = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            pick[j] = bi;
+            pw[j] = bi >= 0 ? prob[bi] : 0.f;
+            if (bi >= 0) prob[bi] = -INFINITY; /* taken */
+        }
+        __syncwarp();
+    }
+    if (lane == 0) {
+        int32_t *it = idx + t * k;
+        float *wt = weights + t * k;
+        float tsum = 0.f;
+        for (int j = 0; j < k; j++) tsum += pw[j];
+        for (int j = 0; j < k; j++) {
+            float w = renorm ? pw[j] / tsum : pw[j];
+            if (per_expert_scale) w *= per_expert_scale[pick[j]];
+            it[j] = pick[j];
+            wt[j] = pt_rnd(bf, w);
+        }
+    }
+}
+
+/* The routing of moe.cu's pt_cuda_moe_route with the decode path on. */
+pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const float *logits, int64_t T,
+                                 const pt_moe_route *p) {
+    const int E = p->n_experts, k = p->top_k;
+    /* four tokens per block while their slices fit the default 48 KiB */
+    const int wpb = (size_t)E * sizeof(float) * ROUTE_WARPS <= 48 * 1024 ? ROUTE_WARPS : 1;
+    pt_launch(moe_route_warp_kernel, dim3((unsigned)((T + wpb - 1) / wpb)), dim3(32 * wpb),
+              (size_t)wpb * E * sizeof(float), c->stream, pt_pdl_chain(), idx, weights, logits, T, E, k, p->renorm,
+              p->per_expert_scale, pt_cuda_bf(&c->base));
+    CUDA_CHECK_LAUNCH("moe_route");
+    return PT_OK;
+}
+
+/* ---- decode path: the expert GEMVs ---------------------------------------- */
+
+#define MOE_GU_WARPS 4 /* warps per block of moe_gu_kernel */
+#define MOE_GU_RPW 2   /* gate rows (and as many up rows) per warp */
+#define MOE_DN_ROWS 8  /* output rows per block of moe_down_kernel */
+#define MOE_DN_WARPS 8 /* most warps per block of moe_down_kernel (one expert each) */
+#define MOE_MAX_X 64   /* x values per lane held in registers: K <= 32·64 = 2048 */
+
+/* One expert stack in the MLX layout, the part a kernel reads. */
+struct moe_qm {
+    const uint32_t *codes;        /* [E·rows, K·BITS/32] */
+    const void *scales, *biases;  /* [E·rows, K/gs] of st */
+    const void *bias;             /* [E·rows] of bt, or NULL */
+    pt_ftype st, bt;
+    int gs, gshift;               /* group size, its log2 (gs is 32, 64 or 128) */
+    int64_t rows;                 /* rows per expert */
+    int64_t row_off;              /* first row used (the up half of a fused gate|up) */
+};
+
+static moe_qm moe_qm_of(const pt_matrix *w, int64_t row_off) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    moe_qm m;
+    m.codes = (const uint32_t *)cw->data;
+    m.scales = cw->scales;
+    m.biases = cw->biases;
+    m.bias = cw->bias;
+    m.st = w->dtype;
+    m.bt = w->bias_dtype;
+    m.gs = w->group_size;
+    m.gshift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    m.rows = w->rows;
+    m.row_off = row_off;
+    return m;
+}
+
+/* Item b's expert; outside [0, E) it raises the error word (matmul.cu's
+ * protocol: flag 2, the value) and the item computes zeros from expert 0. */
+__device__ __forceinline__ int64_t moe_item_expert(const int32_t *idx, int64_t b, int64_t E, int *err, bool &ok) {
+    int64_t e = idx[b];
+    ok = e >= 0 && e < E;
+    if (!ok) {
+        if ((threadIdx.x & 31) == 0 && atomicCAS(err, 0, 2) == 0) err[1] = (int)e;
+        e = 0;
+    }
+    return e;
+}
+
+/* The lane's x chunks c = lane + 32·j (VPC values each, chunk c at
+ * x + c·stride), as the fast GEMV uses them: 4-bit values pre-multiplied by
+ * 16^-i (i = the value's place in its 16-bit half: exact, a power of two),
+ * and Σx per chunk in its order. SMEM: x is the shared-memory copy of
+ * moe_stage_x (plain loads), else global memory (read-only loads). */
+template <int BITS, int CPL, bool SMEM>
+__device__ __forceinline__ void moe_load_x(float (&xr)[CPL][128 / BITS], float (&sx)[CPL], const float *x,
+                                           int64_t stride, int64_t nchunks, int lane) {
+    constexpr int VPC = 128 / BITS;
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+        const int64_t c = lane + 32 * j;
+        sx[j] = 0.f;
+#pragma unroll
+        for (int q = 0; q < VPC / 4; q++) {
+            float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (c < nchunks) {
+                const float4 *p = reinterpret_cast<const float4 *>(x + c * stride) + q;
+                xv = SMEM ? *p : __ldg(p);
+            }
+            sx[j] += xv.x + xv.y + xv.z + xv.w;
+            if constexpr (BITS == 4) {
+                xr[j][4 * q] = xv.x, xr[j][4 * q + 1] = xv.y * 0.0625f, xr[j][4 * q + 2] = xv.z * 0.00390625f,
+                          xr[j][4 * q + 3] = xv.w * 0.000244140625f;
+            } else {
+                xr[j][4 * q] = xv.x, xr[j][4 * q + 1] = xv.y, xr[j][4 * q + 2] = xv.z, xr[j][4 * q + 3] = xv.w;
+            }
+        }
+    }
+}
+
+/* x [K] into shared memory by the whole block (coalesced 16-byte loads),
+ * chunk c at xs + c·(VPC + 4). Read straight from global memory, each
+ * lane's chunk is 128 bytes (4-bit) from its neighbour's, so one 16-byte
+ * load of the warp touches 32 lines (32 L1 wavefronts; at one warp per row
+ * this was the GEMV's bottleneck); the 4-float pad here puts the lanes'
+ * reads four to a bank group: 4 wavefronts per 512 bytes, the minimum. */
+template <int BITS>
+__device__ __forceinline__ void moe_stage_x(float *xs, const float *x, int64_t K) {
+    constexpr int VPC = 128 / BITS;
+    const float4 *x4 = reinterpret_cast<const float4 *>(x);
+    for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
+        const int64_t c = i / (VPC / 4), q = i % (VPC / 4);
+        *reinterpret_cast<float4 *>(xs + c * (VPC + 4) + 4 * q) = __ldg(x4 + i);
+    }
+}
+
+/* Σ q·x' over one 16-byte chunk of codes, in gemv_fast_kernel's order (the
+ * magic-number conversion: a code OR-ed into the mantissa of 2^23). */
+template <int BITS>
+__device__ __forceinline__ float moe_chunk_dot(const uint4 &w, const float *xr) {
+    const float MAGIC = 8388608.0f;
+    constexpr int VPC = 128 / BITS;
+    float d = 0.f;
+#pragma unroll
+    for (int q = 0; q < VPC / 4; q++) {
+        const int wi = BITS == 4 ? q >> 1 : q;
+        const uint32_t word = wi == 0 ? w.x : wi == 1 ? w.y : wi == 2 ? w.z : w.w;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t bits;
+            if constexpr (BITS == 4) {
+                const uint32_t half = (q & 1) ? word >> 16 : word;
+                bits = (half & (0xFu << (4 * i))) | 0x4B000000u;
+            } else {
+                bits = __byte_perm(word, 0x4B000000u, (unsigned)(i | (4 << 4) | (5 << 8) | (7 << 12)));
+            }
+            d = fmaf(__uint_as_float(bits) - MAGIC, xr[4 * q + i], d);
+        }
+    }
+    return d;
+}
+
+/* The lane's codes of global row grow (chunks lane + 32·j; zeros past the
+ * row) and the chunks' scales and biases: every load of a row issued before
+ * any is used, so a warp's rows are in flight together (loaded inside the
+ * dot product, each row's scales cost a memory round trip in turn). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_load_row(uint4 (&w)[CPL], float (&sc)[CPL], float (&bi)[CPL], const moe_qm &m,
+                                             int64_t grow, int64_t K, int64_t nchunks, int lane) {
+    constexpr int VPC = 128 / BITS;
+    const uint4 *rp = reinterpret_cast<const uint4 *>(m.codes + grow * (K * BITS / 32));
+    const int64_t ngroups = K >> m.gshift; /* shifts: a 64-bit division is a subroutine */
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+        const int c = lane + 32 * j;
+        w[j] = make_uint4(0u, 0u, 0u, 0u);
+        sc[j] = bi[j] = 0.f;
+        if (c < nchunks) {
+            w[j] = __ldg(rp + c);
+            const int64_t gi = grow * ngroups + ((c * VPC) >> m.gshift);
+            if (m.st == PT_FT_BF16) {
+                sc[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.scales + gi));
+                bi[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.biases + gi));
+            } else {
+                sc[j] = pt_ld(m.st, m.scales, gi);
+                bi[j] = pt_ld(m.st, m.biases, gi);
+            }
+        }
+    }
+}
+
+/* The lane's partial of a row: Σ over its chunks of scale·d + bias·Σx. */
+template <int BITS, int CPL>
+__device__ __forceinline__ float moe_row_partial(const uint4 (&w)[CPL], const float (&sc)[CPL], const float (&bi)[CPL],
+                                                 const float (&xr)[CPL][128 / BITS], const float (&sx)[CPL],
+                                                 int64_t nchunks, int lane) {
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+        const int64_t c = lane + 32 * j;
+        if (c < nchunks) {
+            const float d = moe_chunk_dot<BITS>(w[j], xr[j]);
+            acc += sc[j] * d + bi[j] * sx[j];
+        }
+    }
+    return acc;
+}
+
+/* The row's value as the fast GEMV stores it: the warp sum (added to 0, the
+ * one-warp block's fold), the bias, the rounding; zeros for a bad expert. */
+__device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t grow, bool eok, int bf) {
+    v = 0.f + v;
+    if (m.bias) v += pt_ld(m.bt, m.bias, grow);
+    return eok ? pt_rnd(bf, v) : 0.f;
+}
+
+/* A warp's 2·RPW rows of expert e: gate rows r0 .. r0 + RPW, then the
+ * same up rows (rows past I read row I − 1 and store nothing). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_gu_rows(uint4 (&w)[2 * MOE_GU_RPW][CPL], float (&sc)[2 * MOE_GU_RPW][CPL],
+                                            float (&bi)[2 * MOE_GU_RPW][CPL], int64_t (&grow)[2 * MOE_GU_RPW],
+                                            const moe_qm &g, const moe_qm &u, int64_t e, int64_t r0, int64_t I,
+                                            int64_t K, int64_t nchunks, int lane) {
+#pragma unroll
+    for (int d = 0; d < 2 * MOE_GU_RPW; d++) {
+        const moe_qm &m = d < MOE_GU_RPW ? g : u;
+        const int64_t r = r0 + d % MOE_GU_RPW < I ? r0 + d % MOE_GU_RPW : I - 1;
+        grow[d] = e * m.rows + m.row_off + r;
+        moe_load_row<BITS, CPL>(w[d], sc[d], bi[d], m, grow[d], K, nchunks, lane);
+    }
+}
+
+/* h[b, r0 .. r0 + RPW) = glu(gate row · x, up row · x) from the rows of
+ * moe_gu_rows and item b's x staged in xs (moe_stage_x), rounded as
+ * pt_cuda_glu rounds (pt_glu_val, the GLU kernel's own code). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_gu_out(float *h, int64_t b, const float *xs,
+                                           const uint4 (&w)[2 * MOE_GU_RPW][CPL],
+                                           const float (&sc)[2 * MOE_GU_RPW][CPL],
+                                           const float (&bi)[2 * MOE_GU_RPW][CPL],
+                                           const int64_t (&grow)[2 * MOE_GU_RPW], const moe_qm &g, const moe_qm &u,
+                                           int64_t r0, int64_t I, int64_t nchunks, int lane, bool eok, int bf,
+                                           int act) {
+    constexpr int VPC = 128 / BITS;
+    float xr[CPL][VPC], sx[CPL];
+    moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
+    float v[2 * MOE_GU_RPW];
+#pragma unroll
+    for (int d = 0; d < 2 * MOE_GU_RPW; d++)
+        v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < MOE_GU_RPW; r++) {
+            if (r0 + r >= I) break;
+            const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
+            const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
+            h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
+        }
+    }
+}
+
+/* h[b, r] = act(gate row r · x) · (up row r · x) for item b (x row b / k),
+ * rounded as pt_cuda_glu rounds; r in [0, I). Grid (I / (WARPS·RPW), B). */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_GU_WARPS * 32)
+    moe_gu_kernel(float *h, const float *x, const int32_t *idx, int k, int64_t K, int64_t I, moe_qm g, moe_qm u,
+                  int64_t n_experts, int *err, int bf, int act) {
+    constexpr int VPC = 128 / BITS;
+    __shared__ __align__(16) float xs[32 * CPL * (VPC + 4)]; /* x of the block's item, chunks padded */
+    pt_release_dependents();
+    pt_wait_primary();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GU_WARPS + warp) * MOE_GU_RPW;
+    bool eok;
+    const int64_t e = moe_item_expert(idx, b, n_experts, err, eok);
+    const int64_t nchunks = K / VPC;
+    /* every code and scale load of the warp's 2·RPW rows first (rows past
+     * I read row I − 1 and store nothing), then x through shared memory */
+    uint4 w[2 * MOE_GU_RPW][CPL];
+    float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
+    int64_t grow[2 * MOE_GU_RPW];
+    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
+    moe_stage_x<BITS>(xs, x + (b / k) * K, K);
+    __syncthreads();
+    if (r0 >= I) return;
+    moe_gu_out<BITS, CPL>(h, b, xs, w, sc, bi, grow, g, u, r0, I, nchunks, lane, eok, bf, act);
+}
+
+/* y[t, d0 .. d0 + DN_ROWS) = the weighted sum over token t's k experts of
+ * (down row d · h[t·k + j]), combined as moe_combine_kernel. Grid
+ * (H / DN_ROWS, T); block min(k, DN_WARPS) warps, warp w takes experts
+ * j = w, w + warps, ... */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_DN_WARPS * 32)
+    moe_down_kernel(float *y, const float *h, const int32_t *idx, const float *weights, int k, int64_t H,
+                    int64_t I, moe_qm m, int64_t n_experts, int *err, int bf) {
+    __shared__ float o[64][MOE_DN_ROWS]; /* [k][row]: each expert's rounded output */
+    __shared__ int ord[64];              /* the slots in ascending (expert, slot) order */
+    pt_release_dependents();
+    pt_wait_primary();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t t = blockIdx.y, d0 = (int64_t)blockIdx.x * MOE_DN_ROWS;
+    constexpr int VPC = 128 / BITS;
+    const int64_t nchunks = I / VPC;
+#pragma unroll 1 /* the body is 8 rows unrolled already */
+    for (int j = warp; j < k; j += nw) {
+        const int64_t b = t * k + j;
+        bool eok;
+        const int64_t e = moe_item_expert(idx, b, n_experts, err, eok);
+        uint4 w[MOE_DN_ROWS][CPL];
+        float sc[MOE_DN_ROWS][CPL], bi[MOE_DN_ROWS][CPL];
+        int64_t grow[MOE_DN_ROWS];
+#pragma unroll
+        for (int r = 0; r < MOE_DN_ROWS; r++) {
+            grow[r] = e * m.rows + (d0 + r < H ? d0 + r : d0);
+            moe_load_row<BITS, CPL>(w[r], sc[r], bi[r], m, grow[r], I, nchunks, lane);
+        }
+        float xr[CPL][VPC], sx[CPL];
+        moe_load_x<BITS, CPL, false>(xr, sx, h + b * I, VPC, nchunks, lane);
+#pragma unroll
+        for (int r = 0; r < MOE_DN_ROWS; r++) {
+            const float v = pt_warp_sum(moe_row_partial<BITS, CPL>(w[r], sc[r], bi[r], xr, sx, nchunks, lane));
+            if (lane == 0) o[j][r] = moe_row_out(v, m, grow[r], eok, bf);
+        }
+    }
+    if (threadIdx.x == 0) {
+        /* moe_combine_kernel's walk: the next larger (expert, slot) pair each step */
+        const int32_t *it = idx + t * k;
+        int prev = -1, prev_j = -1;
+        for (int n = 0; n < k; n++) {
+            int bj = -1;
+            for (int j = 0; j < k; j++) {
+                const int e = it[j];
+                const bool after = e > prev || (e == prev && j > prev_j);
+                if (after && (bj < 0 || e < it[bj])) bj = j;
+            }
+            prev = it[bj];
+            prev_j = bj;
+            ord[n] = bj;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < MOE_DN_ROWS && d0 + threadIdx.x < H) {
+        const float *wt = weights + t * k;
+        float acc = 0.f;
+        for (int n = 0; n < k; n++) {
+            const int j = ord[n];
+            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[j][threadIdx.x], wt[j])))); /* as moe_combine_kernel */
+        }
+        y[t * H + d0 + threadIdx.x] = acc;
+    }
+}
+
+/* ---- the decode path's expert grid (batches of more than MOE_EXPERT_MIN_B
+ * items) ----------------------------------------------------------------------
+ * The kernels above run one block per (rows, item): every item re-reads its
+ * expert's rows, so at a few tokens the weights are read top_k·T times. These
+ * run one block per (rows, expert): the block loads its rows of the expert
+ * into registers once, finds the items that picked the expert (a scan of
+ * idx[0 .. B) in ascending order) and forms each item's rows with the same
+ * per-row code as the kernels above (moe_load_row, moe_load_x,
+ * moe_row_partial, the butterfly, moe_row_out): each (row, item) value is
+ * the same bits whichever grid computed it, so a token's result still
+ * depends on nothing but its own row. Items whose index is outside [0, E)
+ * belong to expert 0's blocks (they compute zeros from expert 0 and raise
+ * the error word, as moe_item_expert does). A block whose expert nobody
+ * picked exits after the scan. */
+
+/* The items b in [base, base + blockDim.x) ∩ [0, B) routed to expert e, in
+ * ascending order, into items[]; returns their count. Every thread calls it. */
+__device__ __forceinline__ int moe_expert_items(int *items, int *wcount, const int32_t *idx, int64_t base, int64_t B,
+                                                int64_t e, int64_t n_experts) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t b = base + threadIdx.x;
+    bool hit = false;
+    if (b < B) {
+        const int64_t v = idx[b];
+        hit = v == e || (e == 0 && (v < 0 || v >= n_experts));
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, hit);
+    __syncthreads(); /* the previous tile's readers of items[] and wcount[] are done */
+    if (lane == 0) wcount[warp] = __popc(m);
+    __syncthreads();
+    int off = 0, n = 0;
+    for (int w = 0; w < nw; w++) {
+        if (w < warp) off += wcount[w];
+        n += wcount[w];
+    }
+    if (hit) items[off + __popc(m & ((1u << lane) - 1u))] = (int)b;
+    __syncthreads();
+    return n;
+}
+
+/* Whether any item of idx[0 .. B) is routed to expert e (block-wide). */
+__device__ __forceinline__ bool moe_expert_used(const int32_t *idx, int64_t B, int64_t e, int64_t n_experts) {
+    bool hit = false;
+    for (int64_t b = threadIdx.x; b < B && !hit; b += blockDim.x) {
+        const int64_t v = idx[b];
+        hit = v == e || (e == 0 && (v < 0 || v >= n_experts));
+    }
+    return __syncthreads_or(hit) != 0;
+}
+
+/* moe_gu_kernel over grid (I / (WARPS·RPW), E): the same h[b, r] for every
+ * item b that picked expert blockIdx.y. */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_GU_WARPS * 32)
+    moe_gu_expert_kernel(float *h, const float *x, const int32_t *idx, int64_t B, int k, int64_t K, int64_t I,
+                         moe_qm g, moe_qm u, int64_t n_experts, int *err, int bf, int act) {
+    constexpr int VPC = 128 / BITS;
+    __shared__ __align__(16) float xs[32 * CPL * (VPC + 4)]; /* x of the current item, chunks padded */
+    __shared__ int items[MOE_GU_WARPS * 32];                  /* this tile's items of the expert */
+    __shared__ int wcount[MOE_GU_WARPS];
+    pt_release_dependents();
+    pt_wait_primary();
+    const int64_t e = blockIdx.y;
+    if (!moe_expert_used(idx, B, e, n_experts)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GU_WARPS + warp) * MOE_GU_RPW;
+    const int64_t nchunks = K / VPC;
+    /* the warp's 2·RPW rows of the expert, once for all its items */
+    uint4 w[2 * MOE_GU_RPW][CPL];
+    float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
+    int64_t grow[2 * MOE_GU_RPW];
+    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
+    for (int64_t base = 0; base < B; base += blockDim.x) {
+        const int n = moe_expert_items(items, wcount, idx, base, B, e, n_experts);
+#pragma unroll 1
+        for (int i = 0; i < n; i++) {
+            const int64_t b = items[i];
+            bool eok;
+            (void)moe_item_expert(idx, b, n_experts, err, eok);
+            moe_stage_x<BITS>(xs, x + (b / k) * K, K);
+            __syncthreads();
+            if (r0 < I) moe_gu_out<BITS, CPL>(h, b, xs, w, sc, bi, grow, g, u, r0, I, nchunks, lane, eok, bf, act);
+            __syncthreads(); /* xs is rewritten for the next item */
+        }
+    }
+}
+
+#define MOE_DNE_WARPS 4 /* warps (DN_ROWS rows each) per block of moe_down_expert_kernel */
+
+/* o[b, d] = down row d of expert blockIdx.y · h[b] for every item b that
+ * picked it, rounded as moe_down_kernel rounds its per-expert outputs; grid
+ * (H / (DNE_WARPS·DN_ROWS), E). moe_combine_kernel then sums them in
+ * moe_down_kernel's order and rounding. */
+template <int BITS, int CPL>
+__global__ void __launch_bounds__(MOE_DNE_WARPS * 32)
+    moe_down_expert_kernel(float *o, const float *h, const int32_t *idx, int64_t B, int64_t H, int64_t I, moe_qm m,
+                           int64_t n_experts, int *err, int bf) {
+    __shared__ int items[MOE_DNE_WARPS * 32];
+    __shared__ int wcount[MOE_DNE_WARPS];
+    pt_release_dependents();
+    pt_wait_primary();
+    const int64_t e = blockIdx.y;
+    if (!moe_expert_used(idx, B, e, n_experts)) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t d0 = ((int64_t)blockIdx.x * MOE_DNE_WARPS + warp) * MOE_DN_ROWS;
+    constexpr int VPC = 128 / BITS;
+    const int64_t nchunks = I / VPC;
+    uint4 w[MOE_DN_ROWS][CPL];
+    float sc[MOE_DN_ROWS][CPL], bi[MOE_DN_ROWS][CPL];
+    int64_t grow[MOE_DN_ROWS];
+#pragma unroll
+    for (int r = 0; r < MOE_DN_ROWS; r++) {
+        grow[r] = e * m.rows + (d0 + r < H ? d0 + r : d0 < H ? d0 : H - 1);
+        moe_load_row<BITS, CPL>(w[r], sc[r], bi[r], m, grow[r], I, nchunks, lane);
+    }
+    for (int64_t base = 0; base < B; base += blockDim.x) {
+        const int n = moe_expert_items(items, wcount, idx, base, B, e, n_experts);
+        if (d0 >= H) continue;
+#pragma unroll 1
+        for (int i = 0; i < n; i++) {
+            const int64_t b = items[i];
+            bool eok;
+            (void)moe_item_expert(idx, b, n_experts, err, eok);
+            float xr[CPL][VPC], sx[CPL];
+            moe_load_x<BITS, CPL, false>(xr, sx, h + b * I, VPC, nchunks, lane);
+#pragma unroll
+            for (int r = 0; r < MOE_DN_ROWS; r++) {
+                const float v = pt_warp_sum(moe_row_partial<BITS, CPL>(w[r], sc[r], bi[r], xr, sx, nchunks, lane));
+                if (lane == 0 && d0 + r < H) o[b * H + d0 + r] = moe_row_out(v, m, grow[r], eok, bf);
+            }
+        }
+    }
+}
+
+/* Chunks per lane for K columns of BITS-bit codes when the decode kernels
+ * take them (1, 2 or 4 with at most MOE_MAX_X values of x per lane), else 0. */
+static int moe_cpl(int64_t K, int bits) {
+    const int vpc = 128 / bits;
+    if (K % vpc) return 0;
+    const int64_t nchunks = K / vpc, cpl = (nchunks + 31) / 32;
+    if (cpl * vpc > MOE_MAX_X) return 0;
+    return cpl <= 1 ? 1 : cpl <= 2 ? 2 : 4;
+}
+
+/* Whether an expert stack can feed the decode kernels: 4/8-bit MLX layout
+ * with 16-byte aligned rows. */
+static bool moe_v2_weight(const pt_matrix *w) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    return cw && !cw->tc && (w->bits == 4 || w->bits == 8) && moe_cpl(w->cols, w->bits) > 0 &&
+           (uintptr_t)cw->data % 16 == 0;
+}
+
+template <int BITS, int CPL>
+static pt_status launch_gu(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k, int64_t K,
+                           int64_t I, const moe_qm &g, const moe_qm &u, int64_t E, int act) {
+    const int64_t per_block = MOE_GU_WARPS * MOE_GU_RPW;
+    pt_launch(moe_gu_kernel<BITS, CPL>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)B),
+              dim3(MOE_GU_WARPS * 32), 0, c->stream, pt_pdl_chain(), h, x, idx, k, K, I, g, u, E, c->err_dev,
+              (int)(c->base.act == PT_ACT_BF16), act);
+    CUDA_CHECK_LAUNCH("moe gate|up");
+    return PT_OK;
+}
+
+template <int BITS, int CPL>
+static pt_status launch_down(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights,
+                             int64_t T, int k, int64_t H, int64_t I, const moe_qm &m, int64_t E) {
+    const int warps = k < MOE_DN_WARPS ? k : MOE_DN_WARPS;
+    pt_launch(moe_down_kernel<BITS, CPL>, dim3((unsigned)((H + MOE_DN_ROWS - 1) / MOE_DN_ROWS), (unsigned)T),
+              dim3(32 * warps), 0, c->stream, pt_pdl_chain(), y, h, idx, weights, k, H, I, m, E, c->err_dev,
+              (int)(c->base.act == PT_ACT_BF16));
+    CUDA_CHECK_LAUNCH("moe down");
+    return PT_OK;
+}
+
+template <int BITS, int CPL>
+static pt_status launch_gu_expert(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
+                                  int64_t K, int64_t I, const moe_qm &g, const moe_qm &u, int64_t E, int act) {
+    const int64_t per_block = MOE_GU_WARPS * MOE_GU_RPW;
+    pt_launch(moe_gu_expert_kernel<BITS, CPL>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)E),
+              dim3(MOE_GU_WARPS * 32), 0, c->stream, pt_pdl_chain(), h, x, idx, B, k, K, I, g, u, E, c->err_dev,
+              (int)(c->base.act == PT_ACT_BF16), act);
+    CUDA_CHECK_LAUNCH("moe gate|up (expert grid)");
+    return PT_OK;
+}
+
+template <int BITS, int CPL>
+static pt_status launch_down_expert(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights,
+                                    int64_t T, int k, int64_t H, int64_t I, const moe_qm &m, int64_t E) {
+    const int64_t per_block = MOE_DNE_WARPS * MOE_DN_ROWS;
+    const int bf = (int)(c->base.act == PT_ACT_BF16);
+    pt_launch(moe_down_expert_kernel<BITS, CPL>, dim3((unsigned)((H + per_block - 1) / per_block), (unsigned)E),
+              dim3(MOE_DNE_WARPS * 32), 0, c->stream, pt_pdl_chain(), c->moe_o, h, idx, T * k, H, I, m, E,
+              c->err_dev, bf);
+    CUDA_CHECK_LAUNCH("moe down (expert grid)");
+    return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, k, H, bf, (const int32_t *)NULL);
+}
+
+/* The expert grid from this many items (T·top_k) up. Measured on the H200
+ * at the Qwen3-30B-A3B expert shape (bench/RESULTS.md): slower than the
+ * per-item grid at 32 and 128 items (its items run one after another in a
+ * block, and the blocks of idle experts still scan the item list), level at
+ * 512, faster from there (prefill chunks of 128 tokens). */
+#define MOE_EXPERT_MIN_B 512
+static int g_moe_expert_grid = -1;
+static int64_t g_moe_expert_min_b = MOE_EXPERT_MIN_B;
+/* For tests: the expert grid from b items up (b <= 0: the default). */
+extern "C" void pt_cuda_moe_expert_min(int b) { g_moe_expert_min_b = b > 0 ? b : MOE_EXPERT_MIN_B; }
+static bool moe_expert_grid(int64_t B, int64_t E) {
+    if (g_moe_expert_grid < 0) g_moe_expert_grid = pt_env_on("PETREL_CUDA_MOE_EXPERT_GRID");
+    return g_moe_expert_grid && B >= g_moe_expert_min_b && E <= 65535;
+}
+
+static pt_status moe_gu(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
+                        const pt_matrix *gate, const pt_matrix *up, int64_t I, int act) {
+    const int64_t K = gate->cols, E = gate->n_experts > 1 ? gate->n_experts : 1;
+    const moe_qm g = moe_qm_of(gate, 0), u = up ? moe_qm_of(up, 0) : moe_qm_of(gate, I);
+    const int cpl = moe_cpl(K, gate->bits);
+    if (moe_expert_grid(B, E)) {
+        if (gate->bits == 4)
+            return cpl == 1 ? launch_gu_expert<4, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                            : launch_gu_expert<4, 2>(c, h, x, idx, B, k, K, I, g, u, E, act);
+        return cpl == 1   ? launch_gu_expert<8, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+               : cpl == 2 ? launch_gu_expert<8, 2>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                          : launch_gu_expert<8, 4>(c, h, x, idx, B, k, K, I, g, u, E, act);
+    }
+    if (gate->bits == 4)
+        return cpl == 1 ? launch_gu<4, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                        : launch_gu<4, 2>(c, h, x, idx, B, k, K, I, g, u, E, act);
+    return cpl == 1   ? launch_gu<8, 1>(c, h, x, idx, B, k, K, I, g, u, E, act)
+           : cpl == 2 ? launch_gu<8, 2>(c, h, x, idx, B, k, K, I, g, u, E, act)
+                      : launch_gu<8, 4>(c, h, x, idx, B, k, K, I, g, u, E, act);
+}
+
+static pt_status moe_down(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights, int64_t T,
+                          int k, const pt_matrix *down) {
+    const int64_t H = down->rows, I = down->cols, E = down->n_experts > 1 ? down->n_experts : 1;
+    const moe_qm m = moe_qm_of(down, 0);
+    const int cpl = moe_cpl(I, down->bits);
+    if (moe_expert_grid(T * k, E)) {
+        if (down->bits == 4)
+            return cpl == 1 ? launch_down_expert<4, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+                            : launch_down_expert<4, 2>(c, y, h, idx, weights, T, k, H, I, m, E);
+        return cpl == 1   ? launch_down_expert<8, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+               : cpl == 2 ? launch_down_expert<8, 2>(c, y, h, idx, weights, T, k, H, I, m, E)
+                          : launch_down_expert<8, 4>(c, y, h, idx, weights, T, k, H, I, m, E);
+    }
+    if (down->bits == 4)
+        return cpl == 1 ? launch_down<4, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+                        : launch_down<4, 2>(c, y, h, idx, weights, T, k, H, I, m, E);
+    return cpl == 1   ? launch_down<8, 1>(c, y, h, idx, weights, T, k, H, I, m, E)
+           : cpl == 2 ? launch_down<8, 2>(c, y, h, idx, weights, T, k, H, I, m, E)
+                      : launch_down<8, 4>(c, y, h, idx, weights, T, k, H, I, m, E);
+}
+
+/* moe_ffn after the grouped prefill declined: the decode kernels where the
+ * weights allow, else the per-item GEMV (matmul.cu) + GLU + combine. */
+pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T, const int32_t *idx,
+                                 const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                                 const pt_matrix *down, pt_glu_kind act) {
+    pt_backend *be = &c->base;
+    const int64_t H = down->rows, I = down->cols, B = T * top_k;
+    const bool v2 = pt_cuda_moe_v2_on() && !c->no_fast_gemv && (uintptr_t)x % 16 == 0 && T <= 65535 && B <= 65535;
+    const bool v2_gu = v2 && moe_v2_weight(gate) && (!up || (moe_v2_weight(up) && up->bits == gate->bits));
+    const bool v2_down = v2 && moe_v2_weight(down);
+    if (v2_gu) {
+        PT_TRY(moe_gu(c, c->moe_h, x, idx, B, top_k, gate, up, I, (int)act));
+    } else {
+        /* gate|up rows of each item: moe_g[b, 0..2I) */
+        if (up) {
+            PT_TRY(pt_cuda_gemv_items(c, c->moe_g, x, B, top_k, gate, idx, 0, 0, I, 2 * I));
+            PT_TRY(pt_cuda_gemv_items(c, c->moe_g + I, x, B, top_k, up, idx, 0, 0, I, 2 * I));
+        } else {
+            PT_TRY(pt_cuda_gemv_items(c, c->moe_g, x, B, top_k, gate, idx, 0, 0, 2 * I, 2 * I));
+        }
+        PT_TRY(pt_cuda_glu(be, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act));
+    }
+    if (v2_down) return moe_down(c, y, c->moe_h, idx, weights, T, top_k, down);
+    PT_TRY(pt_cuda_gemv_items(c, c->moe_o, c->moe_h, B, 1, down, idx, 0, 0, H, H));
+    return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, top_k, H, pt_cuda_bf(be), (const int32_t *)NULL);
+}

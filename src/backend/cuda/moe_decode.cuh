@@ -1,0 +1,29 @@
+/* The MoE files' shared declarations (moe.cu, moe_decode.cu): the decode
+ * path's switch, its routing and expert kernels' host side, and the combine
+ * both use. Not a public header: backend code inside src/backend/cuda only. */
+#ifndef PT_CUDA_MOE_DECODE_CUH
+#define PT_CUDA_MOE_DECODE_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+
+/* Whether the decode path is on (PETREL_CUDA_MOE_V2, unless
+ * pt_cuda_moe_select overrides it). */
+int pt_cuda_moe_v2_on(void);
+
+/* pt_cuda_moe_route with the decode path on: one warp per token, the same
+ * picks and weights as moe.cu's block kernel. The caller checked E and k. */
+pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const float *logits, int64_t T,
+                                 const pt_moe_route *p);
+
+/* y[t, :] = the weighted sum of the token's k expert rows of o (moe.cu,
+ * moe_combine_kernel): rows through inv when not NULL, bf the rounding. */
+pt_status pt_cuda_moe_combine(pt_cuda *c, float *y, const float *o, const int32_t *idx, const float *weights,
+                              int64_t T, int k, int64_t H, int bf, const int32_t *inv);
+
+/* moe_ffn when the grouped prefill does not take the batch (moe_decode.cu);
+ * the caller checked the shapes and the scratch. */
+pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T, const int32_t *idx,
+                                 const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
+                                 const pt_matrix *down, pt_glu_kind act);
+
+#endif
