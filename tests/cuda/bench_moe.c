@@ -1,13 +1,15 @@
 /* The MoE block of one qwen3-30b-a3b layer (128 experts, top-8, hidden
  * 2048, expert width 768, 4-bit group 64) on CUDA: routing (moe_route) and
- * the experts (moe_ffn), A/B of the decode path (moe.cu,
- * PETREL_CUDA_MOE_V2) against the per-item kernels in one process,
- * alternating, for T = 1, 4, 16, 64 tokens. Each number is µs per layer:
+ * the experts (moe_ffn), three paths in one process, alternating, for T =
+ * 1 .. 256 tokens: "old" the per-item kernels (PETREL_CUDA_MOE_V2=0), the
+ * decode path (moe_decode.cu) with its per-item grid at every T ("item")
+ * and with its expert grid at every T ("tiles"; the default takes it from
+ * two tokens up). Each number is µs per layer:
  * the median of 5 replays of a CUDA graph of NL passes, each pass over its
  * own router logits (so the passes pick different experts and the ~330 MB
  * stack does not sit in L2). Also prints the weight bytes a T = 1 pass
  * reads (8 experts × gate, up, down codes + scales + biases) and the rate
- * that makes. The two paths' outputs are compared bit for bit.
+ * that makes. The paths' outputs are compared bit for bit.
  * Not a test; built with the CUDA test binaries (make gpu-bundle) and run on
  * the GPU machine: bench_moe. Numbers in bench/RESULTS.md. */
 #include "bench_util.h"
@@ -16,9 +18,16 @@
 
 #include <string.h>
 
-void pt_cuda_moe_select(int v2); /* moe.cu: 1 the decode path, 0 the per-item kernels */
+void pt_cuda_moe_select(int v2);     /* moe_decode.cu: 1 the decode path, 0 the per-item kernels */
+void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: its expert grid from b items up (<= 0: default) */
 
-enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 64 };
+enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 256, NPATH = 3 };
+
+/* path 0 old, 1 the decode path's per-item grid, 2 its expert grid */
+static void select_path(int v) {
+    pt_cuda_moe_select(v > 0);
+    pt_cuda_moe_expert_min(v == 1 ? 1 << 30 : 1);
+}
 
 static void make_stack(pt_backend *be, pt_matrix *w, int64_t N, int64_t Kc) {
     const int64_t R = (int64_t)E * N;
@@ -95,38 +104,45 @@ int main(void) {
            "T=1 reads %.2f MB of expert weights\n",
            E, K, H, I, GS, NL, bytes / 1e6);
     /* the paths' outputs, bit for bit, at every T */
-    float *y0 = malloc((size_t)TMAX * H * 4), *y1 = malloc((size_t)TMAX * H * 4);
-    const int Ts[] = {1, 4, 16, 64};
-    for (int ti = 0; ti < 4; ti++) {
+    float *yv[NPATH];
+    for (int v = 0; v < NPATH; v++) yv[v] = malloc((size_t)TMAX * H * 4);
+    const int Ts[] = {1, 2, 4, 16, 64, 128, 256};
+    enum { NT = sizeof Ts / sizeof Ts[0] };
+    for (int ti = 0; ti < NT; ti++) {
         const int T = Ts[ti];
-        for (int v = 0; v < 2; v++) {
-            pt_cuda_moe_select(v);
+        for (int v = 0; v < NPATH; v++) {
+            select_path(v);
             pass(&s, 3, T);
-            if (be->ops->download(be, v ? y1 : y0, s.y, (size_t)T * H * 4) != PT_OK) DIE("download");
+            if (be->ops->download(be, yv[v], s.y, (size_t)T * H * 4) != PT_OK) DIE("download");
         }
-        printf("T=%d: outputs of the two paths %s\n", T,
-               memcmp(y0, y1, (size_t)T * H * 4) ? "DIFFER" : "bit-identical");
+        printf("T=%d: outputs of old / item / tiles: %s, %s\n", T,
+               memcmp(yv[0], yv[1], (size_t)T * H * 4) ? "old DIFFERS from item" : "old = item",
+               memcmp(yv[1], yv[2], (size_t)T * H * 4) ? "item DIFFERS from tiles" : "item = tiles");
     }
-    printf("%4s %12s %12s %12s %12s %9s %10s\n", "T", "route old", "route new", "moe old", "moe new", "speedup",
-           "new GB/s");
-    for (int ti = 0; ti < 4; ti++) {
+    printf("%4s %10s %10s %10s %10s %10s %10s %9s\n", "T", "route old", "route new", "moe old", "moe item",
+           "moe tiles", "new/old", "item GB/s");
+    for (int ti = 0; ti < NT; ti++) {
         const int T = Ts[ti];
-        double r[2][3], m[2][3]; /* [path][round], alternating */
+        double r[NPATH][3], m[NPATH][3]; /* [path][round], alternating */
         for (int round = 0; round < 3; round++)
-            for (int v = 0; v < 2; v++) {
-                pt_cuda_moe_select(v);
-                r[v][round] = time_graph(&s, T, 1);
+            for (int v = 0; v < NPATH; v++) {
+                select_path(v);
+                r[v][round] = v == 2 ? 0 : time_graph(&s, T, 1);
                 m[v][round] = time_graph(&s, T, 0);
             }
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < NPATH; v++) {
             qsort(r[v], 3, sizeof(double), cmpd);
             qsort(m[v], 3, sizeof(double), cmpd);
         }
-        printf("%4d %12.2f %12.2f %12.2f %12.2f %8.2fx %10.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
-               m[0][1] / m[1][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
+        /* new = the default dispatch: the per-item grid at one token, else the expert grid */
+        const double mnew = T == 1 ? m[1][1] : m[2][1];
+        printf("%4d %10.2f %10.2f %10.2f %10.2f %10.2f %9.2fx %9.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
+               m[2][1], mnew / m[0][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
     }
+    for (int v = 0; v < NPATH; v++) free(yv[v]);
+    pt_cuda_moe_expert_min(0);
     pt_cuda_moe_select(-1);
-    free(h), free(xh), free(y0), free(y1);
+    free(h), free(xh);
     pt_backend_free(&s.be);
     return 0;
 }

@@ -1,4 +1,4 @@
-/* The CUDA MoE decode path (moe.cu, PETREL_CUDA_MOE_V2) against the
+/* The CUDA MoE decode path (moe_decode.cu, PETREL_CUDA_MOE_V2) against the
  * per-item kernels it replaces, in one process (pt_cuda_moe_select):
  *  - routing: the warp-per-token kernel gives the same experts and the same
  *    weight bits as the block kernel (128 experts top-8, odd counts, ties,
@@ -11,8 +11,10 @@
  *    block);
  *  - batch invariance: a token's output is the same bits alone and inside a
  *    batch of tokens with other experts (3, 16 and 64 tokens: alone it takes
- *    the per-item grid, in the batch the expert grid, so the two grids are
- *    held to the same bits);
+ *    the per-item grid, in the batch the expert grid — tiles of up to four
+ *    items of one expert, three where the 8-bit K = 2048 staging is larger,
+ *    expert counts that leave partial tiles —, so the two grids are held to
+ *    the same bits);
  *  - an expert index outside the stack is PT_ERR_RANGE naming it.
  * The CPU parity of both paths is test_cuda_ops' test_moe. Built with
  * CUDA=1 and run on the GPU machine; without a GPU every test is SKIP. */
@@ -28,8 +30,8 @@
 #include <stdint.h>
 #include <string.h>
 
-void pt_cuda_moe_select(int v2); /* moe.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
-void pt_cuda_moe_expert_min(int b); /* moe.cu: the decode path's expert grid from b items up (<= 0: default) */
+void pt_cuda_moe_select(int v2); /* moe_decode.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
+void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: the decode path's expert grid from b items up (<= 0: default) */
 
 static pt_backend *G_[2]; /* [act]: 0 f32, 1 bf16 */
 static int have_gpu;
@@ -286,9 +288,9 @@ static int experts_cases(void) {
 
 static void test_moe_decode_experts(void) {
     NEED_GPU();
-    /* the expert grid from 9 items up (its default threshold is higher): T =
-     * 3 takes it at top-8 (24 items), the per-item grid at top-2 (6 items);
-     * T = 16 and 64 take it everywhere, one token alone (<= 8 items) never */
+    /* the expert grid from 9 items up (its default is 17): T = 3 takes it at
+     * top-8 (24 items), the per-item grid at top-2 (6 items); T = 16 and 64
+     * take it everywhere, one token alone (<= 8 items) never */
     pt_cuda_moe_expert_min(9);
     (void)experts_cases();
     pt_cuda_moe_expert_min(0);
