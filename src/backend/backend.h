@@ -430,6 +430,26 @@ typedef struct pt_backend_ops {
      * so positional initializers stay valid. */
     pt_status (*matmul_glu)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                             const pt_matrix *wu, pt_glu_kind act, int rows);
+
+    /* A decode layer's RoPE, cache write and attention in one call, over B
+     * single-token rows: kvp == NULL: one sequence (B == 1) and kv's cache,
+     * out as rope_qk_kv_append(q, k, v, 1, ..., kv) followed by attention(out,
+     * q, 1, pos, kv, p) produce it; kvp != NULL: the multi-sequence table of
+     * attention_rows (kv gives the shape), out as rope_qk(q, k, B) +
+     * kv_append_rows + attention_rows produce it, provided no two rows share
+     * a cache (a row's keys must not include another row's new key: the
+     * rows are written while they are read; the forward pass's batched
+     * rows, whose prompt rows share their sequence's cache, do not use
+     * it). Bit-identical outputs and
+     * cache rows; q and k are left unrotated (their contents afterwards are
+     * not the rotated values). Returns PT_ERR_UNSUPPORTED, having enqueued
+     * nothing and set no message, for what it does not fold (quantized
+     * caches, shapes outside its kernels, a switch): callers then make the
+     * separate calls. NULL = not implemented (the CPU backend): the same.
+     * Kept last so positional initializers stay valid. */
+    pt_status (*rope_kv_attention)(pt_backend *be, float *out, const float *q, const float *k, const float *v,
+                                   int64_t B, const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv,
+                                   void *const *kvp, const pt_attn *p);
 } pt_backend_ops;
 
 struct pt_backend {

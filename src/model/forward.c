@@ -369,7 +369,15 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                     rope.inv_freq = L->inv_freq_long;
                     rope.attn_scale = L->attn_long_scale;
                 }
-                if (own_kv && OPS(m)->rope_qk_kv_append && !st->kv[l].bits) {
+                pt_status fold = PT_ERR_UNSUPPORTED;
+                if (own_kv && T == 1 && OPS(m)->rope_kv_attention && !st->kv[l].bits) {
+                    /* RoPE, the cache write and the attention in one call (bit-identical) */
+                    fold = OPS(m)->rope_kv_attention(be, st->att, st->q, st->k, st->v, 1, st->pos_dev, &rope,
+                                                     &st->kv[l], NULL, &attn);
+                    if (fold != PT_OK && fold != PT_ERR_UNSUPPORTED) return fold;
+                }
+                if (fold == PT_OK) {
+                } else if (own_kv && OPS(m)->rope_qk_kv_append && !st->kv[l].bits) {
                     /* RoPE and the cache write in one call (bit-identical) */
                     PT_TRY(OPS(m)->rope_qk_kv_append(be, st->q, st->k, st->v, T, nh, nkv, hd, st->pos_dev, &rope,
                                                      &st->kv[l]));
@@ -378,7 +386,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                     if (own_kv) PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));
                 }
                 /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
-                PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
+                if (fold != PT_OK) PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
             }
             PT_TRY(mmul(m, r, st->y, st->att, T, &L->wo));
         }

@@ -5,7 +5,9 @@
  *     max_tokens, by a cancel from the callback, or by an eos token (the
  *     ways a sampled token is never run through the model, so its step
  *     ahead must leave no trace), then a turn that continues from the held
- *     logits and a turn with a new prompt: the same ids, the same finish,
+ *     logits and a turn with a new prompt: the same ids and log-probabilities
+ *     (bit for bit: a greedy row's log-probability runs beside the next step,
+ *     PETREL_CUDA_SAMPLE_EARLY_ID), the same finish,
  *     the same context (n_tokens and tokens) and bit-identical host logits
  *     after the first turn, greedy and seeded sampling (top-k/top-p,
  *     min-p with penalties, top-k beyond what the GPU sorts, so the host
@@ -58,6 +60,7 @@ static pt_model *load(const char *dir, int kv4) {
 enum { MAXT = 96 };
 typedef struct {
     int32_t ids[MAXT];
+    float lp[MAXT]; /* each token's log-probability */
     int n;
     int cancel_at; /* the callback cancels after this many tokens (-1: never) */
 } toks;
@@ -65,7 +68,7 @@ typedef struct {
 static int collect(void *user, const pt_token_info *ti, const char *text, size_t len) {
     (void)text, (void)len;
     toks *t = user;
-    if (ti->id >= 0 && t->n < MAXT) t->ids[t->n++] = ti->id;
+    if (ti->id >= 0 && t->n < MAXT) t->lp[t->n] = ti->logprob, t->ids[t->n++] = ti->id;
     return t->cancel_at >= 0 && t->n >= t->cancel_at;
 }
 
@@ -131,6 +134,9 @@ static int same_transcript(const transcript *a, const transcript *b, int V, cons
             int d = 0;
             while (d < a->t[k].n && d < b->t[k].n && a->t[k].ids[d] == b->t[k].ids[d]) d++;
             CHECK(0, "%s turn %d: ids differ at %d (%d vs %d tokens)", what, k + 1, d, a->t[k].n, b->t[k].n);
+            ok = 0;
+        } else if (memcmp(a->t[k].lp, b->t[k].lp, (size_t)a->t[k].n * 4)) {
+            CHECK(0, "%s turn %d: log-probabilities differ", what, k + 1);
             ok = 0;
         }
         CHECK(a->fin[k] == b->fin[k], "%s turn %d: finish %d vs %d", what, k + 1, a->fin[k], b->fin[k]);

@@ -4,8 +4,12 @@
  * rows written and rows left alone) — for f32, bf16 and f16 caches, both
  * activation modes, full and partial rotary dims, GQA, T = 1 (decode) and
  * T = 7, positions wrapping a ring of 16 rows; and the cache rows against
- * the CPU's rope + kv_append within tolerance. Not the attention over the
- * cache (test_cuda_ops.c). */
+ * the CPU's rope + kv_append within tolerance. rope_kv_attention (RoPE and
+ * the cache write folded into the split decode's scores kernel,
+ * attention.cu) bit for bit against rope_qk_kv_append + attention (one
+ * sequence) and rope_qk + kv_append_rows + attention_rows (batched rows):
+ * the outputs and every byte of the caches. Not the attention against the
+ * CPU (test_cuda_ops.c, test_cuda_batch.c). */
 #include "cuda/op_check.h"
 
 #include <stdlib.h>
@@ -91,8 +95,147 @@ static void test_rope_kv_bits(void) {
     REPORT();
 }
 
+/* ---- rope_kv_attention: the fold vs the separate calls, bit for bit ---- */
+
+typedef struct {
+    int nh, nkv, hd, rot, window;
+    int64_t cap;
+    float softcap;
+} ra_case;
+
+/* Row b's position: keys 1..2000 (split thresholds at 16, 528, ...), a ring
+ * wrapping under a window, a padding row (-1) among the batched rows. */
+static const int32_t ra_pos[] = {0, 5, 15, 16, 100, 527, 600, 1999, -1, 64};
+enum { RA_ROWS = (int)(sizeof ra_pos / sizeof ra_pos[0]), RA_CTX = 2048 };
+
+static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_single, int *n_rows) {
+    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd, half = rc->rot / 2;
+    const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
+    const int64_t nq = (int64_t)RA_ROWS * nh * hd, nk = (int64_t)RA_ROWS * nkv * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+    float inv[128];
+    uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
+    for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / rc->rot);
+    fill_act(q, nq, -2, 2, a);
+    fill_act(k, nk, -2, 2, a);
+    fill_act(v, nk, -2, 2, a);
+    /* cache rows: values in [-1, 1] in the cache's type */
+    for (size_t i = 0; i < celems; i++) {
+        const float x = rf(-1, 1);
+        if (ft == PT_FT_F32) ((float *)init)[i] = x;
+        else if (ft == PT_FT_BF16) ((uint16_t *)init)[i] = pt_f32_to_bf16(x);
+        else ((uint16_t *)init)[i] = pt_f32_to_f16(x);
+    }
+    pt_rope rope = {rc->rot, put(G, inv, half * 4), 1.0f};
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = rc->softcap,
+                 .window = rc->window};
+    pt_kv_layer shape = {.n_kv = nkv, .head_dim = hd, .capacity = rc->cap, .dtype = ft};
+    char what[160];
+    snprintf(what, sizeof what, "act %d dtype %d nh %d nkv %d hd %d rot %d window %d cap %lld", a, (int)ft, nh, nkv,
+             hd, rc->rot, rc->window, (long long)rc->cap);
+    /* one sequence: each position alone (the padding row skipped) */
+    for (int b = 0; b < RA_ROWS; b++) {
+        if (ra_pos[b] < 0 || ra_pos[b] >= rc->cap + (rc->window ? 100000 : 0)) continue;
+        const size_t qo = (size_t)b * nh * hd, ko = (size_t)b * nkv * hd;
+        float *qd[2], *kd[2], *vd[2], *od[2];
+        pt_kv_layer kv[2];
+        int32_t *pd = put(G, &ra_pos[b], 4);
+        for (int w = 0; w < 2; w++) {
+            qd[w] = put(G, q + qo, nh * hd * 4), kd[w] = put(G, k + ko, nkv * hd * 4);
+            vd[w] = put(G, v + ko, nkv * hd * 4), od[w] = put(G, NULL, nh * hd * 4);
+            kv[w] = shape;
+            kv[w].k = put(G, init, cbytes), kv[w].v = put(G, init, cbytes);
+        }
+        pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], 1, pd, &rope, &kv[0], NULL, &p);
+        CHECK(s == PT_OK, "%s pos %d: rope_kv_attention answered %d (%s)", what, ra_pos[b], (int)s, pt_last_error());
+        if (s == PT_OK) s = G->ops->rope_qk_kv_append(G, qd[1], kd[1], vd[1], 1, nh, nkv, hd, pd, &rope, &kv[1]);
+        if (s == PT_OK) s = G->ops->attention(G, od[1], qd[1], 1, pd, &kv[1], &p);
+        if (s == PT_OK) s = G->ops->download(G, oa, od[0], nh * hd * 4);
+        if (s == PT_OK) s = G->ops->download(G, ob, od[1], nh * hd * 4);
+        REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+        CHECK(!memcmp(oa, ob, nh * hd * 4), "%s pos %d: attention output differs", what, ra_pos[b]);
+        for (int c = 0; c < 2; c++) {
+            s = G->ops->download(G, ca, c ? kv[0].v : kv[0].k, cbytes);
+            if (s == PT_OK) s = G->ops->download(G, cb, c ? kv[1].v : kv[1].k, cbytes);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            CHECK(!memcmp(ca, cb, cbytes), "%s pos %d: %s cache bytes differ", what, ra_pos[b], c ? "v" : "k");
+        }
+        for (int w = 0; w < 2; w++) {
+            G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
+            G->ops->dealloc(G, kv[w].k), G->ops->dealloc(G, kv[w].v);
+        }
+        G->ops->dealloc(G, pd);
+        (*n_single)++;
+    }
+    /* batched rows: every row its own cache (table kvp), one launch sequence */
+    {
+        void *hk[2][RA_ROWS], *hv[2][RA_ROWS], *tab[2][2 * RA_ROWS];
+        for (int w = 0; w < 2; w++)
+            for (int b = 0; b < RA_ROWS; b++) {
+                hk[w][b] = put(G, init, cbytes), hv[w][b] = put(G, init, cbytes);
+                tab[w][2 * b] = hk[w][b], tab[w][2 * b + 1] = hv[w][b];
+            }
+        void **td[2] = {put(G, tab[0], sizeof tab[0]), put(G, tab[1], sizeof tab[1])};
+        int32_t *pd = put(G, ra_pos, sizeof ra_pos);
+        float *qd[2], *kd[2], *vd[2], *od[2];
+        for (int w = 0; w < 2; w++)
+            qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4), od[w] = put(G, NULL, nq * 4);
+        pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], RA_ROWS, pd, &rope, &shape,
+                                                (void *const *)td[0], &p);
+        CHECK(s == PT_OK, "%s rows: rope_kv_attention answered %d (%s)", what, (int)s, pt_last_error());
+        if (s == PT_OK) s = G->ops->rope_qk(G, qd[1], kd[1], RA_ROWS, nh, nkv, hd, pd, &rope);
+        if (s == PT_OK) s = G->ops->kv_append_rows(G, &shape, (void *const *)td[1], kd[1], vd[1], RA_ROWS, pd);
+        if (s == PT_OK) s = G->ops->attention_rows(G, od[1], qd[1], RA_ROWS, pd, &shape, (void *const *)td[1], &p);
+        if (s == PT_OK) s = G->ops->download(G, oa, od[0], nq * 4);
+        if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
+        REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+        CHECK(!memcmp(oa, ob, nq * 4), "%s rows: attention outputs differ", what);
+        for (int b = 0; b < RA_ROWS; b++)
+            for (int c = 0; c < 2; c++) {
+                s = G->ops->download(G, ca, c ? hv[0][b] : hk[0][b], cbytes);
+                if (s == PT_OK) s = G->ops->download(G, cb, c ? hv[1][b] : hk[1][b], cbytes);
+                REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+                CHECK(!memcmp(ca, cb, cbytes), "%s row %d: %s cache bytes differ", what, b, c ? "v" : "k");
+            }
+        for (int w = 0; w < 2; w++) {
+            G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
+            G->ops->dealloc(G, td[w]);
+            for (int b = 0; b < RA_ROWS; b++) G->ops->dealloc(G, hk[w][b]), G->ops->dealloc(G, hv[w][b]);
+        }
+        G->ops->dealloc(G, pd);
+        (*n_rows)++;
+    }
+    G->ops->dealloc(G, (void *)rope.inv_freq);
+    free(q), free(k), free(v), free(oa), free(ob), free(init), free(ca), free(cb);
+}
+
+static void test_rope_kv_attention_bits(void) {
+    if (!gpu_usable("rope_kv_attention")) TEST_SKIP("no GPU");
+    static const ra_case cs[] = {
+        {32, 8, 64, 64, 0, RA_CTX, 0.f},   /* llama-3.2-1b */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* llama-3.1-8b */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
+        {4, 4, 128, 64, 0, RA_CTX, 0.f},   /* no GQA */
+    };
+    int n_single = 0, n_rows = 0;
+    for (int a = 0; a < 2; a++) {
+        pt_backend *G = NULL;
+        REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
+        pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
+                                 .max_rows = RA_ROWS};
+        REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) ra_check(G, a, (pt_ftype)dt, &cs[ci], &n_single, &n_rows);
+        pt_backend_free(&G);
+    }
+    printf("INFO rope_kv_attention: %d one-sequence and %d batched cases bit-identical to the separate calls\n",
+           n_single, n_rows);
+}
+
 int main(void) {
     TEST_RUN(test_rope_kv_bits);
+    TEST_RUN(test_rope_kv_attention_bits);
     teardown();
     return test_summary();
 }

@@ -23,7 +23,9 @@
 
 #include <cuda_fp16.h>
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 #define DEC_THREADS 128
@@ -487,22 +489,51 @@ __device__ __forceinline__ void d2_cvt(const uint4 &u, float (&f)[16 / sizeof(KT
  * the cache row of key 0 (keys wrap once: j < n <= cap). */
 template <typename KT, int LPR, int C, int U>
 __device__ __forceinline__ void d2_load(uint4 (&r)[U][C], const KT *base, int64_t rlo, int64_t cap, int hd, int R,
-                                        int64_t jb, int64_t j1, int sub, int ks) {
+                                        int64_t jb, int64_t j1, int sub, int ks, const uint4 *nrow = nullptr,
+                                        int64_t prow = -1) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int64_t j = jb + u * (32 / LPR) + ks;
         int64_t row = rlo + j;
         if (row >= cap) row -= cap;
         const uint4 *src = reinterpret_cast<const uint4 *>(base + row * hd);
+        /* the folded cache write (pt_dec_rows.kn): the new key's row comes
+         * from the block's own copy (nrow, shared memory, the bytes the
+         * cache gets), not from the cache block 0 is writing */
+        if (nrow && row == prow) src = nrow;
 #pragma unroll
         for (int ci = 0; ci < C; ci++) {
             const int c = ci * LPR + sub;
-            r[u][ci] = j < j1 && c < R ? __ldg(src + c) : make_uint4(0u, 0u, 0u, 0u);
+            r[u][ci] = j < j1 && c < R ? (nrow && row == prow ? src[c] : __ldg(src + c)) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
 
-template <typename KT, int LPR>
+/* A cache element from f32, as kv_append stores it. */
+__device__ __forceinline__ void d2_kv_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void d2_kv_store(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void d2_kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+/* Element d of a row x rotated as rope_kv_kernel (rope.cu) rotates it: the
+ * pair (d, d + half) with the table values cs[d'], sn[d'] of its dim
+ * d' < half, each product rounded, then their sum; dims past 2·half as
+ * they are. The same expressions as rope.cu, so the same bits. */
+__device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, const float *cs, const float *sn,
+                                              int bf) {
+    if (d < half) {
+        const float a = x[d], b = x[d + half];
+        return pt_rnd(bf, pt_rnd(bf, a * cs[d]) + pt_rnd(bf, -b * sn[d]));
+    }
+    if (d < 2 * half) {
+        const int e = d - half;
+        const float a = x[e], b = x[d];
+        return pt_rnd(bf, pt_rnd(bf, b * cs[e]) + pt_rnd(bf, a * sn[e]));
+    }
+    return x[d];
+}
+
+/* ROPE: the folded RoPE and cache write (pt_dec_rows.kn). */
+template <typename KT, int LPR, bool ROPE>
 __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
@@ -517,8 +548,38 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
     if ((int64_t)blockIdx.y >= used) return; /* no split of this block holds a key */
     float *qs = reinterpret_cast<float *>(d2_q);
     const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
-    for (int i = threadIdx.x; i < G * hd; i += D2_THREADS) qs[i] = q[i];
-    __syncthreads();
+    /* ROPE: the new key's row as the cache stores it ([R] chunks, hd <= 256),
+     * the rope table at pos[b] ([half] each) */
+    __shared__ uint4 knew[ROPE ? 64 : 1];
+    __shared__ float rcs[ROPE ? 128 : 1], rsn[ROPE ? 128 : 1];
+    int64_t prow = -1;
+    if constexpr (ROPE) {
+        const int32_t p = a.pos[b]; /* >= 0: the row has keys */
+        prow = p % cap;
+        for (int d = threadIdx.x; d < a.half; d += D2_THREADS) {
+            /* rope_kv_kernel's table values (cosf/sinf: exact argument reduction) */
+            const float th = (float)p * a.inv_freq[d];
+            rcs[d] = pt_rnd(a.bf, cosf(th) * a.rscale);
+            rsn[d] = pt_rnd(a.bf, sinf(th) * a.rscale);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS)
+            qs[i] = d2_rope_elem(q + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+        const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd;
+        KT *kn = reinterpret_cast<KT *>(knew);
+        for (int d = threadIdx.x; d < hd; d += D2_THREADS) d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
+        __syncthreads();
+        if (blockIdx.y == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
+            KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
+            KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
+            const float *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
+            for (int c = threadIdx.x; c < R; c += D2_THREADS) reinterpret_cast<uint4 *>(kc)[c] = knew[c];
+            for (int d = threadIdx.x; d < hd; d += D2_THREADS) d2_kv_store(vc + d, vr[d]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS) qs[i] = q[i];
+        __syncthreads();
+    }
     float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;  /* [G, stride] */
     float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit; /* [G, nsplit] */
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
@@ -530,7 +591,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 kr[U][C];
-            d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks);
+            d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE ? knew : nullptr, prow);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float d[DEC_MAX_G];
@@ -731,8 +792,13 @@ static pt_status dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid) {
     const int qq = (R + 3) / 4, ls = qq <= 1 ? 1 : qq <= 2 ? 2 : qq <= 4 ? 4 : qq <= 8 ? 8 : 16;
     const size_t qb = (size_t)G * a.hd * sizeof(float);
     switch (ls) {
-#define PT_LS(L) \
-    case L: pt_launch(dec2_scores_kernel<KT, L>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a); break;
+#define PT_LS(L)                                                                                                   \
+    case L:                                                                                                        \
+        if (a.kn)                                                                                                  \
+            pt_launch(dec2_scores_kernel<KT, L, true>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);  \
+        else                                                                                                       \
+            pt_launch(dec2_scores_kernel<KT, L, false>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a); \
+        break;
         PT_LS(1) PT_LS(2) PT_LS(4) PT_LS(8) PT_LS(16)
 #undef PT_LS
     }
@@ -841,6 +907,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     if (g_attn_v2 < 0) g_attn_v2 = pt_env_on("PETREL_CUDA_ATTN_V2");
     const int R = a.hd * (int)sizeof(KT) / 16;
     if (g_attn_v2 && R >= 4 && R <= 64) return dec2_launch<KT>(c, a, B, grid);
+    if (a.kn) return PT_ERR_UNSUPPORTED; /* the folded RoPE: second-generation kernels only (checked before) */
     pt_launch(dec_scores_kernel<KT>, grid, dim3(DEC_THREADS), (size_t)G * a.hd * sizeof(float), c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention scores");
     switch ((a.hd + 31) / 32) {
@@ -913,4 +980,55 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
     case PT_FT_F16: return launch_attn<__half>(c, a, T);
     }
     return pt_error(PT_ERR_INVALID_ARG, "attention: cache dtype %d", (int)kv->dtype);
+}
+
+/* ---- rope_kv_attention (backend.h): RoPE and the cache write folded into
+ * the split decode's scores kernel (pt_dec_rows.kn). The separate path is
+ * rope_kv_kernel (one launch over every q/k pair and cache item) before the
+ * three attention kernels; here each scores block rotates its G query heads
+ * and its KV head's new key itself (the same table values and expressions,
+ * so the same bits), scores the new key from shared memory, and the block
+ * of split 0 of each (row, KV head) stores the key and the value into the
+ * cache, which the p·V kernel reads after the scores grid has completed
+ * (programmatic dependent launch waits for it; without it, stream order).
+ * One launch fewer per layer of a one-sequence decode. Batched rows (kvp)
+ * must be rows of distinct caches: a block writes its row's new key and
+ * value while the other rows' blocks read their caches, so a row that
+ * should see another row's new key (a prompt's rows in one step) would
+ * not (the forward pass's batched steps keep the separate launches). Only
+ * where the second-generation kernels run (what else would be taken
+ * answers PT_ERR_UNSUPPORTED before any launch). PETREL_CUDA_ROPE_ATTN=0
+ * (read once): never folded. */
+static int g_rope_attn = -1;
+
+pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, const float *k, const float *v,
+                                    int64_t B, const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv,
+                                    void *const *kvp, const pt_attn *p) {
+    pt_cuda *c = pt_cuda_of(be);
+    if (g_rope_attn < 0) g_rope_attn = pt_env_on("PETREL_CUDA_ROPE_ATTN");
+    if (g_attn_v2 < 0) g_attn_v2 = pt_env_on("PETREL_CUDA_ATTN_V2");
+    if (!g_rope_attn || !g_attn_v2 || kv->bits || B < 1 || (!kvp && B != 1) || B > 65535) return PT_ERR_UNSUPPORTED;
+    const int nh = p->n_heads, nkv = kv->n_kv, hd = p->head_dim;
+    if (hd != kv->head_dim || nkv <= 0 || nh % nkv || nh / nkv > DEC_MAX_G || hd > ATTN_MAX_HD) return PT_ERR_UNSUPPORTED;
+    if (rope->rot_dim <= 0 || rope->rot_dim % 2 || rope->rot_dim > hd) return PT_ERR_UNSUPPORTED;
+    const int esz = kv->dtype == PT_FT_F32 ? 4 : 2, R = hd * esz / 16;
+    if ((hd * esz) % 16 || R < 4 || R > 64 || (!kvp && (uintptr_t)kv->k % 16)) return PT_ERR_UNSUPPORTED;
+    /* the scratch checks of dec_launch, made here so that nothing is refused there */
+    int64_t stride, nsplit;
+    dec_shape(c, nkv, kv->capacity, stride, nsplit);
+    const int64_t rows = kvp ? B : 1;
+    if ((size_t)nh * (size_t)stride > c->dec_s_floats || (size_t)nh * nsplit > c->dec_ml_count ||
+        (size_t)nh * nsplit * hd > c->dec_p_floats)
+        return PT_ERR_UNSUPPORTED;
+    if (kvp && ((size_t)rows * nh * (size_t)stride > c->bdec_s_floats || (size_t)rows * nh * nsplit > c->bdec_ml_count ||
+                (size_t)rows * nh * nsplit * hd > c->bdec_p_floats))
+        return PT_ERR_UNSUPPORTED;
+    pt_dec_rows r;
+    memset(&r, 0, sizeof r);
+    r.out = out, r.q = q, r.k = kv->k, r.v = kv->v, r.kvp = kvp, r.pos = pos;
+    r.nh = nh, r.nkv = nkv, r.hd = hd, r.cap = kv->capacity;
+    r.scale = p->scale, r.softcap = p->softcap, r.window = p->window, r.bf = pt_cuda_bf(be);
+    r.kn = k, r.vn = v, r.inv_freq = (const float *)rope->inv_freq, r.rscale = rope->attn_scale;
+    r.half = rope->rot_dim / 2;
+    return pt_cuda_decode_split(c, r, rows, kv->dtype, kvp != NULL);
 }

@@ -5,6 +5,7 @@
  * matmul.cu, norm.cu, rope.cu, attention.cu, kv_quant.cu, elementwise.cu,
  * moe.cu and deltanet.cu. */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/decode_split.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 
 #include <stdlib.h>
@@ -351,6 +352,7 @@ static const pt_backend_ops cuda_ops = {
     .rope_qk_kv_append = pt_cuda_rope_qk_kv_append,
     .matmul_multi = pt_cuda_matmul_multi,
     .matmul_glu = pt_cuda_matmul_glu,
+    .rope_kv_attention = pt_cuda_rope_kv_attention,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

@@ -30,6 +30,18 @@ typedef struct pt_dec_rows {
     float *S;              /* [B, nh, stride] */
     float2 *ML;            /* [B, nh, nsplit] */
     float *P;              /* [B, nh, nsplit, hd] */
+    /* RoPE and the cache write folded into the scores kernel
+     * (pt_cuda_rope_kv_attention; kn == NULL: not folded): q holds the
+     * unrotated queries, kn / vn [B, nkv, hd] the unrotated new keys and the
+     * values of position pos[b]. Every scores block of row b rotates its
+     * queries and the new key of its KV head as rope_kv_kernel does
+     * (rope.cu), scores that key from its own copy, and the block of split 0
+     * writes the key and the value into slot pos[b] % cap of row b's cache
+     * as kv_append does; the p·V kernel after it reads them from there. */
+    const float *kn, *vn;
+    const float *inv_freq; /* [half] */
+    float rscale;          /* the rope's attn_scale */
+    int half;              /* rot_dim / 2 */
 } pt_dec_rows;
 
 /* Runs the split decode over B rows of cache dtype dt. batched = 0: the
@@ -39,5 +51,13 @@ typedef struct pt_dec_rows {
  * (bdec_*), padding rows, and PT_ERR_UNSUPPORTED with a message saying why
  * (the caller then runs the rows one by one). */
 pt_status pt_cuda_decode_split(pt_cuda *c, pt_dec_rows &a, int64_t B, pt_ftype dt, int batched);
+
+/* backend.h rope_kv_attention (attention.cu): the split decode with the
+ * layer's RoPE and cache write folded into its scores kernel.
+ * PETREL_CUDA_ROPE_ATTN=0 answers PT_ERR_UNSUPPORTED (A/B: the separate
+ * launches). */
+pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, const float *k, const float *v,
+                                    int64_t B, const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv,
+                                    void *const *kvp, const pt_attn *p);
 
 #endif

@@ -18,7 +18,12 @@
  * the same threads and sum them in the same order (explicit fma), and the
  * block shape depends only on D: the bits of a row depend on D and the row's
  * values alone — not on T, the alignment, or which decode path (single,
- * batched, graph) runs it. Longer rows take the strided kernel. */
+ * batched, graph) runs it. Longer rows take the strided kernel.
+ *
+ * The weights are read before the kernel waits for the one before it
+ * (programmatic dependent launch): w must be constant over the step (the
+ * model's norm weights always are; never an output of an earlier kernel
+ * in the stream). */
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <stdint.h>
@@ -45,9 +50,8 @@ __device__ __forceinline__ float norm_out(int style, float v, float inv, float w
 template <int V, bool VEC>
 __global__ void __launch_bounds__(NORM_REG_THREADS)
     rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
-                        float eps, int bf) {
+                        float eps, int bf, int early_w) {
     pt_release_dependents();
-    pt_wait_primary();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const float *xr = x + r * D;
@@ -55,6 +59,20 @@ __global__ void __launch_bounds__(NORM_REG_THREADS)
     float *hr = res ? res + r * D : NULL;
     const int nt = blockDim.x;
     float v[V][4], wv[V][4];
+    /* the weights first, before waiting for the kernel before (programmatic
+     * dependent launch): they are the model's constants, never written by
+     * the step, so their load latency hides under the previous kernel's
+     * tail; PETREL_CUDA_NORM_EARLY_W=0 loads them after the wait (A/B) */
+    if (early_w) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int i0 = 4 * (k * nt + (int)threadIdx.x);
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                wv[k][e] = (style != PT_RMS_NOSCALE && i0 + e < D) ? pt_ld(wt, w, i0 + e) : 0.f;
+        }
+    }
+    pt_wait_primary();
     /* all loads first: x (and the residual), then the weights */
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -84,8 +102,11 @@ __global__ void __launch_bounds__(NORM_REG_THREADS)
                 v[k][e] = a;
             }
         }
+        if (!early_w) {
 #pragma unroll
-        for (int e = 0; e < 4; e++) wv[k][e] = (style != PT_RMS_NOSCALE && i0 + e < D) ? pt_ld(wt, w, i0 + e) : 0.f;
+            for (int e = 0; e < 4; e++)
+                wv[k][e] = (style != PT_RMS_NOSCALE && i0 + e < D) ? pt_ld(wt, w, i0 + e) : 0.f;
+        }
     }
     /* the residual row: written by the thread that read it (y may alias x, never res) */
     if (hr) {
@@ -156,13 +177,21 @@ __global__ void __launch_bounds__(NORM_THREADS)
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+/* PETREL_CUDA_NORM_EARLY_W=0: the weights loaded after the wait (A/B; read once). */
+static int norm_early_w(void) {
+    static int v = -1;
+    if (v < 0) v = pt_env_on("PETREL_CUDA_NORM_EARLY_W");
+    return v;
+}
+
 template <int V>
 static void launch_reg(cudaStream_t s, int threads, bool vec, unsigned T, float *y, const float *x, float *res,
                        int D, const void *w, pt_ftype wt, int style, float eps, int bf) {
+    const int ew = norm_early_w();
     if (vec)
-        pt_launch(rms_norm_reg_kernel<V, true>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf);
+        pt_launch(rms_norm_reg_kernel<V, true>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf, ew);
     else
-        pt_launch(rms_norm_reg_kernel<V, false>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf);
+        pt_launch(rms_norm_reg_kernel<V, false>, dim3((unsigned)T), dim3(threads), 0, s, pt_pdl_chain(), y, x, res, D, w, wt, style, eps, bf, ew);
 }
 
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,

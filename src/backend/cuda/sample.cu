@@ -316,7 +316,7 @@ __device__ __forceinline__ float gs_logprob(const float *logits, int32_t chosen,
 /* thread 0 stores a row's result (id -1 unless status 0) and, on success,
  * the id in the row's id slot */
 __device__ __forceinline__ void gs_store_out(pt_gsample_out *outs, const pt_gsample_row &R, int status,
-                                             int32_t chosen, float logprob) {
+                                             int32_t chosen, float logprob, bool slot = true) {
     if (threadIdx.x == 0) {
         pt_gsample_out o;
         o.id = status == 0 ? chosen : -1;
@@ -324,7 +324,7 @@ __device__ __forceinline__ void gs_store_out(pt_gsample_out *outs, const pt_gsam
         o.logprob = logprob;
         o.pad = 0;
         outs[blockIdx.x] = o;
-        if (status == 0 && R.id_slot) *R.id_slot = chosen;
+        if (slot && status == 0 && R.id_slot) *R.id_slot = chosen;
     }
 }
 
@@ -808,8 +808,30 @@ __device__ double gs_scan_loaded(const double *S, double *sT) {
     return gs_scan_chunks(sT, k, S[k]);
 }
 
+/* The pipelined decode's greedy id ahead of the log-probability
+ * (PETREL_CUDA_SAMPLE_EARLY_ID): pass 3's greedy choice — the first maximum
+ * over the slices of pass 1 — into row 0's id_slot, so the next step does
+ * not wait for pass 2 and pass 3, which then run on the pipe's side stream
+ * and leave the slot alone. Max and min are exact in any order, so the id
+ * is pass 3's. Grid 1 x GS_P1_MAX (a thread per slice). */
+__global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_row *rows, char *scr, int n1) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ float scf[32];
+    __shared__ long long sc[32];
+    const pt_gsample_row &R = rows[0];
+    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, 0);
+    float best = -INFINITY;
+    int32_t bi = -1;
+    if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
+    const float bmx = gs_red_max_f(best, scf);
+    const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
+    if (threadIdx.x == 0) *R.id_slot = first == GS_NO_HIT ? 0 : (int32_t)first;
+}
+
+/* slot 0: the id_slot was written by gs_mb_greedy_id */
 __global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows, pt_gsample_out *outs, char *scr,
-                                                     int64_t V, int n1, const int *err_src, int *err_dst) {
+                                                     int64_t V, int n1, const int *err_src, int *err_dst, int slot) {
     pt_release_dependents();
     pt_wait_primary();
     __shared__ gs_shared sh;
@@ -878,7 +900,7 @@ __global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows,
         const double sum = gs_scan_loaded(S_lse, sT);
         logprob = gs_logprob(R.logits, chosen, rmx, sum);
     }
-    gs_store_out(outs, R, status, chosen, logprob);
+    gs_store_out(outs, R, status, chosen, logprob, slot != 0);
 }
 
 /* The control block: [B] rows (padded to 256 bytes), [B] results and the
@@ -895,8 +917,13 @@ extern "C" size_t pt_gsample_ctl_bytes(int B) {
  * memory; skipped when rows_current), then gs_kernel and/or the multi-block
  * kernels; the last kernel copies the backend's error words next to the
  * results. *outs_dev: where the B results land (then the 2 error words). */
+/* side, ev_id (the pipelined decode; else 0): a single greedy multi-block
+ * row with an id_slot gets its id from gs_mb_greedy_id on the decode
+ * stream (ev_id recorded after it) and its pass 2 and pass 3 on side,
+ * after ev_id, unless PETREL_CUDA_SAMPLE_EARLY_ID=0 (read per call). */
 static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsample_row *rows_src, int B, int64_t V,
-                            void *ctl_dev, int rows_current, pt_gsample_out **outs_dev_out) {
+                            void *ctl_dev, int rows_current, pt_gsample_out **outs_dev_out, cudaStream_t side = 0,
+                            cudaEvent_t ev_id = 0) {
     const size_t rows_bytes = gs_al((size_t)B * sizeof(pt_gsample_row));
     const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
     pt_gsample_row *rows_dev = (pt_gsample_row *)ctl_dev;
@@ -933,6 +960,17 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
         pt_launch(gs_mb_pass1, dim3((unsigned)n1, (unsigned)B), dim3(GS_P1_NT), 0, c->stream, pdl, rows_dev, scr, V,
                   slice);
         CUDA_CHECK_LAUNCH("sample pass 1");
+        /* the greedy id first, the log-probability beside the next step */
+        const bool early = side && ev_id && B == 1 && n_mb == 1 && rows[0].greedy && rows[0].id_slot &&
+                           pt_env_on("PETREL_CUDA_SAMPLE_EARLY_ID");
+        cudaStream_t s23 = c->stream;
+        if (early) {
+            pt_launch(gs_mb_greedy_id, dim3(1), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1);
+            CUDA_CHECK_LAUNCH("sample greedy id");
+            CUDA_CHECK(cudaEventRecord(ev_id, c->stream));
+            CUDA_CHECK(cudaStreamWaitEvent(side, ev_id, 0));
+            s23 = side;
+        }
         if (tk_blocks) {
             const size_t smem = (size_t)tk_slice * sizeof(unsigned long long);
             if (smem > 48 * 1024)
@@ -942,10 +980,10 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
             CUDA_CHECK_LAUNCH("sample top-k");
         }
         pt_launch(gs_mb_pass2, dim3(GS_LSE_BLOCKS + (n_draw ? GS_DRAW_BLOCKS : 0), (unsigned)B), dim3(GS_P2_NT), 0,
-                  c->stream, pdl, rows_dev, scr, V, n1);
+                  s23, pdl && !early, rows_dev, scr, V, n1);
         CUDA_CHECK_LAUNCH("sample pass 2");
-        pt_launch(gs_mb_pass3, dim3((unsigned)B), dim3(GS_NT), 0, c->stream, pdl, rows_dev, outs_dev, scr, V, n1,
-                  (const int *)c->err_dev, err_dev);
+        pt_launch(gs_mb_pass3, dim3((unsigned)B), dim3(GS_NT), 0, s23, pdl, rows_dev, outs_dev, scr, V, n1,
+                  (const int *)c->err_dev, err_dev, early ? 0 : 1);
         CUDA_CHECK_LAUNCH("sample pass 3");
     }
     return PT_OK;
@@ -1017,6 +1055,7 @@ struct pt_gsample_pipe {
      * event the host waits for. */
     cudaStream_t side;
     cudaEvent_t step, pos, sampled, done;
+    cudaEvent_t id; /* gs_enqueue's ev_id: after the greedy id, before the side stream's pass 2 */
     int pending; /* 1: enqueued, not yet waited for */
 };
 
@@ -1034,6 +1073,7 @@ extern "C" pt_status pt_gsample_pipe_create(pt_backend *be, pt_gsample_pipe **ou
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->pos, cudaEventDisableTiming), st, fail);
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->sampled, cudaEventDisableTiming), st, fail);
     CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming), st, fail);
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&p->id, cudaEventDisableTiming), st, fail);
     *out = p;
     return PT_OK;
 fail:
@@ -1046,8 +1086,8 @@ extern "C" void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **pp) {
     pt_gsample_pipe *p = *pp;
     (void)be;
     if (p->pending) cudaEventSynchronize(p->done); /* the copies still use the pinned block */
-    cudaEvent_t ev[] = {p->step, p->pos, p->sampled, p->done};
-    for (int i = 0; i < 4; i++)
+    cudaEvent_t ev[] = {p->step, p->pos, p->sampled, p->done, p->id};
+    for (int i = 0; i < 5; i++)
         if (ev[i]) cudaEventDestroy(ev[i]);
     if (p->side) cudaStreamDestroy(p->side);
     if (p->h) cudaFreeHost(p->h);
@@ -1077,7 +1117,7 @@ extern "C" pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, 
         if (side) CUDA_CHECK(cudaEventRecord(p->pos, p->side));
     }
     pt_gsample_out *outs_dev = NULL;
-    PT_TRY(gs_enqueue(c, row, &p->h->row, 1, V, ctl_dev, row_current, &outs_dev));
+    PT_TRY(gs_enqueue(c, row, &p->h->row, 1, V, ctl_dev, row_current, &outs_dev, side ? p->side : 0, p->id));
     if (side) {
         CUDA_CHECK(cudaEventRecord(p->sampled, c->stream));
         if (pos_dev) CUDA_CHECK(cudaStreamWaitEvent(c->stream, p->pos, 0)); /* before the next step */
