@@ -264,8 +264,8 @@ typedef struct {
     int xint;    /* 4/8-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 / f32 kernels) */
     int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
     int xgemm8;  /* 8-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM8, default 1; 0: the f32 GEMM) */
-    int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT=1) or the
-                  * guided claims from one counter (default 0); the same bits either way */
+    int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT, default 1) or
+                  * the guided claims from one counter (0); the same bits either way */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 /* How often each quantized matmul path ran (cpu_matmul.c), so a test can

@@ -41,9 +41,10 @@
  * kernel takes scales/biases converted to f32 by the caller — both the same
  * bits either way; PETREL_CPU_XINT=0 / PETREL_CPU_XGEMM=0 / PETREL_CPU_XGEMM8=0:
  * the 4- and 8-bit decode kernels / the 4-bit / the 8-bit prefill GEMM without
- * x as integer pieces, which round differently); PETREL_CPU_SPLIT=1 (off by
- * default): the decode matvecs' contiguous per-thread split (owned_run), the
- * same bits; a field a dev benchmark has already set is kept. */
+ * x as integer pieces, which round differently; PETREL_CPU_SPLIT=0: the decode
+ * matvecs' guided claims instead of one contiguous share per thread
+ * (owned_run), the same bits); a field a dev benchmark has already set is
+ * kept. */
 pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .split = -1};
 
 static void lever_read(int *field, const char *name) {
@@ -52,20 +53,13 @@ static void lever_read(int *field, const char *name) {
     *field = !(e && !strcmp(e, "0"));
 }
 
-/* A lever that is off unless its variable is "1" (PETREL_CPU_SPLIT). */
-static void lever_read_off(int *field, const char *name) {
-    if (*field >= 0) return;
-    const char *e = getenv(name);
-    *field = e && !strcmp(e, "1");
-}
-
 static void levers_read(void) {
     lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI");
     lever_read(&pt_cpu_lever.scale16, "PETREL_CPU_SCALE16");
     lever_read(&pt_cpu_lever.xint, "PETREL_CPU_XINT");
     lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM");
     lever_read(&pt_cpu_lever.xgemm8, "PETREL_CPU_XGEMM8");
-    lever_read_off(&pt_cpu_lever.split, "PETREL_CPU_SPLIT");
+    lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT");
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -426,7 +420,8 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
     }
 }
 
-/* Guided split of the decode matvec's rows. pt_pool_for cuts a job into ~4
+/* Guided split of the decode matvec's rows (PETREL_CPU_SPLIT=0; the
+ * default is the contiguous split below). pt_pool_for cuts a job into ~4
  * equal chunks per thread; at the end of a matvec one thread then idles for
  * up to a whole chunk (1/8 of the op with 2 threads) while the other
  * finishes, and a memory-bound op run by one thread reads slower. Here each
@@ -467,7 +462,9 @@ static void guided_run(void *arg, long u0, long u1, int ith) {
     }
 }
 
-/* The other split (PETREL_CPU_SPLIT=1): each thread owns one contiguous
+/* The default split (PETREL_CPU_SPLIT=0 selects the guided claims above,
+ * whose claims interleave between the threads so each claim starts a new
+ * stream): each thread owns one contiguous
  * share of the rows ([lo, hi) in one atomic word, lo in the low 32 bits)
  * and claims it from the front, so its rows stream in order and its
  * prefetch runs into rows it will read itself; a thread whose share is done
