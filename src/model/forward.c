@@ -273,11 +273,17 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
     pt_backend *be = m->be;
     const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim, own_kv = !L->kv_shared;
     const size_t qd = (size_t)nh * hd, kd = (size_t)nkv * hd; /* this layer's row strides */
+    pt_attn attn = L->attn;
+    attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+    if (r->kvp && own_kv && !L->inv_freq_long && OPS(m)->rope_kv_attention) {
+        /* RoPE, the cache writes and the attention in one call (bit-identical) */
+        const pt_status fold = OPS(m)->rope_kv_attention(be, st->att, st->q, st->k, st->v, T, st->pos_dev, &L->rope,
+                                                         &r->seq[0]->kv[l], r->kvp + (size_t)l * T * 2, &attn);
+        if (fold != PT_ERR_UNSUPPORTED) return fold;
+    }
     if (!L->inv_freq_long) { /* one table: every row at its own position in one call */
         PT_TRY(rope_qk(m, st->q, own_kv ? st->k : NULL, T, nh, nkv, hd, st->pos_dev, &L->rope));
     }
-    pt_attn attn = L->attn;
-    attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
     if (r->kvp) { /* one multi-sequence op per layer over the rows' cache table */
         if (L->inv_freq_long) /* longrope: per-row table choice from the host positions */
             for (int t = 0; t < T; t++) {

@@ -7,8 +7,9 @@
  * the CPU's rope + kv_append within tolerance. rope_kv_attention (RoPE and
  * the cache write folded into the split decode's scores kernel,
  * attention.cu) bit for bit against rope_qk_kv_append + attention (one
- * sequence) and rope_qk + kv_append_rows + attention_rows (batched rows):
- * the outputs and every byte of the caches. Not the attention against the
+ * sequence) and rope_qk + kv_append_rows + attention_rows (batched rows,
+ * two of them sharing a cache as a joining prompt's rows do): the outputs
+ * and every byte of the caches. Not the attention against the
  * CPU (test_cuda_ops.c, test_cuda_batch.c). */
 #include "cuda/op_check.h"
 
@@ -167,13 +168,16 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
         G->ops->dealloc(G, pd);
         (*n_single)++;
     }
-    /* batched rows: every row its own cache (table kvp), one launch sequence */
+    /* batched rows through the table kvp, one launch sequence */
     {
         void *hk[2][RA_ROWS], *hv[2][RA_ROWS], *tab[2][2 * RA_ROWS];
         for (int w = 0; w < 2; w++)
             for (int b = 0; b < RA_ROWS; b++) {
                 hk[w][b] = put(G, init, cbytes), hv[w][b] = put(G, init, cbytes);
-                tab[w][2 * b] = hk[w][b], tab[w][2 * b + 1] = hv[w][b];
+                /* rows 2 and 3 (positions 15 and 16) share row 2's cache, as a
+                 * joining prompt's rows do: row 3 must see row 2's new key */
+                const int cb_ = b == 3 ? 2 : b;
+                tab[w][2 * b] = hk[w][cb_], tab[w][2 * b + 1] = hv[w][cb_];
             }
         void **td[2] = {put(G, tab[0], sizeof tab[0]), put(G, tab[1], sizeof tab[1])};
         int32_t *pd = put(G, ra_pos, sizeof ra_pos);

@@ -532,8 +532,10 @@ __device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, c
     return x[d];
 }
 
-/* ROPE: the folded RoPE and cache write (pt_dec_rows.kn). */
-template <typename KT, int LPR, bool ROPE>
+/* ROPE: 0 none; 1 the folded RoPE and cache write (pt_dec_rows.kn); 2 the
+ * queries' RoPE alone (kn == NULL, inv_freq set: the keys were rotated and
+ * appended by a kernel before, batch_decode.cu's rope_k_append_rows). */
+template <typename KT, int LPR, int ROPE>
 __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
@@ -550,10 +552,10 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
     const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
     /* ROPE: the new key's row as the cache stores it ([R] chunks, hd <= 256),
      * the rope table at pos[b] ([half] each) */
-    __shared__ uint4 knew[ROPE ? 64 : 1];
+    __shared__ uint4 knew[ROPE == 1 ? 64 : 1];
     __shared__ float rcs[ROPE ? 128 : 1], rsn[ROPE ? 128 : 1];
     int64_t prow = -1;
-    if constexpr (ROPE) {
+    if constexpr (ROPE != 0) {
         const int32_t p = a.pos[b]; /* >= 0: the row has keys */
         prow = p % cap;
         for (int d = threadIdx.x; d < a.half; d += D2_THREADS) {
@@ -565,11 +567,14 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         __syncthreads();
         for (int i = threadIdx.x; i < G * hd; i += D2_THREADS)
             qs[i] = d2_rope_elem(q + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
-        const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd;
-        KT *kn = reinterpret_cast<KT *>(knew);
-        for (int d = threadIdx.x; d < hd; d += D2_THREADS) d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
+        if constexpr (ROPE == 1) {
+            const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd;
+            KT *kn = reinterpret_cast<KT *>(knew);
+            for (int d = threadIdx.x; d < hd; d += D2_THREADS)
+                d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
+        }
         __syncthreads();
-        if (blockIdx.y == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
+        if (ROPE == 1 && blockIdx.y == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
             KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
             KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
             const float *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
@@ -591,7 +596,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 kr[U][C];
-            d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE ? knew : nullptr, prow);
+            d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE == 1 ? knew : nullptr, prow);
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 float d[DEC_MAX_G];
@@ -795,9 +800,11 @@ static pt_status dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid) {
 #define PT_LS(L)                                                                                                   \
     case L:                                                                                                        \
         if (a.kn)                                                                                                  \
-            pt_launch(dec2_scores_kernel<KT, L, true>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);  \
+            pt_launch(dec2_scores_kernel<KT, L, 1>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
+        else if (a.inv_freq)                                                                                       \
+            pt_launch(dec2_scores_kernel<KT, L, 2>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
         else                                                                                                       \
-            pt_launch(dec2_scores_kernel<KT, L, false>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a); \
+            pt_launch(dec2_scores_kernel<KT, L, 0>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
         break;
         PT_LS(1) PT_LS(2) PT_LS(4) PT_LS(8) PT_LS(16)
 #undef PT_LS
@@ -907,7 +914,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     if (g_attn_v2 < 0) g_attn_v2 = pt_env_on("PETREL_CUDA_ATTN_V2");
     const int R = a.hd * (int)sizeof(KT) / 16;
     if (g_attn_v2 && R >= 4 && R <= 64) return dec2_launch<KT>(c, a, B, grid);
-    if (a.kn) return PT_ERR_UNSUPPORTED; /* the folded RoPE: second-generation kernels only (checked before) */
+    if (a.inv_freq) return PT_ERR_UNSUPPORTED; /* the folded RoPE: second-generation kernels only (checked before) */
     pt_launch(dec_scores_kernel<KT>, grid, dim3(DEC_THREADS), (size_t)G * a.hd * sizeof(float), c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention scores");
     switch ((a.hd + 31) / 32) {
@@ -992,13 +999,15 @@ pt_status pt_cuda_attention(pt_backend *be, float *out, const float *q, int64_t 
  * cache, which the p·V kernel reads after the scores grid has completed
  * (programmatic dependent launch waits for it; without it, stream order).
  * One launch fewer per layer of a one-sequence decode. Batched rows (kvp)
- * must be rows of distinct caches: a block writes its row's new key and
- * value while the other rows' blocks read their caches, so a row that
- * should see another row's new key (a prompt's rows in one step) would
- * not (the forward pass's batched steps keep the separate launches). Only
- * where the second-generation kernels run (what else would be taken
- * answers PT_ERR_UNSUPPORTED before any launch). PETREL_CUDA_ROPE_ATTN=0
- * (read once): never folded. */
+ * may share a cache (a joining prompt's rows in one step: a row must see
+ * the keys the rows before it append), so their keys are rotated and
+ * appended first by one kernel over every row (rope_k_append_rows,
+ * batch_decode.cu: rope_qk's key arithmetic, kv_append_rows's bytes), and
+ * only the queries' RoPE is folded into the scores kernel (ROPE == 2): one
+ * launch fewer per layer than rope_qk + kv_append_rows. Only where the
+ * second-generation kernels run (what else would be taken answers
+ * PT_ERR_UNSUPPORTED before any launch). PETREL_CUDA_ROPE_ATTN=0 (read
+ * once): never folded. */
 static int g_rope_attn = -1;
 
 pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, const float *k, const float *v,
@@ -1030,5 +1039,9 @@ pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, 
     r.scale = p->scale, r.softcap = p->softcap, r.window = p->window, r.bf = pt_cuda_bf(be);
     r.kn = k, r.vn = v, r.inv_freq = (const float *)rope->inv_freq, r.rscale = rope->attn_scale;
     r.half = rope->rot_dim / 2;
+    if (kvp) { /* the keys of every row first, then the queries' RoPE in the scores kernel */
+        PT_TRY(pt_cuda_rope_k_append_rows(c, kv, kvp, k, v, rows, pos, rope, r.bf));
+        r.kn = NULL, r.vn = NULL;
+    }
     return pt_cuda_decode_split(c, r, rows, kv->dtype, kvp != NULL);
 }

@@ -79,6 +79,76 @@ pt_status pt_cuda_kv_append_rows(pt_backend *be, const pt_kv_layer *shape, void 
     return PT_OK;
 }
 
+/* ---- rope_k_append_rows (decode_split.cuh) ------------------------------
+ * kv_append_rows_kernel's items with each key element rotated first as
+ * rope.cu's rope_kernel rotates it (element d < half: the pair's first
+ * value, half <= d < 2·half: its second, past 2·half: unrotated; the same
+ * table values and rounded products), so the cache gets the bytes rope_qk
+ * followed by kv_append_rows would write. */
+template <typename KT>
+__global__ void rope_k_append_rows_kernel(void *const *kvp, const float *k, const float *v, int64_t B, int nkv, int hd,
+                                          int64_t cap, const int32_t *pos, int half, const float *inv_freq,
+                                          float attn_scale, int bf) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
+    const int64_t n = B * nkv * hd;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int d = (int)(i % hd);
+        const int64_t th_ = i / hd, b = th_ / nkv;
+        const int h = (int)(th_ % nkv);
+        const int32_t p = pos[b];
+        if (p < 0) continue; /* padding row */
+        const float *kr = k + th_ * hd;
+        float kv = kr[d];
+        if (d < 2 * half) {
+            const int e = d < half ? d : d - half;
+            const float th = (float)p * inv_freq[e];
+            const float cs = pt_rnd(bf, cosf(th) * attn_scale), sn = pt_rnd(bf, sinf(th) * attn_scale);
+            const float a = kr[e], bb = kr[e + half];
+            kv = d < half ? pt_rnd(bf, pt_rnd(bf, a * cs) + pt_rnd(bf, -bb * sn))
+                          : pt_rnd(bf, pt_rnd(bf, bb * cs) + pt_rnd(bf, a * sn));
+        }
+        KT *kc = (KT *)kvp[2 * b], *vc = (KT *)kvp[2 * b + 1];
+        const int64_t off = ((int64_t)h * cap + p % cap) * hd + d;
+        if constexpr (sizeof(KT) == 4) {
+            kc[off] = kv;
+            vc[off] = v[i];
+        } else if constexpr (std::is_same<KT, __half>::value) {
+            kc[off] = __float2half_rn(kv);
+            vc[off] = __float2half_rn(v[i]);
+        } else {
+            kc[off] = __float2bfloat16_rn(kv);
+            vc[off] = __float2bfloat16_rn(v[i]);
+        }
+    }
+}
+
+pt_status pt_cuda_rope_k_append_rows(pt_cuda *c, const pt_kv_layer *shape, void *const *kvp, const float *k,
+                                     const float *v, int64_t B, const int32_t *pos, const pt_rope *rope, int bf) {
+    const int64_t n = B * shape->n_kv * shape->head_dim;
+    if (n == 0) return PT_OK;
+    const unsigned blocks = pt_cuda_blocks(n, 256);
+    const int nkv = shape->n_kv, hd = shape->head_dim, half = rope->rot_dim / 2;
+    const int64_t cap = shape->capacity;
+    const float *inv = (const float *)rope->inv_freq;
+    switch (shape->dtype) {
+    case PT_FT_F32:
+        pt_launch(rope_k_append_rows_kernel<float>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(), kvp, k, v,
+                  B, nkv, hd, cap, pos, half, inv, rope->attn_scale, bf);
+        break;
+    case PT_FT_BF16:
+        pt_launch(rope_k_append_rows_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(),
+                  kvp, k, v, B, nkv, hd, cap, pos, half, inv, rope->attn_scale, bf);
+        break;
+    case PT_FT_F16:
+        pt_launch(rope_k_append_rows_kernel<__half>, dim3(blocks), dim3(256), 0, c->stream, pt_pdl_chain(), kvp, k,
+                  v, B, nkv, hd, cap, pos, half, inv, rope->attn_scale, bf);
+        break;
+    }
+    CUDA_CHECK_LAUNCH("rope_k_append_rows");
+    return PT_OK;
+}
+
 /* ---- attention_rows: attention.cu's split decode kernels over B rows ---- */
 
 pt_status pt_cuda_attention_rows(pt_backend *be, float *out, const float *q, int64_t B, const int32_t *pos,

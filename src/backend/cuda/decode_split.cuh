@@ -31,7 +31,9 @@ typedef struct pt_dec_rows {
     float2 *ML;            /* [B, nh, nsplit] */
     float *P;              /* [B, nh, nsplit, hd] */
     /* RoPE and the cache write folded into the scores kernel
-     * (pt_cuda_rope_kv_attention; kn == NULL: not folded): q holds the
+     * (pt_cuda_rope_kv_attention; inv_freq == NULL: not folded; kn == NULL
+     * with inv_freq set: the queries' RoPE alone, the keys already rotated
+     * and appended): q holds the
      * unrotated queries, kn / vn [B, nkv, hd] the unrotated new keys and the
      * values of position pos[b]. Every scores block of row b rotates its
      * queries and the new key of its KV head as rope_kv_kernel does
@@ -51,6 +53,13 @@ typedef struct pt_dec_rows {
  * (bdec_*), padding rows, and PT_ERR_UNSUPPORTED with a message saying why
  * (the caller then runs the rows one by one). */
 pt_status pt_cuda_decode_split(pt_cuda *c, pt_dec_rows &a, int64_t B, pt_ftype dt, int batched);
+
+/* Batched rows' keys rotated as rope_qk rotates them and appended as
+ * kv_append_rows appends them (same bytes), in one launch over every row
+ * (batch_decode.cu); rope_kv_attention's batched form runs it before the
+ * split decode. */
+pt_status pt_cuda_rope_k_append_rows(pt_cuda *c, const pt_kv_layer *shape, void *const *kvp, const float *k,
+                                     const float *v, int64_t B, const int32_t *pos, const pt_rope *rope, int bf);
 
 /* backend.h rope_kv_attention (attention.cu): the split decode with the
  * layer's RoPE and cache write folded into its scores kernel.
