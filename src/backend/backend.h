@@ -436,11 +436,9 @@ typedef struct pt_backend_ops {
      * out as rope_qk_kv_append(q, k, v, 1, ..., kv) followed by attention(out,
      * q, 1, pos, kv, p) produce it; kvp != NULL: the multi-sequence table of
      * attention_rows (kv gives the shape), out as rope_qk(q, k, B) +
-     * kv_append_rows + attention_rows produce it, provided no two rows share
-     * a cache (a row's keys must not include another row's new key: the
-     * rows are written while they are read; the forward pass's batched
-     * rows, whose prompt rows share their sequence's cache, do not use
-     * it). Bit-identical outputs and
+     * kv_append_rows + attention_rows produce it (rows may share a cache:
+     * a joining prompt's rows see the keys the rows before them append).
+     * Bit-identical outputs and
      * cache rows; q and k are left unrotated (their contents afterwards are
      * not the rotated values). Returns PT_ERR_UNSUPPORTED, having enqueued
      * nothing and set no message, for what it does not fold (quantized
