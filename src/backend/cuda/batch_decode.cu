@@ -1,5 +1,7 @@
 /* The multi-sequence decode ops of backend.h (continuous batching):
- * kv_append_rows and attention_rows over B single-token rows, row b with its
+ * kv_append_rows and attention_rows over B single-token rows (and
+ * rope_k_append_rows, the keys' RoPE plus kv_append_rows in one launch, for
+ * rope_kv_attention's batched form, attention.cu), row b with its
  * own position pos[b] and its own cache, whose K/V storage pointers come
  * from a device table kvp[2b], kvp[2b + 1]. One launch (attention: one per
  * phase) covers every row, and everything that changes between steps
