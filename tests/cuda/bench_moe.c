@@ -3,8 +3,9 @@
  * the experts (moe_ffn), three paths in one process, alternating, for T =
  * 1 .. 256 tokens: "old" the per-item kernels (PETREL_CUDA_MOE_V2=0), the
  * decode path (moe_decode.cu) with its per-item grid at every T ("item")
- * and with its expert grid at every T ("tiles"; the default takes it from
- * two tokens up). Each number is µs per layer:
+ * and with its expert grid at every T in its two shapes ("wide", "lean"; the
+ * default takes the grid from two tokens up, lean below 1024 items). Each
+ * number is µs per layer:
  * the median of 5 replays of a CUDA graph of NL passes, each pass over its
  * own router logits (so the passes pick different experts and the ~330 MB
  * stack does not sit in L2). Also prints the weight bytes a T = 1 pass
@@ -20,13 +21,15 @@
 
 void pt_cuda_moe_select(int v2);     /* moe_decode.cu: 1 the decode path, 0 the per-item kernels */
 void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: its expert grid from b items up (<= 0: default) */
+void pt_cuda_moe_tile_shape(int s); /* moe_decode.cu: the grid's shape, 0 wide, 1 lean, -1 by size */
 
-enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 256, NPATH = 3 };
+enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 256, NPATH = 4 };
 
-/* path 0 old, 1 the decode path's per-item grid, 2 its expert grid */
+/* path 0 old, 1 the decode path's per-item grid, 2 its expert grid wide, 3 lean */
 static void select_path(int v) {
     pt_cuda_moe_select(v > 0);
     pt_cuda_moe_expert_min(v == 1 ? 1 << 30 : 1);
+    pt_cuda_moe_tile_shape(v == 3);
 }
 
 static void make_stack(pt_backend *be, pt_matrix *w, int64_t N, int64_t Kc) {
@@ -115,32 +118,34 @@ int main(void) {
             pass(&s, 3, T);
             if (be->ops->download(be, yv[v], s.y, (size_t)T * H * 4) != PT_OK) DIE("download");
         }
-        printf("T=%d: outputs of old / item / tiles: %s, %s\n", T,
+        printf("T=%d: outputs of old / item / wide / lean: %s, %s, %s\n", T,
                memcmp(yv[0], yv[1], (size_t)T * H * 4) ? "old DIFFERS from item" : "old = item",
-               memcmp(yv[1], yv[2], (size_t)T * H * 4) ? "item DIFFERS from tiles" : "item = tiles");
+               memcmp(yv[1], yv[2], (size_t)T * H * 4) ? "item DIFFERS from wide" : "item = wide",
+               memcmp(yv[1], yv[3], (size_t)T * H * 4) ? "item DIFFERS from lean" : "item = lean");
     }
-    printf("%4s %10s %10s %10s %10s %10s %10s %9s\n", "T", "route old", "route new", "moe old", "moe item",
-           "moe tiles", "new/old", "item GB/s");
+    printf("%4s %10s %10s %10s %10s %10s %10s %9s %9s\n", "T", "route old", "route new", "moe old", "moe item",
+           "moe wide", "moe lean", "new/old", "item GB/s");
     for (int ti = 0; ti < NT; ti++) {
         const int T = Ts[ti];
         double r[NPATH][3], m[NPATH][3]; /* [path][round], alternating */
         for (int round = 0; round < 3; round++)
             for (int v = 0; v < NPATH; v++) {
                 select_path(v);
-                r[v][round] = v == 2 ? 0 : time_graph(&s, T, 1);
+                r[v][round] = v >= 2 ? 0 : time_graph(&s, T, 1);
                 m[v][round] = time_graph(&s, T, 0);
             }
         for (int v = 0; v < NPATH; v++) {
             qsort(r[v], 3, sizeof(double), cmpd);
             qsort(m[v], 3, sizeof(double), cmpd);
         }
-        /* new = the default dispatch: the per-item grid at one token, else the expert grid */
-        const double mnew = T == 1 ? m[1][1] : m[2][1];
-        printf("%4d %10.2f %10.2f %10.2f %10.2f %10.2f %9.2fx %9.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
-               m[2][1], mnew / m[0][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
+        /* new = the default dispatch: the per-item grid below 9 items, the lean grid below 1024, else wide */
+        const double mnew = T * K < 9 ? m[1][1] : T * K < 1024 ? m[3][1] : m[2][1];
+        printf("%4d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2fx %9.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
+               m[2][1], m[3][1], mnew / m[0][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
     }
     for (int v = 0; v < NPATH; v++) free(yv[v]);
     pt_cuda_moe_expert_min(0);
+    pt_cuda_moe_tile_shape(-1);
     pt_cuda_moe_select(-1);
     free(h), free(xh);
     pt_backend_free(&s.be);

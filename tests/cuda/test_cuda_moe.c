@@ -13,8 +13,8 @@
  *    batch of tokens with other experts (3, 16 and 64 tokens: alone it takes
  *    the per-item grid, in the batch the expert grid — tiles of up to four
  *    items of one expert, three where the 8-bit K = 2048 staging is larger,
- *    expert counts that leave partial tiles —, so the two grids are held to
- *    the same bits);
+ *    expert counts that leave partial tiles, in both of its shapes —, so the
+ *    grids are held to the same bits);
  *  - an expert index outside the stack is PT_ERR_RANGE naming it.
  * The CPU parity of both paths is test_cuda_ops' test_moe. Built with
  * CUDA=1 and run on the GPU machine; without a GPU every test is SKIP. */
@@ -32,6 +32,7 @@
 
 void pt_cuda_moe_select(int v2); /* moe_decode.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
 void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: the decode path's expert grid from b items up (<= 0: default) */
+void pt_cuda_moe_tile_shape(int s); /* moe_decode.cu: the expert grid's shape, 0 wide, 1 lean, -1 by size */
 
 static pt_backend *G_[2]; /* [act]: 0 f32, 1 bf16 */
 static int have_gpu;
@@ -288,11 +289,18 @@ static int experts_cases(void) {
 
 static void test_moe_decode_experts(void) {
     NEED_GPU();
-    /* the expert grid from 9 items up (its default is 17): T = 3 takes it at
-     * top-8 (24 items), the per-item grid at top-2 (6 items); T = 16 and 64
-     * take it everywhere, one token alone (<= 8 items) never */
+    /* the expert grid from 9 items up (the default, set here in case it
+     * changes): T = 3 takes it at top-8 (24 items), the per-item grid at
+     * top-2 (6 items); T = 16 and 64 take it everywhere, one token alone
+     * (<= 8 items) never */
     pt_cuda_moe_expert_min(9);
-    (void)experts_cases();
+    /* each shape of the expert grid (rows per warp, registers) */
+    for (int shape = 0; shape < 2; shape++) {
+        pt_cuda_moe_tile_shape(shape);
+        printf("INFO expert grid shape %s\n", shape ? "lean" : "wide");
+        if (!experts_cases()) break;
+    }
+    pt_cuda_moe_tile_shape(-1);
     pt_cuda_moe_expert_min(0);
 }
 

@@ -36,8 +36,9 @@
  * moe_gu_tile_kernel, moe_down_tile_kernel + moe_combine_kernel, below):
  * the items grouped by expert into tiles of up to four, one block per
  * (rows, tile) that keeps its rows in registers and converts each code once
- * for all the tile's items; each (row, item) value and the combine are the
- * same bits as in the per-item grid. */
+ * for all the tile's items (two shapes: lean below MOE_TILE_LEAN_B items,
+ * wide from there); each (row, item) value and the combine are the same
+ * bits as in the per-item grid. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/moe_decode.cuh"
@@ -675,8 +676,8 @@ __device__ __forceinline__ bool moe_tile_of(const int *ntiles, const int4 *tiles
 /* h[b, r] for the items b of tile blockIdx.y and the rows r of block
  * blockIdx.x (WARPS·RPW of them: warp w's gate rows and the same up rows),
  * as moe_gu_kernel forms them. Dynamic shared memory: n items' staging. */
-template <int BITS, int CPL, int RPW>
-__global__ void __launch_bounds__(MOE_TILE_WARPS * 32)
+template <int BITS, int CPL, int RPW, int MINB>
+__global__ void __launch_bounds__(MOE_TILE_WARPS * 32, MINB)
     moe_gu_tile_kernel(float *h, const float *x, const int *ntiles, const int4 *tiles, const int *items,
                        const int32_t *idx, int k, int64_t K, int64_t I, moe_qm g, moe_qm u, int64_t n_experts,
                        int *err, int bf, int act, int64_t stride) {
@@ -733,8 +734,8 @@ __global__ void __launch_bounds__(MOE_TILE_WARPS * 32)
  * blockIdx.y, rows d of block blockIdx.x (WARPS·ROWS of them), rounded as
  * moe_down_kernel rounds its per-expert outputs; moe_combine_kernel then
  * sums them in moe_down_kernel's order and rounding. */
-template <int BITS, int CPL, int ROWS>
-__global__ void __launch_bounds__(MOE_TILE_WARPS * 32)
+template <int BITS, int CPL, int ROWS, int MINB>
+__global__ void __launch_bounds__(MOE_TILE_WARPS * 32, MINB)
     moe_down_tile_kernel(float *o, const float *h, const int *ntiles, const int4 *tiles, const int *items,
                          const int32_t *idx, int64_t H, int64_t I, moe_qm m, int64_t n_experts, int *err, int bf,
                          int64_t stride) {
@@ -836,13 +837,20 @@ static pt_status moe_tiles(pt_cuda *c, const int32_t *idx, int64_t B, int64_t E,
     return PT_OK;
 }
 
-template <int BITS, int CPL>
+/* Two shapes of the tile kernels (the same arithmetic, so the same bits):
+ * wide — 2·2 gate|up rows or 4 down rows per warp (2 / 1 for 8-bit K =
+ * 2048), each x value read from shared memory serves more rows —, and lean
+ * — half the rows per warp and at most 85 registers a thread, so three
+ * blocks share an SM instead of two: more loads in flight where tiles hold
+ * one or two items. */
+template <int BITS, int CPL, bool LEAN>
 static pt_status launch_gu_tiles(pt_cuda *c, float *h, const float *x, const int *ntiles, const int4 *tiles,
                                  const int *items, int64_t ntmax, int ni, const int32_t *idx, int k, int64_t K,
                                  int64_t I, const moe_qm &g, const moe_qm &u, int64_t E, int act) {
-    constexpr int RPW = CPL >= 4 ? 1 : 2; /* codes in registers: 2·RPW·CPL uint4 per lane */
+    constexpr int RPW = CPL >= 4 || LEAN ? 1 : 2; /* codes in registers: 2·RPW·CPL uint4 per lane */
+    constexpr int MINB = LEAN && CPL <= 2 ? 3 : 2;
     const int64_t per_block = MOE_TILE_WARPS * RPW, stride = moe_tile_item_floats(K, BITS);
-    pt_launch(moe_gu_tile_kernel<BITS, CPL, RPW>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)ntmax),
+    pt_launch(moe_gu_tile_kernel<BITS, CPL, RPW, MINB>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)ntmax),
               dim3(MOE_TILE_WARPS * 32), (size_t)(ni * stride) * sizeof(float), c->stream, pt_pdl_chain(), h, x,
               ntiles, tiles, items, idx, k, K, I, g, u, E, c->err_dev, (int)(c->base.act == PT_ACT_BF16), act,
               stride);
@@ -850,14 +858,16 @@ static pt_status launch_gu_tiles(pt_cuda *c, float *h, const float *x, const int
     return PT_OK;
 }
 
-template <int BITS, int CPL>
+template <int BITS, int CPL, bool LEAN>
 static pt_status launch_down_tiles(pt_cuda *c, float *y, const float *h, const int *ntiles, const int4 *tiles,
                                    const int *items, int64_t ntmax, int ni, const int32_t *idx, const float *weights,
                                    int64_t T, int k, int64_t H, int64_t I, const moe_qm &m, int64_t E) {
-    constexpr int ROWS = CPL >= 4 ? 1 : CPL == 2 ? 2 : 4; /* codes in registers: ROWS·CPL uint4 per lane */
+    /* codes in registers: ROWS·CPL uint4 per lane */
+    constexpr int ROWS = CPL >= 4 ? 1 : CPL == 2 ? (LEAN ? 1 : 2) : (LEAN ? 2 : 4);
+    constexpr int MINB = LEAN && CPL <= 2 ? 3 : 2;
     const int64_t per_block = MOE_TILE_WARPS * ROWS, stride = moe_tile_item_floats(I, BITS);
     const int bf = (int)(c->base.act == PT_ACT_BF16);
-    pt_launch(moe_down_tile_kernel<BITS, CPL, ROWS>,
+    pt_launch(moe_down_tile_kernel<BITS, CPL, ROWS, MINB>,
               dim3((unsigned)((H + per_block - 1) / per_block), (unsigned)ntmax), dim3(MOE_TILE_WARPS * 32),
               (size_t)(ni * stride) * sizeof(float), c->stream, pt_pdl_chain(), c->moe_o, h, ntiles, tiles, items,
               idx, H, I, m, E, c->err_dev, bf, stride);
@@ -865,13 +875,14 @@ static pt_status launch_down_tiles(pt_cuda *c, float *y, const float *h, const i
     return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, k, H, bf, (const int32_t *)NULL);
 }
 
-/* The expert grid from this many items (T·top_k) up: from three tokens at
- * top-8. Below, the per-item grid is as fast or faster (the tile list and
- * the separate combine are two more launches, and few items share an
- * expert): the qwen3-30b-a3b MoE block on the H200 (bench_moe,
- * bench/RESULTS.md), per-item / expert grid µs: T = 1 38.0 / 45.0, T = 2
- * 64.5 / 65.9, T = 4 115.3 / 108.9, T = 16 403.9 / 296.7, T = 64 1547 / 747. */
-#define MOE_EXPERT_MIN_B 17
+/* The expert grid from this many items (T·top_k) up: from two tokens at
+ * top-8. One token keeps the per-item grid (the tile list and the separate
+ * combine are two more launches, and eight items rarely share an expert).
+ * The qwen3-30b-a3b MoE block on the H200 (bench_moe, bench/RESULTS.md),
+ * µs per-item grid / expert grid lean / wide: T = 1 38.2 / 41.6 / 44.9,
+ * T = 2 64.7 / 61.0 / 66.0, T = 4 116.3 / 97.9 / 109.4, T = 16 405.8 /
+ * 283.1 / 297.9, T = 64 1552 / 742 / 751, T = 128 3079 / 1353 / 1336. */
+#define MOE_EXPERT_MIN_B 9
 static int g_moe_expert_grid = -1;
 static int64_t g_moe_expert_min_b = MOE_EXPERT_MIN_B;
 /* For tests and benchmarks: the expert grid from b items up (b <= 0: the default). */
@@ -915,9 +926,12 @@ static pt_status moe_down(pt_cuda *c, float *y, const float *h, const int32_t *i
                       : launch_down<8, 4>(c, y, h, idx, weights, T, k, H, I, m, E);
 }
 
-/* The expert grid: the tile list, gate|up + GLU, down, the combine. */
-static pt_status moe_tiled(pt_cuda *c, float *y, const float *x, const int32_t *idx, const float *weights, int64_t T,
-                           int k, const pt_matrix *gate, const pt_matrix *up, const pt_matrix *down, int act) {
+/* The expert grid in one of its shapes (launch_gu_tiles): the tile list,
+ * gate|up + GLU, down, the combine. */
+template <bool L>
+static pt_status moe_tiled_shape(pt_cuda *c, float *y, const float *x, const int32_t *idx, const float *weights,
+                                 int64_t T, int k, const pt_matrix *gate, const pt_matrix *up, const pt_matrix *down,
+                                 int act) {
     const int64_t K = gate->cols, H = down->rows, I = down->cols, B = T * k;
     const int64_t E = gate->n_experts > 1 ? gate->n_experts : 1;
     const moe_qm g = moe_qm_of(gate, 0), u = up ? moe_qm_of(up, 0) : moe_qm_of(gate, I), m = moe_qm_of(down, 0);
@@ -930,19 +944,33 @@ static pt_status moe_tiled(pt_cuda *c, float *y, const float *x, const int32_t *
     const int cg = moe_cpl(K, gate->bits), cd = moe_cpl(I, down->bits);
     pt_status st;
     if (gate->bits == 4)
-        st = cg == 1 ? launch_gu_tiles<4, 1>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
-                     : launch_gu_tiles<4, 2>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act);
+        st = cg == 1 ? launch_gu_tiles<4, 1, L>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
+                     : launch_gu_tiles<4, 2, L>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act);
     else
-        st = cg == 1   ? launch_gu_tiles<8, 1>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
-             : cg == 2 ? launch_gu_tiles<8, 2>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
-                       : launch_gu_tiles<8, 4>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act);
+        st = cg == 1   ? launch_gu_tiles<8, 1, L>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
+             : cg == 2 ? launch_gu_tiles<8, 2, L>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act)
+                       : launch_gu_tiles<8, 4, L>(c, h, x, ntiles, tiles, items, ntmax, ni, idx, k, K, I, g, u, E, act);
     if (st != PT_OK) return st;
     if (down->bits == 4)
-        return cd == 1 ? launch_down_tiles<4, 1>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
-                       : launch_down_tiles<4, 2>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E);
-    return cd == 1   ? launch_down_tiles<8, 1>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
-           : cd == 2 ? launch_down_tiles<8, 2>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
-                     : launch_down_tiles<8, 4>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E);
+        return cd == 1 ? launch_down_tiles<4, 1, L>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
+                       : launch_down_tiles<4, 2, L>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E);
+    return cd == 1   ? launch_down_tiles<8, 1, L>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
+           : cd == 2 ? launch_down_tiles<8, 2, L>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E)
+                     : launch_down_tiles<8, 4, L>(c, y, h, ntiles, tiles, items, ntmax, ni, idx, weights, T, k, H, I, m, E);
+}
+
+/* The lean shape below this many items, the wide one from there (the
+ * numbers above MOE_EXPERT_MIN_B: lean is faster to 64 tokens at top-8,
+ * where tiles hold few items, wide from 128, where they are mostly full). */
+#define MOE_TILE_LEAN_B 1024
+static int g_moe_tile_shape = -1;
+/* For tests and benchmarks: 0 the wide tile shape, 1 the lean one, -1 by size. */
+extern "C" void pt_cuda_moe_tile_shape(int s) { g_moe_tile_shape = s < 0 ? -1 : s != 0; }
+static pt_status moe_tiled(pt_cuda *c, float *y, const float *x, const int32_t *idx, const float *weights, int64_t T,
+                           int k, const pt_matrix *gate, const pt_matrix *up, const pt_matrix *down, int act) {
+    const bool lean = g_moe_tile_shape >= 0 ? g_moe_tile_shape == 1 : T * k < MOE_TILE_LEAN_B;
+    return lean ? moe_tiled_shape<true>(c, y, x, idx, weights, T, k, gate, up, down, act)
+                : moe_tiled_shape<false>(c, y, x, idx, weights, T, k, gate, up, down, act);
 }
 
 /* moe_ffn after the grouped prefill declined: the decode kernels where the
