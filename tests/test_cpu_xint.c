@@ -91,7 +91,6 @@ static void test_gemm(void) {
     static const int gss[3] = {32, 64, 128};
     for (int gi = 0; gi < 3; gi++) {
         int gs = gss[gi];
-        int64_t ng = K / gs;
         pt_backend *be = NULL;
         REQUIRE(xint_avx512_backend(&be, 2), "%s", pt_last_error());
         if (!be) TEST_SKIP("backend ISA is not avx512");
@@ -108,27 +107,7 @@ static void test_gemm(void) {
         REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
         pt_cpu_lever.xgemm = 0;
         REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
-        for (int t = 0; t < T; t++)
-            for (int n = 0; n < N; n++) {
-                double ref = pt_bf16_to_f32(q.bias[n]), mag = fabs(ref), xr = 0;
-                for (int64_t g = 0; g < ng; g++) {
-                    double sc = pt_bf16_to_f32(q.sc[n * ng + g]), bi = pt_bf16_to_f32(q.bi[n * ng + g]), mx = 0, sq = 0;
-                    for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
-                        const uint8_t *c = (const uint8_t *)q.codes + n * K / 2;
-                        int qv = j % 2 ? c[j / 2] >> 4 : c[j / 2] & 15;
-                        double term = (sc * qv + bi) * x[t * K + j];
-                        ref += term;
-                        mag += fabs(term);
-                        mx = fmax(mx, fabs(x[t * K + j]));
-                        sq += fabs(sc) * qv;
-                    }
-                    xr += ldexp(mx, -21) * sq;
-                }
-                double v = y1[t * N + n], tol = ldexp(fabs(ref), -8) + xr + 8e-6 * mag + 1e-30;
-                CHECK(fabs(v - ref) <= tol, "gs %d t %d n %d: %.9g vs %.9g (bound %.3g)", gs, t, n, v, ref, tol);
-                CHECK(fabsf(y1[t * N + n] - y0[t * N + n]) <= ldexpf(fabsf(y0[t * N + n]), -7) + 1e-30f,
-                      "gs %d t %d n %d: %g (pieces) vs %g (f32 GEMM)", gs, t, n, y1[t * N + n], y0[t * N + n]);
-            }
+        xint_check_gemm(q.codes, 4, q.sc, q.bi, q.bias, x, y1, y0, T, N, K, gs);
         x[5 * K + 3] = 0.1234567f; /* not bf16: the f32 GEMM for the call */
         pt_cpu_lever.xgemm = 1;
         REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());

@@ -77,3 +77,31 @@ int xint_avx512_backend(pt_backend **be, int threads) {
     if (strcmp(pt_backend_cpu_isa_name(*be), "avx512")) pt_backend_free(be);
     return 1;
 }
+
+void xint_check_gemm(const void *codes, int bits, const uint16_t *sc, const uint16_t *bi, const uint16_t *bias,
+                     const float *x, const float *y1, const float *y0, int T, int64_t N, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double ref = pt_bf16_to_f32(bias[n]), mag = fabs(ref), xr = 0;
+            for (int64_t g = 0; g < ng; g++) {
+                double s = pt_bf16_to_f32(sc[n * ng + g]), b = pt_bf16_to_f32(bi[n * ng + g]), mx = 0, sq = 0;
+                for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+                    const uint8_t *c = (const uint8_t *)codes + n * K * bits / 8;
+                    int qv = bits == 8 ? c[j] : j % 2 ? c[j / 2] >> 4 : c[j / 2] & 15;
+                    double term = (s * qv + b) * x[t * K + j];
+                    ref += term;
+                    mag += fabs(term);
+                    mx = fmax(mx, fabs(x[t * K + j]));
+                    sq += fabs(s) * qv;
+                }
+                xr += ldexp(mx, -21) * sq;
+            }
+            double v = y1[t * N + n], tol = ldexp(fabs(ref), -8) + xr + 8e-6 * mag + 1e-30;
+            CHECK(fabs(v - ref) <= tol, "gs %d t %d n %lld: %.9g vs %.9g (bound %.3g)", gs, t, (long long)n, v, ref,
+                  tol);
+            CHECK(fabsf(y1[t * N + n] - y0[t * N + n]) <= ldexpf(fabsf(y0[t * N + n]), -7) + 1e-30f,
+                  "gs %d t %d n %lld: %g (pieces) vs %g (f32 GEMM)", gs, t, (long long)n, y1[t * N + n],
+                  y0[t * N + n]);
+        }
+}

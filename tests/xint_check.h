@@ -48,4 +48,12 @@ void xint_check_refusals(int (*arrange)(int8_t *xq, float *step, const float *x,
  * it failed. */
 int xint_avx512_backend(pt_backend **be, int threads);
 
+/* CHECKs a prefill GEMM on integer pieces, y1 [T, N], against double
+ * precision within the pieces' bound (2^-8 relative, 2^-21·max|x_g| per
+ * code, f32 rounding) and against the f32 GEMM's y0 [T, N] within 2^-7:
+ * weight codes [N, K] of `bits` (4: two per byte, low nibble first; 8: one
+ * per byte), bf16 scales and biases sc/bi [N, K/gs], bf16 bias [N]; x [T, K]. */
+void xint_check_gemm(const void *codes, int bits, const uint16_t *sc, const uint16_t *bi, const uint16_t *bias,
+                     const float *x, const float *y1, const float *y0, int T, int64_t N, int64_t K, int gs);
+
 #endif
