@@ -50,6 +50,41 @@ static void test_bound(void) {
     xint_check_bound(&xint_kernel8, 8, 2688); /* past the kernel's 2048-value blocks of scale·step, with a tail */
 }
 
+/* Two avx512 backends (2 threads and 1) and an 8-bit random weight of
+ * N x K, groups gs, rows [0, n255) every code 255, prepared on the first;
+ * both reserved for T tokens of K. 1: ready; 0: the backend ISA is not
+ * avx512 (nothing held); -1: an error (message set, nothing held). */
+typedef struct {
+    pt_backend *be, *be1;
+    rand_qweight q;
+} xb_pair;
+
+static int xb_open(xb_pair *p, int N, int K, int T, int gs, int n255) {
+    p->be = p->be1 = NULL;
+    int ok = xint_avx512_backend(&p->be, 2) && xint_avx512_backend(&p->be1, 1);
+    if (!ok || !p->be || !p->be1) {
+        pt_backend_free(&p->be);
+        pt_backend_free(&p->be1);
+        return ok ? 0 : -1;
+    }
+    rand_qweight_make(&p->q, N, K, 8, gs, 1, 0);
+    for (int n = 0; n < n255; n++) memset(p->q.codes + (size_t)n * K, 255, K);
+    pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+    if (p->be->ops->prepare_weight(p->be, &p->q.w, "w") == PT_OK && p->be->ops->reserve(p->be, &lim) == PT_OK &&
+        p->be1->ops->reserve(p->be1, &lim) == PT_OK)
+        return 1;
+    rand_qweight_free(&p->q);
+    pt_backend_free(&p->be);
+    pt_backend_free(&p->be1);
+    return -1;
+}
+
+static void xb_close(xb_pair *p) {
+    rand_qweight_free(&p->q);
+    pt_backend_free(&p->be);
+    pt_backend_free(&p->be1);
+}
+
 /* Through the backend, groups 32/64/128: the lever on against off (the f32
  * kernel) within one bf16 ulp; a bf16 token's row unchanged when a non-bf16
  * token joins its matmul_rows batch; 1 and 2 threads bit-identical; and the
@@ -59,18 +94,12 @@ static void test_backend(void) {
     enum { N = 37, K = 640, T = 3 };
     static const int gss[3] = {32, 64, 128};
     for (int gi = 0; gi < 3; gi++) {
-        pt_backend *be = NULL, *be1 = NULL;
-        REQUIRE(xint_avx512_backend(&be, 2) && xint_avx512_backend(&be1, 1), "%s", pt_last_error());
-        if (!be || !be1) {
-            pt_backend_free(&be);
-            pt_backend_free(&be1);
-            TEST_SKIP("backend ISA is not avx512");
-        }
-        rand_qweight q;
-        rand_qweight_make(&q, N, K, 8, gss[gi], 1, 0);
-        REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
-        pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
-        REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s", pt_last_error());
+        xb_pair p;
+        const int r = xb_open(&p, N, K, T, gss[gi], 0);
+        REQUIRE(r >= 0, "%s", pt_last_error());
+        if (r == 0) TEST_SKIP("backend ISA is not avx512");
+        pt_backend *be = p.be, *be1 = p.be1;
+        const rand_qweight q = p.q;
         float x[T * K], y1[T * N], y0[T * N], yb[T * N], yt[T * N];
         fill_act(x, T * K, -3, 3, 1);
         int saved = pt_cpu_lever.xint;
@@ -95,9 +124,7 @@ static void test_backend(void) {
         CHECK(memcmp(yb + 2 * N, y0 + 2 * N, sizeof(float) * N) == 0, "gs %d: the non-bf16 token is not the f32 kernel's",
               gss[gi]);
         pt_cpu_lever.xint = saved;
-        rand_qweight_free(&q);
-        pt_backend_free(&be);
-        pt_backend_free(&be1);
+        xb_close(&p);
     }
 }
 
@@ -115,20 +142,12 @@ static void test_gemm8(void) {
     static const int gss[3] = {32, 64, 128};
     for (int gi = 0; gi < 3; gi++) {
         int gs = gss[gi];
-        pt_backend *be = NULL, *be1 = NULL;
-        REQUIRE(xint_avx512_backend(&be, 2) && xint_avx512_backend(&be1, 1), "%s", pt_last_error());
-        if (!be || !be1) {
-            pt_backend_free(&be);
-            pt_backend_free(&be1);
-            TEST_SKIP("backend ISA is not avx512");
-        }
-        rand_qweight q;
-        rand_qweight_make(&q, N, K, 8, gs, 1, 0);
-        uint8_t *codes = q.codes;
-        for (int n = 0; n < 3; n++) memset(codes + (size_t)n * K, 255, K); /* rows 0-2: every code 255 */
-        REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
-        pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
-        REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s", pt_last_error());
+        xb_pair p;
+        const int r = xb_open(&p, N, K, T, gs, 3); /* rows 0-2: every code 255 */
+        REQUIRE(r >= 0, "%s", pt_last_error());
+        if (r == 0) TEST_SKIP("backend ISA is not avx512");
+        pt_backend *be = p.be, *be1 = p.be1;
+        const rand_qweight q = p.q;
         static float x[T * K], y1[T * N], y0[T * N], y2[T * N];
         for (int64_t i = 0; i < T * K; i++) {
             int t = (int)(i / K);
@@ -158,9 +177,7 @@ static void test_gemm8(void) {
         REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
         CHECK(memcmp(y1, y0, sizeof y1) == 0, "gs %d: a non-bf16 token did not send the call to the f32 GEMM", gs);
         pt_cpu_lever.xgemm8 = saved;
-        rand_qweight_free(&q);
-        pt_backend_free(&be);
-        pt_backend_free(&be1);
+        xb_close(&p);
     }
 }
 
