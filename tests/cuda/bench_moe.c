@@ -20,8 +20,8 @@
 #include <string.h>
 
 void pt_cuda_moe_select(int v2);     /* moe_decode.cu: 1 the decode path, 0 the per-item kernels */
-void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: its expert grid from b items up (<= 0: default) */
-void pt_cuda_moe_tile_shape(int s); /* moe_decode.cu: the grid's shape, 0 wide, 1 lean, -1 by size */
+void pt_cuda_moe_expert_min(int b); /* moe_grid.cu: its expert grid from b items up (<= 0: default) */
+void pt_cuda_moe_tile_shape(int s); /* moe_grid.cu: the grid's shape, 0 wide, 1 lean, -1 by size */
 
 enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 256, NPATH = 4 };
 

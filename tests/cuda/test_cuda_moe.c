@@ -31,8 +31,8 @@
 #include <string.h>
 
 void pt_cuda_moe_select(int v2); /* moe_decode.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
-void pt_cuda_moe_expert_min(int b); /* moe_decode.cu: the decode path's expert grid from b items up (<= 0: default) */
-void pt_cuda_moe_tile_shape(int s); /* moe_decode.cu: the expert grid's shape, 0 wide, 1 lean, -1 by size */
+void pt_cuda_moe_expert_min(int b); /* moe_grid.cu: the decode path's expert grid from b items up (<= 0: default) */
+void pt_cuda_moe_tile_shape(int s); /* moe_grid.cu: the expert grid's shape, 0 wide, 1 lean, -1 by size */
 
 static pt_backend *G_[2]; /* [act]: 0 f32, 1 bf16 */
 static int have_gpu;

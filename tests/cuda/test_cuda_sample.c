@@ -1,4 +1,4 @@
-/* GPU sampling (src/backend/cuda/sample.cu) against the CPU sampler
+/* GPU sampling (src/backend/cuda/sample.cu, sample_oneblock.cu) against the CPU sampler
  * (src/runtime/sampler.c), token for token:
  *   - the kernel alone on random logit rows (peaked and flat, ties, -inf and
  *     NaN entries, vocabularies from 50 to 151936) over every combination of

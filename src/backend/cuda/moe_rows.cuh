@@ -1,0 +1,112 @@
+/* The MoE decode path's per-row pieces that both of its grids use
+ * (moe_decode.cu: the per-item grid; moe_grid.cu: the expert grid): the
+ * expert stack a kernel reads (moe_qm), an item's expert, a row's codes,
+ * scales and biases into registers, a row's stored value, the chunks per
+ * lane of a width; and the expert grid's entry points. Inlined where used,
+ * as when both grids were one file. Not here: the kernels, the x staging
+ * and the dot products (in the file of the grid that uses them); the MoE
+ * declarations moe.cu shares (moe_decode.cuh). */
+#ifndef PT_CUDA_MOE_ROWS_CUH
+#define PT_CUDA_MOE_ROWS_CUH
+
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/matmul.cuh"
+
+#define MOE_MAX_X 64   /* x values per lane held in registers: K <= 32·64 = 2048 */
+
+/* One expert stack in the MLX layout, the part a kernel reads. */
+struct moe_qm {
+    const uint32_t *codes;        /* [E·rows, K·BITS/32] */
+    const void *scales, *biases;  /* [E·rows, K/gs] of st */
+    const void *bias;             /* [E·rows] of bt, or NULL */
+    pt_ftype st, bt;
+    int gs, gshift;               /* group size, its log2 (gs is 32, 64 or 128) */
+    int64_t rows;                 /* rows per expert */
+    int64_t row_off;              /* first row used (the up half of a fused gate|up) */
+};
+
+static inline moe_qm moe_qm_of(const pt_matrix *w, int64_t row_off) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    moe_qm m;
+    m.codes = (const uint32_t *)cw->data;
+    m.scales = cw->scales;
+    m.biases = cw->biases;
+    m.bias = cw->bias;
+    m.st = w->dtype;
+    m.bt = w->bias_dtype;
+    m.gs = w->group_size;
+    m.gshift = w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7;
+    m.rows = w->rows;
+    m.row_off = row_off;
+    return m;
+}
+
+/* Item b's expert; outside [0, E) it raises the error word (matmul.cu's
+ * protocol: flag 2, the value) and the item computes zeros from expert 0. */
+__device__ __forceinline__ int64_t moe_item_expert(const int32_t *idx, int64_t b, int64_t E, int *err, bool &ok) {
+    int64_t e = idx[b];
+    ok = e >= 0 && e < E;
+    if (!ok) {
+        if ((threadIdx.x & 31) == 0 && atomicCAS(err, 0, 2) == 0) err[1] = (int)e;
+        e = 0;
+    }
+    return e;
+}
+
+/* The lane's codes of global row grow (chunks lane + 32·j; zeros past the
+ * row) and the chunks' scales and biases: every load of a row issued before
+ * any is used, so a warp's rows are in flight together (loaded inside the
+ * dot product, each row's scales cost a memory round trip in turn). */
+template <int BITS, int CPL>
+__device__ __forceinline__ void moe_load_row(uint4 (&w)[CPL], float (&sc)[CPL], float (&bi)[CPL], const moe_qm &m,
+                                             int64_t grow, int64_t K, int64_t nchunks, int lane) {
+    constexpr int VPC = 128 / BITS;
+    const uint4 *rp = reinterpret_cast<const uint4 *>(m.codes + grow * (K * BITS / 32));
+    const int64_t ngroups = K >> m.gshift; /* shifts: a 64-bit division is a subroutine */
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+        const int c = lane + 32 * j;
+        w[j] = make_uint4(0u, 0u, 0u, 0u);
+        sc[j] = bi[j] = 0.f;
+        if (c < nchunks) {
+            w[j] = __ldg(rp + c);
+            const int64_t gi = grow * ngroups + ((c * VPC) >> m.gshift);
+            if (m.st == PT_FT_BF16) {
+                sc[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.scales + gi));
+                bi[j] = __bfloat162float(__ldg((const __nv_bfloat16 *)m.biases + gi));
+            } else {
+                sc[j] = pt_ld(m.st, m.scales, gi);
+                bi[j] = pt_ld(m.st, m.biases, gi);
+            }
+        }
+    }
+}
+
+/* The row's value as the fast GEMV stores it: the warp sum (added to 0, the
+ * one-warp block's fold), the bias, the rounding; zeros for a bad expert. */
+__device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t grow, bool eok, int bf) {
+    v = 0.f + v;
+    if (m.bias) v += pt_ld(m.bt, m.bias, grow);
+    return eok ? pt_rnd(bf, v) : 0.f;
+}
+
+/* Chunks per lane for K columns of BITS-bit codes when the decode kernels
+ * take them (1, 2 or 4 with at most MOE_MAX_X values of x per lane), else 0. */
+static inline int moe_cpl(int64_t K, int bits) {
+    const int vpc = 128 / bits;
+    if (K % vpc) return 0;
+    const int64_t nchunks = K / vpc, cpl = (nchunks + 31) / 32;
+    if (cpl * vpc > MOE_MAX_X) return 0;
+    return cpl <= 1 ? 1 : cpl <= 2 ? 2 : 4;
+}
+
+/* The expert grid (moe_grid.cu): whether it takes B items over E experts
+ * (PETREL_CUDA_MOE_EXPERT_GRID, from MOE_EXPERT_MIN_B items up) and, when
+ * it does, moe_ffn over it (the caller checked the weights as for the
+ * per-item grid's kernels; act a pt_glu_kind). */
+bool pt_cuda_moe_expert_grid_on(int64_t B, int64_t E);
+pt_status pt_cuda_moe_tiled(pt_cuda *c, float *y, const float *x, const int32_t *idx, const float *weights,
+                            int64_t T, int k, const pt_matrix *gate, const pt_matrix *up, const pt_matrix *down,
+                            int act);
+
+#endif
