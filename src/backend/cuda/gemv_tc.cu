@@ -37,6 +37,21 @@
  * so the bits are the same; PETREL_CUDA_TC_LOOP=0 runs the loop as first
  * written (A/B).
  *
+ * The ring loop unrolled (LV 2: by default at one activation row over
+ * K >= 4096, tc_lv; PETREL_CUDA_TC_LOOP=2: up to 8 rows, =1: the loop
+ * above everywhere): the loop steps PT_TC_RING blocks
+ * at a time, so every ring slot's shared address is known at compile time
+ * (a stage holds a multiple of PT_TC_RING blocks per warp: tc_launch sizes
+ * the stages so), and both copies of a block are issued by every lane
+ * without a branch: a copy of 0 source bytes past the warp's last block,
+ * the 64 scale|bias bytes of a group copied by lanes l, l + 4, … alike.
+ * Also per group: the first mma of a group starts from C = 0 instead of
+ * clearing the accumulators after the fold (D = A·B + 0), and at one row
+ * C·Σx is computed once in the staging (column 1 of Σx, unused at one row)
+ * instead of in every warp's fold. Same operations in the same order: the
+ * same bits as LV 1. (Loading the blocks straight into registers instead,
+ * 4 or 8 ahead, was slower: bench/RESULTS.md.)
+ *
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
  * round-robin: unit u goes to warp u mod S. W = 8 up to 8 activation rows,
@@ -339,6 +354,23 @@ __device__ __forceinline__ void tc_mma_nv(float (&c)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* The same mma with C = 0 (LV 2: the first mma of a group starts its
+ * accumulators from zero instead of clearing them after the fold; the same
+ * operation, D = A·B + 0). */
+__device__ __forceinline__ void tc_mma_z(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    const float z = 0.f;
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(c[0]), "=f"(c[1]), "=f"(c[2]), "=f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(z));
+}
+
+/* LV 2: a 16-byte copy of src_size bytes (16 or 0: nothing read, zeros
+ * written), so a copy that is not needed costs no branch. */
+__device__ __forceinline__ void tc_cp16z(unsigned d, const void *src, unsigned src_size) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_size) : "memory");
+}
+
 /* Pair j (0..3) of a word as bf16x2 (128 + code): nibbles j and j+4. */
 __device__ __forceinline__ uint32_t tc_pair(uint32_t w, int j) { return ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; }
 
@@ -368,14 +400,16 @@ __device__ __forceinline__ uint32_t tc_pair_c(uint32_t w, int j, uint32_t c) {
  * sx1: its Σx; o0, o1: C·Σx), row pair (sc, bi: scale and bias of rows g,
  * g + 8): tot += sc·(acc − C·Σx) + bi·Σx, rounded at each step; acc cleared
  * for the next group. */
+template <bool CLR = true> /* clear acc after (else the group's first mma starts from zero: LV 2) */
 __device__ __forceinline__ void tc_fold4(float (&tot)[4], float (&acc)[4], float sc0, float bi0, float sc1, float bi1,
                                          float sx0, float sx1, float o0, float o1) {
     tot[0] = __fadd_rn(tot[0], __fmaf_rn(sc0, __fsub_rn(acc[0], o0), __fmul_rn(bi0, sx0)));
     tot[1] = __fadd_rn(tot[1], __fmaf_rn(sc0, __fsub_rn(acc[1], o1), __fmul_rn(bi0, sx1)));
     tot[2] = __fadd_rn(tot[2], __fmaf_rn(sc1, __fsub_rn(acc[2], o0), __fmul_rn(bi1, sx0)));
     tot[3] = __fadd_rn(tot[3], __fmaf_rn(sc1, __fsub_rn(acc[3], o1), __fmul_rn(bi1, sx1)));
+    if constexpr (CLR)
 #pragma unroll
-    for (int i = 0; i < 4; i++) acc[i] = 0.f;
+        for (int i = 0; i < 4; i++) acc[i] = 0.f;
 }
 __device__ __forceinline__ void tc_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
@@ -530,6 +564,10 @@ template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = 
 __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, const tc_glu &gl) {
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
+    /* LV 2: the ring loop unrolled by P (slots known at compile time,
+     * copies without branches) */
+    constexpr bool RG = LV == 2;
+    constexpr size_t RINGB = (size_t)W * P * SH::SLOT; /* bytes of the rings */
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -547,7 +585,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     const int64_t b_item = blockIdx.y;
 
     unsigned char *ring = smem + (size_t)warp * P * SH::SLOT; /* [P] slots: 512 B codes, then GPB·64 B sb */
-    bf16 *xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT);           /* [nb][XS] */
+    bf16 *xs = reinterpret_cast<bf16 *>(smem + RINGB);           /* [nb][XS] */
     float *sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);                   /* [GPS][NCOL] Σx */
     float *red = reinterpret_cast<float *>(xs);        /* [W warps][16][NCOL], after the last stage */
     /* XP: two x buffers of XB bytes ([nb][XS] bf16, then [GPS][NCOL] Σx),
@@ -556,7 +594,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
      * mbarriers after both buffers and red. */
     /* XL (4-bit XP): the stage buffer as tc_xprep_kernel's xl layout */
     const int XB = XL ? (KS / 64) * NCOL * 128 + (KS / GS) * NCOL * 8 : (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
-    uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + (size_t)W * P * SH::SLOT +
+    uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + RINGB +
                                                   (2 * XB > W * 16 * NCOL * 4 ? 2 * XB : W * 16 * NCOL * 4));
     /* drift: warps done with buffer b so far, counted over the whole launch
      * (after the two mbarriers) */
@@ -566,7 +604,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     const int ncl = XP ? (int)tc_cluster_size() : 1, crank = XP && ncl > 1 ? (int)tc_cluster_rank() : 0;
     auto xcopy = [&](int k0c, int buf) { /* one thread: x[:, k0c : k0c + kc] and its Σx into buffer buf */
         const int kc = K - k0c < KS ? K - k0c : KS;
-        unsigned char *xd = smem + (size_t)W * P * SH::SLOT + (size_t)buf * XB;
+        unsigned char *xd = smem + RINGB + (size_t)buf * XB;
         if (a.xst) { /* the whole buffer in one copy (ncl pieces in a cluster) */
             const char *src = reinterpret_cast<const char *>(a.xb) + (int64_t)(k0c / KS) * XB;
             tc_mbar_expect(&mbar[buf], (unsigned)XB);
@@ -638,8 +676,30 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         }
         tc_commit();
     };
+    /* LV 2: block jn into slot jn % P = sl (known at compile time in the
+     * unrolled loop): both copies always issued by every lane, of 0 bytes
+     * past the warp's last block (zeros into a slot no longer read, as the
+     * empty group of LV 1); the scale|bias copy's 4·GPB pieces are copied
+     * by lanes l and l + 4·GPB, … alike (the same bytes to the same
+     * address: one request per piece, no branch on the lane) */
+    const int sbq = lane & (4 * GPB - 1);
+    const unsigned sb_sa = tc_saddr(ring) + 512 + sbq * 16;
+    const char *sbl2 = reinterpret_cast<const char *>(sbt + sbq);
+    auto issue2 = [&](const int sl, const int jn) {
+        const unsigned u = (unsigned)jn;
+        const unsigned b = ((unsigned)s + (u / BPU) * (unsigned)S) * BPU + u % BPU;
+        const unsigned n16 = jn < nj ? 16u : 0u;
+        tc_cp16z(ring_sa + sl * SH::SLOT, wl + (size_t)b * 512, n16);
+        tc_cp16z(sb_sa + sl * SH::SLOT, sbl2 + (size_t)(b * KPB / GS) * 64, n16);
+        tc_commit();
+    };
+    if constexpr (RG) {
 #pragma unroll
-    for (int p = 0; p < P - 1; p++) issue(p);
+        for (int p = 0; p < P - 1; p++) issue2(p, p);
+    } else {
+#pragma unroll
+        for (int p = 0; p < P - 1; p++) issue(p);
+    }
     tc_pdl_wait(); /* x is written by the previous kernel */
     if constexpr (XP) {
         if (threadIdx.x == 0) {
@@ -675,6 +735,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         const int b = LV ? (int)(((unsigned)s + (uj / BPU) * (unsigned)S) * BPU + uj % BPU)
                          : (s + (jj / BPU) * S) * BPU + jj % BPU;
         const int kb = b * KPB - k0; /* stage-local K of the block (>= 0) */
+        constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
 #pragma unroll
         for (int m = 0; m < 4; m++) {
             const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
@@ -697,11 +758,16 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                     b0 = __byte_perm(v, v16, 0x5410);
                     b1 = __byte_perm(v, v16, 0x7632);
                 }
-                if constexpr (LV > 0) tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
+                if constexpr (RG) {
+                    /* the group's first mma starts from zero (the fold
+                     * below does not clear acc) */
+                    const bool gbeg = MPG <= 4 ? (m % MPG == 0) : (m == 0 && (uj % BPU) == 0);
+                    if (gbeg) tc_mma_z(acc[n], a0, a1, a2, a3, b0, b1);
+                    else tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
+                } else if constexpr (LV > 0) tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
                 else tc_mma(acc[n], a0, a1, a2, a3, b0, b1);
             }
             /* a group ends after this mma: fold it into the totals */
-            constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
             const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && (uj % BPU) == BPU - 1);
             if (gend) {
                 const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
@@ -714,18 +780,22 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                     /* one activation row: only column 0 is stored, so only
                      * the even columns (2t) are folded, each exactly as
                      * below */
-                    const float sx0 = sxs[gl * NCOL + 2 * t];
-                    const float o0 = __fmul_rn(C128, sx0);
+                    float sx0, o0;
+                    if constexpr (RG) { /* column 1 holds C·Σx of column 0 (the staging, one row) */
+                        const float2 v = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 2 * t);
+                        sx0 = v.x, o0 = v.y;
+                    } else sx0 = sxs[gl * NCOL + 2 * t], o0 = __fmul_rn(C128, sx0);
                     tot[0][0] = __fadd_rn(tot[0][0], __fmaf_rn(sc0, __fsub_rn(acc[0][0], o0), __fmul_rn(bi0, sx0)));
                     tot[0][2] = __fadd_rn(tot[0][2], __fmaf_rn(sc1, __fsub_rn(acc[0][2], o0), __fmul_rn(bi1, sx0)));
+                    if constexpr (!RG)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) acc[0][i] = 0.f;
+                        for (int i = 0; i < 4; i++) acc[0][i] = 0.f;
                 } else {
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
                         const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
-                        tc_fold4(tot[n], acc[n], sc0, bi0, sc1, bi1, sx.x, sx.y, o0, o1);
+                        tc_fold4<!RG>(tot[n], acc[n], sc0, bi0, sc1, bi1, sx.x, sx.y, o0, o1);
                     }
                 }
             }
@@ -800,7 +870,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
              * stage 1 on, issued by the last warp done with stage st − 1) */
             const int st = k0 / KS;
             if (threadIdx.x == 0 && k0 + KS < K && (!drift || k0 == 0)) xcopy(k0 + KS, (st + 1) & 1);
-            xs = reinterpret_cast<bf16 *>(smem + (size_t)W * P * SH::SLOT + (size_t)(st & 1) * XB);
+            xs = reinterpret_cast<bf16 *>(smem + RINGB + (size_t)(st & 1) * XB);
             sxs = XL ? reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(xs) + (size_t)(KS / 64) * NCOL * 128)
                      : reinterpret_cast<float *>(xs + (size_t)nb * XS);
             tc_mbar_wait(&mbar[st & 1], (unsigned)(st >> 1) & 1u);
@@ -828,7 +898,11 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                                       __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
 #pragma unroll
                 for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-                if (live && w8 % (GS / 8) == 0) sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
+                if (live && w8 % (GS / 8) == 0) {
+                    sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
+                    /* LV 2, one row: C·Σx in the unused column 1 (the fold's o0, the same product) */
+                    if constexpr (RG && ONE) sxs[(w8 / (GS / 8)) * NCOL + 1] = __fmul_rn(C128, sum);
+                }
             }
         }
         if constexpr (!XP) __syncthreads();
@@ -836,6 +910,29 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         const int uend = (k0 + ks) / UK;
         const int jend = (uend > s ? (uend - s + S - 1) / S : 0) * BPU;
         const int jstop = jend < nj ? jend : nj;
+        if constexpr (RG) {
+            /* LV 2: P blocks per step, block jj + i from slot i, slot
+             * i − 1 refilled with block jj + i + P − 1. A stage's blocks
+             * per warp are a multiple of P except in the last stage (the
+             * launch sizes stages so: tc_rg_ok), so jj is a multiple of P
+             * at every stage's start. */
+            for (; jj < jstop; jj += P) {
+#pragma unroll
+                for (int i = 0; i < P; i++)
+                    if (jj + i < jstop) {
+                        tc_wait<P - 2>(); /* block jj + i has landed */
+                        __syncwarp();     /* and every lane is done with slot i − 1 */
+                        issue2((i + P - 1) % P, jj + i + P - 1);
+                        const unsigned char *slot = ring + i * SH::SLOT;
+                        const uint4 wv = *reinterpret_cast<const uint4 *>(slot + lane * 16);
+                        uint2 qv[GPB];
+#pragma unroll
+                        for (int q = 0; q < GPB; q++)
+                            qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
+                        block_math(wv, qv, jj + i);
+                    }
+            }
+        } else
         for (; jj < jstop; jj++) {
             tc_wait<P - 2>(); /* block jj has landed */
             __syncwarp();     /* and every lane is done with the slot reloaded next */
@@ -900,11 +997,10 @@ __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kern
     gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(a, blockIdx.x, tc_glu());
 }
 
-/* The GLU epilogue's launch (pt_cuda_tc_gemv_glu): the default inner loop
- * only. */
-template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false>
+/* The GLU epilogue's launch (pt_cuda_tc_gemv_glu): inner loops 1 and 2. */
+template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false, int LV = 1>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_glu_kernel(tc_args a, tc_glu g) {
-    gemv_tc_block<BITS, GS, NT, W, XP, 1, ONE, XL, true>(a, blockIdx.x, g);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, true>(a, blockIdx.x, g);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -953,21 +1049,29 @@ static size_t tc_smem(int nb, int NT, int SU, int W, bool xp, bool xl = false) {
 }
 
 /* The inner loop of the GEMV (A/B; the same bits: the same floating-point
- * operations in the same order): 1 (default) = the integer work cut
+ * operations in the same order): 3 (default) = 2 at one activation row
+ * with K >= 4096, else 1 (tc_lv: the unrolled ring wins where a warp
+ * streams many blocks and loses on short rows and at 8 rows,
+ * bench/RESULTS.md); 2 = the unrolled ring loop up to 8 rows; 1 = the integer work cut
  * (per-lane pointers and shared addresses computed once, unsigned index
  * arithmetic, a code pair in one LOP3, the scale|bias copy predicated
  * instead of branched, the mma as a plain asm the compiler may schedule)
  * and, for one activation row, only the stored column folded; 0 = the loop
  * as first written. PETREL_CUDA_TC_LOOP or pt_cuda_tc_loop(). */
-#define PT_TC_LOOP_DEFAULT 1
+#define PT_TC_LOOP_DEFAULT 3
 static int g_tc_loop = -1;
-extern "C" void pt_cuda_tc_loop(int lv) { g_tc_loop = lv == 0 || lv == 1 ? lv : PT_TC_LOOP_DEFAULT; }
+extern "C" void pt_cuda_tc_loop(int lv) { g_tc_loop = lv >= 0 && lv <= 3 ? lv : PT_TC_LOOP_DEFAULT; }
 static int tc_loop(void) {
     if (g_tc_loop < 0) {
         const char *e = getenv("PETREL_CUDA_TC_LOOP");
         pt_cuda_tc_loop(e ? atoi(e) : PT_TC_LOOP_DEFAULT);
     }
     return g_tc_loop;
+}
+/* The loop a launch of nb rows over K columns runs (3 resolved). */
+static int tc_lv(int K, int nb) {
+    const int lv = tc_loop();
+    return lv == 3 ? (nb == 1 && K >= 4096 ? 2 : 1) : lv;
 }
 
 /* One launch of m's weights: the single-weight kernel when m holds one
@@ -984,10 +1088,10 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         const size_t b = tc_smem<BITS, GS>(m.a[i].nb, NT, m.a[i].SU, W, XP, XL);
         if (b > smem) smem = b;
     }
-    if constexpr (LV == 1) {
+    if constexpr (LV >= 1) {
         if (gl) { /* the GLU epilogue: one weight pair, one item, its own kernel */
             if (smem > attr[2]) {
-                CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL>,
+                CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 attr[2] = smem;
             }
@@ -1020,9 +1124,9 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[1].val.clusterDim.z = 1;
         cfg.numAttrs++;
     }
-    if constexpr (LV == 1)
+    if constexpr (LV >= 1)
         if (gl) {
-            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL>, m.a[0], *gl));
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV>, m.a[0], *gl));
             return PT_OK;
         }
     if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m));
@@ -1030,12 +1134,32 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
     return PT_OK;
 }
 
+/* Whether the LV 2 kernels may run m's weights: each weight's stages hold
+ * a multiple of PT_TC_RING blocks per warp (SU a multiple of S·PT_TC_RING
+ * units, tc_launch sizes them so), or the whole K is one stage. */
+template <int BITS, int GS>
+static bool tc_rg_ok(const tc_multi_args &m) {
+    using SH = tc_shape<BITS, GS>;
+    for (int i = 0; i < m.n; i++) {
+        const tc_args &a = m.a[i];
+        const int NU = a.K / SH::UK;
+        if (a.SU < NU && (a.SU / a.S * SH::BPU) % PT_TC_RING) return false;
+    }
+    return true;
+}
+
 /* The launch with the inner loop tc_loop() selects (one activation row:
- * the kernel that folds only the stored column). */
+ * the kernel that folds only the stored column; 2: the unrolled ring loop,
+ * up to 8 rows, where the stages allow it). */
 template <int BITS, int GS, int NT, int W, bool XP = false>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped,
                               int cluster = 1, const tc_glu *gl = NULL) {
-    const int lv = tc_loop();
+    const int lv = tc_lv(m.a[0].K, m.a[0].nb); /* one K in a grouped launch */
+    if constexpr (NT == 1 && !XP)
+        if (lv == 2 && tc_rg_ok<BITS, GS>(m)) {
+            if (m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
+            return tc_launch_k<BITS, GS, NT, W, XP, 2, false>(c, m, items, grouped, cluster, gl);
+        }
     if constexpr (NT == 1)
         if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped, cluster, gl);
     return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped, cluster, gl)
@@ -1272,8 +1396,12 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         tc_args &a = m.a[i];
         const int NU = a.K / SH::UK;
         int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
-        su = su / a.S * a.S;
-        if (su < a.S) su = a.S;
+        /* up to 8 rows with the unrolled ring loop (LV 2): whole steps of
+         * PT_TC_RING blocks per warp in every stage but the last (the stage
+         * size decides only when x is staged, not the bits) */
+        const int rnd = nb <= 8 && tc_lv(a.K, nb) == 2 ? a.S * ((PT_TC_RING + SH::BPU - 1) / SH::BPU) : a.S;
+        su = su / rnd * rnd;
+        if (su < rnd) su = rnd;
         const int nu_r = (NU + a.S - 1) / a.S * a.S;
         a.SU = su < nu_r ? su : nu_r;
         /* GLU: half the block's warps per projection, so whole tiles of
