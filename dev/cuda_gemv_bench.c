@@ -33,7 +33,7 @@
 #include <time.h>
 #include "../tests/cuda/bench_util.h"
 
-void pt_cuda_tc_select(int on); /* gemv_tc.cu: repack weights prepared from now on */
+void pt_cuda_tc_select(int on); /* gemv_tc_repack.cu: repack weights prepared from now on */
 void pt_cuda_tc_wide(int on);   /* gemv_tc.cu: 16-warp blocks above 8 rows (1) or 8 (0) */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA_TC_LOOP 0, 1, 2) */
 

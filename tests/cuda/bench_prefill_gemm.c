@@ -44,7 +44,7 @@
 void pt_cuda_prefill_select(long long tc_max_t, int dequant_old); /* matmul.cu, for benchmarks */
 void pt_cuda_prefill_multi(int on);                                /* matmul.cu */
 void pt_cuda_flash_select(int v);                                  /* flash_attn.cu */
-void pt_cuda_tc_select(int on); /* gemv_tc.cu: 0 keeps the MLX layout at upload */
+void pt_cuda_tc_select(int on); /* gemv_tc_repack.cu: 0 keeps the MLX layout at upload */
 
 
 static pt_backend *G;

@@ -68,7 +68,7 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
     for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]) && ok; ti++)
         for (int rows_op = 0; rows_op < 2 && ok; rows_op++) {
             const int T = Ts[ti];
-            /* expert stacks stay in the MLX layout (gemv_tc.cu): there matmul
+            /* expert stacks stay in the MLX layout (gemv_tc_repack.cu): there matmul
              * of more than 8 rows is the prefill GEMM; matmul_rows stays exact */
             if (E > 1 && T > 8 && !rows_op) continue;
             pt_status st = rows_op ? be->ops->matmul_rows(be, y, x, T, &w, e) : be->ops->matmul(be, y, x, T, &w, e);

@@ -190,7 +190,7 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_matrix *w, const char *n
         sc_b = (size_t)E * (size_t)w->rows * (size_t)(w->cols / w->group_size) * es;
     }
     /* 4/8-bit weights the decode GEMV reads are stored in its tensor-core
-     * layout instead (gemv_tc.cu): codes and scale|bias words, no biases */
+     * layout instead (gemv_tc_repack.cu): codes and scale|bias words, no biases */
     const int tc = w->bits && pt_cuda_tc_eligible(c, w);
     if (tc) data_b = pt_cuda_tc_codes_bytes(w), sc_b = pt_cuda_tc_sb_bytes(w);
     size_t bias_b = w->bias ? (size_t)E * (size_t)w->rows * pt_ftype_size(w->bias_dtype) : 0;

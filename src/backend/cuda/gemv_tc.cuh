@@ -1,6 +1,7 @@
-/* The tensor-core decode GEMV and the repack into its layout (gemv_tc.cu;
- * layout in matmul.cuh): the entry points used by the weight upload
- * (backend.cu), matmul.cu and moe.cu. Declarations only. */
+/* The tensor-core decode GEMV (gemv_tc.cu, its kernel gemv_tc_kernel.cuh) and
+ * the repack into its layout (gemv_tc_repack.cu; layout in matmul.cuh): the
+ * entry points used by the weight upload (backend.cu), matmul.cu and moe.cu.
+ * Declarations only. */
 #ifndef PT_BACKEND_CUDA_GEMV_TC_CUH
 #define PT_BACKEND_CUDA_GEMV_TC_CUH
 

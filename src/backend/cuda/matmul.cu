@@ -558,7 +558,7 @@ template <typename OT>
 static pt_status launch_dequant(pt_cuda *c, OT *out, const pt_matrix *w, int64_t row_begin, int64_t nrows) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
     if constexpr (sizeof(OT) == 2) {
-        /* the tensor-core layout (gemv_tc.cu): its own one-word-per-thread kernel */
+        /* the tensor-core layout (gemv_tc_repack.cu): its own one-word-per-thread kernel */
         if (cw->tc) return pt_cuda_tc_dequant(c, out, w, row_begin, nrows);
         /* rows of K·BITS/32 words, K a multiple of the group (>= 32): 16-byte
          * aligned stores for 2/4-bit (16 values per 32 bytes), 8-byte for 8-bit */

@@ -65,7 +65,7 @@ pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 
                                   const int4 *tiles, int64_t ntiles);
 
 /* ---- The tensor-core ("tc") layout --------------------------------------
- * Applied at upload (gemv_tc.cu, pt_cuda_tc_pack) to 4- and 8-bit weights
+ * Applied at upload (gemv_tc_repack.cu, pt_cuda_tc_pack) to 4- and 8-bit weights
  * with bf16 scales in bf16 activation mode when K·bits/4 is a multiple of 64.
  * A row is a sequence of K2 = K·bits/4 nibbles: the 4-bit codes, or each
  * 8-bit code as its low then its high nibble. Rows are cut into tiles of 16
