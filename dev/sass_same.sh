@@ -40,12 +40,14 @@
 #
 # Not for: comparing different compiler versions or flags (everything would
 # differ), host code (an extern "C" host function moved between files is no
-# device change), compressed fatbins (nvcc does not compress by default; the
-# script says so when it meets one).
+# device change). A fatbin entry nvcc compressed (it does for large objects,
+# e.g. gemv_tc.o) is decompressed with the `zstd` command; without it the
+# script says so and fails.
 set -euo pipefail
 exec python3 - "$@" <<'PY'
 import re
 import struct
+import subprocess
 import sys
 
 SHT_NOBITS = 8
@@ -93,8 +95,16 @@ def cubins_of(path):
             kind, _, ehsize, psize = struct.unpack_from("<HHIQ", blob, e)
             payload = blob[e + ehsize:e + ehsize + psize]
             if kind == 2:  # a cubin (kind 1 is PTX)
-                if payload[:4] != b"\x7fELF":
-                    fail(path + ": compressed fatbin entry; rebuild without fatbin compression")
+                if payload[:4] != b"\x7fELF":  # a zstd-compressed entry (large objects): sizes in its header
+                    csize, = struct.unpack_from("<Q", blob, e + 0x10)
+                    usize, = struct.unpack_from("<Q", blob, e + 0x38)
+                    try:
+                        payload = subprocess.run(["zstd", "-d", "-c"], input=payload[:csize], capture_output=True,
+                                                 check=True).stdout
+                    except (OSError, subprocess.CalledProcessError) as err:
+                        fail(path + ": compressed fatbin entry and zstd -d failed (" + str(err) + ")")
+                    if payload[:4] != b"\x7fELF" or len(payload) != usize:
+                        fail(path + ": compressed fatbin entry did not decompress to its cubin")
                 out.append(payload)
             e += ehsize + psize
         pos = end
