@@ -5,7 +5,9 @@
  * run the same kernels, so a row decoded in a batch is bit-identical to the
  * row decoded alone. A row's work follows its own key count (splits of at
  * least minper keys, only the splits holding keys run and merge: attention.cu),
- * never the other rows'. Not the kernels themselves (attention.cu), not the
+ * never the other rows'. Holds the row arguments, the key range of a row
+ * (dec_range) and its cache (dec_cache) that both kernel generations use;
+ * not the kernels themselves (attention.cu, attention_dec2.cu), not the
  * quantized caches (kv_quant.cu, kv_fused.cu). */
 #ifndef PT_BACKEND_CUDA_DECODE_SPLIT_CUH
 #define PT_BACKEND_CUDA_DECODE_SPLIT_CUH
@@ -45,6 +47,47 @@ typedef struct pt_dec_rows {
     float rscale;          /* the rope's attn_scale */
     int half;              /* rot_dim / 2 */
 } pt_dec_rows;
+
+/* The most query heads per KV head the split decode kernels take. */
+#define DEC_MAX_G 8
+
+/* Row b's key range (positions come from device memory, so a captured graph
+ * replays with new ones): keys lo + [0, n), in splits of `per` keys of
+ * which the first `used` hold keys; n is clamped to the scores' row stride;
+ * pos < 0 (a padding row) gives n = 0, used = 0. */
+__device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per,
+                                          int64_t &used) {
+    const int64_t hi = a.pos[b];
+    lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    n = hi - lo + 1;
+    if (n > a.stride) n = a.stride;
+    if (n < 0) n = 0;
+    per = (n + a.nsplit - 1) / a.nsplit;
+    if (per < a.minper) per = a.minper;
+    used = (n + per - 1) / per; /* <= nsplit: per >= n / nsplit */
+}
+
+__device__ __forceinline__ const void *dec_cache(const pt_dec_rows &a, int64_t b, int which) {
+    return a.kvp ? a.kvp[2 * b + which] : which ? a.v : a.k;
+}
+
+/* The merge of out entry i = [b, h, e] (per_row = nh * hd, read once by the
+ * caller): row b's used splits (used) and the first of its partials,
+ * P[b, h, 0, e] (the next split's is hd floats on). */
+__device__ __forceinline__ const float *dec_merge_src(const pt_dec_rows &a, int64_t i, int nh, int hd,
+                                                      int64_t per_row, int64_t nsplit, int64_t &used) {
+    const int64_t b = i / per_row, r = i % per_row, h = r / hd, e = r % hd;
+    int64_t lo, n, per;
+    dec_range(a, b, lo, n, per, used);
+    return a.P + (b * nh + h) * nsplit * hd + e;
+}
+
+/* The second generation's scores, p·V and merge launches over grid for
+ * cache dtype KT (attention_dec2.cu; KT float, __nv_bfloat16, __half), R =
+ * hd·sizeof(KT)/16 in [4, 64], the scratch and splits set (attention.cu's
+ * dec_launch checks and sets them). */
+template <typename KT>
+pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid);
 
 /* Runs the split decode over B rows of cache dtype dt. batched = 0: the
  * single-sequence scratch (dec_*) and PT_ERR_UNSUPPORTED without a message

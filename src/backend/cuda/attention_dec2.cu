@@ -1,0 +1,437 @@
+/* The second-generation split decode attention over full-precision KV
+ * caches (dec2_*: scores, p·V, ordered merge, laid out for 16-byte loads
+ * with many in flight) and its launch pt_cuda_dec2_launch. attention.cu
+ * picks it (PETREL_CUDA_ATTN_V2, the split count, the scratch, the grid) and
+ * holds the first-generation kernels, the prefill kernel, kv_append and the
+ * entry points; the shared row pieces (pt_dec_rows, dec_range, dec_cache)
+ * are decode_split.cuh's. Not the quantized caches (kv_quant.cu,
+ * kv_fused.cu), not the flash prefill (flash_attn.cu). */
+#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/decode_split.cuh"
+
+#include <cuda_fp16.h>
+
+#include <stdint.h>
+#include <type_traits>
+
+/* ---- decode (T == 1), second generation: the same three phases ------------
+ * (scores with per-split (max, sum), p·V with the exact row max and sum,
+ * ordered merge), the same splits (dec_range) and the same rounding points
+ * as attention.cu's first-generation kernels, laid out for the memory
+ * system. PETREL_CUDA_ATTN_V2=0 (read once) runs those instead (A/B).
+ *
+ * Both phases read the cache in 16-byte chunks, a key row being R = hd ·
+ * sizeof(KT) / 16 chunks, with consecutive lanes on consecutive chunks of
+ * one row (whole 32-byte sectors per load instruction), and a lane issues
+ * all its loads of a batch of keys before it uses any of them, so 8 loads
+ * per lane (4 KB per warp at hd 128 in bf16; 4 in the p·V kernel for more
+ * than 4 heads per KV head, whose accumulators take the registers) are in
+ * flight at once; 8 warps
+ * per block, two blocks per SM. The old kernels kept one key per thread
+ * (scores: 256-byte rows as 16 scattered loads, 4 in flight) or 2-byte loads
+ * per lane (p·V) and read the per-split statistics one after another.
+ *
+ *   scores (dec2_scores_kernel<KT, LPR>): LPR lanes per key, 4 chunks per
+ *       lane (chunk ci·LPR + sub), 32/LPR keys per warp and load step. A
+ *       lane's partial dots for the G heads (q from shared memory) are added
+ *       over the key's LPR lanes by an xor butterfly (IEEE addition commutes,
+ *       so every lane holds the same sum); lane sub then rounds, stores and
+ *       pushes the scores of heads g ≡ sub (mod LPR) into its running (max,
+ *       sum). A split's (max, sum) per head: pt_softmax_block.
+ *   p·V (dec2_pv_kernel<KT, LPR, C, MG>): warp h < G merges head h's used
+ *       splits' statistics (lanes over splits, then a warp max and an xor sum:
+ *       the exact M and L, in parallel, not one load after another). Then per
+ *       batch of keys each warp loads its V rows (LPR lanes per row, C chunks
+ *       per lane: every lane keeps hd / LPR dims of G heads), computes the
+ *       batch's p = round(exp(s − M) / L) lane-parallel into its own shared
+ *       buffer and accumulates p·v in f32. The split's output: the key slots
+ *       of a warp added by an xor butterfly, the warps added in warp order.
+ *   merge (dec2_merge_kernel): the used splits' partial outputs in split
+ *       order, 8 loads in flight per thread.
+ * Which lane takes which key and every reduction order are fixed by the
+ * shape (never by the rows of the launch or the grid height), so a row
+ * alone and in a batch still get the same bits; they differ from the
+ * first-generation kernels in the last bits (other summation orders). */
+
+#define D2_WARPS 8
+#define D2_THREADS (D2_WARPS * 32)
+
+/* The 16 / sizeof(KT) values of a 16-byte chunk as f32 (bf16: the bits
+ * moved to the high half, exact). */
+template <typename KT>
+__device__ __forceinline__ void d2_cvt(const uint4 &u, float (&f)[16 / sizeof(KT)]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if constexpr (sizeof(KT) == 4) {
+            f[i] = __uint_as_float(w[i]);
+        } else if constexpr (std::is_same<KT, __half>::value) {
+            const float2 t = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+            f[2 * i] = t.x, f[2 * i + 1] = t.y;
+        } else {
+            f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+}
+
+/* U load steps of 32/LPR keys from key jb on: chunk ci·LPR + sub of key
+ * jb + u·(32/LPR) + ks into r[u][ci]; zeros past j1 or past the row. rlo:
+ * the cache row of key 0 (keys wrap once: j < n <= cap). */
+template <typename KT, int LPR, int C, int U>
+__device__ __forceinline__ void d2_load(uint4 (&r)[U][C], const KT *base, int64_t rlo, int64_t cap, int hd, int R,
+                                        int64_t jb, int64_t j1, int sub, int ks, const uint4 *nrow = nullptr,
+                                        int64_t prow = -1) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t j = jb + u * (32 / LPR) + ks;
+        int64_t row = rlo + j;
+        if (row >= cap) row -= cap;
+        const uint4 *src = reinterpret_cast<const uint4 *>(base + row * hd);
+        /* the folded cache write (pt_dec_rows.kn): the new key's row comes
+         * from the block's own copy (nrow, shared memory, the bytes the
+         * cache gets), not from the cache block 0 is writing */
+        if (nrow && row == prow) src = nrow;
+#pragma unroll
+        for (int ci = 0; ci < C; ci++) {
+            const int c = ci * LPR + sub;
+            r[u][ci] = j < j1 && c < R ? (nrow && row == prow ? src[c] : __ldg(src + c)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+/* A cache element from f32, as kv_append stores it. */
+__device__ __forceinline__ void d2_kv_store(float *p, float v) { *p = v; }
+__device__ __forceinline__ void d2_kv_store(__half *p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void d2_kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+
+/* Element d of a row x rotated as rope_kv_kernel (rope.cu) rotates it: the
+ * pair (d, d + half) with the table values cs[d'], sn[d'] of its dim
+ * d' < half, each product rounded, then their sum; dims past 2·half as
+ * they are. The same expressions as rope.cu, so the same bits. */
+__device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, const float *cs, const float *sn,
+                                              int bf) {
+    if (d < half) {
+        const float a = x[d], b = x[d + half];
+        return pt_rnd(bf, pt_rnd(bf, a * cs[d]) + pt_rnd(bf, -b * sn[d]));
+    }
+    if (d < 2 * half) {
+        const int e = d - half;
+        const float a = x[e], b = x[d];
+        return pt_rnd(bf, pt_rnd(bf, b * cs[e]) + pt_rnd(bf, a * sn[e]));
+    }
+    return x[d];
+}
+
+/* ROPE: 0 none; 1 the folded RoPE and cache write (pt_dec_rows.kn); 2 the
+ * queries' RoPE alone (kn == NULL, inv_freq set: the keys were rotated and
+ * appended by a kernel before, batch_decode.cu's rope_k_append_rows). */
+template <typename KT, int LPR, int ROPE>
+__global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
+    constexpr int V = 16 / sizeof(KT), C = 4, KPW = 32 / LPR, U = 2, KB = U * KPW; /* keys per warp batch */
+    extern __shared__ float4 d2_q[]; /* [G, hd] the queries of the KV head's group */
+    __shared__ float red[32];
+    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
+    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
+    int64_t lo, n, per, used;
+    dec_range(a, b, lo, n, per, used);
+    if ((int64_t)blockIdx.y >= used) return; /* no split of this block holds a key */
+    float *qs = reinterpret_cast<float *>(d2_q);
+    const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
+    /* ROPE: the new key's row as the cache stores it ([R] chunks, hd <= 256),
+     * the rope table at pos[b] ([half] each) */
+    __shared__ uint4 knew[ROPE == 1 ? 64 : 1];
+    __shared__ float rcs[ROPE ? 128 : 1], rsn[ROPE ? 128 : 1];
+    int64_t prow = -1;
+    if constexpr (ROPE != 0) {
+        const int32_t p = a.pos[b]; /* >= 0: the row has keys */
+        prow = p % cap;
+        for (int d = threadIdx.x; d < a.half; d += D2_THREADS) {
+            /* rope_kv_kernel's table values (cosf/sinf: exact argument reduction) */
+            const float th = (float)p * a.inv_freq[d];
+            rcs[d] = pt_rnd(a.bf, cosf(th) * a.rscale);
+            rsn[d] = pt_rnd(a.bf, sinf(th) * a.rscale);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS)
+            qs[i] = d2_rope_elem(q + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+        if constexpr (ROPE == 1) {
+            const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd;
+            KT *kn = reinterpret_cast<KT *>(knew);
+            for (int d = threadIdx.x; d < hd; d += D2_THREADS)
+                d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
+        }
+        __syncthreads();
+        if (ROPE == 1 && blockIdx.y == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
+            KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
+            KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
+            const float *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
+            for (int c = threadIdx.x; c < R; c += D2_THREADS) reinterpret_cast<uint4 *>(kc)[c] = knew[c];
+            for (int d = threadIdx.x; d < hd; d += D2_THREADS) d2_kv_store(vc + d, vr[d]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS) qs[i] = q[i];
+        __syncthreads();
+    }
+    float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;  /* [G, stride] */
+    float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit; /* [G, nsplit] */
+    const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
+    const int64_t rlo = lo % cap;
+    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+        float m[DEC_MAX_G], l[DEC_MAX_G];
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+        const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+        for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
+            uint4 kr[U][C];
+            d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE == 1 ? knew : nullptr, prow);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float d[DEC_MAX_G];
+#pragma unroll
+                for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
+#pragma unroll
+                for (int ci = 0; ci < C; ci++) {
+                    const int c = ci * LPR + sub;
+                    if (c >= R) continue;
+                    float kf[V];
+                    d2_cvt<KT>(kr[u][ci], kf);
+#pragma unroll
+                    for (int g = 0; g < DEC_MAX_G; g++) {
+                        if (g >= G) break;
+                        const float4 *qp = reinterpret_cast<const float4 *>(qs + g * hd + c * V);
+#pragma unroll
+                        for (int i4 = 0; i4 < V / 4; i4++) {
+                            const float4 qv = qp[i4];
+                            d[g] = fmaf(qv.x, kf[4 * i4], d[g]);
+                            d[g] = fmaf(qv.y, kf[4 * i4 + 1], d[g]);
+                            d[g] = fmaf(qv.z, kf[4 * i4 + 2], d[g]);
+                            d[g] = fmaf(qv.w, kf[4 * i4 + 3], d[g]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+                    for (int g = 0; g < DEC_MAX_G; g++) {
+                        if (g >= G) break;
+                        d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+                    }
+                const int64_t j = jb + u * KPW + ks;
+                if (j < j1) {
+#pragma unroll
+                    for (int g = 0; g < DEC_MAX_G; g++) {
+                        if (g >= G) break;
+                        if (g % LPR != sub) continue;
+                        float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
+                        if (a.softcap > 0.f)
+                            s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
+                        S[(int64_t)g * stride + j] = s;
+                        pt_softmax_push(s, m[g], l[g]);
+                    }
+                }
+            }
+        }
+        /* pt_softmax_block synchronizes before reusing red, also across splits */
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) {
+            if (g >= G) break;
+            const float2 ml = pt_softmax_block(m[g], l[g], red);
+            if (threadIdx.x == 0) ML[(int64_t)g * nsplit + split] = ml;
+        }
+    }
+}
+
+template <typename KT, int LPR, int C, int MG>
+__global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
+    constexpr int V = 16 / sizeof(KT), KPW = 32 / LPR, U = (MG > 4 ? 4 : 8) / C, KB = U * KPW;
+    __shared__ float sM[MG], sInv[MG];
+    __shared__ float ps[D2_WARPS][MG][KB]; /* each warp's p of its current batch: [head][key] */
+    extern __shared__ float4 d2_po[];      /* [D2_WARPS][G][hd] the warps' partial outputs */
+    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
+    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
+    int64_t lo, n, per, used;
+    dec_range(a, b, lo, n, per, used);
+    if ((int64_t)blockIdx.y >= used) return;
+    const float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;
+    const float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit;
+    float *P = a.P + (b * a.nh + (int64_t)kh * G) * nsplit * hd; /* [G, nsplit, hd] */
+    if (warp < G) { /* head `warp`: the exact row max and sum over the used splits */
+        const float2 *ml = ML + (int64_t)warp * nsplit;
+        float mx = -INFINITY;
+        for (int64_t s = lane; s < used; s += 32) mx = fmaxf(mx, ml[s].x);
+        mx = pt_warp_max(mx);
+        float L = 0.f;
+        for (int64_t s = lane; s < used; s += 32) {
+            const float2 v = ml[s];
+            if (v.x != -INFINITY) L += v.y * expf(v.x - mx);
+        }
+        L = pt_warp_sum(L);
+        if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
+    }
+    __syncthreads();
+    float *po = reinterpret_cast<float *>(d2_po);
+    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
+    const int64_t rlo = lo % cap;
+    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+        float acc[MG][C][V];
+#pragma unroll
+        for (int g = 0; g < MG; g++)
+#pragma unroll
+            for (int ci = 0; ci < C; ci++)
+#pragma unroll
+                for (int i = 0; i < V; i++) acc[g][ci][i] = 0.f;
+        const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+        for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
+            uint4 vr[U][C];
+            d2_load<KT, LPR, C, U>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
+            /* the batch's probabilities, lanes over (head, key); 0 past j1 */
+#pragma unroll 4
+            for (int idx = lane; idx < KB * G; idx += 32) {
+                const int g = idx / KB, kk = idx % KB;
+                const int64_t j = jb + kk;
+                ps[warp][g][kk] = j < j1 ? pt_rnd(a.bf, expf(S[(int64_t)g * stride + j] - sM[g]) * sInv[g]) : 0.f;
+            }
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int ci = 0; ci < C; ci++) {
+                    float vf[V];
+                    d2_cvt<KT>(vr[u][ci], vf);
+#pragma unroll
+                    for (int g = 0; g < MG; g++) {
+                        if (g >= G) break;
+                        const float p = ps[warp][g][u * KPW + ks];
+#pragma unroll
+                        for (int i = 0; i < V; i++) acc[g][ci][i] = fmaf(p, vf[i], acc[g][ci][i]);
+                    }
+                }
+            __syncwarp(); /* ps is written again by the next batch */
+        }
+        /* the warp's key slots (lanes sub, sub + LPR, ...) added: every lane holds the warp's sum */
+#pragma unroll
+        for (int o = LPR; o < 32; o <<= 1)
+#pragma unroll
+            for (int g = 0; g < MG; g++) {
+                if (g >= G) break;
+#pragma unroll
+                for (int ci = 0; ci < C; ci++)
+#pragma unroll
+                    for (int i = 0; i < V; i++) acc[g][ci][i] += __shfl_xor_sync(0xffffffffu, acc[g][ci][i], o);
+            }
+        if (ks == 0) {
+#pragma unroll
+            for (int g = 0; g < MG; g++) {
+                if (g >= G) break;
+#pragma unroll
+                for (int ci = 0; ci < C; ci++) {
+                    const int c = ci * LPR + sub;
+                    if (c >= R) continue;
+#pragma unroll
+                    for (int i = 0; i < V; i++) po[(warp * G + g) * hd + c * V + i] = acc[g][ci][i];
+                }
+            }
+        }
+        __syncthreads();
+        /* this split's partial output: the warps added in warp order */
+        for (int idx = threadIdx.x; idx < G * hd; idx += D2_THREADS) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < D2_WARPS; w++) v += po[w * G * hd + idx];
+            P[((int64_t)(idx / hd) * nsplit + split) * hd + idx % hd] = v;
+        }
+        __syncthreads(); /* po is written again by the next split */
+    }
+}
+
+/* dec_rows_merge_kernel's sum (the used splits in split order) with 8 of a
+ * thread's loads in flight at once instead of one after another. */
+__global__ void dec2_merge_kernel(pt_dec_rows a, int64_t B) {
+    pt_release_dependents();
+    pt_wait_primary();
+    const int nh = a.nh, hd = a.hd;
+    const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t used;
+        const float *Pb = dec_merge_src(a, i, nh, hd, per_row, nsplit, used);
+        float v = 0.f;
+        int64_t s = 0;
+        for (; s + 8 <= used; s += 8) {
+            float x[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = Pb[(s + k) * hd];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += x[k];
+        }
+        for (; s < used; s++) v += Pb[s * hd];
+        a.out[i] = pt_rnd(a.bf, v);
+    }
+}
+
+/* The v2 launches over grid for cache dtype KT, R = hd·sizeof(KT)/16 in
+ * [4, 64] (the caller checks): scores with LPR = the power of two >= R/4
+ * (4 chunks per lane); p·V with LPR = the power of two >= R, one chunk per
+ * lane (two from R = 33 on); MG = 4 for G <= 4 (fewer accumulators), else 8. */
+template <typename KT>
+pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid) {
+    const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
+    const int qq = (R + 3) / 4, ls = qq <= 1 ? 1 : qq <= 2 ? 2 : qq <= 4 ? 4 : qq <= 8 ? 8 : 16;
+    const size_t qb = (size_t)G * a.hd * sizeof(float);
+    switch (ls) {
+#define PT_LS(L)                                                                                                   \
+    case L:                                                                                                        \
+        if (a.kn)                                                                                                  \
+            pt_launch(dec2_scores_kernel<KT, L, 1>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
+        else if (a.inv_freq)                                                                                       \
+            pt_launch(dec2_scores_kernel<KT, L, 2>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
+        else                                                                                                       \
+            pt_launch(dec2_scores_kernel<KT, L, 0>, grid, dim3(D2_THREADS), qb, c->stream, pt_pdl_chain(), a);     \
+        break;
+        PT_LS(1) PT_LS(2) PT_LS(4) PT_LS(8) PT_LS(16)
+#undef PT_LS
+    }
+    CUDA_CHECK_LAUNCH("decode attention scores");
+    const int lp = R <= 4 ? 4 : R <= 8 ? 8 : R <= 16 ? 16 : 32, cp = R <= 32 ? 1 : 2;
+    const size_t pb = (size_t)D2_WARPS * G * a.hd * sizeof(float);
+    /* more than the default 48 KB of dynamic shared memory (G·hd > 1536): raised once per kernel */
+    static bool raised[2][5];
+#define PT_PV(L, CC, MG)                                                                                            \
+    do {                                                                                                          \
+        bool &r_ = raised[MG > 4][(L == 4 ? 0 : L == 8 ? 1 : L == 16 ? 2 : 3) + (CC > 1)];                      \
+        if (pb > 48 * 1024 && !r_) {                                                                              \
+            CUDA_CHECK(cudaFuncSetAttribute(dec2_pv_kernel<KT, L, CC, MG>,                                        \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));             \
+            r_ = true;                                                                                            \
+        }                                                                                                         \
+        pt_launch(dec2_pv_kernel<KT, L, CC, MG>, grid, dim3(D2_THREADS), pb, c->stream, pt_pdl_chain(), a);       \
+    } while (0)
+#define PT_PV_G(L, CC) \
+    if (G <= 4) PT_PV(L, CC, 4); else PT_PV(L, CC, 8);
+    if (cp == 2) {
+        if constexpr (sizeof(KT) == 4) { PT_PV_G(32, 2) } /* R > 32 takes 4-byte values: hd <= 256 */
+    } else {
+        switch (lp) {
+        case 4: PT_PV_G(4, 1) break;
+        case 8: PT_PV_G(8, 1) break;
+        case 16: PT_PV_G(16, 1) break;
+        default: PT_PV_G(32, 1) break;
+        }
+    }
+#undef PT_PV_G
+#undef PT_PV
+    CUDA_CHECK_LAUNCH("decode attention p·v");
+    pt_launch(dec2_merge_kernel, dim3(pt_cuda_blocks(B * a.nh * a.hd, 256)), dim3(256), 0, c->stream, pt_pdl_chain(),
+              a, B);
+    CUDA_CHECK_LAUNCH("decode attention merge");
+    return PT_OK;
+}
+
+template pt_status pt_cuda_dec2_launch<float>(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid);
+template pt_status pt_cuda_dec2_launch<__nv_bfloat16>(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid);
+template pt_status pt_cuda_dec2_launch<__half>(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid);
