@@ -702,7 +702,16 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
      * stage (the lockstep left them all in the mma or all in the fold at
      * once). Same bytes in the same buffers: the same bits. */
     const bool drift = XP && ncl == 1 && a.drift;
-    for (; k0 < K; k0 += KS) {
+    /* XP: the stage number counted (st = k0 / KS) and a warp's blocks per
+     * stage computed once: a stage is SU units, a whole number of S-unit
+     * rounds (tc_xp_su), so this warp's blocks end at (st + 1)·SU/S·BPU
+     * before the last stage and at nj in it — the blocks the division
+     * below gives, without the per-stage integer divisions (at 64 rows a
+     * stage of the S = 8 weights is one block per warp, and the divisions
+     * and the block's bookkeeping were half its instructions) */
+    int st = 0;
+    const int jps = XP ? SU / S * BPU : 0;
+    for (; k0 < K; k0 += KS, st++) {
         const int ks = K - k0 < KS ? K - k0 : KS;
         /* the previous stage's x is no longer read (in a cluster: in any
          * block of it, since the next copies fill every block's buffer) */
@@ -712,7 +721,6 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
             /* stage st = k0 / KS is in buffer st & 1; the next stage goes
              * into the other one, free since the barrier above (drift: from
              * stage 1 on, issued by the last warp done with stage st − 1) */
-            const int st = k0 / KS;
             if (threadIdx.x == 0 && k0 + KS < K && (!drift || k0 == 0)) xcopy(k0 + KS, (st + 1) & 1);
             xs = reinterpret_cast<bf16 *>(smem + RINGB + (size_t)(st & 1) * XB);
             sxs = XL ? reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(xs) + (size_t)(KS / 64) * NCOL * 128)
@@ -751,8 +759,12 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         }
         if constexpr (!XP) __syncthreads();
         /* this warp's blocks in the stage: units below (k0 + ks) / UK */
-        const int uend = (k0 + ks) / UK;
-        const int jend = (uend > s ? (uend - s + S - 1) / S : 0) * BPU;
+        int jend;
+        if constexpr (XP) jend = k0 + KS >= K ? nj : (st + 1) * jps;
+        else {
+            const int uend = (k0 + ks) / UK;
+            jend = (uend > s ? (uend - s + S - 1) / S : 0) * BPU;
+        }
         const int jstop = jend < nj ? jend : nj;
         if constexpr (RG) {
             /* LV 2: P blocks per step, block jj + i from slot i, slot
@@ -792,12 +804,11 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         }
         if constexpr (XP)
             if (drift) { /* this warp is done with the stage's buffer */
-                const int st = k0 / KS;
                 __syncwarp();
                 if (lane == 0) {
                     __threadfence_block();
                     const unsigned done = atomicAdd(&xrel[st & 1], 1u) + 1u;
-                    if (done == (unsigned)W * (unsigned)(st / 2 + 1) && k0 + 2 * KS < K) {
+                    if (done == (unsigned)W * ((unsigned)st / 2u + 1u) && k0 + 2 * KS < K) {
                         __threadfence_block();
                         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                         xcopy(k0 + 2 * KS, st & 1);
@@ -817,11 +828,16 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
         }
     __syncthreads();
     float *y = a.y + b_item * (int64_t)nb * a.ldy;
-    const int outs = TPO * 16 * nb;
+    /* XP (nb > NCOL / 2): outputs indexed over NCOL columns, a power of
+     * two, so no division by nb; columns past nb skipped. The same value
+     * per output (the same adds in the same order), stored by another
+     * thread. */
+    const int outs = TPO * 16 * (XP ? NCOL : nb);
     for (int i = threadIdx.x; i < outs; i += blockDim.x) {
-        const int col = i % nb, r16 = (i / nb) % 16, tl = i / (nb * 16);
+        const int col = XP ? i & (NCOL - 1) : i % nb, r16 = XP ? (i / NCOL) & 15 : (i / nb) % 16,
+                  tl = XP ? i / (NCOL * 16) : i / (nb * 16);
         const int row = (bx * TPO + tl) * 16 + r16;
-        if (row >= N) continue;
+        if (row >= N || (XP && col >= nb)) continue;
         float v = 0.f;
         for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * NCOL + col];
         if (a.bias) v += pt_ld(a.bt, a.bias, e * N + row);
