@@ -17,7 +17,9 @@ chunk) and the time from the first to the last chunk. Prints one line:
 agg = all completion tokens / wall time from the first request to the last
 end; per-stream = (tokens - 1) / (last chunk - first chunk) of that stream;
 mean batch = the server's petrel_batch_size _sum/_count over the run
-(/metrics before and after). A stream that fails or ends without [DONE] makes
+(/metrics before and after); where the server reports
+petrel_scheduler_seconds_total, a second line gives its turns over the run
+and their ms per turn by phase (sample, tokens, step: docs/server.md). A stream that fails or ends without [DONE] makes
 the run exit non-zero. --verify K then reruns the first K prompts one at a
 time and requires each reply (text) to equal its reply in the batch (batch
 invariance end to end; greedy); those K streams get one-token prompts (see
@@ -41,9 +43,12 @@ def metrics(host, port):
     c.request("GET", "/metrics")
     text = c.getresponse().read().decode()
     out = {}
-    for k in ("petrel_batch_size_sum", "petrel_batch_size_count"):
+    for k in ("petrel_batch_size_sum", "petrel_batch_size_count", "petrel_scheduler_turns_total"):
         m = re.search(r"^" + k + r"\s+([0-9.e+]+)", text, re.M)
         out[k] = float(m.group(1)) if m else 0.0
+    for ph in ("sample", "tokens", "step"):
+        m = re.search(r'^petrel_scheduler_seconds_total\{phase="' + ph + r'"\}\s+([0-9.e+]+)', text, re.M)
+        out[ph] = float(m.group(1)) if m else 0.0
     return out
 
 
@@ -145,11 +150,21 @@ def main():
         "ttft_max_ms": ttft[-1], "mean_batch": rows / steps if steps else 0.0, "tokens": total, "wall_s": wall,
         "untimed_streams": len(res) - len(timed),
     }
+    # the server's scheduler turns over the run, ms per turn by phase (servers
+    # that report petrel_scheduler_seconds_total)
+    turns = m1["petrel_scheduler_turns_total"] - m0["petrel_scheduler_turns_total"]
+    if turns > 0:
+        out["turns"] = turns
+        for ph in ("sample", "tokens", "step"):
+            out["turn_" + ph + "_ms"] = (m1[ph] - m0[ph]) / turns * 1e3
     print(f"{a.label} streams {a.streams:3d}  agg {out['agg_tok_s']:8.1f} tok/s  per-stream median "
           f"{out['per_stream_median_tok_s']:7.1f} (min {out['per_stream_min_tok_s']:6.1f}) tok/s  TTFT median/p90/max "
           f"{out['ttft_median_ms']:.0f}/{out['ttft_p90_ms']:.0f}/{out['ttft_max_ms']:.0f} ms  mean batch "
           f"{out['mean_batch']:.1f}  ({total} tokens in {wall:.2f} s"
           + (f"; {out['untimed_streams']} replies without text, not timed" if out["untimed_streams"] else "") + ")")
+    if "turns" in out:
+        print(f"  {out['turns']:.0f} scheduler turns, ms per turn: sample {out['turn_sample_ms']:.3f}  tokens "
+              f"{out['turn_tokens_ms']:.3f}  step {out['turn_step_ms']:.3f}")
     print("JSON " + json.dumps(out))
     if a.verify:
         same = 0

@@ -143,6 +143,8 @@ struct pt_srv_sched {
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
     uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows; /* decode steps by batch size */
     uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows */
+    uint64_t turns;     /* turns with slots to run, and their seconds by phase (PT_SRV_PHASE_*) */
+    double phase_s[3];
 };
 
 static void job_finish(pt_srv_job *j, pt_srv_finish f, const char *err) {
@@ -768,6 +770,7 @@ static void *inference_main(void *arg) {
         }
         int active = 0;
         for (int i = 0; i < s->n_parallel; i++) active += s->slots[i].job != NULL;
+        const double t0 = active ? pt_srv_now() : 0.0;
         int n_sample = 0;
         for (int k = 0; k < s->n_parallel; k++) {
             slot *sl = &s->slots[(rr + k) % s->n_parallel];
@@ -777,8 +780,19 @@ static void *inference_main(void *arg) {
          * can (the rest, and rows it leaves, sample on the pool) */
         int n_host = sample_many(s, n_sample);
         pt_pool_for(s->pool, n_host, 1, sample_range, s);
+        const double t1 = active ? pt_srv_now() : 0.0;
         for (int k = 0; k < n_sample; k++) slot_take_token(s, s->to_sample[k]);
+        const double t2 = active ? pt_srv_now() : 0.0;
         step_pending(s);
+        if (active) {
+            const double t3 = pt_srv_now();
+            pthread_mutex_lock(&s->mu);
+            s->turns++;
+            s->phase_s[PT_SRV_PHASE_SAMPLE] += t1 - t0;
+            s->phase_s[PT_SRV_PHASE_TOKENS] += t2 - t1;
+            s->phase_s[PT_SRV_PHASE_STEP] += t3 - t2;
+            pthread_mutex_unlock(&s->mu);
+        }
         rr = (rr + 1) % s->n_parallel;
     }
     /* shutting down: fail what is left */
@@ -922,5 +936,7 @@ void pt_srv_sched_get_stats(pt_srv_sched *s, pt_srv_sched_stats *st) {
     st->batch_rows = s->batch_rows;
     st->prompt_row_steps = s->prompt_row_steps;
     st->prompt_rows = s->prompt_rows;
+    st->turns = s->turns;
+    memcpy(st->phase_s, s->phase_s, sizeof st->phase_s);
     pthread_mutex_unlock(&s->mu);
 }

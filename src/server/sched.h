@@ -83,7 +83,18 @@ typedef struct pt_srv_sched_stats {
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
     uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows;
     uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows (prompt tokens) */
+    /* the inference thread's turns that had slots to run, and the seconds
+     * of those turns by phase (PT_SRV_PHASE_*) */
+    uint64_t turns;
+    double phase_s[3];
 } pt_srv_sched_stats;
+
+/* Phases of a scheduler turn (pt_srv_sched_stats.phase_s): sampling (the
+ * slots' masks and the sampling itself; on a GPU it also waits for the
+ * step before it), tokens (each slot takes its token: detokenize, stop
+ * checks, the stream write), step (the batched forward step is built and
+ * run; on a GPU the launch, which returns before the step ends). */
+enum { PT_SRV_PHASE_SAMPLE, PT_SRV_PHASE_TOKENS, PT_SRV_PHASE_STEP };
 
 /* A new job (refs = 1, owned by the caller). */
 pt_srv_job *pt_srv_job_new(void);

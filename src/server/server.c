@@ -155,6 +155,12 @@ static void route_metrics(void *user, const pt_http_request *req, pt_http_respon
             (double)st.prompt_rows);
     counter(b, "petrel_prompt_row_steps_total", "Batched steps that carried prompt rows.", "counter",
             (double)st.prompt_row_steps);
+    counter(b, "petrel_scheduler_turns_total", "Scheduler turns that had slots to run.", "counter", (double)st.turns);
+    pt_sbuf_adds(b, "# HELP petrel_scheduler_seconds_total Seconds of those turns by phase.\n"
+                    "# TYPE petrel_scheduler_seconds_total counter\n");
+    static const char *const phase[3] = {"sample", "tokens", "step"};
+    for (int i = 0; i < 3; i++)
+        pt_sbuf_printf(b, "petrel_scheduler_seconds_total{phase=\"%s\"} %.6f\n", phase[i], st.phase_s[i]);
     resp->status = 200;
     resp->content_type = "text/plain; version=0.0.4; charset=utf-8";
 }
