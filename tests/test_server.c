@@ -7,6 +7,7 @@
  * Not the HTTP layer, limits and load (tests/test_server_http.c). */
 #include "test_server_client.h"
 
+#include "server/sched.h" /* pt_srv_now */
 #include "server/toolcall.h"
 
 static void test_server_chat_basic(void) {
@@ -454,6 +455,55 @@ static void test_server_prompt_cache(void) {
  * second server whose engine runs a short prompt rest in pieces of 3 tokens
  * replies exactly as the main one (the test model does not depend on the
  * chunking) and runs as many tokens. */
+/* A sample of /metrics: the value after "\nNAME " (NAME may carry labels), or -1. */
+static double metric_value(const char *text, const char *name) {
+    char pat[160];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = text ? strstr(text, pat) : NULL;
+    return p ? strtod(p + strlen(pat), NULL) : -1.0;
+}
+
+static double phase_seconds(const char *text) {
+    static const char *const names[3] = {"petrel_scheduler_seconds_total{phase=\"sample\"}",
+                                         "petrel_scheduler_seconds_total{phase=\"tokens\"}",
+                                         "petrel_scheduler_seconds_total{phase=\"step\"}"};
+    double sum = 0.0;
+    for (int i = 0; i < 3; i++) {
+        const double v = metric_value(text, names[i]);
+        if (v < 0.0) return -1.0;
+        sum += v;
+    }
+    return sum;
+}
+
+/* /metrics: the scheduler's turns and their seconds by phase. A request of
+ * N generated tokens runs at least N turns (each samples one token and runs
+ * one step; the response may leave before its last turn is counted), and
+ * the seconds the phases gained lie within the request's wall time. */
+static void test_server_metrics_scheduler(void) {
+    resp r;
+    http("GET", "/metrics", NULL, NULL, &r);
+    const double turns0 = metric_value(r.body, "petrel_scheduler_turns_total"), sec0 = phase_seconds(r.body);
+    resp_free(&r);
+    CHECK(turns0 >= 0.0 && sec0 >= 0.0, "scheduler metrics present");
+    char *b = chat_body("LOOP:ab", "\"max_tokens\":20");
+    const double t0 = pt_srv_now();
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    const double t1 = pt_srv_now();
+    free(b);
+    cJSON *j = json_body(&r);
+    const double gen = jnum(j, "usage.completion_tokens");
+    CHECK(r.status == 200 && gen == 20, "20 tokens: %s", r.body);
+    cJSON_Delete(j);
+    resp_free(&r);
+    http("GET", "/metrics", NULL, NULL, &r);
+    const double turns = metric_value(r.body, "petrel_scheduler_turns_total") - turns0;
+    const double sec = phase_seconds(r.body) - sec0;
+    resp_free(&r);
+    CHECK(turns >= gen - 1, "%g turns for %g tokens", turns, gen);
+    CHECK(sec > 0.0 && sec <= (t1 - t0) + 0.05, "phases %.6f s within the request's %.6f s", sec, t1 - t0);
+}
+
 static void test_server_short_prompt_pieces(void) {
     static pt_srv_engine e2; /* the server keeps a pointer to it */
     e2 = g_engine;
@@ -527,6 +577,7 @@ int main(void) {
     TEST_RUN(test_server_anthropic);
     TEST_RUN(test_server_tokenize);
     TEST_RUN(test_server_prompt_cache);
+    TEST_RUN(test_server_metrics_scheduler);
     TEST_RUN(test_server_node_sdks);
     pt_server_stop(&g_srv);
     return test_summary();

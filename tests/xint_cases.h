@@ -38,7 +38,7 @@ static inline void xint_check_exact(const xint_kernel *k, int bits, int xmax) {
             uint8_t *codes[4];
             uint16_t *sc[4], *bi[4];
             for (int64_t j = 0; j < K; j++) x[j] = (float)((int)(ru32() % (uint32_t)(2 * xmax + 1)) - xmax);
-            x[0] = (float)-xmax, x[gs + 1] = (float)xmax, x[K - 1] = 0.0f;
+            x[0] = (float)-xmax, x[(gs + 1) % K] = (float)xmax, x[K - 1] = 0.0f; /* K = gs: x[1] */
             for (int r = 0; r < 4; r++) {
                 codes[r] = malloc((size_t)nc);
                 sc[r] = malloc(2 * (size_t)ng), bi[r] = malloc(2 * (size_t)ng);
