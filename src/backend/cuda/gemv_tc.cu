@@ -35,7 +35,7 @@ static size_t tc_smem(int nb, int NT, int SU, int W, bool xp, bool xl = false) {
     size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
     if (xp && xl) xb = (KS / 64) * NT * 8 * 128 + (KS / GS) * NT * 8 * 8; /* tc_xprep_kernel's xl layout */
     if (xp) xb = 2 * ((xb + 15) & ~(size_t)15);
-    const size_t rb = (size_t)W * 16 * NT * 8 * 4;
+    const size_t rb = (size_t)W * 16 * (NT * 8 + (xp ? 4 : 0)) * 4; /* red, its rows padded for XP */
     return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 32 : 0);
 }
 

@@ -413,6 +413,8 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     constexpr bool RG = LV == 2;
     constexpr size_t RINGB = (size_t)W * P * SH::SLOT; /* bytes of the rings */
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
+    /* the row stride of the final reduction red (XP: padded, see the epilogue) */
+    constexpr int RS = XP ? NCOL + 4 : NCOL;
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = a.S, TPB = W / S, s = warp % S;
@@ -431,7 +433,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     unsigned char *ring = smem + (size_t)warp * P * SH::SLOT; /* [P] slots: 512 B codes, then GPB·64 B sb */
     bf16 *xs = reinterpret_cast<bf16 *>(smem + RINGB);           /* [nb][XS] */
     float *sxs = reinterpret_cast<float *>(xs + (size_t)nb * XS);                   /* [GPS][NCOL] Σx */
-    float *red = reinterpret_cast<float *>(xs);        /* [W warps][16][NCOL], after the last stage */
+    float *red = reinterpret_cast<float *>(xs);        /* [W warps][16][RS], after the last stage */
     /* XP: two x buffers of XB bytes ([nb][XS] bf16, then [GPS][NCOL] Σx),
      * filled by bulk copies of the prepared x, stage st into buffer st & 1
      * (completing on mbar[st & 1]) while stage st − 1 computes; the
@@ -439,7 +441,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     /* XL (4-bit XP): the stage buffer as tc_xprep_kernel's xl layout */
     const int XB = XL ? (KS / 64) * NCOL * 128 + (KS / GS) * NCOL * 8 : (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
     uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + RINGB +
-                                                  (2 * XB > W * 16 * NCOL * 4 ? 2 * XB : W * 16 * NCOL * 4));
+                                                  (2 * XB > W * 16 * RS * 4 ? 2 * XB : W * 16 * RS * 4));
     /* drift: warps done with buffer b so far, counted over the whole launch
      * (after the two mbarriers) */
     unsigned *xrel = reinterpret_cast<unsigned *>(mbar + 2);
@@ -824,27 +826,30 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int r = g + 8 * (i >> 1), col = 8 * n + 2 * t + (i & 1);
-            red[(warp * 16 + r) * NCOL + col] = tot[n][i];
+            red[(warp * 16 + r) * RS + col] = tot[n][i];
         }
     __syncthreads();
     float *y = a.y + b_item * (int64_t)nb * a.ldy;
     /* XP (nb > NCOL / 2): outputs indexed over NCOL columns, a power of
-     * two, so no division by nb; columns past nb skipped. The same value
+     * two, so no division by nb (columns past nb skipped), the 16 rows of a
+     * tile on consecutive threads, so a warp's stores are two runs of 16
+     * consecutive outputs of y (not 32 rows ldy apart), and red's rows RS
+     * apart so those threads' reads do not fall on one bank. The same value
      * per output (the same adds in the same order), stored by another
      * thread. */
     const int outs = TPO * 16 * (XP ? NCOL : nb);
     for (int i = threadIdx.x; i < outs; i += blockDim.x) {
-        const int col = XP ? i & (NCOL - 1) : i % nb, r16 = XP ? (i / NCOL) & 15 : (i / nb) % 16,
+        const int col = XP ? (i >> 4) & (NCOL - 1) : i % nb, r16 = XP ? i & 15 : (i / nb) % 16,
                   tl = XP ? i / (NCOL * 16) : i / (nb * 16);
         const int row = (bx * TPO + tl) * 16 + r16;
         if (row >= N || (XP && col >= nb)) continue;
         float v = 0.f;
-        for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * NCOL + col];
+        for (int ss = 0; ss < S; ss++) v += red[((tl * S + ss) * 16 + r16) * RS + col];
         if (a.bias) v += pt_ld(a.bt, a.bias, e * N + row);
         float o = eok ? pt_round_bf(v) : 0.f;
         if constexpr (GLU) { /* up: the upper warps' partials, reduced as gate's; then the GLU of the two stored values */
             float u = 0.f;
-            for (int ss = 0; ss < S; ss++) u += red[(((TPO + tl) * S + ss) * 16 + r16) * NCOL + col];
+            for (int ss = 0; ss < S; ss++) u += red[(((TPO + tl) * S + ss) * 16 + r16) * RS + col];
             if (gl.bias2) u += pt_ld(gl.bt2, gl.bias2, row);
             o = pt_glu_val(gl.fn, o, pt_round_bf(u), gl.bf);
         }
