@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
     __shared__ float red[32];
     const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
-    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
+    const int64_t b = blockIdx.y, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
-    if ((int64_t)blockIdx.y >= used) return; /* no split of this block holds a key */
+    if ((int64_t)blockIdx.z >= used) return; /* no split of this block holds a key */
     float *qs = reinterpret_cast<float *>(d2_q);
     const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
     /* ROPE: the new key's row as the cache stores it ([R] chunks, hd <= 256),
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
                 d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
         }
         __syncthreads();
-        if (ROPE == 1 && blockIdx.y == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
+        if (ROPE == 1 && blockIdx.z == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
             KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
             KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
             const float *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
     float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit; /* [G, nsplit] */
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
     const int64_t rlo = lo % cap;
-    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+    for (int64_t split = blockIdx.z; split < used; split += gridDim.z) {
         float m[DEC_MAX_G], l[DEC_MAX_G];
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
@@ -254,10 +254,10 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     extern __shared__ float4 d2_po[];      /* [D2_WARPS][G][hd] the warps' partial outputs */
     const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
-    const int64_t b = blockIdx.z, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
+    const int64_t b = blockIdx.y, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
-    if ((int64_t)blockIdx.y >= used) return;
+    if ((int64_t)blockIdx.z >= used) return;
     const float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;
     const float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit;
     float *P = a.P + (b * a.nh + (int64_t)kh * G) * nsplit * hd; /* [G, nsplit, hd] */
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     float *po = reinterpret_cast<float *>(d2_po);
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
     const int64_t rlo = lo % cap;
-    for (int64_t split = blockIdx.y; split < used; split += gridDim.y) {
+    for (int64_t split = blockIdx.z; split < used; split += gridDim.z) {
         float acc[MG][C][V];
 #pragma unroll
         for (int g = 0; g < MG; g++)
@@ -379,7 +379,11 @@ __global__ void dec2_merge_kernel(pt_dec_rows a, int64_t B) {
  * (4 chunks per lane); p·V with LPR = the power of two >= R, one chunk per
  * lane (two from R = 33 on); MG = 4 for G <= 4 (fewer accumulators), else 8. */
 template <typename KT>
-pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid) {
+pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_in) {
+    /* (KV head, row, split): the caller's (KV head, split, row) with the
+     * split slowest, so the blocks of every row's first split are handed
+     * out before any block of a split that may hold no key */
+    const dim3 grid(grid_in.x, grid_in.z, grid_in.y);
     const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
     const int qq = (R + 3) / 4, ls = qq <= 1 ? 1 : qq <= 2 ? 2 : qq <= 4 ? 4 : qq <= 8 ? 8 : 16;
     const size_t qb = (size_t)G * a.hd * sizeof(float);
