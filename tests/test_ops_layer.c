@@ -73,6 +73,22 @@ static void test_rms_norm(void) {
 
 /* ---- rope ---- */
 
+/* The attention references' softmax over the scores sc[lo..qp] (their
+ * maximum m) and its p·V for one head: row out of head_dim hd, V's rows
+ * [j][nkv][hd] at KV head kh; rounded to the activation dtype where the
+ * backends round. */
+static void ref_softmax_pv(double *sc, int lo, int qp, double m, const float *V, int nkv, int kh, int hd,
+                           pt_act_dtype act, double *out) {
+    double sum = 0;
+    for (int j = lo; j <= qp; j++) sum += (sc[j] = exp(sc[j] - m));
+    for (int j = lo; j <= qp; j++) sc[j] = rnd_act(act, sc[j] / sum);
+    for (int i = 0; i < hd; i++) {
+        double o = 0;
+        for (int j = lo; j <= qp; j++) o += sc[j] * V[((size_t)j * nkv + kh) * hd + i];
+        out[i] = rnd_act(act, o);
+    }
+}
+
 static void test_rope(void) {
     static const int cfg[][3] = {{8, 8, 1}, {64, 64, 3}, {64, 16, 2}, {80, 80, 1}}; /* hd, rot, heads */
     for (int am = 0; am < 2; am++) {
@@ -157,7 +173,7 @@ static int run_attn_case(pt_backend *be, const attn_case *c, float *out_keep) {
         for (int h = 0; h < nh; h++) {
             int kh = h / (nh / nkv), qp = c->pos0 + t;
             int lo = c->window && qp - c->window + 1 > 0 ? qp - c->window + 1 : 0;
-            double m = -INFINITY, sum = 0;
+            double m = -INFINITY;
             for (int j = lo; j <= qp; j++) {
                 double s = 0;
                 for (int i = 0; i < hd; i++) s += (double)q[(t * nh + h) * hd + i] * K[((size_t)j * nkv + kh) * hd + i];
@@ -166,13 +182,7 @@ static int run_attn_case(pt_backend *be, const attn_case *c, float *out_keep) {
                 sc[j] = s;
                 if (s > m) m = s;
             }
-            for (int j = lo; j <= qp; j++) sum += (sc[j] = exp(sc[j] - m));
-            for (int j = lo; j <= qp; j++) sc[j] = rnd_act(act, sc[j] / sum);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = lo; j <= qp; j++) o += sc[j] * Vv[((size_t)j * nkv + kh) * hd + i];
-                ref[(t * nh + h) * hd + i] = rnd_act(act, o);
-            }
+            ref_softmax_pv(sc, lo, qp, m, Vv, nkv, kh, hd, act, ref + (t * nh + h) * hd);
         }
     if (ok) {
         char what[256];
@@ -290,7 +300,7 @@ static int run_qattn_case(pt_backend *be, const qattn_case *c) {
         for (int h = 0; h < nh; h++) {
             int kh = h / (nh / nkv), qp = c->pos0 + t;
             int lo = c->window && qp - c->window + 1 > 0 ? qp - c->window + 1 : 0;
-            double m = -INFINITY, sum = 0;
+            double m = -INFINITY;
             for (int j = lo; j <= qp; j++) {
                 double s = 0;
                 for (int i = 0; i < hd; i++)
@@ -298,13 +308,7 @@ static int run_qattn_case(pt_backend *be, const qattn_case *c) {
                 sc[j] = rnd_act(act, s);
                 if (sc[j] > m) m = sc[j];
             }
-            for (int j = lo; j <= qp; j++) sum += (sc[j] = exp(sc[j] - m));
-            for (int j = lo; j <= qp; j++) sc[j] = rnd_act(act, sc[j] / sum);
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = lo; j <= qp; j++) o += sc[j] * Vd[((size_t)j * nkv + kh) * hd + i];
-                ref[(t * nh + h) * hd + i] = rnd_act(act, o);
-            }
+            ref_softmax_pv(sc, lo, qp, m, Vd, nkv, kh, hd, act, ref + (t * nh + h) * hd);
         }
     if (ok) {
         char what[256];

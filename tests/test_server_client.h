@@ -108,8 +108,8 @@ static inline int http(const char *method, const char *path, const char *body, c
 
 static inline cJSON *json_body(const resp *r) { return r->body ? cJSON_Parse(r->body) : NULL; }
 
-static inline const char *jstr(const cJSON *root, const char *path) {
-    /* dotted path with numeric indices: "choices.0.message.content" */
+/* The item at a dotted path with numeric indices ("choices.0.message.content"), or NULL. */
+static inline const cJSON *jpath(const cJSON *root, const char *path) {
     const cJSON *cur = root;
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
@@ -117,17 +117,16 @@ static inline const char *jstr(const cJSON *root, const char *path) {
         if (*tok >= '0' && *tok <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
         else cur = cJSON_GetObjectItem(cur, tok);
     }
+    return cur;
+}
+
+static inline const char *jstr(const cJSON *root, const char *path) {
+    const cJSON *cur = jpath(root, path);
     return cJSON_IsString(cur) ? cur->valuestring : NULL;
 }
 
 static inline double jnum(const cJSON *root, const char *path) {
-    const cJSON *cur = root;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *tok = strtok(buf, "."); tok && cur; tok = strtok(NULL, ".")) {
-        if (*tok >= '0' && *tok <= '9') cur = cJSON_GetArrayItem(cur, atoi(tok));
-        else cur = cJSON_GetObjectItem(cur, tok);
-    }
+    const cJSON *cur = jpath(root, path);
     return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
 }
 
