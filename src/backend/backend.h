@@ -350,6 +350,12 @@ typedef struct pt_backend_ops {
     pt_status (*copy_rows)(pt_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
                            int64_t n);
 
+    /* Row copies through pointers: dst[r][i] = src[r][i] for r < n, i <
+     * len, each row anywhere (the logits rows of a batched step into their
+     * sessions' buffers), in one launch on a GPU. Must not overlap. NULL:
+     * the caller copies row by row (copy_rows). */
+    pt_status (*copy_rows_to)(pt_backend *be, float *const *dst, const float *const *src, int n, int64_t len);
+
     /* y = x · σ(g) over n floats; bf16 mode rounds σ(g), then the product.
      * y may alias x. */
     pt_status (*sigmoid_mul)(pt_backend *be, float *y, const float *x, const float *g, int64_t n);

@@ -269,13 +269,27 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     /* quantized KV: a cache reaching --quantized-kv-start converts (the
      * logits below do not read the caches) */
     for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
+    /* GPU sampling: the rows' logits move to their sessions' device
+     * buffers (session.h), in one launch per 64 rows where the backend can */
+    enum { NCP = 64 };
+    float *cd[NCP];
+    const float *cs[NCP];
+    int nc = 0;
     for (int t = 0; t < n; t++) {
         if (need && !need[t]) continue; /* a prompt row before its session's last: nobody reads its logits */
-        if (outs[t])
+        if (outs[t]) {
             PT_TRY(OPS(m)->download(m->be, outs[t], b->logits + (size_t)t * V, (size_t)V * 4));
-        else /* GPU sampling: the row's logits move to its session's device buffer (session.h) */
+        } else if (OPS(m)->copy_rows_to) {
+            cd[nc] = sts[t]->logits, cs[nc] = b->logits + (size_t)t * V;
+            if (++nc == NCP) {
+                PT_TRY(OPS(m)->copy_rows_to(m->be, cd, cs, nc, V));
+                nc = 0;
+            }
+        } else {
             PT_TRY(OPS(m)->copy_rows(m->be, sts[t]->logits, V, b->logits + (size_t)t * V, V, 1, V));
+        }
     }
+    if (nc) PT_TRY(OPS(m)->copy_rows_to(m->be, cd, cs, nc, V));
     return PT_OK;
 }
 

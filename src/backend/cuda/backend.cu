@@ -344,6 +344,7 @@ static const pt_backend_ops cuda_ops = {
     .delta_rule = pt_cuda_delta_rule,
     .rms_norm_gated = pt_cuda_rms_norm_gated,
     .copy_rows = pt_cuda_copy_rows,
+    .copy_rows_to = pt_cuda_copy_rows_to,
     .sigmoid_mul = pt_cuda_sigmoid_mul,
     .matmul_rows = pt_cuda_matmul_rows,
     .kv_append_rows = pt_cuda_kv_append_rows,

@@ -234,6 +234,7 @@ pt_status pt_cuda_rms_norm_gated(pt_backend *be, float *y, const float *x, const
                                  const void *w, pt_ftype wtype, float eps);
 pt_status pt_cuda_copy_rows(pt_backend *be, float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
                             int64_t n);
+pt_status pt_cuda_copy_rows_to(pt_backend *be, float *const *dst, const float *const *src, int n, int64_t len);
 pt_status pt_cuda_sigmoid_mul(pt_backend *be, float *y, const float *x, const float *g, int64_t n);
 /* Checks the kernel error word (synchronizes the stream). */
 pt_status pt_cuda_check_errors(pt_cuda *c);

@@ -18,6 +18,7 @@
  *   rms_norm_gated one block per row (the sum of squares by one thread, in
  *                 the CPU's order).
  *   copy_rows     cudaMemcpy2DAsync.
+ *   copy_rows_to  one kernel for up to 64 rows, each through its own pointers.
  *   sigmoid_mul   one thread per element.
  *
  * Not here: the projections around them (matmul.cu) and the layer itself
@@ -360,6 +361,46 @@ pt_status pt_cuda_copy_rows(pt_backend *be, float *dst, int64_t ldd, const float
     if (rows == 0 || n == 0) return PT_OK;
     CUDA_CHECK(cudaMemcpy2DAsync(dst, (size_t)ldd * 4, src, (size_t)lds * 4, (size_t)n * 4, (size_t)rows,
                                  cudaMemcpyDeviceToDevice, pt_cuda_of(be)->stream));
+    return PT_OK;
+}
+
+/* copy_rows_to: up to CRT_MAX rows per launch, their pointers in the launch
+ * arguments (1 KiB); blockIdx.y the row, the blocks along x striding over
+ * it, 16-byte copies where both rows are 16-byte aligned. */
+#define CRT_MAX 64
+struct crt_rows {
+    float *dst[CRT_MAX];
+    const float *src[CRT_MAX];
+};
+__global__ void copy_rows_to_kernel(crt_rows a, int64_t len) {
+    float *d = a.dst[blockIdx.y];
+    const float *s = a.src[blockIdx.y];
+    const int64_t step = (int64_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    int64_t done = 0;
+    if ((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) % 16 == 0) {
+        const int64_t n4 = len / 4;
+        for (int64_t i = i0; i < n4; i += step) reinterpret_cast<float4 *>(d)[i] = reinterpret_cast<const float4 *>(s)[i];
+        done = n4 * 4;
+    }
+    for (int64_t i = done + i0; i < len; i += step) d[i] = s[i];
+}
+
+pt_status pt_cuda_copy_rows_to(pt_backend *be, float *const *dst, const float *const *src, int n, int64_t len) {
+    if (n < 0 || len < 0 || (n > 0 && (!dst || !src)))
+        return pt_error(PT_ERR_INVALID_ARG, "copy_rows_to: %d rows of %lld", n, (long long)len);
+    if (n == 0 || len == 0) return PT_OK;
+    const int64_t per = (len / 4 + 255) / 256; /* blocks a row takes at one 16-byte copy per thread */
+    const unsigned bx = (unsigned)(per < 1 ? 1 : per > 32 ? 32 : per);
+    for (int r0 = 0; r0 < n; r0 += CRT_MAX) {
+        const int k = n - r0 < CRT_MAX ? n - r0 : CRT_MAX;
+        crt_rows a;
+        for (int r = 0; r < k; r++) {
+            if (!dst[r0 + r] || !src[r0 + r]) return pt_error(PT_ERR_INVALID_ARG, "copy_rows_to: row %d is NULL", r0 + r);
+            a.dst[r] = dst[r0 + r], a.src[r] = src[r0 + r];
+        }
+        copy_rows_to_kernel<<<dim3(bx, (unsigned)k), 256, 0, pt_cuda_of(be)->stream>>>(a, len);
+        CUDA_CHECK_LAUNCH("copy_rows_to");
+    }
     return PT_OK;
 }
 
