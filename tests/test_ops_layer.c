@@ -205,19 +205,28 @@ static const attn_case attn_cases[] = {
     {2, 1, 16, 3, 20, 6, 30.0f, PT_FT_F32, 0}, {8, 8, 128, 3, 64, 0, 0, PT_FT_BF16, 0},
 };
 
-static void test_attention(void) {
+/* Runs case ci of an attention test on a backend; 0 ends the test. */
+typedef int (*case_fn)(pt_backend *be, size_t ci);
+
+/* Every case on two threads, for each ISA and both activation modes (the
+ * ISAs the machine lacks skipped); stops at the first failing case. */
+static void run_on_backends(case_fn run, size_t n) {
     for (size_t ii = 0; ii < 3; ii++)
         for (int am = 0; am < 2; am++) {
             pt_backend *be = mk(2, am ? PT_ACT_BF16 : PT_ACT_F32, all_isas[ii]);
             if (!be) continue;
-            for (size_t ci = 0; ci < sizeof attn_cases / sizeof attn_cases[0]; ci++)
-                if (!run_attn_case(be, &attn_cases[ci], NULL)) {
+            for (size_t ci = 0; ci < n; ci++)
+                if (!run(be, ci)) {
                     pt_backend_free(&be);
                     return;
                 }
             pt_backend_free(&be);
         }
 }
+
+static int attn_case_at(pt_backend *be, size_t ci) { return run_attn_case(be, &attn_cases[ci], NULL); }
+
+static void test_attention(void) { run_on_backends(attn_case_at, sizeof attn_cases / sizeof attn_cases[0]); }
 
 static void test_attention_errors(void) {
     pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
@@ -322,22 +331,15 @@ static int run_qattn_case(pt_backend *be, const qattn_case *c) {
     return ok;
 }
 
+static const qattn_case qattn_cases[] = {
+    {4, 4, 64, 1, 20, 0, 4, 64, 0}, {8, 2, 64, 5, 9, 0, 8, 32, 0}, {4, 1, 128, 3, 30, 0, 4, 128, 0},
+    {4, 2, 64, 6, 11, 4, 4, 64, 2}, {2, 2, 32, 2, 7, 0, 2, 32, 0},  {6, 2, 96, 1, 17, 0, 8, 32, 0},
+};
+
+static int qattn_case_at(pt_backend *be, size_t ci) { return run_qattn_case(be, &qattn_cases[ci]); }
+
 static void test_attention_quantized_kv(void) {
-    static const qattn_case cases[] = {
-        {4, 4, 64, 1, 20, 0, 4, 64, 0}, {8, 2, 64, 5, 9, 0, 8, 32, 0}, {4, 1, 128, 3, 30, 0, 4, 128, 0},
-        {4, 2, 64, 6, 11, 4, 4, 64, 2}, {2, 2, 32, 2, 7, 0, 2, 32, 0},  {6, 2, 96, 1, 17, 0, 8, 32, 0},
-    };
-    for (size_t ii = 0; ii < 3; ii++)
-        for (int am = 0; am < 2; am++) {
-            pt_backend *be = mk(2, am ? PT_ACT_BF16 : PT_ACT_F32, all_isas[ii]);
-            if (!be) continue;
-            for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
-                if (!run_qattn_case(be, &cases[ci])) {
-                    pt_backend_free(&be);
-                    return;
-                }
-            pt_backend_free(&be);
-        }
+    run_on_backends(qattn_case_at, sizeof qattn_cases / sizeof qattn_cases[0]);
 }
 
 /* Converting a full-precision cache gives exactly the rows kv_append would
