@@ -39,6 +39,12 @@
  * -1: back to the environment), GLU-epilogue launches made so far */
 void pt_cuda_gemv_fuse(int on);
 unsigned long long pt_cuda_tc_glu_count(void);
+void pt_cuda_tc_xp8(int on); /* gemv_tc.cu: 2..8 rows in 16-warp blocks (1, default) or 8-warp (0) */
+
+/* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
+ * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
+ * rows with pt_cuda_tc_xp8) */
+static int g_fuse_from = 9;
 
 enum { TMAX = 80 };
 
@@ -55,8 +61,8 @@ static int same(const char *what, const float *a, const float *b, int64_t n, int
 /* Gate g and up u over x for each T of Ts, both rows modes and both
  * activations: matmul_glu vs matmul_multi + glu, bit for bit. fused: 1 =
  * every call must take the fused launch, 0 = every call must answer
- * PT_ERR_UNSUPPORTED, 2 = only the calls above 8 rows fuse (a warp split
- * of 8 at up to 8 rows). */
+ * PT_ERR_UNSUPPORTED, 2 = only the calls of g_fuse_from rows or more fuse
+ * (a warp split of 8: below that, 8-warp blocks). */
 static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qweight *u, const int *Ts, int nT,
                       int fused) {
     const int64_t K = g->w.cols, F = g->w.rows;
@@ -77,7 +83,7 @@ static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qw
         for (int rows = 0; rows < 2 && ok; rows++)
             for (int act = 0; act < 2 && ok; act++) {
                 const int64_t T = Ts[ti];
-                const int want = fused == 1 || (fused == 2 && T > 8);
+                const int want = fused == 1 || (fused == 2 && T >= g_fuse_from);
                 ok = be->ops->matmul_multi(be, 2, ys, x, T, ws, rows) == PT_OK &&
                      be->ops->glu(be, yr, yg, yu, T, F, F, (pt_glu_kind)act) == PT_OK;
                 CHECK(ok, "%s: separate calls T=%lld: %s", what, (long long)T, pt_last_error());
@@ -158,14 +164,22 @@ static void test_glu_op_bit_identical(void) {
             ok = check_pair(be, what, &g, &u, Tl, 6, 1);
             gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
-    /* a warp split of 8 (F 640, K 2560, 4-bit g64): one tile per 8-warp block, not fused up to 8 rows */
+    /* a warp split of 8 (F 640, K 2560, 4-bit g64): one tile per 8-warp block, so not fused where
+     * the rows take 8-warp blocks (one row; up to 8 rows with pt_cuda_tc_xp8(0)) */
     if (ok) {
-        static const int Ts8[] = {1, 8, 9, 64};
+        static const int Ts8[] = {1, 2, 8, 9, 64};
         rand_qweight g, u;
         ok = gpu_qw_make(be, &g, 4, 64, 640, 2560, 0);
         if (ok && !(ok = gpu_qw_make(be, &u, 4, 64, 640, 2560, 0))) gpu_qw_free(be, &g);
         if (ok) {
-            ok = check_pair(be, "4-bit g64 640×2560 (split 8)", &g, &u, Ts8, 4, 2);
+            /* 2..8 rows in 16-warp blocks (the default), then in 8-warp ones */
+            pt_cuda_tc_xp8(1);
+            g_fuse_from = 2;
+            ok = check_pair(be, "4-bit g64 640×2560 (split 8), 16-warp blocks from 2 rows", &g, &u, Ts8, 5, 2);
+            pt_cuda_tc_xp8(0);
+            g_fuse_from = 9;
+            ok = ok && check_pair(be, "4-bit g64 640×2560 (split 8), 8-warp blocks up to 8 rows", &g, &u, Ts8, 5, 2);
+            pt_cuda_tc_xp8(1);
             gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
     }

@@ -151,7 +151,7 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
             if (m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
             return tc_launch_k<BITS, GS, NT, W, XP, 2, false>(c, m, items, grouped, cluster, gl);
         }
-    if constexpr (NT == 1)
+    if constexpr (NT == 1 && !XP)
         if (lv && m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 1, true>(c, m, items, grouped, cluster, gl);
     return lv ? tc_launch_k<BITS, GS, NT, W, XP, 1, false>(c, m, items, grouped, cluster, gl)
               : tc_launch_k<BITS, GS, NT, W, XP, 0, false>(c, m, items, grouped, cluster, gl);
@@ -357,8 +357,19 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
 
 /* Whether a launch may take the XP kernels: above 8 rows, 16-warp blocks,
  * one item, and scratch that holds the prepared x. */
+/* 2 to 8 rows through the XP kernels too (16-warp blocks, x prepared once
+ * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B; the same
+ * bits either way: the block size and x's staging only decide when x is
+ * staged and which block a tile's S warps sit in). */
+static int g_tc_xp8 = -1;
+extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8 = on != 0; }
+static int tc_xp8(void) {
+    if (g_tc_xp8 < 0) g_tc_xp8 = pt_env_on("PETREL_CUDA_TC_XP8");
+    return g_tc_xp8;
+}
+
 static bool tc_xp_ok(const pt_cuda *c, int nb, int K, unsigned items) {
-    if (nb <= 8 || items != 1 || !tc_xpre() || !c->tile) return false;
+    if (nb <= (tc_xp8() ? 1 : 8) || items != 1 || !tc_xpre() || !c->tile) return false;
     const size_t need = (((size_t)nb * K * 2 + 255) & ~(size_t)255) + (size_t)(K / 32) * 64 * 4;
     return need <= c->tile_bytes;
 }
@@ -381,26 +392,38 @@ static int tc_wide(void) {
 template <int BITS, int GS>
 static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped, const tc_glu *gl) {
     using SH = tc_shape<BITS, GS>;
-    const int nb = m.a[0].nb, wide = nb > 8 && tc_wide(), W = wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS;
-    m.first[0] = 0;
-    for (int i = 0; i < m.n; i++) {
-        tc_args &a = m.a[i];
-        const int NU = a.K / SH::UK;
-        int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
-        /* up to 8 rows with the unrolled ring loop (LV 2): whole steps of
-         * PT_TC_RING blocks per warp in every stage but the last (the stage
-         * size decides only when x is staged, not the bits) */
-        const int rnd = nb <= 8 && tc_lv(a.K, nb) == 2 ? a.S * ((PT_TC_RING + SH::BPU - 1) / SH::BPU) : a.S;
-        su = su / rnd * rnd;
-        if (su < rnd) su = rnd;
-        const int nu_r = (NU + a.S - 1) / a.S * a.S;
-        a.SU = su < nu_r ? su : nu_r;
-        /* GLU: half the block's warps per projection, so whole tiles of
-         * both need an even number of tiles per block */
-        if (gl && (W / a.S) % 2) return PT_ERR_UNSUPPORTED;
-        const int tpe = (a.N + 15) / 16, tpb = gl ? W / a.S / 2 : W / a.S;
-        m.first[i + 1] = m.first[i] + (tpe + tpb - 1) / tpb;
+    const int nb = m.a[0].nb;
+    /* 2..8 rows: XP (16-warp blocks) where it will be taken */
+    const bool xp8 = nb >= 2 && nb <= 8 && tc_wide() && tc_xp_ok(c, nb, m.a[0].K, items);
+    /* each weight's units per stage and the block table for W warps per block */
+    auto table = [&](int W) -> pt_status {
+        m.first[0] = 0;
+        for (int i = 0; i < m.n; i++) {
+            tc_args &a = m.a[i];
+            const int NU = a.K / SH::UK;
+            int su = (int)(PT_TC_XBUDGET(a.nb) / ((int64_t)a.nb * 2 * SH::UK));
+            /* up to 8 rows with the unrolled ring loop (LV 2): whole steps of
+             * PT_TC_RING blocks per warp in every stage but the last (the stage
+             * size decides only when x is staged, not the bits) */
+            const int rnd = nb <= 8 && tc_lv(a.K, nb) == 2 ? a.S * ((PT_TC_RING + SH::BPU - 1) / SH::BPU) : a.S;
+            su = su / rnd * rnd;
+            if (su < rnd) su = rnd;
+            const int nu_r = (NU + a.S - 1) / a.S * a.S;
+            a.SU = su < nu_r ? su : nu_r;
+            /* GLU: half the block's warps per projection, so whole tiles of
+             * both need an even number of tiles per block */
+            if (gl && (W / a.S) % 2) return PT_ERR_UNSUPPORTED;
+            const int tpe = (a.N + 15) / 16, tpb = gl ? W / a.S / 2 : W / a.S;
+            m.first[i + 1] = m.first[i] + (tpe + tpb - 1) / tpb;
+        }
+        return PT_OK;
+    };
+    if (xp8 && table(PT_TC_WIDE_WARPS) == PT_OK) {
+        const pt_status st = tc_launch_xp<BITS, GS, 1>(c, m, grouped, gl);
+        if (st != PT_ERR_UNSUPPORTED) return st;
     }
+    const int wide = nb > 8 && tc_wide();
+    PT_TRY(table(wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS));
     if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
     if (!wide) {
         if (nb <= 16) return tc_launch_nt<BITS, GS, 2, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
