@@ -355,8 +355,6 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
     return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl, gl);
 }
 
-/* Whether a launch may take the XP kernels: above 8 rows, 16-warp blocks,
- * one item, and scratch that holds the prepared x. */
 /* 2 to 8 rows through the XP kernels too (16-warp blocks, x prepared once
  * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B; the same
  * bits either way: the block size and x's staging only decide when x is
@@ -368,6 +366,9 @@ static int tc_xp8(void) {
     return g_tc_xp8;
 }
 
+/* Whether a launch may take the XP kernels: above 8 rows (above 1 with
+ * PETREL_CUDA_TC_XP8), 16-warp blocks, one item, and scratch that holds the
+ * prepared x. */
 static bool tc_xp_ok(const pt_cuda *c, int nb, int K, unsigned items) {
     if (nb <= (tc_xp8() ? 1 : 8) || items != 1 || !tc_xpre() || !c->tile) return false;
     const size_t need = (((size_t)nb * K * 2 + 255) & ~(size_t)255) + (size_t)(K / 32) * 64 * 4;
