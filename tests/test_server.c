@@ -455,14 +455,6 @@ static void test_server_prompt_cache(void) {
  * second server whose engine runs a short prompt rest in pieces of 3 tokens
  * replies exactly as the main one (the test model does not depend on the
  * chunking) and runs as many tokens. */
-/* A sample of /metrics: the value after "\nNAME " (NAME may carry labels), or -1. */
-static double metric_value(const char *text, const char *name) {
-    char pat[160];
-    snprintf(pat, sizeof pat, "\n%s ", name);
-    const char *p = text ? strstr(text, pat) : NULL;
-    return p ? strtod(p + strlen(pat), NULL) : -1.0;
-}
-
 static double phase_seconds(const char *text) {
     static const char *const names[3] = {"petrel_scheduler_seconds_total{phase=\"sample\"}",
                                          "petrel_scheduler_seconds_total{phase=\"tokens\"}",

@@ -130,6 +130,15 @@ static inline double jnum(const cJSON *root, const char *path) {
     return cJSON_IsNumber(cur) ? cur->valuedouble : -1;
 }
 
+/* A sample of a /metrics body: the value after "\nNAME " (the sample line,
+ * not # HELP / # TYPE; NAME may carry labels), or -1 when absent. */
+static inline double metric_value(const char *text, const char *name) {
+    char pat[160];
+    snprintf(pat, sizeof pat, "\n%s ", name);
+    const char *p = text ? strstr(text, pat) : NULL;
+    return p ? strtod(p + strlen(pat), NULL) : -1.0;
+}
+
 static inline char *chat_body(const char *user, const char *extra_fields) {
     cJSON *u = cJSON_CreateString(user);
     char *us = cJSON_PrintUnformatted(u);

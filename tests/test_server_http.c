@@ -178,10 +178,7 @@ static int metric_at(int port, const char *name) {
     g_port = port;
     http("GET", "/metrics", NULL, NULL, &r);
     g_port = saved;
-    char pat[128];
-    snprintf(pat, sizeof pat, "\n%s ", name); /* the sample line, not # HELP / # TYPE */
-    const char *p = r.body ? strstr(r.body, pat) : NULL;
-    int v = p ? atoi(p + strlen(pat)) : -1;
+    const int v = (int)metric_value(r.body, name);
     resp_free(&r);
     return v;
 }
