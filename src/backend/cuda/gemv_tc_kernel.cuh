@@ -62,10 +62,11 @@
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
  * round-robin: unit u goes to warp u mod S. W = 8 up to 8 activation rows
- * (2..8 rows: 16 and XP by default, PETREL_CUDA_TC_XP8), 16 above: every block stages x for all its rows, so twice the tiles per
- * block halve the x traffic per weight byte (L2 reads of 64·K f32 per block
- * dominated at 64 rows) and twice the threads stage it (fewer round trips). x is staged in shared memory
- * stage by stage (bf16, all n rows, a stage = a whole number of S-unit
+ * (2..8 rows: 16 and XP by default, PETREL_CUDA_TC_XP8), 16 above: every
+ * block stages x for all its rows, so twice the tiles per block halve the x
+ * traffic per weight byte (L2 reads of 64·K f32 per block dominated at 64
+ * rows) and twice the threads stage it (fewer round trips). x is staged in
+ * shared memory stage by stage (bf16, all n rows, a stage = a whole number of S-unit
  * rounds sized for the row count: 32 KiB of x up to 8 rows, 96 KiB above),
  * with Σx per (row, group). Up to 8 n-tiles
  * of 8 columns reuse each loaded A fragment (NT template: 1, 2, 4, 8).
