@@ -12,7 +12,8 @@
  *   - what it does not fuse (PETREL_CUDA_GEMV_FUSE=0, T > 64, an unaligned
  *     x, different row counts, an odd number of tiles per block) answered
  *     PT_ERR_UNSUPPORTED with nothing launched;
- * and the whole forward pass (prefill of 20 tokens, then compiled greedy
+ * the 4-bit 1b and 8b shapes again on the wgmma kernels (PETREL_CUDA_TC_WG:
+ * a split of 2 or 4, clusters of gate and up blocks); and the whole forward pass (prefill of 20 tokens, then compiled greedy
  * decode steps) bit-identical with the fold on and off, on the 4-bit demo
  * model and the llama-3.2-1b shape with random 4- and 8-bit weights. A
  * launch counter proves the fused path ran where it should.
@@ -40,6 +41,7 @@
 void pt_cuda_gemv_fuse(int on);
 unsigned long long pt_cuda_tc_glu_count(void);
 void pt_cuda_tc_xp8(int on); /* gemv_tc.cu: 2..8 rows in 16-warp blocks (1, default) or 8-warp (0) */
+void pt_cuda_tc_wg(int on);  /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
  * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
@@ -162,6 +164,13 @@ static void test_glu_op_bit_identical(void) {
             if (!ok) break;
             snprintf(what, sizeof what, "%d-bit g64 gate/up %lld×%lld", bitss[b], (long long)F, (long long)K);
             ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+            /* 4-bit: again on the wgmma kernels (a split of 2 or 4: clusters of gate and up blocks) */
+            if (ok && bitss[b] == 4) {
+                pt_cuda_tc_wg(1);
+                snprintf(what, sizeof what, "4-bit g64 gate/up %lld×%lld, wgmma", (long long)F, (long long)K);
+                ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+                pt_cuda_tc_wg(-1);
+            }
             gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
     /* a warp split of 8 (F 640, K 2560, 4-bit g64): one tile per 8-warp block, so not fused where

@@ -8,7 +8,9 @@
  *   - the llama-3.1-8b shapes (q/k/v 4096/1024/1024 and gate/up 14336 × 4096,
  *     whose weights get different warp splits S in the same launch);
  *   - T = 1..64 (the 8-warp and 16-warp blocks, every n-tile count), 8-warp
- *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x;
+ *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x, and
+ *     the 8b shapes on the wgmma kernels (PETREL_CUDA_TC_WG: 4-bit g64 at
+ *     17..64 rows; 8-bit keeps the mma.sync kernels);
  *   - what must not take the grouped launch (T > 64, mixed bits) still
  *     equal to the separate calls, and PETREL_CUDA_MULTI=0 switching it off;
  * and the whole forward pass (prefill and compiled decode steps) must give
@@ -38,6 +40,7 @@
  * the 16-warp blocks above 8 rows on or off, grouped launches made so far */
 void pt_cuda_tc_multi(int on);
 void pt_cuda_tc_wide(int on);
+void pt_cuda_tc_wg(int on); /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 unsigned long long pt_cuda_tc_multi_count(void);
 
 enum { TMAX = 100 };
@@ -137,6 +140,11 @@ static void test_multi_op_bit_identical(void) {
         pt_cuda_tc_wide(1);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, unaligned x", bitss[b]);
         if (ok) ok = check_set(be, what, 3, q, T8 + 2, 2, 1, 1);
+        /* the wgmma kernels (4-bit g64, 17..64 rows; splits of 8) */
+        pt_cuda_tc_wg(1);
+        snprintf(what, sizeof what, "%d-bit g64 q/k/v, wgmma", bitss[b]);
+        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        pt_cuda_tc_wg(-1);
         /* PETREL_CUDA_MULTI=0: the separate calls */
         pt_cuda_tc_multi(0);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, grouped launch off", bitss[b]);
@@ -147,6 +155,11 @@ static void test_multi_op_bit_identical(void) {
         for (; made < 2 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096", bitss[b]);
         if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
+        /* the wgmma kernels (4-bit g64, 17..64 rows; a split of 2) */
+        pt_cuda_tc_wg(1);
+        snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096, wgmma", bitss[b]);
+        if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
+        pt_cuda_tc_wg(-1);
         for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
     }
     /* mixed bits: not groupable, the separate calls */

@@ -13,7 +13,10 @@
  * is not a whole number of clusters.
  * The levers of those launches (PETREL_CUDA_TC_DRIFT: no barrier per x
  * stage; PETREL_CUDA_TC_XL: 4-bit x laid out per K block with C·Σx from
- * the x prepare; both on by default) are checked again each alone.
+ * the x prepare; both on by default) are checked again each alone, and
+ * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
+ * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
+ * (clusters of 8 blocks, a partial quad of tiles) and of 4.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
@@ -33,6 +36,8 @@
 void pt_cuda_tc_cluster(int n); /* gemv_tc.cu: blocks per cluster of the launches above 8 rows (1, 2, 4) */
 void pt_cuda_tc_drift(int on);  /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
 void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
+void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
+unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
@@ -121,6 +126,18 @@ static void test_gemv_batch_invariant(void) {
     }
     pt_cuda_tc_drift(-1);
     pt_cuda_tc_xl(-1);
+    /* the wgmma kernels, then without them */
+    for (int v = 1; v >= 0; v--) {
+        pt_cuda_tc_wg(v);
+        const unsigned long long c0 = pt_cuda_tc_wg_count();
+        if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
+            !check_one(be, 4, 64, 1, 40, 4096, 1))
+            break;
+        /* 2 row modes × T 17, 31, 33, 48, 64 × 3 weights */
+        CHECK(pt_cuda_tc_wg_count() - c0 == (v ? 30ull : 0ull), "wgmma launches: %llu with the switch %d",
+              pt_cuda_tc_wg_count() - c0, v);
+    }
+    pt_cuda_tc_wg(-1);
 done:
     pt_backend_free(&be);
 }

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 #include "backend/cuda/gemv_tc_kernel.cuh"
+#include "backend/cuda/gemv_wg_kernel.cuh"
 #include "backend/cuda/matmul.cuh"
 
 #include <stdlib.h>
@@ -355,6 +356,80 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
     return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl, gl);
 }
 
+/* 17..64 rows of 4-bit weights with group size 64 on the warpgroup-MMA
+ * kernels (gemv_wg_kernel.cuh: the same bits as the mma.sync kernels):
+ * PETREL_CUDA_TC_WG=1, pt_cuda_tc_wg(1); off by default: on the H200 they
+ * are not faster yet (bench/RESULTS.md). A negative argument: back to the
+ * environment. */
+#define PT_TC_WG_DEFAULT 0
+static int g_tc_wg = -1;
+extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg = on < 0 ? -1 : on != 0; }
+static unsigned long long g_tc_wg_launches; /* wgmma launches made so far (tests check the path ran) */
+extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return __atomic_load_n(&g_tc_wg_launches, __ATOMIC_RELAXED); }
+static int tc_wg(void) {
+    if (g_tc_wg < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_WG");
+        g_tc_wg = e && *e ? atoi(e) != 0 : PT_TC_WG_DEFAULT;
+    }
+    return g_tc_wg;
+}
+
+/* The wgmma launch of m's weights (one item, no experts; every weight with
+ * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
+ * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
+ * prepare in the wg layout, then the GEMV. */
+template <int NCOL>
+static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc_glu *gl) {
+    using SH = wg_shape<NCOL>;
+    const int nb = m.a[0].nb, K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S;
+    if (K % 64 || CL > 8 || !c->tile || (size_t)(K / 64) * SH::XU > c->tile_bytes) return PT_ERR_UNSUPPORTED;
+    wg_multi_args w;
+    memset(&w, 0, sizeof w);
+    w.n = m.n;
+    for (int i = 0; i < m.n; i++) {
+        const tc_args &a = m.a[i];
+        if (a.S != S || a.experts || a.expert != 0 || a.n_experts > 1 || a.K != K) return PT_ERR_UNSUPPORTED;
+        w.a[i] = a;
+        w.a[i].xb = (const bf16 *)c->tile;
+        w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
+    }
+    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
+    cfg.blockDim = dim3(256);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<64>, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64,
+                                  (int64_t)SH::XU, (int64_t)NCOL * 128, 2, 128.f));
+    static bool attr_set[2];
+    if (SH::SMEM > 48 * 1024 && !attr_set[gl ? 1 : 0]) {
+        if (gl)
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_glu_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)SH::SMEM));
+        else
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)SH::SMEM));
+        attr_set[gl ? 1 : 0] = true;
+    }
+    cfg.gridDim = dim3((unsigned)(w.first[w.n] * CL));
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = SH::SMEM;
+    at[1].id = cudaLaunchAttributeClusterDimension;
+    at[1].val.clusterDim.x = (unsigned)CL;
+    at[1].val.clusterDim.y = 1;
+    at[1].val.clusterDim.z = 1;
+    if (tc_pdl_on()) cfg.attrs = at, cfg.numAttrs = 2;
+    else cfg.attrs = at + 1, cfg.numAttrs = 1;
+    if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_wg_glu_kernel<NCOL>, w.a[0], *gl));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_wg_kernel<NCOL>, w));
+    __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
+    return PT_OK;
+}
+
 /* 2 to 8 rows through the XP kernels too (16-warp blocks, x prepared once
  * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B; the same
  * bits either way: the block size and x's staging only decide when x is
@@ -423,6 +498,11 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         const pt_status st = tc_launch_xp<BITS, GS, 1>(c, m, grouped, gl);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
+    if constexpr (BITS == 4 && GS == 64)
+        if (nb > 16 && items == 1 && tc_wg() && tc_xpre()) {
+            const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl) : tc_launch_wg<64>(c, m, gl);
+            if (st != PT_ERR_UNSUPPORTED) return st;
+        }
     const int wide = nb > 8 && tc_wide();
     PT_TRY(table(wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS));
     if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped, 1, gl);

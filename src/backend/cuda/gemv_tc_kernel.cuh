@@ -349,6 +349,11 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
  * stored). Its Σx piece is [KS/GS][ncol/2][4]: per group and column pair,
  * Σx of the even and the odd column, then each times c128 (the fold's C,
  * rounded as the fold's own __fmul_rn(C128, Σx) was). */
+/* wg (xl = 2, 4-bit, KS = 64: gemv_wg_kernel.cuh): each 64-value unit is
+ * [4 k16 steps m][2 k halves h][ncol rows][16 bytes], row n's 16 bytes of
+ * (m, h) holding values 16m + 4t + 2h + {0, 1}, t = 0..3 (wgmma's K-major
+ * core matrices in the order of the codes' A fragments), then the Σx piece
+ * as xl's. */
 template <int GS>
 __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, int nb, int K, int ncol, int KS,
                                                        int XS, int64_t XB, int64_t sxoff, int xl, float c128) {
@@ -367,7 +372,12 @@ __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb,
         u = __ldg(src), v = __ldg(src + 1);
         uint4 o;
         o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
-        if (xl) { /* values kk … kk+3 are lane t's, kk+4 … kk+7 lane t+1's, both of mma m */
+        if (xl == 2) { /* wg: values kk + {0,1}, +{4,5} in k half 0, +{2,3}, +{6,7} in k half 1 */
+            const int m = (kk & 63) >> 4, t0 = (kk & 15) >> 2;
+            char *rb = sb + (int64_t)m * ncol * 32 + (int64_t)n * 16 + t0 * 4;
+            *reinterpret_cast<uint2 *>(rb) = make_uint2(o.x, o.z);
+            *reinterpret_cast<uint2 *>(rb + ncol * 16) = make_uint2(o.y, o.w);
+        } else if (xl) { /* values kk … kk+3 are lane t's, kk+4 … kk+7 lane t+1's, both of mma m */
             const int kl = kk & 63, m = kl >> 4, t0 = (kl & 15) >> 2;
             char *rb = sb + (int64_t)(kk >> 6) * ncol * 128 + (int64_t)n * 128 + (m & 1) * 8;
             *reinterpret_cast<uint2 *>(rb + ((2 * t0 + (m >> 1)) ^ (n & 1)) * 16) = make_uint2(o.x, o.y);

@@ -1,0 +1,316 @@
+/* The many-row decode GEMV on Hopper's warpgroup MMA (wgmma): the tensor-
+ * core GEMV of gemv_tc_kernel.cuh for 4-bit weights with group size 64 and
+ * 17..64 activation rows, with the very same floating-point operations in
+ * the same order, so every output has the bits the mma.sync kernels give it
+ * at any row count (batch invariance, matmul_rows).
+ *
+ * Why: at 64 rows the mma.sync kernels are latency-bound: one 16-warp block
+ * per SM, ~450 instructions per 32 mma.sync (the B fragments of x loaded
+ * from shared memory by every warp, the mma chains waited on in registers)
+ * at ~0.5 instructions per cycle. Here one warpgroup (4 warps, 64 weight
+ * rows: a "quad" of 4 tiles) issues per 64-value group four
+ * wgmma.m64nNk16 (N = 32 or 64 columns: the activation rows) whose A
+ * operands are the same register fragments the mma.sync kernels build
+ * (codes OR-ed into bf16 128.0: tc_pair_c) and whose B operand is x read by
+ * the tensor cores straight from shared memory; the wgmma runs
+ * asynchronously and the next unit's copies are in flight. Each 64-deep
+ * chain rounds exactly as the mma.sync chain of the same operands
+ * (dev/wgmma_bits.cu: 0 of 75.5M outputs differ; its first step with
+ * scale-d 0: wg_issue64 says why that is the same bits).
+ *
+ * Per-group fold, unit order, split and reduction: as gemv_tc_block. The
+ * weight's split S (tc_split, from its shape only) gives the units of a
+ * quad to S blocks, block s taking units s, s + S, ... in order and folding
+ * each group into its totals with tc_fold4 (C·Σx from the x prepare, as
+ * the XL kernels). The S blocks of a quad are one thread-block cluster (2S
+ * with GLU: the upper S run the up weight over the same rows). After the
+ * last unit every block stores its partial totals, piece by piece (16 rows
+ * × 8 columns), into the receive buffer of the piece's owner in the
+ * cluster (distributed shared memory); after one cluster barrier each owner
+ * adds its pieces' S partials in split order from 0.f, adds the bias,
+ * rounds, applies pt_glu_val (GLU), and stores: each output is the sum
+ * gemv_tc_block's epilogue computes, term for term.
+ *
+ * x: tc_xprep_kernel's wg layout (xl = 2), one 64-value unit per stage:
+ * [4 k16 steps][2 k halves][NCOL columns][16 bytes] — a column's 16 bytes
+ * of k half h of step m hold the values 16m + 4t + 2h + {0, 1}, t = 0..3,
+ * which are the logical k 8h + 2t + {0, 1} of the mma.sync B fragment the
+ * tensor-core layout of the codes pairs them with — so wgmma's K-major core
+ * matrices (8 columns × 16 bytes; k halves NCOL·16 bytes apart, column
+ * octets 128) see each x value where mma.sync's lane t saw it; then per
+ * column pair (Σx even, Σx odd, C·Σx even, C·Σx odd) as the XL layout.
+ *
+ * Memory: two rings per block, filled by warp 0's lanes with bulk copies
+ * (TMA) completing on each stage's mbarrier: x units (from L2: DX stages)
+ * and the weights of a unit (per tile its 512-byte code block and 64-byte
+ * scale|bias group: DW stages, deeper, since they come from memory). A
+ * unit's stages are refilled after the block's barrier that follows its
+ * wgmma wait and fold. */
+#ifndef PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
+#define PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
+
+#include "backend/cuda/gemv_tc_kernel.cuh"
+
+
+/* Bytes of one x unit (64 K values, NCOL columns), of a unit's weights,
+ * and the shared-memory layout of a block. */
+template <int NCOL>
+struct wg_shape {
+    static constexpr int DX = 3;                    /* x ring stages (x comes from L2) */
+    static constexpr int DW = NCOL == 64 ? 3 : 6;   /* weight ring stages */
+    static constexpr int XU = NCOL * 128 + NCOL * 8;
+    static constexpr int NW = 4;                    /* tiles (warps) per block */
+    static constexpr int WB = NW * 512 + NW * 64;   /* codes, then scale|bias, of the block's tiles */
+    static constexpr int WO = DX * XU;              /* the weight ring's offset */
+    static constexpr int MO = WO + DW * WB;         /* the mbarriers' (x ring, then weight ring) */
+    static constexpr int RB = NCOL * 256;           /* the partials received from the cluster (bytes) */
+    static constexpr int RBO = MO + 8 * (DX + DW);  /* their offset */
+    static constexpr size_t SMEM = (size_t)RBO + RB;
+};
+
+/* B descriptor (no swizzle, K-major core matrices): start, LBO (k halves)
+ * NCOL·16 bytes, SBO (column octets) 128 bytes. */
+template <int NCOL>
+__device__ __forceinline__ uint64_t wg_desc(unsigned addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((NCOL * 16) >> 4) << 16) | ((uint64_t)(128 >> 4) << 32);
+}
+
+#define WG_STEP64                                                                                                   \
+    "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, " \
+    "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define WG_STEP32                                                                                                   \
+    "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, " \
+    "%13, %14, %15}, "
+
+/* One group issued: D = Σ over the 4 k16 steps of A_m · B_m, the first step
+ * with scale-d 0 (D = A·B), committed as one wgmma group, not waited on.
+ * am: the codes' A fragments per step; desc: B of step 0 (steps are
+ * 2·NCOL·16 bytes apart). The mma.sync chains start from a cleared
+ * accumulator (D = A·B + 0), which differs from A·B only when A·B is −0 —
+ * every x of the group −0 (the codes are positive) — and then the fold's
+ * D − C·Σx is +0 either way (Σx and C·Σx are −0 too): the same bits. */
+__device__ __forceinline__ void wg_issue64(float (&d)[32], const uint32_t (&am)[4][4], uint64_t desc) {
+    const uint64_t st = (uint64_t)((2 * 64 * 16) >> 4);
+    asm volatile(
+        "{\n.reg .pred pz;\nsetp.ne.b32 pz, %52, 0;\n"
+        "wgmma.fence.sync.aligned;\n"
+        WG_STEP64 "{%32,%33,%34,%35}, %48, pz, 1, 1, 0;\n"
+        WG_STEP64 "{%36,%37,%38,%39}, %49, 1, 1, 1, 0;\n"
+        WG_STEP64 "{%40,%41,%42,%43}, %50, 1, 1, 1, 0;\n"
+        WG_STEP64 "{%44,%45,%46,%47}, %51, 1, 1, 1, 0;\n"
+        "wgmma.commit_group.sync.aligned;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(am[0][0]), "r"(am[0][1]), "r"(am[0][2]), "r"(am[0][3]), "r"(am[1][0]), "r"(am[1][1]), "r"(am[1][2]),
+          "r"(am[1][3]), "r"(am[2][0]), "r"(am[2][1]), "r"(am[2][2]), "r"(am[2][3]), "r"(am[3][0]), "r"(am[3][1]),
+          "r"(am[3][2]), "r"(am[3][3]), "l"(desc), "l"(desc + st), "l"(desc + 2 * st), "l"(desc + 3 * st), "r"(0)
+        : "memory");
+}
+__device__ __forceinline__ void wg_issue32(float (&d)[16], const uint32_t (&am)[4][4], uint64_t desc) {
+    const uint64_t st = (uint64_t)((2 * 32 * 16) >> 4);
+    asm volatile(
+        "{\n.reg .pred pz;\nsetp.ne.b32 pz, %36, 0;\n"
+        "wgmma.fence.sync.aligned;\n"
+        WG_STEP32 "{%16,%17,%18,%19}, %32, pz, 1, 1, 0;\n"
+        WG_STEP32 "{%20,%21,%22,%23}, %33, 1, 1, 1, 0;\n"
+        WG_STEP32 "{%24,%25,%26,%27}, %34, 1, 1, 1, 0;\n"
+        WG_STEP32 "{%28,%29,%30,%31}, %35, 1, 1, 1, 0;\n"
+        "wgmma.commit_group.sync.aligned;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(am[0][0]), "r"(am[0][1]), "r"(am[0][2]), "r"(am[0][3]), "r"(am[1][0]), "r"(am[1][1]), "r"(am[1][2]),
+          "r"(am[1][3]), "r"(am[2][0]), "r"(am[2][1]), "r"(am[2][2]), "r"(am[2][3]), "r"(am[3][0]), "r"(am[3][1]),
+          "r"(am[3][2]), "r"(am[3][3]), "l"(desc), "l"(desc + st), "l"(desc + 2 * st), "l"(desc + 3 * st), "r"(0)
+        : "memory");
+}
+/* Waits until at most N issued groups are pending, then pins the waited
+ * accumulators d (the compiler may not read them before this point). */
+template <int N, int ND>
+__device__ __forceinline__ void wg_wait(float (&d)[ND]) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#pragma unroll
+    for (int k = 0; k < ND; k++) asm volatile("" : "+f"(d[k])::"memory");
+}
+
+/* The grouped launch's table: weight i owns clusters [first[i], first[i+1]). */
+struct wg_multi_args {
+    tc_args a[PT_TC_MULTI];
+    int first[PT_TC_MULTI + 1];
+    int n;
+};
+
+/* One cluster's work: quad qg (64 rows) of weight a, cluster rank r of
+ * CL = S (or 2S with GLU: the upper S run the up weight). */
+template <int NCOL, bool GLU>
+__device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, const tc_glu &gl) {
+    using SH = wg_shape<NCOL>;
+    constexpr int NT = NCOL / 8, NW = SH::NW, NTH = NW * 32;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int S = a.S, CL = GLU ? 2 * S : S;
+    const int r = (int)tc_cluster_rank();
+    const bool upw = GLU && r >= S;
+    const int s = upw ? r - S : r;
+    const int K = a.K, N = a.N, nb = a.nb;
+    const int tpe = (N + 15) / 16, NU = K / 64;
+    const int nu = s < NU ? (NU - s + S - 1) / S : 0; /* this block's units: s, s + S, ... */
+    uint64_t *xbar = reinterpret_cast<uint64_t *>(smem + SH::MO), *wbar = xbar + SH::DX;
+    const uint4 *wbase = upw ? gl.w2 : a.w, *sbbase = upw ? gl.sb2 : a.sb;
+
+    /* warp 0: unit i of this block's weights into weight stage i % DW (lane
+     * l < NW: tile l's codes, NW <= l < 2·NW: its scale|bias group), its x
+     * into x stage i % DX (lane 2·NW); lane 0 sets the expected bytes first */
+    auto issue_w = [&](int i) {
+        const int sl = i % SH::DW;
+        unsigned char *st = smem + SH::WO + sl * SH::WB;
+        const int64_t u = (int64_t)s + (int64_t)i * S;
+        if (lane == 0) tc_mbar_expect(&wbar[sl], (unsigned)SH::WB);
+        __syncwarp();
+        if (lane < 2 * NW) {
+            const int w = lane % NW, tq = qg * NW + w;
+            const int tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
+            if (lane < NW) tc_bulk(st + w * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[sl]);
+            else tc_bulk(st + NW * 512 + w * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[sl]);
+        }
+    };
+    auto issue_x = [&](int i) {
+        const int sl = i % SH::DX;
+        const int64_t u = (int64_t)s + (int64_t)i * S;
+        if (lane == 2 * NW) {
+            tc_mbar_expect(&xbar[sl], (unsigned)SH::XU);
+            tc_bulk(smem + sl * SH::XU, reinterpret_cast<const char *>(a.xb) + u * SH::XU, (unsigned)SH::XU,
+                    &xbar[sl]);
+        }
+    };
+    if (warp == 0) {
+        if (lane == 0)
+            for (int i = 0; i < SH::DX + SH::DW; i++) tc_mbar_init(&xbar[i]);
+        __syncwarp();
+        /* the weights of the first stages before the wait (constants), x after */
+        for (int i = 0; i < SH::DW && i < nu; i++) issue_w(i);
+    }
+    tc_pdl_wait(); /* x is written by the previous kernels */
+    if (warp == 0)
+        for (int i = 0; i < SH::DX && i < nu; i++) issue_x(i);
+    __syncthreads(); /* the mbarriers are initialized before anyone waits on them */
+
+    float tot[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) tot[n][i] = 0.f;
+    uint32_t c43 = 0x43004300u; /* in a register (tc_pair_c) */
+    asm volatile("mov.b32 %0, %0;\n" : "+r"(c43));
+    const unsigned sbase = tc_saddr(smem);
+
+    /* unit i's A fragments and scale|bias words (its weight stage waited on) */
+    auto load_a = [&](int i, uint32_t (&am)[4][4], uint2 &sbv) {
+        const int wl = i % SH::DW;
+        const unsigned char *wst = smem + SH::WO + wl * SH::WB;
+        tc_mbar_wait(&wbar[wl], (unsigned)(i / SH::DW) & 1u);
+        const uint4 wv = *reinterpret_cast<const uint4 *>(wst + warp * 512 + lane * 16);
+        sbv = *reinterpret_cast<const uint2 *>(wst + NW * 512 + warp * 64 + g * 8);
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+            am[m][0] = tc_pair_c(wd, 0, c43), am[m][1] = tc_pair_c(wd, 1, c43), am[m][2] = tc_pair_c(wd, 2, c43),
+            am[m][3] = tc_pair_c(wd, 3, c43);
+        }
+    };
+    /* unit i's wgmma group into d (its x stage waited on) */
+    auto issue_mma = [&](int i, float (&d)[NCOL / 2], const uint32_t (&am)[4][4]) {
+        const int xl = i % SH::DX;
+        tc_mbar_wait(&xbar[xl], (unsigned)(i / SH::DX) & 1u);
+        const uint64_t desc = wg_desc<NCOL>(sbase + (unsigned)(xl * SH::XU));
+        if constexpr (NCOL == 64) wg_issue64(d, am, desc);
+        else wg_issue32(d, am, desc);
+    };
+    /* unit i's fold of d into tot, then its stages refilled */
+    auto fold = [&](int i, const float (&d)[NCOL / 2], const uint2 sbv) {
+        const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
+        const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
+        const float *sxs = reinterpret_cast<const float *>(smem + (i % SH::DX) * SH::XU + NCOL * 128);
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            const float4 v = *reinterpret_cast<const float4 *>(sxs + (8 * n + 2 * t) * 2);
+            float acc[4] = {d[4 * n], d[4 * n + 1], d[4 * n + 2], d[4 * n + 3]};
+            tc_fold4<false>(tot[n], acc, sc0, bi0, sc1, bi1, v.x, v.y, v.z, v.w);
+        }
+        __syncthreads(); /* every warp is done with unit i's stages */
+        if (warp == 0) {
+            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            if (i + SH::DW < nu) issue_w(i + SH::DW);
+            if (i + SH::DX < nu) issue_x(i + SH::DX);
+        }
+    };
+    uint32_t am[4][4];
+    float d[NCOL / 2];
+    for (int i = 0; i < nu; i++) {
+        uint2 sbv;
+        load_a(i, am, sbv);
+        issue_mma(i, d, am);
+        wg_wait<0>(d);
+        fold(i, d, sbv);
+    }
+    tc_pdl_trigger();
+
+    /* The reduction: the block's (n-tile n, warp w) pieces of 16 rows × 8
+     * columns, pi = n·NW + w, are owned by cluster rank pi mod CL; every
+     * block stores its partials of each piece into the owner's receive
+     * buffer [CL sources][PP pieces][16][8] (distributed shared memory, its
+     * own region: no block's ring is touched), one cluster barrier, then
+     * each owner adds its pieces' S partials in split order from 0.f. */
+    constexpr int PP = NW * NT; /* pieces per block; CL divides it (CL <= 8 <= PP) */
+    const int pp = PP / CL;
+    const unsigned rbuf = sbase + (unsigned)SH::RBO;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const int pi = n * NW + warp, own = pi % CL, lp = pi / CL;
+        const unsigned la = rbuf + (unsigned)((((r * pp + lp) * 16 + g) * 8 + 2 * t) * 4);
+        unsigned ra;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(la), "r"(own));
+        asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(ra), "f"(tot[n][0]), "f"(tot[n][1]) : "memory");
+        asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(ra + 8 * 8 * 4), "f"(tot[n][2]), "f"(tot[n][3])
+                     : "memory");
+    }
+    tc_cluster_sync();
+    const float *rb = reinterpret_cast<const float *>(smem + SH::RBO);
+    float *y = a.y;
+    for (int o = tid; o < pp * 128; o += NTH) {
+        const int lp = o >> 7, c8 = (o >> 4) & 7, r16 = o & 15;
+        const int pi = lp * CL + r, n = pi / NW, w = pi % NW;
+        const int row = (qg * NW + w) * 16 + r16, col = 8 * n + c8;
+        if (row >= N || col >= nb) continue;
+        const float *q = rb + (lp * 16 + r16) * 8 + c8;
+        float v = 0.f;
+        for (int ss = 0; ss < S; ss++) v += q[ss * pp * 128];
+        if (a.bias) v += pt_ld(a.bt, a.bias, row);
+        float out = pt_round_bf(v);
+        if constexpr (GLU) {
+            float u = 0.f;
+            for (int ss = 0; ss < S; ss++) u += q[(S + ss) * pp * 128];
+            if (gl.bias2) u += pt_ld(gl.bt2, gl.bias2, row);
+            out = pt_glu_val(gl.fn, out, pt_round_bf(u), gl.bf);
+        }
+        y[(int64_t)col * a.ldy + row] = out;
+    }
+}
+
+template <int NCOL>
+__global__ void __launch_bounds__(128, 4) gemv_wg_kernel(wg_multi_args m) {
+    const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
+    int i = 0;
+#pragma unroll
+    for (int j = 1; j < PT_TC_MULTI; j++)
+        if (j < m.n && c >= m.first[j]) i = j;
+    gemv_wg_block<NCOL, false>(m.a[i], c - m.first[i], tc_glu());
+}
+
+template <int NCOL>
+__global__ void __launch_bounds__(128, 4) gemv_wg_glu_kernel(tc_args a, tc_glu g) {
+    gemv_wg_block<NCOL, true>(a, (int)(blockIdx.x / (unsigned)(2 * a.S)), g);
+}
+
+#endif
