@@ -280,6 +280,26 @@ static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
     return r == 1;
 }
 
+/* The x prepare (tc_xprep_kernel) of nb rows of x [nb, K] into xb, with
+ * programmatic dependent launch where it is on; the layout arguments as
+ * the kernel takes them. */
+template <int GS>
+static pt_status tc_xprep(const pt_cuda *c, const float *x, bf16 *xb, int nb, int K, int ncol, int KS, int XS,
+                          int64_t XB, int64_t sxoff, int xl, float c128) {
+    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
+    cfg.blockDim = dim3(256);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, x, xb, nb, K, ncol, KS, XS, XB, sxoff, xl, c128));
+    return PT_OK;
+}
+
 /* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
  * nothing launched, m unchanged): the x prepare kernel, then the GEMV. */
 template <int BITS, int GS, int NT>
@@ -317,23 +337,11 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
     }
     if (!xst) xl = false; /* only after a pass without it (the loop above) */
     for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
-    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
-    cfg.blockDim = dim3(256);
-    cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
     const float c128 = BITS == 4 ? 128.f : 128.f * 17.f; /* the fold's C128 */
     if (xst)
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
-                                      xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl, c128));
-    else
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0,
-                                      (int64_t)xbb, 0, c128));
+        PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
+                            xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl, c128));
+    else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0, (int64_t)xbb, 0, c128));
     /* clusters need one stage schedule in all their blocks: every weight's
      * units per stage equal (K and nb are); the grid is padded to a whole
      * number of clusters with blocks past the last weight's tiles (they
@@ -393,18 +401,8 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         w.a[i].xb = (const bf16 *)c->tile;
         w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
     }
-    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
-    cfg.blockDim = dim3(256);
-    cfg.stream = c->stream;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<64>, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64,
-                                  (int64_t)SH::XU, (int64_t)NCOL * 128, 2, 128.f));
+    PT_TRY(tc_xprep<64>(c, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2,
+                        128.f));
     static bool attr_set[2];
     if (SH::SMEM > 48 * 1024 && !attr_set[gl ? 1 : 0]) {
         if (gl)
@@ -415,9 +413,14 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
                                             (int)SH::SMEM));
         attr_set[gl ? 1 : 0] = true;
     }
+    cudaLaunchConfig_t cfg = {};
+    cfg.stream = c->stream;
     cfg.gridDim = dim3((unsigned)(w.first[w.n] * CL));
     cfg.blockDim = dim3(128);
     cfg.dynamicSmemBytes = SH::SMEM;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
     at[1].id = cudaLaunchAttributeClusterDimension;
     at[1].val.clusterDim.x = (unsigned)CL;
     at[1].val.clusterDim.y = 1;
