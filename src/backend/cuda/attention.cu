@@ -137,27 +137,15 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
     /* pass 1: max and sum of exp (online within a warp, merged across warps) */
     float m = -INFINITY, l = 0.f;
     for (int64_t j = lo + warp; j <= hi; j += ATTN_WARPS) {
-        const float s = score<KT, NPL>(qr, kb + (j % a.cap) * hd, lane, hd, a);
-        if (s > m) {
-            l = l * expf(m - s) + 1.f;
-            m = s;
-        } else {
-            l += expf(s - m);
-        }
+        pt_softmax_push(score<KT, NPL>(qr, kb + (j % a.cap) * hd, lane, hd, a), m, l);
     }
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
     }
     __syncthreads();
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.f;
-#pragma unroll
-    for (int w = 0; w < ATTN_WARPS; w++)
-        if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    const float inv = 1.0f / L;
+    float M;
+    const float inv = pt_softmax_warps<ATTN_WARPS>(sm_m, sm_l, M);
     /* pass 2: p·v */
     float acc[NPL];
 #pragma unroll
@@ -356,8 +344,7 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
     }
 }
 
-/* out[b, h, e] = row b's used splits' partial outputs added in split order,
- * rounded in bf16 mode; a padding row (no split used) gets zeros. */
+/* decode_split.cuh */
 __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
     pt_release_dependents();
     pt_wait_primary();
@@ -367,7 +354,15 @@ __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
         int64_t used;
         const float *Pb = dec_merge_src(a, i, nh, hd, per_row, nsplit, used);
         float v = 0.f;
-        for (int64_t s = 0; s < used; s++) v += Pb[s * hd];
+        int64_t s = 0;
+        for (; s + 8 <= used; s += 8) {
+            float x[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) x[k] = Pb[(s + k) * hd];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += x[k];
+        }
+        for (; s < used; s++) v += Pb[s * hd];
         a.out[i] = pt_rnd(a.bf, v);
     }
 }

@@ -46,7 +46,7 @@
  *       batch's p = round(exp(s − M) / L) lane-parallel into its own shared
  *       buffer and accumulates p·v in f32. The split's output: the key slots
  *       of a warp added by an xor butterfly, the warps added in warp order.
- *   merge (dec2_merge_kernel): the used splits' partial outputs in split
+ *   merge (dec_rows_merge_kernel, attention.cu): the used splits' partial outputs in split
  *       order, 8 loads in flight per thread.
  * Which lane takes which key and every reduction order are fixed by the
  * shape (never by the rows of the launch or the grid height), so a row
@@ -350,30 +350,6 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     }
 }
 
-/* dec_rows_merge_kernel's sum (the used splits in split order) with 8 of a
- * thread's loads in flight at once instead of one after another. */
-__global__ void dec2_merge_kernel(pt_dec_rows a, int64_t B) {
-    pt_release_dependents();
-    pt_wait_primary();
-    const int nh = a.nh, hd = a.hd;
-    const int64_t per_row = (int64_t)nh * hd, total = B * per_row, nsplit = a.nsplit;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t used;
-        const float *Pb = dec_merge_src(a, i, nh, hd, per_row, nsplit, used);
-        float v = 0.f;
-        int64_t s = 0;
-        for (; s + 8 <= used; s += 8) {
-            float x[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[k] = Pb[(s + k) * hd];
-#pragma unroll
-            for (int k = 0; k < 8; k++) v += x[k];
-        }
-        for (; s < used; s++) v += Pb[s * hd];
-        a.out[i] = pt_rnd(a.bf, v);
-    }
-}
-
 /* The v2 launches over grid for cache dtype KT, R = hd·sizeof(KT)/16 in
  * [4, 64] (the caller checks): scores with LPR = the power of two >= R/4
  * (4 chunks per lane); p·V with LPR = the power of two >= R, one chunk per
@@ -430,7 +406,7 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_i
 #undef PT_PV_G
 #undef PT_PV
     CUDA_CHECK_LAUNCH("decode attention p·v");
-    pt_launch(dec2_merge_kernel, dim3(pt_cuda_blocks(B * a.nh * a.hd, 256)), dim3(256), 0, c->stream, pt_pdl_chain(),
+    pt_launch(dec_rows_merge_kernel, dim3(pt_cuda_blocks(B * a.nh * a.hd, 256)), dim3(256), 0, c->stream, pt_pdl_chain(),
               a, B);
     CUDA_CHECK_LAUNCH("decode attention merge");
     return PT_OK;

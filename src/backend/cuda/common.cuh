@@ -104,6 +104,22 @@ __device__ __forceinline__ void pt_softmax_push(float s, float &m, float &l) {
     }
 }
 
+/* The block's max M over W warps' running statistics (sm_m, sm_l: each
+ * warp's m and l, pt_softmax_push), and 1/L for the sum L of the warps'
+ * sums rescaled to M, added in warp order (warps without keys add
+ * nothing). */
+template <int W>
+__device__ __forceinline__ float pt_softmax_warps(const float *sm_m, const float *sm_l, float &M) {
+    M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < W; w++)
+        if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    return 1.0f / L;
+}
+
 /* A block's (max, sum) pair for one key range from its threads' running
  * statistics (pt_softmax_push): the block max and the threads' sums rescaled
  * to it, threads without keys adding nothing. Every thread gets it; the

@@ -82,6 +82,13 @@ __device__ __forceinline__ const float *dec_merge_src(const pt_dec_rows &a, int6
     return a.P + (b * nh + h) * nsplit * hd + e;
 }
 
+/* out[b, h, e] = row b's used splits' partial outputs added in split
+ * order (8 of a thread's loads in flight at once), rounded in bf16 mode; a
+ * padding row (no split used) gets zeros. The merge of both generations of
+ * the split decode (defined in attention.cu, launched by attention_dec2.cu
+ * too). */
+__global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B);
+
 /* The second generation's scores, p·V and merge launches over grid for
  * cache dtype KT (attention_dec2.cu; KT float, __nv_bfloat16, __half), R =
  * hd·sizeof(KT)/16 in [4, 64], the scratch and splits set (attention.cu's

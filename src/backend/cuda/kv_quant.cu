@@ -259,24 +259,12 @@ __global__ void __launch_bounds__(QA_WARPS * 32) qattn_kernel(qattn_args a) {
     }
     float m = -INFINITY, l = 0.f;
     for (int64_t j = lo + warp; j <= hi; j += QA_WARPS) {
-        const float s = qscore<NPL>(qr, a, rbase + j % a.c.cap, lane);
-        if (s > m) {
-            l = l * expf(m - s) + 1.f;
-            m = s;
-        } else {
-            l += expf(s - m);
-        }
+        pt_softmax_push(qscore<NPL>(qr, a, rbase + j % a.c.cap, lane), m, l);
     }
     if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
     __syncthreads();
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < QA_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.f;
-#pragma unroll
-    for (int w = 0; w < QA_WARPS; w++)
-        if (sm_m[w] != -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    const float inv = 1.0f / L;
+    float M;
+    const float inv = pt_softmax_warps<QA_WARPS>(sm_m, sm_l, M);
     float acc[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) acc[i] = 0.f;
