@@ -20,6 +20,9 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static pt_backend *G_[2], *C_[2]; /* [act]: CUDA and CPU backends (0: f32, 1: bf16) */
 static int have_gpu;
@@ -70,5 +73,80 @@ static void teardown(void) {
         worst_seen = 0;                                          \
     } while (0)
 #define REPORT() printf("MEASURE %s: worst |diff|/tolerance %.3f\n", test_current, worst_seen)
+
+/* ---- kv_append + attention, CUDA against the CPU ---- */
+
+typedef struct {
+    int nh, nkv, hd;
+    int64_t cap;
+    int p0, T, window;
+    float softcap;
+    pt_ftype dt;
+} acase;
+
+enum { ATTN_TWICE = 1, ATTN_CACHE = 2 };
+
+/* Fills both backends' caches with positions [0, p0) in chunks of up to 64
+ * rows, as the forward pass does, then appends the chunk [p0, p0 + T) and
+ * attends with it (act a, keys in [-kr, kr], values in [-1, 1], queries in
+ * [-2, 2]), comparing CUDA with the CPU; ATTN_TWICE: the CUDA attention runs
+ * again and must give the same bytes; ATTN_CACHE: the caches' key bytes
+ * must be equal. label names the check. */
+static inline int attn_check(int a, const acase *c, const char *label, float kr, int flags) {
+    pt_backend *G = G_[a], *C = C_[a];
+    const size_t cb = (size_t)c->nkv * (size_t)c->cap * (size_t)c->hd * pt_ftype_size(c->dt);
+    pt_kv_layer kc = {.n_kv = c->nkv, .head_dim = c->hd, .capacity = c->cap, .dtype = c->dt}, kg = kc;
+    kc.k = calloc(cb, 1), kc.v = calloc(cb, 1);
+    kg.k = put(G, NULL, cb), kg.v = put(G, NULL, cb);
+    const int maxc = c->T > 64 ? c->T : 64;
+    const int64_t qn = (int64_t)maxc * c->nh * c->hd, kvn = (int64_t)maxc * c->nkv * c->hd;
+    float *q = malloc(qn * 4), *k = malloc(kvn * 4), *v = malloc(kvn * 4), *oc = malloc(qn * 4), *og = malloc(qn * 4),
+          *og2 = malloc(qn * 4);
+    float *qd = put(G, NULL, qn * 4), *kd = put(G, NULL, kvn * 4), *vd = put(G, NULL, kvn * 4), *od = put(G, NULL, qn * 4);
+    int32_t *pos = malloc(maxc * 4), *pd = put(G, NULL, maxc * 4);
+    pt_attn p = {.n_heads = c->nh, .head_dim = c->hd, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
+                 .window = c->window};
+    int ok = 1;
+    const int total = c->p0 + c->T;
+    for (int s0 = 0; s0 < total && ok;) {
+        int n = s0 < c->p0 ? (c->p0 - s0 < 64 ? c->p0 - s0 : 64) : c->T;
+        if (n > c->cap) n = (int)c->cap;
+        for (int t = 0; t < n; t++) pos[t] = s0 + t;
+        fill_act(k, (int64_t)n * c->nkv * c->hd, -kr, kr, a);
+        fill_act(v, (int64_t)n * c->nkv * c->hd, -1, 1, a);
+        fill_act(q, (int64_t)n * c->nh * c->hd, -2, 2, a);
+        G->ops->upload(G, pd, pos, n * 4);
+        G->ops->upload(G, kd, k, (size_t)n * c->nkv * c->hd * 4);
+        G->ops->upload(G, vd, v, (size_t)n * c->nkv * c->hd * 4);
+        G->ops->upload(G, qd, q, (size_t)n * c->nh * c->hd * 4);
+        CHECK(C->ops->kv_append(C, &kc, k, v, n, pos) == PT_OK, "cpu kv_append: %s", pt_last_error());
+        CHECK(G->ops->kv_append(G, &kg, kd, vd, n, pd) == PT_OK, "cuda kv_append: %s", pt_last_error());
+        s0 += n;
+        if (s0 < total) continue;
+        pt_status s = C->ops->attention(C, oc, q, n, pos, &kc, &p);
+        CHECK(s == PT_OK, "cpu attention: %s", pt_last_error());
+        const size_t ob = (size_t)n * c->nh * c->hd * 4;
+        s = G->ops->attention(G, od, qd, n, pd, &kg, &p);
+        if (s == PT_OK) s = G->ops->download(G, og, od, ob);
+        if (s == PT_OK && (flags & ATTN_TWICE)) s = G->ops->attention(G, od, qd, n, pd, &kg, &p);
+        if (s == PT_OK && (flags & ATTN_TWICE)) s = G->ops->download(G, og2, od, ob);
+        CHECK(s == PT_OK, "cuda attention: %s", pt_last_error());
+        char what[200];
+        snprintf(what, sizeof what, "%s act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s", label, a,
+                 c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt));
+        ok = s == PT_OK && compare(what, og, oc, (int64_t)n * c->nh * c->hd, a ? 2e-2 : 1e-5, a ? 2e-2 : 1e-4);
+        if (flags & ATTN_TWICE) CHECK(!memcmp(og, og2, ob), "%s: a second run differs", what);
+        if (flags & ATTN_CACHE) { /* the cache itself: same rows, same conversion */
+            void *kh = malloc(cb);
+            G->ops->download(G, kh, kg.k, cb);
+            CHECK(memcmp(kh, kc.k, cb) == 0, "%s: cache contents differ", what);
+            free(kh);
+        }
+    }
+    G->ops->dealloc(G, kg.k), G->ops->dealloc(G, kg.v), G->ops->dealloc(G, qd), G->ops->dealloc(G, kd);
+    G->ops->dealloc(G, vd), G->ops->dealloc(G, od), G->ops->dealloc(G, pd);
+    free(kc.k), free(kc.v), free(q), free(k), free(v), free(oc), free(og), free(og2), free(pos);
+    return ok && !test_failed_current;
+}
 
 #endif

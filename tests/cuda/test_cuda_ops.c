@@ -274,74 +274,7 @@ static void test_rope(void) {
     REPORT();
 }
 
-/* ---- kv_append + attention ---- */
-
-typedef struct {
-    int nh, nkv, hd;
-    int64_t cap;
-    int p0, T, window;
-    float softcap;
-    pt_ftype dt;
-} acase;
-
-static int run_attn(int a, const acase *c) {
-    pt_backend *G = G_[a], *C = C_[a];
-    /* Fill the cache with positions [0, p0 + T) in chunks, as the forward pass
-     * does, then attend with the last chunk. */
-    size_t es = pt_ftype_size(c->dt);
-    size_t cbytes = (size_t)c->nkv * (size_t)c->cap * (size_t)c->hd * es;
-    pt_kv_layer kc = {.n_kv = c->nkv, .head_dim = c->hd, .capacity = c->cap, .dtype = c->dt};
-    pt_kv_layer kg = kc;
-    kc.k = calloc(cbytes, 1), kc.v = calloc(cbytes, 1);
-    kg.k = put(G, NULL, cbytes), kg.v = put(G, NULL, cbytes);
-    /* positions [0, p0) in prefill chunks of up to 64 rows, then the chunk
-     * [p0, p0 + T) that is attended with */
-    const int maxc = c->T > 64 ? c->T : 64;
-    int64_t qn = (int64_t)maxc * c->nh * c->hd, kvn = (int64_t)maxc * c->nkv * c->hd;
-    float *q = malloc(qn * 4), *k = malloc(kvn * 4), *v = malloc(kvn * 4), *oc = malloc(qn * 4), *og = malloc(qn * 4);
-    float *qd = put(G, NULL, qn * 4), *kd = put(G, NULL, kvn * 4), *vd = put(G, NULL, kvn * 4),
-          *od = put(G, NULL, qn * 4);
-    int32_t *pos = malloc(maxc * 4), *pd = put(G, NULL, maxc * 4);
-    pt_attn p = {.n_heads = c->nh, .head_dim = c->hd, .scale = 1.0f / sqrtf((float)c->hd), .softcap = c->softcap,
-                 .window = c->window};
-    int ok = 1;
-    const int total = c->p0 + c->T;
-    for (int s0 = 0; s0 < total && ok;) {
-        int n = s0 < c->p0 ? (c->p0 - s0 < 64 ? c->p0 - s0 : 64) : c->T;
-        if (n > c->cap) n = (int)c->cap;
-        for (int t = 0; t < n; t++) pos[t] = s0 + t;
-        fill_act(k, (int64_t)n * c->nkv * c->hd, -1, 1, a);
-        fill_act(v, (int64_t)n * c->nkv * c->hd, -1, 1, a);
-        fill_act(q, (int64_t)n * c->nh * c->hd, -2, 2, a);
-        G->ops->upload(G, pd, pos, n * 4);
-        G->ops->upload(G, kd, k, (size_t)n * c->nkv * c->hd * 4);
-        G->ops->upload(G, vd, v, (size_t)n * c->nkv * c->hd * 4);
-        G->ops->upload(G, qd, q, (size_t)n * c->nh * c->hd * 4);
-        CHECK(C->ops->kv_append(C, &kc, k, v, n, pos) == PT_OK, "cpu kv_append: %s", pt_last_error());
-        pt_status s = G->ops->kv_append(G, &kg, kd, vd, n, pd);
-        CHECK(s == PT_OK, "cuda kv_append: %s", pt_last_error());
-        s0 += n;
-        if (s0 < total) continue;
-        s = C->ops->attention(C, oc, q, n, pos, &kc, &p);
-        CHECK(s == PT_OK, "cpu attention: %s", pt_last_error());
-        s = G->ops->attention(G, od, qd, n, pd, &kg, &p);
-        if (s == PT_OK) s = G->ops->download(G, og, od, (size_t)n * c->nh * c->hd * 4);
-        CHECK(s == PT_OK, "cuda attention: %s", pt_last_error());
-        char what[160];
-        snprintf(what, sizeof what, "attention act=%d nh=%d nkv=%d hd=%d cap=%lld p0=%d T=%d window=%d softcap=%g %s", a,
-                 c->nh, c->nkv, c->hd, (long long)c->cap, c->p0, c->T, c->window, c->softcap, pt_ftype_name(c->dt));
-        ok = compare(what, og, oc, (int64_t)n * c->nh * c->hd, a ? 2e-2 : 1e-5, a ? 2e-2 : 1e-4);
-        /* the cache itself: same rows, same conversion */
-        void *kh = malloc(cbytes);
-        G->ops->download(G, kh, kg.k, cbytes);
-        CHECK(memcmp(kh, kc.k, cbytes) == 0, "%s: cache contents differ", what);
-        free(kh);
-    }
-    G->ops->dealloc(G, kg.k), G->ops->dealloc(G, kg.v), G->ops->dealloc(G, qd), G->ops->dealloc(G, kd);
-    G->ops->dealloc(G, vd), G->ops->dealloc(G, od), G->ops->dealloc(G, pd);
-    free(kc.k), free(kc.v), free(q), free(k), free(v), free(oc), free(og), free(pos);
-    return ok && !test_failed_current;
-}
+/* ---- kv_append + attention (op_check.h attn_check) ---- */
 
 static void test_attention(void) {
     NEED_GPU();
@@ -360,7 +293,7 @@ static void test_attention(void) {
     };
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
-            if (!run_attn(a, &cs[i])) return;
+            if (!attn_check(a, &cs[i], "attention", 1.f, ATTN_CACHE)) return;
     REPORT();
 }
 

@@ -45,16 +45,7 @@ __global__ void kv_append_kernel(KT *kc, KT *vc, const float *k, const float *v,
         const int32_t p = pos[t];
         if (p < 0) continue; /* contract violation: positions are >= 0 */
         const int64_t off = ((int64_t)h * cap + p % cap) * hd + d;
-        if constexpr (sizeof(KT) == 4) {
-            kc[off] = k[i];
-            vc[off] = v[i];
-        } else if constexpr (std::is_same<KT, __half>::value) {
-            kc[off] = __float2half_rn(k[i]);
-            vc[off] = __float2half_rn(v[i]);
-        } else {
-            kc[off] = __float2bfloat16_rn(k[i]);
-            vc[off] = __float2bfloat16_rn(v[i]);
-        }
+        pt_kv_put(kc, vc, off, k[i], v[i]);
     }
 }
 
@@ -161,19 +152,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attention_kernel(attn_args a)
             if (e < hd) acc[i] = fmaf(p, to_f(vr[e]), acc[i]);
         }
     }
-#pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int e = lane + 32 * i;
-        if (e < hd) sm_acc[warp][e] = acc[i];
-    }
-    __syncthreads();
-    float *o = a.out + (t * a.nh + h) * hd;
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < ATTN_WARPS; w++) v += sm_acc[w][e];
-        o[e] = pt_rnd(a.bf, v);
-    }
+    pt_warps_out(acc, sm_acc, a.out + (t * a.nh + h) * hd, hd, a.bf);
 }
 
 /* ---- decode (T == 1): split over the sequence ------------------------------

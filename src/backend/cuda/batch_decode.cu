@@ -48,16 +48,7 @@ __global__ void kv_append_rows_kernel(void *const *kvp, const float *k, const fl
         if (p < 0) continue; /* padding row */
         KT *kc = (KT *)kvp[2 * b], *vc = (KT *)kvp[2 * b + 1];
         const int64_t off = ((int64_t)h * cap + p % cap) * hd + d;
-        if constexpr (sizeof(KT) == 4) {
-            kc[off] = k[i];
-            vc[off] = v[i];
-        } else if constexpr (std::is_same<KT, __half>::value) {
-            kc[off] = __float2half_rn(k[i]);
-            vc[off] = __float2half_rn(v[i]);
-        } else {
-            kc[off] = __float2bfloat16_rn(k[i]);
-            vc[off] = __float2bfloat16_rn(v[i]);
-        }
+        pt_kv_put(kc, vc, off, k[i], v[i]);
     }
 }
 
@@ -112,16 +103,7 @@ __global__ void rope_k_append_rows_kernel(void *const *kvp, const float *k, cons
         }
         KT *kc = (KT *)kvp[2 * b], *vc = (KT *)kvp[2 * b + 1];
         const int64_t off = ((int64_t)h * cap + p % cap) * hd + d;
-        if constexpr (sizeof(KT) == 4) {
-            kc[off] = kv;
-            vc[off] = v[i];
-        } else if constexpr (std::is_same<KT, __half>::value) {
-            kc[off] = __float2half_rn(kv);
-            vc[off] = __float2half_rn(v[i]);
-        } else {
-            kc[off] = __float2bfloat16_rn(kv);
-            vc[off] = __float2bfloat16_rn(v[i]);
-        }
+        pt_kv_put(kc, vc, off, kv, v[i]);
     }
 }
 

@@ -14,6 +14,7 @@
 #include <cublas_v2.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 #include <utility>
 
 extern "C" {
@@ -100,6 +101,43 @@ __device__ __forceinline__ float pt_ld(pt_ftype t, const void *p, int64_t i) {
     return ((const float *)p)[i];
 }
 __device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_bf(v) : v; }
+
+/* A cache slot's key and value (f32) stored as KT: float, __half or
+ * __nv_bfloat16 (rounded to nearest even). */
+template <typename KT>
+__device__ __forceinline__ void pt_kv_put(KT *kc, KT *vc, int64_t off, float k, float v) {
+    if constexpr (sizeof(KT) == 4) {
+        kc[off] = k;
+        vc[off] = v;
+    } else if constexpr (std::is_same<KT, __half>::value) {
+        kc[off] = __float2half_rn(k);
+        vc[off] = __float2half_rn(v);
+    } else {
+        kc[off] = __float2bfloat16_rn(k);
+        vc[off] = __float2bfloat16_rn(v);
+    }
+}
+
+/* A block's output row o[0, hd) from each warp's accumulators acc[i] (dims
+ * lane + 32·i): staged in sm_acc, then the W warps' values added in warp
+ * order and rounded in bf16 mode (bf). Synchronizes the block. */
+template <int W, int MAXHD, int NPL>
+__device__ __forceinline__ void pt_warps_out(const float (&acc)[NPL], float (&sm_acc)[W][MAXHD], float *o, int hd,
+                                             int bf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int e = lane + 32 * i;
+        if (e < hd) sm_acc[warp][e] = acc[i];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < W; w++) v += sm_acc[w][e];
+        o[e] = pt_rnd(bf, v);
+    }
+}
 
 /* Programmatic dependent launch, the primary's half: lets the next kernel in
  * the stream, when it is launched with programmatic stream serialization

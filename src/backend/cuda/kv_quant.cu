@@ -277,19 +277,7 @@ __global__ void __launch_bounds__(QA_WARPS * 32) qattn_kernel(qattn_args a) {
             if (e < hd) acc[i] = fmaf(p, deq(a.c.v, a.c.vs, a.c.vb, a.c, row, e), acc[i]);
         }
     }
-#pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int e = lane + 32 * i;
-        if (e < hd) sm_acc[warp][e] = acc[i];
-    }
-    __syncthreads();
-    float *o = a.out + (t * a.nh + h) * hd;
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < QA_WARPS; w++) v += sm_acc[w][e];
-        o[e] = pt_rnd(a.bf, v);
-    }
+    pt_warps_out(acc, sm_acc, a.out + (t * a.nh + h) * hd, hd, a.bf);
 }
 
 /* ---- decode: split over the sequence (see attention.cu) ---- */
