@@ -3,10 +3,11 @@
  * described there) and their sizing (dynamic shared memory, units per stage,
  * the warp split S, clusters), the env switches that pick among bit-identical
  * variants (PETREL_CUDA_PDL, PETREL_CUDA_TC_LOOP, _XPRE, _XSTAGE, _XL, _DRIFT,
- * _CLUSTER, _WIDE, _WARPS) and the entry points pt_cuda_tc_gemv,
+ * _CLUSTER, _WIDE, _WARPS, _XP8, _WG) and the entry points pt_cuda_tc_gemv,
  * pt_cuda_tc_gemv_multi and pt_cuda_tc_gemv_glu (gemv_tc.cuh). This file is the
  * one object the kernels are compiled in. Not here: the kernel code
- * (gemv_tc_kernel.cuh), the repack at upload and the dequantize of the
+ * (gemv_tc_kernel.cuh; the wgmma kernels of 17..64 rows, off by default,
+ * gemv_wg_kernel.cuh), the repack at upload and the dequantize of the
  * tensor-core layout (gemv_tc_repack.cu). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/gemv_tc.cuh"
