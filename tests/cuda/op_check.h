@@ -76,12 +76,17 @@ static void teardown(void) {
 
 /* ---- kv_append + attention, CUDA against the CPU ---- */
 
-typedef struct {
-    int nh, nkv, hd;
-    int64_t cap;
-    int p0, T, window;
-    float softcap;
+/* An attention case: heads, KV heads, head dim, cache capacity, the
+ * positions before the chunk (p0) and its rows (T), window, soft-cap, cache
+ * dtype (test_cuda_kvq's qcase: these fields, then bits and group size). */
+#define ACASE_FIELDS   \
+    int nh, nkv, hd;   \
+    int64_t cap;       \
+    int p0, T, window; \
+    float softcap;     \
     pt_ftype dt;
+typedef struct {
+    ACASE_FIELDS
 } acase;
 
 enum { ATTN_TWICE = 1, ATTN_CACHE = 2 };

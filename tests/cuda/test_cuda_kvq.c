@@ -173,11 +173,7 @@ static void test_kv_quantize(void) {
 static int g_fused; /* run_qattn: the CUDA side runs the fused decode kernel */
 
 typedef struct {
-    int nh, nkv, hd;
-    int64_t cap;
-    int p0, T, window;
-    float softcap;
-    pt_ftype dt;
+    ACASE_FIELDS /* op_check.h */
     int bits, gs;
 } qcase;
 
