@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "base/half.h"
 #include "base/json.h"
+#include "base/log.h"
 #include "base/threadpool.h"
 
 #include <stdatomic.h>
@@ -181,6 +182,22 @@ static void test_json(void) {
     cJSON_Delete(j);
 }
 
+/* PETREL_LOG's values: the four level names, anything else refused (the
+ * caller then keeps warn and says so); the level set is the level read. */
+static void test_log_level_parse(void) {
+    CHECK(pt_log_level_parse("error") == PT_LOG_ERROR, "error");
+    CHECK(pt_log_level_parse("warn") == PT_LOG_WARN, "warn");
+    CHECK(pt_log_level_parse("info") == PT_LOG_INFO, "info");
+    CHECK(pt_log_level_parse("debug") == PT_LOG_DEBUG, "debug");
+    CHECK(pt_log_level_parse("verbose") == -1, "an unknown name");
+    CHECK(pt_log_level_parse("DEBUG") == -1, "names are lower case");
+    CHECK(pt_log_level_parse("") == -1 && pt_log_level_parse(NULL) == -1, "empty and NULL");
+    const pt_log_level was = pt_log_get_level();
+    pt_log_set_level(PT_LOG_DEBUG);
+    CHECK(pt_log_get_level() == PT_LOG_DEBUG, "set then read");
+    pt_log_set_level(was);
+}
+
 static void test_utf8(void) {
     CHECK(pt_utf8_invalid_offset("h\xc3\xa9llo", 6) == -1, "valid 2-byte");
     CHECK(pt_utf8_invalid_offset("\xf0\x9f\x98\x80", 4) == -1, "valid 4-byte");
@@ -198,6 +215,7 @@ int main(void) {
     TEST_RUN(test_threadpool);
     TEST_RUN(test_threadpool_for);
     TEST_RUN(test_json);
+    TEST_RUN(test_log_level_parse);
     TEST_RUN(test_utf8);
     return test_summary();
 }

@@ -8,13 +8,19 @@
 
 static int g_level = -1;
 
+int pt_log_level_parse(const char *s) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; s && i < 4; i++)
+        if (!strcmp(s, names[i])) return i;
+    return -1;
+}
+
 static int level_from_env(void) {
     const char *e = getenv("PETREL_LOG");
     if (!e || !*e) return PT_LOG_WARN;
-    if (!strcmp(e, "error")) return PT_LOG_ERROR;
-    if (!strcmp(e, "warn")) return PT_LOG_WARN;
-    if (!strcmp(e, "info")) return PT_LOG_INFO;
-    if (!strcmp(e, "debug")) return PT_LOG_DEBUG;
+    const int l = pt_log_level_parse(e);
+    if (l >= 0) return l;
+    fprintf(stderr, "petrel: warning: PETREL_LOG=%s is not one of error, warn, info, debug; logging warnings\n", e);
     return PT_LOG_WARN;
 }
 
