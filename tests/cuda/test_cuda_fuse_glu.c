@@ -12,8 +12,9 @@
  *   - what it does not fuse (PETREL_CUDA_GEMV_FUSE=0, T > 64, an unaligned
  *     x, different row counts, an odd number of tiles per block) answered
  *     PT_ERR_UNSUPPORTED with nothing launched;
- * the 4-bit 1b and 8b shapes again on the wgmma kernels (PETREL_CUDA_TC_WG:
- * a split of 2 or 4, clusters of gate and up blocks); and the whole forward pass (prefill of 20 tokens, then compiled greedy
+ *   - the 4-bit 1b and 8b gate/up shapes again on the wgmma kernels
+ *     (PETREL_CUDA_TC_WG: a split of 2 or 4, clusters of gate and up blocks);
+ * and the whole forward pass (prefill of 20 tokens, then compiled greedy
  * decode steps) bit-identical with the fold on and off, on the 4-bit demo
  * model and the llama-3.2-1b shape with random 4- and 8-bit weights. A
  * launch counter proves the fused path ran where it should.

@@ -323,7 +323,8 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_pv_kernel(pt_dec_rows a) {
     }
 }
 
-/* decode_split.cuh */
+/* The split decode's merge (both generations; declared and described in
+ * decode_split.cuh). */
 __global__ void dec_rows_merge_kernel(pt_dec_rows a, int64_t B) {
     pt_release_dependents();
     pt_wait_primary();

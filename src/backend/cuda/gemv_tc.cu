@@ -376,10 +376,7 @@ extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg = on < 0 ? -1 : on != 0; }
 static unsigned long long g_tc_wg_launches; /* wgmma launches made so far (tests check the path ran) */
 extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return __atomic_load_n(&g_tc_wg_launches, __ATOMIC_RELAXED); }
 static int tc_wg(void) {
-    if (g_tc_wg < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_WG");
-        g_tc_wg = e && *e ? atoi(e) != 0 : PT_TC_WG_DEFAULT;
-    }
+    if (g_tc_wg < 0) g_tc_wg = tc_env01("PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT);
     return g_tc_wg;
 }
 

@@ -125,11 +125,11 @@ __device__ __forceinline__ void wg_issue32(float (&d)[16], const uint32_t (&am)[
           "r"(am[3][2]), "r"(am[3][3]), "l"(desc), "l"(desc + st), "l"(desc + 2 * st), "l"(desc + 3 * st), "r"(0)
         : "memory");
 }
-/* Waits until at most N issued groups are pending, then pins the waited
- * accumulators d (the compiler may not read them before this point). */
-template <int N, int ND>
+/* Waits for the issued group, then pins its accumulators d (the compiler
+ * may not read them before this point). */
+template <int ND>
 __device__ __forceinline__ void wg_wait(float (&d)[ND]) {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int k = 0; k < ND; k++) asm volatile("" : "+f"(d[k])::"memory");
 }
@@ -251,7 +251,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         uint2 sbv;
         load_a(i, am, sbv);
         issue_mma(i, d, am);
-        wg_wait<0>(d);
+        wg_wait(d);
         fold(i, d, sbv);
     }
     tc_pdl_trigger();
