@@ -21,14 +21,18 @@
  *            with margin <= 0.05 (MoE: a divergence where our own top-2 are
  *            within 2 bf16 ulps is a routing near-tie, as in test_parity.c);
  *   threads: 1 and 2 threads bit-identical (prefill and decode logits).
- * Each with the integer-piece levers on and off (pt_cpu_lever), and the path
- * counters (pt_cpu_path_count) prove which kernels ran: with the levers on,
- * the 4-bit fixtures' decode reaches the integer-piece kernel and their
- * prefill the integer-piece GEMM, the 8-bit fixture's decode the 8-bit
- * integer-piece kernel and its prefill the 8-bit integer-piece GEMM
- * (PETREL_CPU_XGEMM8; on AVX-512 VNNI; elsewhere the check says so and the
- * gates still run). Prints max|Δlogit| and the mean KL against the
- * golden (MEASURE). */
+ * Each in three lever settings (pt_cpu_lever): off (the bf16 / f32 decode
+ * kernels, the f32 GEMM); "xint" (the integer-piece kernels and GEMMs, the
+ * default on Intel); "bgemm" (the bf16 prefill GEMM, PETREL_CPU_BGEMM, with
+ * the bf16 decode kernel: the default on AMD). The path counters
+ * (pt_cpu_path_count) prove which kernels ran: under "xint" the 4-bit
+ * fixtures' decode reaches the integer-piece kernel and their prefill the
+ * integer-piece GEMM, the 8-bit fixture's decode the 8-bit integer-piece
+ * kernel and its prefill the 8-bit integer-piece GEMM (PETREL_CPU_XGEMM8; on
+ * AVX-512 VNNI; elsewhere the check says so and the gates still run); under
+ * "bgemm" the prefill of the 4- and 8-bit fixtures reaches the bf16 GEMM (on
+ * AVX-512 BF16). Each setting's argmax is compared with the levers-off
+ * run's. Prints max|Δlogit| and the mean KL against the golden (MEASURE). */
 #include "test.h"
 #include "golden.h"
 #include "parity_util.h"
@@ -114,6 +118,14 @@ enum {
 };
 
 #define MAXP 8
+/* lever settings: 0 off, 1 the integer-piece kernels and GEMMs, 2 the bf16 GEMM */
+#define NLV 3
+static const char *const lever_name[NLV] = {"off", "xint", "bgemm"};
+
+static int bf16_cpu(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
 static void check_fixture(const char *name, int gate) {
     char dir[256], err[512];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
@@ -130,13 +142,14 @@ static void check_fixture(const char *name, int gate) {
         goto out;
     }
     int V = pt_model_vocab_size(m1);
-    int saved[3] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8};
-    /* our argmax / margin per prompt, [levers][prefill, decode], for the levers-on vs -off comparison */
-    int *am[2][2][MAXP] = {0};
-    float *mg[2][2][MAXP] = {0};
-    for (int on = 0; on < 2; on++) {
-        const char *lv = on ? "on" : "off";
-        pt_cpu_lever.xint = pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = on;
+    int saved[4] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.bgemm};
+    /* our argmax / margin per prompt, [levers][prefill, decode], for the levers-on vs -off comparisons */
+    int *am[NLV][2][MAXP] = {{{0}}};
+    float *mg[NLV][2][MAXP] = {{{0}}};
+    for (int on = 0; on < NLV; on++) {
+        const char *lv = lever_name[on];
+        pt_cpu_lever.xint = pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = on == 1;
+        pt_cpu_lever.bgemm = on == 2;
         long c0[PT_CPU_PATH_N];
         for (int i = 0; i < PT_CPU_PATH_N; i++) c0[i] = atomic_load(&pt_cpu_path_count[i]);
         gate_acc acc[2] = {{0}, {0}};
@@ -220,12 +233,21 @@ static void check_fixture(const char *name, int gate) {
         for (int i = 0; i < PT_CPU_PATH_N; i++) d[i] = atomic_load(&pt_cpu_path_count[i]) - c0[i];
         printf("INFO %s levers %s: 4-bit decode tokens on the integer-piece kernel %ld, bf16 kernel %ld, f32 kernel "
                "%ld; 8-bit decode tokens on the integer-piece kernel %ld, f32 kernel %ld; prefill calls on the "
-               "integer-piece GEMM %ld (8-bit: %ld), f32 GEMM %ld\n",
+               "integer-piece GEMM %ld (8-bit: %ld), bf16 GEMM %ld, f32 GEMM %ld\n",
                name, lv, d[PT_CPU_PATH_XINT], d[PT_CPU_PATH_BF16], d[PT_CPU_PATH_F32], d[PT_CPU_PATH_XINT8],
-               d[PT_CPU_PATH_Q8F32], d[PT_CPU_PATH_XGEMM], d[PT_CPU_PATH_XGEMM8], d[PT_CPU_PATH_GEMM]);
-        /* the levers reach their kernels (AVX-512 VNNI; 4- and 8-bit fixtures: decode and prefill), and
+               d[PT_CPU_PATH_Q8F32], d[PT_CPU_PATH_XGEMM], d[PT_CPU_PATH_XGEMM8], d[PT_CPU_PATH_BGEMM],
+               d[PT_CPU_PATH_GEMM]);
+        /* the levers reach their kernels (AVX-512 VNNI / BF16; 4- and 8-bit fixtures: decode and prefill), and
          * nothing does when they are off */
-        if (!on)
+        if (on != 2) CHECK(d[PT_CPU_PATH_BGEMM] == 0, "%s levers %s: the bf16 GEMM ran", name, lv);
+        if (on == 2) {
+            CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XGEMM] == 0 && d[PT_CPU_PATH_XGEMM8] == 0,
+                  "%s levers %s: integer pieces ran", name, lv);
+            if (!bf16_cpu())
+                printf("INFO %s: no AVX-512 BF16 here, the bf16 GEMM is not reachable\n", name);
+            else if (strstr(name, "_q4") || strstr(name, "_q8"))
+                CHECK(d[PT_CPU_PATH_BGEMM] > 0, "%s levers %s: the bf16 GEMM was not reached", name, lv);
+        } else if (!on)
             CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XINT8] == 0 && d[PT_CPU_PATH_XGEMM] == 0 &&
                       d[PT_CPU_PATH_XGEMM8] == 0,
                   "%s: integer pieces with the levers off", name);
@@ -241,35 +263,37 @@ static void check_fixture(const char *name, int gate) {
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];
     pt_cpu_lever.xgemm8 = saved[2];
+    pt_cpu_lever.bgemm = saved[3];
     /* levers on vs off: the same argmax wherever either run's own top-2 are more than 0.05 apart (MoE:
      * at >= 95% of those positions) */
-    for (int k = 0; k < 2; k++) {
-        long cmp = 0, same = 0;
-        for (int p = 0; p < n_prompts; p++) {
-            int n = 0;
-            golden_prompt_ids(g, p, &n);
-            if (!am[0][k][p] || !am[1][k][p]) continue;
-            for (int t = 0; t < n; t++) {
-                if (mg[0][k][p][t] <= 0.05f && mg[1][k][p][t] <= 0.05f) continue;
-                cmp++;
-                if (am[0][k][p][t] == am[1][k][p][t]) same++;
-                else
-                    printf("INFO %s prompt %d %s position %d: levers off %d (margin %.4f), on %d (margin %.4f)\n", name,
-                           p, k ? "decode" : "prefill", t, am[0][k][p][t], mg[0][k][p][t], am[1][k][p][t],
-                           mg[1][k][p][t]);
+    for (int on = 1; on < NLV; on++)
+        for (int k = 0; k < 2; k++) {
+            long cmp = 0, same = 0;
+            for (int p = 0; p < n_prompts; p++) {
+                int n = 0;
+                golden_prompt_ids(g, p, &n);
+                if (!am[0][k][p] || !am[on][k][p]) continue;
+                for (int t = 0; t < n; t++) {
+                    if (mg[0][k][p][t] <= 0.05f && mg[on][k][p][t] <= 0.05f) continue;
+                    cmp++;
+                    if (am[0][k][p][t] == am[on][k][p][t]) same++;
+                    else
+                        printf("INFO %s prompt %d %s position %d: levers off %d (margin %.4f), %s %d (margin %.4f)\n",
+                               name, p, k ? "decode" : "prefill", t, am[0][k][p][t], mg[0][k][p][t], lever_name[on],
+                               am[on][k][p][t], mg[on][k][p][t]);
+                }
             }
+            printf("MEASURE cpu quant parity %s %s levers %s vs off: argmax identical at %ld/%ld positions\n", name,
+                   k ? "decode" : "prefill", lever_name[on], same, cmp);
+            if (gate == GATE_MOE) /* a routing near-tie may flip an expert either way (the 95% rule) */
+                CHECK(same * 100 >= cmp * 95, "%s %s: levers %s change the argmax at %ld of %ld positions", name,
+                      k ? "decode" : "prefill", lever_name[on], cmp - same, cmp);
+            else
+                CHECK(same == cmp, "%s %s: levers %s change the argmax at %ld of %ld positions", name,
+                      k ? "decode" : "prefill", lever_name[on], cmp - same, cmp);
         }
-        printf("MEASURE cpu quant parity %s %s levers on vs off: argmax identical at %ld/%ld positions\n", name,
-               k ? "decode" : "prefill", same, cmp);
-        if (gate == GATE_MOE) /* a routing near-tie may flip an expert either way (the 95% rule) */
-            CHECK(same * 100 >= cmp * 95, "%s %s: the integer-piece levers change the argmax at %ld of %ld positions",
-                  name, k ? "decode" : "prefill", cmp - same, cmp);
-        else
-            CHECK(same == cmp, "%s %s: the integer-piece levers change the argmax at %ld of %ld positions", name,
-                  k ? "decode" : "prefill", cmp - same, cmp);
-    }
 out:
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < NLV; i++)
         for (int k = 0; k < 2; k++)
             for (int p = 0; p < MAXP; p++) {
                 free(am[i][k][p]);
@@ -302,7 +326,7 @@ static void test_qwen3_5_mlx_q4(void) { check_fixture("qwen3_5_mlx_q4", GATE_NON
 
 /* The bundled demo model (models/kjv-llama-4bit: 4-bit g32, K = 512 / 1408,
  * so every decode matmul can take the integer-piece kernel) against its
- * goldens' bf16 greedy continuations, with the levers on and off; the rule of
+ * goldens' bf16 greedy continuations, in the three lever settings; the rule of
  * test_parity_demo.c's bf16 pass: identical up to a near-tie (the
  * reference's f32 margin <= 0.05, or our top-2 within one bf16 ulp). */
 static void test_demo(void) {
@@ -317,10 +341,12 @@ static void test_demo(void) {
         REQUIRE(0, "demo model load failed");
     }
     int V = pt_model_vocab_size(m);
-    int saved[2] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm};
-    for (int on = 0; on < 2; on++) {
-        pt_cpu_lever.xint = pt_cpu_lever.xgemm = on;
-        long x0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XINT]), g0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]);
+    int saved[3] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.bgemm};
+    for (int on = 0; on < NLV; on++) {
+        pt_cpu_lever.xint = pt_cpu_lever.xgemm = on == 1;
+        pt_cpu_lever.bgemm = on == 2;
+        long x0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XINT]), g0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]),
+             b0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
         int np = 0;
         for (int p = 0;; p++, np++) {
             char nm[64];
@@ -357,23 +383,29 @@ static void test_demo(void) {
             }
             pt_session_free(&s);
             printf("MEASURE cpu quant parity demo prompt %d greedy levers %s: %d/%d tokens identical%s\n", p,
-                   on ? "on" : "off", same, steps, same < steps ? (near ? " (then a near-tie)" : " (then DIVERGES)") : "");
+                   lever_name[on], same, steps, same < steps ? (near ? " (then a near-tie)" : " (then DIVERGES)") : "");
             if (same < steps)
                 printf("INFO demo prompt %d levers %s: step %d, our margin %.4f, golden f32 margin %.4f\n", p,
-                       on ? "on" : "off", same, ourm, gm->f32[same]);
-            CHECK(same == steps || near, "demo prompt %d greedy levers %s diverges at step %d", p, on ? "on" : "off",
+                       lever_name[on], same, ourm, gm->f32[same]);
+            CHECK(same == steps || near, "demo prompt %d greedy levers %s diverges at step %d", p, lever_name[on],
                   same);
         }
         CHECK(np > 0, "demo: no prompts in the golden");
         long dx = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XINT]) - x0,
-             dg = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]) - g0;
-        printf("INFO demo levers %s: %ld decode tokens on the integer-piece kernel, %ld prefill calls on its GEMM\n",
-               on ? "on" : "off", dx, dg);
-        if (!on) CHECK(dx == 0 && dg == 0, "demo: integer pieces with the levers off");
-        else if (pt_cpu_gemm_i8_available()) CHECK(dx > 0 && dg > 0, "demo: the integer-piece kernels were not reached");
+             dg = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]) - g0,
+             db = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) - b0;
+        printf("INFO demo levers %s: %ld decode tokens on the integer-piece kernel, %ld prefill calls on its GEMM, %ld "
+               "on the bf16 GEMM\n",
+               lever_name[on], dx, dg, db);
+        if (on != 1) CHECK(dx == 0 && dg == 0, "demo levers %s: integer pieces ran", lever_name[on]);
+        if (on != 2) CHECK(db == 0, "demo levers %s: the bf16 GEMM ran", lever_name[on]);
+        if (on == 1 && pt_cpu_gemm_i8_available())
+            CHECK(dx > 0 && dg > 0, "demo: the integer-piece kernels were not reached");
+        if (on == 2 && bf16_cpu()) CHECK(db > 0, "demo: the bf16 GEMM was not reached");
     }
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];
+    pt_cpu_lever.bgemm = saved[2];
     pt_model_free(&m);
     golden_close(g);
 }

@@ -235,6 +235,16 @@ int pt_cpu_gemm_i8_available(void);
 void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep, const float *xs, int64_t T,
                       const pt_matrix *w, int64_t expert);
 size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
+/* The bf16 prefill GEMM (gemm_bf16_avx512.c; AVX-512 BF16, 4/8-bit weights,
+ * groups of a multiple of 32): the decode kernels' L1 formula over x exactly
+ * bf16 (xb [T, K]) and its group sums xs [T, ng]. Needs
+ * pt_cpu_gemm_bf16_scratch floats of per-thread scratch. */
+void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
+                      int64_t expert);
+size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng);
+/* dst[j] = x[j] as bf16 for j < K; 0 (dst partly written) when a value is not
+ * exactly a finite bf16 or is subnormal (vdpbf16ps reads those as zero). */
+int pt_cpu_x_bf16_exact(uint16_t *dst, const float *x, int64_t K);
 void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
                     const pt_matrix *w, int64_t expert);
 
@@ -261,9 +271,12 @@ int pt_cpu_multi_on(void);
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
-    int xint;    /* 4/8-bit decode with x as integer pieces (PETREL_CPU_XINT, default 1; 0: the bf16 / f32 kernels) */
+    int xint;    /* 4/8-bit decode with x as integer pieces (PETREL_CPU_XINT, default: by CPU vendor, cpu_matmul.c;
+                  * 0: the bf16 / f32 kernels) */
     int xgemm;   /* 4-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM, default 1; 0: the f32 GEMM) */
     int xgemm8;  /* 8-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM8, default 1; 0: the f32 GEMM) */
+    int bgemm;   /* 4/8-bit prefill on the bf16 GEMM, ahead of the integer-piece GEMMs (PETREL_CPU_BGEMM, default: by
+                  * CPU vendor, cpu_matmul.c) */
     int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT, default 1) or
                   * the guided claims from one counter (0); the same bits either way */
 } pt_cpu_levers;
@@ -273,8 +286,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * 4-bit decode tokens through the integer-piece kernel (XINT), the bf16
  * kernel (BF16) or the f32-x kernel (F32); 8-bit decode tokens through the
  * integer-piece kernel (XINT8) or the f32-x kernel (Q8F32); prefill calls
- * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit) or the f32
- * GEMM (GEMM). Relaxed
+ * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit), the bf16
+ * GEMM (BGEMM: 4- and 8-bit) or the f32 GEMM (GEMM). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -284,6 +297,7 @@ enum {
     PT_CPU_PATH_Q8F32,
     PT_CPU_PATH_XGEMM,
     PT_CPU_PATH_XGEMM8,
+    PT_CPU_PATH_BGEMM,
     PT_CPU_PATH_GEMM,
     PT_CPU_PATH_N
 };

@@ -13,11 +13,13 @@
  *   T >= PT_CPU_DIRECT_T (prefill): a packed GEMM (mm_gemm below) whose
  *     weights are dequantized once per call into k-major panels, so the
  *     dequantization cost is paid once per weight, not per token; 4-bit
- *     and 8-bit weights with bf16 activations on AVX-512 VNNI take the integer
- *     GEMM with x as exact integer pieces instead (pt_cpu_gemm_xint,
- *     PETREL_CPU_XGEMM / PETREL_CPU_XGEMM8), and the decode path's 4- and
- *     8-bit bf16 tokens the integer-piece kernels (qdot_xint_avx512.c,
- *     PETREL_CPU_XINT).
+ *     and 8-bit weights with bf16 activations on AVX-512 take the bf16 GEMM
+ *     (pt_cpu_gemm_bf16, PETREL_CPU_BGEMM) or the integer GEMM with x as
+ *     exact integer pieces (pt_cpu_gemm_xint, PETREL_CPU_XGEMM /
+ *     PETREL_CPU_XGEMM8) instead, and the decode path's 4- and 8-bit bf16
+ *     tokens the bf16 / f32 kernels or the integer-piece kernels
+ *     (qdot_xint_avx512.c, PETREL_CPU_XINT); which of the two families is
+ *     the default depends on the CPU (bf16_full_rate).
  * The two paths round differently, so a row's result depends on which one
  * ran; matmul_rows (continuous batching) always takes the decode path so a
  * batched row is bit-identical to the same row decoded alone. matmul_multi
@@ -44,22 +46,41 @@
  * x as integer pieces, which round differently; PETREL_CPU_SPLIT=0: the decode
  * matvecs' guided claims instead of one contiguous share per thread
  * (owned_run), the same bits); a field a dev benchmark has already set is
- * kept. */
-pt_cpu_levers pt_cpu_lever = {.multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .split = -1};
+ * kept. PETREL_CPU_BGEMM (4/8-bit prefill on the bf16 GEMM, which rounds
+ * differently from the integer-piece GEMMs) and PETREL_CPU_XINT default by
+ * the CPU (bf16_full_rate); "1" forces either on, "0" off. */
+pt_cpu_levers pt_cpu_lever = {
+    .multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .bgemm = -1, .split = -1};
 
-static void lever_read(int *field, const char *name) {
+static void lever_read(int *field, const char *name, int def) {
     if (*field >= 0) return;
     const char *e = getenv(name);
-    *field = !(e && !strcmp(e, "0"));
+    *field = e && *e ? strcmp(e, "0") != 0 : def;
+}
+
+/* Whether vdpbf16ps issues at about the FMA rate, which decides between the
+ * integer-piece kernels (qdot_xint_avx512.c, gemm_i8_avx512.c) and the bf16
+ * ones for 4- and 8-bit weights with bf16 x. On Intel's AVX-512 BF16 cores
+ * (Sapphire / Emerald Rapids) it issues at a quarter of the FMA rate (1.3 vs
+ * 5.0-5.3 G/s per core), so the 4-bit bf16 decode kernel, four vdpbf16ps per
+ * 128 weights and row, loses to six vpdpbusd; on AMD's (Zen 4 / Zen 5) at
+ * about the FMA rate (6.4 vs 6.9 G/s on an EPYC Zen 5 core), and the bf16
+ * kernels are the faster ones (bench/RESULTS.md, "CPU, eighth round"). Fixed
+ * per machine (the vendor), never measured at run time, so a machine's
+ * results never depend on timing. */
+static int bf16_full_rate(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512bf16");
 }
 
 static void levers_read(void) {
-    lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI");
-    lever_read(&pt_cpu_lever.scale16, "PETREL_CPU_SCALE16");
-    lever_read(&pt_cpu_lever.xint, "PETREL_CPU_XINT");
-    lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM");
-    lever_read(&pt_cpu_lever.xgemm8, "PETREL_CPU_XGEMM8");
-    lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT");
+    lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI", 1);
+    lever_read(&pt_cpu_lever.scale16, "PETREL_CPU_SCALE16", 1);
+    lever_read(&pt_cpu_lever.xint, "PETREL_CPU_XINT", !bf16_full_rate());
+    lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM", 1);
+    lever_read(&pt_cpu_lever.xgemm8, "PETREL_CPU_XGEMM8", 1);
+    lever_read(&pt_cpu_lever.bgemm, "PETREL_CPU_BGEMM", bf16_full_rate());
+    lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT", 1);
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -606,6 +627,31 @@ static void xgemm_prep_job(void *arg, long t0, long t1, int ith) {
     group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
 }
 
+/* x as bf16 and its group sums for tokens [t0, t1) as a pool job (the bf16
+ * prefill GEMM); bad is set when a value is not finite or not exactly a
+ * normal bf16 (vdpbf16ps reads subnormals as zero), and the call then takes
+ * another GEMM — decided from the call's own tokens. */
+typedef struct {
+    float *xs;
+    uint16_t *xb;
+    const float *x;
+    int64_t K;
+    int gs;
+    atomic_int bad;
+} xb_ctx;
+
+static void bgemm_prep_job(void *arg, long t0, long t1, int ith) {
+    xb_ctx *q = arg;
+    int64_t ng = q->K / q->gs;
+    (void)ith;
+    for (long t = t0; t < t1; t++)
+        if (!pt_cpu_x_bf16_exact(q->xb + t * q->K, q->x + t * q->K, q->K)) {
+            atomic_store_explicit(&q->bad, 1, memory_order_relaxed);
+            return;
+        }
+    group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
+}
+
 /* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
 static int k128_ok(const pt_cpu *c, int64_t K) {
     return c->k->qdot4_x4_i8_128 && K % 128 == 0 && pt_cpu_gemm_i8_available();
@@ -765,6 +811,19 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
         pt_cpu_gemm_i8_available()) {
         levers_init();
+        if (pt_cpu_lever.bgemm > 0 && cpu_has_bf16()) {
+            /* prefill on the bf16 GEMM; shared: group sums [T·ng], x as bf16 [T·K] */
+            int64_t ng = K / gs;
+            PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_bf16_scratch(K, ng), (size_t)(T * (ng + K / 2 + 1))));
+            xb_ctx q = {.xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
+            atomic_init(&q.bad, 0);
+            pt_pool_for(c->pool, (long)T, 8, bgemm_prep_job, &q);
+            if (!atomic_load(&q.bad)) {
+                pt_cpu_gemm_bf16(c, y, q.xb, q.xs, T, w, expert);
+                path_count(PT_CPU_PATH_BGEMM, 1);
+                return PT_OK;
+            }
+        }
         if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
             /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
              * steps [T·ng], pieces [3·T·K bytes] */

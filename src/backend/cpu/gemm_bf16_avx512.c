@@ -1,0 +1,194 @@
+/* Prefill GEMM for MLX 4- and 8-bit weights with bf16 activations on AVX-512
+ * BF16 (PETREL_CPU_BGEMM): the L1 formula of the decode kernels,
+ *   y[t, n] = Σ_g sc[n,g]·Σ_{j∈g} q[n,j]·x[t,j] + Σ_g bi[n,g]·xs[t,g] (+ bias)
+ * with x exactly bf16 and xs its exact-input f32 group sums.
+ *
+ * Why: on cores where vdpbf16ps issues at about the FMA rate (AMD Zen 4 /
+ * Zen 5) one instruction does 32 multiply-adds of bf16 pairs, against the
+ * integer-piece GEMM's (gemm_i8_avx512.c) three vpdpbusd of 64 per value
+ * (21 per instruction): 1.5x fewer multiply instructions for the same exact
+ * products. On Intel's AVX-512 BF16 cores vdpbf16ps issues at a quarter of
+ * that rate and this GEMM is not the default (cpu_matmul.c bgemm_default).
+ *
+ * Work: output rows in panels of 32, one thread per panel (chunks claimed
+ * from the pool). A panel's codes are converted once per call to bf16 (the
+ * integers 0..15 or 0..255, exact in bf16) in pairs, [K/2][32 rows][2]: 64
+ * bytes hold 16 rows × the 2 values of one k pair, one vdpbf16ps operand; the
+ * scales and biases transposed to [ng][32] f32. Tokens go in tiles of MR; per
+ * group a tile keeps MR × 32 f32 sums in registers (vdpbf16ps: 16 rows × one
+ * token's broadcast x pair per instruction), then folds them:
+ * F = fma(sum, sc, F); F = fma(bi, xs, F). Every product q·x is exact in f32
+ * (8-bit by 8-bit significands); the f32 sums of a group run in k order for
+ * each (token, row), so a row's result does not depend on the tile, the
+ * panel or the thread split, nor on the other tokens of the call. The
+ * arithmetic differs from the decode kernels' (their order, the bf16
+ * decode kernel's 128 offset), so prefill and decode round differently, as
+ * every prefill GEMM here does. */
+#include "backend/cpu/cpu_internal.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define MR 8 /* tokens per tile: 2·MR f32 accumulators in registers */
+
+size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng) {
+    /* floats per thread: the bf16 panel (32·K bf16), scales + biases (2·32·ng), 16 rows' bf16 (16·K bf16), one
+     * row's bytes (K) */
+    return (size_t)(16 * K + 64 * ng + 8 * K + K / 4 + 16);
+}
+
+/* One row's codes as bf16 in natural order (value j at element j): the
+ * integer q widened to f32 (exact) and its high half kept (exact: q < 256
+ * has at most 8 significant bits). K % 16 == 0. */
+static void row_bf16(uint16_t *dst, uint8_t *bytes, const uint8_t *codes, int64_t K, int bits) {
+    const uint8_t *b = codes;
+    if (bits == 4) {
+        /* byte i = lo | hi << 4 -> bytes lo, hi */
+        const __m512i lo = _mm512_set1_epi16(0x000f), hi = _mm512_set1_epi16(0x0f00);
+        int64_t j = 0;
+        for (; j + 64 <= K; j += 64) {
+            __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + j / 2)));
+            _mm512_storeu_si512((void *)(bytes + j),
+                                _mm512_or_si512(_mm512_and_si512(w, lo), _mm512_and_si512(_mm512_slli_epi16(w, 4), hi)));
+        }
+        for (; j < K; j += 2) {
+            bytes[j] = codes[j / 2] & 15;
+            bytes[j + 1] = codes[j / 2] >> 4;
+        }
+        b = bytes;
+    }
+    for (int64_t j = 0; j < K; j += 16) {
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + j))));
+        _mm256_storeu_si256((__m256i *)(dst + j), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+    }
+}
+
+int pt_cpu_x_bf16_exact(uint16_t *dst, const float *x, int64_t K) {
+    const __m512i lo = _mm512_set1_epi32(0xffff), ex = _mm512_set1_epi32(0x7f800000),
+                  mag = _mm512_set1_epi32(0x7fffffff);
+    int64_t j = 0;
+    for (; j + 16 <= K; j += 16) {
+        __m512i b = _mm512_castps_si512(_mm512_loadu_ps(x + j)), e = _mm512_and_si512(b, ex);
+        /* refused: low half set (not bf16), exponent all ones (not finite), exponent zero but not zero (subnormal) */
+        if (_mm512_test_epi32_mask(b, lo) | _mm512_cmpeq_epi32_mask(e, ex) |
+            (_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()) & _mm512_test_epi32_mask(b, mag)))
+            return 0;
+        _mm256_storeu_si256((__m256i *)(dst + j), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b, 16)));
+    }
+    for (; j < K; j++) {
+        uint32_t b;
+        memcpy(&b, x + j, 4);
+        uint32_t e = b & 0x7f800000u;
+        if ((b & 0xffffu) || e == 0x7f800000u || (e == 0 && (b & 0x7fffffffu))) return 0;
+        dst[j] = (uint16_t)(b >> 16);
+    }
+    return 1;
+}
+
+typedef struct {
+    pt_cpu *c;
+    float *y;
+    const uint16_t *xb; /* [T, K] bf16 */
+    const float *xs;    /* [T, ng] */
+    int64_t T;
+    const pt_matrix *w;
+    int64_t expert;
+} gbf_ctx;
+
+#define X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+/* acc += pairs of w · the broadcast pair at p. Inline asm: the broadcast
+ * rides in the instruction's memory operand, and gcc 12 would copy the
+ * accumulator around the intrinsic in this loop (as for vpdpbusd,
+ * gemm_i8_avx512.c). */
+#define DPBF(acc, w, p) __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const uint32_t *)(p)))
+
+/* One tile: MR tokens × 32 rows of a panel, all groups. */
+static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B, const uint16_t *xb, const float *xs,
+                    const int64_t *tt, int64_t K, int64_t gs) {
+    int64_t ng = K / gs;
+#define XPTR(t) const uint16_t *x##t = xb + tt[t] * K;
+    X8(XPTR)
+#undef XPTR
+    for (int i = 0; i < MR * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+    for (int64_t g = 0; g < ng; g++) {
+#define ZERO(t) __m512 a##t = _mm512_setzero_ps(), b##t = _mm512_setzero_ps();
+        X8(ZERO)
+#undef ZERO
+        for (int64_t k = g * gs; k < (g + 1) * gs; k += 2) {
+            __m512 w0 = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(P + k * 32)));
+            __m512 w1 = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(P + k * 32 + 32)));
+#define DOT(t)                                                                                                 \
+    DPBF(a##t, w0, x##t + k);                                                                                  \
+    DPBF(b##t, w1, x##t + k);
+            X8(DOT)
+#undef DOT
+        }
+        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+        __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define POST(t)                                                                                                \
+    {                                                                                                          \
+        __m512 e_ = _mm512_set1_ps(xs[tt[t] * ng + g]);                                                        \
+        float *f_ = F + t * 32;                                                                                \
+        _mm512_storeu_ps(f_, _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(a##t, s0, _mm512_loadu_ps(f_))));         \
+        _mm512_storeu_ps(f_ + 16, _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(b##t, s1, _mm512_loadu_ps(f_ + 16)))); \
+    }
+        X8(POST)
+#undef POST
+    }
+}
+
+static void gbf_panels(void *arg, long n0, long n1, int ith) {
+    gbf_ctx *m = arg;
+    const pt_matrix *w = m->w;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows, K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    float *scr = pt_cpu_thread_scratch(m->c, ith);
+    uint16_t *P = (uint16_t *)scr;            /* [K/2][32][2] */
+    float *S = scr + 16 * K, *B = S + 32 * ng; /* [ng][32] each */
+    uint16_t *rows = (uint16_t *)(B + 32 * ng); /* [16][K] */
+    uint8_t *bytes = (uint8_t *)(rows + 16 * K); /* [K] */
+    size_t pbytes = pt_ftype_size(w->dtype);
+    for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+        int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        /* pack the panel: 16 rows at a time as bf16 [16][K], then their pairs (32-bit words) transposed into
+         * [K/2][32] by the f32 panel transpose */
+        for (int r0 = 0; r0 < 32; r0 += 16) {
+            for (int r = 0; r < 16; r++) {
+                uint16_t *dst = rows + (size_t)r * K;
+                if (r0 + r >= nr) {
+                    memset(dst, 0, (size_t)K * 2);
+                    for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
+                    continue;
+                }
+                int64_t n = p0 + r0 + r;
+                row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+                size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+                for (int64_t g = 0; g < ng; g++) {
+                    S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
+                    B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
+                }
+            }
+            if ((K / 2) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 2);
+            else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 2);
+        }
+        for (int64_t t0 = 0; t0 < T; t0 += MR) {
+            int64_t tt[MR];
+            for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
+            float F[MR * 32];
+            tile8bf(F, P, S, B, m->xb, m->xs, tt, K, gs);
+            for (int t = 0; t < MR && t0 + t < T; t++)
+                for (int r = 0; r < nr; r++) {
+                    int64_t n = p0 + r;
+                    float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
+                    m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
+                }
+        }
+    }
+}
+
+void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
+                      int64_t expert) {
+    gbf_ctx m = {.c = c, .y = y, .xb = xb, .xs = xs, .T = T, .w = w, .expert = expert};
+    /* chunks of 32-row panels: only the last chunk has a narrow panel */
+    pt_pool_for(c->pool, (long)w->rows, 32, gbf_panels, &m);
+}

@@ -1,0 +1,129 @@
+/* The bf16 prefill GEMM for 4- and 8-bit weights (gemm_bf16_avx512.c,
+ * PETREL_CPU_BGEMM): x's conversion and its refusals (a value that is not
+ * bf16, infinity, NaN, a subnormal; zero and -0 taken); through the backend
+ * for both bit widths and groups 32/64/128, T past the decode path, rows not
+ * a multiple of the 32-row panel, against double precision within the
+ * output's bf16 rounding and against the f32 GEMM within two bf16 ulps
+ * (xint_check_gemm); a call's first tokens bit-identical to the same tokens
+ * alone (tiles never mix tokens), 1 and 2 threads bit-identical; a token that
+ * is not bf16 sends the whole call to the f32 GEMM, bit-identical to the
+ * lever off; and the path counter. Skipped without AVX-512 BF16. */
+#include "test.h"
+#include "test_rand.h"
+#include "xint_check.h"
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_internal.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "petrel.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int bf16_available(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+static void test_x_conversion(void) {
+    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    enum { K = 45 }; /* two 16-value vectors and a scalar tail */
+    float x[K];
+    uint16_t xb[K];
+    for (int i = 0; i < K; i++) x[i] = pt_round_bf16(rf(-100, 100));
+    x[3] = 0.0f;
+    x[40] = -0.0f;
+    x[7] = ldexpf(1.0f, -126); /* the smallest normal */
+    CHECK(pt_cpu_x_bf16_exact(xb, x, K), "plain bf16 values refused");
+    int same = 1;
+    for (int i = 0; i < K; i++) same &= pt_bf16_to_f32(xb[i]) == x[i] && (xb[i] >> 15) == (signbit(x[i]) != 0);
+    CHECK(same, "converted values differ from x");
+    static const int at[2] = {5, 42}; /* in a vector, in the tail */
+    for (int a = 0; a < 2; a++) {
+        int i = at[a];
+        float keep = x[i];
+        x[i] = 0.1234567f;
+        CHECK(!pt_cpu_x_bf16_exact(xb, x, K), "a value that is not bf16 taken (index %d)", i);
+        x[i] = INFINITY;
+        CHECK(!pt_cpu_x_bf16_exact(xb, x, K), "infinity taken (index %d)", i);
+        x[i] = -NAN;
+        CHECK(!pt_cpu_x_bf16_exact(xb, x, K), "NaN taken (index %d)", i);
+        x[i] = pt_bf16_to_f32(0x0001); /* a bf16 subnormal: vdpbf16ps would read zero */
+        CHECK(!pt_cpu_x_bf16_exact(xb, x, K), "a subnormal taken (index %d)", i);
+        x[i] = keep;
+    }
+    CHECK(pt_cpu_x_bf16_exact(xb, x, K), "restored values refused");
+}
+
+static void test_gemm(void) {
+    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    enum { N = 45, K = 512, T = 11 };
+    static const int gss[3] = {32, 64, 128};
+    int saved[4] = {pt_cpu_lever.bgemm, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.xint};
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int gi = 0; gi < 3; gi++) {
+            int gs = gss[gi];
+            pt_backend *be = NULL, *be1 = NULL;
+            REQUIRE(xint_avx512_backend(&be, 2) && xint_avx512_backend(&be1, 1), "%s", pt_last_error());
+            if (!be || !be1) {
+                pt_backend_free(&be);
+                pt_backend_free(&be1);
+                TEST_SKIP("backend ISA is not avx512");
+            }
+            rand_qweight q;
+            rand_qweight_make(&q, N, K, bits, gs, 1, 0);
+            pt_matrix w1 = q.w;
+            REQUIRE(be->ops->prepare_weight(be, &q.w, "w") == PT_OK, "%s", pt_last_error());
+            REQUIRE(be1->ops->prepare_weight(be1, &w1, "w") == PT_OK, "%s", pt_last_error());
+            pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+            REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s",
+                    pt_last_error());
+            static float x[T * K], y1[T * N], y0[T * N], ya[T * N];
+            for (int64_t i = 0; i < T * K; i++) /* wide ranges in some tokens */
+                x[i] = pt_round_bf16(i / K % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3));
+            pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = 0; /* off: the f32 GEMM */
+            pt_cpu_lever.bgemm = 1;
+            long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
+            REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) == c0 + 1, "bits %d gs %d: the bf16 GEMM did not run",
+                  bits, gs);
+            pt_cpu_lever.bgemm = 0;
+            REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            xint_check_gemm(q.codes, bits, q.sc, q.bi, q.bias, x, y1, y0, T, N, K, gs);
+            /* the first 4 tokens alone (the smallest T past the decode path), and one thread */
+            pt_cpu_lever.bgemm = 1;
+            REQUIRE(be->ops->matmul(be, ya, x, 4, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(memcmp(ya, y1, sizeof(float) * 4 * N) == 0, "bits %d gs %d: tokens 0-3 differ alone and among %d",
+                  bits, gs, T);
+            REQUIRE(be1->ops->matmul(be1, ya, x, T, &w1, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(memcmp(ya, y1, sizeof(float) * T * N) == 0, "bits %d gs %d: 1 and 2 threads differ", bits, gs);
+            /* a token that is not bf16: the whole call on the f32 GEMM */
+            x[5 * K + 3] = 0.1234567f;
+            c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
+            REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) == c0, "bits %d gs %d: a non-bf16 call counted",
+                  bits, gs);
+            pt_cpu_lever.bgemm = 0;
+            REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(memcmp(y1, y0, sizeof y1) == 0, "bits %d gs %d: a non-bf16 token did not send the call to the f32 GEMM",
+                  bits, gs);
+            rand_qweight_free(&q);
+            pt_backend_free(&be);
+            pt_backend_free(&be1);
+        }
+    pt_cpu_lever.bgemm = saved[0];
+    pt_cpu_lever.xgemm = saved[1];
+    pt_cpu_lever.xgemm8 = saved[2];
+    pt_cpu_lever.xint = saved[3];
+}
+
+int main(void) {
+    TEST_RUN(test_x_conversion);
+    TEST_RUN(test_gemm);
+    return test_summary();
+}
