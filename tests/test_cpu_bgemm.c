@@ -7,7 +7,9 @@
  * (xint_check_gemm); a call's first tokens bit-identical to the same tokens
  * alone (tiles never mix tokens), 1 and 2 threads bit-identical; a token that
  * is not bf16 sends the whole call to the f32 GEMM, bit-identical to the
- * lever off; and the path counter. Skipped without AVX-512 BF16. */
+ * lever off; and the path counter. The same for the AMX form
+ * (PETREL_CPU_AMX) with blocks of 32 tokens, partial and whole, where the CPU
+ * has AMX-BF16. Skipped without AVX-512 BF16 (AMX: without AMX). */
 #include "test.h"
 #include "test_rand.h"
 #include "xint_check.h"
@@ -60,11 +62,16 @@ static void test_x_conversion(void) {
     CHECK(pt_cpu_x_bf16_exact(xb, x, K), "restored values refused");
 }
 
-static void test_gemm(void) {
-    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
-    enum { N = 45, K = 512, T = 11 };
+/* One GEMM (amx 0: the AVX-512 bf16 GEMM, 1: its AMX form) over T tokens
+ * (T0 of them first alone), both bit widths × groups 32/64/128. */
+static void check_gemm(int amx, int T, int T0) {
+    enum { N = 45, K = 512 };
     static const int gss[3] = {32, 64, 128};
-    int saved[4] = {pt_cpu_lever.bgemm, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.xint};
+    int path = amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM;
+    const char *nm = amx ? "amx" : "bgemm";
+    int saved[5] = {pt_cpu_lever.bgemm, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.xint, pt_cpu_lever.amx};
+    float *x = malloc(sizeof(float) * (size_t)T * K), *y1 = malloc(sizeof(float) * (size_t)T * N),
+          *y0 = malloc(sizeof(float) * (size_t)T * N), *ya = malloc(sizeof(float) * (size_t)T * N);
     for (int bits = 4; bits <= 8; bits += 4)
         for (int gi = 0; gi < 3; gi++) {
             int gs = gss[gi];
@@ -83,47 +90,65 @@ static void test_gemm(void) {
             pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
             REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s",
                     pt_last_error());
-            static float x[T * K], y1[T * N], y0[T * N], ya[T * N];
-            for (int64_t i = 0; i < T * K; i++) /* wide ranges in some tokens */
+            for (int64_t i = 0; i < (int64_t)T * K; i++) /* wide ranges in some tokens */
                 x[i] = pt_round_bf16(i / K % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3));
             pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = 0; /* off: the f32 GEMM */
-            pt_cpu_lever.bgemm = 1;
-            long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
+            pt_cpu_lever.bgemm = !amx;
+            pt_cpu_lever.amx = amx;
+            long c0 = atomic_load(&pt_cpu_path_count[path]);
             REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
-            CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) == c0 + 1, "bits %d gs %d: the bf16 GEMM did not run",
-                  bits, gs);
-            pt_cpu_lever.bgemm = 0;
+            CHECK(atomic_load(&pt_cpu_path_count[path]) == c0 + 1, "%s bits %d gs %d: the GEMM did not run", nm, bits,
+                  gs);
+            pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
             REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
             xint_check_gemm(q.codes, bits, q.sc, q.bi, q.bias, x, y1, y0, T, N, K, gs);
-            /* the first 4 tokens alone (the smallest T past the decode path), and one thread */
-            pt_cpu_lever.bgemm = 1;
-            REQUIRE(be->ops->matmul(be, ya, x, 4, &q.w, 0) == PT_OK, "%s", pt_last_error());
-            CHECK(memcmp(ya, y1, sizeof(float) * 4 * N) == 0, "bits %d gs %d: tokens 0-3 differ alone and among %d",
-                  bits, gs, T);
+            /* the first T0 tokens alone, and one thread */
+            pt_cpu_lever.bgemm = !amx;
+            pt_cpu_lever.amx = amx;
+            REQUIRE(be->ops->matmul(be, ya, x, T0, &q.w, 0) == PT_OK, "%s", pt_last_error());
+            CHECK(memcmp(ya, y1, sizeof(float) * (size_t)T0 * N) == 0, "%s bits %d gs %d: tokens 0-%d differ alone and among %d",
+                  nm, bits, gs, T0 - 1, T);
             REQUIRE(be1->ops->matmul(be1, ya, x, T, &w1, 0) == PT_OK, "%s", pt_last_error());
-            CHECK(memcmp(ya, y1, sizeof(float) * T * N) == 0, "bits %d gs %d: 1 and 2 threads differ", bits, gs);
+            CHECK(memcmp(ya, y1, sizeof(float) * (size_t)T * N) == 0, "%s bits %d gs %d: 1 and 2 threads differ", nm,
+                  bits, gs);
             /* a token that is not bf16: the whole call on the f32 GEMM */
-            x[5 * K + 3] = 0.1234567f;
-            c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
+            x[(T / 2) * K + 3] = 0.1234567f;
+            c0 = atomic_load(&pt_cpu_path_count[path]);
             REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
-            CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) == c0, "bits %d gs %d: a non-bf16 call counted",
-                  bits, gs);
-            pt_cpu_lever.bgemm = 0;
+            CHECK(atomic_load(&pt_cpu_path_count[path]) == c0, "%s bits %d gs %d: a non-bf16 call counted", nm, bits,
+                  gs);
+            pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
             REQUIRE(be->ops->matmul(be, y0, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
-            CHECK(memcmp(y1, y0, sizeof y1) == 0, "bits %d gs %d: a non-bf16 token did not send the call to the f32 GEMM",
-                  bits, gs);
+            CHECK(memcmp(y1, y0, sizeof(float) * (size_t)T * N) == 0,
+                  "%s bits %d gs %d: a non-bf16 token did not send the call to the f32 GEMM", nm, bits, gs);
             rand_qweight_free(&q);
             pt_backend_free(&be);
             pt_backend_free(&be1);
         }
+    free(x), free(y1), free(y0), free(ya);
     pt_cpu_lever.bgemm = saved[0];
     pt_cpu_lever.xgemm = saved[1];
     pt_cpu_lever.xgemm8 = saved[2];
     pt_cpu_lever.xint = saved[3];
+    pt_cpu_lever.amx = saved[4];
+}
+
+static void test_gemm(void) {
+    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    check_gemm(0, 11, 4);
+}
+
+/* AMX: T = 11 (one partial block of 32 tokens) and 45 (a whole block and a
+ * partial one; its first 32 tokens alone are one whole block). */
+static void test_amx(void) {
+    if (!bf16_available() || !pt_cpu_amx_available()) TEST_SKIP("no AMX-BF16 (or the OS refused the tile state)");
+    check_gemm(1, 11, 4);
+    check_gemm(1, 45, 32);
 }
 
 int main(void) {
     TEST_RUN(test_x_conversion);
     TEST_RUN(test_gemm);
+    TEST_RUN(test_amx);
     return test_summary();
 }

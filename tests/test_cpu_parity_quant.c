@@ -21,17 +21,19 @@
  *            with margin <= 0.05 (MoE: a divergence where our own top-2 are
  *            within 2 bf16 ulps is a routing near-tie, as in test_parity.c);
  *   threads: 1 and 2 threads bit-identical (prefill and decode logits).
- * Each in three lever settings (pt_cpu_lever): off (the bf16 / f32 decode
+ * Each in four lever settings (pt_cpu_lever): off (the bf16 / f32 decode
  * kernels, the f32 GEMM); "xint" (the integer-piece kernels and GEMMs, the
  * default on Intel); "bgemm" (the bf16 prefill GEMM, PETREL_CPU_BGEMM, with
- * the bf16 decode kernel: the default on AMD). The path counters
+ * the bf16 decode kernel: the default on AMD); "amx" (the same on AMX tiles:
+ * the prefill default where the CPU has AMX). The path counters
  * (pt_cpu_path_count) prove which kernels ran: under "xint" the 4-bit
  * fixtures' decode reaches the integer-piece kernel and their prefill the
  * integer-piece GEMM, the 8-bit fixture's decode the 8-bit integer-piece
  * kernel and its prefill the 8-bit integer-piece GEMM (PETREL_CPU_XGEMM8; on
  * AVX-512 VNNI; elsewhere the check says so and the gates still run); under
  * "bgemm" the prefill of the 4- and 8-bit fixtures reaches the bf16 GEMM (on
- * AVX-512 BF16). Each setting's argmax is compared with the levers-off
+ * AVX-512 BF16), under "amx" its AMX form (PETREL_CPU_AMX; where the CPU has
+ * AMX, else the check says so). Each setting's argmax is compared with the levers-off
  * run's. Prints max|Δlogit| and the mean KL against the golden (MEASURE). */
 #include "test.h"
 #include "golden.h"
@@ -118,9 +120,9 @@ enum {
 };
 
 #define MAXP 8
-/* lever settings: 0 off, 1 the integer-piece kernels and GEMMs, 2 the bf16 GEMM */
-#define NLV 3
-static const char *const lever_name[NLV] = {"off", "xint", "bgemm"};
+/* lever settings: 0 off, 1 the integer-piece kernels and GEMMs, 2 the bf16 GEMM, 3 its AMX form */
+#define NLV 4
+static const char *const lever_name[NLV] = {"off", "xint", "bgemm", "amx"};
 
 static int bf16_cpu(void) {
     __builtin_cpu_init();
@@ -142,7 +144,7 @@ static void check_fixture(const char *name, int gate) {
         goto out;
     }
     int V = pt_model_vocab_size(m1);
-    int saved[4] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.bgemm};
+    int saved[5] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.xgemm8, pt_cpu_lever.bgemm, pt_cpu_lever.amx};
     /* our argmax / margin per prompt, [levers][prefill, decode], for the levers-on vs -off comparisons */
     int *am[NLV][2][MAXP] = {{{0}}};
     float *mg[NLV][2][MAXP] = {{{0}}};
@@ -150,6 +152,7 @@ static void check_fixture(const char *name, int gate) {
         const char *lv = lever_name[on];
         pt_cpu_lever.xint = pt_cpu_lever.xgemm = pt_cpu_lever.xgemm8 = on == 1;
         pt_cpu_lever.bgemm = on == 2;
+        pt_cpu_lever.amx = on == 3;
         long c0[PT_CPU_PATH_N];
         for (int i = 0; i < PT_CPU_PATH_N; i++) c0[i] = atomic_load(&pt_cpu_path_count[i]);
         gate_acc acc[2] = {{0}, {0}};
@@ -240,13 +243,16 @@ static void check_fixture(const char *name, int gate) {
         /* the levers reach their kernels (AVX-512 VNNI / BF16; 4- and 8-bit fixtures: decode and prefill), and
          * nothing does when they are off */
         if (on != 2) CHECK(d[PT_CPU_PATH_BGEMM] == 0, "%s levers %s: the bf16 GEMM ran", name, lv);
-        if (on == 2) {
+        if (on != 3) CHECK(d[PT_CPU_PATH_AMX] == 0, "%s levers %s: the AMX GEMM ran", name, lv);
+        if (on >= 2) {
+            int path = on == 2 ? PT_CPU_PATH_BGEMM : PT_CPU_PATH_AMX;
             CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XGEMM] == 0 && d[PT_CPU_PATH_XGEMM8] == 0,
                   "%s levers %s: integer pieces ran", name, lv);
-            if (!bf16_cpu())
-                printf("INFO %s: no AVX-512 BF16 here, the bf16 GEMM is not reachable\n", name);
+            if (!bf16_cpu() || (on == 3 && !pt_cpu_amx_available()))
+                printf("INFO %s: no AVX-512 BF16%s here, the levers %s GEMM is not reachable\n", name,
+                       on == 3 ? " / AMX" : "", lv);
             else if (strstr(name, "_q4") || strstr(name, "_q8"))
-                CHECK(d[PT_CPU_PATH_BGEMM] > 0, "%s levers %s: the bf16 GEMM was not reached", name, lv);
+                CHECK(d[path] > 0, "%s levers %s: its GEMM was not reached", name, lv);
         } else if (!on)
             CHECK(d[PT_CPU_PATH_XINT] == 0 && d[PT_CPU_PATH_XINT8] == 0 && d[PT_CPU_PATH_XGEMM] == 0 &&
                       d[PT_CPU_PATH_XGEMM8] == 0,
@@ -264,6 +270,7 @@ static void check_fixture(const char *name, int gate) {
     pt_cpu_lever.xgemm = saved[1];
     pt_cpu_lever.xgemm8 = saved[2];
     pt_cpu_lever.bgemm = saved[3];
+    pt_cpu_lever.amx = saved[4];
     /* levers on vs off: the same argmax wherever either run's own top-2 are more than 0.05 apart (MoE:
      * at >= 95% of those positions) */
     for (int on = 1; on < NLV; on++)
@@ -326,7 +333,7 @@ static void test_qwen3_5_mlx_q4(void) { check_fixture("qwen3_5_mlx_q4", GATE_NON
 
 /* The bundled demo model (models/kjv-llama-4bit: 4-bit g32, K = 512 / 1408,
  * so every decode matmul can take the integer-piece kernel) against its
- * goldens' bf16 greedy continuations, in the three lever settings; the rule of
+ * goldens' bf16 greedy continuations, in the four lever settings; the rule of
  * test_parity_demo.c's bf16 pass: identical up to a near-tie (the
  * reference's f32 margin <= 0.05, or our top-2 within one bf16 ulp). */
 static void test_demo(void) {
@@ -341,12 +348,14 @@ static void test_demo(void) {
         REQUIRE(0, "demo model load failed");
     }
     int V = pt_model_vocab_size(m);
-    int saved[3] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.bgemm};
+    int saved[4] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.bgemm, pt_cpu_lever.amx};
     for (int on = 0; on < NLV; on++) {
         pt_cpu_lever.xint = pt_cpu_lever.xgemm = on == 1;
         pt_cpu_lever.bgemm = on == 2;
+        pt_cpu_lever.amx = on == 3;
         long x0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XINT]), g0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]),
-             b0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]);
+             b0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]),
+             a0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_AMX]);
         int np = 0;
         for (int p = 0;; p++, np++) {
             char nm[64];
@@ -393,10 +402,13 @@ static void test_demo(void) {
         CHECK(np > 0, "demo: no prompts in the golden");
         long dx = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XINT]) - x0,
              dg = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM]) - g0,
-             db = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) - b0;
+             db = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_BGEMM]) - b0,
+             da = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_AMX]) - a0;
         printf("INFO demo levers %s: %ld decode tokens on the integer-piece kernel, %ld prefill calls on its GEMM, %ld "
-               "on the bf16 GEMM\n",
-               lever_name[on], dx, dg, db);
+               "on the bf16 GEMM, %ld on AMX\n",
+               lever_name[on], dx, dg, db, da);
+        if (on != 3) CHECK(da == 0, "demo levers %s: the AMX GEMM ran", lever_name[on]);
+        if (on == 3 && pt_cpu_amx_available()) CHECK(da > 0, "demo: the AMX GEMM was not reached");
         if (on != 1) CHECK(dx == 0 && dg == 0, "demo levers %s: integer pieces ran", lever_name[on]);
         if (on != 2) CHECK(db == 0, "demo levers %s: the bf16 GEMM ran", lever_name[on]);
         if (on == 1 && pt_cpu_gemm_i8_available())
@@ -406,6 +418,7 @@ static void test_demo(void) {
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];
     pt_cpu_lever.bgemm = saved[2];
+    pt_cpu_lever.amx = saved[3];
     pt_model_free(&m);
     golden_close(g);
 }

@@ -103,8 +103,8 @@ static void test_gemm(void) {
         for (int64_t i = 0; i < T * K; i++) /* wide ranges in some tokens */
             x[i] = pt_round_bf16(i / K % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3));
         int saved = pt_cpu_lever.xgemm;
-        int saved_bgemm = pt_cpu_lever.bgemm; /* the integer-piece GEMM, not the bf16 one */
-        pt_cpu_lever.bgemm = 0;
+        int saved_bgemm = pt_cpu_lever.bgemm, saved_amx = pt_cpu_lever.amx; /* the integer-piece GEMM, not a bf16 one */
+        pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
         pt_cpu_lever.xgemm = 1;
         REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
         pt_cpu_lever.xgemm = 0;
@@ -118,6 +118,7 @@ static void test_gemm(void) {
         CHECK(memcmp(y1, y0, sizeof y1) == 0, "gs %d: a non-bf16 token did not send the call to the f32 GEMM", gs);
         pt_cpu_lever.xgemm = saved;
         pt_cpu_lever.bgemm = saved_bgemm;
+        pt_cpu_lever.amx = saved_amx;
         rand_qweight_free(&q);
         pt_backend_free(&be);
     }
@@ -141,8 +142,8 @@ static void test_demo_model(void) {
     for (int i = 0; i < P; i++) ids[i] = (int32_t)(3 + (ru32() % (uint32_t)(V - 3)));
     float *lg[2];
     int saved[2] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm};
-    int saved_bgemm = pt_cpu_lever.bgemm; /* the integer-piece GEMM, not the bf16 one */
-    pt_cpu_lever.bgemm = 0;
+    int saved_bgemm = pt_cpu_lever.bgemm, saved_amx = pt_cpu_lever.amx; /* the integer-piece GEMM, not a bf16 one */
+    pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
     for (int on = 0; on < 2; on++) {
         pt_cpu_lever.xint = pt_cpu_lever.xgemm = on;
         lg[on] = malloc(sizeof(float) * (size_t)V * (P + D));
@@ -207,6 +208,7 @@ static void test_demo_model(void) {
     pt_cpu_lever.xint = saved[0];
     pt_cpu_lever.xgemm = saved[1];
     pt_cpu_lever.bgemm = saved_bgemm;
+    pt_cpu_lever.amx = saved_amx;
     pt_session_free(&s1);
     pt_model_free(&m1);
     free(lg[0]), free(lg[1]);

@@ -156,8 +156,8 @@ static void test_gemm8(void) {
             x[i] = pt_round_bf16(v);
         }
         int saved = pt_cpu_lever.xgemm8;
-        int saved_bgemm = pt_cpu_lever.bgemm; /* the integer-piece GEMM, not the bf16 one */
-        pt_cpu_lever.bgemm = 0;
+        int saved_bgemm = pt_cpu_lever.bgemm, saved_amx = pt_cpu_lever.amx; /* the integer-piece GEMM, not a bf16 one */
+        pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
         pt_cpu_lever.xgemm8 = 1;
         long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_XGEMM8]);
         REQUIRE(be->ops->matmul(be, y1, x, T, &q.w, 0) == PT_OK, "%s", pt_last_error());
@@ -180,6 +180,7 @@ static void test_gemm8(void) {
         CHECK(memcmp(y1, y0, sizeof y1) == 0, "gs %d: a non-bf16 token did not send the call to the f32 GEMM", gs);
         pt_cpu_lever.xgemm8 = saved;
         pt_cpu_lever.bgemm = saved_bgemm;
+        pt_cpu_lever.amx = saved_amx;
         xb_close(&p);
     }
 }

@@ -242,6 +242,14 @@ size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
 void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
                       int64_t expert);
 size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng);
+/* The same GEMM on AMX tiles (TDPBF16PS), when pt_cpu_amx_available() (the
+ * CPU has AMX-BF16 and the OS granted the tile state): xb must hold whole
+ * blocks of 32 tokens, [ceil(T/32)·32, K], the rows past T zero. Needs
+ * pt_cpu_gemm_amx_scratch floats of per-thread scratch. */
+int pt_cpu_amx_available(void);
+void pt_cpu_gemm_amx(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
+                     int64_t expert);
+size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng);
 /* dst[j] = x[j] as bf16 for j < K; 0 (dst partly written) when a value is not
  * exactly a finite bf16 or is subnormal (vdpbf16ps reads those as zero). */
 int pt_cpu_x_bf16_exact(uint16_t *dst, const float *x, int64_t K);
@@ -277,6 +285,8 @@ typedef struct {
     int xgemm8;  /* 8-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM8, default 1; 0: the f32 GEMM) */
     int bgemm;   /* 4/8-bit prefill on the bf16 GEMM, ahead of the integer-piece GEMMs (PETREL_CPU_BGEMM, default: by
                   * CPU vendor, cpu_matmul.c) */
+    int amx;     /* 4/8-bit prefill on the AMX bf16 GEMM where the CPU has AMX, ahead of the others (PETREL_CPU_AMX,
+                  * default 1) */
     int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT, default 1) or
                   * the guided claims from one counter (0); the same bits either way */
 } pt_cpu_levers;
@@ -287,7 +297,7 @@ extern pt_cpu_levers pt_cpu_lever;
  * kernel (BF16) or the f32-x kernel (F32); 8-bit decode tokens through the
  * integer-piece kernel (XINT8) or the f32-x kernel (Q8F32); prefill calls
  * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit), the bf16
- * GEMM (BGEMM: 4- and 8-bit) or the f32 GEMM (GEMM). Relaxed
+ * GEMM (BGEMM: 4- and 8-bit), its AMX form (AMX) or the f32 GEMM (GEMM). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -298,6 +308,7 @@ enum {
     PT_CPU_PATH_XGEMM,
     PT_CPU_PATH_XGEMM8,
     PT_CPU_PATH_BGEMM,
+    PT_CPU_PATH_AMX,
     PT_CPU_PATH_GEMM,
     PT_CPU_PATH_N
 };

@@ -50,7 +50,7 @@
  * differently from the integer-piece GEMMs) and PETREL_CPU_XINT default by
  * the CPU (bf16_full_rate); "1" forces either on, "0" off. */
 pt_cpu_levers pt_cpu_lever = {
-    .multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .bgemm = -1, .split = -1};
+    .multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .bgemm = -1, .amx = -1, .split = -1};
 
 static void lever_read(int *field, const char *name, int def) {
     if (*field >= 0) return;
@@ -80,6 +80,7 @@ static void levers_read(void) {
     lever_read(&pt_cpu_lever.xgemm, "PETREL_CPU_XGEMM", 1);
     lever_read(&pt_cpu_lever.xgemm8, "PETREL_CPU_XGEMM8", 1);
     lever_read(&pt_cpu_lever.bgemm, "PETREL_CPU_BGEMM", bf16_full_rate());
+    lever_read(&pt_cpu_lever.amx, "PETREL_CPU_AMX", 1);
     lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT", 1);
 }
 
@@ -811,16 +812,21 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
         pt_cpu_gemm_i8_available()) {
         levers_init();
-        if (pt_cpu_lever.bgemm > 0 && cpu_has_bf16()) {
-            /* prefill on the bf16 GEMM; shared: group sums [T·ng], x as bf16 [T·K] */
-            int64_t ng = K / gs;
-            PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_bf16_scratch(K, ng), (size_t)(T * (ng + K / 2 + 1))));
+        int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
+        if ((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16()) {
+            /* prefill on the AMX or the AVX-512 bf16 GEMM; shared: group sums [T·ng], x as bf16 [T32·K]
+             * (T32: T rounded up to whole 32-token blocks for the AMX tiles, the rows past T zero) */
+            int64_t ng = K / gs, T32 = (T + 31) / 32 * 32;
+            PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
+                                       (size_t)(T * ng + T32 * K / 2 + 16)));
             xb_ctx q = {.xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
             atomic_init(&q.bad, 0);
             pt_pool_for(c->pool, (long)T, 8, bgemm_prep_job, &q);
             if (!atomic_load(&q.bad)) {
-                pt_cpu_gemm_bf16(c, y, q.xb, q.xs, T, w, expert);
-                path_count(PT_CPU_PATH_BGEMM, 1);
+                memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
+                if (amx) pt_cpu_gemm_amx(c, y, q.xb, q.xs, T, w, expert);
+                else pt_cpu_gemm_bf16(c, y, q.xb, q.xs, T, w, expert);
+                path_count(amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM, 1);
                 return PT_OK;
             }
         }

@@ -137,51 +137,69 @@ static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B,
     }
 }
 
+/* Packs the panel of rows [p0, p0 + nr) (nr <= 32; rows past nr zero):
+ * the codes as bf16 k pairs P [K/2][32][2], scales and biases S, B [ng][32]
+ * f32. rows [16][K] bf16 and bytes [K] are work space. */
+static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float *S, float *B, uint16_t *rows,
+                       uint8_t *bytes) {
+    const pt_matrix *w = m->w;
+    int64_t N = w->rows, K = w->cols, ng = K / w->group_size;
+    size_t pbytes = pt_ftype_size(w->dtype);
+    /* 16 rows at a time as bf16 [16][K], then their pairs (32-bit words) transposed into [K/2][32] by the f32
+     * panel transpose */
+    for (int r0 = 0; r0 < 32; r0 += 16) {
+        for (int r = 0; r < 16; r++) {
+            uint16_t *dst = rows + (size_t)r * K;
+            if (r0 + r >= nr) {
+                memset(dst, 0, (size_t)K * 2);
+                for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
+                continue;
+            }
+            int64_t n = p0 + r0 + r;
+            row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+            size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
+            for (int64_t g = 0; g < ng; g++) {
+                S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
+                B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
+            }
+        }
+        if ((K / 2) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 2);
+        else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 2);
+    }
+}
+
+/* y rows t0 .. t0 + nt - 1 of the panel's nr outputs from F [.][32] (token-major), bias added, rounded to the
+ * activation dtype. */
+static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int64_t p0, int nr) {
+    const pt_matrix *w = m->w;
+    pt_act_dtype act = m->c->base.act;
+    int64_t N = w->rows;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) {
+            int64_t n = p0 + r;
+            float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
+            m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
+        }
+}
+
 static void gbf_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
-    pt_act_dtype act = m->c->base.act;
-    int64_t N = w->rows, K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     uint16_t *P = (uint16_t *)scr;            /* [K/2][32][2] */
     float *S = scr + 16 * K, *B = S + 32 * ng; /* [ng][32] each */
     uint16_t *rows = (uint16_t *)(B + 32 * ng); /* [16][K] */
     uint8_t *bytes = (uint8_t *)(rows + 16 * K); /* [K] */
-    size_t pbytes = pt_ftype_size(w->dtype);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        /* pack the panel: 16 rows at a time as bf16 [16][K], then their pairs (32-bit words) transposed into
-         * [K/2][32] by the f32 panel transpose */
-        for (int r0 = 0; r0 < 32; r0 += 16) {
-            for (int r = 0; r < 16; r++) {
-                uint16_t *dst = rows + (size_t)r * K;
-                if (r0 + r >= nr) {
-                    memset(dst, 0, (size_t)K * 2);
-                    for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
-                    continue;
-                }
-                int64_t n = p0 + r0 + r;
-                row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
-                size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
-                for (int64_t g = 0; g < ng; g++) {
-                    S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
-                    B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
-                }
-            }
-            if ((K / 2) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 2);
-            else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 2);
-        }
+        pack_panel(m, p0, nr, P, S, B, rows, bytes);
         for (int64_t t0 = 0; t0 < T; t0 += MR) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
             tile8bf(F, P, S, B, m->xb, m->xs, tt, K, gs);
-            for (int t = 0; t < MR && t0 + t < T; t++)
-                for (int r = 0; r < nr; r++) {
-                    int64_t n = p0 + r;
-                    float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
-                    m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
-                }
+            store_rows(m, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr);
         }
     }
 }
@@ -191,4 +209,132 @@ void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, 
     gbf_ctx m = {.c = c, .y = y, .xb = xb, .xs = xs, .T = T, .w = w, .expert = expert};
     /* chunks of 32-row panels: only the last chunk has a narrow panel */
     pt_pool_for(c->pool, (long)w->rows, 32, gbf_panels, &m);
+}
+
+/* ---- the same GEMM on AMX tiles (PETREL_CPU_AMX) ----
+ * Intel's AMX (Sapphire Rapids and later): TDPBF16PS multiplies a tile of 16
+ * tokens × 32 bf16 values of x (A, rows of 64 bytes) by a tile of 16 k pairs
+ * × 16 weight rows (B: the bf16 panel's layout above, rows 128 bytes apart)
+ * into 16 × 16 f32 sums (C), 8192 multiply-adds per instruction. A block is
+ * 32 tokens × the panel's 32 rows: four C tiles, two A and two B tiles (all
+ * eight tile registers). Per group the C tiles start from zero, take the
+ * group's k steps of 32, are stored, and are folded like tile8bf's sums:
+ * F = fma(sum, scale, F), F = fma(bias, Σx_g, F). Each sum is one (token,
+ * row) dot in k order whatever the other tokens, so a row's bits depend
+ * on neither the block, the panel nor the thread split; AMX rounds its
+ * accumulation differently from vdpbf16ps, so the two GEMMs differ in the
+ * last bits. The tile configuration is loaded per thread by inline
+ * `ldtilecfg` (gcc 12's _tile_loadconfig intrinsic miscompiles), after the
+ * process asked the kernel for the tile state (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). */
+#include <cpuid.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an extended state component */
+#define AMX_XTILEDATA 18          /* the tile data state component */
+
+static int amx_state = -1;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+    unsigned a, b, c, d;
+    amx_state = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE: xgetbv works */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return; /* AMX-BF16, AMX-TILE */
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if ((lo & (3u << 17)) != (3u << 17)) return; /* the OS saves XTILECFG and XTILEDATA */
+    if (syscall(SYS_arch_prctl, AMX_REQ_XCOMP_PERM, AMX_XTILEDATA) != 0) return;
+    amx_state = 1;
+}
+
+int pt_cpu_amx_available(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_state == 1;
+}
+
+size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng) {
+    /* the bf16 GEMM's, plus four stored C tiles (4·256, 64-byte aligned: up to 15 floats of padding) and F [32][32] */
+    return pt_cpu_gemm_bf16_scratch(K, ng) + 16 + 4 * 256 + 32 * 32;
+}
+
+/* palette 1; tiles 0-7 all 16 rows of 64 bytes */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+static void amx_panels(void *arg, long n0, long n1, int ith) {
+    gbf_ctx *m = arg;
+    const pt_matrix *w = m->w;
+    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    float *scr = pt_cpu_thread_scratch(m->c, ith);
+    uint16_t *P = (uint16_t *)scr;            /* [K/2][32][2] */
+    float *S = scr + 16 * K, *B = S + 32 * ng; /* [ng][32] each */
+    uint16_t *rows = (uint16_t *)(B + 32 * ng); /* [16][K] */
+    uint8_t *bytes = (uint8_t *)(rows + 16 * K); /* [K] */
+    float *Cb = scr + pt_cpu_gemm_bf16_scratch(K, ng); /* [4][16][16]: C tiles (token half, row half) */
+    Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
+    float *F = Cb + 4 * 256; /* [32 tokens][32 rows] */
+    amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    const long sa = (long)K * 2, sb = 128, sc = 64; /* row strides in bytes: x, the panel, a stored C tile */
+    for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+        int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        pack_panel(m, p0, nr, P, S, B, rows, bytes);
+        for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xb holds whole blocks of 32 tokens (zeros past T) */
+            for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+            for (int64_t g = 0; g < ng; g++) {
+                __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+                for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+                    const uint16_t *a0 = m->xb + t0 * K + k, *a1 = a0 + 16 * K, *b0 = P + k * 32, *b1 = b0 + 32;
+                    __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
+                                     "tileloadd (%1,%4,1), %%tmm5\n\t"
+                                     "tileloadd (%2,%5,1), %%tmm6\n\t"
+                                     "tileloadd (%3,%5,1), %%tmm7\n\t"
+                                     "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+                                     "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+                                     "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+                                     "tdpbf16ps %%tmm7, %%tmm5, %%tmm3"
+                                     :
+                                     : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
+                                     : "memory");
+                }
+                __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
+                                 "tilestored %%tmm1, (%1,%4,1)\n\t"
+                                 "tilestored %%tmm2, (%2,%4,1)\n\t"
+                                 "tilestored %%tmm3, (%3,%4,1)"
+                                 :
+                                 : "r"(Cb), "r"(Cb + 256), "r"(Cb + 512), "r"(Cb + 768), "r"(sc)
+                                 : "memory");
+                __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+                __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
+                for (int t = 0; t < 32; t++) {
+                    int64_t tx = t0 + t < T ? t0 + t : T - 1; /* a padding token's sums are dropped */
+                    __m512 e = _mm512_set1_ps(m->xs[tx * ng + g]);
+                    const float *c = Cb + (t / 16) * 512 + (t % 16) * 16;
+                    float *f = F + t * 32;
+                    _mm512_storeu_ps(f, _mm512_fmadd_ps(c0, e, _mm512_fmadd_ps(_mm512_loadu_ps(c), s0, _mm512_loadu_ps(f))));
+                    _mm512_storeu_ps(f + 16, _mm512_fmadd_ps(c1, e, _mm512_fmadd_ps(_mm512_loadu_ps(c + 256), s1,
+                                                                                     _mm512_loadu_ps(f + 16))));
+                }
+            }
+            store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr);
+        }
+    }
+    __asm__ volatile("tilerelease" ::);
+}
+
+void pt_cpu_gemm_amx(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
+                     int64_t expert) {
+    gbf_ctx m = {.c = c, .y = y, .xb = xb, .xs = xs, .T = T, .w = w, .expert = expert};
+    pt_pool_for(c->pool, (long)w->rows, 32, amx_panels, &m);
 }
