@@ -216,6 +216,34 @@ static inline float pt_ft_load(pt_ftype t, const void *p, int64_t i) {
 }
 void pt_ft_load_row(pt_ftype t, const void *p, float *dst, int64_t n);
 
+/* The prefill GEMMs' 32-row panels (gemm_i8_avx512.c, gemm_bf16_avx512.c):
+ * row n's scales and biases into column col of S and B [ng][32] (zeros for
+ * n < 0, a row past the panel's end). */
+static inline void pt_cpu_panel_params(const pt_matrix *w, int64_t expert, int64_t n, int col, float *S, float *B) {
+    int64_t ng = w->cols / w->group_size;
+    if (n < 0) {
+        for (int64_t g = 0; g < ng; g++) S[g * 32 + col] = B[g * 32 + col] = 0.0f;
+        return;
+    }
+    size_t off = (size_t)(expert * w->rows + n) * (size_t)ng * pt_ftype_size(w->dtype);
+    for (int64_t g = 0; g < ng; g++) {
+        S[g * 32 + col] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
+        B[g * 32 + col] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
+    }
+}
+/* y[(t0 + t)·N + p0 + r] = act-rounded F[t·32 + r] + the weight's bias, for
+ * the nt tokens and nr rows of a panel's results F [.][32]. */
+static inline void pt_cpu_panel_store(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr,
+                                      const pt_matrix *w, int64_t expert, pt_act_dtype act) {
+    int64_t N = w->rows;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < nr; r++) {
+            int64_t n = p0 + r;
+            float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, expert * N + n) : 0.0f;
+            y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
+        }
+}
+
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
 /* --fused-decode-attn: one decode query at position pos over a quantized

@@ -143,8 +143,7 @@ static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B,
 static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float *S, float *B, uint16_t *rows,
                        uint8_t *bytes) {
     const pt_matrix *w = m->w;
-    int64_t N = w->rows, K = w->cols, ng = K / w->group_size;
-    size_t pbytes = pt_ftype_size(w->dtype);
+    int64_t K = w->cols;
     /* 16 rows at a time as bf16 [16][K], then their pairs (32-bit words) transposed into [K/2][32] by the f32
      * panel transpose */
     for (int r0 = 0; r0 < 32; r0 += 16) {
@@ -152,45 +151,44 @@ static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float 
             uint16_t *dst = rows + (size_t)r * K;
             if (r0 + r >= nr) {
                 memset(dst, 0, (size_t)K * 2);
-                for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
+                pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
                 continue;
             }
             int64_t n = p0 + r0 + r;
             row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
-            size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
-            for (int64_t g = 0; g < ng; g++) {
-                S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
-                B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
-            }
+            pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
         }
         if ((K / 2) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 2);
         else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 2);
     }
 }
 
-/* y rows t0 .. t0 + nt - 1 of the panel's nr outputs from F [.][32] (token-major), bias added, rounded to the
- * activation dtype. */
 static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int64_t p0, int nr) {
-    const pt_matrix *w = m->w;
-    pt_act_dtype act = m->c->base.act;
-    int64_t N = w->rows;
-    for (int t = 0; t < nt; t++)
-        for (int r = 0; r < nr; r++) {
-            int64_t n = p0 + r;
-            float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
-            m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
-        }
+    pt_cpu_panel_store(m->y, F, t0, nt, p0, nr, m->w, m->expert, m->c->base.act);
+}
+
+/* A thread's scratch for one panel: P [K/2][32][2] bf16, S and B [ng][32] f32, rows [16][K] bf16, bytes [K];
+ * returns the float just past them (pt_cpu_gemm_bf16_scratch floats in all). */
+static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, float **B, uint16_t **rows,
+                            uint8_t **bytes) {
+    int64_t K = m->w->cols, ng = K / m->w->group_size;
+    float *scr = pt_cpu_thread_scratch(m->c, ith);
+    *P = (uint16_t *)scr;
+    *S = scr + 16 * K;
+    *B = *S + 32 * ng;
+    *rows = (uint16_t *)(*B + 32 * ng);
+    *bytes = (uint8_t *)(*rows + 16 * K);
+    return scr + pt_cpu_gemm_bf16_scratch(K, ng);
 }
 
 static void gbf_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
-    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
-    float *scr = pt_cpu_thread_scratch(m->c, ith);
-    uint16_t *P = (uint16_t *)scr;            /* [K/2][32][2] */
-    float *S = scr + 16 * K, *B = S + 32 * ng; /* [ng][32] each */
-    uint16_t *rows = (uint16_t *)(B + 32 * ng); /* [16][K] */
-    uint8_t *bytes = (uint8_t *)(rows + 16 * K); /* [K] */
+    int64_t K = w->cols, T = m->T, gs = w->group_size;
+    uint16_t *P, *rows;
+    float *S, *B;
+    uint8_t *bytes;
+    panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
@@ -273,12 +271,10 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
     int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
-    float *scr = pt_cpu_thread_scratch(m->c, ith);
-    uint16_t *P = (uint16_t *)scr;            /* [K/2][32][2] */
-    float *S = scr + 16 * K, *B = S + 32 * ng; /* [ng][32] each */
-    uint16_t *rows = (uint16_t *)(B + 32 * ng); /* [16][K] */
-    uint8_t *bytes = (uint8_t *)(rows + 16 * K); /* [K] */
-    float *Cb = scr + pt_cpu_gemm_bf16_scratch(K, ng); /* [4][16][16]: C tiles (token half, row half) */
+    uint16_t *P, *rows;
+    float *S, *B;
+    uint8_t *bytes;
+    float *Cb = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes); /* [4][16][16]: C tiles (token half, row half) */
     Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
     float *F = Cb + 4 * 256; /* [32 tokens][32 rows] */
     amx_tilecfg cfg;

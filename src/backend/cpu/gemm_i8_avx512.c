@@ -279,12 +279,11 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
     gi8_ctx *m = arg;
     const pt_matrix *w = m->w;
     pt_act_dtype act = m->c->base.act;
-    int64_t N = w->rows, K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     uint8_t *P = (uint8_t *)scr;          /* [K/4][32][4] */
     float *S = scr + 8 * K, *B = S + 32 * ng; /* [ng][32] each */
     uint8_t *rows = (uint8_t *)(B + 32 * ng); /* [16][K] */
-    size_t pbytes = pt_ftype_size(w->dtype);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         /* pack the panel: 16 rows at a time unpacked to bytes [16][K], then their
@@ -295,16 +294,12 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
                 uint8_t *dst = rows + (size_t)r * K;
                 if (r0 + r >= nr) {
                     memset(dst, 0, (size_t)K);
-                    for (int64_t g = 0; g < ng; g++) S[g * 32 + r0 + r] = B[g * 32 + r0 + r] = 0.0f;
+                    pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
                     continue;
                 }
                 int64_t n = p0 + r0 + r;
                 unpack_row(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
-                size_t off = (size_t)(m->expert * N + n) * (size_t)ng * pbytes;
-                for (int64_t g = 0; g < ng; g++) {
-                    S[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->scales + off, g);
-                    B[g * 32 + r0 + r] = pt_ft_load(w->dtype, (const char *)w->biases + off, g);
-                }
+                pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
             }
             if ((K / 4) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 4);
             else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 4);
@@ -317,12 +312,7 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
             if (m->xstep && w->bits == 8) tile8x3q8(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
             else if (m->xstep) tile8x3(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
             else tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
-            for (int t = 0; t < MR && t0 + t < T; t++)
-                for (int r = 0; r < nr; r++) {
-                    int64_t n = p0 + r;
-                    float bias = w->bias ? pt_ft_load(w->bias_dtype, w->bias, m->expert * N + n) : 0.0f;
-                    m->y[(t0 + t) * N + n] = pt_act_round(act, F[t * 32 + r] + bias);
-                }
+            pt_cpu_panel_store(m->y, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr, w, m->expert, act);
         }
     }
 }
