@@ -255,9 +255,13 @@ int pt_cpu_amx_available(void) {
     return amx_state == 1;
 }
 
+/* groups whose C tiles are stored before they are folded (32 KiB of tiles) */
+#define AMX_CHUNK 8
+
 size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng) {
-    /* the bf16 GEMM's, plus four stored C tiles (4·256, 64-byte aligned: up to 15 floats of padding) and F [32][32] */
-    return pt_cpu_gemm_bf16_scratch(K, ng) + 16 + 4 * 256 + 32 * 32;
+    /* the bf16 GEMM's, plus AMX_CHUNK groups' four stored C tiles (·4·256, 64-byte aligned: up to 15 floats of
+     * padding) and F [32][32] */
+    return pt_cpu_gemm_bf16_scratch(K, ng) + 16 + AMX_CHUNK * 4 * 256 + 32 * 32;
 }
 
 /* palette 1; tiles 0-7 all 16 rows of 64 bytes */
@@ -274,9 +278,10 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     uint16_t *P, *rows;
     float *S, *B;
     uint8_t *bytes;
-    float *Cb = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes); /* [4][16][16]: C tiles (token half, row half) */
+    /* [AMX_CHUNK][4][16][16]: a chunk of groups' C tiles (token half, row half) */
+    float *Cb = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
     Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
-    float *F = Cb + 4 * 256; /* [32 tokens][32 rows] */
+    float *F = Cb + AMX_CHUNK * 1024; /* [32 tokens][32 rows] */
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
@@ -288,39 +293,58 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
         for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xb holds whole blocks of 32 tokens (zeros past T) */
             for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
-            for (int64_t g = 0; g < ng; g++) {
-                __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
-                for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
-                    const uint16_t *a0 = m->xb + t0 * K + k, *a1 = a0 + 16 * K, *b0 = P + k * 32, *b1 = b0 + 32;
-                    __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
-                                     "tileloadd (%1,%4,1), %%tmm5\n\t"
-                                     "tileloadd (%2,%5,1), %%tmm6\n\t"
-                                     "tileloadd (%3,%5,1), %%tmm7\n\t"
-                                     "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-                                     "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-                                     "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-                                     "tdpbf16ps %%tmm7, %%tmm5, %%tmm3"
+            for (int64_t g0 = 0; g0 < ng; g0 += AMX_CHUNK) {
+                int64_t g1 = g0 + AMX_CHUNK < ng ? g0 + AMX_CHUNK : ng;
+                /* the chunk's sums, group by group into its stored tiles ... */
+                for (int64_t g = g0; g < g1; g++) {
+                    float *cg = Cb + (g - g0) * 1024;
+                    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+                    for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
+                        const uint16_t *a0 = m->xb + t0 * K + k, *a1 = a0 + 16 * K, *b0 = P + k * 32, *b1 = b0 + 32;
+                        __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
+                                         "tileloadd (%1,%4,1), %%tmm5\n\t"
+                                         "tileloadd (%2,%5,1), %%tmm6\n\t"
+                                         "tileloadd (%3,%5,1), %%tmm7\n\t"
+                                         "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
+                                         "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
+                                         "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
+                                         "tdpbf16ps %%tmm7, %%tmm5, %%tmm3"
+                                         :
+                                         : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
+                                         : "memory");
+                    }
+                    __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
+                                     "tilestored %%tmm1, (%1,%4,1)\n\t"
+                                     "tilestored %%tmm2, (%2,%4,1)\n\t"
+                                     "tilestored %%tmm3, (%3,%4,1)"
                                      :
-                                     : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
+                                     : "r"(cg), "r"(cg + 256), "r"(cg + 512), "r"(cg + 768), "r"(sc)
                                      : "memory");
                 }
-                __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
-                                 "tilestored %%tmm1, (%1,%4,1)\n\t"
-                                 "tilestored %%tmm2, (%2,%4,1)\n\t"
-                                 "tilestored %%tmm3, (%3,%4,1)"
-                                 :
-                                 : "r"(Cb), "r"(Cb + 256), "r"(Cb + 512), "r"(Cb + 768), "r"(sc)
-                                 : "memory");
-                __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
-                __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
-                for (int t = 0; t < 32; t++) {
-                    int64_t tx = t0 + t < T ? t0 + t : T - 1; /* a padding token's sums are dropped */
-                    __m512 e = _mm512_set1_ps(m->xs[tx * ng + g]);
-                    const float *c = Cb + (t / 16) * 512 + (t % 16) * 16;
-                    float *f = F + t * 32;
-                    _mm512_storeu_ps(f, _mm512_fmadd_ps(c0, e, _mm512_fmadd_ps(_mm512_loadu_ps(c), s0, _mm512_loadu_ps(f))));
-                    _mm512_storeu_ps(f + 16, _mm512_fmadd_ps(c1, e, _mm512_fmadd_ps(_mm512_loadu_ps(c + 256), s1,
-                                                                                     _mm512_loadu_ps(f + 16))));
+                /* ... then folded eight tokens at a time, F in registers across the chunk, group by group in
+                 * order: F = fma(sum, scale, F), F = fma(bias, Σx_g, F) (a padding token's sums are dropped) */
+                for (int o = 0; o < 32; o += 8) {
+                    int64_t tx[8];
+                    for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
+#define AL(t) __m512 f##t##a = _mm512_loadu_ps(F + (o + t) * 32), f##t##b = _mm512_loadu_ps(F + (o + t) * 32 + 16);
+                    X8(AL)
+#undef AL
+                    for (int64_t g = g0; g < g1; g++) {
+                        const float *cg = Cb + (g - g0) * 1024 + (o / 16) * 512 + (o % 16) * 16;
+                        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+                        __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define AF(t)                                                                                                  \
+    {                                                                                                          \
+        __m512 e_ = _mm512_set1_ps(m->xs[tx[t] * ng + g]);                                                     \
+        f##t##a = _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(_mm512_loadu_ps(cg + t * 16), s0, f##t##a));          \
+        f##t##b = _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(_mm512_loadu_ps(cg + 256 + t * 16), s1, f##t##b));    \
+    }
+                        X8(AF)
+#undef AF
+                    }
+#define AS(t) _mm512_storeu_ps(F + (o + t) * 32, f##t##a), _mm512_storeu_ps(F + (o + t) * 32 + 16, f##t##b);
+                    X8(AS)
+#undef AS
                 }
             }
             store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr);
