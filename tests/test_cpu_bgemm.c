@@ -146,9 +146,45 @@ static void test_amx(void) {
     check_gemm(1, 45, 32);
 }
 
+/* pt_backend_cpu_quant_paths names the kernels the levers select, and
+ * nothing for f32 activations. */
+static void test_paths_name(void) {
+    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    pt_backend *be = NULL, *bf = NULL;
+    REQUIRE(xint_avx512_backend(&be, 1), "%s", pt_last_error());
+    if (!be) TEST_SKIP("backend ISA is not avx512");
+    pt_cpu_params cp = {.n_threads = 1, .act = PT_ACT_F32};
+    REQUIRE(pt_backend_cpu_create(&bf, &cp) == PT_OK, "%s", pt_last_error());
+    int saved[4] = {pt_cpu_lever.xint, pt_cpu_lever.xgemm, pt_cpu_lever.bgemm, pt_cpu_lever.amx};
+    const char *p;
+    pt_cpu_lever.xint = pt_cpu_lever.xgemm = 1;
+    pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
+    p = pt_backend_cpu_quant_paths(be);
+    CHECK(p && !strcmp(p, "decode int pieces, prefill int pieces"), "xint levers: %s", p ? p : "NULL");
+    pt_cpu_lever.xint = pt_cpu_lever.xgemm = 0;
+    pt_cpu_lever.bgemm = 1;
+    p = pt_backend_cpu_quant_paths(be);
+    CHECK(p && !strcmp(p, "decode bf16, prefill bf16"), "bgemm: %s", p ? p : "NULL");
+    pt_cpu_lever.bgemm = 0;
+    p = pt_backend_cpu_quant_paths(be);
+    CHECK(p && !strcmp(p, "decode bf16, prefill f32"), "all off: %s", p ? p : "NULL");
+    pt_cpu_lever.amx = 1;
+    p = pt_backend_cpu_quant_paths(be);
+    const char *want = pt_cpu_amx_available() ? "decode bf16, prefill amx" : "decode bf16, prefill f32";
+    CHECK(p && !strcmp(p, want), "amx: %s (want %s)", p ? p : "NULL", want);
+    CHECK(pt_backend_cpu_quant_paths(bf) == NULL, "f32 activations named %s", pt_backend_cpu_quant_paths(bf));
+    pt_cpu_lever.xint = saved[0];
+    pt_cpu_lever.xgemm = saved[1];
+    pt_cpu_lever.bgemm = saved[2];
+    pt_cpu_lever.amx = saved[3];
+    pt_backend_free(&be);
+    pt_backend_free(&bf);
+}
+
 int main(void) {
     TEST_RUN(test_x_conversion);
     TEST_RUN(test_gemm);
     TEST_RUN(test_amx);
+    TEST_RUN(test_paths_name);
     return test_summary();
 }

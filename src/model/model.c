@@ -115,8 +115,10 @@ static pt_status load(pt_model *m, const char *dir, const pt_model_params *param
         PT_TRY(pt_backend_cpu_create(&m->be, &cp));
         PT_TRY(pt_net_build(m));
         int nth = m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count();
-        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s)",
-                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch);
+        const char *qp = pt_backend_cpu_quant_paths(m->be);
+        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s%s%s)",
+                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch,
+                 qp ? "; " : "", qp ? qp : "");
     }
 
     if (m->mdir->has_tokenizer_json) PT_TRY(pt_tokenizer_load_dir(dir, &m->tok));

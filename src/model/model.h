@@ -144,7 +144,7 @@ struct pt_model {
     int32_t *eos;                   /* the eos set */
     size_t n_eos;
     pt_sampling_params gen_defaults;
-    char backend_name[96];
+    char backend_name[128];
     pthread_mutex_t lock;           /* serializes forward passes: the backend's scratch is shared */
     /* Debugging / parity: when set, called with the residual stream after the
      * embedding (layer -1), after each layer, and the final-norm output

@@ -572,6 +572,25 @@ static int cpu_has_bf16(void) {
     return __builtin_cpu_supports("avx512bf16") != 0;
 }
 
+const char *pt_backend_cpu_quant_paths(const pt_backend *be) {
+    if (!be || strcmp(be->ops->name, "cpu")) return NULL;
+    const pt_cpu *c = (const pt_cpu *)be;
+    if (c->isa != PT_ISA_AVX512 || c->base.act != PT_ACT_BF16 || c->int8_act || !pt_cpu_gemm_i8_available())
+        return NULL;
+    levers_init();
+    static const char *const table[2][4] = {
+        {"decode bf16, prefill amx", "decode bf16, prefill bf16", "decode bf16, prefill int pieces",
+         "decode bf16, prefill f32"},
+        {"decode int pieces, prefill amx", "decode int pieces, prefill bf16", "decode int pieces, prefill int pieces",
+         "decode int pieces, prefill f32"}};
+    int bf = cpu_has_bf16();
+    int pre = bf && pt_cpu_lever.amx > 0 && pt_cpu_amx_available() ? 0
+              : bf && pt_cpu_lever.bgemm > 0                         ? 1
+              : pt_cpu_lever.xgemm > 0                               ? 2
+                                                                     : 3;
+    return table[pt_cpu_lever.xint > 0][pre];
+}
+
 /* xs[t·ng + g] = Σ_{j∈g} x[t·K + j], sequential (the same sums for every path). */
 static void group_sums(float *xs, const float *x, int64_t T, int64_t K, int gs) {
     int64_t ng = K / gs;
