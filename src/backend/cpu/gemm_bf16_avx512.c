@@ -216,8 +216,10 @@ void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, 
  * into 16 × 16 f32 sums (C), 8192 multiply-adds per instruction. A block is
  * 32 tokens × the panel's 32 rows: four C tiles, two A and two B tiles (all
  * eight tile registers). Per group the C tiles start from zero, take the
- * group's k steps of 32, are stored, and are folded like tile8bf's sums:
- * F = fma(sum, scale, F), F = fma(bias, Σx_g, F). Each sum is one (token,
+ * group's k steps of 32 and are stored; every AMX_CHUNK groups the stored
+ * sums are folded like tile8bf's, group by group in order, eight tokens at a
+ * time with F in registers across the chunk: F = fma(sum, scale, F),
+ * F = fma(bias, Σx_g, F). Each sum is one (token,
  * row) dot in k order whatever the other tokens, so a row's bits depend
  * on neither the block, the panel nor the thread split; AMX rounds its
  * accumulation differently from vdpbf16ps, so the two GEMMs differ in the
