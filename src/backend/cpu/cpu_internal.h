@@ -263,6 +263,9 @@ int pt_cpu_gemm_i8_available(void);
 void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep, const float *xs, int64_t T,
                       const pt_matrix *w, int64_t expert);
 size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng);
+/* One row's 4- or 8-bit codes as bytes, natural order (value j at byte j;
+ * gemm_i8_avx512.c, for the prefill GEMMs' panels). */
+void pt_cpu_unpack_row_bytes(uint8_t *dst, const uint8_t *codes, int64_t K, int bits);
 /* The bf16 prefill GEMM (gemm_bf16_avx512.c; AVX-512 BF16, 4/8-bit weights,
  * groups of a multiple of 32): the decode kernels' L1 formula over x exactly
  * bf16 (xb [T, K]) and its group sums xs [T, ng]. Needs

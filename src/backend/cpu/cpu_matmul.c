@@ -625,51 +625,37 @@ static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_
     }
 }
 
-/* The prefill GEMM's integer pieces (pt_cpu_arrange_xint_rows) and group
- * sums for tokens [t0, t1) as a pool job; a token whose x is not finite and
- * exactly bf16 sets bad (the call then takes the f32 GEMM). */
-typedef struct {
-    int8_t *xq;
-    float *st, *xs;
-    const float *x;
-    int64_t K;
-    int gs;
-    _Atomic int bad;
-} xg_ctx;
-
-static void xgemm_prep_job(void *arg, long t0, long t1, int ith) {
-    xg_ctx *q = arg;
-    int64_t ng = q->K / q->gs;
-    (void)ith;
-    for (long t = t0; t < t1; t++)
-        if (!pt_cpu_arrange_xint_rows(q->xq + t * 3 * q->K, q->st + t * ng, q->x + t * q->K, q->K, q->gs))
-            atomic_store_explicit(&q->bad, 1, memory_order_relaxed);
-    group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
-}
-
-/* x as bf16 and its group sums for tokens [t0, t1) as a pool job (the bf16
- * prefill GEMM); bad is set when a value is not finite or not exactly a
- * normal bf16 (vdpbf16ps reads subnormals as zero), and the call then takes
- * another GEMM — decided from the call's own tokens. */
+/* x for a prefill GEMM that takes exact bf16 values, and its group sums, for
+ * tokens [t0, t1) as a pool job: as bf16 (xb [T, K]: the bf16 and AMX GEMMs)
+ * when xb is set, else as the integer pieces of pt_cpu_arrange_xint_rows (xq
+ * [T, 3K] bytes, steps st [T, ng]: the integer-piece GEMM). A token whose x
+ * the layout refuses (not finite, not exactly bf16; a subnormal for bf16,
+ * which vdpbf16ps reads as zero) sets bad, and the call then takes another
+ * GEMM — decided from the call's own tokens. */
 typedef struct {
     float *xs;
     uint16_t *xb;
+    int8_t *xq;
+    float *st;
     const float *x;
     int64_t K;
     int gs;
     atomic_int bad;
-} xb_ctx;
+} gx_ctx;
 
-static void bgemm_prep_job(void *arg, long t0, long t1, int ith) {
-    xb_ctx *q = arg;
-    int64_t ng = q->K / q->gs;
+static void gemm_x_job(void *arg, long t0, long t1, int ith) {
+    gx_ctx *q = arg;
+    int64_t K = q->K, ng = K / q->gs;
     (void)ith;
-    for (long t = t0; t < t1; t++)
-        if (!pt_cpu_x_bf16_exact(q->xb + t * q->K, q->x + t * q->K, q->K)) {
+    for (long t = t0; t < t1; t++) {
+        int ok = q->xb ? pt_cpu_x_bf16_exact(q->xb + t * K, q->x + t * K, K)
+                       : pt_cpu_arrange_xint_rows(q->xq + t * 3 * K, q->st + t * ng, q->x + t * K, K, q->gs);
+        if (!ok) {
             atomic_store_explicit(&q->bad, 1, memory_order_relaxed);
             return;
         }
-    group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
+    }
+    group_sums(q->xs + t0 * ng, q->x + t0 * K, t1 - t0, K, q->gs);
 }
 
 /* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
@@ -831,16 +817,17 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
         pt_cpu_gemm_i8_available()) {
         levers_init();
+        int64_t ng = K / gs;
         int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
         if ((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16()) {
             /* prefill on the AMX or the AVX-512 bf16 GEMM; shared: group sums [T·ng], x as bf16 [T32·K]
              * (T32: T rounded up to whole 32-token blocks for the AMX tiles, the rows past T zero) */
-            int64_t ng = K / gs, T32 = (T + 31) / 32 * 32;
+            int64_t T32 = (T + 31) / 32 * 32;
             PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
                                        (size_t)(T * ng + T32 * K / 2 + 16)));
-            xb_ctx q = {.xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
+            gx_ctx q = {.xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
             atomic_init(&q.bad, 0);
-            pt_pool_for(c->pool, (long)T, 8, bgemm_prep_job, &q);
+            pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
             if (!atomic_load(&q.bad)) {
                 memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
                 if (amx) pt_cpu_gemm_amx(c, y, q.xb, q.xs, T, w, expert);
@@ -852,12 +839,11 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
             /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
              * steps [T·ng], pieces [3·T·K bytes] */
-            int64_t ng = K / gs;
             PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + 3 * K / 4 + 1))));
-            xg_ctx q = {.xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
+            gx_ctx q = {.xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
                         .K = K, .gs = gs};
             atomic_init(&q.bad, 0);
-            pt_pool_for(c->pool, (long)T, 8, xgemm_prep_job, &q);
+            pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
             if (!atomic_load(&q.bad)) {
                 pt_cpu_gemm_xint(c, y, q.xq, q.st, q.xs, T, w, expert);
                 path_count(w->bits == 4 ? PT_CPU_PATH_XGEMM : PT_CPU_PATH_XGEMM8, 1);

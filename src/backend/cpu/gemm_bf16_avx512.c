@@ -42,19 +42,8 @@ size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng) {
  * has at most 8 significant bits). K % 16 == 0. */
 static void row_bf16(uint16_t *dst, uint8_t *bytes, const uint8_t *codes, int64_t K, int bits) {
     const uint8_t *b = codes;
-    if (bits == 4) {
-        /* byte i = lo | hi << 4 -> bytes lo, hi */
-        const __m512i lo = _mm512_set1_epi16(0x000f), hi = _mm512_set1_epi16(0x0f00);
-        int64_t j = 0;
-        for (; j + 64 <= K; j += 64) {
-            __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + j / 2)));
-            _mm512_storeu_si512((void *)(bytes + j),
-                                _mm512_or_si512(_mm512_and_si512(w, lo), _mm512_and_si512(_mm512_slli_epi16(w, 4), hi)));
-        }
-        for (; j < K; j += 2) {
-            bytes[j] = codes[j / 2] & 15;
-            bytes[j + 1] = codes[j / 2] >> 4;
-        }
+    if (bits == 4) { /* two codes per byte: first to bytes */
+        pt_cpu_unpack_row_bytes(bytes, codes, K, 4);
         b = bytes;
     }
     for (int64_t j = 0; j < K; j += 16) {

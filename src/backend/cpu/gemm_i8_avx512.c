@@ -44,8 +44,7 @@ size_t pt_cpu_gemm_i8_scratch(int64_t K, int64_t ng) {
     return (size_t)(8 * K + 64 * ng + 4 * K + 16);
 }
 
-/* Unpacks one row's codes into bytes, natural order (value j at byte j). */
-static void unpack_row(uint8_t *dst, const uint8_t *codes, int64_t K, int bits) {
+void pt_cpu_unpack_row_bytes(uint8_t *dst, const uint8_t *codes, int64_t K, int bits) {
     if (bits == 8) {
         memcpy(dst, codes, (size_t)K);
         return;
@@ -298,7 +297,7 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
                     continue;
                 }
                 int64_t n = p0 + r0 + r;
-                unpack_row(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+                pt_cpu_unpack_row_bytes(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
                 pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
             }
             if ((K / 4) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 4);
