@@ -13,7 +13,7 @@
  * round-robin, best of 3, outputs compared with the first variant's.
  * GEMV_XP="0 1 2 3" likewise round-robins the two levers of the launches
  * above 8 rows at every T (bit 0: warps drift across the x stages,
- * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block with C·Σx from the x prepare,
+ * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block by the x prepare,
  * PETREL_CUDA_TC_XL; bit 2: 17..64 rows of 4-bit g64 weights on the wgmma kernels,
  * PETREL_CUDA_TC_WG).
  * GEMV_FUSE=1: the layer as the forward pass runs it, with the GLU between

@@ -12,8 +12,8 @@
  * again with clusters of 2 and 4 blocks, one of them with a block count that
  * is not a whole number of clusters.
  * The levers of those launches (PETREL_CUDA_TC_DRIFT: no barrier per x
- * stage; PETREL_CUDA_TC_XL: 4-bit x laid out per K block with C·Σx from
- * the x prepare; both on by default) are checked again each alone, and
+ * stage; PETREL_CUDA_TC_XL: 4-bit x laid out per K block by the x
+ * prepare; both on by default) are checked again each alone, and
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
  * (clusters of 8 blocks, a partial quad of tiles) and of 4.

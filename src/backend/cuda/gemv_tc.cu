@@ -35,7 +35,7 @@ static size_t tc_smem(int nb, int NT, int SU, int W, bool xp, bool xl = false) {
     using SH = tc_shape<BITS, GS>;
     const size_t KS = (size_t)SU * SH::UK;
     size_t xb = (size_t)nb * (KS + SH::XPAD) * 2 + (KS / GS) * NT * 8 * 4;
-    if (xp && xl) xb = (KS / 64) * NT * 8 * 128 + (KS / GS) * NT * 8 * 8; /* tc_xprep_kernel's xl layout */
+    if (xp && xl) xb = (KS / 64) * NT * 8 * 128 + (KS / GS) * NT * 8 * 4; /* tc_xprep_kernel's xl layout */
     if (xp) xb = 2 * ((xb + 15) & ~(size_t)15);
     const size_t rb = (size_t)W * 16 * (NT * 8 + (xp ? 4 : 0)) * 4; /* red, its rows padded for XP */
     return (size_t)W * PT_TC_RING * SH::SLOT + (xb > rb ? xb : rb) + (xp ? 32 : 0);
@@ -202,8 +202,8 @@ static bool tc_xstage(void) {
 }
 
 /* Two levers of the XP launches, each bit-identical: the XL kernels (4-bit,
- * stage-major x: tc_xprep_kernel's xl layout, with C·Σx computed there
- * once instead of in every block's fold; PETREL_CUDA_TC_XL, pt_cuda_tc_xl),
+ * stage-major x: tc_xprep_kernel's xl layout, two 16-byte B loads per
+ * n-tile; PETREL_CUDA_TC_XL, pt_cuda_tc_xl),
  * and warps that drift across the x stages instead of meeting at a barrier
  * per stage (tc_args::drift; no cluster; PETREL_CUDA_TC_DRIFT,
  * pt_cuda_tc_drift). A negative argument: back to the environment. */
@@ -286,7 +286,7 @@ static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
  * the kernel takes them. */
 template <int GS>
 static pt_status tc_xprep(const pt_cuda *c, const float *x, bf16 *xb, int nb, int K, int ncol, int KS, int XS,
-                          int64_t XB, int64_t sxoff, int xl, float c128) {
+                          int64_t XB, int64_t sxoff, int xl) {
     const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
@@ -297,7 +297,7 @@ static pt_status tc_xprep(const pt_cuda *c, const float *x, bf16 *xb, int nb, in
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, x, xb, nb, K, ncol, KS, XS, XB, sxoff, xl, c128));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, x, xb, nb, K, ncol, KS, XS, XB, sxoff, xl));
     return PT_OK;
 }
 
@@ -331,18 +331,17 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
         for (int i = 1; i < m.n && xst; i++)
             if (su[i] != su[0]) xst = false;
         KS = su[0] * SH::UK, XS = KS + SH::XPAD;
-        XB = xl ? (int64_t)(KS / 64) * ncol * 128 + (KS / GS) * ncol * 8
+        XB = xl ? (int64_t)(KS / 64) * ncol * 128 + (KS / GS) * ncol * 4
                 : ((int64_t)nb * XS * 2 + (KS / GS) * ncol * 4 + 15) & ~(int64_t)15;
         if (xst && (size_t)((K + KS - 1) / KS) * (size_t)XB > c->tile_bytes) xst = false;
         if (!xl || xst) break;
     }
     if (!xst) xl = false; /* only after a pass without it (the loop above) */
     for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
-    const float c128 = BITS == 4 ? 128.f : 128.f * 17.f; /* the fold's C128 */
     if (xst)
         PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
-                            xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl, c128));
-    else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0, (int64_t)xbb, 0, c128));
+                            xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl));
+    else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0, (int64_t)xbb, 0));
     /* clusters need one stage schedule in all their blocks: every weight's
      * units per stage equal (K and nb are); the grid is padded to a whole
      * number of clusters with blocks past the last weight's tiles (they
@@ -399,8 +398,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         w.a[i].xb = (const bf16 *)c->tile;
         w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
     }
-    PT_TRY(tc_xprep<64>(c, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2,
-                        128.f));
+    PT_TRY(tc_xprep<64>(c, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
     static bool attr_set[2];
     if (SH::SMEM > 48 * 1024 && !attr_set[gl ? 1 : 0]) {
         if (gl)

@@ -16,10 +16,13 @@
  * (0x4300 | q is exactly 128 + q), two per 32-bit register, and fed as the A
  * operand of mma.m16n8k16 (16 weight rows × 16 k); the B operand's 8 columns
  * are 8 activation rows. The offset is removed per quantization group in f32:
- *     Σ (s·q + b)·x = s·(D − 128·c·Σx) + b·Σx,   D = Σ (128 + q)·x'
- * where D is the tensor-core dot product of one group (exact products, f32
- * accumulation). An 8-bit code is its two nibbles, lo against x and hi
- * against 16·x (exact: a power of two), so c = 17 (1 for 4-bit).
+ *     Σ (s·q + b)·x = s·(D − C·Σx) + b·Σx = s·D + b'·Σx,   b' = b − C·s,
+ * D = Σ (128 + q)·x', C = 128·c, where D is the tensor-core dot product of
+ * one group (exact products, f32 accumulation); b' is rounded once per
+ * weight row and group and each group folds into the row's total with two
+ * fused multiply-adds, tot = fma(s, D, fma(b', Σx, tot)) (tc_fold4). An
+ * 8-bit code is its two nibbles, lo against x and hi against 16·x (exact:
+ * a power of two), so c = 17 (1 for 4-bit).
  *
  * Memory: the layout makes a warp's load of one block (16 rows × 64 nibbles)
  * 512 contiguous bytes whose 16-byte lane pieces are that lane's A fragments
@@ -53,10 +56,8 @@
  * without a branch: a copy of 0 source bytes past the warp's last block,
  * the 64 scale|bias bytes of a group copied by lanes l, l + 4, … alike.
  * Also per group: the first mma of a group starts from C = 0 instead of
- * clearing the accumulators after the fold (D = A·B + 0), and at one row
- * C·Σx is computed once in the staging (column 1 of Σx, unused at one row)
- * instead of in every warp's fold. Same operations in the same order: the
- * same bits as LV 1. (Loading the blocks straight into registers instead,
+ * clearing the accumulators after the fold (D = A·B + 0). Same operations
+ * in the same order: the same bits as LV 1. (Loading the blocks straight into registers instead,
  * 4 or 8 ahead, was slower: bench/RESULTS.md.)
  *
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
@@ -88,8 +89,7 @@
  * its refill, so warps drift up to a stage apart (PETREL_CUDA_TC_DRIFT=0:
  * the barrier per stage). Up to 32 rows, 4-bit, the XL kernels read x laid
  * out per 64-value K block (two 16-byte B loads per n-tile at offsets known
- * at compile time) with C·Σx computed by the x prepare
- * (PETREL_CUDA_TC_XL=0: not).
+ * at compile time) (PETREL_CUDA_TC_XL=0: not).
  *
  * Batch invariance: S and the unit assignment depend only on N, K, bits and
  * group size; the stage size and W (which depend on the row count) only
@@ -241,17 +241,22 @@ __device__ __forceinline__ uint32_t tc_pair_c(uint32_t w, int j, uint32_t c) {
     asm("lop3.b32 %0, %1, 0x000F000F, %2, 0xEA;\n" : "=r"(d) : "r"(w >> (4 * j)), "r"(c));
     return d;
 }
+/* b' = b − C·s of one weight row and group (C = 128·c: the codes' offset
+ * times the 8-bit nibble factor), one rounding: C·s is exact in f32 (s is
+ * bf16, C has 5 significant bits), so this is round(b − C·s). */
+__device__ __forceinline__ float tc_bp(float sc, float bi, float c128) { return __fmaf_rn(-c128, sc, bi); }
 /* One group's fold of an n-tile's four accumulators: column pair (sx0,
- * sx1: its Σx; o0, o1: C·Σx), row pair (sc, bi: scale and bias of rows g,
- * g + 8): tot += sc·(acc − C·Σx) + bi·Σx, rounded at each step; acc cleared
- * for the next group. */
+ * sx1: its Σx), row pair (sc, bp: scale and b' = b − C·s of rows g, g + 8):
+ *     tot += s·(D − C·Σx) + b·Σx  =  s·D + b'·Σx
+ * as two fused multiply-adds, tot = fma(s, D, fma(b', Σx, tot)); acc
+ * cleared for the next group. */
 template <bool CLR = true> /* clear acc after (else the group's first mma starts from zero: LV 2) */
-__device__ __forceinline__ void tc_fold4(float (&tot)[4], float (&acc)[4], float sc0, float bi0, float sc1, float bi1,
-                                         float sx0, float sx1, float o0, float o1) {
-    tot[0] = __fadd_rn(tot[0], __fmaf_rn(sc0, __fsub_rn(acc[0], o0), __fmul_rn(bi0, sx0)));
-    tot[1] = __fadd_rn(tot[1], __fmaf_rn(sc0, __fsub_rn(acc[1], o1), __fmul_rn(bi0, sx1)));
-    tot[2] = __fadd_rn(tot[2], __fmaf_rn(sc1, __fsub_rn(acc[2], o0), __fmul_rn(bi1, sx0)));
-    tot[3] = __fadd_rn(tot[3], __fmaf_rn(sc1, __fsub_rn(acc[3], o1), __fmul_rn(bi1, sx1)));
+__device__ __forceinline__ void tc_fold4(float (&tot)[4], float (&acc)[4], float sc0, float bp0, float sc1, float bp1,
+                                         float sx0, float sx1) {
+    tot[0] = __fmaf_rn(sc0, acc[0], __fmaf_rn(bp0, sx0, tot[0]));
+    tot[1] = __fmaf_rn(sc0, acc[1], __fmaf_rn(bp0, sx1, tot[1]));
+    tot[2] = __fmaf_rn(sc1, acc[2], __fmaf_rn(bp1, sx0, tot[2]));
+    tot[3] = __fmaf_rn(sc1, acc[3], __fmaf_rn(bp1, sx1, tot[3]));
     if constexpr (CLR)
 #pragma unroll
         for (int i = 0; i < 4; i++) acc[i] = 0.f;
@@ -346,9 +351,7 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
  * the mmas m = 2h and 2h + 1 (k = 16m + 4t … +3 each), stored at chunk
  * (2t + h) ^ (row & 1) (so the 8 lanes of a quarter-warp hit 8 distinct
  * chunks); rows nb … ncol−1 are not written (their columns are not
- * stored). Its Σx piece is [KS/GS][ncol/2][4]: per group and column pair,
- * Σx of the even and the odd column, then each times c128 (the fold's C,
- * rounded as the fold's own __fmul_rn(C128, Σx) was). */
+ * stored). Its Σx piece is [KS/GS][ncol], as the row layout's. */
 /* wg (xl = 2, 4-bit, KS = 64: gemv_wg_kernel.cuh): each 64-value unit is
  * [4 k16 steps m][2 k halves h][ncol rows][16 bytes], row n's 16 bytes of
  * (m, h) holding values 16m + 4t + 2h + {0, 1}, t = 0..3 (wgmma's K-major
@@ -356,7 +359,7 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
  * as xl's. */
 template <int GS>
 __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb, int nb, int K, int ncol, int KS,
-                                                       int XS, int64_t XB, int64_t sxoff, int xl, float c128) {
+                                                       int XS, int64_t XB, int64_t sxoff, int xl) {
     pt_release_dependents(); /* the GEMV after it may start its weight loads */
     tc_pdl_wait();           /* x is written by the previous kernel */
     const int spr = K / 8, steps = nb * spr, padded = (steps + 31) & ~31;
@@ -388,14 +391,7 @@ __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb,
                           __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
 #pragma unroll
     for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-    if (live && w8 % (GS / 8) == 0) {
-        float *sp = reinterpret_cast<float *>(sb + sxoff);
-        if (xl) {
-            sp += ((int64_t)(kk / GS) * ncol + (n & ~1)) * 2 + (n & 1);
-            sp[0] = sum;
-            sp[2] = __fmul_rn(c128, sum);
-        } else sp[(int64_t)(kk / GS) * ncol + n] = sum;
-    }
+    if (live && w8 % (GS / 8) == 0) reinterpret_cast<float *>(sb + sxoff)[(int64_t)(kk / GS) * ncol + n] = sum;
 }
 
 /* Compile-time shape: nibbles per group, blocks per unit, groups per block,
@@ -450,7 +446,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
      * (completing on mbar[st & 1]) while stage st − 1 computes; the
      * mbarriers after both buffers and red. */
     /* XL (4-bit XP): the stage buffer as tc_xprep_kernel's xl layout */
-    const int XB = XL ? (KS / 64) * NCOL * 128 + (KS / GS) * NCOL * 8 : (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
+    const int XB = XL ? (KS / 64) * NCOL * 128 + (KS / GS) * NCOL * 4 : (nb * XS * 2 + (KS / GS) * NCOL * 4 + 15) & ~15;
     uint64_t *mbar = reinterpret_cast<uint64_t *>(smem + RINGB +
                                                   (2 * XB > W * 16 * RS * 4 ? 2 * XB : W * 16 * RS * 4));
     /* drift: warps done with buffer b so far, counted over the whole launch
@@ -637,22 +633,18 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                     /* one activation row: only column 0 is stored, so only
                      * the even columns (2t) are folded, each exactly as
                      * below */
-                    float sx0, o0;
-                    if constexpr (RG) { /* column 1 holds C·Σx of column 0 (the staging, one row) */
-                        const float2 v = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 2 * t);
-                        sx0 = v.x, o0 = v.y;
-                    } else sx0 = sxs[gl * NCOL + 2 * t], o0 = __fmul_rn(C128, sx0);
-                    tot[0][0] = __fadd_rn(tot[0][0], __fmaf_rn(sc0, __fsub_rn(acc[0][0], o0), __fmul_rn(bi0, sx0)));
-                    tot[0][2] = __fadd_rn(tot[0][2], __fmaf_rn(sc1, __fsub_rn(acc[0][2], o0), __fmul_rn(bi1, sx0)));
+                    const float sx0 = sxs[gl * NCOL + 2 * t];
+                    tot[0][0] = __fmaf_rn(sc0, acc[0][0], __fmaf_rn(tc_bp(sc0, bi0, C128), sx0, tot[0][0]));
+                    tot[0][2] = __fmaf_rn(sc1, acc[0][2], __fmaf_rn(tc_bp(sc1, bi1, C128), sx0, tot[0][2]));
                     if constexpr (!RG)
 #pragma unroll
                         for (int i = 0; i < 4; i++) acc[0][i] = 0.f;
                 } else {
+                    const float bp0 = tc_bp(sc0, bi0, C128), bp1 = tc_bp(sc1, bi1, C128);
 #pragma unroll
                     for (int n = 0; n < NT; n++) {
                         const float2 sx = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
-                        const float o0 = __fmul_rn(C128, sx.x), o1 = __fmul_rn(C128, sx.y);
-                        tc_fold4<!RG>(tot[n], acc[n], sc0, bi0, sc1, bi1, sx.x, sx.y, o0, o1);
+                        tc_fold4<!RG>(tot[n], acc[n], sc0, bp0, sc1, bp1, sx.x, sx.y);
                     }
                 }
             }
@@ -661,7 +653,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     /* XL (4-bit, XP): the same mmas and folds from the xl layout of x
      * (tc_xprep_kernel): per n-tile two 16-byte loads at offsets known at
      * compile time from two per-lane bases (instead of 4 8-byte loads, each
-     * with its row clamp and address arithmetic), C·Σx loaded with Σx, and
+     * with its row clamp and address arithmetic), and
      * n-tile by n-tile (each acc[n] still takes its mmas m = 0, 1, 2, 3 in
      * order and is folded where its group ends, as above; other n-tiles'
      * order does not matter: they are independent): the same bits. */
@@ -700,9 +692,8 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                     const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
                     const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
                     const int gl = (int)((unsigned)(kb + m * 16) / GS); /* stage-local group */
-                    const float4 v = *reinterpret_cast<const float4 *>(sxs + (gl * NCOL + 8 * n + 2 * t) * 2);
-                    const float o0 = v.z, o1 = v.w; /* C·Σx, from the x prepare */
-                    tc_fold4(tot[n], acc[n], sc0, bi0, sc1, bi1, v.x, v.y, o0, o1);
+                    const float2 v = *reinterpret_cast<const float2 *>(sxs + gl * NCOL + 8 * n + 2 * t);
+                    tc_fold4(tot[n], acc[n], sc0, tc_bp(sc0, bi0, C128), sc1, tc_bp(sc1, bi1, C128), v.x, v.y);
                 }
             }
         }
@@ -763,11 +754,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                                       __fadd_rn(__fadd_rn(v.x, v.y), __fadd_rn(v.z, v.w)));
 #pragma unroll
                 for (int o = 1; o < GS / 8; o <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o));
-                if (live && w8 % (GS / 8) == 0) {
-                    sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
-                    /* LV 2, one row: C·Σx in the unused column 1 (the fold's o0, the same product) */
-                    if constexpr (RG && ONE) sxs[(w8 / (GS / 8)) * NCOL + 1] = __fmul_rn(C128, sum);
-                }
+                if (live && w8 % (GS / 8) == 0) sxs[(w8 / (GS / 8)) * NCOL + n] = sum;
             }
         }
         if constexpr (!XP) __syncthreads();

@@ -21,7 +21,7 @@
  * Per-group fold, unit order, split and reduction: as gemv_tc_block. The
  * weight's split S (tc_split, from its shape only) gives the units of a
  * quad to S blocks, block s taking units s, s + S, ... in order and folding
- * each group into its totals with tc_fold4 (C·Σx from the x prepare, as
+ * each group into its totals with tc_fold4 (Σx from the x prepare, as
  * the XL kernels). The S blocks of a quad are one thread-block cluster (2S
  * with GLU: the upper S run the up weight over the same rows). After the
  * last unit every block stores its partial totals, piece by piece (16 rows
@@ -37,8 +37,8 @@
  * which are the logical k 8h + 2t + {0, 1} of the mma.sync B fragment the
  * tensor-core layout of the codes pairs them with — so wgmma's K-major core
  * matrices (8 columns × 16 bytes; k halves NCOL·16 bytes apart, column
- * octets 128) see each x value where mma.sync's lane t saw it; then per
- * column pair (Σx even, Σx odd, C·Σx even, C·Σx odd) as the XL layout.
+ * octets 128) see each x value where mma.sync's lane t saw it; then Σx per
+ * column as the XL layout.
  *
  * Memory: two rings per block, filled by warp 0's lanes with bulk copies
  * (TMA) completing on each stage's mbarrier: x units (from L2: DX stages)
@@ -58,7 +58,7 @@ template <int NCOL>
 struct wg_shape {
     static constexpr int DX = 3;                    /* x ring stages (x comes from L2) */
     static constexpr int DW = NCOL == 64 ? 3 : 6;   /* weight ring stages */
-    static constexpr int XU = NCOL * 128 + NCOL * 8;
+    static constexpr int XU = NCOL * 128 + NCOL * 4;
     static constexpr int NW = 4;                    /* tiles (warps) per block */
     static constexpr int WB = NW * 512 + NW * 64;   /* codes, then scale|bias, of the block's tiles */
     static constexpr int WO = DX * XU;              /* the weight ring's offset */
@@ -88,7 +88,8 @@ __device__ __forceinline__ uint64_t wg_desc(unsigned addr) {
  * 2·NCOL·16 bytes apart). The mma.sync chains start from a cleared
  * accumulator (D = A·B + 0), which differs from A·B only when A·B is −0 —
  * every x of the group −0 (the codes are positive) — and then the fold's
- * D − C·Σx is +0 either way (Σx and C·Σx are −0 too): the same bits. */
+ * fma(s, D, t) is t either way (t = fma(b', Σx, tot) is never −0: tot
+ * starts at +0): the same bits. */
 __device__ __forceinline__ void wg_issue64(float (&d)[32], const uint32_t (&am)[4][4], uint64_t desc) {
     const uint64_t st = (uint64_t)((2 * 64 * 16) >> 4);
     asm volatile(
@@ -231,12 +232,13 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     auto fold = [&](int i, const float (&d)[NCOL / 2], const uint2 sbv) {
         const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
         const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
+        const float bp0 = tc_bp(sc0, bi0, 128.f), bp1 = tc_bp(sc1, bi1, 128.f); /* 4-bit only */
         const float *sxs = reinterpret_cast<const float *>(smem + (i % SH::DX) * SH::XU + NCOL * 128);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            const float4 v = *reinterpret_cast<const float4 *>(sxs + (8 * n + 2 * t) * 2);
+            const float2 v = *reinterpret_cast<const float2 *>(sxs + 8 * n + 2 * t);
             float acc[4] = {d[4 * n], d[4 * n + 1], d[4 * n + 2], d[4 * n + 3]};
-            tc_fold4<false>(tot[n], acc, sc0, bi0, sc1, bi1, v.x, v.y, v.z, v.w);
+            tc_fold4<false>(tot[n], acc, sc0, bp0, sc1, bp1, v.x, v.y);
         }
         __syncthreads(); /* every warp is done with unit i's stages */
         if (warp == 0) {
