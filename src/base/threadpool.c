@@ -39,14 +39,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ST_STATIC ((uint64_t)1 << 32)
 #define ST_GEN_SHIFT 33
 #define ST_MAX_CHUNKS 0xffff
-/* pause iterations before an idle worker / a waiting caller sleeps (~50 µs) */
-#define SPIN_IDLE 1000
-#define SPIN_WAIT 1000
+/* How long an idle worker / a waiting caller spins before it sleeps:
+ * PETREL_POOL_SPIN_US microseconds (read once; default 50, 0..10000).
+ * Measured as time, not as a count of pause instructions: a pause takes
+ * ~140 cycles on recent Intel cores and ~19 ns on AMD Zen 5, so 1000 of
+ * them were ~45 µs on one and ~19 µs on the other (docs/cpu.md). */
+#define SPIN_US_DEFAULT 50
 
 struct pt_pool {
     int n;
@@ -92,6 +96,41 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t spin_ns(void) {
+    static _Atomic int64_t v = -1;
+    int64_t ns = atomic_load_explicit(&v, memory_order_relaxed);
+    if (ns < 0) {
+        const char *e = getenv("PETREL_POOL_SPIN_US");
+        char *end = NULL;
+        long us = e ? strtol(e, &end, 10) : SPIN_US_DEFAULT;
+        if (!e || end == e || *end || us < 0 || us > 10000) us = SPIN_US_DEFAULT;
+        ns = (int64_t)us * 1000;
+        atomic_store_explicit(&v, ns, memory_order_relaxed);
+    }
+    return (uint64_t)ns;
+}
+
+/* Spins until ready(p, arg) or the spin time has passed; returns whether ready. */
+static int spin_until(pt_pool *p, int (*ready)(pt_pool *, uint64_t), uint64_t arg) {
+    const uint64_t lim = spin_ns();
+    uint64_t t0 = 0;
+    for (unsigned i = 0;; i++) {
+        if (ready(p, arg)) return 1;
+        if ((i & 31) == 0) { /* the clock every 32 pauses (~1 µs) */
+            const uint64_t t = now_ns();
+            if (i == 0) t0 = t;
+            else if (t - t0 >= lim) return 0;
+        }
+        cpu_relax();
+    }
+}
+
 /* Claims and runs chunks of the range job whose word was `s`, as thread ith,
  * until none is left. Returns when the job's chunks are all claimed (or the
  * job changed). */
@@ -113,11 +152,12 @@ static void run_chunks(pt_pool *p, uint64_t s, int ith) {
 /* Blocks a worker until the job word differs from s (or stop). q is the
  * value of seq read before s was loaded: a job published after that load has
  * bumped seq, so the futex wait returns at once. */
+static int state_changed(pt_pool *p, uint64_t s) {
+    return atomic_load_explicit(&p->state, memory_order_acquire) != s || atomic_load(&p->stop);
+}
+
 static void wait_change(pt_pool *p, uint64_t s, unsigned q) {
-    for (int spins = 0; spins < SPIN_IDLE; spins++) {
-        if (atomic_load_explicit(&p->state, memory_order_acquire) != s || atomic_load(&p->stop)) return;
-        cpu_relax();
-    }
+    if (spin_until(p, state_changed, s)) return;
     atomic_fetch_add(&p->sleepers, 1);
     futex_wait(&p->seq, q);
     atomic_fetch_sub(&p->sleepers, 1);
@@ -215,11 +255,12 @@ static uint64_t next_gen(const pt_pool *p) {
 
 /* The caller's wait for `target` finished units: spin, then sleep on done
  * (a descheduled worker gets the CPU instead of a spinning caller). */
+static int all_done(pt_pool *p, uint64_t target) {
+    return atomic_load_explicit(&p->done, memory_order_acquire) >= target;
+}
+
 static void wait_done(pt_pool *p, unsigned target) {
-    for (int spins = 0; spins < SPIN_WAIT; spins++) {
-        if (atomic_load_explicit(&p->done, memory_order_acquire) >= target) return;
-        cpu_relax();
-    }
+    if (spin_until(p, all_done, target)) return;
     atomic_store(&p->caller_waiting, 1);
     for (unsigned d; (d = atomic_load(&p->done)) < target;) futex_wait(&p->done, d);
     atomic_store(&p->caller_waiting, 0);
@@ -262,17 +303,17 @@ void pt_pool_for(pt_pool *pool, long n, long grain, pt_pool_range_fn fn, void *c
     wait_done(pool, (unsigned)nch);
 }
 
+static int sense_changed(pt_pool *p, uint64_t sense) {
+    return atomic_load_explicit(&p->bar_sense, memory_order_acquire) != (unsigned)sense;
+}
+
 void pt_pool_barrier(pt_pool *pool) {
     if (!pool || pool->n == 1) return;
     unsigned sense = atomic_load_explicit(&pool->bar_sense, memory_order_acquire);
     if (atomic_fetch_add_explicit(&pool->bar_count, 1, memory_order_acq_rel) == pool->n - 1) {
         atomic_store_explicit(&pool->bar_count, 0, memory_order_relaxed);
         atomic_store_explicit(&pool->bar_sense, sense + 1, memory_order_release);
-    } else {
-        int spins = 0;
-        while (atomic_load_explicit(&pool->bar_sense, memory_order_acquire) == sense) {
-            if (++spins < SPIN_WAIT) cpu_relax();
-            else sched_yield();
-        }
+    } else if (!spin_until(pool, sense_changed, sense)) {
+        while (!sense_changed(pool, sense)) sched_yield();
     }
 }
