@@ -149,13 +149,13 @@ static void run_chunks(pt_pool *p, uint64_t s, int ith) {
     }
 }
 
-/* Blocks a worker until the job word differs from s (or stop). q is the
- * value of seq read before s was loaded: a job published after that load has
- * bumped seq, so the futex wait returns at once. */
 static int state_changed(pt_pool *p, uint64_t s) {
     return atomic_load_explicit(&p->state, memory_order_acquire) != s || atomic_load(&p->stop);
 }
 
+/* Blocks a worker until the job word differs from s (or stop). q is the
+ * value of seq read before s was loaded: a job published after that load has
+ * bumped seq, so the futex wait returns at once. */
 static void wait_change(pt_pool *p, uint64_t s, unsigned q) {
     if (spin_until(p, state_changed, s)) return;
     atomic_fetch_add(&p->sleepers, 1);

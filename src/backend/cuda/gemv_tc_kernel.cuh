@@ -57,8 +57,8 @@
  * the 64 scale|bias bytes of a group copied by lanes l, l + 4, … alike.
  * Also per group: the first mma of a group starts from C = 0 instead of
  * clearing the accumulators after the fold (D = A·B + 0). Same operations
- * in the same order: the same bits as LV 1. (Loading the blocks straight into registers instead,
- * 4 or 8 ahead, was slower: bench/RESULTS.md.)
+ * in the same order: the same bits as LV 1. (Loading the blocks straight
+ * into registers instead, 4 or 8 ahead, was slower: bench/RESULTS.md.)
  *
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
