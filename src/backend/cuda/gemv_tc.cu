@@ -43,9 +43,11 @@ static size_t tc_smem(int nb, int NT, int SU, int W, bool xp, bool xl = false) {
 
 /* The inner loop of the GEMV (A/B; the same bits: the same floating-point
  * operations in the same order): 3 (default) = 2 at one activation row
- * with K >= 4096, else 1 (tc_lv: the unrolled ring wins where a warp
- * streams many blocks and loses on short rows and at 8 rows,
- * bench/RESULTS.md); 2 = the unrolled ring loop up to 8 rows; 1 = the integer work cut
+ * where each warp streams at least 16 blocks (K·bits/256 / S), else 1
+ * (tc_lv: the unrolled ring wins where a warp streams many blocks — the
+ * 8B shape's gate/up and down, the 1B shape's down, both lm_heads — and
+ * loses where it streams 4–8 — q/k/v/o of both shapes, the 1B gate/up —
+ * and at 8 rows, bench/RESULTS.md); 2 = the unrolled ring loop up to 8 rows; 1 = the integer work cut
  * (per-lane pointers and shared addresses computed once, unsigned index
  * arithmetic, a code pair in one LOP3, the scale|bias copy predicated
  * instead of branched, the mma as a plain asm the compiler may schedule)
@@ -61,10 +63,14 @@ static int tc_loop(void) {
     }
     return g_tc_loop;
 }
-/* The loop a launch of nb rows over K columns runs (3 resolved). */
-static int tc_lv(int K, int nb) {
+/* The loop a launch runs (3 resolved), from its first weight: one loop per
+ * launch (a grouped launch's weights share K and the row count; tc_launch
+ * sizes the stages from the same answer). */
+template <int BITS>
+static int tc_lv(const tc_multi_args &m) {
     const int lv = tc_loop();
-    return lv == 3 ? (nb == 1 && K >= 4096 ? 2 : 1) : lv;
+    const tc_args &a = m.a[0];
+    return lv == 3 ? (a.nb == 1 && (int64_t)a.K * BITS / 256 >= 16 * (int64_t)a.S ? 2 : 1) : lv;
 }
 
 /* One launch of m's weights: the single-weight kernel when m holds one
@@ -147,7 +153,7 @@ static bool tc_rg_ok(const tc_multi_args &m) {
 template <int BITS, int GS, int NT, int W, bool XP = false>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped,
                               int cluster = 1, const tc_glu *gl = NULL) {
-    const int lv = tc_lv(m.a[0].K, m.a[0].nb); /* one K in a grouped launch */
+    const int lv = tc_lv<BITS>(m);
     if constexpr (NT == 1 && !XP)
         if (lv == 2 && tc_rg_ok<BITS, GS>(m)) {
             if (m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
@@ -480,7 +486,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
             /* up to 8 rows with the unrolled ring loop (LV 2): whole steps of
              * PT_TC_RING blocks per warp in every stage but the last (the stage
              * size decides only when x is staged, not the bits) */
-            const int rnd = nb <= 8 && tc_lv(a.K, nb) == 2 ? a.S * ((PT_TC_RING + SH::BPU - 1) / SH::BPU) : a.S;
+            const int rnd = nb <= 8 && tc_lv<BITS>(m) == 2 ? a.S * ((PT_TC_RING + SH::BPU - 1) / SH::BPU) : a.S;
             su = su / rnd * rnd;
             if (su < rnd) su = rnd;
             const int nu_r = (NU + a.S - 1) / a.S * a.S;
