@@ -79,6 +79,13 @@ static pt_status eos_set(pt_model *m) {
     return PT_OK;
 }
 
+void pt_model_cpu_backend_name(pt_model *m, int nth, pt_act_dtype act, const char *arch) {
+    const char *qp = pt_backend_cpu_quant_paths(m->be);
+    snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s%s%s)",
+             pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch,
+             qp ? "; " : "", qp ? qp : "");
+}
+
 static pt_status load(pt_model *m, const char *dir, const pt_model_params *params) {
     m->params = params ? *params : pt_model_default_params();
     pt_levers_resolve(&m->params);
@@ -114,11 +121,7 @@ static pt_status load(pt_model *m, const char *dir, const pt_model_params *param
                             .int8_act = m->params.int8_act == PT_LEVER_ON};
         PT_TRY(pt_backend_cpu_create(&m->be, &cp));
         PT_TRY(pt_net_build(m));
-        int nth = m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count();
-        const char *qp = pt_backend_cpu_quant_paths(m->be);
-        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, %s activations, %s%s%s)",
-                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", act == PT_ACT_BF16 ? "bf16" : "f32", arch,
-                 qp ? "; " : "", qp ? qp : "");
+        pt_model_cpu_backend_name(m, m->params.n_threads > 0 ? m->params.n_threads : pt_cpu_count(), act, arch);
     }
 
     if (m->mdir->has_tokenizer_json) PT_TRY(pt_tokenizer_load_dir(dir, &m->tok));

@@ -310,5 +310,8 @@ const char *pt_synthetic_names(void);
 
 /* Loads everything (model.c). */
 pt_status pt_model_load_impl(const char *dir, const pt_model_params *params, pt_model **out);
+/* m->backend_name for a model on the CPU backend m->be with nth threads:
+ * ISA, threads, activations, arch and the 4/8-bit kernels in use. */
+void pt_model_cpu_backend_name(pt_model *m, int nth, pt_act_dtype act, const char *arch);
 
 #endif

@@ -512,11 +512,7 @@ pt_status pt_model_synthetic(const char *name, const char *quant, const pt_model
     int nth = p.n_threads > 0 ? p.n_threads : pt_cpu_count();
     if (dev == PT_DEVICE_CUDA)
         snprintf(m->backend_name, sizeof m->backend_name, "%.60s, bf16 act., synthetic", devdesc);
-    else {
-        const char *qp = pt_backend_cpu_quant_paths(m->be);
-        snprintf(m->backend_name, sizeof m->backend_name, "cpu (%s, %d thread%s, bf16 activations, synthetic%s%s)",
-                 pt_backend_cpu_isa_name(m->be), nth, nth == 1 ? "" : "s", qp ? "; " : "", qp ? qp : "");
-    }
+    else pt_model_cpu_backend_name(m, nth, PT_ACT_BF16, "synthetic");
     m->gen_defaults.temperature = 0;
     m->gen_defaults.top_p = 1;
     m->gen_defaults.repetition_penalty = 1;

@@ -58,6 +58,13 @@ static void lever_read(int *field, const char *name, int def) {
     *field = e && *e ? strcmp(e, "0") != 0 : def;
 }
 
+/* vdpbf16ps (AVX512-BF16) is not implied by the AVX-512 kernel table's
+ * F/BW/VL/DQ: checked once. */
+static int cpu_has_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") != 0;
+}
+
 /* Whether vdpbf16ps issues at about the FMA rate, which decides between the
  * integer-piece kernels (qdot_xint_avx512.c, gemm_i8_avx512.c) and the bf16
  * ones for 4- and 8-bit weights with bf16 x. On Intel's AVX-512 BF16 cores
@@ -68,10 +75,7 @@ static void lever_read(int *field, const char *name, int def) {
  * kernels are the faster ones (bench/RESULTS.md, "CPU, eighth round"). Fixed
  * per machine (the vendor), never measured at run time, so a machine's
  * results never depend on timing. */
-static int bf16_full_rate(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512bf16");
-}
+static int bf16_full_rate(void) { return cpu_has_bf16() && __builtin_cpu_is("amd"); }
 
 static void levers_read(void) {
     lever_read(&pt_cpu_lever.multi, "PETREL_CPU_MULTI", 1);
@@ -563,13 +567,6 @@ static void pool_for_guided(pt_cpu *c, long n, long grain, size_t row_bytes, pt_
     if (g.min_take < grain) g.min_take = grain;
     /* 4 units per thread (pt_pool_for makes each unit its own chunk): any thread that wakes up joins */
     pt_pool_for(c->pool, 4L * nth, 1, guided_run, &g);
-}
-
-/* vdpbf16ps (AVX512-BF16) is not implied by the AVX-512 kernel table's
- * F/BW/VL/DQ: checked once. */
-static int cpu_has_bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") != 0;
 }
 
 const char *pt_backend_cpu_quant_paths(const pt_backend *be) {

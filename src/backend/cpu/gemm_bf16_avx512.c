@@ -8,7 +8,7 @@
  * integer-piece GEMM's (gemm_i8_avx512.c) three vpdpbusd of 64 per value
  * (21 per instruction): 1.5x fewer multiply instructions for the same exact
  * products. On Intel's AVX-512 BF16 cores vdpbf16ps issues at a quarter of
- * that rate and this GEMM is not the default (cpu_matmul.c bgemm_default).
+ * that rate and this GEMM is not the default (cpu_matmul.c bf16_full_rate).
  *
  * Work: output rows in panels of 32, one thread per panel (chunks claimed
  * from the pool). A panel's codes are converted once per call to bf16 (the
