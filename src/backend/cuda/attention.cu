@@ -384,19 +384,19 @@ static void dec_shape(const pt_cuda *c, int nkv, int64_t cap, int64_t &stride, i
 }
 
 /* Blocks per SM the grid of a many-row launch aims at:
- * PETREL_CUDA_DEC_GRID (read once; A/B runs), default 16; 0 = one block per
- * split whatever the rows. Bits do not depend on it. */
+ * PETREL_CUDA_DEC_GRID (read once; A/B runs), default 4 (64 streams of the
+ * 8B shape served +3% against 16, bench/RESULTS.md); 0 = one block per split
+ * whatever the rows. Bits do not depend on it. */
 static int g_dec_grid = -1, g_dec_minper = -1;
 
 /* Grid height Y (blocks per row and KV head): nsplit, or fewer when B rows
  * of nsplit blocks would exceed the target — each block then loops over
- * nsplit / Y splits. One row always gets nsplit (the target is at least
- * 8·SMs blocks, nsplit·nkv about 2·SMs). */
+ * nsplit / Y splits. One row always gets nsplit. */
 static int64_t dec_blocks_y(const pt_cuda *c, int nkv, int64_t nsplit, int64_t B) {
     if (g_dec_grid < 0) {
         const char *e = getenv("PETREL_CUDA_DEC_GRID");
-        const int v = e ? atoi(e) : 16;
-        g_dec_grid = v == 0 ? 0 : v >= 8 && v <= 64 ? v : 16;
+        const int v = e ? atoi(e) : 4;
+        g_dec_grid = v == 0 ? 0 : v >= 1 && v <= 64 ? v : 4;
     }
     if (g_dec_grid == 0 || B <= 1) return nsplit;
     const int64_t target = (int64_t)g_dec_grid * c->sm_count, per_y = (int64_t)nkv * B;
