@@ -253,6 +253,14 @@ static void test_attention_quantized(void) {
         {2, 2, 128, 200, 100, 1, 0, 0, PT_FT_BF16, 2, 128},      /* 2-bit decode */
         {8, 2, 128, 512, 200, 64, 0, 0, PT_FT_BF16, 4, 64},      /* a 64-row chunk after 200 rows */
         {8, 4, 64, 100, 150, 50, 40, 30.0f, PT_FT_BF16, 8, 32},  /* chunk over a ring, window, soft-cap */
+        /* decode on the second-generation kernels (4 and 8 bits): every lane layout */
+        {4, 1, 256, 64, 150, 1, 32, 50.0f, PT_FT_BF16, 8, 128},  /* 8-bit head_dim 256: two words per lane */
+        {6, 3, 96, 100, 60, 1, 16, 0, PT_FT_BF16, 4, 32},        /* 4-bit head_dim 96: idle lanes */
+        {8, 8, 32, 200, 120, 1, 0, 0, PT_FT_F16, 4, 32},         /* 4-bit head_dim 32: one chunk a key, MHA */
+        {8, 2, 256, 1000, 999, 1, 0, 0, PT_FT_BF16, 4, 64},      /* 4-bit head_dim 256, many splits */
+        {8, 1, 64, 700, 650, 1, 0, 0, PT_FT_BF16, 8, 64},        /* 8-bit GQA 8 */
+        {4, 1, 128, 96, 333, 1, 64, 30.0f, PT_FT_F32, 8, 128},   /* 8-bit over a ring, window, soft-cap */
+        {8, 2, 128, 4000, 3900, 1, 0, 0, PT_FT_BF16, 4, 32},     /* 4-bit gs 32, long */
     };
     for (int a = 0; a < 2; a++)
         for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)

@@ -411,6 +411,297 @@ __global__ void __launch_bounds__(QD_THREADS)
     pt_pv_partial<QD_MAX_G, NPL, QD_THREADS / 32>(acc, acc_s, G, hd, P, (int64_t)kh * G, nsplit, split);
 }
 
+/* ---- decode, second generation (4- and 8-bit caches): the same splits,
+ * the same merge, laid out for the memory system ----
+ * The kernels above give a key to a thread (scores: 16-64 dependent 4-byte
+ * loads per key, one after another; p·V: a warp per key, each lane's code,
+ * scale and bias loads waiting on each other): at 32k keys a layer of the
+ * llama-3.1-8b shape took ~0.55 ms, latency, not bytes. These read a key
+ * row as 16-byte chunks (scores: LPR lanes per key, chunk `sub` each) or
+ * 4-byte words (p·V: consecutive lanes on consecutive words), and every
+ * lane issues its loads for QU keys before it uses any of them.
+ *
+ * Arithmetic: the quantities and rounding points of the kernels above (q·
+ * scale rounded; a key's score the sum over groups of sc·Σ(q·code) plus
+ * bi·Σq, rounded, soft-capped; p = round(exp(s − M)/L) with the exact M, L;
+ * value = code·sc + bi in f32); the sums run in another order (a chunk's
+ * partial dot scaled on its own lane, the lanes of a key added by an xor
+ * butterfly; p·V over key slots, then warps in warp order), so results
+ * differ from them in the last bits. Which lane takes which key depends only
+ * on the shape. PETREL_CUDA_QDEC2=0 (read once): the kernels above. */
+#define Q2_WARPS 8
+#define Q2_THREADS (Q2_WARPS * 32)
+#define Q2_U 4 /* key steps whose loads a lane has in flight at once */
+
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args a, int64_t stride, float *S, float2 *ML) {
+    extern __shared__ float4 q2_sh[]; /* qs [G, hd] | xs [G, ng] */
+    __shared__ float red[32];
+    constexpr int CPC = 128 / BITS, KPW = 32 / LPR; /* dims per 16-byte chunk, keys per warp step */
+    constexpr uint32_t MASK = (1u << BITS) - 1u;
+    const int G = a.nh / a.c.nkv, hd = a.c.hd, gs = a.c.gs, ng = hd / gs, R = hd * BITS / 128;
+    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
+    float *qs = reinterpret_cast<float *>(q2_sh), *xs = qs + G * hd;
+    int64_t lo, n, per;
+    qdec_range(a, nsplit, stride, lo, n, per);
+    for (int i = threadIdx.x; i < G * hd; i += Q2_THREADS) qs[i] = pt_rnd(a.bf, a.q[(int64_t)kh * G * hd + i] * a.scale);
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * ng; i += Q2_THREADS) {
+        const float *x = qs + (i / ng) * hd + (i % ng) * gs;
+        float s = 0.f;
+        for (int e = 0; e < gs; e++) s += x[e];
+        xs[i] = s;
+    }
+    __syncthreads();
+    const bool live = sub < R;
+    const int grp = live ? sub * CPC / gs : 0;
+    const bool first = live && (sub * CPC) % gs == 0; /* the group's first chunk adds its bias term */
+    float m[QD_MAX_G], l[QD_MAX_G];
+#pragma unroll
+    for (int g = 0; g < QD_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    const uint4 *kc = reinterpret_cast<const uint4 *>(a.c.k) + (int64_t)kh * a.c.cap * R;
+    const int64_t prow0 = (int64_t)kh * a.c.cap, rlo = lo % a.c.cap;
+    for (int64_t jb = j0 + (int64_t)warp * (Q2_U * KPW); jb < j1; jb += (int64_t)Q2_WARPS * Q2_U * KPW) {
+        uint4 cw[Q2_U];
+        float sc[Q2_U], bi[Q2_U];
+#pragma unroll
+        for (int u = 0; u < Q2_U; u++) {
+            const int64_t j = jb + u * KPW + ks;
+            int64_t slot = rlo + j; /* keys wrap at most once: j < n <= cap */
+            if (slot >= a.c.cap) slot -= a.c.cap;
+            const bool ok = live && j < j1;
+            cw[u] = ok ? __ldg(kc + slot * R + sub) : make_uint4(0u, 0u, 0u, 0u);
+            sc[u] = ok ? pt_ld(a.c.dt, a.c.ks, (prow0 + slot) * ng + grp) : 0.f;
+            bi[u] = ok ? pt_ld(a.c.dt, a.c.kb, (prow0 + slot) * ng + grp) : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < Q2_U; u++) {
+            float d[QD_MAX_G];
+#pragma unroll
+            for (int g = 0; g < QD_MAX_G; g++) d[g] = 0.f;
+            if (live) {
+                const uint32_t w4[4] = {cw[u].x, cw[u].y, cw[u].z, cw[u].w};
+#pragma unroll
+                for (int wi = 0; wi < 4; wi++) {
+#pragma unroll
+                    for (int c4 = 0; c4 < 8 / BITS; c4++) { /* 4 codes against a float4 of each query */
+                        const uint32_t w = w4[wi] >> (c4 * 4 * BITS);
+                        const float k0 = (float)(w & MASK), k1 = (float)((w >> BITS) & MASK),
+                                    k2 = (float)((w >> (2 * BITS)) & MASK), k3 = (float)((w >> (3 * BITS)) & MASK);
+                        const int e = sub * CPC + wi * (32 / BITS) + c4 * 4;
+#pragma unroll
+                        for (int g = 0; g < QD_MAX_G; g++) {
+                            if (g >= G) break;
+                            const float4 qv = *reinterpret_cast<const float4 *>(qs + g * hd + e);
+                            d[g] = fmaf(qv.x, k0, d[g]);
+                            d[g] = fmaf(qv.y, k1, d[g]);
+                            d[g] = fmaf(qv.z, k2, d[g]);
+                            d[g] = fmaf(qv.w, k3, d[g]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int g = 0; g < QD_MAX_G; g++) {
+                    if (g >= G) break;
+                    d[g] = fmaf(sc[u], d[g], first ? bi[u] * xs[g * ng + grp] : 0.f);
+                }
+            }
+#pragma unroll
+            for (int o = LPR / 2; o > 0; o >>= 1)
+#pragma unroll
+                for (int g = 0; g < QD_MAX_G; g++) {
+                    if (g >= G) break;
+                    d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+                }
+            const int64_t j = jb + u * KPW + ks;
+            if (j < j1) {
+#pragma unroll
+                for (int g = 0; g < QD_MAX_G; g++) {
+                    if (g >= G) break;
+                    if (g % LPR != sub) continue;
+                    const float s = qcap(pt_rnd(a.bf, d[g]), a);
+                    S[((int64_t)kh * G + g) * stride + j] = s;
+                    pt_softmax_push(s, m[g], l[g]);
+                }
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float2 ml = pt_softmax_block(m[g], l[g], red);
+        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
+    }
+}
+
+/* p·V: LP lanes per value row (LP = the power of two >= the row's words,
+ * at most 32), C words per lane (C = 2 only for 8-bit rows of 64 words),
+ * KPW = 32/LP keys per warp step, QU steps of loads in flight. */
+template <int BITS, int LP, int C, int MG>
+__global__ void __launch_bounds__(Q2_THREADS, 2)
+    qdec2_pv_kernel(qattn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
+    constexpr int DPW = 32 / BITS, KPW = 32 / LP, U = 8 / C, KB = U * KPW;
+    constexpr uint32_t MASK = (1u << BITS) - 1u;
+    __shared__ float sM[QD_MAX_G], sInv[QD_MAX_G];
+    __shared__ float ps[Q2_WARPS][MG][KB];
+    extern __shared__ float4 q2_po[]; /* [Q2_WARPS][G][hd] the warps' partial outputs */
+    const int G = a.nh / a.c.nkv, hd = a.c.hd, gs = a.c.gs, ng = hd / gs, wpr = hd * BITS / 32;
+    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LP, ks = lane / LP;
+    int64_t lo, n, per;
+    qdec_range(a, nsplit, stride, lo, n, per);
+    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
+        float M, L;
+        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, nsplit, M, L);
+        sM[threadIdx.x] = M;
+        sInv[threadIdx.x] = 1.0f / L;
+    }
+    __syncthreads();
+    float acc[MG][C][DPW];
+#pragma unroll
+    for (int g = 0; g < MG; g++)
+#pragma unroll
+        for (int ci = 0; ci < C; ci++)
+#pragma unroll
+            for (int i = 0; i < DPW; i++) acc[g][ci][i] = 0.f;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    const int64_t prow0 = (int64_t)kh * a.c.cap, rlo = lo % a.c.cap;
+    const float *Sk = S + (int64_t)kh * G * stride;
+    for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)Q2_WARPS * KB) {
+        uint32_t vw[U][C];
+        float sc[U][C], bi[U][C];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t j = jb + u * KPW + ks;
+            int64_t slot = rlo + j;
+            if (slot >= a.c.cap) slot -= a.c.cap;
+            const int64_t row = prow0 + slot;
+#pragma unroll
+            for (int ci = 0; ci < C; ci++) {
+                const int w = ci * LP + sub;
+                const bool ok = j < j1 && w < wpr;
+                const int64_t pi = row * ng + (ok ? w * DPW / gs : 0);
+                vw[u][ci] = ok ? __ldg(a.c.v + row * wpr + w) : 0u;
+                sc[u][ci] = ok ? pt_ld(a.c.dt, a.c.vs, pi) : 0.f;
+                bi[u][ci] = ok ? pt_ld(a.c.dt, a.c.vb, pi) : 0.f;
+            }
+        }
+        /* the batch's probabilities, lanes over (head, key); 0 past j1 */
+        for (int idx = lane; idx < KB * G; idx += 32) {
+            const int g = idx / KB, kk = idx % KB;
+            const int64_t j = jb + kk;
+            ps[warp][g][kk] = j < j1 ? pt_rnd(a.bf, expf(Sk[(int64_t)g * stride + j] - sM[g]) * sInv[g]) : 0.f;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int ci = 0; ci < C; ci++) {
+                float v[DPW];
+#pragma unroll
+                for (int i = 0; i < DPW; i++) v[i] = fmaf((float)((vw[u][ci] >> (i * BITS)) & MASK), sc[u][ci], bi[u][ci]);
+#pragma unroll
+                for (int g = 0; g < MG; g++) {
+                    if (g >= G) break;
+                    const float p = ps[warp][g][u * KPW + ks];
+#pragma unroll
+                    for (int i = 0; i < DPW; i++) acc[g][ci][i] = fmaf(p, v[i], acc[g][ci][i]);
+                }
+            }
+        __syncwarp(); /* ps is written again by the next batch */
+    }
+    /* the warp's key slots added: lanes sub, sub + LP, ... */
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1)
+#pragma unroll
+        for (int g = 0; g < MG; g++) {
+            if (g >= G) break;
+#pragma unroll
+            for (int ci = 0; ci < C; ci++)
+#pragma unroll
+                for (int i = 0; i < DPW; i++) acc[g][ci][i] += __shfl_xor_sync(0xffffffffu, acc[g][ci][i], o);
+        }
+    float *po = reinterpret_cast<float *>(q2_po);
+    if (ks == 0) {
+#pragma unroll
+        for (int g = 0; g < MG; g++) {
+            if (g >= G) break;
+#pragma unroll
+            for (int ci = 0; ci < C; ci++) {
+                const int w = ci * LP + sub;
+                if (w >= wpr) continue;
+#pragma unroll
+                for (int i = 0; i < DPW; i++) po[(warp * G + g) * hd + w * DPW + i] = acc[g][ci][i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * hd; idx += Q2_THREADS) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < Q2_WARPS; w++) v += po[w * G * hd + idx];
+        P[(((int64_t)kh * G + idx / hd) * nsplit + split) * hd + idx % hd] = v;
+    }
+}
+
+/* The second-generation launches, or PT_ERR_UNSUPPORTED (bits other than 4
+ * and 8, a head_dim whose row is not whole 16-byte chunks, more than 64
+ * words per row). */
+static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int64_t stride) {
+    static int on = -1;
+    if (on < 0) on = pt_env_on("PETREL_CUDA_QDEC2");
+    const int bits = a.c.bits, hd = a.c.hd, G = a.nh / a.c.nkv;
+    if (!on || (bits != 4 && bits != 8) || (hd * bits) % 128 || hd * bits / 32 > 64 || G > QD_MAX_G)
+        return PT_ERR_UNSUPPORTED;
+    const int R = hd * bits / 128, lpr = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : R <= 8 ? 8 : 16;
+    const size_t shm = ((size_t)G * hd + (size_t)G * (hd / a.c.gs)) * sizeof(float);
+#define PT_Q2S(B, L)                                                                                          \
+    case L: qdec2_scores_kernel<B, L><<<grid, Q2_THREADS, shm, c->stream>>>(a, stride, c->dec_s, c->dec_ml); break;
+    if (bits == 4) {
+        switch (lpr) { PT_Q2S(4, 1) PT_Q2S(4, 2) PT_Q2S(4, 4) PT_Q2S(4, 8) PT_Q2S(4, 16) }
+    } else {
+        switch (lpr) { PT_Q2S(8, 1) PT_Q2S(8, 2) PT_Q2S(8, 4) PT_Q2S(8, 8) PT_Q2S(8, 16) }
+    }
+#undef PT_Q2S
+    CUDA_CHECK_LAUNCH("quantized decode attention scores");
+    const int wpr = hd * bits / 32, lp = wpr <= 4 ? 4 : wpr <= 8 ? 8 : wpr <= 16 ? 16 : 32, cw = wpr > 32 ? 2 : 1;
+    const size_t pb = (size_t)Q2_WARPS * G * hd * sizeof(float);
+    static bool raised[2][2][4][2];
+#define PT_Q2P(B, L, CC, MG)                                                                                   \
+    do {                                                                                                       \
+        bool &r_ = raised[B == 8][MG > 4][L == 4 ? 0 : L == 8 ? 1 : L == 16 ? 2 : 3][CC > 1];                  \
+        if (pb > 48 * 1024 && !r_) {                                                                           \
+            CUDA_CHECK(cudaFuncSetAttribute(qdec2_pv_kernel<B, L, CC, MG>,                                     \
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));          \
+            r_ = true;                                                                                         \
+        }                                                                                                      \
+        qdec2_pv_kernel<B, L, CC, MG><<<grid, Q2_THREADS, pb, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
+    } while (0)
+#define PT_Q2P_G(B, L, CC) \
+    if (G <= 4) PT_Q2P(B, L, CC, 4); else PT_Q2P(B, L, CC, 8);
+    if (bits == 4) {
+        switch (lp) {
+        case 4: PT_Q2P_G(4, 4, 1) break;
+        case 8: PT_Q2P_G(4, 8, 1) break;
+        case 16: PT_Q2P_G(4, 16, 1) break;
+        default: PT_Q2P_G(4, 32, 1) break;
+        }
+    } else {
+        switch (lp) {
+        case 4: PT_Q2P_G(8, 4, 1) break;
+        case 8: PT_Q2P_G(8, 8, 1) break;
+        case 16: PT_Q2P_G(8, 16, 1) break;
+        default:
+            if (cw == 2) PT_Q2P_G(8, 32, 2) else PT_Q2P_G(8, 32, 1)
+            break;
+        }
+    }
+#undef PT_Q2P_G
+#undef PT_Q2P
+    CUDA_CHECK_LAUNCH("quantized decode attention p·v");
+    return pt_cuda_dec_merge(c, a.out, a.nh, hd, (int)grid.y, a.bf);
+}
+
 static pt_status launch_qdecode(pt_cuda *c, const qattn_args &a) {
     const int G = a.nh / a.c.nkv, hd = a.c.hd;
     if (G > QD_MAX_G) return PT_ERR_UNSUPPORTED;
@@ -423,6 +714,8 @@ static pt_status launch_qdecode(pt_cuda *c, const qattn_args &a) {
         (size_t)a.nh * nsplit * hd > c->dec_p_floats)
         return PT_ERR_UNSUPPORTED;
     dim3 grid((unsigned)a.c.nkv, (unsigned)nsplit);
+    const pt_status st = launch_qdecode2(c, a, grid, stride);
+    if (st != PT_ERR_UNSUPPORTED) return st;
     const size_t shm = ((size_t)G * hd + (size_t)G * (hd / a.c.gs)) * sizeof(float);
     switch (a.c.bits) {
 #define PT_B(B)                                                                                           \
