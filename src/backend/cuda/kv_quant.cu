@@ -417,9 +417,11 @@ __global__ void __launch_bounds__(QD_THREADS)
  * loads per key, one after another; p·V: a warp per key, each lane's code,
  * scale and bias loads waiting on each other): at 32k keys a layer of the
  * llama-3.1-8b shape took ~0.55 ms, latency, not bytes. These read a key
- * row as 16-byte chunks (scores: LPR lanes per key, chunk `sub` each) or
- * 4-byte words (p·V: consecutive lanes on consecutive words), and every
- * lane issues its loads for QU keys before it uses any of them.
+ * row as 16-byte chunks (scores: LPR lanes per key, chunk `sub` each, the
+ * queries in shared memory padded so those lanes' reads meet no bank
+ * conflict) or 8 dims per lane (p·V: one word of 4-bit codes, two of 8-bit,
+ * consecutive lanes on consecutive dims), and every lane issues its loads
+ * for 4 (scores) or 8 (p·V) keys before it uses any of them.
  *
  * Arithmetic: the quantities and rounding points of the kernels above (q·
  * scale rounded; a key's score the sum over groups of sc·Σ(q·code) plus
@@ -442,15 +444,24 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
     const int G = a.nh / a.c.nkv, hd = a.c.hd, gs = a.c.gs, ng = hd / gs, R = hd * BITS / 128;
     const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
-    float *qs = reinterpret_cast<float *>(q2_sh), *xs = qs + G * hd;
+    /* q of head g, dim e at qs[g·QR + (e / CPC)·QC + e % CPC]: each chunk's
+     * CPC values padded by 4, so the float4 reads of the LPR lanes of a key
+     * (one chunk each, at the same offset in it) fall on distinct banks
+     * (unpadded, chunks 64 or 128 bytes apart met 2-4 to a bank) */
+    constexpr int QC = CPC + 4;
+    const int QR = R * QC;
+    float *qs = reinterpret_cast<float *>(q2_sh), *xs = qs + G * QR;
     int64_t lo, n, per;
     qdec_range(a, nsplit, stride, lo, n, per);
-    for (int i = threadIdx.x; i < G * hd; i += Q2_THREADS) qs[i] = pt_rnd(a.bf, a.q[(int64_t)kh * G * hd + i] * a.scale);
+    for (int i = threadIdx.x; i < G * hd; i += Q2_THREADS) {
+        const int g = i / hd, e = i % hd;
+        qs[g * QR + (e / CPC) * QC + e % CPC] = pt_rnd(a.bf, a.q[(int64_t)kh * G * hd + i] * a.scale);
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < G * ng; i += Q2_THREADS) {
-        const float *x = qs + (i / ng) * hd + (i % ng) * gs;
+        const int g = i / ng, e0 = (i % ng) * gs;
         float s = 0.f;
-        for (int e = 0; e < gs; e++) s += x[e];
+        for (int e = e0; e < e0 + gs; e++) s += qs[g * QR + (e / CPC) * QC + e % CPC];
         xs[i] = s;
     }
     __syncthreads();
@@ -490,11 +501,11 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
                         const uint32_t w = w4[wi] >> (c4 * 4 * BITS);
                         const float k0 = (float)(w & MASK), k1 = (float)((w >> BITS) & MASK),
                                     k2 = (float)((w >> (2 * BITS)) & MASK), k3 = (float)((w >> (3 * BITS)) & MASK);
-                        const int e = sub * CPC + wi * (32 / BITS) + c4 * 4;
+                        const int e = sub * QC + wi * (32 / BITS) + c4 * 4; /* padded offset */
 #pragma unroll
                         for (int g = 0; g < QD_MAX_G; g++) {
                             if (g >= G) break;
-                            const float4 qv = *reinterpret_cast<const float4 *>(qs + g * hd + e);
+                            const float4 qv = *reinterpret_cast<const float4 *>(qs + g * QR + e);
                             d[g] = fmaf(qv.x, k0, d[g]);
                             d[g] = fmaf(qv.y, k1, d[g]);
                             d[g] = fmaf(qv.z, k2, d[g]);
@@ -534,13 +545,13 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
     }
 }
 
-/* p·V: LP lanes per value row (LP = the power of two >= the row's words,
- * at most 32), C words per lane (C = 2 only for 8-bit rows of 64 words),
- * KPW = 32/LP keys per warp step, QU steps of loads in flight. */
-template <int BITS, int LP, int C, int MG>
+/* p·V: a lane takes 8 dims of a value row (one word of 4-bit codes, two
+ * of 8-bit), LP lanes a row (the power of two >= hd / 8), KPW = 32/LP keys
+ * per warp step, the loads of 8 steps in flight. */
+template <int BITS, int LP, int MG>
 __global__ void __launch_bounds__(Q2_THREADS, 2)
     qdec2_pv_kernel(qattn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
-    constexpr int DPW = 32 / BITS, KPW = 32 / LP, U = 8 / C, KB = U * KPW;
+    constexpr int WL = BITS == 8 ? 2 : 1, KPW = 32 / LP, U = 8, KB = U * KPW; /* words per lane, 8 dims */
     constexpr uint32_t MASK = (1u << BITS) - 1u;
     __shared__ float sM[QD_MAX_G], sInv[QD_MAX_G];
     __shared__ float ps[Q2_WARPS][MG][KB];
@@ -548,6 +559,8 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
     const int G = a.nh / a.c.nkv, hd = a.c.hd, gs = a.c.gs, ng = hd / gs, wpr = hd * BITS / 32;
     const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LP, ks = lane / LP;
+    const bool live = sub * WL < wpr; /* dims 8·sub … 8·sub + 7 */
+    const int grp = live ? sub * 8 / gs : 0;
     int64_t lo, n, per;
     qdec_range(a, nsplit, stride, lo, n, per);
     if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
@@ -557,34 +570,30 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
         sInv[threadIdx.x] = 1.0f / L;
     }
     __syncthreads();
-    float acc[MG][C][DPW];
+    float acc[MG][8];
 #pragma unroll
     for (int g = 0; g < MG; g++)
 #pragma unroll
-        for (int ci = 0; ci < C; ci++)
-#pragma unroll
-            for (int i = 0; i < DPW; i++) acc[g][ci][i] = 0.f;
+        for (int i = 0; i < 8; i++) acc[g][i] = 0.f;
     const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
     const int64_t prow0 = (int64_t)kh * a.c.cap, rlo = lo % a.c.cap;
     const float *Sk = S + (int64_t)kh * G * stride;
     for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)Q2_WARPS * KB) {
-        uint32_t vw[U][C];
-        float sc[U][C], bi[U][C];
+        uint32_t vw[U][WL];
+        float sc[U], bi[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t j = jb + u * KPW + ks;
             int64_t slot = rlo + j;
             if (slot >= a.c.cap) slot -= a.c.cap;
             const int64_t row = prow0 + slot;
-#pragma unroll
-            for (int ci = 0; ci < C; ci++) {
-                const int w = ci * LP + sub;
-                const bool ok = j < j1 && w < wpr;
-                const int64_t pi = row * ng + (ok ? w * DPW / gs : 0);
-                vw[u][ci] = ok ? __ldg(a.c.v + row * wpr + w) : 0u;
-                sc[u][ci] = ok ? pt_ld(a.c.dt, a.c.vs, pi) : 0.f;
-                bi[u][ci] = ok ? pt_ld(a.c.dt, a.c.vb, pi) : 0.f;
-            }
+            const bool ok = live && j < j1;
+            if constexpr (WL == 2) {
+                const uint2 t = ok ? __ldg(reinterpret_cast<const uint2 *>(a.c.v + row * wpr) + sub) : make_uint2(0u, 0u);
+                vw[u][0] = t.x, vw[u][1] = t.y;
+            } else vw[u][0] = ok ? __ldg(a.c.v + row * wpr + sub) : 0u;
+            sc[u] = ok ? pt_ld(a.c.dt, a.c.vs, row * ng + grp) : 0.f;
+            bi[u] = ok ? pt_ld(a.c.dt, a.c.vb, row * ng + grp) : 0.f;
         }
         /* the batch's probabilities, lanes over (head, key); 0 past j1 */
         for (int idx = lane; idx < KB * G; idx += 32) {
@@ -594,20 +603,19 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
         }
         __syncwarp();
 #pragma unroll
-        for (int u = 0; u < U; u++)
+        for (int u = 0; u < U; u++) {
+            float v[8];
 #pragma unroll
-            for (int ci = 0; ci < C; ci++) {
-                float v[DPW];
+            for (int i = 0; i < 8; i++)
+                v[i] = fmaf((float)((vw[u][i / (32 / BITS)] >> ((i % (32 / BITS)) * BITS)) & MASK), sc[u], bi[u]);
 #pragma unroll
-                for (int i = 0; i < DPW; i++) v[i] = fmaf((float)((vw[u][ci] >> (i * BITS)) & MASK), sc[u][ci], bi[u][ci]);
+            for (int g = 0; g < MG; g++) {
+                if (g >= G) break;
+                const float p = ps[warp][g][u * KPW + ks];
 #pragma unroll
-                for (int g = 0; g < MG; g++) {
-                    if (g >= G) break;
-                    const float p = ps[warp][g][u * KPW + ks];
-#pragma unroll
-                    for (int i = 0; i < DPW; i++) acc[g][ci][i] = fmaf(p, v[i], acc[g][ci][i]);
-                }
+                for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, v[i], acc[g][i]);
             }
+        }
         __syncwarp(); /* ps is written again by the next batch */
     }
     /* the warp's key slots added: lanes sub, sub + LP, ... */
@@ -617,22 +625,15 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
         for (int g = 0; g < MG; g++) {
             if (g >= G) break;
 #pragma unroll
-            for (int ci = 0; ci < C; ci++)
-#pragma unroll
-                for (int i = 0; i < DPW; i++) acc[g][ci][i] += __shfl_xor_sync(0xffffffffu, acc[g][ci][i], o);
+            for (int i = 0; i < 8; i++) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
         }
     float *po = reinterpret_cast<float *>(q2_po);
-    if (ks == 0) {
+    if (ks == 0 && live) {
 #pragma unroll
         for (int g = 0; g < MG; g++) {
             if (g >= G) break;
 #pragma unroll
-            for (int ci = 0; ci < C; ci++) {
-                const int w = ci * LP + sub;
-                if (w >= wpr) continue;
-#pragma unroll
-                for (int i = 0; i < DPW; i++) po[(warp * G + g) * hd + w * DPW + i] = acc[g][ci][i];
-            }
+            for (int i = 0; i < 8; i++) po[(warp * G + g) * hd + sub * 8 + i] = acc[g][i];
         }
     }
     __syncthreads();
@@ -654,7 +655,7 @@ static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int
     if (!on || (bits != 4 && bits != 8) || (hd * bits) % 128 || hd * bits / 32 > 64 || G > QD_MAX_G)
         return PT_ERR_UNSUPPORTED;
     const int R = hd * bits / 128, lpr = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : R <= 8 ? 8 : 16;
-    const size_t shm = ((size_t)G * hd + (size_t)G * (hd / a.c.gs)) * sizeof(float);
+    const size_t shm = ((size_t)G * R * (128 / bits + 4) + (size_t)G * (hd / a.c.gs)) * sizeof(float);
 #define PT_Q2S(B, L)                                                                                          \
     case L: qdec2_scores_kernel<B, L><<<grid, Q2_THREADS, shm, c->stream>>>(a, stride, c->dec_s, c->dec_ml); break;
     if (bits == 4) {
@@ -664,38 +665,34 @@ static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int
     }
 #undef PT_Q2S
     CUDA_CHECK_LAUNCH("quantized decode attention scores");
-    const int wpr = hd * bits / 32, lp = wpr <= 4 ? 4 : wpr <= 8 ? 8 : wpr <= 16 ? 16 : 32, cw = wpr > 32 ? 2 : 1;
+    const int lp = hd / 8 <= 4 ? 4 : hd / 8 <= 8 ? 8 : hd / 8 <= 16 ? 16 : 32;
     const size_t pb = (size_t)Q2_WARPS * G * hd * sizeof(float);
-    static bool raised[2][2][4][2];
-#define PT_Q2P(B, L, CC, MG)                                                                                   \
-    do {                                                                                                       \
-        bool &r_ = raised[B == 8][MG > 4][L == 4 ? 0 : L == 8 ? 1 : L == 16 ? 2 : 3][CC > 1];                  \
-        if (pb > 48 * 1024 && !r_) {                                                                           \
-            CUDA_CHECK(cudaFuncSetAttribute(qdec2_pv_kernel<B, L, CC, MG>,                                     \
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));          \
-            r_ = true;                                                                                         \
-        }                                                                                                      \
-        qdec2_pv_kernel<B, L, CC, MG><<<grid, Q2_THREADS, pb, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
+    static bool raised[2][2][4];
+#define PT_Q2P(B, L, MG)                                                                                          \
+    do {                                                                                                          \
+        bool &r_ = raised[B == 8][MG > 4][L == 4 ? 0 : L == 8 ? 1 : L == 16 ? 2 : 3];                             \
+        if (pb > 48 * 1024 && !r_) {                                                                              \
+            CUDA_CHECK(cudaFuncSetAttribute(qdec2_pv_kernel<B, L, MG>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+                                            64 * 1024));                                                          \
+            r_ = true;                                                                                            \
+        }                                                                                                         \
+        qdec2_pv_kernel<B, L, MG><<<grid, Q2_THREADS, pb, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
     } while (0)
-#define PT_Q2P_G(B, L, CC) \
-    if (G <= 4) PT_Q2P(B, L, CC, 4); else PT_Q2P(B, L, CC, 8);
-    if (bits == 4) {
-        switch (lp) {
-        case 4: PT_Q2P_G(4, 4, 1) break;
-        case 8: PT_Q2P_G(4, 8, 1) break;
-        case 16: PT_Q2P_G(4, 16, 1) break;
-        default: PT_Q2P_G(4, 32, 1) break;
-        }
-    } else {
-        switch (lp) {
-        case 4: PT_Q2P_G(8, 4, 1) break;
-        case 8: PT_Q2P_G(8, 8, 1) break;
-        case 16: PT_Q2P_G(8, 16, 1) break;
-        default:
-            if (cw == 2) PT_Q2P_G(8, 32, 2) else PT_Q2P_G(8, 32, 1)
-            break;
-        }
+#define PT_Q2P_G(B, L) \
+    if (G <= 4) PT_Q2P(B, L, 4); else PT_Q2P(B, L, 8);
+#define PT_Q2P_L(B)                 \
+    switch (lp) {                   \
+    case 4: PT_Q2P_G(B, 4) break;   \
+    case 8: PT_Q2P_G(B, 8) break;   \
+    case 16: PT_Q2P_G(B, 16) break; \
+    default: PT_Q2P_G(B, 32) break; \
     }
+    if (bits == 4) {
+        PT_Q2P_L(4)
+    } else {
+        PT_Q2P_L(8)
+    }
+#undef PT_Q2P_L
 #undef PT_Q2P_G
 #undef PT_Q2P
     CUDA_CHECK_LAUNCH("quantized decode attention p·v");
