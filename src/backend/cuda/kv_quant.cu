@@ -292,6 +292,25 @@ __device__ __forceinline__ void qdec_range(const qattn_args &a, int nsplit, int6
     per = (n + nsplit - 1) / nsplit;
 }
 
+/* A key's score from its dot d (rounded, soft-capped) into the scores row
+ * S[srow + j] and the thread's running statistics of its head. */
+__device__ __forceinline__ void qdec_push(const qattn_args &a, float *S, int64_t srow, int64_t j, float d, float &m,
+                                          float &l) {
+    const float s = qcap(pt_rnd(a.bf, d), a);
+    S[srow + j] = s;
+    pt_softmax_push(s, m, l);
+}
+
+/* A split's (max, sum) per head of KV head kh from the threads' running
+ * statistics, into ML [heads, nsplit] (every thread of the block calls it). */
+__device__ __forceinline__ void qdec_split_stats(const float (&m)[QD_MAX_G], const float (&l)[QD_MAX_G], int G, int kh,
+                                                 float *red, float2 *ML, int64_t nsplit, int64_t split) {
+    for (int g = 0; g < G; g++) {
+        const float2 ml = pt_softmax_block(m[g], l[g], red);
+        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
+    }
+}
+
 /* Scores: one thread per key, the G heads of KV head kh at once; the
  * pre-scaled queries and their group sums in shared memory. The codes of a
  * group are read as a bit stream (BITS known at compile time). */
@@ -357,15 +376,10 @@ __global__ void __launch_bounds__(QD_THREADS) qdec_scores_kernel(qattn_args a, i
 #pragma unroll
         for (int g = 0; g < QD_MAX_G; g++) {
             if (g >= G) break;
-            const float s = qcap(pt_rnd(a.bf, d[g]), a);
-            S[((int64_t)kh * G + g) * stride + j] = s;
-            pt_softmax_push(s, m[g], l[g]);
+            qdec_push(a, S, ((int64_t)kh * G + g) * stride, j, d[g], m[g], l[g]);
         }
     }
-    for (int g = 0; g < G; g++) {
-        const float2 ml = pt_softmax_block(m[g], l[g], red);
-        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
-    }
+    qdec_split_stats(m, l, G, kh, red, ML, nsplit, split);
 }
 
 /* p·V: a warp per key, lanes split head_dim; each value row dequantized
@@ -532,17 +546,12 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
                 for (int g = 0; g < QD_MAX_G; g++) {
                     if (g >= G) break;
                     if (g % LPR != sub) continue;
-                    const float s = qcap(pt_rnd(a.bf, d[g]), a);
-                    S[((int64_t)kh * G + g) * stride + j] = s;
-                    pt_softmax_push(s, m[g], l[g]);
+                    qdec_push(a, S, ((int64_t)kh * G + g) * stride, j, d[g], m[g], l[g]);
                 }
             }
         }
     }
-    for (int g = 0; g < G; g++) {
-        const float2 ml = pt_softmax_block(m[g], l[g], red);
-        if (threadIdx.x == 0) ML[((int64_t)kh * G + g) * nsplit + split] = ml;
-    }
+    qdec_split_stats(m, l, G, kh, red, ML, nsplit, split);
 }
 
 /* p·V: a lane takes 8 dims of a value row (one word of 4-bit codes, two
