@@ -92,15 +92,19 @@ else fail serve_seed_reproducible "'$(cat "$TMP/seed2")' vs '$(cat "$TMP/seed3")
 # continuous batching: two greedy requests in flight together decode in
 # shared steps (/metrics counts steps of 2) and each reply equals its reply
 # alone (batch invariance). Prompts that share no cached prefix with each other.
-req_a='{"messages":[{"role":"user","content":"The LORD is my shepherd"}],"max_tokens":16,"temperature":0}'
-req_b='{"messages":[{"role":"user","content":"Let there be light"}],"max_tokens":16,"temperature":0}'
+# Both are started together and generate 64 tokens, so they overlap even when
+# one client process starts late on a busy machine (16 tokens of the demo
+# model could finish before the other request arrived).
+req_a='{"messages":[{"role":"user","content":"The LORD is my shepherd"}],"max_tokens":64,"temperature":0}'
+req_b='{"messages":[{"role":"user","content":"Let there be light"}],"max_tokens":64,"temperature":0}'
 chat_content "$req_a" >"$TMP/solo_a"
 chat_content "$req_b" >"$TMP/solo_b"
 curl -s --max-time 60 "$URL/metrics" >"$TMP/m0"
 chat_content "$req_a" >"$TMP/pair_a" &
 pa=$!
-chat_content "$req_b" >"$TMP/pair_b"
-wait $pa
+chat_content "$req_b" >"$TMP/pair_b" &
+pb=$!
+wait $pa $pb
 curl -s --max-time 60 "$URL/metrics" >"$TMP/m1"
 two0=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m0")
 one0=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m0")
