@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(QD_THREADS)
 
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args a, int64_t stride, float *S, float2 *ML) {
-    extern __shared__ float4 q2_sh[]; /* qs [G, hd] | xs [G, ng] */
+    extern __shared__ float4 q2_sh[]; /* qs [G, R·QC] (padded, below) | xs [G, ng] */
     __shared__ float red[32];
     constexpr int CPC = 128 / BITS, KPW = 32 / LPR; /* dims per 16-byte chunk, keys per warp step */
     constexpr uint32_t MASK = (1u << BITS) - 1u;
