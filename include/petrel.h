@@ -186,6 +186,12 @@ pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids);
  * positions to out: f32 [n_ids x vocab], row-major (the caller allocates it).
  * Used by `petrel logits` and `petrel perplexity`. */
 pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids, float *out);
+/* Waits until the device work the session's calls have enqueued is done. On
+ * CUDA a prompt (its logits left on the GPU for sampling there) and a
+ * pipelined decode step return once their kernels are enqueued; timing them
+ * needs this at the end (`petrel bench` does). On the CPU every call is
+ * already complete when it returns, and this returns PT_OK at once. */
+pt_status pt_session_sync(pt_session *s);
 
 /* Continuous batching: appends ids[i] to sessions[i] for every i < n and
  * runs all n tokens through the model in one forward step (the per-token

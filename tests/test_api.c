@@ -167,6 +167,12 @@ static void test_chunking(void) {
     pt_session_truncate(s, 4);
     REQUIRE(pt_session_prompt(s, prompt + 4, NP - 4) == PT_OK, "%s", pt_last_error());
     CHECK(!memcmp(again, pt_session_logits(s), V * 4), "truncate + re-prompt is deterministic");
+    /* pt_session_sync: the CPU's calls are complete already, so it succeeds
+     * and changes nothing; a NULL session is refused by name */
+    CHECK(pt_session_sync(s) == PT_OK, "sync: %s", pt_last_error());
+    CHECK(!memcmp(again, pt_session_logits(s), V * 4) && pt_session_n_tokens(s) == NP, "sync changed the session");
+    CHECK(pt_session_sync(NULL) == PT_ERR_INVALID_ARG && strstr(pt_last_error(), "pt_session_sync"),
+          "sync(NULL): %s", pt_last_error());
     free(again);
     pt_session_free(&s);
     pt_session_free(&s3);

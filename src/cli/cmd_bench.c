@@ -8,8 +8,10 @@
  * whole model and the lm_head and samples greedily, as generation does —
  * on the GPU with --gpu-sampling on, pipelined on CUDA unless
  * PETREL_CUDA_PIPELINE=0 — then feeds the sampled id back). Each test
- * runs -r times after one untimed warm-up; tokens/s is reported as the mean,
- * standard deviation and median over the repetitions.
+ * runs -r times after one untimed warm-up; a repetition's clock stops when
+ * the device has finished its work (pt_session_sync: on CUDA a prefill and
+ * the pipelined last decode step return once enqueued); tokens/s is reported
+ * as the mean, standard deviation and median over the repetitions.
  *
  * gbps = bytes a step must read / time: for tg, the weights one decode step
  * reads (MoE: the active experts' share) plus the KV cache at the average
@@ -152,6 +154,7 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
         for (int i = 0; i < r->n_prompt; i++) buf[i] = rand_id(vocab);
         t0 = now_s();
         PT_TRY(pt_session_prompt(s, buf, (size_t)r->n_prompt));
+        PT_TRY(pt_session_sync(s)); /* on CUDA the prefill returns once enqueued */
         dt = now_s() - t0;
         if (rep >= 0) r->samples[rep] = r->n_prompt / dt;
     } else {
@@ -170,6 +173,7 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
             PT_TRY(pt_session_sample_ahead(s, &greedy, &ti));
             PT_TRY(pt_session_prompt(s, &ti.id, 1));
         }
+        PT_TRY(pt_session_sync(s)); /* the last step, enqueued ahead, has run */
         dt = now_s() - t0;
         if (rep >= 0) r->samples[rep] = r->n_gen / dt;
     }

@@ -180,6 +180,15 @@ pt_status pt_session_prompt(pt_session *s, const int32_t *ids, size_t n_ids) {
     return run_tokens(s, ids, n_ids, NULL);
 }
 
+pt_status pt_session_sync(pt_session *s) {
+    if (!s) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sync: session is NULL");
+    pt_model *m = s->m;
+    pthread_mutex_lock(&m->lock);
+    pt_status st = m->be->ops->sync(m->be);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
 pt_status pt_session_eval_logits(pt_session *s, const int32_t *ids, size_t n_ids, float *out) {
     if (!s || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_eval_logits: NULL argument");
     return run_tokens(s, ids, n_ids, out);
