@@ -311,6 +311,20 @@ __device__ __forceinline__ void qdec_split_stats(const float (&m)[QD_MAX_G], con
     }
 }
 
+/* The exact row max M and 1/L of each head of KV head kh from the splits'
+ * (max, sum) pairs, merged in split order, into sM / sInv (threads g < G;
+ * the block synchronizes after). */
+__device__ __forceinline__ void qdec_row_stats(const float2 *ML, int G, int kh, int64_t nsplit, float *sM,
+                                               float *sInv) {
+    if (threadIdx.x < G) {
+        float M, L;
+        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, (int)nsplit, M, L);
+        sM[threadIdx.x] = M;
+        sInv[threadIdx.x] = 1.0f / L;
+    }
+    __syncthreads();
+}
+
 /* Scores: one thread per key, the G heads of KV head kh at once; the
  * pre-scaled queries and their group sums in shared memory. The codes of a
  * group are read as a bit stream (BITS known at compile time). */
@@ -393,13 +407,7 @@ __global__ void __launch_bounds__(QD_THREADS)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t lo, n, per;
     qdec_range(a, nsplit, stride, lo, n, per);
-    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
-        float M, L;
-        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, nsplit, M, L);
-        sM[threadIdx.x] = M;
-        sInv[threadIdx.x] = 1.0f / L;
-    }
-    __syncthreads();
+    qdec_row_stats(ML, G, kh, nsplit, sM, sInv);
     float acc[QD_MAX_G][NPL];
 #pragma unroll
     for (int g = 0; g < QD_MAX_G; g++)
@@ -572,13 +580,7 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
     const int grp = live ? sub * 8 / gs : 0;
     int64_t lo, n, per;
     qdec_range(a, nsplit, stride, lo, n, per);
-    if (threadIdx.x < G) { /* the exact row max and sum, merged in split order */
-        float M, L;
-        pt_softmax_merge(ML + ((int64_t)kh * G + threadIdx.x) * nsplit, nsplit, M, L);
-        sM[threadIdx.x] = M;
-        sInv[threadIdx.x] = 1.0f / L;
-    }
-    __syncthreads();
+    qdec_row_stats(ML, G, kh, nsplit, sM, sInv);
     float acc[MG][8];
 #pragma unroll
     for (int g = 0; g < MG; g++)
