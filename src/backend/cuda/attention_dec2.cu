@@ -212,13 +212,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
                         }
                     }
                 }
-#pragma unroll
-                for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-                    for (int g = 0; g < DEC_MAX_G; g++) {
-                        if (g >= G) break;
-                        d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-                    }
+                pt_lanes_sum<LPR>(d, G); /* the key's LPR lanes */
                 const int64_t j = jb + u * KPW + ks;
                 if (j < j1) {
 #pragma unroll

@@ -65,6 +65,20 @@ __device__ __forceinline__ float pt_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* The first G of d[] each summed over the L consecutive lanes of a group
+ * (L a power of two <= 32) by an xor butterfly: every lane of the group
+ * holds the same sums (IEEE addition commutes). The split decode scores
+ * kernels add a key's partial dots over the lanes that share the key. */
+template <int L, int MAXG>
+__device__ __forceinline__ void pt_lanes_sum(float (&d)[MAXG], int G) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            if (g >= G) break;
+            d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
+        }
+}
 __device__ __forceinline__ float pt_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -541,13 +541,7 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
                     d[g] = fmaf(sc[u], d[g], first ? bi[u] * xs[g * ng + grp] : 0.f);
                 }
             }
-#pragma unroll
-            for (int o = LPR / 2; o > 0; o >>= 1)
-#pragma unroll
-                for (int g = 0; g < QD_MAX_G; g++) {
-                    if (g >= G) break;
-                    d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
-                }
+            pt_lanes_sum<LPR>(d, G); /* the key's LPR lanes */
             const int64_t j = jb + u * KPW + ks;
             if (j < j1) {
 #pragma unroll
