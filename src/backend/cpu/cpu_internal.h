@@ -173,7 +173,19 @@ typedef struct pt_cpu_kernels {
      * in softmax_row), silu(g) = g / (1 + exp(−g)) with a vector exp (a few
      * ulp from libm's expf). NULL = the caller's scalar loop. */
     void (*silu_mul)(float *y, const float *g, const float *u, int64_t n, int bf16);
+    /* One token's group sums, xs[g] = Σ_{j∈g} x[j] added in order j = g·gs,
+     * g·gs + 1, … from 0.0f (every path's b·Σx term): the additions of
+     * pt_cpu_group_sums_ref, so the same bits. NULL = that reference. */
+    void (*group_sums)(float *xs, const float *x, int64_t K, int gs);
+    /* One token's int8-lever activations (L3): per group xd[g] = max|x| / 127
+     * and xi[j] = x[j]·(127 / max|x|) rounded to nearest even (0 for an
+     * all-zero group); the operations of pt_cpu_quant_i8_ref, so the same
+     * bits. NULL = that reference. */
+    void (*quant_i8)(int8_t *xi, float *xd, const float *x, int64_t K, int gs);
 } pt_cpu_kernels;
+
+void pt_cpu_group_sums_ref(float *xs, const float *x, int64_t K, int gs);
+void pt_cpu_quant_i8_ref(int8_t *xi, float *xd, const float *x, int64_t K, int gs);
 
 extern const pt_cpu_kernels pt_cpu_kernels_scalar;
 extern const pt_cpu_kernels pt_cpu_kernels_avx2;

@@ -588,37 +588,25 @@ const char *pt_backend_cpu_quant_paths(const pt_backend *be) {
     return table[pt_cpu_lever.xint > 0][pre];
 }
 
-/* xs[t·ng + g] = Σ_{j∈g} x[t·K + j], sequential (the same sums for every path). */
-static void group_sums(float *xs, const float *x, int64_t T, int64_t K, int gs) {
-    int64_t ng = K / gs;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t g = 0; g < ng; g++) {
-            float s = 0.0f;
-            for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += x[t * K + j];
-            xs[t * ng + g] = s;
-        }
-}
-
-/* The int8 lever's activations: per token and weight group, symmetric steps
- * xd = max|x| / 127 and xi = x / xd rounded to nearest even ([T, K] natural
- * order, [T, ng] steps). */
-static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_t K, int gs) {
+/* xs[t·ng + g] = Σ_{j∈g} x[t·K + j], sequential (the same sums for every
+ * path): the kernel table's group_sums where it has one (the same additions
+ * in the same order, vectorized across groups), else pt_cpu_group_sums_ref. */
+static void group_sums(const pt_cpu *c, float *xs, const float *x, int64_t T, int64_t K, int gs) {
     int64_t ng = K / gs;
     for (int64_t t = 0; t < T; t++) {
-        const float *xt = x + t * K;
-        for (int64_t g = 0; g < ng; g++) {
-            float amax = 0.0f;
-            for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
-                float a = xt[j] < 0 ? -xt[j] : xt[j];
-                amax = a > amax ? a : amax;
-            }
-            float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            xd[t * ng + g] = d;
-            /* |x·id| <= 127: adding and subtracting 1.5·2^23 rounds to nearest even
-             * (what lrintf does) without a libm call, and vectorizes */
-            for (int64_t j = g * gs; j < (g + 1) * gs; j++)
-                xi[t * K + j] = (int8_t)(int)((xt[j] * id + 12582912.0f) - 12582912.0f);
-        }
+        if (c->k->group_sums) c->k->group_sums(xs + t * ng, x + t * K, K, gs);
+        else pt_cpu_group_sums_ref(xs + t * ng, x + t * K, K, gs);
+    }
+}
+
+/* The int8 lever's activations (pt_cpu_quant_i8_ref: per token and weight
+ * group, symmetric steps xd = max|x| / 127 and xi = x / xd rounded to nearest
+ * even), by the kernel table's quant_i8 where it has one (the same bits). */
+static void quantize_i8(const pt_cpu *c, int8_t *xi, float *xd, const float *x, int64_t T, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int64_t t = 0; t < T; t++) {
+        if (c->k->quant_i8) c->k->quant_i8(xi + t * K, xd + t * ng, x + t * K, K, gs);
+        else pt_cpu_quant_i8_ref(xi + t * K, xd + t * ng, x + t * K, K, gs);
     }
 }
 
@@ -630,6 +618,7 @@ static void quantize_i8(int8_t *xi, float *xd, const float *x, int64_t T, int64_
  * which vdpbf16ps reads as zero) sets bad, and the call then takes another
  * GEMM — decided from the call's own tokens. */
 typedef struct {
+    const pt_cpu *c;
     float *xs;
     uint16_t *xb;
     int8_t *xq;
@@ -652,7 +641,7 @@ static void gemm_x_job(void *arg, long t0, long t1, int ith) {
             return;
         }
     }
-    group_sums(q->xs + t0 * ng, q->x + t0 * K, t1 - t0, K, q->gs);
+    group_sums(q->c, q->xs + t0 * ng, q->x + t0 * K, t1 - t0, K, q->gs);
 }
 
 /* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
@@ -662,6 +651,7 @@ static int k128_ok(const pt_cpu *c, int64_t K) {
 
 /* group_sums + quantize_i8 for tokens [t0, t1) as a pool job (prefill). */
 typedef struct {
+    const pt_cpu *c;
     float *xs, *xd;
     int8_t *xi;
     const float *x;
@@ -673,8 +663,8 @@ static void quantize_job(void *arg, long t0, long t1, int ith) {
     qx_ctx *q = arg;
     int64_t ng = q->K / q->gs;
     (void)ith;
-    group_sums(q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
-    quantize_i8(q->xi + t0 * q->K, q->xd + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
+    group_sums(q->c, q->xs + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
+    quantize_i8(q->c, q->xi + t0 * q->K, q->xd + t0 * ng, q->x + t0 * q->K, t1 - t0, q->K, q->gs);
 }
 
 /* The decode path's inputs, computed once per call from m->x (T tokens of
@@ -715,7 +705,7 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
         }
         if (all) { /* nothing else to prepare but the group sums */
             float *xs = c->xbuf + T * K;
-            group_sums(xs, x, T, K, w->group_size);
+            group_sums(c, xs, x, T, K, w->group_size);
             m->xs = xs;
             m->all_bf16 = 1;
             return PT_OK;
@@ -744,13 +734,13 @@ static pt_status direct_prep(pt_cpu *c, mm_ctx *m) {
         float *xp = c->xbuf, *xs = c->xbuf + T * K;
         if (w->bits == 4 && !c->int8_act && !all_bf16)
             for (int64_t t = 0; t < T; t++) pt_cpu_permute_x4(xp + t * K, x + t * K, K);
-        group_sums(xs, x, T, K, w->group_size);
+        group_sums(c, xs, x, T, K, w->group_size);
         if (w->bits == 4) m->xq = xp;
         m->xs = xs;
         if (c->int8_act && (w->bits == 4 || w->bits == 8)) {
             float *xd = xs + T * ng;
             int8_t *xi = (int8_t *)(xd + T * ng), *xa = xi + T * K;
-            quantize_i8(xi, xd, x, T, K, w->group_size);
+            quantize_i8(c, xi, xd, x, T, K, w->group_size);
             m->i8_128 = w->bits == 4 && k128_ok(c, K);
             if (w->bits == 4)
                 for (int64_t t = 0; t < T; t++) {
@@ -804,7 +794,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
         PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + K / 4 + 1))));
         float *xs = c->xbuf, *xd = xs + T * ng;
         int8_t *xi = (int8_t *)(xd + T * ng);
-        qx_ctx q = {.xs = xs, .xd = xd, .xi = xi, .x = x, .K = K, .gs = w->group_size};
+        qx_ctx q = {.c = c, .xs = xs, .xd = xd, .xi = xi, .x = x, .K = K, .gs = w->group_size};
         pt_pool_for(c->pool, (long)T, 8, quantize_job, &q);
         pt_cpu_gemm_i8(c, y, xi, xd, xs, T, w, expert);
         return PT_OK;
@@ -822,7 +812,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
             int64_t T32 = (T + 31) / 32 * 32;
             PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
                                        (size_t)(T * ng + T32 * K / 2 + 16)));
-            gx_ctx q = {.xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
+            gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
             atomic_init(&q.bad, 0);
             pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
             if (!atomic_load(&q.bad)) {
@@ -837,7 +827,7 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
             /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
              * steps [T·ng], pieces [3·T·K bytes] */
             PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + 3 * K / 4 + 1))));
-            gx_ctx q = {.xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
+            gx_ctx q = {.c = c, .xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
                         .K = K, .gs = gs};
             atomic_init(&q.bad, 0);
             pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);

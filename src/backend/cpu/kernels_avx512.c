@@ -775,6 +775,64 @@ static void dequant_q(float *dst, const uint8_t *row, int64_t k0, int64_t n, con
     }
 }
 
+/* pt_cpu_group_sums_ref, 16 groups at a time: lane i adds value j of group
+ * g + i (a gather) in the reference's order j = 0, 1, … from 0.0f, so each
+ * sum is the same sequence of rounded additions. */
+static void group_sums(float *xs, const float *x, int64_t K, int gs) {
+    const int64_t ng = K / gs;
+    int64_t g = 0;
+    if (gs <= (1 << 26) / 16) {
+        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(gs));
+        for (; g + 32 <= ng; g += 32) { /* two independent chains of additions */
+            const float *b0 = x + g * gs, *b1 = b0 + 16 * (int64_t)gs;
+            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+            for (int j = 0; j < gs; j++) {
+                s0 = _mm512_add_ps(s0, _mm512_i32gather_ps(idx, b0 + j, 4));
+                s1 = _mm512_add_ps(s1, _mm512_i32gather_ps(idx, b1 + j, 4));
+            }
+            _mm512_storeu_ps(xs + g, s0);
+            _mm512_storeu_ps(xs + g + 16, s1);
+        }
+        for (; g + 16 <= ng; g += 16) {
+            const float *b0 = x + g * gs;
+            __m512 s0 = _mm512_setzero_ps();
+            for (int j = 0; j < gs; j++) s0 = _mm512_add_ps(s0, _mm512_i32gather_ps(idx, b0 + j, 4));
+            _mm512_storeu_ps(xs + g, s0);
+        }
+    }
+    if (g < ng) pt_cpu_group_sums_ref(xs + g, x + g * gs, (ng - g) * gs, gs);
+}
+
+/* pt_cpu_quant_i8_ref on 16 lanes (gs % 16 == 0, else the reference): the
+ * group's max|x| by vmaxps, which like the reference's a > m ? a : m keeps m
+ * for a NaN and for an equal value (max is exact, so the lanes' order does
+ * not matter; |x| by clearing the sign, and a −0 never replaces the +0 start
+ * either way); then x·id, + 1.5·2^23, − 1.5·2^23 as three rounded operations
+ * (no FMA), converted exactly and narrowed (|v| <= 127; a NaN gives 0 in both). */
+static void quant_i8(int8_t *xi, float *xd, const float *x, int64_t K, int gs) {
+    if (gs % 16) {
+        pt_cpu_quant_i8_ref(xi, xd, x, K, gs);
+        return;
+    }
+    const int64_t ng = K / gs;
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    for (int64_t g = 0; g < ng; g++) {
+        const float *xg = x + g * gs;
+        __m512 m = _mm512_setzero_ps();
+        for (int j = 0; j < gs; j += 16) m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xg + j)), m);
+        const float amax = _mm512_reduce_max_ps(m);
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        xd[g] = d;
+        const __m512 vid = _mm512_set1_ps(id);
+        for (int j = 0; j < gs; j += 16) {
+            __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xg + j), vid);
+            v = _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+            _mm_storeu_si128((__m128i *)(xi + g * gs + j), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+        }
+    }
+}
+
 const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .name = "avx512",
     .dot_f32 = dot_f32,
@@ -798,5 +856,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_scores = attn_scores,
     .attn_pv = attn_pv,
     .softmax_row = softmax_row,
+    .group_sums = group_sums,
+    .quant_i8 = quant_i8,
     .silu_mul = silu_mul,
 };

@@ -180,6 +180,34 @@ static void gemm_32(float *c, int64_t ldc, const float *xpk, const float *wp, in
         }
 }
 
+void pt_cpu_group_sums_ref(float *xs, const float *x, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        float s = 0.0f;
+        for (int64_t j = g * gs; j < (g + 1) * gs; j++) s += x[j];
+        xs[g] = s;
+    }
+}
+
+void pt_cpu_quant_i8_ref(int8_t *xi, float *xd, const float *x, int64_t K, int gs) {
+    int64_t ng = K / gs;
+    for (int64_t g = 0; g < ng; g++) {
+        float amax = 0.0f;
+        for (int64_t j = g * gs; j < (g + 1) * gs; j++) {
+            float a = x[j] < 0 ? -x[j] : x[j];
+            amax = a > amax ? a : amax;
+        }
+        float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        xd[g] = d;
+        /* |x·id| <= 127: adding and subtracting 1.5·2^23 rounds to nearest even
+         * (what lrintf does) without a libm call; the product and the two sums
+         * each rounded (this file is built without FMA, and the vector kernel
+         * repeats the three operations) */
+        for (int64_t j = g * gs; j < (g + 1) * gs; j++)
+            xi[j] = (int8_t)(int)((x[j] * id + 12582912.0f) - 12582912.0f);
+    }
+}
+
 const pt_cpu_kernels pt_cpu_kernels_scalar = {
     .name = "scalar",
     .dot_f32 = dot_f32,

@@ -1,0 +1,122 @@
+/* The x preparations of the quantized matmuls as vector kernels
+ * (kernels_avx512.c group_sums, quant_i8): bit-identical to the references
+ * they replace (pt_cpu_group_sums_ref, pt_cpu_quant_i8_ref) for groups of
+ * 32/64/128 (and 16, 48: the gather and tail paths), group counts that are
+ * and are not multiples of 16 and 32, wide dynamic ranges, all-zero groups,
+ * −0, subnormals, NaN and infinities. Sums compared as bits (the order of
+ * the additions is the contract), steps as bits, int8 values exactly.
+ * Skipped without AVX-512. */
+#include "test.h"
+#include "test_rand.h"
+
+#include "backend/cpu/cpu_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int avx512_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+/* x of K values in groups of gs: case 0 uniform, 1 spread over many octaves
+ * with signs, 2 with zero groups, −0 and subnormals, 3 with NaN / ±inf in
+ * some groups. */
+static void fill_case(float *x, int64_t K, int gs, int kind) {
+    for (int64_t j = 0; j < K; j++) {
+        float v = rf(-1.0f, 1.0f);
+        if (kind >= 1) v = ldexpf(v, (int)(ru32() % 60) - 30);
+        x[j] = v;
+    }
+    if (kind == 2)
+        for (int64_t g = 0; g < K / gs; g += 3) {
+            for (int j = 0; j < gs; j++) x[g * gs + j] = (j & 1) ? -0.0f : 0.0f;
+            if (g + 1 < K / gs) x[(g + 1) * gs + 1] = 1e-40f, x[(g + 1) * gs + 2] = -3e-39f;
+        }
+    if (kind == 3) {
+        x[5] = NAN;
+        if (K > gs + 7) x[gs + 7] = INFINITY;
+        if (K > 3 * gs) x[3 * gs - 1] = -INFINITY, x[3 * gs - 2] = NAN;
+    }
+}
+
+static int same_bits(const float *a, const float *b, int64_t n) {
+    return memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+}
+
+static void test_group_sums(void) {
+    if (!avx512_ok()) TEST_SKIP("no AVX-512");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    REQUIRE(k->group_sums != NULL, "the avx512 table has no group_sums");
+    static const int gss[] = {16, 32, 48, 64, 128};
+    static const int ngs[] = {1, 7, 16, 17, 32, 33, 48, 64, 112};
+    float *x = malloc(sizeof(float) * 128 * 112), *a = malloc(sizeof(float) * 112), *b = malloc(sizeof(float) * 112);
+    REQUIRE(x && a && b, "out of memory");
+    int cases = 0;
+    for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++)
+        for (size_t ni = 0; ni < sizeof ngs / sizeof ngs[0]; ni++)
+            for (int kind = 0; kind < 4; kind++) {
+                const int gs = gss[gi], ng = ngs[ni];
+                const int64_t K = (int64_t)gs * ng;
+                fill_case(x, K, gs, kind);
+                pt_cpu_group_sums_ref(a, x, K, gs);
+                memset(b, 0x5a, sizeof(float) * (size_t)ng);
+                k->group_sums(b, x, K, gs);
+                CHECK(same_bits(a, b, ng), "gs %d, %d groups, case %d: sums differ from the reference", gs, ng, kind);
+                cases++;
+            }
+    /* a sum whose order shows: 1, then 2^-24 many times (in order each add is
+     * lost; added first among themselves they would count) */
+    for (int j = 0; j < 64 * 32; j++) x[j] = (j % 64 == 0) ? 1.0f : ldexpf(1.0f, -24);
+    pt_cpu_group_sums_ref(a, x, 64 * 32, 64);
+    k->group_sums(b, x, 64 * 32, 64);
+    CHECK(a[0] == 1.0f && same_bits(a, b, 32), "order-sensitive sums: ref %g, kernel %g", a[0], b[0]);
+    free(x), free(a), free(b);
+    CHECK(cases == 5 * 9 * 4, "ran %d cases", cases);
+}
+
+static void test_quant_i8(void) {
+    if (!avx512_ok()) TEST_SKIP("no AVX-512");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    REQUIRE(k->quant_i8 != NULL, "the avx512 table has no quant_i8");
+    static const int gss[] = {16, 32, 48, 64, 128, 40};
+    static const int ngs[] = {1, 3, 16, 33};
+    const int64_t KM = 128 * 33;
+    float *x = malloc(sizeof(float) * KM), *da = malloc(sizeof(float) * 33), *db = malloc(sizeof(float) * 33);
+    int8_t *qa = malloc((size_t)KM), *qb = malloc((size_t)KM);
+    REQUIRE(x && da && db && qa && qb, "out of memory");
+    int nonzero = 0;
+    for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++)
+        for (size_t ni = 0; ni < sizeof ngs / sizeof ngs[0]; ni++)
+            for (int kind = 0; kind < 4; kind++) {
+                const int gs = gss[gi], ng = ngs[ni];
+                const int64_t K = (int64_t)gs * ng;
+                fill_case(x, K, gs, kind);
+                if (kind == 0) x[0] = 1.0f, x[1] = -1.0f, x[2] = 0.5f / 127.0f; /* the extremes and a tie */
+                pt_cpu_quant_i8_ref(qa, da, x, K, gs);
+                memset(qb, 0x55, (size_t)K), memset(db, 0x5a, sizeof(float) * (size_t)ng);
+                k->quant_i8(qb, db, x, K, gs);
+                CHECK(same_bits(da, db, ng), "gs %d, %d groups, case %d: steps differ", gs, ng, kind);
+                CHECK(memcmp(qa, qb, (size_t)K) == 0, "gs %d, %d groups, case %d: int8 values differ", gs, ng, kind);
+                for (int64_t j = 0; j < K; j++) nonzero += qa[j] != 0;
+            }
+    /* the reference itself: ±127 at the group's max, round to nearest even */
+    for (int j = 0; j < 32; j++) x[j] = 0.0f;
+    x[0] = 127.0f, x[1] = -127.0f, x[2] = 2.5f, x[3] = 3.5f, x[4] = -2.5f;
+    pt_cpu_quant_i8_ref(qa, da, x, 32, 32);
+    k->quant_i8(qb, db, x, 32, 32);
+    CHECK(qa[0] == 127 && qa[1] == -127 && qa[2] == 2 && qa[3] == 4 && qa[4] == -2 && da[0] == 1.0f,
+          "reference: %d %d %d %d %d step %g", qa[0], qa[1], qa[2], qa[3], qa[4], da[0]);
+    CHECK(memcmp(qa, qb, 32) == 0 && same_bits(da, db, 1), "kernel differs on the rounding cases");
+    CHECK(nonzero > 1000, "only %d nonzero values: the cases are degenerate", nonzero);
+    free(x), free(da), free(db), free(qa), free(qb);
+}
+
+int main(void) {
+    TEST_RUN(test_group_sums);
+    TEST_RUN(test_quant_i8);
+    return test_summary();
+}
