@@ -5,11 +5,15 @@
  * and are not multiples of 16 and 32, wide dynamic ranges, all-zero groups,
  * −0, subnormals, NaN and infinities. Sums compared as bits (the order of
  * the additions is the contract), steps as bits, int8 values exactly.
- * Skipped without AVX-512. */
+ * And the AVX-512 GEMMs' panel store (pt_cpu_panel_store_avx512: bias add,
+ * bf16 rounding, masked stores) against pt_cpu_panel_store: the same bits in
+ * y, nothing written outside the panel's rows and columns. Skipped without
+ * AVX-512. */
 #include "test.h"
 #include "test_rand.h"
 
 #include "backend/cpu/cpu_internal.h"
+#include "base/half.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -115,8 +119,59 @@ static void test_quant_i8(void) {
     free(x), free(da), free(db), free(qa), free(qb);
 }
 
+/* F values that exercise the rounding: ties to even both ways, values that
+ * carry into the exponent, subnormals, ±0, ±inf, NaNs (one whose payload
+ * would round to infinity), the largest finite value. */
+static float store_case(int i) {
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x7f7fffffu, 0x00000001u,
+                                       0x807fffffu, 0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u,
+                                       0x7fc00000u, 0x7f80ffffu, 0xffffffffu, 0x477fff80u};
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    uint32_t u;
+    if (i % 3 == 0) u = special[(i / 3) % ns];
+    else {
+        float v = ldexpf(rf(-1.0f, 1.0f), (int)(ru32() % 40) - 20);
+        memcpy(&u, &v, 4);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_panel_store(void) {
+    if (!avx512_ok()) TEST_SKIP("no AVX-512");
+    enum { N = 80, T = 11 };
+    float F[8 * 32], ya[T * N], yb[T * N];
+    uint16_t bias16[N];
+    float bias32[N];
+    for (int n = 0; n < N; n++) bias32[n] = store_case(n + 1), bias16[n] = pt_f32_to_bf16(rf(-2.0f, 2.0f));
+    static const int nrs[] = {32, 17, 16, 5, 1};
+    int cases = 0, differ_from_f = 0;
+    for (int bi = 0; bi < 3; bi++)
+        for (int act = 0; act < 2; act++)
+            for (size_t ri = 0; ri < sizeof nrs / sizeof nrs[0]; ri++)
+                for (int nt = 1; nt <= 8; nt += 7) {
+                    pt_matrix w = {.rows = N, .cols = 64};
+                    if (bi == 1) w.bias = bias32, w.bias_dtype = PT_FT_F32;
+                    if (bi == 2) w.bias = bias16, w.bias_dtype = PT_FT_BF16;
+                    const int nr = nrs[ri];
+                    const int64_t p0 = nr == 32 ? 32 : N - nr, t0 = 2;
+                    for (int i = 0; i < 8 * 32; i++) F[i] = store_case(i);
+                    for (int i = 0; i < T * N; i++) ya[i] = yb[i] = (float)i;
+                    const pt_act_dtype a = act ? PT_ACT_BF16 : PT_ACT_F32;
+                    pt_cpu_panel_store(ya, F, t0, nt, p0, nr, &w, 0, a);
+                    pt_cpu_panel_store_avx512(yb, F, t0, nt, p0, nr, &w, 0, a);
+                    CHECK(memcmp(ya, yb, sizeof ya) == 0, "bias %d, act %d, nr %d, nt %d: y differs", bi, act, nr, nt);
+                    for (int i = 0; i < nt * nr; i++) differ_from_f += ya[(t0 + i / nr) * N + p0 + i % nr] != F[(i / nr) * 32 + i % nr];
+                    cases++;
+                }
+    CHECK(cases == 3 * 2 * 5 * 2, "ran %d cases", cases);
+    CHECK(differ_from_f > 100, "only %d stored values differ from F: rounding and bias not exercised", differ_from_f);
+}
+
 int main(void) {
     TEST_RUN(test_group_sums);
     TEST_RUN(test_quant_i8);
+    TEST_RUN(test_panel_store);
     return test_summary();
 }

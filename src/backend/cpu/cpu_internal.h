@@ -256,6 +256,56 @@ static inline void pt_cpu_panel_store(float *y, const float *F, int64_t t0, int 
         }
 }
 
+/* pt_cpu_panel_store16 below as a function (gemm_i8_avx512.c; AVX-512 CPUs
+ * only), for tests/test_cpu_xprep.c to hold it to pt_cpu_panel_store. */
+void pt_cpu_panel_store_avx512(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr, const pt_matrix *w,
+                               int64_t expert, pt_act_dtype act);
+#ifdef __AVX512F__
+#include <immintrin.h>
+/* pt_round_bf16 on 16 lanes: pt_f32_to_bf16's integer rounding (to nearest
+ * even, a NaN quieted) and back, the same bits (vcvtneps2bf16 is not used:
+ * it does not keep subnormals). */
+static inline __m512 pt_cpu_round_bf16_x16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v), hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512i r = _mm512_add_epi32(
+        u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    const __m512i q = _mm512_or_si512(_mm512_and_si512(u, hi), _mm512_set1_epi32(0x00400000));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_and_si512(r, hi), nan, q));
+}
+/* pt_cpu_panel_store on 16 lanes (the AVX-512 GEMMs): the same sum F + bias
+ * (0.0f without one, as there) and the same rounding, stored under masks. */
+static inline void pt_cpu_panel_store16(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr,
+                                        const pt_matrix *w, int64_t expert, pt_act_dtype act) {
+    const int64_t N = w->rows;
+    float bias[32];
+    for (int r = 0; r < 32; r++)
+        bias[r] = w->bias && r < nr ? pt_ft_load(w->bias_dtype, w->bias, expert * N + p0 + r) : 0.0f;
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1u);
+    const __mmask16 m1 = nr <= 16 ? 0 : nr >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nr - 16)) - 1u);
+    const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
+    for (int t = 0; t < nt; t++) {
+        float *yr = y + (t0 + t) * N + p0;
+        __m512 v0 = _mm512_add_ps(_mm512_loadu_ps(F + t * 32), b0), v1 = _mm512_add_ps(_mm512_loadu_ps(F + t * 32 + 16), b1);
+        if (act == PT_ACT_BF16) v0 = pt_cpu_round_bf16_x16(v0), v1 = pt_cpu_round_bf16_x16(v1);
+        _mm512_mask_storeu_ps(yr, m0, v0);
+        if (m1) _mm512_mask_storeu_ps(yr + 16, m1, v1);
+    }
+}
+/* The two cache lines of each of nt output rows a panel's next tile will
+ * store (y[(t0 + t)·N + p0 …], 128 bytes), fetched for writing while the
+ * current tile computes: the rows are N floats apart, so every tile's stores
+ * otherwise wait on a line (and a page) from memory. */
+static inline void pt_cpu_panel_prefetch(const float *y, int64_t t0, int nt, int64_t p0, int64_t N) {
+    for (int t = 0; t < nt; t++) {
+        const char *r = (const char *)(y + (t0 + t) * N + p0);
+        _mm_prefetch(r, _MM_HINT_ET0);
+        _mm_prefetch(r + 64, _MM_HINT_ET0);
+    }
+}
+#endif
+
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
 /* --fused-decode-attn: one decode query at position pos over a quantized

@@ -153,7 +153,7 @@ static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float 
 }
 
 static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int64_t p0, int nr) {
-    pt_cpu_panel_store(m->y, F, t0, nt, p0, nr, m->w, m->expert, m->c->base.act);
+    pt_cpu_panel_store16(m->y, F, t0, nt, p0, nr, m->w, m->expert, m->c->base.act);
 }
 
 /* A thread's scratch for one panel: P [K/2][32][2] bf16, S and B [ng][32] f32, rows [16][K] bf16, bytes [K];
@@ -185,6 +185,7 @@ static void gbf_panels(void *arg, long n0, long n1, int ith) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
+            if (t0 + MR < T) pt_cpu_panel_prefetch(m->y, t0 + MR, (int)(T - t0 - MR < MR ? T - t0 - MR : MR), p0, w->rows);
             tile8bf(F, P, S, B, m->xb, m->xs, tt, K, gs);
             store_rows(m, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr);
         }
