@@ -775,32 +775,44 @@ static void dequant_q(float *dst, const uint8_t *row, int64_t k0, int64_t n, con
     }
 }
 
-/* pt_cpu_group_sums_ref, 16 groups at a time: lane i adds value j of group
- * g + i (a gather) in the reference's order j = 0, 1, … from 0.0f, so each
- * sum is the same sequence of rounded additions. */
+/* 16 rows of 16 floats transposed in place: r[l] lane i = r[i] lane l
+ * (unpack, then 4-float shuffles, then 128-bit chunk shuffles). */
+static inline void tr16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    for (int i = 0; i < 16; i += 4) { /* r[i + e]: element 4L + e of rows i … i + 3 in chunk L */
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44), r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44), r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int e = 0; e < 4; e++) {
+        const __m512 u0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88), u1 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+        const __m512 u2 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD), u3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+        t[e] = _mm512_shuffle_f32x4(u0, u1, 0x88), t[8 + e] = _mm512_shuffle_f32x4(u0, u1, 0xDD);
+        t[4 + e] = _mm512_shuffle_f32x4(u2, u3, 0x88), t[12 + e] = _mm512_shuffle_f32x4(u2, u3, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* pt_cpu_group_sums_ref, 16 groups at a time (gs % 16 == 0): 16 values of
+ * each group loaded, transposed so vector l holds value j + l of every
+ * group, and added in the reference's order j = 0, 1, … from 0.0f, so each
+ * sum is the same sequence of rounded additions. Other group sizes and the
+ * last ng % 16 groups: the reference. */
 static void group_sums(float *xs, const float *x, int64_t K, int gs) {
     const int64_t ng = K / gs;
     int64_t g = 0;
-    if (gs <= (1 << 26) / 16) {
-        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32(gs));
-        for (; g + 32 <= ng; g += 32) { /* two independent chains of additions */
-            const float *b0 = x + g * gs, *b1 = b0 + 16 * (int64_t)gs;
-            __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
-            for (int j = 0; j < gs; j++) {
-                s0 = _mm512_add_ps(s0, _mm512_i32gather_ps(idx, b0 + j, 4));
-                s1 = _mm512_add_ps(s1, _mm512_i32gather_ps(idx, b1 + j, 4));
-            }
-            _mm512_storeu_ps(xs + g, s0);
-            _mm512_storeu_ps(xs + g + 16, s1);
-        }
+    if (gs % 16 == 0)
         for (; g + 16 <= ng; g += 16) {
-            const float *b0 = x + g * gs;
-            __m512 s0 = _mm512_setzero_ps();
-            for (int j = 0; j < gs; j++) s0 = _mm512_add_ps(s0, _mm512_i32gather_ps(idx, b0 + j, 4));
-            _mm512_storeu_ps(xs + g, s0);
+            const float *b = x + g * gs;
+            __m512 s = _mm512_setzero_ps();
+            for (int j = 0; j < gs; j += 16) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(b + (int64_t)i * gs + j);
+                tr16(r);
+                for (int l = 0; l < 16; l++) s = _mm512_add_ps(s, r[l]);
+            }
+            _mm512_storeu_ps(xs + g, s);
         }
-    }
     if (g < ng) pt_cpu_group_sums_ref(xs + g, x + g * gs, (ng - g) * gs, gs);
 }
 
