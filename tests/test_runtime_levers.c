@@ -78,6 +78,21 @@ static void test_bandwidth(void) {
     double g = 0;
     REQUIRE(pt_measure_read_bandwidth(1, (size_t)64 << 20, 1, &g) == PT_OK, "%s", pt_last_error());
     CHECK(g > 0.1 && g < 10000, "%.2f GB/s", g);
+    /* the meter held open: passes between other work; bad parameters named, nothing held */
+    pt_bw_meter *bm = (pt_bw_meter *)1;
+    CHECK(pt_bw_meter_open(&bm, 0, (size_t)64 << 20) == PT_ERR_INVALID_ARG && bm == NULL &&
+              strstr(pt_last_error(), "0 threads"),
+          "0 threads: %s", pt_last_error());
+    CHECK(pt_bw_meter_open(&bm, 1, (size_t)1 << 20) == PT_ERR_INVALID_ARG && bm == NULL, "1 MiB accepted");
+    REQUIRE(pt_bw_meter_open(&bm, 2, (size_t)64 << 20) == PT_OK && bm, "%s", pt_last_error());
+    for (int i = 0; i < 3; i++) {
+        double p = 0;
+        CHECK(pt_bw_meter_pass(bm, &p) == PT_OK && p > 0.1 && p < 10000, "pass %d: %.2f GB/s", i, p);
+    }
+    CHECK(pt_bw_meter_pass(NULL, &g) == PT_ERR_INVALID_ARG, "a pass without a meter");
+    pt_bw_meter_free(&bm);
+    CHECK(bm == NULL, "free clears the handle");
+    pt_bw_meter_free(&bm); /* NULL-safe */
     uint64_t w[37];
     for (int i = 0; i < 37; i++) w[i] = (uint64_t)i * 1000003u;
     uint64_t a = pt_bw_sum_scalar(w, 37);

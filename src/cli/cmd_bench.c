@@ -63,6 +63,11 @@ static void help(FILE *f) {
             "  -r N                 repetitions per test (default 5); the median is reported too\n"
             "  --bw-gib N           size of the bandwidth measurement buffer in GiB (default 2; 0 skips\n"
             "                       the measurement and reports bw_fraction 0)\n"
+            "  --bw-interleave      on the CPU: keep the bandwidth buffer and take one read pass after\n"
+            "                       every timed repetition; each row's 'of BW' is then against the\n"
+            "                       median of its own passes (column 'read GB/s'), the bandwidth while\n"
+            "                       that row ran, which on a shared host moves from minute to minute\n"
+            "                       (holds --bw-gib GiB of memory for the whole run)\n"
             "  --mma-n N            on CUDA: size of the square bf16 cuBLAS GEMM (N×N×N) whose measured\n"
             "                       rate pp rows report a fraction of (default 8192; 0 skips it); pp rows\n"
             "                       gain TFLOP/s (FLOPs per prompt token × t/s) and 'of MMA'\n"
@@ -75,7 +80,8 @@ static void help(FILE *f) {
             "  --json               stdout holds only a JSON array, one row per test, with\n"
             "                       llama-bench's keys (n_prompt, n_gen, n_depth, avg_ts, stddev_ts)\n"
             "                       plus median_ts, samples_ts, gbps, bw_fraction and kv (on CUDA also\n"
-            "                       tflops, mma_fraction and mma_measured_tflops; 0 on tg rows)\n"
+            "                       tflops, mma_fraction and mma_measured_tflops; 0 on tg rows; with\n"
+            "                       --bw-interleave also bw_row_gbps and bw_samples_gbps)\n"
             "  -h, --help           this help\n\n"
             "A tg step samples greedily and feeds the sampled id back; on CUDA the loop is pipelined\n"
             "(the next step enqueued before the host reads the id) unless PETREL_CUDA_PIPELINE=0.\n",
@@ -144,6 +150,8 @@ typedef struct {
     int n_prompt, n_gen, n_depth, reps;
     double *samples;
     double avg, stddev, median, gbps, bw_fraction, tflops, mma_fraction;
+    double *bw_samples; /* --bw-interleave: the read pass after each repetition (GB/s) */
+    double bw_row;      /* and their median */
 } row;
 
 /* Repetition `rep` of test r (rep -1: the warm-up, not recorded). */
@@ -180,18 +188,25 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
     return pt_session_truncate(s, (size_t)r->n_depth);
 }
 
+/* The median of n > 0 values (v unchanged). */
+static pt_status median_of(const double *v, int n, double *out) {
+    double *sorted = malloc((size_t)n * sizeof *sorted);
+    if (!sorted) return PT_ERR_NOMEM;
+    memcpy(sorted, v, (size_t)n * sizeof *sorted);
+    qsort(sorted, (size_t)n, sizeof *sorted, cmp_d);
+    *out = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    free(sorted);
+    return PT_OK;
+}
+
 static pt_status row_stats(row *r) {
     double sum = 0, sq = 0;
     for (int i = 0; i < r->reps; i++) sum += r->samples[i];
     r->avg = sum / r->reps;
     for (int i = 0; i < r->reps; i++) sq += (r->samples[i] - r->avg) * (r->samples[i] - r->avg);
     r->stddev = r->reps > 1 ? sqrt(sq / (r->reps - 1)) : 0;
-    double *sorted = malloc((size_t)r->reps * sizeof *sorted);
-    if (!sorted) return PT_ERR_NOMEM;
-    memcpy(sorted, r->samples, (size_t)r->reps * sizeof *sorted);
-    qsort(sorted, (size_t)r->reps, sizeof *sorted, cmp_d);
-    r->median = r->reps % 2 ? sorted[r->reps / 2] : 0.5 * (sorted[r->reps / 2 - 1] + sorted[r->reps / 2]);
-    free(sorted);
+    PT_TRY(median_of(r->samples, r->reps, &r->median));
+    if (r->bw_samples) PT_TRY(median_of(r->bw_samples, r->reps, &r->bw_row));
     return PT_OK;
 }
 
@@ -309,7 +324,7 @@ int cmd_bench(int argc, char **argv) {
     if (cli_common_init(&c, cmd)) return 2;
     const char *synthetic = NULL, *quant = NULL;
     int pp[MAX_LIST] = {512}, n_pp = 1, tg[MAX_LIST] = {128}, n_tg = 1, dd[MAX_LIST] = {0}, n_dd = 1;
-    int reps = 5, json = 0, bw_gib = 2, mma_n = 8192;
+    int reps = 5, json = 0, bw_gib = 2, mma_n = 8192, bw_interleave = 0;
     kv_cfg cfg[MAX_KV_CFG];
     int n_cfg = 0, kv_ab = 0;
     for (int i = 1; i < argc; i++) {
@@ -345,6 +360,8 @@ int cmd_bench(int argc, char **argv) {
             return cli_usage_error(cmd, "%s needs a value", a);
         else if (!strcmp(a, "--json"))
             json = 1;
+        else if (!strcmp(a, "--bw-interleave"))
+            bw_interleave = 1;
         else
             return cli_usage_error(cmd, "unknown option '%s'", a);
     }
@@ -352,6 +369,7 @@ int cmd_bench(int argc, char **argv) {
     if (!synthetic && !c.model_dir) return cli_usage_error(cmd, "no model given (-m DIR or --synthetic NAME)");
     if (synthetic && !quant) return cli_usage_error(cmd, "--synthetic needs --quant q4|q8|bf16");
     if (!synthetic && quant) return cli_usage_error(cmd, "--quant applies to --synthetic models only");
+    if (bw_interleave && !bw_gib) return cli_usage_error(cmd, "--bw-interleave needs the bandwidth buffer (--bw-gib 2 or more)");
 
     /* the tests: pp rows then tg rows, for each depth */
     row rows[3 * MAX_LIST * MAX_LIST];
@@ -379,7 +397,8 @@ int cmd_bench(int argc, char **argv) {
     pt_session *sess[MAX_KV_CFG] = {0};
     int n_sess = 0;
     int32_t *buf = NULL;
-    double *samples = NULL;
+    double *samples = NULL, *bw_samples = NULL;
+    pt_bw_meter *meter = NULL; /* --bw-interleave */
     row *res = NULL; /* [n_rows, n_cfg] */
     pt_session_params sp = {.n_ctx = c.n_ctx ? c.n_ctx : max_ctx};
     if (sp.n_ctx < max_ctx) {
@@ -418,8 +437,26 @@ int cmd_bench(int argc, char **argv) {
         else fprintf(stderr, "measuring read bandwidth (%d GiB, %d threads)...\n", bw_gib, nth);
     }
     /* the roofline of the device that runs the model: GPU memory on CUDA */
-    if (bw_gib && (on_gpu ? pt_cuda_read_bandwidth((size_t)bw_gib << 30, &bw)
-                          : pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw)) != PT_OK) {
+    if (bw_interleave && on_gpu) {
+        fprintf(stderr, "petrel %s: error: --bw-interleave is for the CPU (the GPU's read bandwidth is steady: "
+                        "the one measurement serves)\n", cmd);
+        goto done;
+    }
+    if (bw_interleave) { /* the meter held open: the best of three passes now, one after every repetition */
+        if (pt_bw_meter_open(&meter, nth, (size_t)bw_gib << 30) != PT_OK) {
+            cli_fail(cmd);
+            goto done;
+        }
+        for (int p = 0; p < 3; p++) {
+            double g;
+            if (pt_bw_meter_pass(meter, &g) != PT_OK) {
+                cli_fail(cmd);
+                goto done;
+            }
+            if (g > bw) bw = g;
+        }
+    } else if (bw_gib && (on_gpu ? pt_cuda_read_bandwidth((size_t)bw_gib << 30, &bw)
+                                 : pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw)) != PT_OK) {
         cli_fail(cmd);
         goto done;
     }
@@ -437,8 +474,9 @@ int cmd_bench(int argc, char **argv) {
     int vocab = (int)net->vocab;
     buf = malloc((size_t)max_ctx * sizeof *buf);
     samples = calloc((size_t)n_rows * n_cfg * (size_t)reps, sizeof *samples);
+    if (bw_interleave) bw_samples = calloc((size_t)n_rows * n_cfg * (size_t)reps, sizeof *bw_samples);
     res = calloc((size_t)n_rows * n_cfg, sizeof *res);
-    if (!buf || !samples || !res) {
+    if (!buf || !samples || !res || (bw_interleave && !bw_samples)) {
         fprintf(stderr, "petrel %s: error: out of memory\n", cmd);
         goto done;
     }
@@ -446,10 +484,11 @@ int cmd_bench(int argc, char **argv) {
         printf("model: %s | %s | weights read per token %.1f MiB | read bandwidth %.1f GB/s", pt_model_id(m),
                pt_model_backend_name(m), wbytes / 1048576.0, bw);
         if (on_gpu && mma_n) printf(" | bf16 tensor-core rate %.1f TFLOP/s (cuBLAS %d³)", mma, mma_n);
-        printf("\n\n| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |%s%s\n", "test", "depth", "reps", "t/s (mean ± sd)",
-               "median", "GB/s", "of BW", on_gpu ? " TFLOP/s | of MMA |" : "", kv_ab ? " KV cache |" : "");
-        printf("|%.*s|%s%s\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------",
-               on_gpu ? "---------|--------|" : "", kv_ab ? "----------|" : "");
+        printf("\n\n| %-14s | %7s | %8s | %20s | %10s | %8s | %7s |%s%s%s\n", "test", "depth", "reps", "t/s (mean ± sd)",
+               "median", "GB/s", "of BW", bw_interleave ? " read GB/s |" : "", on_gpu ? " TFLOP/s | of MMA |" : "",
+               kv_ab ? " KV cache |" : "");
+        printf("|%.*s|%s%s%s\n", 99, "----------------|---------|----------|----------------------|------------|----------|---------",
+               bw_interleave ? "-----------|" : "", on_gpu ? "---------|--------|" : "", kv_ab ? "----------|" : "");
         fflush(stdout);
     }
     for (int i = 0; i < n_rows; i++) {
@@ -457,6 +496,7 @@ int cmd_bench(int argc, char **argv) {
         for (int k = 0; k < n_cfg; k++) {
             res[i * n_cfg + k] = *r0;
             res[i * n_cfg + k].samples = samples + ((size_t)i * n_cfg + k) * reps;
+            if (bw_samples) res[i * n_cfg + k].bw_samples = bw_samples + ((size_t)i * n_cfg + k) * reps;
         }
         /* prefill never takes the fused decode kernel: a pp row of a '+fused'
          * configuration would repeat its cache mode's row */
@@ -466,6 +506,7 @@ int cmd_bench(int argc, char **argv) {
                 m->params.fused_decode_attn = cfg[k].fused ? PT_LEVER_ON : PT_LEVER_OFF;
                 pt_status st = run_rep(sess[cfg[k].sess], &res[i * n_cfg + k], rep, buf, vocab, cfg[k].name);
                 m->params.fused_decode_attn = base_fused;
+                if (st == PT_OK && meter && rep >= 0) st = pt_bw_meter_pass(meter, &res[i * n_cfg + k].bw_samples[rep]);
                 if (st != PT_OK) {
                     cli_fail(cmd);
                     goto done;
@@ -496,13 +537,15 @@ int cmd_bench(int argc, char **argv) {
             }
             m->params.kv_quant = base_kv;
             r->gbps = r->median * bytes_per_tok / 1e9;
-            r->bw_fraction = bw > 0 ? r->gbps / bw : 0;
+            const double bw_ref = meter ? r->bw_row : bw; /* --bw-interleave: this row's own passes */
+            r->bw_fraction = bw_ref > 0 ? r->gbps / bw_ref : 0;
             if (!json) {
                 char name[32], ts[40];
                 snprintf(name, sizeof name, r->n_gen ? "tg%d" : "pp%d", r->n_gen ? r->n_gen : r->n_prompt);
                 snprintf(ts, sizeof ts, "%.2f ± %.2f", r->avg, r->stddev);
                 printf("| %-14s | %7d | %8d | %20s | %10.2f | %8.2f | %6.1f%% |", name, r->n_depth, r->reps, ts,
                        r->median, r->gbps, 100 * r->bw_fraction);
+                if (meter) printf(" %9.2f |", r->bw_row);
                 if (on_gpu && r->n_prompt) printf(" %7.1f | %5.1f%% |", r->tflops, 100 * r->mma_fraction);
                 else if (on_gpu) printf(" %7s | %6s |", "-", "-");
                 if (kv_ab) printf(" %-8s |", cfg[k].name);
@@ -536,6 +579,11 @@ int cmd_bench(int argc, char **argv) {
             for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->samples[k]);
             printf("], \"gbps\": %.6f, \"bw_fraction\": %.6f, \"bw_measured_gbps\": %.6f", r->gbps, r->bw_fraction,
                    bw);
+            if (meter) {
+                printf(", \"bw_row_gbps\": %.6f, \"bw_samples_gbps\": [", r->bw_row);
+                for (int k = 0; k < r->reps; k++) printf("%s%.6f", k ? ", " : "", r->bw_samples[k]);
+                printf("]");
+            }
             if (on_gpu)
                 printf(", \"tflops\": %.6f, \"mma_fraction\": %.6f, \"mma_measured_tflops\": %.6f", r->tflops,
                        r->mma_fraction, mma);
@@ -547,6 +595,8 @@ int cmd_bench(int argc, char **argv) {
     }
     rc = 0;
 done:
+    pt_bw_meter_free(&meter);
+    free(bw_samples);
     free(samples);
     free(res);
     free(buf);

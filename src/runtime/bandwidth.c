@@ -55,42 +55,80 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-pt_status pt_measure_read_bandwidth(int n_threads, size_t bytes, int passes, double *gbps) {
-    if (n_threads < 1 || bytes < ((size_t)64 << 20) || passes < 1)
-        return pt_error(PT_ERR_INVALID_ARG, "bandwidth: bad parameters");
-    bytes &= ~(size_t)4095;
+struct pt_bw_meter {
+    uint64_t *buf;
+    size_t bytes;
+    pt_pool *pool;
+    bw_ctx c;
+};
+
+pt_status pt_bw_meter_open(pt_bw_meter **out, int n_threads, size_t bytes) {
+    *out = NULL;
+    if (n_threads < 1 || bytes < ((size_t)64 << 20))
+        return pt_error(PT_ERR_INVALID_ARG, "bandwidth: bad parameters (%d threads, %zu bytes)", n_threads, bytes);
     bytes &= ~(((size_t)2 << 20) - 1);
-    uint64_t *buf = aligned_alloc((size_t)2 << 20, bytes);
-    if (!buf) return pt_error(PT_ERR_NOMEM, "bandwidth: cannot allocate %zu bytes", bytes);
+    pt_bw_meter *m = calloc(1, sizeof *m);
+    if (!m) return pt_error(PT_ERR_NOMEM, "bandwidth: out of memory");
+    m->buf = aligned_alloc((size_t)2 << 20, bytes);
+    if (!m->buf) {
+        free(m);
+        return pt_error(PT_ERR_NOMEM, "bandwidth: cannot allocate %zu bytes", bytes);
+    }
 #ifdef MADV_HUGEPAGE
     /* huge pages, as the CPU backend asks for its weights (cpu_backend.c
      * advise_huge): the roofline is the best streaming read, and with 4 KiB
      * pages this VM reads ~20% slower (advice: errors ignored) */
-    (void)madvise(buf, bytes, MADV_HUGEPAGE);
+    (void)madvise(m->buf, bytes, MADV_HUGEPAGE);
 #endif
-    pt_pool *pool;
-    pt_status st = pt_pool_create(&pool, n_threads);
+    pt_status st = pt_pool_create(&m->pool, n_threads);
     if (st != PT_OK) {
-        free(buf);
+        free(m->buf);
+        free(m);
         return st;
     }
-    bw_ctx c;
-    memset(&c, 0, sizeof c);
-    c.buf = buf;
-    c.n_words = bytes / 8;
+    m->bytes = bytes;
+    m->c.buf = m->buf;
+    m->c.n_words = bytes / 8;
     __builtin_cpu_init();
-    c.avx2 = __builtin_cpu_supports("avx2");
-    pt_pool_run(pool, bw_touch, &c);
+    m->c.avx2 = __builtin_cpu_supports("avx2");
+    pt_pool_run(m->pool, bw_touch, &m->c);
+    *out = m;
+    return PT_OK;
+}
+
+pt_status pt_bw_meter_pass(pt_bw_meter *m, double *gbps) {
+    if (!m || !gbps) return pt_error(PT_ERR_INVALID_ARG, "bandwidth: no meter");
+    double t0 = now_s();
+    pt_pool_run(m->pool, bw_run, &m->c);
+    double dt = now_s() - t0;
+    *gbps = (double)m->bytes / dt / 1e9;
+    return PT_OK;
+}
+
+void pt_bw_meter_free(pt_bw_meter **pm) {
+    if (!pm || !*pm) return;
+    pt_pool_free(&(*pm)->pool);
+    free((*pm)->buf);
+    free(*pm);
+    *pm = NULL;
+}
+
+pt_status pt_measure_read_bandwidth(int n_threads, size_t bytes, int passes, double *gbps) {
+    if (n_threads < 1 || bytes < ((size_t)64 << 20) || passes < 1)
+        return pt_error(PT_ERR_INVALID_ARG, "bandwidth: bad parameters");
+    pt_bw_meter *m;
+    PT_TRY(pt_bw_meter_open(&m, n_threads, bytes));
     double best = 0;
     for (int i = 0; i < passes; i++) {
-        double t0 = now_s();
-        pt_pool_run(pool, bw_run, &c);
-        double dt = now_s() - t0;
-        double g = (double)bytes / dt / 1e9;
+        double g;
+        pt_status st = pt_bw_meter_pass(m, &g);
+        if (st != PT_OK) {
+            pt_bw_meter_free(&m);
+            return st;
+        }
         if (g > best) best = g;
     }
-    pt_pool_free(&pool);
-    free(buf);
+    pt_bw_meter_free(&m);
     *gbps = best;
     return PT_OK;
 }

@@ -84,6 +84,32 @@ if head -c 1 "$TMP/out" | grep -q '\[' && [ "$(grep -c '"n_prompt"' "$TMP/out")"
 else
   fail bench_json_rows "$(head -c 400 "$TMP/out")"
 fi
+expect_exit bench_interleave_no_buffer 2 "$PETREL" bench -m "$FIX" -p 8 -n 4 --bw-gib 0 --bw-interleave
+expect_stderr bench_interleave_no_buffer_msg "needs the bandwidth buffer"
+# --bw-interleave: a read pass after each repetition; each row's fraction is against the median of its own passes
+expect_exit bench_interleave_json 0 "$PETREL" bench -m "$FIX" -p 8 -n 4 -r 3 --json -t 1 --bw-gib 2 --bw-interleave
+if [ "$(grep -c '"bw_samples_gbps": \[[0-9.]*, [0-9.]*, [0-9.]*\]' "$TMP/out")" -eq 2 ] && awk '
+  /"n_prompt"/ {
+    n++
+    g = $0; sub(/.*"gbps": /, "", g); sub(/,.*/, "", g)
+    f = $0; sub(/.*"bw_fraction": /, "", f); sub(/,.*/, "", f)
+    b = $0; sub(/.*"bw_row_gbps": /, "", b); sub(/,.*/, "", b)
+    s = $0; sub(/.*"bw_samples_gbps": \[/, "", s); sub(/\].*/, "", s)
+    k = split(s, v, ", ")
+    if (k != 3 || b + 0 <= 0) bad = 1
+    # the median of three: the one neither below nor above both others
+    med = v[1] + 0; a1 = v[2] + 0; a2 = v[3] + 0
+    if ((med - a1) * (med - a2) > 0) { med = a1; if ((a1 - v[1]) * (a1 - a2) > 0) med = a2 }
+    if (b - med > 1e-3 * b || med - b > 1e-3 * b) bad = 1
+    if (f * b - g > 1e-3 * g + 1e-9 || g - f * b > 1e-3 * g + 1e-9) bad = 1
+  }
+  END { exit !(n == 2 && !bad) }' "$TMP/out"; then
+  pass bench_interleave_rows
+else
+  fail bench_interleave_rows "$(head -c 600 "$TMP/out")"
+fi
+expect_exit bench_interleave_table 0 "$PETREL" bench -m "$FIX" -p 0 -n 4 -r 1 -t 1 --bw-gib 2 --bw-interleave
+expect_stdout bench_interleave_column "read GB/s"
 if [ ! -f "$FIX/tokenizer.json" ]; then
   echo "SKIP generate_text: $FIX has no tokenizer"
   exit 0
