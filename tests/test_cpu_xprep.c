@@ -51,6 +51,35 @@ static int same_bits(const float *a, const float *b, int64_t n) {
     return memcmp(a, b, sizeof(float) * (size_t)n) == 0;
 }
 
+/* Every (group size, group count, fill kind) case: x filled (fill_case)
+ * with K = gs·ng values, then fn(ctx, x, K, gs, ng, kind); returns the
+ * number of cases run. */
+typedef void (*case_fn)(void *ctx, float *x, int64_t K, int gs, int ng, int kind);
+static int for_each_case(const int *gss, int n_gs, const int *ngs, int n_ng, float *x, case_fn fn, void *ctx) {
+    int cases = 0;
+    for (int gi = 0; gi < n_gs; gi++)
+        for (int ni = 0; ni < n_ng; ni++)
+            for (int kind = 0; kind < 4; kind++) {
+                const int gs = gss[gi], ng = ngs[ni];
+                fill_case(x, (int64_t)gs * ng, gs, kind);
+                fn(ctx, x, (int64_t)gs * ng, gs, ng, kind);
+                cases++;
+            }
+    return cases;
+}
+
+typedef struct {
+    float *a, *b;
+} sums_ctx;
+
+static void sums_case(void *vc, float *x, int64_t K, int gs, int ng, int kind) {
+    sums_ctx *c = vc;
+    pt_cpu_group_sums_ref(c->a, x, K, gs);
+    memset(c->b, 0x5a, sizeof(float) * (size_t)ng);
+    pt_cpu_kernels_avx512.group_sums(c->b, x, K, gs);
+    CHECK(same_bits(c->a, c->b, ng), "gs %d, %d groups, case %d: sums differ from the reference", gs, ng, kind);
+}
+
 static void test_group_sums(void) {
     if (!avx512_ok()) TEST_SKIP("no AVX-512");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
@@ -59,19 +88,8 @@ static void test_group_sums(void) {
     static const int ngs[] = {1, 7, 16, 17, 32, 33, 48, 64, 112};
     float *x = malloc(sizeof(float) * 128 * 112), *a = malloc(sizeof(float) * 112), *b = malloc(sizeof(float) * 112);
     REQUIRE(x && a && b, "out of memory");
-    int cases = 0;
-    for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++)
-        for (size_t ni = 0; ni < sizeof ngs / sizeof ngs[0]; ni++)
-            for (int kind = 0; kind < 4; kind++) {
-                const int gs = gss[gi], ng = ngs[ni];
-                const int64_t K = (int64_t)gs * ng;
-                fill_case(x, K, gs, kind);
-                pt_cpu_group_sums_ref(a, x, K, gs);
-                memset(b, 0x5a, sizeof(float) * (size_t)ng);
-                k->group_sums(b, x, K, gs);
-                CHECK(same_bits(a, b, ng), "gs %d, %d groups, case %d: sums differ from the reference", gs, ng, kind);
-                cases++;
-            }
+    sums_ctx c = {a, b};
+    const int cases = for_each_case(gss, 5, ngs, 9, x, sums_case, &c);
     /* a sum whose order shows: 1, then 2^-24 many times (in order each add is
      * lost; added first among themselves they would count) */
     for (int j = 0; j < 64 * 32; j++) x[j] = (j % 64 == 0) ? 1.0f : ldexpf(1.0f, -24);
@@ -80,6 +98,23 @@ static void test_group_sums(void) {
     CHECK(a[0] == 1.0f && same_bits(a, b, 32), "order-sensitive sums: ref %g, kernel %g", a[0], b[0]);
     free(x), free(a), free(b);
     CHECK(cases == 5 * 9 * 4, "ran %d cases", cases);
+}
+
+typedef struct {
+    float *da, *db;
+    int8_t *qa, *qb;
+    int nonzero;
+} quant_ctx;
+
+static void quant_case(void *vc, float *x, int64_t K, int gs, int ng, int kind) {
+    quant_ctx *c = vc;
+    if (kind == 0) x[0] = 1.0f, x[1] = -1.0f, x[2] = 0.5f / 127.0f; /* the extremes and a tie */
+    pt_cpu_quant_i8_ref(c->qa, c->da, x, K, gs);
+    memset(c->qb, 0x55, (size_t)K), memset(c->db, 0x5a, sizeof(float) * (size_t)ng);
+    pt_cpu_kernels_avx512.quant_i8(c->qb, c->db, x, K, gs);
+    CHECK(same_bits(c->da, c->db, ng), "gs %d, %d groups, case %d: steps differ", gs, ng, kind);
+    CHECK(memcmp(c->qa, c->qb, (size_t)K) == 0, "gs %d, %d groups, case %d: int8 values differ", gs, ng, kind);
+    for (int64_t j = 0; j < K; j++) c->nonzero += c->qa[j] != 0;
 }
 
 static void test_quant_i8(void) {
@@ -92,21 +127,8 @@ static void test_quant_i8(void) {
     float *x = malloc(sizeof(float) * KM), *da = malloc(sizeof(float) * 33), *db = malloc(sizeof(float) * 33);
     int8_t *qa = malloc((size_t)KM), *qb = malloc((size_t)KM);
     REQUIRE(x && da && db && qa && qb, "out of memory");
-    int nonzero = 0;
-    for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++)
-        for (size_t ni = 0; ni < sizeof ngs / sizeof ngs[0]; ni++)
-            for (int kind = 0; kind < 4; kind++) {
-                const int gs = gss[gi], ng = ngs[ni];
-                const int64_t K = (int64_t)gs * ng;
-                fill_case(x, K, gs, kind);
-                if (kind == 0) x[0] = 1.0f, x[1] = -1.0f, x[2] = 0.5f / 127.0f; /* the extremes and a tie */
-                pt_cpu_quant_i8_ref(qa, da, x, K, gs);
-                memset(qb, 0x55, (size_t)K), memset(db, 0x5a, sizeof(float) * (size_t)ng);
-                k->quant_i8(qb, db, x, K, gs);
-                CHECK(same_bits(da, db, ng), "gs %d, %d groups, case %d: steps differ", gs, ng, kind);
-                CHECK(memcmp(qa, qb, (size_t)K) == 0, "gs %d, %d groups, case %d: int8 values differ", gs, ng, kind);
-                for (int64_t j = 0; j < K; j++) nonzero += qa[j] != 0;
-            }
+    quant_ctx c = {da, db, qa, qb, 0};
+    const int cases = for_each_case(gss, 6, ngs, 4, x, quant_case, &c);
     /* the reference itself: ±127 at the group's max, round to nearest even */
     for (int j = 0; j < 32; j++) x[j] = 0.0f;
     x[0] = 127.0f, x[1] = -127.0f, x[2] = 2.5f, x[3] = 3.5f, x[4] = -2.5f;
@@ -115,7 +137,8 @@ static void test_quant_i8(void) {
     CHECK(qa[0] == 127 && qa[1] == -127 && qa[2] == 2 && qa[3] == 4 && qa[4] == -2 && da[0] == 1.0f,
           "reference: %d %d %d %d %d step %g", qa[0], qa[1], qa[2], qa[3], qa[4], da[0]);
     CHECK(memcmp(qa, qb, 32) == 0 && same_bits(da, db, 1), "kernel differs on the rounding cases");
-    CHECK(nonzero > 1000, "only %d nonzero values: the cases are degenerate", nonzero);
+    CHECK(c.nonzero > 1000, "only %d nonzero values: the cases are degenerate", c.nonzero);
+    CHECK(cases == 6 * 4 * 4, "ran %d cases", cases);
     free(x), free(da), free(db), free(qa), free(qb);
 }
 
