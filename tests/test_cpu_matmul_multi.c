@@ -7,8 +7,10 @@
  * of 4 (padding between weights in the shared row space) and large enough
  * for claims to cross weight boundaries, bf16 and f32 activations, a token
  * whose x is not exactly bf16 (the f32 kernel beside the bf16 one), the
- * int8 lever, T past the decode path (the separate calls), mixed bits (the
- * separate calls); nothing past a weight's rows is written. Also: the 4-bit
+ * int8 lever, T past the decode path (the prefill GEMMs with x prepared once
+ * for all the weights: bf16, integer-piece, int8 lever; the separate calls
+ * where none takes it), mixed bits (the separate calls); nothing past a
+ * weight's rows is written. Also: the 4-bit
  * bf16 kernel reading bf16 scales/biases itself gives the bits of the one
  * fed f32 copies; and the decode split's two forms (one contiguous share
  * per thread with stealing, or guided claims) give the same bits. (The op table
@@ -139,7 +141,14 @@ static void test_multi_other_shapes(void) {
     int bits4[3] = {4, 4, 4}, mixed[3] = {4, 8, 4};
     for (int nth = 1; nth <= 2; nth++) {
         check_case(nth, PT_ACT_BF16, 0, 320, bits4, 64, Ns, 3, 1, 0, 0); /* K % 128 != 0: the f32 kernel */
-        check_case(nth, PT_ACT_BF16, 0, 256, bits4, 64, Ns, 3, 6, 0, 0); /* prefill GEMM: separate calls */
+        /* prefill GEMMs: x prepared once for all the weights (or, when no GEMM takes it, the separate calls) */
+        int bits8[3] = {8, 8, 8};
+        check_case(nth, PT_ACT_BF16, 0, 256, bits4, 64, Ns, 3, 6, 0, 0); /* the bf16 (or integer-piece) GEMM */
+        check_case(nth, PT_ACT_BF16, 0, 256, bits8, 32, Ns, 3, 6, 0, 0); /* 8-bit */
+        check_case(nth, PT_ACT_BF16, 1, 256, bits4, 64, Ns, 3, 6, 0, 0); /* the int8 lever's VNNI GEMM */
+        check_case(nth, PT_ACT_BF16, 1, 256, bits8, 128, Ns, 3, 6, 0, 0);
+        check_case(nth, PT_ACT_BF16, 0, 256, bits4, 64, Ns, 3, 6, 0, 1); /* x not bf16: the f32 GEMM, separate */
+        check_case(nth, PT_ACT_F32, 0, 256, bits4, 64, Ns, 3, 6, 0, 0);  /* f32 activations: separate */
         check_case(nth, PT_ACT_BF16, 0, 256, mixed, 64, Ns, 3, 1, 0, 0); /* mixed bits: separate calls */
         int b6[3] = {6, 6, 6};
         check_case(nth, PT_ACT_BF16, 0, 256, b6, 64, Ns, 2, 1, 0, 0); /* 6 bits: separate calls */

@@ -775,6 +775,89 @@ static void count_decode(const mm_ctx *m) {
     if (m->T - xi - bf) path_count(PT_CPU_PATH_F32, (long)(m->T - xi - bf));
 }
 
+/* A prefill GEMM's x, prepared once in the shared scratch (c->xbuf) for
+ * weights of one bits, group size and K: by mm_run for its weight, and by
+ * matmul_multi once for all its weights (each GEMM then reads the very x
+ * its own call would have prepared, so the outputs are the same bits). */
+enum { PF_NONE, PF_I8, PF_BF16, PF_XINT };
+typedef struct {
+    int kind, amx;
+    float *xs, *xd, *st;
+    int8_t *xi;
+    uint16_t *xb;
+} pf_x;
+
+/* Chooses the prefill GEMM for w (T >= PT_CPU_DIRECT_T, not matmul_rows) and
+ * prepares x for it: the int8 lever's VNNI GEMM; else with bf16 activations
+ * on AVX-512 the AMX or bf16 GEMM, or the integer-piece GEMM when x is not
+ * exactly bf16 or those are off; PF_NONE: none of them (the caller takes the
+ * decode kernels or the f32 GEMM). */
+static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_matrix *w, pf_x *p) {
+    memset(p, 0, sizeof *p);
+    const int64_t K = w->cols;
+    const int gs = w->group_size;
+    const int q48 = w->bits == 4 || w->bits == 8;
+    if (!q48 || c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return PT_OK;
+    if (c->int8_act) {
+        int64_t ng = K / gs;
+        /* shared: group sums [T·ng], steps [T·ng], int8 x [T·K bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + K / 4 + 1))));
+        p->xs = c->xbuf, p->xd = p->xs + T * ng;
+        p->xi = (int8_t *)(p->xd + T * ng);
+        qx_ctx q = {.c = c, .xs = p->xs, .xd = p->xd, .xi = p->xi, .x = x, .K = K, .gs = gs};
+        pt_pool_for(c->pool, (long)T, 8, quantize_job, &q);
+        p->kind = PF_I8;
+        return PT_OK;
+    }
+    if (c->base.act != PT_ACT_BF16 || !(gs == 32 || gs == 64 || gs == 128) || K % gs) return PT_OK;
+    levers_init();
+    int64_t ng = K / gs;
+    int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
+    if ((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16()) {
+        /* prefill on the AMX or the AVX-512 bf16 GEMM; shared: group sums [T·ng], x as bf16 [T32·K]
+         * (T32: T rounded up to whole 32-token blocks for the AMX tiles, the rows past T zero) */
+        int64_t T32 = (T + 31) / 32 * 32;
+        PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
+                                   (size_t)(T * ng + T32 * K / 2 + 16)));
+        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
+        atomic_init(&q.bad, 0);
+        pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
+        if (!atomic_load(&q.bad)) {
+            memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
+            p->kind = PF_BF16, p->amx = amx, p->xs = q.xs, p->xb = q.xb;
+            return PT_OK;
+        }
+    }
+    if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
+        /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
+         * steps [T·ng], pieces [3·T·K bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + 3 * K / 4 + 1))));
+        gx_ctx q = {.c = c, .xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
+                    .K = K, .gs = gs};
+        atomic_init(&q.bad, 0);
+        pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
+        if (!atomic_load(&q.bad)) p->kind = PF_XINT, p->xs = q.xs, p->st = q.st, p->xi = q.xq;
+    }
+    return PT_OK;
+}
+
+/* The GEMM prefill_prep chose, for weight w (same bits, group size and K as
+ * the one x was prepared for). */
+static void prefill_gemm(pt_cpu *c, float *y, int64_t T, const pt_matrix *w, int64_t expert, const pf_x *p) {
+    switch (p->kind) {
+    case PF_I8: pt_cpu_gemm_i8(c, y, p->xi, p->xd, p->xs, T, w, expert); break;
+    case PF_BF16:
+        if (p->amx) pt_cpu_gemm_amx(c, y, p->xb, p->xs, T, w, expert);
+        else pt_cpu_gemm_bf16(c, y, p->xb, p->xs, T, w, expert);
+        path_count(p->amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM, 1);
+        break;
+    case PF_XINT:
+        pt_cpu_gemm_xint(c, y, p->xi, p->st, p->xs, T, w, expert);
+        path_count(w->bits == 4 ? PT_CPU_PATH_XGEMM : PT_CPU_PATH_XGEMM8, 1);
+        break;
+    }
+}
+
 /* direct: the decode kernels for every row (any T); else chosen by T. Under
  * the int8 lever, 4/8-bit prefill takes the VNNI GEMM (gemm_i8_avx512.c) on
  * AVX-512, else the decode kernels, so the lever's formula holds for every T
@@ -787,55 +870,12 @@ static pt_status mm_run(pt_backend *be, float *y, const float *x, int64_t T, con
     int64_t K = w->cols;
     mm_ctx m = {.c = c, .y = y, .x = x, .xq = x, .T = T, .w = w, .expert = expert};
     int i8 = c->int8_act && (w->bits == 4 || w->bits == 8);
-    int i8gemm = i8 && c->isa == PT_ISA_AVX512 && pt_cpu_gemm_i8_available();
-    if (!direct && T >= PT_CPU_DIRECT_T && i8gemm) {
-        int64_t ng = K / w->group_size;
-        /* shared: group sums [T·ng], steps [T·ng], int8 x [T·K bytes] */
-        PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + K / 4 + 1))));
-        float *xs = c->xbuf, *xd = xs + T * ng;
-        int8_t *xi = (int8_t *)(xd + T * ng);
-        qx_ctx q = {.c = c, .xs = xs, .xd = xd, .xi = xi, .x = x, .K = K, .gs = w->group_size};
-        pt_pool_for(c->pool, (long)T, 8, quantize_job, &q);
-        pt_cpu_gemm_i8(c, y, xi, xd, xs, T, w, expert);
-        return PT_OK;
-    }
-    int gs = w->group_size;
-    if (!direct && T >= PT_CPU_DIRECT_T && !i8 && (w->bits == 4 || w->bits == 8) && c->base.act == PT_ACT_BF16 &&
-        c->isa == PT_ISA_AVX512 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
-        pt_cpu_gemm_i8_available()) {
-        levers_init();
-        int64_t ng = K / gs;
-        int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
-        if ((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16()) {
-            /* prefill on the AMX or the AVX-512 bf16 GEMM; shared: group sums [T·ng], x as bf16 [T32·K]
-             * (T32: T rounded up to whole 32-token blocks for the AMX tiles, the rows past T zero) */
-            int64_t T32 = (T + 31) / 32 * 32;
-            PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
-                                       (size_t)(T * ng + T32 * K / 2 + 16)));
-            gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
-            atomic_init(&q.bad, 0);
-            pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
-            if (!atomic_load(&q.bad)) {
-                memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
-                if (amx) pt_cpu_gemm_amx(c, y, q.xb, q.xs, T, w, expert);
-                else pt_cpu_gemm_bf16(c, y, q.xb, q.xs, T, w, expert);
-                path_count(amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM, 1);
-                return PT_OK;
-            }
-        }
-        if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
-            /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
-             * steps [T·ng], pieces [3·T·K bytes] */
-            PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + 3 * K / 4 + 1))));
-            gx_ctx q = {.c = c, .xs = c->xbuf, .st = c->xbuf + T * ng, .xq = (int8_t *)(c->xbuf + 2 * T * ng), .x = x,
-                        .K = K, .gs = gs};
-            atomic_init(&q.bad, 0);
-            pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
-            if (!atomic_load(&q.bad)) {
-                pt_cpu_gemm_xint(c, y, q.xq, q.st, q.xs, T, w, expert);
-                path_count(w->bits == 4 ? PT_CPU_PATH_XGEMM : PT_CPU_PATH_XGEMM8, 1);
-                return PT_OK;
-            }
+    if (!direct && T >= PT_CPU_DIRECT_T) {
+        pf_x p;
+        PT_TRY(prefill_prep(c, x, T, w, &p));
+        if (p.kind != PF_NONE) {
+            prefill_gemm(c, y, T, w, expert, &p);
+            return PT_OK;
         }
     }
     if (direct || T < PT_CPU_DIRECT_T || i8) {
@@ -921,6 +961,16 @@ pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const floa
                                  pt_cpu_multi_on();
     for (int i = 1; one && i < n; i++) one = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
     if (!one) {
+        int same = !rows && T >= PT_CPU_DIRECT_T;
+        for (int i = 1; same && i < n; i++) same = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
+        if (same) { /* a prefill GEMM for every weight: x prepared once */
+            pf_x p;
+            PT_TRY(prefill_prep(c, x, T, w[0], &p));
+            if (p.kind != PF_NONE) {
+                for (int i = 0; i < n; i++) prefill_gemm(c, y[i], T, w[i], 0, &p);
+                return PT_OK;
+            }
+        }
         for (int i = 0; i < n; i++) PT_TRY(mm_run(be, y[i], x, T, w[i], 0, rows != 0));
         return PT_OK;
     }
