@@ -256,6 +256,13 @@ static inline void pt_cpu_panel_store(float *y, const float *F, int64_t t0, int 
         }
 }
 
+/* The weight's bias over a panel's rows p0 … p0 + nr − 1 as 32 floats:
+ * what pt_cpu_panel_store adds to each output (0.0f without a bias, and
+ * past nr). Once per panel for the AVX-512 store below. */
+static inline void pt_cpu_panel_bias(float bias[32], const pt_matrix *w, int64_t expert, int64_t p0, int nr) {
+    for (int r = 0; r < 32; r++)
+        bias[r] = w->bias && r < nr ? pt_ft_load(w->bias_dtype, w->bias, expert * w->rows + p0 + r) : 0.0f;
+}
 /* pt_cpu_panel_store16 below as a function (gemm_i8_avx512.c; AVX-512 CPUs
  * only), for tests/test_cpu_xprep.c to hold it to pt_cpu_panel_store. */
 void pt_cpu_panel_store_avx512(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr, const pt_matrix *w,
@@ -275,13 +282,10 @@ static inline __m512 pt_cpu_round_bf16_x16(__m512 v) {
     return _mm512_castsi512_ps(_mm512_mask_mov_epi32(_mm512_and_si512(r, hi), nan, q));
 }
 /* pt_cpu_panel_store on 16 lanes (the AVX-512 GEMMs): the same sum F + bias
- * (0.0f without one, as there) and the same rounding, stored under masks. */
-static inline void pt_cpu_panel_store16(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr,
-                                        const pt_matrix *w, int64_t expert, pt_act_dtype act) {
-    const int64_t N = w->rows;
-    float bias[32];
-    for (int r = 0; r < 32; r++)
-        bias[r] = w->bias && r < nr ? pt_ft_load(w->bias_dtype, w->bias, expert * N + p0 + r) : 0.0f;
+ * (bias: the panel's pt_cpu_panel_bias, taken once per panel) and the same
+ * rounding, stored under masks; N = the weight's rows (y's row stride). */
+static inline void pt_cpu_panel_store16(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr, int64_t N,
+                                        const float bias[32], pt_act_dtype act) {
     const __mmask16 m0 = nr >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nr) - 1u);
     const __mmask16 m1 = nr <= 16 ? 0 : nr >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nr - 16)) - 1u);
     const __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
@@ -293,13 +297,13 @@ static inline void pt_cpu_panel_store16(float *y, const float *F, int64_t t0, in
         if (m1) _mm512_mask_storeu_ps(yr + 16, m1, v1);
     }
 }
-/* The two cache lines of each of nt output rows a panel's next tile will
- * store (y[(t0 + t)·N + p0 …], 128 bytes), fetched for writing while the
- * current tile computes: the rows are N floats apart, so every tile's stores
- * otherwise wait on a line (and a page) from memory. */
-static inline void pt_cpu_panel_prefetch(const float *y, int64_t t0, int nt, int64_t p0, int64_t N) {
-    for (int t = 0; t < nt; t++) {
-        const char *r = (const char *)(y + (t0 + t) * N + p0);
+/* The two cache lines of each output row the next tile (tokens t1 … t1 +
+ * mr − 1, clipped at T) will store (y[t·N + p0 …], 128 bytes), fetched for
+ * writing while the current tile computes: the rows are N floats apart, so
+ * every tile's stores otherwise wait on a line (and a page) from memory. */
+static inline void pt_cpu_panel_prefetch(const float *y, int64_t t1, int64_t T, int mr, int64_t p0, int64_t N) {
+    for (int64_t t = t1; t < T && t < t1 + mr; t++) {
+        const char *r = (const char *)(y + t * N + p0);
         _mm_prefetch(r, _MM_HINT_ET0);
         _mm_prefetch(r + 64, _MM_HINT_ET0);
     }

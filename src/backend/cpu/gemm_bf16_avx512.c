@@ -152,8 +152,8 @@ static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float 
     }
 }
 
-static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int64_t p0, int nr) {
-    pt_cpu_panel_store16(m->y, F, t0, nt, p0, nr, m->w, m->expert, m->c->base.act);
+static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int64_t p0, int nr, const float *bias) {
+    pt_cpu_panel_store16(m->y, F, t0, nt, p0, nr, m->w->rows, bias, m->c->base.act);
 }
 
 /* A thread's scratch for one panel: P [K/2][32][2] bf16, S and B [ng][32] f32, rows [16][K] bf16, bytes [K];
@@ -181,13 +181,15 @@ static void gbf_panels(void *arg, long n0, long n1, int ith) {
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
+        float bias[32];
+        pt_cpu_panel_bias(bias, m->w, m->expert, p0, nr);
         for (int64_t t0 = 0; t0 < T; t0 += MR) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
-            if (t0 + MR < T) pt_cpu_panel_prefetch(m->y, t0 + MR, (int)(T - t0 - MR < MR ? T - t0 - MR : MR), p0, w->rows);
+            pt_cpu_panel_prefetch(m->y, t0 + MR, T, MR, p0, w->rows);
             tile8bf(F, P, S, B, m->xb, m->xs, tt, K, gs);
-            store_rows(m, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr);
+            store_rows(m, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr, bias);
         }
     }
 }
@@ -283,6 +285,8 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
+        float bias[32];
+        pt_cpu_panel_bias(bias, m->w, m->expert, p0, nr);
         for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xb holds whole blocks of 32 tokens (zeros past T) */
             for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
             for (int64_t g0 = 0; g0 < ng; g0 += AMX_CHUNK) {
@@ -339,7 +343,7 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
 #undef AS
                 }
             }
-            store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr);
+            store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, bias);
         }
     }
     __asm__ volatile("tilerelease" ::);

@@ -304,22 +304,26 @@ static void gi8_panels(void *arg, long n0, long n1, int ith) {
             else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 4);
         }
         /* token tiles */
+        float bias[32];
+        pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
         for (int64_t t0 = 0; t0 < T; t0 += MR) {
             int64_t tt[MR];
             for (int t = 0; t < MR; t++) tt[t] = t0 + t < T ? t0 + t : T - 1; /* past the end: repeat the last */
             float F[MR * 32];
-            if (t0 + MR < T) pt_cpu_panel_prefetch(m->y, t0 + MR, (int)(T - t0 - MR < MR ? T - t0 - MR : MR), p0, w->rows);
+            pt_cpu_panel_prefetch(m->y, t0 + MR, T, MR, p0, w->rows);
             if (m->xstep && w->bits == 8) tile8x3q8(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
             else if (m->xstep) tile8x3(F, P, S, B, m->xq, m->xstep, m->xs, tt, K, gs);
             else tile8(F, P, S, B, m->xq, m->xd, m->xs, tt, K, gs);
-            pt_cpu_panel_store16(m->y, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr, w, m->expert, act);
+            pt_cpu_panel_store16(m->y, F, t0, (int)(T - t0 < MR ? T - t0 : MR), p0, nr, w->rows, bias, act);
         }
     }
 }
 
 void pt_cpu_panel_store_avx512(float *y, const float *F, int64_t t0, int nt, int64_t p0, int nr, const pt_matrix *w,
                                int64_t expert, pt_act_dtype act) {
-    pt_cpu_panel_store16(y, F, t0, nt, p0, nr, w, expert, act);
+    float bias[32];
+    pt_cpu_panel_bias(bias, w, expert, p0, nr);
+    pt_cpu_panel_store16(y, F, t0, nt, p0, nr, w->rows, bias, act);
 }
 
 void pt_cpu_gemm_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
