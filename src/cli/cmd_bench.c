@@ -442,21 +442,14 @@ int cmd_bench(int argc, char **argv) {
                         "the one measurement serves)\n", cmd);
         goto done;
     }
-    if (bw_interleave) { /* the meter held open: the best of three passes now, one after every repetition */
-        if (pt_bw_meter_open(&meter, nth, (size_t)bw_gib << 30) != PT_OK) {
-            cli_fail(cmd);
-            goto done;
-        }
-        for (int p = 0; p < 3; p++) {
-            double g;
-            if (pt_bw_meter_pass(meter, &g) != PT_OK) {
-                cli_fail(cmd);
-                goto done;
-            }
-            if (g > bw) bw = g;
-        }
-    } else if (bw_gib && (on_gpu ? pt_cuda_read_bandwidth((size_t)bw_gib << 30, &bw)
-                                 : pt_measure_read_bandwidth(nth, (size_t)bw_gib << 30, 3, &bw)) != PT_OK) {
+    pt_status bst = PT_OK;
+    if (bw_gib && on_gpu) bst = pt_cuda_read_bandwidth((size_t)bw_gib << 30, &bw);
+    else if (bw_gib) { /* the best of three passes; --bw-interleave keeps the meter for a pass after every repetition */
+        bst = pt_bw_meter_open(&meter, nth, (size_t)bw_gib << 30);
+        if (bst == PT_OK) bst = pt_bw_meter_best(meter, 3, &bw);
+        if (!bw_interleave) pt_bw_meter_free(&meter);
+    }
+    if (bst != PT_OK) {
         cli_fail(cmd);
         goto done;
     }

@@ -113,22 +113,24 @@ void pt_bw_meter_free(pt_bw_meter **pm) {
     *pm = NULL;
 }
 
+pt_status pt_bw_meter_best(pt_bw_meter *m, int passes, double *gbps) {
+    if (passes < 1) return pt_error(PT_ERR_INVALID_ARG, "bandwidth: %d passes", passes);
+    double best = 0;
+    for (int i = 0; i < passes; i++) {
+        double g;
+        PT_TRY(pt_bw_meter_pass(m, &g));
+        if (g > best) best = g;
+    }
+    *gbps = best;
+    return PT_OK;
+}
+
 pt_status pt_measure_read_bandwidth(int n_threads, size_t bytes, int passes, double *gbps) {
     if (n_threads < 1 || bytes < ((size_t)64 << 20) || passes < 1)
         return pt_error(PT_ERR_INVALID_ARG, "bandwidth: bad parameters");
     pt_bw_meter *m;
     PT_TRY(pt_bw_meter_open(&m, n_threads, bytes));
-    double best = 0;
-    for (int i = 0; i < passes; i++) {
-        double g;
-        pt_status st = pt_bw_meter_pass(m, &g);
-        if (st != PT_OK) {
-            pt_bw_meter_free(&m);
-            return st;
-        }
-        if (g > best) best = g;
-    }
+    pt_status st = pt_bw_meter_best(m, passes, gbps);
     pt_bw_meter_free(&m);
-    *gbps = best;
-    return PT_OK;
+    return st;
 }

@@ -21,6 +21,8 @@ pt_status pt_measure_read_bandwidth(int n_threads, size_t bytes, int passes, dou
 typedef struct pt_bw_meter pt_bw_meter;
 pt_status pt_bw_meter_open(pt_bw_meter **out, int n_threads, size_t bytes);
 pt_status pt_bw_meter_pass(pt_bw_meter *m, double *gbps);
+/* The best of `passes` (>= 1) passes: what pt_measure_read_bandwidth reports. */
+pt_status pt_bw_meter_best(pt_bw_meter *m, int passes, double *gbps);
 void pt_bw_meter_free(pt_bw_meter **m);
 
 /* The streaming kernels: sum of 64-bit words over [p, p + n_words). The
