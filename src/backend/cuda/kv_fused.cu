@@ -19,25 +19,39 @@
 
 #include <stdlib.h>
 
-/* One block per query head: the splits' (max, sum) merged in split order
- * (pt_softmax_merge), each split's weight e^(m_s − M) once in shared
- * memory, then out[e] = Σ_s o_s[e]·w_s / L for the head's dims. */
+/* One block per query head: the splits' (max, sum) merged in split order,
+ * out[e] = Σ_s o_s[e]·w_s / L with w_s = e^(m_s − M), L = Σ_s l_s·w_s: the
+ * arithmetic of pt_softmax_merge, spread over the block — M (a max: any
+ * order gives the same value) by a block reduction, each w_s by its own
+ * thread into shared memory, then L by one thread in split order while the
+ * others add their dims' partials (one thread walking the splits twice with
+ * an exp in its chain kept the whole block waiting). Loading the first 64
+ * splits' partials before the max measured slower (bench/RESULTS.md). */
 __global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd, int nsplit, int bf) {
     pt_release_dependents();
     extern __shared__ float fd_sh[]; /* ml [nsplit] float2 | w [nsplit] */
-    __shared__ float sM, sL;
+    __shared__ float red[32], sL;
     float2 *ml = reinterpret_cast<float2 *>(fd_sh);
     float *w = fd_sh + 2 * nsplit;
     const int64_t h = blockIdx.x;
-    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) ml[s] = ML[h * nsplit + s];
-    __syncthreads();
-    if (threadIdx.x == 0) pt_softmax_merge(ml, nsplit, sM, sL);
-    __syncthreads();
-    const float M = sM;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
+        ml[s] = ML[h * nsplit + s];
+        mx = fmaxf(mx, ml[s].x);
+    }
+    const float M = pt_block_max(mx, red);
     for (int s = threadIdx.x; s < nsplit; s += blockDim.x) w[s] = ml[s].x == -INFINITY ? 0.f : expf(ml[s].x - M);
     __syncthreads();
-    const float inv = 1.0f / sL;
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+    if (threadIdx.x == 0) {
+        float L = 0.f;
+        for (int s = 0; s < nsplit; s++)
+            if (ml[s].x != -INFINITY) L = fmaf(ml[s].y, w[s], L);
+        sL = L;
+    }
+    float ov[2]; /* this thread's dims e = threadIdx.x + 128·i (hd <= 256 on 128 threads) */
+    for (int i = 0; i < 2; i++) {
+        const int e = threadIdx.x + i * blockDim.x;
+        if (e >= hd) break;
         const float *pe = P + h * nsplit * hd + e;
         float o = 0.f;
         /* 32 loads in flight before their adds (the adds stay in split order; a split past the
@@ -49,7 +63,13 @@ __global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, in
 #pragma unroll
             for (int u = 0; u < 32; u++) o = fmaf(v[u], s + u < nsplit ? w[s + u] : 0.f, o);
         }
-        out[h * hd + e] = pt_rnd(bf, o * inv);
+        ov[i] = o;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sL;
+    for (int i = 0; i < 2; i++) {
+        const int e = threadIdx.x + i * blockDim.x;
+        if (e < hd) out[h * hd + e] = pt_rnd(bf, ov[i] * inv);
     }
 }
 

@@ -155,6 +155,16 @@ __device__ __forceinline__ uint32_t fd_deq(uint32_t x, uint32_t mask, uint32_t m
                         *reinterpret_cast<const __half2 *>(&add));
     return *reinterpret_cast<const uint32_t *>(&h);
 }
+/* fd_deq with an immediate mask in ONE LOP3: (x & MASK) | c with c = 0x64006400 held in a
+ * register (LOP3 takes one immediate; with both as immediates the compiler emits two). */
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t fd_deq_c(uint32_t x, uint32_t c, uint32_t mul, uint32_t add) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(x), "n"(MASK), "r"(c));
+    __half2 h = __hfma2(*reinterpret_cast<const __half2 *>(&r), *reinterpret_cast<const __half2 *>(&mul),
+                        *reinterpret_cast<const __half2 *>(&add));
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
 #define FD_H2_1 0x3c003c00u     /* f16 pair (1, 1) */
 #define FD_H2_16TH 0x2c002c00u  /* (1/16, 1/16) */
 #define FD_H2_M1024 0xe400e400u /* (−1024, −1024) */
@@ -217,42 +227,53 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     /* this warp's tiles: keys jt(k) = j0 + 16·(warp + FD_WARPS·k), k < nt */
     const int64_t jw = j0 + 16 * warp;
     const int nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
-    /* cp.async of tile k into stage k % NS (nothing past the warp's tiles;
-     * a group is committed either way so the wait counts stay uniform).
-     * Rows past j1 are not copied: their codes are never used unmasked
-     * and their f32 scales are written as 0 below. */
-    auto issue = [&](int k) {
+    /* cp.async of tile k into ring slot `slot` (= k mod NS, kept as a counter by the caller:
+     * no division per tile); nothing past the warp's tiles, but a group is committed either way
+     * so the wait counts stay uniform. Rows past j1 are not copied: their codes are never used
+     * unmasked and their f32 scales are written as 0 below. Addresses: the tile's first cache
+     * row once (64-bit), then each lane's chunks at offsets fixed per lane (its rows and
+     * columns do not depend on the tile), minus one capacity for the rows past the ring's end. */
+    constexpr int CH = (16 * CPR + 31) / 32; /* 16-byte chunks a lane copies per tile, K and V each */
+    auto issue = [&](int k, int slot) {
         if (k < nt) {
             const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
             const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
-            uint32_t *st = ring + (k % NS) * STAGE;
+            int64_t r0 = rlo + jt; /* < 2·cap */
+            if (r0 >= a.cap) r0 -= a.cap;
+            const int64_t rem = a.cap - r0; /* rows r >= rem wrap to the ring's start */
+            const int64_t row0 = rbase + r0;
+            const uint32_t *pk = a.k + row0 * WPR, *pv = a.v + row0 * WPR;
+            uint32_t *st = ring + slot * STAGE;
 #pragma unroll
-            for (int c = lane; c < 16 * CPR; c += 32) { /* chunk col of row r: K and V */
-                const int r = c / CPR, col = c % CPR;
-                if (r < valid) {
-                    const int64_t src = rowof(jt + r) * WPR + 4 * col;
-                    fd_cp16(st + r * CST + 4 * col, a.k + src);
-                    fd_cp16(st + (16 + r) * CST + 4 * col, a.v + src);
+            for (int i = 0; i < CH; i++) { /* chunk c = lane + 32i: row c / CPR, column c % CPR */
+                const int c = lane + 32 * i, r = c / CPR, col = c % CPR;
+                if (c < 16 * CPR && r < valid) {
+                    const int64_t o = (int64_t)(r * WPR + 4 * col) - (r >= rem ? a.cap * WPR : 0);
+                    fd_cp16(st + r * CST + 4 * col, pk + o);
+                    fd_cp16(st + (16 + r) * CST + 4 * col, pv + o);
                 }
             }
             { /* key lane & 15: the scales (lanes 0-15) or biases (16-31) of K and V */
                 const int r = lane & 15, sb = lane >> 4;
                 if (r < valid) {
-                    /* the words covering the row's bytes; with 2-byte values and an odd group count
+                    /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
+                     * row starts 2-byte aligned); with 2-byte values and an odd group count
                      * the last word of the array's last row reaches 2 bytes past it, inside the
                      * allocation's granule (cudaMalloc allocations are 256-byte granular) */
-                    const int64_t off = rowof(jt + r) * rb;
+                    const int64_t off = (row0 + r - (r >= rem ? a.cap : 0)) * rb;
                     const int cnt = (int)(((off + rb - 1) >> 2) - (off >> 2)) + 1;
                     const uint32_t *sk = reinterpret_cast<const uint32_t *>(sb ? a.kb : a.ks) + (off >> 2);
                     const uint32_t *sv = reinterpret_cast<const uint32_t *>(sb ? a.vb : a.vs) + (off >> 2);
                     uint32_t *dk = st + 32 * CST + (sb * 16 + r) * SWR, *dv = dk + 32 * SWR;
-                    for (int w = 0; w < cnt; w++) fd_cp4(dk + w, sk + w), fd_cp4(dv + w, sv + w);
+#pragma unroll
+                    for (int w = 0; w < NG; w++)
+                        if (w < cnt) fd_cp4(dk + w, sk + w), fd_cp4(dv + w, sv + w);
                 }
             }
         }
         fd_commit();
     };
-    for (int k = 0; k < NS - 1; k++) issue(k); /* the ring fills while the queries are prepared */
+    for (int k = 0; k < NS - 1; k++) issue(k, k); /* the ring fills while the queries are prepared */
 
     /* the pre-scaled queries (rounded like the exact path) and their group sums */
     for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
@@ -295,14 +316,18 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     /* V, 8 bits: n-tile 4c + u, column g = byte g & 3 of word 8c + 4(g >> 2) + u (a thread reads 4
      * consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
+    const uint32_t c64 = 0x64006400u; /* fd_deq_c's OR constant, in a register */
 
-    for (int k = 0; k < nt; k++) {
-        issue(k + NS - 1);
-        fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
+    for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
+        issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1); /* (k + NS − 1) mod NS */
+        if (NS == 2)
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* the default depth: one compare */
+        else
+            fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
         const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
         const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
-        const uint32_t *st = ring + (k % NS) * STAGE;
+        const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
         { /* lane: key lane & 15, the scales (lanes 0-15) or biases (16-31) of K and V */
             const int r = lane & 15, sb = lane >> 4;
@@ -345,8 +370,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
                     uint32_t b0, b1;
                     if (BITS == 4) {
                         const uint32_t w = kw[ks >> 1] >> (8 * (ks & 1));
-                        b0 = fd_deq(w, 0x000f000fu, FD_H2_1, FD_H2_M1024); /* nibbles 0, 4 */
-                        b1 = fd_deq(w, 0x00f000f0u, FD_H2_16TH, FD_H2_M64); /* nibbles 1, 5 */
+                        b0 = fd_deq_c<0x000f000fu>(w, c64, FD_H2_1, FD_H2_M1024); /* nibbles 0, 4 */
+                        b1 = fd_deq_c<0x00f000f0u>(w, c64, FD_H2_16TH, FD_H2_M64); /* nibbles 1, 5 */
                     } else {
                         b0 = fd_unbias(__byte_perm(kw[ks], 0x64646464u, 0x4140));
                         b1 = fd_unbias(__byte_perm(kw[ks], 0x64646464u, 0x4342));
