@@ -315,9 +315,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
             for (int g = 0; g < MG; g++) {
                 if (g >= G) break;
 #pragma unroll
-                for (int ci = 0; ci < C; ci++)
-#pragma unroll
-                    for (int i = 0; i < V; i++) acc[g][ci][i] += __shfl_xor_sync(0xffffffffu, acc[g][ci][i], o);
+                for (int ci = 0; ci < C; ci++) pt_xor_add(acc[g][ci], o);
             }
         if (ks == 0) {
 #pragma unroll

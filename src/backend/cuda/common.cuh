@@ -79,6 +79,14 @@ __device__ __forceinline__ void pt_lanes_sum(float (&d)[MAXG], int G) {
             d[g] += __shfl_xor_sync(0xffffffffu, d[g], o);
         }
 }
+/* One step of an xor butterfly over a row: v[i] += v[i] of the lane at
+ * (this lane xor o), for every i < N. The split p·V kernels add their key
+ * slots' rows with it, o = slots..16 (kv_quant.cu, attention_dec2.cu). */
+template <int N>
+__device__ __forceinline__ void pt_xor_add(float (&v)[N], int o) {
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+}
 __device__ __forceinline__ float pt_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

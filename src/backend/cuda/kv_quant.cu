@@ -629,8 +629,7 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
 #pragma unroll
         for (int g = 0; g < MG; g++) {
             if (g >= G) break;
-#pragma unroll
-            for (int i = 0; i < 8; i++) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+            pt_xor_add(acc[g], o);
         }
     float *po = reinterpret_cast<float *>(q2_po);
     if (ks == 0 && live) {
