@@ -957,13 +957,11 @@ pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const floa
     }
     PT_ASSERT(T >= 0);
     if (T == 0) return PT_OK;
-    int bits = w[0]->bits, one = n > 1 && (bits == 4 || bits == 8) && (rows || T < PT_CPU_DIRECT_T) &&
-                                 pt_cpu_multi_on();
-    for (int i = 1; one && i < n; i++) one = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
+    int bits = w[0]->bits, alike = 1; /* every weight of one bits and group size */
+    for (int i = 1; alike && i < n; i++) alike = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
+    const int one = n > 1 && alike && (bits == 4 || bits == 8) && (rows || T < PT_CPU_DIRECT_T) && pt_cpu_multi_on();
     if (!one) {
-        int same = !rows && T >= PT_CPU_DIRECT_T;
-        for (int i = 1; same && i < n; i++) same = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
-        if (same) { /* a prefill GEMM for every weight: x prepared once */
+        if (alike && !rows && T >= PT_CPU_DIRECT_T) { /* a prefill GEMM for every weight: x prepared once */
             pf_x p;
             PT_TRY(prefill_prep(c, x, T, w[0], &p));
             if (p.kind != PF_NONE) {
