@@ -482,11 +482,13 @@ typedef struct pt_cpu_params {
 pt_status pt_backend_cpu_create(pt_backend **out, const pt_cpu_params *params);
 /* The ISA the CPU backend picked ("scalar", "avx2", "avx512"). */
 const char *pt_backend_cpu_isa_name(const pt_backend *be);
-/* Which kernels take 4- and 8-bit weights with bf16 activations on this CPU
- * backend, as "decode D, prefill P" (D: "int pieces" or "bf16"; P: "amx",
- * "bf16", "int pieces" or "f32"), following the CPU and the PETREL_CPU_*
- * switches; NULL where those kernels do not apply (not AVX-512, f32
- * activations, the int8 lever, not a CPU backend). A static string. */
+/* Which kernels take 4- and 8-bit weights on this CPU backend: with bf16
+ * activations "decode D, prefill P" (D: "int pieces" or "bf16"; P: "amx",
+ * "bf16", "int pieces" or "f32"); under the int8 lever "int8 x: decode vnni,
+ * prefill P" (P: "amx int8" or "vnni"); following the CPU and the
+ * PETREL_CPU_* switches; NULL where none of those apply (not AVX-512 with
+ * VNNI, f32 activations without the int8 lever, not a CPU backend). A static
+ * string. */
 const char *pt_backend_cpu_quant_paths(const pt_backend *be);
 
 /* matmul_multi through the op when the backend has it (and, for rows, also

@@ -13,6 +13,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 /* 4-bit codes are consumed with x permuted per 32-value block: byte i of a
  * block holds values 2i (low nibble) and 2i+1 (high nibble), so the block's x
@@ -347,6 +348,38 @@ int pt_cpu_amx_available(void);
 void pt_cpu_gemm_amx(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
                      int64_t expert);
 size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng);
+/* The int8 lever's GEMM (pt_cpu_gemm_i8's formula and bits) on AMX int8
+ * tiles (TDPBSUD), when pt_cpu_amx_i8_available() (AMX-INT8, AMX-TILE and the
+ * tile state granted): xq must hold whole blocks of 32 tokens,
+ * [ceil(T/32)·32, K], the rows past T zero. Needs pt_cpu_gemm_amx_i8_scratch
+ * floats of per-thread scratch (gemm_i8_avx512.c). */
+int pt_cpu_amx_i8_available(void);
+void pt_cpu_gemm_amx_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
+                        const pt_matrix *w, int64_t expert);
+size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng);
+/* Groups whose four C tiles an AMX GEMM stores before it folds them (32 KiB
+ * of f32 or int32 sums per thread). */
+#define PT_CPU_AMX_CHUNK 8
+/* Loads the AMX GEMMs' tile configuration on the calling thread with an
+ * inline ldtilecfg (gcc 12's _tile_loadconfig intrinsic is miscompiled):
+ * palette 1; tiles 0-3 (C) 16 rows of 64 bytes; 4-5 (A: 16 tokens of x) 16
+ * rows of a_bytes; 6-7 (B: the weight panel) b_rows rows of 64 bytes. */
+#if defined(__x86_64__)
+static inline void pt_cpu_amx_config(int a_bytes, int b_rows) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t colsb[16];
+        uint8_t rows[16];
+    } cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        cfg.colsb[i] = (uint16_t)(i == 4 || i == 5 ? a_bytes : 64);
+        cfg.rows[i] = (uint8_t)(i >= 6 ? b_rows : 16);
+    }
+    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+#endif
 /* dst[j] = x[j] as bf16 for j < K; 0 (dst partly written) when a value is not
  * exactly a finite bf16 or is subnormal (vdpbf16ps reads those as zero). */
 int pt_cpu_x_bf16_exact(uint16_t *dst, const float *x, int64_t K);
@@ -382,8 +415,8 @@ typedef struct {
     int xgemm8;  /* 8-bit prefill GEMM with x as integer pieces (PETREL_CPU_XGEMM8, default 1; 0: the f32 GEMM) */
     int bgemm;   /* 4/8-bit prefill on the bf16 GEMM, ahead of the integer-piece GEMMs (PETREL_CPU_BGEMM, default: by
                   * CPU vendor, cpu_matmul.c) */
-    int amx;     /* 4/8-bit prefill on the AMX bf16 GEMM where the CPU has AMX, ahead of the others (PETREL_CPU_AMX,
-                  * default 1) */
+    int amx;     /* 4/8-bit prefill on the AMX bf16 GEMM where the CPU has AMX, ahead of the others, and the int8
+                  * lever's prefill on AMX int8 tiles where it has AMX-INT8 (PETREL_CPU_AMX, default 1) */
     int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT, default 1) or
                   * the guided claims from one counter (0); the same bits either way */
 } pt_cpu_levers;
@@ -394,7 +427,9 @@ extern pt_cpu_levers pt_cpu_lever;
  * kernel (BF16) or the f32-x kernel (F32); 8-bit decode tokens through the
  * integer-piece kernel (XINT8) or the f32-x kernel (Q8F32); prefill calls
  * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit), the bf16
- * GEMM (BGEMM: 4- and 8-bit), its AMX form (AMX) or the f32 GEMM (GEMM). Relaxed
+ * GEMM (BGEMM: 4- and 8-bit), its AMX form (AMX) or the f32 GEMM (GEMM); the
+ * int8 lever's prefill calls through its VNNI GEMM (I8GEMM) or its AMX form
+ * (AMX8). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -407,6 +442,8 @@ enum {
     PT_CPU_PATH_BGEMM,
     PT_CPU_PATH_AMX,
     PT_CPU_PATH_GEMM,
+    PT_CPU_PATH_I8GEMM,
+    PT_CPU_PATH_AMX8,
     PT_CPU_PATH_N
 };
 extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];

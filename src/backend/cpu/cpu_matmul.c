@@ -572,9 +572,12 @@ static void pool_for_guided(pt_cpu *c, long n, long grain, size_t row_bytes, pt_
 const char *pt_backend_cpu_quant_paths(const pt_backend *be) {
     if (!be || strcmp(be->ops->name, "cpu")) return NULL;
     const pt_cpu *c = (const pt_cpu *)be;
-    if (c->isa != PT_ISA_AVX512 || c->base.act != PT_ACT_BF16 || c->int8_act || !pt_cpu_gemm_i8_available())
-        return NULL;
+    if (c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return NULL;
     levers_init();
+    if (c->int8_act)
+        return pt_cpu_lever.amx > 0 && pt_cpu_amx_i8_available() ? "int8 x: decode vnni, prefill amx int8"
+                                                                  : "int8 x: decode vnni, prefill vnni";
+    if (c->base.act != PT_ACT_BF16) return NULL;
     static const char *const table[2][4] = {
         {"decode bf16, prefill amx", "decode bf16, prefill bf16", "decode bf16, prefill int pieces",
          "decode bf16, prefill f32"},
@@ -788,7 +791,8 @@ typedef struct {
 } pf_x;
 
 /* Chooses the prefill GEMM for w (T >= PT_CPU_DIRECT_T, not matmul_rows) and
- * prepares x for it: the int8 lever's VNNI GEMM; else with bf16 activations
+ * prepares x for it: the int8 lever's VNNI GEMM (its AMX form where the CPU
+ * has AMX-INT8: the same bits); else with bf16 activations
  * on AVX-512 the AMX or bf16 GEMM, or the integer-piece GEMM when x is not
  * exactly bf16 or those are off; PF_NONE: none of them (the caller takes the
  * decode kernels or the f32 GEMM). */
@@ -800,13 +804,20 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
     if (!q48 || c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return PT_OK;
     if (c->int8_act) {
         int64_t ng = K / gs;
-        /* shared: group sums [T·ng], steps [T·ng], int8 x [T·K bytes] */
-        PT_TRY(pt_cpu_need_scratch(c, pt_cpu_gemm_i8_scratch(K, ng), (size_t)(T * (2 * ng + K / 4 + 1))));
+        levers_init();
+        /* the AMX int8 form where the CPU has it (the same bits): x in whole blocks of 32 tokens */
+        int amx = pt_cpu_lever.amx > 0 && (gs == 32 || gs == 64 || gs == 128) && K % gs == 0 &&
+                  pt_cpu_amx_i8_available();
+        int64_t Tx = amx ? (T + 31) / 32 * 32 : T;
+        /* shared: group sums [T·ng], steps [T·ng], int8 x [Tx·K bytes] */
+        PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_i8_scratch(K, ng) : pt_cpu_gemm_i8_scratch(K, ng),
+                                   (size_t)(T * 2 * ng + Tx * K / 4 + 1)));
         p->xs = c->xbuf, p->xd = p->xs + T * ng;
         p->xi = (int8_t *)(p->xd + T * ng);
         qx_ctx q = {.c = c, .xs = p->xs, .xd = p->xd, .xi = p->xi, .x = x, .K = K, .gs = gs};
         pt_pool_for(c->pool, (long)T, 8, quantize_job, &q);
-        p->kind = PF_I8;
+        memset(p->xi + T * K, 0, (size_t)((Tx - T) * K));
+        p->kind = PF_I8, p->amx = amx;
         return PT_OK;
     }
     if (c->base.act != PT_ACT_BF16 || !(gs == 32 || gs == 64 || gs == 128) || K % gs) return PT_OK;
@@ -845,7 +856,11 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
  * the one x was prepared for). */
 static void prefill_gemm(pt_cpu *c, float *y, int64_t T, const pt_matrix *w, int64_t expert, const pf_x *p) {
     switch (p->kind) {
-    case PF_I8: pt_cpu_gemm_i8(c, y, p->xi, p->xd, p->xs, T, w, expert); break;
+    case PF_I8:
+        if (p->amx) pt_cpu_gemm_amx_i8(c, y, p->xi, p->xd, p->xs, T, w, expert);
+        else pt_cpu_gemm_i8(c, y, p->xi, p->xd, p->xs, T, w, expert);
+        path_count(p->amx ? PT_CPU_PATH_AMX8 : PT_CPU_PATH_I8GEMM, 1);
+        break;
     case PF_BF16:
         if (p->amx) pt_cpu_gemm_amx(c, y, p->xb, p->xs, T, w, expert);
         else pt_cpu_gemm_bf16(c, y, p->xb, p->xs, T, w, expert);

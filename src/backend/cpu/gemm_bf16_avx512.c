@@ -227,7 +227,7 @@ void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, 
 #define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an extended state component */
 #define AMX_XTILEDATA 18          /* the tile data state component */
 
-static int amx_state = -1;
+static int amx_state = -1; /* bit 0: AMX-BF16 usable, bit 1: AMX-INT8 usable */
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void) {
@@ -235,35 +235,34 @@ static void amx_probe(void) {
     amx_state = 0;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return; /* OSXSAVE: xgetbv works */
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-    if (!(d & (1u << 22)) || !(d & (1u << 24))) return; /* AMX-BF16, AMX-TILE */
+    if (!(d & (1u << 24))) return;                                      /* AMX-TILE */
+    int kinds = (d & (1u << 22) ? 1 : 0) | (d & (1u << 25) ? 2 : 0); /* AMX-BF16, AMX-INT8 */
+    if (!kinds) return;
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     (void)hi;
     if ((lo & (3u << 17)) != (3u << 17)) return; /* the OS saves XTILECFG and XTILEDATA */
     if (syscall(SYS_arch_prctl, AMX_REQ_XCOMP_PERM, AMX_XTILEDATA) != 0) return;
-    amx_state = 1;
+    amx_state = kinds;
 }
 
 int pt_cpu_amx_available(void) {
     pthread_once(&amx_once, amx_probe);
-    return amx_state == 1;
+    return (amx_state & 1) != 0;
 }
 
-/* groups whose C tiles are stored before they are folded (32 KiB of tiles) */
-#define AMX_CHUNK 8
+int pt_cpu_amx_i8_available(void) {
+    pthread_once(&amx_once, amx_probe);
+    return (amx_state & 2) != 0;
+}
+
+#define AMX_CHUNK PT_CPU_AMX_CHUNK
 
 size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng) {
     /* the bf16 GEMM's, plus AMX_CHUNK groups' four stored C tiles (·4·256, 64-byte aligned: up to 15 floats of
      * padding) and F [32][32] */
     return pt_cpu_gemm_bf16_scratch(K, ng) + 16 + AMX_CHUNK * 4 * 256 + 32 * 32;
 }
-
-/* palette 1; tiles 0-7 all 16 rows of 64 bytes */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_tilecfg;
 
 static void amx_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
@@ -276,11 +275,7 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     float *Cb = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
     Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
     float *F = Cb + AMX_CHUNK * 1024; /* [32 tokens][32 rows] */
-    amx_tilecfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
-    __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+    pt_cpu_amx_config(64, 16);
     const long sa = (long)K * 2, sb = 128, sc = 64; /* row strides in bytes: x, the panel, a stored C tile */
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);

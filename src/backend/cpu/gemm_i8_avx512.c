@@ -26,7 +26,10 @@
  * whose FMAs do 16 multiply-adds per instruction against vpdpbusd's 64.
  * 8-bit weights take the same pieces (pt_cpu_gemm_xint, PETREL_CPU_XGEMM8,
  * tile8x3q8): their sums per piece stay exact in int32 and are combined in
- * int64. */
+ * int64.
+ *
+ * Where the CPU has AMX-INT8 the lever's GEMM runs on AMX tiles instead
+ * (amx8_panels at the end of this file), with the same bits. */
 #include "backend/cpu/cpu_internal.h"
 
 #include <immintrin.h>
@@ -274,35 +277,54 @@ static void tile8x3q8(float *F, const uint8_t *P, const float *S, const float *B
     }
 }
 
+/* A thread's panel scratch: P [K/4][32][4] codes, S and B [ng][32] f32,
+ * rows [16][K] bytes; returns the float just past them
+ * (pt_cpu_gemm_i8_scratch floats in all). */
+static float *panel_scratch_i8(const gi8_ctx *m, int ith, uint8_t **P, float **S, float **B, uint8_t **rows) {
+    int64_t K = m->w->cols, ng = K / m->w->group_size;
+    float *scr = pt_cpu_thread_scratch(m->c, ith);
+    *P = (uint8_t *)scr;
+    *S = scr + 8 * K;
+    *B = *S + 32 * ng;
+    *rows = (uint8_t *)(*B + 32 * ng);
+    return scr + pt_cpu_gemm_i8_scratch(K, ng);
+}
+
+/* Packs the panel of rows [p0, p0 + nr) (nr <= 32; rows past nr zero): 16
+ * rows at a time unpacked to bytes [16][K], then their 4-byte quads
+ * transposed into P [K/4][32] (the f32 panel transpose moves 32-bit words
+ * unchanged); scales and biases into S, B [ng][32]. */
+static void pack_panel_i8(const gi8_ctx *m, int64_t p0, int nr, uint8_t *P, float *S, float *B, uint8_t *rows) {
+    const pt_matrix *w = m->w;
+    int64_t K = w->cols;
+    for (int r0 = 0; r0 < 32; r0 += 16) {
+        for (int r = 0; r < 16; r++) {
+            uint8_t *dst = rows + (size_t)r * K;
+            if (r0 + r >= nr) {
+                memset(dst, 0, (size_t)K);
+                pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
+                continue;
+            }
+            int64_t n = p0 + r0 + r;
+            pt_cpu_unpack_row_bytes(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+            pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
+        }
+        if ((K / 4) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 4);
+        else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 4);
+    }
+}
+
 static void gi8_panels(void *arg, long n0, long n1, int ith) {
     gi8_ctx *m = arg;
     const pt_matrix *w = m->w;
     pt_act_dtype act = m->c->base.act;
-    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
-    float *scr = pt_cpu_thread_scratch(m->c, ith);
-    uint8_t *P = (uint8_t *)scr;          /* [K/4][32][4] */
-    float *S = scr + 8 * K, *B = S + 32 * ng; /* [ng][32] each */
-    uint8_t *rows = (uint8_t *)(B + 32 * ng); /* [16][K] */
+    int64_t K = w->cols, T = m->T, gs = w->group_size;
+    uint8_t *P, *rows;
+    float *S, *B;
+    panel_scratch_i8(m, ith, &P, &S, &B, &rows);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        /* pack the panel: 16 rows at a time unpacked to bytes [16][K], then their
-         * 4-byte quads transposed into [K/4][32] (the f32 panel transpose moves
-         * 32-bit words unchanged) */
-        for (int r0 = 0; r0 < 32; r0 += 16) {
-            for (int r = 0; r < 16; r++) {
-                uint8_t *dst = rows + (size_t)r * K;
-                if (r0 + r >= nr) {
-                    memset(dst, 0, (size_t)K);
-                    pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
-                    continue;
-                }
-                int64_t n = p0 + r0 + r;
-                pt_cpu_unpack_row_bytes(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
-                pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
-            }
-            if ((K / 4) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 4);
-            else pt_cpu_panel_t16_ref((float *)P, r0, (const float *)rows, K / 4);
-        }
+        pack_panel_i8(m, p0, nr, P, S, B, rows);
         /* token tiles */
         float bias[32];
         pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
@@ -337,4 +359,111 @@ void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep,
                       const pt_matrix *w, int64_t expert) {
     gi8_ctx m = {.c = c, .y = y, .xq = xq, .xstep = xstep, .xs = xs, .T = T, .w = w, .expert = expert};
     pt_pool_for(c->pool, (long)w->rows, 32, gi8_panels, &m);
+}
+
+/* ---- the int8 lever's GEMM on AMX int8 tiles (PETREL_CPU_AMX) ----
+ * TDPBSUD multiplies a tile of 16 tokens × ks signed bytes of x (A: x's own
+ * rows, K bytes apart) by a tile of ks/4 code quads × 16 weight rows (B: the
+ * packed panel P above read as it is, rows 128 bytes apart: unsigned codes)
+ * into 16 × 16 int32 sums, ks = min(group, 64). A block is 32 tokens × the
+ * panel's 32 rows: four C tiles, two A and two B tiles. Per group the C tiles
+ * start from zero, take the group's k steps and are stored; every
+ * PT_CPU_AMX_CHUNK groups the stored sums are folded eight tokens at a time,
+ * group by group in order, with tile8's operations: F = fma(I, sc·xd, F),
+ * F = fma(bi, xs, F). The integer sums are exact, the same integers tile8's
+ * vpdpbusd form, so the results are tile8's bits: a row's output depends on
+ * neither the GEMM, the block, the panel nor the thread split. */
+size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng) {
+    /* the VNNI GEMM's, plus PT_CPU_AMX_CHUNK groups' four stored C tiles (64-byte aligned: up to 15 floats of
+     * padding) and F [32][32] */
+    return pt_cpu_gemm_i8_scratch(K, ng) + 16 + PT_CPU_AMX_CHUNK * 4 * 256 + 32 * 32;
+}
+
+static void amx8_panels(void *arg, long n0, long n1, int ith) {
+    gi8_ctx *m = arg;
+    const pt_matrix *w = m->w;
+    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
+    const int64_t ks = gs < 64 ? gs : 64;
+    uint8_t *P, *rows;
+    float *S, *B;
+    /* [PT_CPU_AMX_CHUNK][4][16][16]: a chunk of groups' C tiles (token half, row half) */
+    float *end = panel_scratch_i8(m, ith, &P, &S, &B, &rows);
+    int32_t *Cb = (int32_t *)(((uintptr_t)end + 63) & ~(uintptr_t)63);
+    float *F = (float *)(Cb + PT_CPU_AMX_CHUNK * 1024); /* [32 tokens][32 rows] */
+    pt_cpu_amx_config((int)ks, (int)(ks / 4));
+    const long sa = (long)K, sb = 128, sc = 64; /* row strides in bytes: x, the panel, a stored C tile */
+    for (int64_t p0 = n0; p0 < n1; p0 += 32) {
+        int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
+        pack_panel_i8(m, p0, nr, P, S, B, rows);
+        float bias[32];
+        pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
+        for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xq holds whole blocks of 32 tokens (zeros past T) */
+            for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+            for (int64_t g0 = 0; g0 < ng; g0 += PT_CPU_AMX_CHUNK) {
+                int64_t g1 = g0 + PT_CPU_AMX_CHUNK < ng ? g0 + PT_CPU_AMX_CHUNK : ng;
+                for (int64_t g = g0; g < g1; g++) {
+                    int32_t *cg = Cb + (g - g0) * 1024;
+                    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
+                    for (int64_t k = g * gs; k < (g + 1) * gs; k += ks) {
+                        const int8_t *a0 = m->xq + t0 * K + k, *a1 = a0 + 16 * K;
+                        const uint8_t *b0 = P + k * 32, *b1 = b0 + 64;
+                        __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
+                                         "tileloadd (%1,%4,1), %%tmm5\n\t"
+                                         "tileloadd (%2,%5,1), %%tmm6\n\t"
+                                         "tileloadd (%3,%5,1), %%tmm7\n\t"
+                                         "tdpbsud %%tmm6, %%tmm4, %%tmm0\n\t"
+                                         "tdpbsud %%tmm7, %%tmm4, %%tmm1\n\t"
+                                         "tdpbsud %%tmm6, %%tmm5, %%tmm2\n\t"
+                                         "tdpbsud %%tmm7, %%tmm5, %%tmm3"
+                                         :
+                                         : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
+                                         : "memory");
+                    }
+                    __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
+                                     "tilestored %%tmm1, (%1,%4,1)\n\t"
+                                     "tilestored %%tmm2, (%2,%4,1)\n\t"
+                                     "tilestored %%tmm3, (%3,%4,1)"
+                                     :
+                                     : "r"(cg), "r"(cg + 256), "r"(cg + 512), "r"(cg + 768), "r"(sc)
+                                     : "memory");
+                }
+                /* tmm0: tokens 0-15 × rows 0-15, tmm1: tokens 0-15 × rows 16-31, tmm2, tmm3: tokens 16-31 */
+                for (int o = 0; o < 32; o += 8) {
+                    int64_t tx[8];
+                    for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
+#define AL(t) __m512 f##t##a = _mm512_loadu_ps(F + (o + t) * 32), f##t##b = _mm512_loadu_ps(F + (o + t) * 32 + 16);
+                    X8(AL)
+#undef AL
+                    for (int64_t g = g0; g < g1; g++) {
+                        const int32_t *cg = Cb + (g - g0) * 1024 + (o / 16) * 512 + (o % 16) * 16;
+                        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+                        __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define AF(t)                                                                                                  \
+    {                                                                                                          \
+        __m512 d_ = _mm512_set1_ps(m->xd[tx[t] * ng + g]), e_ = _mm512_set1_ps(m->xs[tx[t] * ng + g]);         \
+        __m512 ia_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(cg + t * 16)));                      \
+        __m512 ib_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(cg + 256 + t * 16)));                \
+        f##t##a = _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(ia_, _mm512_mul_ps(s0, d_), f##t##a));               \
+        f##t##b = _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(ib_, _mm512_mul_ps(s1, d_), f##t##b));               \
+    }
+                        X8(AF)
+#undef AF
+                    }
+#define AS(t) _mm512_storeu_ps(F + (o + t) * 32, f##t##a), _mm512_storeu_ps(F + (o + t) * 32 + 16, f##t##b);
+                    X8(AS)
+#undef AS
+                }
+            }
+            pt_cpu_panel_prefetch(m->y, t0 + 32, T, 32, p0, w->rows);
+            pt_cpu_panel_store16(m->y, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, w->rows, bias,
+                                 m->c->base.act);
+        }
+    }
+    __asm__ volatile("tilerelease" ::);
+}
+
+void pt_cpu_gemm_amx_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
+                        const pt_matrix *w, int64_t expert) {
+    gi8_ctx m = {.c = c, .y = y, .xq = xq, .xd = xd, .xs = xs, .T = T, .w = w, .expert = expert};
+    pt_pool_for(c->pool, (long)w->rows, 32, amx8_panels, &m);
 }
