@@ -71,6 +71,59 @@ static void test_rms_norm(void) {
         }
 }
 
+/* Prefill rows through the kernel table's 16-row RMSNorm (AVX-512:
+ * rms_norm16) against each row alone (the scalar row loop), bit for bit:
+ * 37 rows (two blocks of 16 and a tail of 5), every style, with and without
+ * the residual, bf16 and f32 activations, f32 / bf16 / f16 weights, D on and
+ * off the multiples of 16, a row of zeros and rows of large and tiny values;
+ * 1 and 2 threads (the pool's chunks move the blocks). */
+static void test_rms_norm_rows(void) {
+    static const int64_t Ds[] = {7, 64, 257, 2048};
+    static const pt_ftype wts[] = {PT_FT_BF16, PT_FT_F16, PT_FT_F32};
+    enum { T = 37 };
+    for (int am = 0; am < 2; am++)
+        for (int nth = 1; nth <= 2; nth++) {
+            pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+            pt_backend *be = mk(nth, act, PT_ISA_AVX512);
+            if (!be) TEST_SKIP("no AVX-512");
+            for (size_t di = 0; di < 4; di++)
+                for (int style = 0; style < 4; style++)
+                    for (int fused = 0; fused < 2; fused++) {
+                        int64_t D = Ds[di];
+                        pt_ftype wt = wts[(di + (size_t)style) % 3];
+                        float *x = malloc(sizeof(float) * (size_t)(T * D)), *y = malloc(sizeof(float) * (size_t)(T * D));
+                        float *y1 = malloc(sizeof(float) * (size_t)(T * D)), *res = malloc(sizeof(float) * (size_t)(T * D));
+                        float *res1 = malloc(sizeof(float) * (size_t)(T * D)), *wf = malloc(sizeof(float) * (size_t)D);
+                        uint16_t *wh = malloc(2 * (size_t)D);
+                        fill_bf16vals(x, T * D, -2, 2);
+                        fill_bf16vals(res, T * D, -2, 2);
+                        for (int64_t i = 0; i < D; i++) x[5 * D + i] = res[5 * D + i] = 0.0f; /* sum of squares 0 */
+                        for (int64_t i = 0; i < D; i++) x[20 * D + i] *= 3.0e18f, x[33 * D + i] *= 1.0e-19f;
+                        for (int64_t i = 0; i < D; i++) {
+                            wf[i] = rf(-1.5f, 1.5f);
+                            wh[i] = wt == PT_FT_F16 ? pt_f32_to_f16(wf[i]) : pt_f32_to_bf16(wf[i]);
+                        }
+                        const void *w = wt == PT_FT_F32 ? (const void *)wf : (const void *)wh;
+                        memcpy(res1, res, sizeof(float) * (size_t)(T * D));
+                        pt_status s = be->ops->rms_norm(be, y, x, fused ? res : NULL, T, D, w, wt,
+                                                        (pt_rms_style)style, 1e-5f);
+                        for (int64_t t = 0; t < T && s == PT_OK; t++)
+                            s = be->ops->rms_norm(be, y1 + t * D, x + t * D, fused ? res1 + t * D : NULL, 1, D, w,
+                                                  wt, (pt_rms_style)style, 1e-5f);
+                        int same = s == PT_OK && !memcmp(y, y1, sizeof(float) * (size_t)(T * D)) &&
+                                   (!fused || !memcmp(res, res1, sizeof(float) * (size_t)(T * D)));
+                        CHECK(same, "rms_norm rows: act=%d threads=%d D=%lld style=%d fused=%d wtype=%d: 37 rows "
+                                    "differ from the rows alone", am, nth, (long long)D, style, fused, (int)wt);
+                        free(x), free(y), free(y1), free(res), free(res1), free(wf), free(wh);
+                        if (!same) {
+                            pt_backend_free(&be);
+                            return;
+                        }
+                    }
+            pt_backend_free(&be);
+        }
+}
+
 /* ---- rope ---- */
 
 /* The attention references' softmax over the scores sc[lo..qp] (their
@@ -631,6 +684,7 @@ static void test_threads_bit_identical(void) {
 
 int main(void) {
     TEST_RUN(test_rms_norm);
+    TEST_RUN(test_rms_norm_rows);
     TEST_RUN(test_rope);
     TEST_RUN(test_attention);
     TEST_RUN(test_attention_errors);

@@ -183,6 +183,13 @@ typedef struct pt_cpu_kernels {
      * all-zero group); the operations of pt_cpu_quant_i8_ref, so the same
      * bits. NULL = that reference. */
     void (*quant_i8)(int8_t *xi, float *xd, const float *x, int64_t K, int gs);
+    /* RMSNorm of 16 rows (D values each, rows D apart in y, x and res; the
+     * residual add into res first when res is set; wf: the weights as f32,
+     * NULL for PT_RMS_NOSCALE; style a pt_rms_style): the operations of the
+     * scalar row loop (cpu_ops.c), each row's sum of squares added in order,
+     * so the same bits. NULL = that loop. */
+    void (*rms_norm16)(float *y, const float *x, float *res, int64_t D, const float *wf, int style, float eps,
+                       int bf16);
 } pt_cpu_kernels;
 
 void pt_cpu_group_sums_ref(float *xs, const float *x, int64_t K, int gs);

@@ -8,6 +8,7 @@
 #include "base/error.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Below this many elements an elementwise op runs on the caller alone: the
@@ -26,6 +27,7 @@ typedef struct {
     pt_ftype wt;
     pt_rms_style style;
     float eps;
+    const float *wf; /* the weights as f32 for the kernel table's rms_norm16, else NULL */
 } norm_ctx;
 
 static void norm_run(void *arg, long r0, long r1, int ith) {
@@ -34,6 +36,13 @@ static void norm_run(void *arg, long r0, long r1, int ith) {
     pt_act_dtype act = n->c->base.act;
     int64_t D = n->D;
     for (long r = r0; r < r1; r++) {
+        if (n->wf && r + 16 <= r1) { /* 16 rows at once, the same bits */
+            n->c->k->rms_norm16(n->y + r * D, n->x + r * D, n->res ? n->res + r * D : NULL, D,
+                                n->style == PT_RMS_NOSCALE ? NULL : n->wf, (int)n->style, n->eps,
+                                act == PT_ACT_BF16);
+            r += 15;
+            continue;
+        }
         const float *x = n->x + r * D;
         float *y = n->y + r * D;
         if (n->res) {
@@ -66,9 +75,17 @@ pt_status pt_cpu_rms_norm(pt_backend *be, float *y, const float *x, float *resid
                           const void *w, pt_ftype wtype, pt_rms_style style, float eps) {
     PT_ASSERT(T >= 0 && D > 0);
     PT_ASSERT(style == PT_RMS_NOSCALE || w != NULL);
-    norm_ctx n = {pt_cpu_of(be), y, x, residual, T, D, w, wtype, style, eps};
+    pt_cpu *c = pt_cpu_of(be);
+    norm_ctx n = {c, y, x, residual, T, D, w, wtype, style, eps, NULL};
+    /* prefill: 16 rows at a time by the kernel table's rms_norm16 (the weights converted once) */
+    float *wf = NULL;
+    if (T >= 16 && c->k->rms_norm16 && (wf = malloc(sizeof(float) * (size_t)D))) {
+        if (style != PT_RMS_NOSCALE) pt_ft_load_row(wtype, w, wf, D);
+        n.wf = wf;
+    }
     if (T * D < PT_CPU_PAR_MIN) norm_run(&n, 0, (long)T, 0);
-    else pt_pool_for(pt_cpu_of(be)->pool, (long)T, 1, norm_run, &n);
+    else pt_pool_for(c->pool, (long)T, wf ? 16 : 1, norm_run, &n);
+    free(wf);
     return PT_OK;
 }
 

@@ -605,6 +605,80 @@ static void silu_mul(float *y, const float *g, const float *u, int64_t n, int bf
     }
 }
 
+/* b[j][r] = a[r][j] for a 16 × 16 block of floats (rows a[0..15]). */
+static inline void transpose16(__m512 a[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(a[i], a[i + 1]), t[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+    /* u[4q + c]: rows 4q … 4q + 3, element c + 4l in 128-bit lane l */
+    for (int q = 0; q < 4; q++)
+        for (int h = 0; h < 2; h++) {
+            const __m512d lo = _mm512_castps_pd(t[4 * q + h]), hi = _mm512_castps_pd(t[4 * q + 2 + h]);
+            u[4 * q + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
+            u[4 * q + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
+        }
+    for (int c = 0; c < 4; c++) {
+        const __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
+        const __m512 wa = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
+                     wb = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
+        a[c] = _mm512_shuffle_f32x4(va, wa, 0x88);
+        a[c + 8] = _mm512_shuffle_f32x4(va, wa, 0xdd);
+        a[c + 4] = _mm512_shuffle_f32x4(vb, wb, 0x88);
+        a[c + 12] = _mm512_shuffle_f32x4(vb, wb, 0xdd);
+    }
+}
+
+/* RMSNorm of 16 rows (D values each, rows D apart in y, x and res) with the
+ * operations of cpu_ops.c's scalar loop: the residual h = round(h + x)
+ * first, each row's sum of squares in order i = 0 … D − 1 in its own lane
+ * (the squares of 16 columns transposed 16 × 16, then added one column at a
+ * time; zeros past D add nothing), inv = 1 / sqrtf(ss / D + eps), then the
+ * style's products with wf (the weights as f32) and roundings. */
+static void rms_norm16(float *y, const float *x, float *res, int64_t D, const float *wf, int style, float eps,
+                       int bf16) {
+    const float *xr[16];
+    for (int r = 0; r < 16; r++) {
+        xr[r] = x + r * D;
+        if (!res) continue;
+        float *h = res + r * D;
+        for (int64_t i = 0; i < D; i += 16) {
+            const __mmask16 m = D - i >= 16 ? (__mmask16)0xffff : tail_mask(D - i);
+            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, h + i), _mm512_maskz_loadu_ps(m, x + r * D + i));
+            _mm512_mask_storeu_ps(h + i, m, bf16 ? pt_cpu_round_bf16_x16(v) : v);
+        }
+        xr[r] = h;
+    }
+    __m512 ss = _mm512_setzero_ps();
+    for (int64_t i = 0; i < D; i += 16) {
+        const __mmask16 m = D - i >= 16 ? (__mmask16)0xffff : tail_mask(D - i);
+        __m512 a[16];
+        for (int r = 0; r < 16; r++) {
+            const __m512 v = _mm512_maskz_loadu_ps(m, xr[r] + i);
+            a[r] = _mm512_mul_ps(v, v);
+        }
+        transpose16(a);
+        for (int j = 0; j < 16; j++) ss = _mm512_add_ps(ss, a[j]);
+    }
+    float sv[16];
+    _mm512_storeu_ps(sv, ss);
+    for (int r = 0; r < 16; r++) {
+        const __m512 inv = _mm512_set1_ps(1.0f / sqrtf(sv[r] / (float)D + eps)), one = _mm512_set1_ps(1.0f);
+        float *yr = y + r * D;
+        for (int64_t i = 0; i < D; i += 16) {
+            const __mmask16 m = D - i >= 16 ? (__mmask16)0xffff : tail_mask(D - i);
+            const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr[r] + i), inv);
+            const __m512 w = _mm512_maskz_loadu_ps(m, wf ? wf + i : xr[r] + i);
+            __m512 o;
+            switch (style) {
+            case PT_RMS_W: o = _mm512_mul_ps(w, bf16 ? pt_cpu_round_bf16_x16(v) : v); break;
+            case PT_RMS_W_F32: o = _mm512_mul_ps(v, w); break;
+            case PT_RMS_1PW: o = _mm512_mul_ps(v, _mm512_add_ps(one, w)); break;
+            default: o = v; break;
+            }
+            _mm512_mask_storeu_ps(yr + i, m, bf16 ? pt_cpu_round_bf16_x16(o) : o);
+        }
+    }
+}
+
 /* ---- int8 activations (L3 lever; AVX-512 VNNI on 256-bit vectors) ----
  * vpdpbusd multiplies 32 unsigned codes by 32 signed int8 activations and
  * adds groups of four into 8 int32 lanes: the dot of a 64-value 4-bit chunk
@@ -871,4 +945,5 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .group_sums = group_sums,
     .quant_i8 = quant_i8,
     .silu_mul = silu_mul,
+    .rms_norm16 = rms_norm16,
 };
