@@ -305,6 +305,50 @@ static inline void pt_cpu_panel_store16(float *y, const float *F, int64_t t0, in
         if (m1) _mm512_mask_storeu_ps(yr + 16, m1, v1);
     }
 }
+/* The AMX GEMMs' fold (gemm_bf16_avx512.c, gemm_i8_avx512.c): groups
+ * [g0, g1) of a 32-token block's stored sums Cb [g − g0][4][16][16] (f32, or
+ * int32 when xd is set) into F [32 tokens][32 rows] for the block's tokens
+ * o … o + 7 (tx: their rows of xs and xd; a padding token repeats the last
+ * and its results are dropped), group by group in order with F in
+ * registers: F = fma(sum, sc, F) — i8 (int32 sums): F = fma(f32(sum), sc·xd,
+ * F) — then F = fma(bias, Σx_g, F); S, B: the panel's scales and biases
+ * [ng][32]. i8 is a constant at each call, so each GEMM gets its own loop. */
+static inline void pt_cpu_amx_fold8(float *F, const void *Cb, const float *S, const float *B, const float *xs,
+                                    const int i8, const float *xd, const int64_t tx[8], int64_t ng, int64_t g0,
+                                    int64_t g1, int o) {
+#define PT_X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define PT_AL(t) __m512 f##t##a = _mm512_loadu_ps(F + (o + t) * 32), f##t##b = _mm512_loadu_ps(F + (o + t) * 32 + 16);
+    PT_X8(PT_AL)
+    for (int64_t g = g0; g < g1; g++) {
+        const size_t at = (size_t)(g - g0) * 1024 + (size_t)(o / 16) * 512 + (size_t)(o % 16) * 16;
+        const float *cf = (const float *)Cb + at;
+        const int32_t *ci = (const int32_t *)Cb + at;
+        const __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
+        const __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
+#define PT_AF(t)                                                                                               \
+    {                                                                                                          \
+        const __m512 e_ = _mm512_set1_ps(xs[tx[t] * ng + g]);                                                  \
+        __m512 ia_, ib_, sa_ = s0, sb_ = s1;                                                                   \
+        if (i8) {                                                                                              \
+            const __m512 d_ = _mm512_set1_ps(xd[tx[t] * ng + g]);                                              \
+            ia_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(ci + t * 16)));                         \
+            ib_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(ci + 256 + t * 16)));                   \
+            sa_ = _mm512_mul_ps(s0, d_), sb_ = _mm512_mul_ps(s1, d_);                                          \
+        } else {                                                                                               \
+            ia_ = _mm512_loadu_ps(cf + t * 16), ib_ = _mm512_loadu_ps(cf + 256 + t * 16);                      \
+        }                                                                                                      \
+        f##t##a = _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(ia_, sa_, f##t##a));                                 \
+        f##t##b = _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(ib_, sb_, f##t##b));                                 \
+    }
+        PT_X8(PT_AF)
+    }
+#define PT_AS(t) _mm512_storeu_ps(F + (o + t) * 32, f##t##a), _mm512_storeu_ps(F + (o + t) * 32 + 16, f##t##b);
+    PT_X8(PT_AS)
+#undef PT_AS
+#undef PT_AF
+#undef PT_AL
+#undef PT_X8
+}
 /* The two cache lines of each output row the next tile (tokens t1 … t1 +
  * mr − 1, clipped at T) will store (y[t·N + p0 …], 128 bytes), fetched for
  * writing while the current tile computes: the rows are N floats apart, so
@@ -367,11 +411,74 @@ size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng);
 /* Groups whose four C tiles an AMX GEMM stores before it folds them (32 KiB
  * of f32 or int32 sums per thread). */
 #define PT_CPU_AMX_CHUNK 8
-/* Loads the AMX GEMMs' tile configuration on the calling thread with an
- * inline ldtilecfg (gcc 12's _tile_loadconfig intrinsic is miscompiled):
- * palette 1; tiles 0-3 (C) 16 rows of 64 bytes; 4-5 (A: 16 tokens of x) 16
- * rows of a_bytes; 6-7 (B: the weight panel) b_rows rows of 64 bytes. */
-#if defined(__x86_64__)
+/* The AMX GEMMs' tile operations (gemm_bf16_avx512.c, gemm_i8_avx512.c).
+ *
+ * pt_cpu_amx_config(a_bytes, b_rows) loads the tile configuration on the
+ * calling thread with an inline ldtilecfg (gcc 12's _tile_loadconfig
+ * intrinsic is miscompiled): palette 1; tiles 0-3 (C) 16 rows of 64 bytes;
+ * 4-5 (A: 16 tokens of x) 16 rows of a_bytes; 6-7 (B: the weight panel)
+ * b_rows rows of 64 bytes. PT_CPU_AMX_RELEASE() ends a job's tile use.
+ *
+ * PT_CPU_AMX_GROUP(KIND, a0, a_next, a_step, sa, b0, b_step, steps, cg): one
+ * group of a 32-token × 32-row block into its stored C tiles: tmm0-3 zeroed,
+ * then for each of `steps` k steps the A tiles (tmm4 tokens 0-15 at a0, tmm5
+ * tokens 16-31 at a0 + a_next bytes; rows sa bytes apart) and the B tiles
+ * (tmm6 rows 0-15 at b0, tmm7 rows 16-31 at b0 + 64 bytes; rows 128 bytes
+ * apart) multiplied by KIND (bf16: TDPBF16PS, f32 sums of bf16 pairs;
+ * bsud: TDPBSUD, int32 sums of signed x bytes by unsigned code bytes) into
+ * tmm0 (tokens 0-15 × rows 0-15), tmm1 (× rows 16-31), tmm2, tmm3 (tokens
+ * 16-31); a0 and b0 advance by a_step and b_step bytes per step; then the
+ * four stored at cg, 1 KiB apart, rows 64 bytes apart.
+ *
+ * With PT_AMX_EMULATE defined (tests/test_cpu_amx_emul.c only) the same
+ * operations are C code on a per-thread copy of the tile registers'
+ * configuration, so the GEMMs' addressing, loops and folds run on any
+ * AVX-512 CPU: TDPBSUD exactly (integers), TDPBF16PS as f32 multiply-adds
+ * of the bf16 pairs (AMX rounds its sums its own way). */
+#if defined(PT_AMX_EMULATE)
+typedef struct {
+    int a_bytes, b_rows;
+} pt_amx_emu_cfg;
+extern __thread pt_amx_emu_cfg pt_amx_emu;
+static inline void pt_cpu_amx_config(int a_bytes, int b_rows) {
+    pt_amx_emu.a_bytes = a_bytes;
+    pt_amx_emu.b_rows = b_rows;
+}
+#define PT_CPU_AMX_RELEASE() ((void)0)
+/* one k step of KIND into C [4][16][16] (4-byte sums) from the A tiles at a, a + a_next and B at b, b + 64 */
+static inline void pt_amx_emu_step(int bf16, void *C, const char *a, long a_next, long sa, const char *b) {
+    for (int c = 0; c < 4; c++) {
+        const char *ab = a + (c >> 1) * a_next, *bb = b + (c & 1) * 64;
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 16; n++)
+                for (int k = 0; k < pt_amx_emu.b_rows; k++) {
+                    const char *ar = ab + m * sa + 4 * k, *br = bb + k * 128 + 4 * n;
+                    if (bf16) {
+                        float *cf = (float *)C + c * 256 + m * 16 + n;
+                        for (int i = 0; i < 2; i++) {
+                            uint16_t x, w;
+                            memcpy(&x, ar + 2 * i, 2);
+                            memcpy(&w, br + 2 * i, 2);
+                            *cf += pt_bf16_to_f32(x) * pt_bf16_to_f32(w);
+                        }
+                    } else {
+                        int32_t *ci = (int32_t *)C + c * 256 + m * 16 + n;
+                        for (int i = 0; i < 4; i++) *ci += (int32_t)(int8_t)ar[i] * (int32_t)(uint8_t)br[i];
+                    }
+                }
+    }
+}
+#define PT_CPU_AMX_GROUP(KIND, a0_, a_next, a_step, sa_, b0_, b_step, steps, cg_)                                    \
+    do {                                                                                                              \
+        const char *a_ = (const char *)(a0_), *b_ = (const char *)(b0_);                                              \
+        char *c_ = (char *)(cg_);                                                                                     \
+        memset(c_, 0, 4096);                                                                                          \
+        for (int64_t s_ = 0; s_ < (steps); s_++, a_ += (a_step), b_ += (b_step))                                       \
+            pt_amx_emu_step(PT_AMX_EMU_##KIND, c_, a_, (long)(a_next), (long)(sa_), b_);                              \
+    } while (0)
+#define PT_AMX_EMU_bf16 1
+#define PT_AMX_EMU_bsud 0
+#elif defined(__x86_64__)
 static inline void pt_cpu_amx_config(int a_bytes, int b_rows) {
     struct {
         uint8_t palette, start_row, reserved[14];
@@ -386,6 +493,33 @@ static inline void pt_cpu_amx_config(int a_bytes, int b_rows) {
     }
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
+#define PT_CPU_AMX_RELEASE() __asm__ volatile("tilerelease" ::)
+#define PT_AMX_INSN_bf16 "tdpbf16ps"
+#define PT_AMX_INSN_bsud "tdpbsud"
+#define PT_CPU_AMX_GROUP(KIND, a0_, a_next, a_step, sa_, b0_, b_step, steps, cg_)                                    \
+    do {                                                                                                              \
+        const char *a_ = (const char *)(a0_), *b_ = (const char *)(b0_);                                              \
+        const long sa__ = (long)(sa_), sb__ = 128, sc__ = 64;                                                         \
+        char *c_ = (char *)(cg_);                                                                                     \
+        __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);              \
+        for (int64_t s_ = 0; s_ < (steps); s_++, a_ += (a_step), b_ += (b_step))                                       \
+            __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"                                                         \
+                             "tileloadd (%1,%4,1), %%tmm5\n\t"                                                         \
+                             "tileloadd (%2,%5,1), %%tmm6\n\t"                                                         \
+                             "tileloadd (%3,%5,1), %%tmm7\n\t" PT_AMX_INSN_##KIND " %%tmm6, %%tmm4, %%tmm0\n\t"         \
+                             PT_AMX_INSN_##KIND " %%tmm7, %%tmm4, %%tmm1\n\t" PT_AMX_INSN_##KIND                        \
+                             " %%tmm6, %%tmm5, %%tmm2\n\t" PT_AMX_INSN_##KIND " %%tmm7, %%tmm5, %%tmm3"                  \
+                             :                                                                                        \
+                             : "r"(a_), "r"(a_ + (a_next)), "r"(b_), "r"(b_ + 64), "r"(sa__), "r"(sb__)               \
+                             : "memory");                                                                             \
+        __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"                                                           \
+                         "tilestored %%tmm1, (%1,%4,1)\n\t"                                                           \
+                         "tilestored %%tmm2, (%2,%4,1)\n\t"                                                           \
+                         "tilestored %%tmm3, (%3,%4,1)"                                                                \
+                         :                                                                                            \
+                         : "r"(c_), "r"(c_ + 1024), "r"(c_ + 2048), "r"(c_ + 3072), "r"(sc__)                         \
+                         : "memory");                                                                                 \
+    } while (0)
 #endif
 /* dst[j] = x[j] as bf16 for j < K; 0 (dst partly written) when a value is not
  * exactly a finite bf16 or is subnormal (vdpbf16ps reads those as zero). */

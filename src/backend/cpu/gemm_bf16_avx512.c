@@ -227,6 +227,11 @@ void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, 
 #define AMX_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for an extended state component */
 #define AMX_XTILEDATA 18          /* the tile data state component */
 
+#if defined(PT_AMX_EMULATE)
+/* tests/test_cpu_amx_emul.c: the tile operations are C code (cpu_internal.h) */
+int pt_cpu_amx_available(void) { return 1; }
+int pt_cpu_amx_i8_available(void) { return 1; }
+#else
 static int amx_state = -1; /* bit 0: AMX-BF16 usable, bit 1: AMX-INT8 usable */
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
@@ -255,6 +260,7 @@ int pt_cpu_amx_i8_available(void) {
     pthread_once(&amx_once, amx_probe);
     return (amx_state & 2) != 0;
 }
+#endif
 
 #define AMX_CHUNK PT_CPU_AMX_CHUNK
 
@@ -276,7 +282,6 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
     float *F = Cb + AMX_CHUNK * 1024; /* [32 tokens][32 rows] */
     pt_cpu_amx_config(64, 16);
-    const long sa = (long)K * 2, sb = 128, sc = 64; /* row strides in bytes: x, the panel, a stored C tile */
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
@@ -287,61 +292,21 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
             for (int64_t g0 = 0; g0 < ng; g0 += AMX_CHUNK) {
                 int64_t g1 = g0 + AMX_CHUNK < ng ? g0 + AMX_CHUNK : ng;
                 /* the chunk's sums, group by group into its stored tiles ... */
-                for (int64_t g = g0; g < g1; g++) {
-                    float *cg = Cb + (g - g0) * 1024;
-                    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
-                    for (int64_t k = g * gs; k < (g + 1) * gs; k += 32) {
-                        const uint16_t *a0 = m->xb + t0 * K + k, *a1 = a0 + 16 * K, *b0 = P + k * 32, *b1 = b0 + 32;
-                        __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
-                                         "tileloadd (%1,%4,1), %%tmm5\n\t"
-                                         "tileloadd (%2,%5,1), %%tmm6\n\t"
-                                         "tileloadd (%3,%5,1), %%tmm7\n\t"
-                                         "tdpbf16ps %%tmm6, %%tmm4, %%tmm0\n\t"
-                                         "tdpbf16ps %%tmm7, %%tmm4, %%tmm1\n\t"
-                                         "tdpbf16ps %%tmm6, %%tmm5, %%tmm2\n\t"
-                                         "tdpbf16ps %%tmm7, %%tmm5, %%tmm3"
-                                         :
-                                         : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
-                                         : "memory");
-                    }
-                    __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
-                                     "tilestored %%tmm1, (%1,%4,1)\n\t"
-                                     "tilestored %%tmm2, (%2,%4,1)\n\t"
-                                     "tilestored %%tmm3, (%3,%4,1)"
-                                     :
-                                     : "r"(cg), "r"(cg + 256), "r"(cg + 512), "r"(cg + 768), "r"(sc)
-                                     : "memory");
-                }
+                for (int64_t g = g0; g < g1; g++) /* k steps of 32 values: 64 bytes of x, 16 pair rows of the panel */
+                    PT_CPU_AMX_GROUP(bf16, m->xb + t0 * K + g * gs, 32 * K, 64, K * 2, P + g * gs * 32, 2048,
+                                     gs / 32, Cb + (g - g0) * 1024);
                 /* ... then folded eight tokens at a time, F in registers across the chunk, group by group in
                  * order: F = fma(sum, scale, F), F = fma(bias, Σx_g, F) (a padding token's sums are dropped) */
                 for (int o = 0; o < 32; o += 8) {
                     int64_t tx[8];
                     for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
-#define AL(t) __m512 f##t##a = _mm512_loadu_ps(F + (o + t) * 32), f##t##b = _mm512_loadu_ps(F + (o + t) * 32 + 16);
-                    X8(AL)
-#undef AL
-                    for (int64_t g = g0; g < g1; g++) {
-                        const float *cg = Cb + (g - g0) * 1024 + (o / 16) * 512 + (o % 16) * 16;
-                        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
-                        __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
-#define AF(t)                                                                                                  \
-    {                                                                                                          \
-        __m512 e_ = _mm512_set1_ps(m->xs[tx[t] * ng + g]);                                                     \
-        f##t##a = _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(_mm512_loadu_ps(cg + t * 16), s0, f##t##a));          \
-        f##t##b = _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(_mm512_loadu_ps(cg + 256 + t * 16), s1, f##t##b));    \
-    }
-                        X8(AF)
-#undef AF
-                    }
-#define AS(t) _mm512_storeu_ps(F + (o + t) * 32, f##t##a), _mm512_storeu_ps(F + (o + t) * 32 + 16, f##t##b);
-                    X8(AS)
-#undef AS
+                    pt_cpu_amx_fold8(F, Cb, S, B, m->xs, 0, NULL, tx, ng, g0, g1, o);
                 }
             }
             store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, bias);
         }
     }
-    __asm__ volatile("tilerelease" ::);
+    PT_CPU_AMX_RELEASE();
 }
 
 void pt_cpu_gemm_amx(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,

@@ -391,7 +391,6 @@ static void amx8_panels(void *arg, long n0, long n1, int ith) {
     int32_t *Cb = (int32_t *)(((uintptr_t)end + 63) & ~(uintptr_t)63);
     float *F = (float *)(Cb + PT_CPU_AMX_CHUNK * 1024); /* [32 tokens][32 rows] */
     pt_cpu_amx_config((int)ks, (int)(ks / 4));
-    const long sa = (long)K, sb = 128, sc = 64; /* row strides in bytes: x, the panel, a stored C tile */
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel_i8(m, p0, nr, P, S, B, rows);
@@ -401,57 +400,14 @@ static void amx8_panels(void *arg, long n0, long n1, int ith) {
             for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
             for (int64_t g0 = 0; g0 < ng; g0 += PT_CPU_AMX_CHUNK) {
                 int64_t g1 = g0 + PT_CPU_AMX_CHUNK < ng ? g0 + PT_CPU_AMX_CHUNK : ng;
-                for (int64_t g = g0; g < g1; g++) {
-                    int32_t *cg = Cb + (g - g0) * 1024;
-                    __asm__ volatile("tilezero %%tmm0\n\ttilezero %%tmm1\n\ttilezero %%tmm2\n\ttilezero %%tmm3" ::);
-                    for (int64_t k = g * gs; k < (g + 1) * gs; k += ks) {
-                        const int8_t *a0 = m->xq + t0 * K + k, *a1 = a0 + 16 * K;
-                        const uint8_t *b0 = P + k * 32, *b1 = b0 + 64;
-                        __asm__ volatile("tileloadd (%0,%4,1), %%tmm4\n\t"
-                                         "tileloadd (%1,%4,1), %%tmm5\n\t"
-                                         "tileloadd (%2,%5,1), %%tmm6\n\t"
-                                         "tileloadd (%3,%5,1), %%tmm7\n\t"
-                                         "tdpbsud %%tmm6, %%tmm4, %%tmm0\n\t"
-                                         "tdpbsud %%tmm7, %%tmm4, %%tmm1\n\t"
-                                         "tdpbsud %%tmm6, %%tmm5, %%tmm2\n\t"
-                                         "tdpbsud %%tmm7, %%tmm5, %%tmm3"
-                                         :
-                                         : "r"(a0), "r"(a1), "r"(b0), "r"(b1), "r"(sa), "r"(sb)
-                                         : "memory");
-                    }
-                    __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\t"
-                                     "tilestored %%tmm1, (%1,%4,1)\n\t"
-                                     "tilestored %%tmm2, (%2,%4,1)\n\t"
-                                     "tilestored %%tmm3, (%3,%4,1)"
-                                     :
-                                     : "r"(cg), "r"(cg + 256), "r"(cg + 512), "r"(cg + 768), "r"(sc)
-                                     : "memory");
-                }
+                for (int64_t g = g0; g < g1; g++) /* k steps of ks bytes of x, ks/4 quad rows of the panel */
+                    PT_CPU_AMX_GROUP(bsud, m->xq + t0 * K + g * gs, 16 * K, ks, K, P + g * gs * 32, ks * 32,
+                                     gs / ks, Cb + (g - g0) * 1024);
                 /* tmm0: tokens 0-15 × rows 0-15, tmm1: tokens 0-15 × rows 16-31, tmm2, tmm3: tokens 16-31 */
                 for (int o = 0; o < 32; o += 8) {
                     int64_t tx[8];
                     for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
-#define AL(t) __m512 f##t##a = _mm512_loadu_ps(F + (o + t) * 32), f##t##b = _mm512_loadu_ps(F + (o + t) * 32 + 16);
-                    X8(AL)
-#undef AL
-                    for (int64_t g = g0; g < g1; g++) {
-                        const int32_t *cg = Cb + (g - g0) * 1024 + (o / 16) * 512 + (o % 16) * 16;
-                        __m512 s0 = _mm512_loadu_ps(S + g * 32), s1 = _mm512_loadu_ps(S + g * 32 + 16);
-                        __m512 c0 = _mm512_loadu_ps(B + g * 32), c1 = _mm512_loadu_ps(B + g * 32 + 16);
-#define AF(t)                                                                                                  \
-    {                                                                                                          \
-        __m512 d_ = _mm512_set1_ps(m->xd[tx[t] * ng + g]), e_ = _mm512_set1_ps(m->xs[tx[t] * ng + g]);         \
-        __m512 ia_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(cg + t * 16)));                      \
-        __m512 ib_ = _mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(cg + 256 + t * 16)));                \
-        f##t##a = _mm512_fmadd_ps(c0, e_, _mm512_fmadd_ps(ia_, _mm512_mul_ps(s0, d_), f##t##a));               \
-        f##t##b = _mm512_fmadd_ps(c1, e_, _mm512_fmadd_ps(ib_, _mm512_mul_ps(s1, d_), f##t##b));               \
-    }
-                        X8(AF)
-#undef AF
-                    }
-#define AS(t) _mm512_storeu_ps(F + (o + t) * 32, f##t##a), _mm512_storeu_ps(F + (o + t) * 32 + 16, f##t##b);
-                    X8(AS)
-#undef AS
+                    pt_cpu_amx_fold8(F, Cb, S, B, m->xs, 1, m->xd, tx, ng, g0, g1, o);
                 }
             }
             pt_cpu_panel_prefetch(m->y, t0 + 32, T, 32, p0, w->rows);
@@ -459,7 +415,7 @@ static void amx8_panels(void *arg, long n0, long n1, int ith) {
                                  m->c->base.act);
         }
     }
-    __asm__ volatile("tilerelease" ::);
+    PT_CPU_AMX_RELEASE();
 }
 
 void pt_cpu_gemm_amx_i8(pt_cpu *c, float *y, const int8_t *xq, const float *xd, const float *xs, int64_t T,
