@@ -184,6 +184,44 @@ static void test_rope(void) {
     }
 }
 
+/* The AVX-512 kernel table's rope_rot against the scalar ISA's loop, bit for
+ * bit: head dims and rotary widths on and off the multiples of 32 (half
+ * widths 4, 20, 32, 64), bf16 and f32 activations, ±0, huge and tiny values
+ * in x, 1 and 3 heads, positions up to 4095. */
+static void test_rope_rows(void) {
+    static const int cfg[][3] = {{8, 8, 1}, {64, 40, 3}, {64, 64, 3}, {128, 128, 1}}; /* hd, rot, heads */
+    for (int am = 0; am < 2; am++) {
+        pt_act_dtype act = am ? PT_ACT_BF16 : PT_ACT_F32;
+        pt_backend *bv = mk(2, act, PT_ISA_AVX512), *bs = mk(2, act, PT_ISA_SCALAR);
+        if (!bv || !bs) {
+            pt_backend_free(&bv);
+            pt_backend_free(&bs);
+            TEST_SKIP("no AVX-512");
+        }
+        for (int ci = 0; ci < 4; ci++) {
+            int hd = cfg[ci][0], rot = cfg[ci][1], nh = cfg[ci][2];
+            int64_t T = 37, n = T * nh * hd;
+            float inv[64];
+            for (int i = 0; i < rot / 2; i++) inv[i] = powf(500000.0f, -2.0f * i / rot);
+            pt_rope r = {.rot_dim = rot, .inv_freq = inv, .attn_scale = ci == 1 ? 1.25f : 1.0f};
+            int32_t pos[37];
+            for (int t = 0; t < T; t++) pos[t] = t * 113 % 4096;
+            float *x = malloc(sizeof(float) * (size_t)n), *xs = malloc(sizeof(float) * (size_t)n);
+            fill_bf16vals(x, n, -2, 2);
+            x[0] = 0.0f, x[rot / 2] = -0.0f, x[1] = -0.0f, x[1 + rot / 2] = 0.0f, x[hd + 2] = 3.0e30f, x[hd + 3] = -1.0e-30f;
+            memcpy(xs, x, sizeof(float) * (size_t)n);
+            REQUIRE(bv->ops->rope(bv, x, T, nh, hd, pos, &r) == PT_OK && bs->ops->rope(bs, xs, T, nh, hd, pos, &r) == PT_OK,
+                    "rope");
+            int same = !memcmp(x, xs, sizeof(float) * (size_t)n);
+            CHECK(same, "rope act=%d hd=%d rot=%d heads=%d: the AVX-512 kernel differs from the scalar loop", am, hd,
+                  rot, nh);
+            free(x), free(xs);
+        }
+        pt_backend_free(&bv);
+        pt_backend_free(&bs);
+    }
+}
+
 /* ---- attention ---- */
 
 typedef struct {
@@ -686,6 +724,7 @@ int main(void) {
     TEST_RUN(test_rms_norm);
     TEST_RUN(test_rms_norm_rows);
     TEST_RUN(test_rope);
+    TEST_RUN(test_rope_rows);
     TEST_RUN(test_attention);
     TEST_RUN(test_attention_errors);
     TEST_RUN(test_attention_quantized_kv);

@@ -190,6 +190,10 @@ typedef struct pt_cpu_kernels {
      * so the same bits. NULL = that loop. */
     void (*rms_norm16)(float *y, const float *x, float *res, int64_t D, const float *wf, int style, float eps,
                        int bf16);
+    /* RoPE of one head in place (its first 2·half values; cs, sn: the
+     * token's cos and sin, already scaled and rounded): the scalar loop's
+     * operations (cpu_ops.c), so the same bits. NULL = that loop. */
+    void (*rope_rot)(float *v, const float *cs, const float *sn, int half, int bf16);
 } pt_cpu_kernels;
 
 void pt_cpu_group_sums_ref(float *xs, const float *x, int64_t K, int gs);

@@ -118,6 +118,10 @@ static void rope_run(void *arg, long i0, long i1, int ith) {
             }
         }
         float *v = r->x + it * r->hd;
+        if (r->c->k->rope_rot) {
+            r->c->k->rope_rot(v, cs, sn, half, act == PT_ACT_BF16);
+            continue;
+        }
         for (int i = 0; i < half; i++) {
             float a = v[i], b = v[i + half];
             v[i] = pt_act_round(act, pt_act_round(act, a * cs[i]) + pt_act_round(act, -b * sn[i]));

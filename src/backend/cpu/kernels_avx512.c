@@ -605,6 +605,27 @@ static void silu_mul(float *y, const float *g, const float *u, int64_t n, int bf
     }
 }
 
+/* RoPE of one head's first 2·half values in place: the operations of
+ * cpu_ops.c's rope loop on 16 lanes (v[i] = r(r(a·c) + r(−b·s)), v[i + half]
+ * = r(r(b·c) + r(a·s)) with a = v[i], b = v[i + half], r = the activation
+ * rounding), so the same bits. */
+static void rope_rot(float *v, const float *cs, const float *sn, int half, int bf16) {
+    for (int i = 0; i < half; i += 16) {
+        const __mmask16 m = half - i >= 16 ? (__mmask16)0xffff : tail_mask(half - i);
+        const __m512 a = _mm512_maskz_loadu_ps(m, v + i), b = _mm512_maskz_loadu_ps(m, v + half + i);
+        const __m512 c = _mm512_maskz_loadu_ps(m, cs + i), s = _mm512_maskz_loadu_ps(m, sn + i);
+        const __m512 nb = _mm512_xor_ps(b, _mm512_set1_ps(-0.0f)); /* −b: the sign flipped, as the scalar loop */
+        __m512 p0 = _mm512_mul_ps(a, c), p1 = _mm512_mul_ps(nb, s), p2 = _mm512_mul_ps(b, c), p3 = _mm512_mul_ps(a, s);
+        if (bf16)
+            p0 = pt_cpu_round_bf16_x16(p0), p1 = pt_cpu_round_bf16_x16(p1), p2 = pt_cpu_round_bf16_x16(p2),
+            p3 = pt_cpu_round_bf16_x16(p3);
+        __m512 lo = _mm512_add_ps(p0, p1), hi = _mm512_add_ps(p2, p3);
+        if (bf16) lo = pt_cpu_round_bf16_x16(lo), hi = pt_cpu_round_bf16_x16(hi);
+        _mm512_mask_storeu_ps(v + i, m, lo);
+        _mm512_mask_storeu_ps(v + half + i, m, hi);
+    }
+}
+
 /* b[j][r] = a[r][j] for a 16 × 16 block of floats (rows a[0..15]). */
 static inline void transpose16(__m512 a[16]) {
     __m512 t[16], u[16];
@@ -946,4 +967,5 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .quant_i8 = quant_i8,
     .silu_mul = silu_mul,
     .rms_norm16 = rms_norm16,
+    .rope_rot = rope_rot,
 };
