@@ -16,6 +16,32 @@
 #include <math.h>
 #include <stdint.h>
 
+/* ---- memory ---- */
+
+/* The backend's allocations, heap-sized and mapped (256 KiB and more): 64-byte
+ * aligned, zeroed (also a heap block reusing memory a freed block had
+ * filled), writable to their last byte, and freed again. */
+static void test_alloc(void) {
+    static const size_t sizes[] = {0, 1, 64, 100000, (size_t)256 << 10, (size_t)3 << 20, (size_t)64 << 20};
+    pt_backend *be = mk(1, PT_ACT_F32, PT_ISA_AUTO);
+    REQUIRE(be, "backend");
+    for (int round = 0; round < 2; round++)
+        for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+            size_t n = sizes[i];
+            uint8_t *p = be->ops->alloc(be, n);
+            REQUIRE(p, "alloc %zu: %s", n, pt_last_error());
+            CHECK(((uintptr_t)p & 63) == 0, "alloc %zu: not 64-byte aligned", n);
+            int zero = 1;
+            for (size_t j = 0; j < n; j += n > 4096 ? 4093 : 1) zero &= p[j] == 0;
+            if (n) zero &= p[n - 1] == 0;
+            CHECK(zero, "alloc %zu (round %d): not zeroed", n, round);
+            if (n) memset(p, 0xa5, n); /* dirty it for the next round's heap blocks */
+            be->ops->dealloc(be, p);
+        }
+    be->ops->dealloc(be, NULL);
+    pt_backend_free(&be);
+}
+
 /* ---- rms_norm ---- */
 
 static void test_rms_norm(void) {
@@ -721,6 +747,7 @@ static void test_threads_bit_identical(void) {
 }
 
 int main(void) {
+    TEST_RUN(test_alloc);
     TEST_RUN(test_rms_norm);
     TEST_RUN(test_rms_norm_rows);
     TEST_RUN(test_rope);

@@ -59,24 +59,60 @@ static pt_status pick_isa(pt_cpu_isa want, pt_cpu_isa *out) {
 
 /* ---- memory ---- */
 
+/* Every block has a 64-byte header in front of it saying where it came
+ * from. Blocks of PT_CPU_MAP_MIN bytes or more are anonymous mappings: the
+ * kernel hands their pages out zeroed on first touch, so a session's
+ * chunk-sized forward buffers (most of which a decode step never touches)
+ * cost neither a memset nor resident memory when the session is made.
+ * Smaller blocks come from the heap and are zeroed here. */
+#define PT_CPU_MAP_MIN ((size_t)256 << 10)
+#define PT_CPU_BLK_HEAP 0x70656150u /* header magic: heap block */
+#define PT_CPU_BLK_MAP 0x70614d50u  /* header magic: mapped block */
+typedef struct {
+    uint32_t magic;
+    uint32_t pad0;
+    size_t len; /* a mapped block: the mapping's length, header included */
+    uint8_t pad[48];
+} cpu_blk;
+_Static_assert(sizeof(cpu_blk) == 64, "a block's header keeps it 64-byte aligned");
+
 static void *cpu_alloc(pt_backend *be, size_t bytes) {
     (void)be;
     size_t n = (bytes + 63) & ~(size_t)63;
-    if (n < bytes) {
+    if (n < bytes || n + sizeof(cpu_blk) < n) {
         pt_error(PT_ERR_NOMEM, "allocation of %zu bytes overflows", bytes);
         return NULL;
     }
-    void *p = aligned_alloc(64, n ? n : 64);
-    if (!p) {
-        pt_error(PT_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
-        return NULL;
+    if (n == 0) n = 64;
+    const size_t len = n + sizeof(cpu_blk);
+    cpu_blk *h;
+    if (n >= PT_CPU_MAP_MIN) {
+        void *b = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (b == MAP_FAILED) {
+            pt_error(PT_ERR_NOMEM, "out of memory mapping %zu bytes", bytes);
+            return NULL;
+        }
+        h = b;
+        h->magic = PT_CPU_BLK_MAP;
+        h->len = len;
+    } else {
+        h = aligned_alloc(64, len);
+        if (!h) {
+            pt_error(PT_ERR_NOMEM, "out of memory allocating %zu bytes", bytes);
+            return NULL;
+        }
+        memset(h, 0, len);
+        h->magic = PT_CPU_BLK_HEAP;
     }
-    memset(p, 0, n ? n : 64);
-    return p;
+    return h + 1;
 }
 static void cpu_dealloc(pt_backend *be, void *p) {
     (void)be;
-    free(p);
+    if (!p) return;
+    cpu_blk *h = (cpu_blk *)p - 1;
+    PT_ASSERT(h->magic == PT_CPU_BLK_MAP || h->magic == PT_CPU_BLK_HEAP);
+    if (h->magic == PT_CPU_BLK_MAP) munmap(h, h->len);
+    else free(h);
 }
 static pt_status cpu_copy(pt_backend *be, void *dst, const void *src, size_t bytes) {
     (void)be;
