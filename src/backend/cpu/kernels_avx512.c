@@ -385,29 +385,35 @@ GEMM_TILE(1)
 /* 16 × 16 transposes (four shuffle stages, 64 shuffles per 256 values)
  * instead of one scalar store per value: the panel packing was ~15% of a
  * T = 512 prefill matmul with scalar stores. */
+/* a[j] = column j of the 16 rows a[0..15] (lane r = a[r][j]), in registers. */
+static inline void transpose16(__m512 a[16]) {
+    __m512 b[16];
+    for (int r = 0; r < 16; r += 2) { /* 2×2 blocks of single values */
+        b[r] = _mm512_unpacklo_ps(a[r], a[r + 1]);
+        b[r + 1] = _mm512_unpackhi_ps(a[r], a[r + 1]);
+    }
+    for (int r = 0; r < 16; r += 4) { /* pairs */
+        a[r] = _mm512_shuffle_ps(b[r], b[r + 2], 0x44);
+        a[r + 1] = _mm512_shuffle_ps(b[r], b[r + 2], 0xee);
+        a[r + 2] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0x44);
+        a[r + 3] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0xee);
+    }
+    for (int r = 0; r < 8; r++) { /* 128-bit lanes: i = 0-3, 8-11 with i + 4 */
+        int i = (r / 4) * 4 + r;
+        b[i] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0x88);
+        b[i + 4] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0xdd);
+    }
+    for (int r = 0; r < 8; r++) {
+        a[r] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0x88);
+        a[r + 8] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0xdd);
+    }
+}
+
 static void panel_t16(float *wp, int r0, const float *rows, int64_t K) {
     for (int64_t k = 0; k < K; k += 16) {
-        __m512 a[16], b[16];
+        __m512 a[16];
         for (int r = 0; r < 16; r++) a[r] = _mm512_loadu_ps(rows + r * K + k);
-        for (int r = 0; r < 16; r += 2) { /* 2×2 blocks of single values */
-            b[r] = _mm512_unpacklo_ps(a[r], a[r + 1]);
-            b[r + 1] = _mm512_unpackhi_ps(a[r], a[r + 1]);
-        }
-        for (int r = 0; r < 16; r += 4) { /* pairs */
-            a[r] = _mm512_shuffle_ps(b[r], b[r + 2], 0x44);
-            a[r + 1] = _mm512_shuffle_ps(b[r], b[r + 2], 0xee);
-            a[r + 2] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0x44);
-            a[r + 3] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0xee);
-        }
-        for (int r = 0; r < 8; r++) { /* 128-bit lanes: i = 0-3, 8-11 with i + 4 */
-            int i = (r / 4) * 4 + r;
-            b[i] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0x88);
-            b[i + 4] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0xdd);
-        }
-        for (int r = 0; r < 8; r++) {
-            a[r] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0x88);
-            a[r + 8] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0xdd);
-        }
+        transpose16(a);
         for (int j = 0; j < 16; j++) _mm512_storeu_ps(wp + (k + j) * 32 + r0, a[j]); /* a[j] = column j */
     }
 }
@@ -623,28 +629,6 @@ static void rope_rot(float *v, const float *cs, const float *sn, int half, int b
         if (bf16) lo = pt_cpu_round_bf16_x16(lo), hi = pt_cpu_round_bf16_x16(hi);
         _mm512_mask_storeu_ps(v + i, m, lo);
         _mm512_mask_storeu_ps(v + half + i, m, hi);
-    }
-}
-
-/* b[j][r] = a[r][j] for a 16 × 16 block of floats (rows a[0..15]). */
-static inline void transpose16(__m512 a[16]) {
-    __m512 t[16], u[16];
-    for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(a[i], a[i + 1]), t[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
-    /* u[4q + c]: rows 4q … 4q + 3, element c + 4l in 128-bit lane l */
-    for (int q = 0; q < 4; q++)
-        for (int h = 0; h < 2; h++) {
-            const __m512d lo = _mm512_castps_pd(t[4 * q + h]), hi = _mm512_castps_pd(t[4 * q + 2 + h]);
-            u[4 * q + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
-            u[4 * q + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
-        }
-    for (int c = 0; c < 4; c++) {
-        const __m512 va = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), vb = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-        const __m512 wa = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
-                     wb = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-        a[c] = _mm512_shuffle_f32x4(va, wa, 0x88);
-        a[c + 8] = _mm512_shuffle_f32x4(va, wa, 0xdd);
-        a[c + 4] = _mm512_shuffle_f32x4(vb, wb, 0x88);
-        a[c + 12] = _mm512_shuffle_f32x4(vb, wb, 0xdd);
     }
 }
 
