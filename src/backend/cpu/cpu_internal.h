@@ -415,6 +415,10 @@ size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng);
 /* Groups whose four C tiles an AMX GEMM stores before it folds them (32 KiB
  * of f32 or int32 sums per thread). */
 #define PT_CPU_AMX_CHUNK 8
+/* Floats of per-thread scratch an AMX GEMM needs beyond its AVX-512 twin's:
+ * a chunk's stored C tiles (64-byte aligned: up to 15 floats of padding) and
+ * F [32 tokens][32 rows] (pt_cpu_amx_panel). */
+#define PT_CPU_AMX_SCRATCH (16 + PT_CPU_AMX_CHUNK * 4 * 256 + 32 * 32)
 /* The AMX GEMMs' tile operations (gemm_bf16_avx512.c, gemm_i8_avx512.c).
  *
  * pt_cpu_amx_config(a_bytes, b_rows) loads the tile configuration on the
@@ -524,6 +528,46 @@ static inline void pt_cpu_amx_config(int a_bytes, int b_rows) {
                          : "r"(c_), "r"(c_ + 1024), "r"(c_ + 2048), "r"(c_ + 3072), "r"(sc__)                         \
                          : "memory");                                                                                 \
     } while (0)
+#endif
+#if defined(__AVX512F__) && (defined(PT_AMX_EMULATE) || defined(__x86_64__))
+/* One panel of an AMX GEMM (gemm_bf16_avx512.c with i8 = 0: TDPBF16PS over
+ * bf16 x in k steps of 32 values; gemm_i8_avx512.c with i8 = 1: TDPBSUD over
+ * int8 x in k steps of min(group, 64) bytes), its codes packed in P (rows
+ * 128 bytes apart), its scales and biases in S, B [ng][32]: for every block
+ * of 32 tokens (x holds whole blocks, [ceil(T/32)·32][K], zeros past T) the
+ * groups in chunks of PT_CPU_AMX_CHUNK into stored C tiles, each chunk folded
+ * into F by pt_cpu_amx_fold8, then the block's outputs stored by
+ * pt_cpu_panel_store16 (the next block's output lines fetched first). end:
+ * the thread's scratch past the AVX-512 twin's (PT_CPU_AMX_SCRATCH floats
+ * more). i8 is a constant at each call, so each GEMM gets its own loop. */
+static inline void pt_cpu_amx_panel(const int i8, const void *x, const void *P, const float *S, const float *B,
+                                    const float *xs, const float *xd, int64_t T, int64_t K, int64_t gs, float *end,
+                                    float *y, int64_t N, int64_t p0, int nr, const float bias[32], pt_act_dtype act) {
+    const int64_t ng = K / gs, esz = i8 ? 1 : 2, ks = i8 ? (gs < 64 ? gs : 64) : 32; /* values per k step */
+    /* [PT_CPU_AMX_CHUNK][4][16][16]: a chunk of groups' C tiles (token half, row half) */
+    char *Cb = (char *)(((uintptr_t)end + 63) & ~(uintptr_t)63);
+    float *F = (float *)(Cb + PT_CPU_AMX_CHUNK * 4096); /* [32 tokens][32 rows] */
+    for (int64_t t0 = 0; t0 < T; t0 += 32) {
+        for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
+        for (int64_t g0 = 0; g0 < ng; g0 += PT_CPU_AMX_CHUNK) {
+            int64_t g1 = g0 + PT_CPU_AMX_CHUNK < ng ? g0 + PT_CPU_AMX_CHUNK : ng;
+            /* the chunk's sums, group by group into its stored tiles ... */
+            for (int64_t g = g0; g < g1; g++) {
+                const char *a = (const char *)x + (t0 * K + g * gs) * esz, *b = (const char *)P + g * gs * 32 * esz;
+                if (i8) PT_CPU_AMX_GROUP(bsud, a, 16 * K, ks, K, b, ks * 32, gs / ks, Cb + (g - g0) * 4096);
+                else PT_CPU_AMX_GROUP(bf16, a, 32 * K, 64, 2 * K, b, 2048, gs / 32, Cb + (g - g0) * 4096);
+            }
+            /* ... then folded eight tokens at a time (a padding token's sums are dropped) */
+            for (int o = 0; o < 32; o += 8) {
+                int64_t tx[8];
+                for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
+                pt_cpu_amx_fold8(F, Cb, S, B, xs, i8, xd, tx, ng, g0, g1, o);
+            }
+        }
+        pt_cpu_panel_prefetch(y, t0 + 32, T, 32, p0, N);
+        pt_cpu_panel_store16(y, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, N, bias, act);
+    }
+}
 #endif
 /* dst[j] = x[j] as bf16 for j < K; 0 (dst partly written) when a value is not
  * exactly a finite bf16 or is subnormal (vdpbf16ps reads those as zero). */

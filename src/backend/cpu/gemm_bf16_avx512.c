@@ -262,49 +262,23 @@ int pt_cpu_amx_i8_available(void) {
 }
 #endif
 
-#define AMX_CHUNK PT_CPU_AMX_CHUNK
-
-size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng) {
-    /* the bf16 GEMM's, plus AMX_CHUNK groups' four stored C tiles (·4·256, 64-byte aligned: up to 15 floats of
-     * padding) and F [32][32] */
-    return pt_cpu_gemm_bf16_scratch(K, ng) + 16 + AMX_CHUNK * 4 * 256 + 32 * 32;
-}
+size_t pt_cpu_gemm_amx_scratch(int64_t K, int64_t ng) { return pt_cpu_gemm_bf16_scratch(K, ng) + PT_CPU_AMX_SCRATCH; }
 
 static void amx_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
-    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
     uint16_t *P, *rows;
     float *S, *B;
     uint8_t *bytes;
-    /* [AMX_CHUNK][4][16][16]: a chunk of groups' C tiles (token half, row half) */
-    float *Cb = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
-    Cb = (float *)(((uintptr_t)Cb + 63) & ~(uintptr_t)63);
-    float *F = Cb + AMX_CHUNK * 1024; /* [32 tokens][32 rows] */
+    float *end = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
     pt_cpu_amx_config(64, 16);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
         float bias[32];
-        pt_cpu_panel_bias(bias, m->w, m->expert, p0, nr);
-        for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xb holds whole blocks of 32 tokens (zeros past T) */
-            for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
-            for (int64_t g0 = 0; g0 < ng; g0 += AMX_CHUNK) {
-                int64_t g1 = g0 + AMX_CHUNK < ng ? g0 + AMX_CHUNK : ng;
-                /* the chunk's sums, group by group into its stored tiles ... */
-                for (int64_t g = g0; g < g1; g++) /* k steps of 32 values: 64 bytes of x, 16 pair rows of the panel */
-                    PT_CPU_AMX_GROUP(bf16, m->xb + t0 * K + g * gs, 32 * K, 64, K * 2, P + g * gs * 32, 2048,
-                                     gs / 32, Cb + (g - g0) * 1024);
-                /* ... then folded eight tokens at a time, F in registers across the chunk, group by group in
-                 * order: F = fma(sum, scale, F), F = fma(bias, Σx_g, F) (a padding token's sums are dropped) */
-                for (int o = 0; o < 32; o += 8) {
-                    int64_t tx[8];
-                    for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
-                    pt_cpu_amx_fold8(F, Cb, S, B, m->xs, 0, NULL, tx, ng, g0, g1, o);
-                }
-            }
-            store_rows(m, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, bias);
-        }
+        pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
+        pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, w->group_size, end, m->y, w->rows, p0, nr,
+                         bias, m->c->base.act);
     }
     PT_CPU_AMX_RELEASE();
 }

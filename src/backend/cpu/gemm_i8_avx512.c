@@ -369,51 +369,28 @@ void pt_cpu_gemm_xint(pt_cpu *c, float *y, const int8_t *xq, const float *xstep,
  * panel's 32 rows: four C tiles, two A and two B tiles. Per group the C tiles
  * start from zero, take the group's k steps and are stored; every
  * PT_CPU_AMX_CHUNK groups the stored sums are folded eight tokens at a time,
- * group by group in order, with tile8's operations: F = fma(I, sc·xd, F),
+ * group by group in order (pt_cpu_amx_panel, cpu_internal.h, shared with the
+ * bf16 AMX GEMM), with tile8's operations: F = fma(I, sc·xd, F),
  * F = fma(bi, xs, F). The integer sums are exact, the same integers tile8's
  * vpdpbusd form, so the results are tile8's bits: a row's output depends on
  * neither the GEMM, the block, the panel nor the thread split. */
-size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng) {
-    /* the VNNI GEMM's, plus PT_CPU_AMX_CHUNK groups' four stored C tiles (64-byte aligned: up to 15 floats of
-     * padding) and F [32][32] */
-    return pt_cpu_gemm_i8_scratch(K, ng) + 16 + PT_CPU_AMX_CHUNK * 4 * 256 + 32 * 32;
-}
+size_t pt_cpu_gemm_amx_i8_scratch(int64_t K, int64_t ng) { return pt_cpu_gemm_i8_scratch(K, ng) + PT_CPU_AMX_SCRATCH; }
 
 static void amx8_panels(void *arg, long n0, long n1, int ith) {
     gi8_ctx *m = arg;
     const pt_matrix *w = m->w;
-    int64_t K = w->cols, T = m->T, gs = w->group_size, ng = K / gs;
-    const int64_t ks = gs < 64 ? gs : 64;
+    const int64_t gs = w->group_size, ks = gs < 64 ? gs : 64;
     uint8_t *P, *rows;
     float *S, *B;
-    /* [PT_CPU_AMX_CHUNK][4][16][16]: a chunk of groups' C tiles (token half, row half) */
     float *end = panel_scratch_i8(m, ith, &P, &S, &B, &rows);
-    int32_t *Cb = (int32_t *)(((uintptr_t)end + 63) & ~(uintptr_t)63);
-    float *F = (float *)(Cb + PT_CPU_AMX_CHUNK * 1024); /* [32 tokens][32 rows] */
     pt_cpu_amx_config((int)ks, (int)(ks / 4));
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
         pack_panel_i8(m, p0, nr, P, S, B, rows);
         float bias[32];
         pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
-        for (int64_t t0 = 0; t0 < T; t0 += 32) { /* xq holds whole blocks of 32 tokens (zeros past T) */
-            for (int i = 0; i < 32 * 32; i += 16) _mm512_storeu_ps(F + i, _mm512_setzero_ps());
-            for (int64_t g0 = 0; g0 < ng; g0 += PT_CPU_AMX_CHUNK) {
-                int64_t g1 = g0 + PT_CPU_AMX_CHUNK < ng ? g0 + PT_CPU_AMX_CHUNK : ng;
-                for (int64_t g = g0; g < g1; g++) /* k steps of ks bytes of x, ks/4 quad rows of the panel */
-                    PT_CPU_AMX_GROUP(bsud, m->xq + t0 * K + g * gs, 16 * K, ks, K, P + g * gs * 32, ks * 32,
-                                     gs / ks, Cb + (g - g0) * 1024);
-                /* tmm0: tokens 0-15 × rows 0-15, tmm1: tokens 0-15 × rows 16-31, tmm2, tmm3: tokens 16-31 */
-                for (int o = 0; o < 32; o += 8) {
-                    int64_t tx[8];
-                    for (int t = 0; t < 8; t++) tx[t] = t0 + o + t < T ? t0 + o + t : T - 1;
-                    pt_cpu_amx_fold8(F, Cb, S, B, m->xs, 1, m->xd, tx, ng, g0, g1, o);
-                }
-            }
-            pt_cpu_panel_prefetch(m->y, t0 + 32, T, 32, p0, w->rows);
-            pt_cpu_panel_store16(m->y, F, t0, (int)(T - t0 < 32 ? T - t0 : 32), p0, nr, w->rows, bias,
-                                 m->c->base.act);
-        }
+        pt_cpu_amx_panel(1, m->xq, P, S, B, m->xs, m->xd, m->T, w->cols, gs, end, m->y, w->rows, p0, nr, bias,
+                         m->c->base.act);
     }
     PT_CPU_AMX_RELEASE();
 }
