@@ -2,9 +2,11 @@
  * of quantized weights through the bf16 dequantize (the 2/4/8-bit
  * one-word-per-thread kernel, and the 3/5/6-bit generic one) + cuBLAS, with
  * weights large enough to be split into several row chunks of the tile, and
- * the grouped MoE prefill of moe.cu (tokens sorted by expert, one GEMM per
- * expert and projection) for quantized and dense bf16 experts, separate and
- * fused gate|up, including an expert index outside the stack (an error, as
+ * the grouped MoE prefill of moe.cu (tokens sorted by expert, each
+ * projection of all experts on the grouped tensor-core kernel, or one cuBLAS
+ * GEMM per expert where the kernel does not take the weight) for quantized
+ * and dense bf16 experts (both paths: a down projection with K = 96),
+ * separate and fused gate|up, including an expert index outside the stack (an error, as
  * on the per-item path). bf16 activations (the mode prefill runs in); per
  * element |gpu − cpu| <= atol + rtol·|cpu| as in test_cuda_ops.
  *
@@ -153,7 +155,9 @@ static void test_prefill_moe(void) {
     if (!run_moe(300, 8, 2, 256, 96, 4, 0, 0)) return;   /* grouped, quantized, gate and up */
     if (!run_moe(300, 8, 2, 256, 96, 4, 1, 0)) return;   /* fused gate|up */
     if (!run_moe(301, 16, 4, 256, 128, 8, 0, 0)) return; /* 8-bit, some experts with few rows */
-    if (!run_moe(260, 5, 2, 128, 64, 0, 0, 0)) return;   /* dense bf16 experts */
+    if (!run_moe(260, 5, 2, 128, 64, 0, 0, 0)) return;   /* dense bf16 experts (the tensor-core kernel reads them) */
+    if (!run_moe(500, 4, 2, 256, 128, 0, 1, 0)) return;  /* dense, fused gate|up, two tiles of rows per expert */
+    if (!run_moe(300, 8, 2, 256, 96, 0, 0, 0)) return;   /* dense, down's K = 96: gate/up on the kernel, down on cuBLAS */
     if (!run_moe(100, 8, 2, 256, 96, 4, 0, 0)) return;   /* below the threshold: the per-item GEMV */
     if (!run_moe(300, 8, 2, 256, 96, 4, 0, 1)) return;   /* an expert index outside the stack */
     REPORT();

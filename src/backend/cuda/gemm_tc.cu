@@ -7,7 +7,10 @@
  * rounding are applied as the accumulators are stored. Not here: the decode
  * GEMV (T <= 64), dense weights (cuBLAS reads them in place). MoE prefill
  * (moe.cu) uses the grouped mode: rows sorted by expert, one launch per
- * projection for all experts, each block reading its tile's expert.
+ * projection for all experts, each block reading its tile's expert; there
+ * the kernel also takes dense bf16 expert stacks (BITS = 16: the weight
+ * tile is copied into shared memory as it is, nothing to dequantize), which
+ * otherwise cost one cuBLAS GEMM per expert and projection.
  *
  * Numerics (L1): each weight is dequantized exactly as the scratch kernel
  * does it (s·q, then + b, each rounded, then one bf16 rounding), products
@@ -39,20 +42,22 @@
 #define TC_STAGES 3
 #define TC_THREADS 256
 
+/* BITS 4 / 8: MLX affine codes; 16: dense bf16 weights (grouped mode only),
+ * whose stage holds the weight tile itself, swizzled like the x tile. */
 template <int BITS>
 struct tc_layout {
     static constexpr int X_BYTES = TC_BM * TC_BK * 2;    /* bf16 x tile, swizzled */
-    static constexpr int RAW_ROW = TC_BK * BITS / 8;     /* code bytes of one row per step: 32 or 64 */
+    static constexpr int RAW_ROW = TC_BK * BITS / 8;     /* code bytes of one row per step: 32, 64 (or 128: bf16) */
     static constexpr int RAW_BYTES = TC_BN * RAW_ROW;
     static constexpr int STAGE = X_BYTES + RAW_BYTES;
-    static constexpr int W_BYTES = TC_BN * TC_BK * 2;    /* bf16 weight tile, swizzled */
+    static constexpr int W_BYTES = BITS == 16 ? 0 : TC_BN * TC_BK * 2; /* bf16 weight tile, swizzled */
     static constexpr int TOTAL = TC_STAGES * STAGE + W_BYTES;
 };
 
 struct tc_args {
     float *y;            /* [T, ldy] f32 */
     const bf16 *x;       /* [T, K] */
-    const uint8_t *codes;/* the expert's codes [N, K·BITS/8] */
+    const uint8_t *codes;/* the expert's codes [N, K·BITS/8] (BITS 16: its bf16 weights [N, K]) */
     const bf16 *sc, *bi; /* the expert's [N, K/gs] */
     const void *bias;    /* the expert's [N] of bt, or NULL */
     pt_ftype bt;
@@ -98,7 +103,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
         scp += (int64_t)tl.z * a.e_sb;
         bip += (int64_t)tl.z * a.e_sb;
     }
-    const int K = a.K, KT = K / TC_BK, ngroups = K / a.gs;
+    const int K = a.K, KT = K / TC_BK, ngroups = BITS == 16 ? 0 : K / a.gs;
     const int64_t row_bytes = (int64_t)K * BITS / 8;
 
     /* cp.async of step kt into ring slot sl: x (4 chunks per thread) and codes (1 or 2) */
@@ -117,14 +122,14 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
             const int q = tid + i * TC_THREADS, row = q / R, c = q % R, gn = n0 + row;
             const bool ok = gn < a.N;
             const uint8_t *src = codes + (int64_t)(ok ? gn : 0) * row_bytes + kt * L::RAW_ROW + c * 16;
-            pt_cp16(rs + row * L::RAW_ROW + c * 16, src, ok);
+            pt_cp16(rs + (BITS == 16 ? tc_swz(row, c * 8) : row * L::RAW_ROW + c * 16), src, ok);
         }
     };
 
     /* the dequantizing thread's row and half of the step: 32 values, one group */
     const int drow = tid >> 1, dhalf = tid & 1, dn = n0 + drow;
     auto load_sb = [&](int kt, float &s, float &b) {
-        if (dn < a.N) {
+        if (BITS != 16 && dn < a.N) {
             const int64_t gi = (int64_t)dn * ngroups + (kt * TC_BK + dhalf * 32) / a.gs;
             s = __bfloat162float(scp[gi]);
             b = __bfloat162float(bip[gi]);
@@ -155,9 +160,9 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
         pt_cp_wait<TC_STAGES - 2>();
         __syncthreads(); /* step kt landed; every warp is done with the weight tile of step kt-1 */
         float s_nxt = 0.f, b_nxt = 0.f;
-        if (kt + 1 < KT) load_sb(kt + 1, s_nxt, b_nxt);
+        if (BITS != 16 && kt + 1 < KT) load_sb(kt + 1, s_nxt, b_nxt);
         /* dequantize: codes of (drow, dhalf) → 4 swizzled 16-byte chunks of the weight tile */
-        {
+        if constexpr (BITS != 16) {
             const uint8_t *raw = smem + sl * L::STAGE + L::X_BYTES + drow * L::RAW_ROW + dhalf * (L::RAW_ROW / 2);
             if constexpr (BITS == 4) {
                 const uint4 w = *reinterpret_cast<const uint4 *>(raw);
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
                     asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(dst), "r"(o[0]), "r"(o[1]),
                                  "r"(o[2]), "r"(o[3]));
                 }
-            } else {
+            } else if constexpr (BITS == 8) {
                 const uint4 w0 = *reinterpret_cast<const uint4 *>(raw);
                 const uint4 w1 = *reinterpret_cast<const uint4 *>(raw + 16);
                 const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
@@ -196,8 +201,10 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
             if (nk < KT) load_stage(nk % TC_STAGES, nk);
             pt_cp_commit();
         }
-        __syncthreads(); /* the weight tile of step kt is complete */
+        if constexpr (BITS != 16) __syncthreads(); /* the weight tile of step kt is complete */
         const uint32_t xs = sbase + sl * L::STAGE;
+        /* the weight tile: dequantized above, or (bf16) the stage's copy */
+        const uint32_t wt = BITS == 16 ? xs + L::X_BYTES : ws;
 #pragma unroll
         for (int ks = 0; ks < TC_BK / 16; ks++) {
             uint32_t af[4][4], bfr[4][2];
@@ -211,7 +218,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
                 const int mi_l = lane >> 3;
                 const int row = wn * 32 + nj * 16 + ((mi_l >> 1) << 3) + (lane & 7), k = ks * 16 + (mi_l & 1) * 8;
                 uint32_t r[4];
-                pt_ldm4(r, ws + tc_swz(row, k));
+                pt_ldm4(r, wt + tc_swz(row, k));
                 bfr[2 * nj][0] = r[0], bfr[2 * nj][1] = r[1];
                 bfr[2 * nj + 1][0] = r[2], bfr[2 * nj + 1][1] = r[3];
             }
@@ -294,10 +301,10 @@ pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const 
 
 int pt_cuda_gemm_tc_ok(const pt_cuda *c, const pt_matrix *w) {
     const int bits = w->bits, gs = w->group_size;
-    /* weights in the decode GEMV's tensor-core layout (gemv_tc.cu) are not read here */
-    return !pt_cuda_w(w)->tc && (bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) && w->dtype == PT_FT_BF16 &&
-           w->cols % TC_BK == 0 && c->base.act == PT_ACT_BF16 && !w->bias && w->rows <= INT32_MAX &&
-           w->cols <= INT32_MAX && (w->rows + TC_BN - 1) / TC_BN <= 65535;
+    /* weights in the decode GEMV's tensor-core layout (gemv_tc.cu) are not read here; dense: bf16 only */
+    return !pt_cuda_w(w)->tc && ((bits == 4 || bits == 8) && (gs == 32 || gs == 64 || gs == 128) || bits == 0) &&
+           w->dtype == PT_FT_BF16 && w->cols % TC_BK == 0 && c->base.act == PT_ACT_BF16 && !w->bias &&
+           w->rows <= INT32_MAX && w->cols <= INT32_MAX && (w->rows + TC_BN - 1) / TC_BN <= 65535;
 }
 
 pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 *x, int64_t rows, const pt_matrix *w,
@@ -318,8 +325,14 @@ pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 
     a.T = (int)rows;
     a.N = (int)N;
     a.K = (int)K;
-    a.gs = w->group_size;
     a.tiles = tiles;
+    if (w->bits == 0) { /* dense bf16: the weights themselves, no scales */
+        a.gs = TC_BK;
+        a.e_codes = N * K * 2;
+        a.e_sb = 0;
+        return launch_tc<16>(c, a, ntiles);
+    }
+    a.gs = w->group_size;
     a.e_codes = N * (K * w->bits / 8);
     a.e_sb = N * (K / w->group_size);
     return w->bits == 4 ? launch_tc<4>(c, a, ntiles) : launch_tc<8>(c, a, ntiles);

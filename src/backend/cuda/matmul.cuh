@@ -55,12 +55,13 @@ pt_status pt_cuda_dequant_bf16(pt_cuda *c, bf16 *out, const pt_matrix *w, int64_
  * (16-byte aligned). 4/8-bit, bf16 scales, K % 64 == 0, bf16 activation
  * mode; PT_ERR_UNSUPPORTED (no message) otherwise. */
 pt_status pt_cuda_gemm_tc(pt_cuda *c, float *y, const bf16 *x, int64_t T, const pt_matrix *w, int64_t expert);
-/* Whether the tensor-core kernel takes w (4/8-bit, bf16 scales, K % 64 == 0,
- * no bias, bf16 mode). */
+/* Whether the grouped tensor-core kernel takes w (4/8-bit with bf16 scales,
+ * or dense bf16; K % 64 == 0, no bias, bf16 mode). */
 int pt_cuda_gemm_tc_ok(const pt_cuda *c, const pt_matrix *w);
 /* Grouped mode for the MoE prefill: x [rows, K] bf16 sorted by expert; block
  * i computes y rows [tiles[i].x, tiles[i].y) (at most 128) against expert
- * tiles[i].z of the stack w; y rows ldy apart (no bias; bf16 rounding). */
+ * tiles[i].z of the stack w (quantized, or dense bf16 read in place); y rows
+ * ldy apart (no bias; bf16 rounding). */
 pt_status pt_cuda_gemm_tc_grouped(pt_cuda *c, float *y, int64_t ldy, const bf16 *x, int64_t rows, const pt_matrix *w,
                                   const int4 *tiles, int64_t ntiles);
 

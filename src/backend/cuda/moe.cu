@@ -24,9 +24,11 @@
  * gathered into bf16 in that order, then each projection of all experts
  * as one launch of the grouped tensor-core kernel (gemm_tc.cu: each block
  * takes up to 128 rows of one expert and dequantizes that expert's weights
- * in shared memory) for 4/8-bit weights with bf16 scales, else per expert
- * one cuBLAS GEMM over all of its rows (weights dequantized a batch of
- * experts at a time into the matmul tile); either way each expert's weights
+ * in shared memory; dense bf16 experts are read in place) for 4/8-bit
+ * weights with bf16 scales and for bf16 weights, else (PETREL_CUDA_MOE_TC=0,
+ * K not a multiple of 64, other dtypes) per expert one cuBLAS GEMM over all
+ * of its rows (weights dequantized a batch of experts at a time into the
+ * matmul tile); either way each expert's weights
  * are read once per chunk (per 128 rows) instead of once per token. The outputs are rounded as the GEMV
  * path rounds them (after each projection, after the activation) and the
  * combine reads each item's row through the inverse permutation, so the
