@@ -7,7 +7,8 @@
  * tests/amx_i8_cases.h, bit-identical to the VNNI GEMM (the emulated
  * TDPBSUD forms the same exact integers). The bf16 GEMM: tests/test_cpu_bgemm.c's
  * AMX case (against double and the f32 GEMM, a call's first tokens alone, 1
- * vs 2 threads, the non-bf16 fallback; the emulated TDPBF16PS adds its
+ * vs 2 threads, the non-bf16 fallback) and its dense bf16 case (test_dense:
+ * one group of K, scale 1, bias 0); the emulated TDPBF16PS adds its
  * products in f32 in k order, AMX its own way, so only the tolerances
  * hold across the two). Skipped without AVX-512 BF16 / VNNI. */
 #pragma GCC push_options
@@ -26,6 +27,7 @@ __thread pt_amx_emu_cfg pt_amx_emu;
 
 int main(void) {
     TEST_RUN(test_amx);
+    TEST_RUN(test_dense);
     TEST_RUN(test_amx_i8_gemm);
     TEST_RUN(test_amx_i8_multi);
     TEST_RUN(test_amx_i8_paths_name);

@@ -9,7 +9,8 @@
  * is not bf16 sends the whole call to the f32 GEMM, bit-identical to the
  * lever off; and the path counter. The same for the AMX form
  * (PETREL_CPU_AMX) with blocks of 32 tokens, partial and whole, where the CPU
- * has AMX-BF16. Skipped without AVX-512 BF16 (AMX: without AMX). */
+ * has AMX-BF16; and dense bf16 weights on both forms (test_dense). Skipped
+ * without AVX-512 BF16 (AMX: without AMX). */
 #include "test.h"
 #include "test_rand.h"
 #include "xint_check.h"
@@ -138,6 +139,92 @@ static void test_gemm(void) {
     check_gemm(0, 11, 4);
 }
 
+/* Dense bf16 weights on the same GEMM (amx 0: AVX-512, 1: AMX), one group of
+ * K with scale 1 and bias 0: against double precision within the output's
+ * bf16 rounding (subnormal weights count as zero there, as the instructions
+ * read them), against the f32 GEMM within two bf16 ulps; the first T0 tokens
+ * alone and one thread bit-identical; a token that is not bf16 sends the call
+ * to the f32 GEMM; the path counter. */
+static void check_dense(int amx, int T, int T0) {
+    enum { N = 45, K = 512 };
+    const char *nm = amx ? "amx dense" : "bgemm dense";
+    int saved[2] = {pt_cpu_lever.bgemm, pt_cpu_lever.amx};
+    float *x = malloc(sizeof(float) * (size_t)T * K), *y1 = malloc(sizeof(float) * (size_t)T * N),
+          *y0 = malloc(sizeof(float) * (size_t)T * N), *ya = malloc(sizeof(float) * (size_t)T * N);
+    uint16_t *wd = malloc(sizeof(uint16_t) * (size_t)N * K), bias[N];
+    for (int64_t i = 0; i < (int64_t)N * K; i++) wd[i] = pt_f32_to_bf16(rf(-0.2f, 0.2f));
+    wd[3] = 0x0001, wd[K + 7] = 0x8003, wd[5 * K + 100] = 0x007f; /* subnormals */
+    for (int i = 0; i < N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .data = wd, .bias = bias, .bias_dtype = PT_FT_BF16};
+    pt_matrix w1 = w;
+    pt_backend *be = NULL, *be1 = NULL;
+    REQUIRE(xint_avx512_backend(&be, 2) && xint_avx512_backend(&be1, 1), "%s", pt_last_error());
+    if (!be || !be1) {
+        pt_backend_free(&be);
+        pt_backend_free(&be1);
+        free(x), free(y1), free(y0), free(ya), free(wd);
+        TEST_SKIP("backend ISA is not avx512");
+    }
+    REQUIRE(be->ops->prepare_weight(be, &w, "w") == PT_OK, "%s", pt_last_error());
+    REQUIRE(be1->ops->prepare_weight(be1, &w1, "w") == PT_OK, "%s", pt_last_error());
+    pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+    REQUIRE(be->ops->reserve(be, &lim) == PT_OK && be1->ops->reserve(be1, &lim) == PT_OK, "%s", pt_last_error());
+    for (int64_t i = 0; i < (int64_t)T * K; i++)
+        x[i] = pt_round_bf16(i / K % 3 == 2 ? ldexpf(rf(-1, 1), (int)(ru32() % 30) - 20) : rf(-3, 3));
+    pt_cpu_lever.bgemm = !amx;
+    pt_cpu_lever.amx = amx;
+    long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]);
+    REQUIRE(be->ops->matmul(be, y1, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]) == c0 + 1, "%s: the GEMM did not run", nm);
+    pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
+    REQUIRE(be->ops->matmul(be, y0, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]) == c0 + 1, "%s: the levers off still counted", nm);
+    int bad = 0;
+    for (int t = 0; t < T && bad < 3; t++)
+        for (int n = 0; n < N && bad < 3; n++) {
+            double ref = pt_bf16_to_f32(bias[n]), mag = fabs(ref);
+            for (int k = 0; k < K; k++) {
+                uint16_t b = wd[(size_t)n * K + k];
+                double wv = (b & 0x7f80) ? pt_bf16_to_f32(b) : 0.0;
+                ref += wv * x[(size_t)t * K + k], mag += fabs(wv * x[(size_t)t * K + k]);
+            }
+            double got = y1[(size_t)t * N + n], f32 = y0[(size_t)t * N + n];
+            if (fabs(got - ref) > ldexp(fabs(ref), -8) + ldexp(mag, -20) ||
+                fabs(got - f32) > ldexp(fabs(f32), -7) + ldexp(mag, -20)) {
+                CHECK(0, "%s: t %d n %d: %.9g, double %.9g, f32 GEMM %.9g", nm, t, n, got, ref, f32);
+                bad++;
+            }
+        }
+    pt_cpu_lever.bgemm = !amx;
+    pt_cpu_lever.amx = amx;
+    REQUIRE(be->ops->matmul(be, ya, x, T0, &w, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(memcmp(ya, y1, sizeof(float) * (size_t)T0 * N) == 0, "%s: tokens 0-%d differ alone and among %d", nm, T0 - 1,
+          T);
+    REQUIRE(be1->ops->matmul(be1, ya, x, T, &w1, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(memcmp(ya, y1, sizeof(float) * (size_t)T * N) == 0, "%s: 1 and 2 threads differ", nm);
+    x[(T / 2) * K + 3] = 0.1234567f; /* not bf16: the f32 GEMM */
+    c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]);
+    REQUIRE(be->ops->matmul(be, y1, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]) == c0, "%s: a non-bf16 call counted", nm);
+    pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
+    REQUIRE(be->ops->matmul(be, y0, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+    CHECK(memcmp(y1, y0, sizeof(float) * (size_t)T * N) == 0, "%s: a non-bf16 token did not take the f32 GEMM", nm);
+    pt_backend_free(&be);
+    pt_backend_free(&be1);
+    free(x), free(y1), free(y0), free(ya), free(wd);
+    pt_cpu_lever.bgemm = saved[0];
+    pt_cpu_lever.amx = saved[1];
+}
+
+static void test_dense(void) {
+    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    check_dense(0, 11, 4);
+    if (pt_cpu_amx_available()) {
+        check_dense(1, 11, 4);
+        check_dense(1, 45, 32);
+    }
+}
+
 /* AMX: T = 11 (one partial block of 32 tokens) and 45 (a whole block and a
  * partial one; its first 32 tokens alone are one whole block). */
 static void test_amx(void) {
@@ -185,6 +272,7 @@ int main(void) {
     TEST_RUN(test_x_conversion);
     TEST_RUN(test_gemm);
     TEST_RUN(test_amx);
+    TEST_RUN(test_dense);
     TEST_RUN(test_paths_name);
     return test_summary();
 }

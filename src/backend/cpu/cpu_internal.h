@@ -618,7 +618,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * through the integer-piece GEMM (XGEMM: 4-bit, XGEMM8: 8-bit), the bf16
  * GEMM (BGEMM: 4- and 8-bit), its AMX form (AMX) or the f32 GEMM (GEMM); the
  * int8 lever's prefill calls through its VNNI GEMM (I8GEMM) or its AMX form
- * (AMX8). Relaxed
+ * (AMX8); dense bf16 weights' prefill calls through the bf16 GEMM or its AMX
+ * form (DENSE16; the f32 GEMM otherwise, not counted). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -633,6 +634,7 @@ enum {
     PT_CPU_PATH_GEMM,
     PT_CPU_PATH_I8GEMM,
     PT_CPU_PATH_AMX8,
+    PT_CPU_PATH_DENSE16,
     PT_CPU_PATH_N
 };
 extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];

@@ -784,7 +784,7 @@ static void count_decode(const mm_ctx *m) {
  * its own call would have prepared, so the outputs are the same bits). */
 enum { PF_NONE, PF_I8, PF_BF16, PF_XINT };
 typedef struct {
-    int kind, amx;
+    int kind, amx, dense; /* dense: dense bf16 weights on PF_BF16 (one group of K, xs zeros) */
     float *xs, *xd, *st;
     int8_t *xi;
     uint16_t *xb;
@@ -794,14 +794,35 @@ typedef struct {
  * prepares x for it: the int8 lever's VNNI GEMM (its AMX form where the CPU
  * has AMX-INT8: the same bits); else with bf16 activations
  * on AVX-512 the AMX or bf16 GEMM, or the integer-piece GEMM when x is not
- * exactly bf16 or those are off; PF_NONE: none of them (the caller takes the
- * decode kernels or the f32 GEMM). */
+ * exactly bf16 or those are off; dense bf16 weights with bf16 activations
+ * on the AMX or bf16 GEMM as one group of K values (gemm_bf16_avx512.c);
+ * PF_NONE: none of them (the caller takes the decode kernels or the f32
+ * GEMM). */
 static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_matrix *w, pf_x *p) {
     memset(p, 0, sizeof *p);
     const int64_t K = w->cols;
     const int gs = w->group_size;
-    const int q48 = w->bits == 4 || w->bits == 8;
-    if (!q48 || c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return PT_OK;
+    const int q48 = w->bits == 4 || w->bits == 8, dense = w->bits == 0 && w->dtype == PT_FT_BF16;
+    if ((!q48 && !dense) || c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return PT_OK;
+    if (dense) {
+        if (c->base.act != PT_ACT_BF16 || K % 32) return PT_OK;
+        levers_init();
+        int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
+        if (!((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16())) return PT_OK;
+        /* shared: xs [T] (zeros: the bias term's Σx, multiplied by 0), x as bf16 [T32·K] */
+        int64_t T32 = (T + 31) / 32 * 32;
+        PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, 1) : pt_cpu_gemm_bf16_scratch(K, 1),
+                                   (size_t)(T + T32 * K / 2 + 16)));
+        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T), .x = x, .K = K, .gs = (int)K};
+        atomic_init(&q.bad, 0);
+        pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
+        if (!atomic_load(&q.bad)) {
+            memset(q.xs, 0, sizeof(float) * (size_t)T);
+            memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
+            p->kind = PF_BF16, p->amx = amx, p->dense = 1, p->xs = q.xs, p->xb = q.xb;
+        }
+        return PT_OK;
+    }
     if (c->int8_act) {
         int64_t ng = K / gs;
         levers_init();
@@ -864,7 +885,7 @@ static void prefill_gemm(pt_cpu *c, float *y, int64_t T, const pt_matrix *w, int
     case PF_BF16:
         if (p->amx) pt_cpu_gemm_amx(c, y, p->xb, p->xs, T, w, expert);
         else pt_cpu_gemm_bf16(c, y, p->xb, p->xs, T, w, expert);
-        path_count(p->amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM, 1);
+        path_count(p->dense ? PT_CPU_PATH_DENSE16 : p->amx ? PT_CPU_PATH_AMX : PT_CPU_PATH_BGEMM, 1);
         break;
     case PF_XINT:
         pt_cpu_gemm_xint(c, y, p->xi, p->st, p->xs, T, w, expert);
@@ -973,7 +994,8 @@ pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const floa
     PT_ASSERT(T >= 0);
     if (T == 0) return PT_OK;
     int bits = w[0]->bits, alike = 1; /* every weight of one bits and group size */
-    for (int i = 1; alike && i < n; i++) alike = w[i]->bits == bits && w[i]->group_size == w[0]->group_size;
+    for (int i = 1; alike && i < n; i++)
+        alike = w[i]->bits == bits && w[i]->group_size == w[0]->group_size && (bits || w[i]->dtype == w[0]->dtype);
     const int one = n > 1 && alike && (bits == 4 || bits == 8) && (rows || T < PT_CPU_DIRECT_T) && pt_cpu_multi_on();
     if (!one) {
         if (alike && !rows && T >= PT_CPU_DIRECT_T) { /* a prefill GEMM for every weight: x prepared once */

@@ -3,6 +3,13 @@
  *   y[t, n] = Σ_g sc[n,g]·Σ_{j∈g} q[n,j]·x[t,j] + Σ_g bi[n,g]·xs[t,g] (+ bias)
  * with x exactly bf16 and xs its exact-input f32 group sums.
  *
+ * Dense bf16 weights take the same GEMM as one group of K values (gemm_gs)
+ * with scale 1 and bias 0 (xs all zeros): y[t, n] = Σ_j w[n,j]·x[t,j], the
+ * panel holding the weights themselves. Products of two bf16 values are
+ * exact in f32, as in the f32 GEMM, whose order of the sums differs.
+ * vdpbf16ps and TDPBF16PS read subnormal inputs as zero, so the panel holds
+ * subnormal weights as (signed) zero in both forms.
+ *
  * Why: on cores where vdpbf16ps issues at about the FMA rate (AMD Zen 4 /
  * Zen 5) one instruction does 32 multiply-adds of bf16 pairs, against the
  * integer-piece GEMM's (gemm_i8_avx512.c) three vpdpbusd of 64 per value
@@ -31,6 +38,9 @@
 
 #define MR 8 /* tokens per tile: 2·MR f32 accumulators in registers */
 
+/* The group size the GEMMs below run w with: its own, or K (dense bf16). */
+static int64_t gemm_gs(const pt_matrix *w) { return w->bits ? w->group_size : w->cols; }
+
 size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng) {
     /* floats per thread: the bf16 panel (32·K bf16), scales + biases (2·32·ng), 16 rows' bf16 (16·K bf16), one
      * row's bytes (K) */
@@ -49,6 +59,17 @@ static void row_bf16(uint16_t *dst, uint8_t *bytes, const uint8_t *codes, int64_
     for (int64_t j = 0; j < K; j += 16) {
         __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + j))));
         _mm256_storeu_si256((__m256i *)(dst + j), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+    }
+}
+
+/* A dense bf16 row with its subnormal values as zero of the same sign
+ * (what vdpbf16ps and TDPBF16PS make of them). K % 16 == 0. */
+static void row_dense16(uint16_t *dst, const void *row, int64_t K) {
+    const __m256i ex = _mm256_set1_epi16(0x7f80), sign = _mm256_set1_epi16((short)0x8000);
+    for (int64_t j = 0; j < K; j += 16) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j));
+        __mmask16 sub = _mm256_cmpeq_epi16_mask(_mm256_and_si256(v, ex), _mm256_setzero_si256());
+        _mm256_storeu_si256((__m256i *)(dst + j), _mm256_mask_blend_epi16(sub, v, _mm256_and_si256(v, sign)));
     }
 }
 
@@ -140,10 +161,16 @@ static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float 
             uint16_t *dst = rows + (size_t)r * K;
             if (r0 + r >= nr) {
                 memset(dst, 0, (size_t)K * 2);
-                pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
+                if (w->bits) pt_cpu_panel_params(w, m->expert, -1, r0 + r, S, B);
+                else S[r0 + r] = 0.f, B[r0 + r] = 0.f;
                 continue;
             }
             int64_t n = p0 + r0 + r;
+            if (!w->bits) { /* dense bf16: the row itself (subnormals as zero), one group of scale 1, bias 0 */
+                row_dense16(dst, pt_cpu_dense_row(w, m->expert, n), K);
+                S[r0 + r] = 1.f, B[r0 + r] = 0.f;
+                continue;
+            }
             row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
             pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
         }
@@ -160,7 +187,7 @@ static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int
  * returns the float just past them (pt_cpu_gemm_bf16_scratch floats in all). */
 static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, float **B, uint16_t **rows,
                             uint8_t **bytes) {
-    int64_t K = m->w->cols, ng = K / m->w->group_size;
+    int64_t K = m->w->cols, ng = K / gemm_gs(m->w);
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     *P = (uint16_t *)scr;
     *S = scr + 16 * K;
@@ -173,7 +200,7 @@ static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, 
 static void gbf_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
-    int64_t K = w->cols, T = m->T, gs = w->group_size;
+    int64_t K = w->cols, T = m->T, gs = gemm_gs(w);
     uint16_t *P, *rows;
     float *S, *B;
     uint8_t *bytes;
@@ -277,7 +304,7 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
         float bias[32];
         pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
-        pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, w->group_size, end, m->y, w->rows, p0, nr,
+        pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, gemm_gs(w), end, m->y, w->rows, p0, nr,
                          bias, m->c->base.act);
     }
     PT_CPU_AMX_RELEASE();
