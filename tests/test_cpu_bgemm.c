@@ -145,15 +145,16 @@ static void test_gemm(void) {
  * read them), against the f32 GEMM within two bf16 ulps; the first T0 tokens
  * alone and one thread bit-identical; a token that is not bf16 sends the call
  * to the f32 GEMM; the path counter. */
-static void check_dense(int amx, int T, int T0) {
-    enum { N = 45, K = 512 };
-    const char *nm = amx ? "amx dense" : "bgemm dense";
+static void check_dense(int amx, int T, int T0, int K) {
+    enum { N = 45 };
+    char nm[40];
+    snprintf(nm, sizeof nm, "%s dense K %d", amx ? "amx" : "bgemm", K);
     int saved[2] = {pt_cpu_lever.bgemm, pt_cpu_lever.amx};
     float *x = malloc(sizeof(float) * (size_t)T * K), *y1 = malloc(sizeof(float) * (size_t)T * N),
           *y0 = malloc(sizeof(float) * (size_t)T * N), *ya = malloc(sizeof(float) * (size_t)T * N);
     uint16_t *wd = malloc(sizeof(uint16_t) * (size_t)N * K), bias[N];
     for (int64_t i = 0; i < (int64_t)N * K; i++) wd[i] = pt_f32_to_bf16(rf(-0.2f, 0.2f));
-    wd[3] = 0x0001, wd[K + 7] = 0x8003, wd[5 * K + 100] = 0x007f; /* subnormals */
+    wd[3] = 0x0001, wd[K + 7] = 0x8003, wd[5 * K + 90] = 0x007f; /* subnormals */
     for (int i = 0; i < N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
     pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .data = wd, .bias = bias, .bias_dtype = PT_FT_BF16};
     pt_matrix w1 = w;
@@ -216,12 +217,44 @@ static void check_dense(int amx, int T, int T0) {
     pt_cpu_lever.amx = saved[1];
 }
 
+/* K not a multiple of 32: the f32 GEMM, whatever the switches. */
+static void check_dense_refused(void) {
+    enum { N = 40, K = 80, T = 9 };
+    uint16_t *wd = malloc(sizeof(uint16_t) * N * K);
+    float *x = malloc(sizeof(float) * T * K), *y1 = malloc(sizeof(float) * T * N), *y0 = malloc(sizeof(float) * T * N);
+    for (int i = 0; i < N * K; i++) wd[i] = pt_f32_to_bf16(rf(-0.2f, 0.2f));
+    for (int i = 0; i < T * K; i++) x[i] = pt_round_bf16(rf(-3, 3));
+    pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .data = wd};
+    pt_backend *be = NULL;
+    REQUIRE(xint_avx512_backend(&be, 2), "%s", pt_last_error());
+    if (be) {
+        int saved[2] = {pt_cpu_lever.bgemm, pt_cpu_lever.amx};
+        REQUIRE(be->ops->prepare_weight(be, &w, "w") == PT_OK, "%s", pt_last_error());
+        pt_backend_limits lim = {.max_tokens = T, .max_cols = K};
+        REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "%s", pt_last_error());
+        pt_cpu_lever.bgemm = pt_cpu_lever.amx = 1;
+        long c0 = atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]);
+        REQUIRE(be->ops->matmul(be, y1, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(atomic_load(&pt_cpu_path_count[PT_CPU_PATH_DENSE16]) == c0, "dense K %d: the bf16 GEMM ran", K);
+        pt_cpu_lever.bgemm = pt_cpu_lever.amx = 0;
+        REQUIRE(be->ops->matmul(be, y0, x, T, &w, 0) == PT_OK, "%s", pt_last_error());
+        CHECK(memcmp(y1, y0, sizeof(float) * T * N) == 0, "dense K %d: not the f32 GEMM's bits", K);
+        pt_cpu_lever.bgemm = saved[0];
+        pt_cpu_lever.amx = saved[1];
+        pt_backend_free(&be);
+    }
+    free(wd), free(x), free(y1), free(y0);
+}
+
 static void test_dense(void) {
     if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
-    check_dense(0, 11, 4);
+    check_dense_refused();
+    check_dense(0, 11, 4, 512);
+    check_dense(0, 45, 9, 96); /* K a multiple of 32, not of 64 */
     if (pt_cpu_amx_available()) {
-        check_dense(1, 11, 4);
-        check_dense(1, 45, 32);
+        check_dense(1, 11, 4, 512);
+        check_dense(1, 45, 32, 512);
+        check_dense(1, 45, 32, 96);
     }
 }
 
