@@ -395,6 +395,9 @@ void pt_cpu_unpack_row_bytes(uint8_t *dst, const uint8_t *codes, int64_t K, int 
 void pt_cpu_gemm_bf16(pt_cpu *c, float *y, const uint16_t *xb, const float *xs, int64_t T, const pt_matrix *w,
                       int64_t expert);
 size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng);
+/* The group size the bf16 GEMM and its AMX form run w with: its own, or all
+ * of K for dense bf16 weights (one group of scale 1 and bias 0). */
+static inline int64_t pt_cpu_bgemm_gs(const pt_matrix *w) { return w->bits ? w->group_size : w->cols; }
 /* The same GEMM on AMX tiles (TDPBF16PS), when pt_cpu_amx_available() (the
  * CPU has AMX-BF16 and the OS granted the tile state): xb must hold whole
  * blocks of 32 tokens, [ceil(T/32)·32, K], the rows past T zero. Needs

@@ -804,26 +804,7 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
     const int gs = w->group_size;
     const int q48 = w->bits == 4 || w->bits == 8, dense = w->bits == 0 && w->dtype == PT_FT_BF16;
     if ((!q48 && !dense) || c->isa != PT_ISA_AVX512 || !pt_cpu_gemm_i8_available()) return PT_OK;
-    if (dense) {
-        if (c->base.act != PT_ACT_BF16 || K % 32) return PT_OK;
-        levers_init();
-        int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
-        if (!((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16())) return PT_OK;
-        /* shared: xs [T] (zeros: the bias term's Σx, multiplied by 0), x as bf16 [T32·K] */
-        int64_t T32 = (T + 31) / 32 * 32;
-        PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, 1) : pt_cpu_gemm_bf16_scratch(K, 1),
-                                   (size_t)(T + T32 * K / 2 + 16)));
-        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T), .x = x, .K = K, .gs = (int)K};
-        atomic_init(&q.bad, 0);
-        pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
-        if (!atomic_load(&q.bad)) {
-            memset(q.xs, 0, sizeof(float) * (size_t)T);
-            memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
-            p->kind = PF_BF16, p->amx = amx, p->dense = 1, p->xs = q.xs, p->xb = q.xb;
-        }
-        return PT_OK;
-    }
-    if (c->int8_act) {
+    if (c->int8_act && q48) {
         int64_t ng = K / gs;
         levers_init();
         /* the AMX int8 form where the CPU has it (the same bits): x in whole blocks of 32 tokens */
@@ -841,9 +822,11 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
         p->kind = PF_I8, p->amx = amx;
         return PT_OK;
     }
-    if (c->base.act != PT_ACT_BF16 || !(gs == 32 || gs == 64 || gs == 128) || K % gs) return PT_OK;
+    /* dense bf16: one group of all K (whole AMX k steps of 32) */
+    if (c->base.act != PT_ACT_BF16 || (dense ? K % 32 : (!(gs == 32 || gs == 64 || gs == 128) || K % gs)))
+        return PT_OK;
     levers_init();
-    int64_t ng = K / gs;
+    const int64_t bgs = pt_cpu_bgemm_gs(w), ng = K / bgs;
     int amx = pt_cpu_lever.amx > 0 && pt_cpu_amx_available();
     if ((amx || pt_cpu_lever.bgemm > 0) && cpu_has_bf16()) {
         /* prefill on the AMX or the AVX-512 bf16 GEMM; shared: group sums [T·ng], x as bf16 [T32·K]
@@ -851,15 +834,18 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
         int64_t T32 = (T + 31) / 32 * 32;
         PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
                                    (size_t)(T * ng + T32 * K / 2 + 16)));
-        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = gs};
+        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = (int)bgs};
         atomic_init(&q.bad, 0);
         pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
         if (!atomic_load(&q.bad)) {
+            /* dense: the bias term (bias 0) gets Σx as zeros, so 0·Σx cannot make a NaN of an overflowed sum */
+            if (dense) memset(q.xs, 0, sizeof(float) * (size_t)T);
             memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
-            p->kind = PF_BF16, p->amx = amx, p->xs = q.xs, p->xb = q.xb;
+            p->kind = PF_BF16, p->amx = amx, p->dense = dense, p->xs = q.xs, p->xb = q.xb;
             return PT_OK;
         }
     }
+    if (dense) return PT_OK; /* the integer-piece GEMM reads codes */
     if (w->bits == 4 ? pt_cpu_lever.xgemm > 0 : pt_cpu_lever.xgemm8 > 0) {
         /* prefill with x as exact integer pieces (the VNNI GEMM); shared: group sums [T·ng],
          * steps [T·ng], pieces [3·T·K bytes] */

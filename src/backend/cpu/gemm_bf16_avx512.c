@@ -3,8 +3,9 @@
  *   y[t, n] = Σ_g sc[n,g]·Σ_{j∈g} q[n,j]·x[t,j] + Σ_g bi[n,g]·xs[t,g] (+ bias)
  * with x exactly bf16 and xs its exact-input f32 group sums.
  *
- * Dense bf16 weights take the same GEMM as one group of K values (gemm_gs)
- * with scale 1 and bias 0 (xs all zeros): y[t, n] = Σ_j w[n,j]·x[t,j], the
+ * Dense bf16 weights take the same GEMM as one group of K values
+ * (pt_cpu_bgemm_gs) with scale 1 and bias 0 (xs all zeros):
+ * y[t, n] = Σ_j w[n,j]·x[t,j], the
  * panel holding the weights themselves. Products of two bf16 values are
  * exact in f32, as in the f32 GEMM, whose order of the sums differs.
  * vdpbf16ps and TDPBF16PS read subnormal inputs as zero, so the panel holds
@@ -37,9 +38,6 @@
 #include <string.h>
 
 #define MR 8 /* tokens per tile: 2·MR f32 accumulators in registers */
-
-/* The group size the GEMMs below run w with: its own, or K (dense bf16). */
-static int64_t gemm_gs(const pt_matrix *w) { return w->bits ? w->group_size : w->cols; }
 
 size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng) {
     /* floats per thread: the bf16 panel (32·K bf16), scales + biases (2·32·ng), 16 rows' bf16 (16·K bf16), one
@@ -187,7 +185,7 @@ static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int
  * returns the float just past them (pt_cpu_gemm_bf16_scratch floats in all). */
 static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, float **B, uint16_t **rows,
                             uint8_t **bytes) {
-    int64_t K = m->w->cols, ng = K / gemm_gs(m->w);
+    int64_t K = m->w->cols, ng = K / pt_cpu_bgemm_gs(m->w);
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     *P = (uint16_t *)scr;
     *S = scr + 16 * K;
@@ -200,7 +198,7 @@ static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, 
 static void gbf_panels(void *arg, long n0, long n1, int ith) {
     gbf_ctx *m = arg;
     const pt_matrix *w = m->w;
-    int64_t K = w->cols, T = m->T, gs = gemm_gs(w);
+    int64_t K = w->cols, T = m->T, gs = pt_cpu_bgemm_gs(w);
     uint16_t *P, *rows;
     float *S, *B;
     uint8_t *bytes;
@@ -304,8 +302,8 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
         pack_panel(m, p0, nr, P, S, B, rows, bytes);
         float bias[32];
         pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
-        pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, gemm_gs(w), end, m->y, w->rows, p0, nr,
-                         bias, m->c->base.act);
+        pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, pt_cpu_bgemm_gs(w), end, m->y, w->rows, p0,
+                         nr, bias, m->c->base.act);
     }
     PT_CPU_AMX_RELEASE();
 }
