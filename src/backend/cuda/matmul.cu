@@ -123,8 +123,15 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a)
 }
 
 /* Dense weights: VEC elements per 16-byte load when rows are 16-byte aligned
- * (VEC == 1: any K, scalar loads). */
-template <typename WT, int VEC, int NT>
+ * (VEC == 1: any K, scalar loads). A lane takes the chunks lane, lane + 32,
+ * ... of its rows in order, one fma chain per (row, x row), then the warp's
+ * butterfly sum. With U > 1 (16-byte loads only) the weight loads of U
+ * chunks are issued before the first of their multiply-adds, which then run
+ * chunk by chunk as in the U = 1 loop: the same operations in the same
+ * order, so the same bits, with U times the loads in flight per warp (one
+ * chunk of two rows, 1 KiB a warp, left the 8B shape's bf16 decode at half
+ * the read bandwidth). PETREL_CUDA_DENSE_U=1: the one-chunk loop (A/B). */
+template <typename WT, int VEC, int NT, int U = 1>
 __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t b = blockIdx.y;
@@ -148,7 +155,32 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[r][n] = 0.f;
     const int64_t nv = a.K / VEC;
-    for (int64_t c = lane; c < nv; c += 32) {
+    int64_t c = lane;
+    if constexpr (U > 1) {
+        for (; c + 32 * (U - 1) < nv; c += 32 * U) {
+            uint4 raw[U][PT_GEMV_ROWS];
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < PT_GEMV_ROWS; r++)
+                    raw[u][r] = __ldg(reinterpret_cast<const uint4 *>(rowp[r]) + c + 32 * u);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int64_t cu = c + 32 * u;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+                    const float *xp = xb + n * a.K + cu * VEC;
+#pragma unroll
+                    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+                        const WT *h = reinterpret_cast<const WT *>(&raw[u][r]);
+#pragma unroll
+                        for (int i = 0; i < VEC; i++) acc[r][n] = fmaf((float)h[i], __ldg(xp + i), acc[r][n]);
+                    }
+                }
+            }
+        }
+    }
+    for (; c < nv; c += 32) {
         float wv[PT_GEMV_ROWS][VEC];
 #pragma unroll
         for (int r = 0; r < PT_GEMV_ROWS; r++) {
@@ -183,6 +215,17 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
     }
 }
 
+/* PETREL_CUDA_DENSE_U: chunks per lane whose loads gemv_dense_kernel issues
+ * together (4 by default; 1: one at a time, the loop before). */
+static int dense_u(void) {
+    static int u = -1;
+    if (u < 0) {
+        const char *e = getenv("PETREL_CUDA_DENSE_U");
+        u = e && !strcmp(e, "1") ? 1 : 4;
+    }
+    return u;
+}
+
 template <int NT>
 static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, pt_ftype dt, int64_t B) {
     const int64_t rows_per_block = PT_GEMV_WARPS * PT_GEMV_ROWS;
@@ -200,14 +243,18 @@ static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, 
         /* 16-byte loads need every row 16-byte aligned. */
         size_t es = pt_ftype_size(dt);
         bool vec = ((a.K * (int64_t)es) % 16 == 0) && ((uintptr_t)a.data % 16 == 0);
+        const bool u4 = dense_u() == 4;
         if (dt == PT_FT_BF16) {
-            if (vec) gemv_dense_kernel<__nv_bfloat16, 8, NT><<<grid, block, 0, s>>>(a);
+            if (vec && u4) gemv_dense_kernel<__nv_bfloat16, 8, NT, 4><<<grid, block, 0, s>>>(a);
+            else if (vec) gemv_dense_kernel<__nv_bfloat16, 8, NT><<<grid, block, 0, s>>>(a);
             else gemv_dense_kernel<__nv_bfloat16, 1, NT><<<grid, block, 0, s>>>(a);
         } else if (dt == PT_FT_F16) {
-            if (vec) gemv_dense_kernel<__half, 8, NT><<<grid, block, 0, s>>>(a);
+            if (vec && u4) gemv_dense_kernel<__half, 8, NT, 4><<<grid, block, 0, s>>>(a);
+            else if (vec) gemv_dense_kernel<__half, 8, NT><<<grid, block, 0, s>>>(a);
             else gemv_dense_kernel<__half, 1, NT><<<grid, block, 0, s>>>(a);
         } else {
-            if (vec) gemv_dense_kernel<float, 4, NT><<<grid, block, 0, s>>>(a);
+            if (vec && u4) gemv_dense_kernel<float, 4, NT, 4><<<grid, block, 0, s>>>(a);
+            else if (vec) gemv_dense_kernel<float, 4, NT><<<grid, block, 0, s>>>(a);
             else gemv_dense_kernel<float, 1, NT><<<grid, block, 0, s>>>(a);
         }
         break;
