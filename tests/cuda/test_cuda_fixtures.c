@@ -6,7 +6,8 @@
  *         (quantized prefill attention after the first chunk's conversion)
  *         and 1 (every position a decode step), --quantized-kv-start;
  *         qwen3_5_text (chunked delta rule, and token by token),
- *         qwen3_5_moe, qwen3_5_mlx_q4.
+ *         qwen3_5_moe, qwen3_5_mlx_q4; qwen3_moe (dense bf16 experts) one
+ *         position per step, so every token takes the MoE decode kernels.
  *   greedy: 12 tokens after a 30-token prompt identical (up to a CPU
  *         near-tie within 2 bf16 ulps): the model dtype (bf16: the prompt
  *         through the tensor-core flash kernel) and f32, and f32 with
@@ -218,6 +219,15 @@ static void test_qwen35(void) {
     greedy_case("tests/fixtures/qwen3_5_moe", PT_COMPUTE_MODEL, 0, 0, 0);
 }
 
+/* qwen3_moe (dense bf16 experts): every position a decode step, so each
+ * token's experts run on the decode kernels for bf16 stacks (moe_dense.cu) */
+static void test_qwen3_moe(void) {
+    if (!gpu()) TEST_SKIP("no usable CUDA device here");
+    logits_case("tests/fixtures/qwen3_moe", 0, 0, 1, 0, 1);
+    greedy_case("tests/fixtures/qwen3_moe", PT_COMPUTE_MODEL, 0, 0, 0);
+    greedy_case("tests/fixtures/qwen3_moe", PT_COMPUTE_F32, 0, 0, 0);
+}
+
 static void test_flash_greedy(void) {
     if (!gpu()) TEST_SKIP("no usable CUDA device here");
     greedy_case("tests/fixtures/llama", PT_COMPUTE_MODEL, 0, 0, 0);
@@ -231,6 +241,7 @@ static void test_flash_greedy(void) {
 int main(void) {
     TEST_RUN(test_kv_quant_llama);
     TEST_RUN(test_qwen35);
+    TEST_RUN(test_qwen3_moe);
     TEST_RUN(test_flash_greedy);
     return test_summary();
 }

@@ -15,6 +15,8 @@
  *    items of one expert, three where the 8-bit K = 2048 staging is larger,
  *    expert counts that leave partial tiles, in both of its shapes —, so the
  *    grids are held to the same bits);
+ *  - dense bf16 expert stacks (moe_dense.cu): the same bits as the per-item
+ *    path at 1, 3 and 16 tokens in both activation modes, alone and batched;
  *  - an expert index outside the stack is PT_ERR_RANGE naming it.
  * The CPU parity of both paths is test_cuda_ops' test_moe. Built with
  * CUDA=1 and run on the GPU machine; without a GPU every test is SKIP. */
@@ -31,6 +33,7 @@
 #include <string.h>
 
 void pt_cuda_moe_select(int v2); /* moe_decode.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
+long pt_cuda_moe_dense_launches(void); /* moe_dense.cu: launches of the dense bf16 expert kernels */
 void pt_cuda_moe_expert_min(int b); /* moe_grid.cu: the decode path's expert grid from b items up (<= 0: default) */
 void pt_cuda_moe_tile_shape(int s); /* moe_grid.cu: the expert grid's shape, 0 wide, 1 lean, -1 by size */
 
@@ -107,9 +110,20 @@ typedef struct {
     int ok;
 } stack;
 
-/* An expert stack [E, N, K] prepared on G. */
+/* An expert stack [E, N, K] prepared on G; bits 0: dense bf16 weights. */
 static int stack_make(stack *s, pt_backend *G, int64_t E, int64_t N, int64_t K, int bits, int gs, int bias) {
-    rand_qweight_make(&s->q, E * N, K, bits, gs, bias, 1);
+    if (bits == 0) {
+        uint16_t *w = malloc((size_t)(E * N * K) * 2);
+        for (int64_t i = 0; i < E * N * K; i++) w[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        memset(&s->q, 0, sizeof s->q);
+        s->q.codes = w;
+        s->q.bias = bias ? malloc((size_t)(E * N) * 2) : NULL;
+        for (int64_t i = 0; bias && i < E * N; i++) s->q.bias[i] = pt_f32_to_bf16(rf(-1, 1));
+        s->q.w = (pt_matrix){.rows = E * N, .cols = K, .dtype = PT_FT_BF16, .data = w, .bias = s->q.bias,
+                             .bias_dtype = PT_FT_BF16};
+    } else {
+        rand_qweight_make(&s->q, E * N, K, bits, gs, bias, 1);
+    }
     s->q.w.rows = N;
     s->q.w.n_experts = E;
     pt_status st = G->ops->prepare_weight(G, &s->q.w, "experts");
@@ -176,10 +190,17 @@ static int ffn_case(int a, int64_t T, int64_t E, int k, int64_t H, int64_t I, in
                "differ from the per-item path, max |diff| %.3g of max |y| %.3g\n",
                (long long)E, k, (long long)H, (long long)I, bits, gs, fused, a, (long long)T, (long long)diff,
                (long long)(T * H), worst, mx);
+        /* dense bf16 experts: the decode kernels form each row as the
+         * per-item GEMV does (one launch shape at every batch): same bits */
+        if (bits == 0) {
+            CHECK(diff == 0, "dense bf16 experts, fused=%d act=%d T=%lld: %lld outputs differ from the per-item path",
+                  fused, a, (long long)T, (long long)diff);
+            ok = diff == 0;
+        }
         const double tol = (a ? 2e-2 : 1e-5) * mx;
         CHECK(worst <= tol, "bits=%d gs=%d fused=%d act=%d: max |diff| %.3g from the per-item path > %.3g", bits, gs,
               fused, a, worst, tol);
-        ok = worst <= tol;
+        ok = ok && worst <= tol;
         /* batch invariance: each token alone gives its row of the batch
          * (alone: the per-item grid; in a batch of T·k > 8 items: the
          * expert grid, so this also holds the two grids to the same bits) */
@@ -304,10 +325,33 @@ static void test_moe_decode_experts(void) {
     pt_cuda_moe_expert_min(0);
 }
 
+/* Dense bf16 expert stacks take the decode path's own kernels (moe_dense.cu:
+ * two launches a call, counted) with the per-item path's bits: one token,
+ * 3 and 16 tokens, alone against batched, a bad expert index. Shapes: the
+ * Qwen3-30B-A3B experts; fused gate|up with a bias and I = 520 (65 chunks:
+ * the one-chunk tail of both loops, a partial last block of gate rows);
+ * top-2 (two warps per down block). */
+static void test_moe_decode_dense(void) {
+    NEED_GPU();
+    static const int64_t Ts[] = {1, 3, 16};
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 1; a >= 0; a--) {
+            const int64_t T = Ts[ti];
+            const long n0 = pt_cuda_moe_dense_launches();
+            if (!ffn_case(a, T, 8, 8, 2048, 768, 0, 0, 0, 0)) return;
+            /* run_ffn on the decode path: once in the comparison, T times alone */
+            CHECK(pt_cuda_moe_dense_launches() - n0 >= 2 * (1 + T),
+                  "dense bf16 experts did not take the decode kernels (%ld launches)", pt_cuda_moe_dense_launches() - n0);
+            if (!ffn_case(a, T, 6, 8, 1024, 520, 0, 0, 1, 1)) return;
+            if (!ffn_case(a, T, 4, 2, 256, 136, 0, 0, 0, 0)) return;
+        }
+}
+
 int main(void) {
     TEST_RUN(test_moe_route_warp);
     TEST_RUN(test_moe_decode_same_bits);
     TEST_RUN(test_moe_decode_experts);
+    TEST_RUN(test_moe_decode_dense);
     for (int a = 0; a < 2; a++) pt_backend_free(&G_[a]);
     return test_summary();
 }

@@ -41,7 +41,8 @@
  * block per (rows, tile) that keeps its rows in registers and converts each
  * code once for all the tile's items (two shapes: lean below
  * MOE_TILE_LEAN_B items, wide from there); each (row, item) value and the
- * combine are the same bits as in the per-item grid. */
+ * combine are the same bits as in the per-item grid. Dense bf16 experts
+ * take moe_dense.cu's two kernels (the per-item path's bits). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/moe_decode.cuh"
@@ -362,32 +363,7 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32)
             if (lane == 0) o[j][r] = moe_row_out(v, m, grow[r], eok, bf);
         }
     }
-    if (threadIdx.x == 0) {
-        /* moe_combine_kernel's walk: the next larger (expert, slot) pair each step */
-        const int32_t *it = idx + t * k;
-        int prev = -1, prev_j = -1;
-        for (int n = 0; n < k; n++) {
-            int bj = -1;
-            for (int j = 0; j < k; j++) {
-                const int e = it[j];
-                const bool after = e > prev || (e == prev && j > prev_j);
-                if (after && (bj < 0 || e < it[bj])) bj = j;
-            }
-            prev = it[bj];
-            prev_j = bj;
-            ord[n] = bj;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < MOE_DN_ROWS && d0 + threadIdx.x < H) {
-        const float *wt = weights + t * k;
-        float acc = 0.f;
-        for (int n = 0; n < k; n++) {
-            const int j = ord[n];
-            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[j][threadIdx.x], wt[j])))); /* as moe_combine_kernel */
-        }
-        y[t * H + d0 + threadIdx.x] = acc;
-    }
+    moe_rows_combine<MOE_DN_ROWS>(y, o, ord, idx, weights, t, k, H, d0, bf);
 }
 
 /* Whether an expert stack can feed the decode kernels: 4/8-bit MLX layout
@@ -461,6 +437,8 @@ pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T
         return pt_cuda_moe_tiled(c, y, x, idx, weights, T, top_k, gate, up, down, (int)act);
     if (v2_gu) {
         PT_TRY(moe_gu(c, c->moe_h, x, idx, B, top_k, gate, up, I, (int)act));
+    } else if (v2 && pt_cuda_moe_dense_ok(gate) && (!up || pt_cuda_moe_dense_ok(up))) {
+        PT_TRY(pt_cuda_moe_gu_dense(c, c->moe_h, x, idx, B, top_k, gate, up, I, (int)act));
     } else {
         /* gate|up rows of each item: moe_g[b, 0..2I) */
         if (up) {
@@ -472,6 +450,7 @@ pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T
         PT_TRY(pt_cuda_glu(be, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act));
     }
     if (v2_down) return moe_down(c, y, c->moe_h, idx, weights, T, top_k, down);
+    if (v2 && pt_cuda_moe_dense_ok(down)) return pt_cuda_moe_down_dense(c, y, c->moe_h, idx, weights, T, top_k, down);
     PT_TRY(pt_cuda_gemv_items(c, c->moe_o, c->moe_h, B, 1, down, idx, 0, 0, H, H));
     return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, top_k, H, pt_cuda_bf(be), (const int32_t *)NULL);
 }

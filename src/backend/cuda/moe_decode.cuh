@@ -26,4 +26,13 @@ pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T
                                  const float *weights, int top_k, const pt_matrix *gate, const pt_matrix *up,
                                  const pt_matrix *down, pt_glu_kind act);
 
+/* The decode path for dense bf16 expert stacks (moe_dense.cu): whether a
+ * stack can feed it (PETREL_CUDA_MOE_DENSE, on unless "0"), gate|up + GLU
+ * into h [B, I], down + combine into y [T, H]; the per-item path's bits. */
+bool pt_cuda_moe_dense_ok(const pt_matrix *w);
+pt_status pt_cuda_moe_gu_dense(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
+                               const pt_matrix *gate, const pt_matrix *up, int64_t I, int act);
+pt_status pt_cuda_moe_down_dense(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights,
+                                 int64_t T, int k, const pt_matrix *down);
+
 #endif

@@ -90,6 +90,43 @@ __device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t g
     return eok ? pt_rnd(bf, v) : 0.f;
 }
 
+/* y[t, d0 .. d0 + ROWS) = the weighted sum of o[j][r] (token t's k experts'
+ * rounded outputs of rows d0 + r) over the slots in ascending (expert, slot)
+ * order, rounding after each product and add as moe_combine_kernel (moe.cu)
+ * does; ord: k ints of shared memory. Every thread of the block calls it
+ * (a barrier inside) after o is written. */
+template <int ROWS>
+__device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS], int *ord, const int32_t *idx,
+                                                 const float *weights, int64_t t, int k, int64_t H, int64_t d0,
+                                                 int bf) {
+    if (threadIdx.x == 0) {
+        /* moe_combine_kernel's walk: the next larger (expert, slot) pair each step */
+        const int32_t *it = idx + t * k;
+        int prev = -1, prev_j = -1;
+        for (int n = 0; n < k; n++) {
+            int bj = -1;
+            for (int j = 0; j < k; j++) {
+                const int e = it[j];
+                const bool after = e > prev || (e == prev && j > prev_j);
+                if (after && (bj < 0 || e < it[bj])) bj = j;
+            }
+            prev = it[bj];
+            prev_j = bj;
+            ord[n] = bj;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < ROWS && d0 + threadIdx.x < H) {
+        const float *wt = weights + t * k;
+        float acc = 0.f;
+        for (int n = 0; n < k; n++) {
+            const int j = ord[n];
+            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[j][threadIdx.x], wt[j])))); /* as moe_combine_kernel */
+        }
+        y[t * H + d0 + threadIdx.x] = acc;
+    }
+}
+
 /* Chunks per lane for K columns of BITS-bit codes when the decode kernels
  * take them (1, 2 or 4 with at most MOE_MAX_X values of x per lane), else 0. */
 static inline int moe_cpl(int64_t K, int bits) {
