@@ -20,6 +20,7 @@
 #include "runtime/levers.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,12 +93,73 @@ static void *own_alloc(pt_model *m, size_t bytes) {
     return p;
 }
 
+/* Random fill of a weight: chunks of SYNTH_CHUNK values, each from its own
+ * xorshift state (a mix of the weight's seed and the chunk's index), spread
+ * over up to SYNTH_THREADS threads. The values depend on the seed alone, not
+ * on the thread count (a 30B-parameter bf16 shape was minutes on one core). */
+#define SYNTH_CHUNK ((size_t)1 << 20)
+#define SYNTH_THREADS 16
+
+typedef struct {
+    void *p;
+    size_t n;          /* values: 64-bit words (bf16 == 0) or bf16 values */
+    int bf16;
+    float center, amp; /* bf16: around center with spread amp */
+    uint64_t seed;
+    int nth, ith;
+} synth_fill;
+
+static uint64_t chunk_state(uint64_t seed, size_t chunk) {
+    uint64_t z = seed + (chunk + 1) * 0x9e3779b97f4a7c15ull; /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return z ? z : 0x2545f4914f6cdd1dull; /* xorshift needs a nonzero state */
+}
+
+static void *synth_fill_run(void *arg) {
+    const synth_fill *f = arg;
+    const size_t nchunks = (f->n + SYNTH_CHUNK - 1) / SYNTH_CHUNK;
+    for (size_t c = (size_t)f->ith; c < nchunks; c += (size_t)f->nth) {
+        uint64_t s = chunk_state(f->seed, c);
+        const size_t b = c * SYNTH_CHUNK, e = b + SYNTH_CHUNK < f->n ? b + SYNTH_CHUNK : f->n;
+        if (!f->bf16) {
+            uint64_t *d = f->p;
+            for (size_t i = b; i < e; i++) d[i] = xs(&s);
+            continue;
+        }
+        uint16_t *d = f->p;
+        for (size_t i = b; i < e; i++) {
+            float u = (float)((xs(&s) >> 40) & 0xffffff) / 16777216.0f;
+            d[i] = pt_f32_to_bf16(f->center + f->amp * (2 * u - 1));
+        }
+    }
+    return NULL;
+}
+
+static void fill_par(void *p, size_t n, int bf16, float center, float amp, uint64_t seed) {
+    const size_t nchunks = (n + SYNTH_CHUNK - 1) / SYNTH_CHUNK;
+    int nth = pt_cpu_count();
+    if (nth > SYNTH_THREADS) nth = SYNTH_THREADS;
+    if ((size_t)nth > nchunks) nth = (int)nchunks;
+    if (nth < 1) nth = 1;
+    synth_fill f[SYNTH_THREADS];
+    pthread_t th[SYNTH_THREADS];
+    int started[SYNTH_THREADS] = {0};
+    for (int t = 0; t < nth; t++) {
+        f[t] = (synth_fill){p, n, bf16, center, amp, seed, nth, t};
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, synth_fill_run, &f[t]) == 0;
+    }
+    synth_fill_run(&f[0]);
+    for (int t = 1; t < nth; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else synth_fill_run(&f[t]); /* no thread: the same chunks here */
+    }
+}
+
 /* Random 16-bit floats around `center` with spread `amp`. */
 static void fill_bf16(uint16_t *p, size_t n, float center, float amp, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        float u = (float)((xs(s) >> 40) & 0xffffff) / 16777216.0f;
-        p[i] = pt_f32_to_bf16(center + amp * (2 * u - 1));
-    }
+    fill_par(p, n, 1, center, amp, xs(s));
 }
 
 static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t rows, int64_t cols, const char *what) {
@@ -116,7 +178,7 @@ static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t row
         uint64_t *d = own_alloc(c->m, words * 4 + 8);
         uint16_t *sc = own_alloc(c->m, groups * 2), *bi = own_alloc(c->m, groups * 2);
         if (!d || !sc || !bi) return pt_error(PT_ERR_NOMEM, "synthetic %s: out of memory", what);
-        for (size_t i = 0; i < (words + 1) / 2; i++) d[i] = xs(&s);
+        fill_par(d, (words + 1) / 2, 0, 0, 0, xs(&s));
         /* codes q in [0, 2^bits): w = scale*q + bias spans about [-0.05, 0.05] */
         float amp = 0.1f / (float)((1 << c->bits) - 1);
         fill_bf16(sc, groups, amp, amp * 0.1f, &s);

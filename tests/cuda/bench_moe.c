@@ -11,6 +11,10 @@
  * stack does not sit in L2). Also prints the weight bytes a T = 1 pass
  * reads (8 experts × gate, up, down codes + scales + biases) and the rate
  * that makes. The paths' outputs are compared bit for bit.
+ * `bench_moe bf16`: the same layer with dense bf16 experts: "old" (the
+ * per-item GEMVs, GLU and combine), "item" (moe_dense.cu's two kernels at
+ * every size) and "wide"/"lean" both the default dispatch (those kernels up
+ * to 32 items, the per-item GEMVs above).
  * Not a test; built with the CUDA test binaries (make gpu-bundle) and run on
  * the GPU machine: bench_moe. Numbers in bench/RESULTS.md. */
 #include "bench_util.h"
@@ -25,15 +29,29 @@ void pt_cuda_moe_tile_shape(int s); /* moe_grid.cu: the grid's shape, 0 wide, 1 
 
 enum { E = 128, K = 8, H = 2048, I = 768, GS = 64, NL = 16, TMAX = 256, NPATH = 4 };
 
-/* path 0 old, 1 the decode path's per-item grid, 2 its expert grid wide, 3 lean */
+void pt_cuda_moe_dense_max(int b); /* moe_dense.cu: most items of the dense bf16 kernels (<= 0: default) */
+
+static int dense; /* bench_moe bf16: dense bf16 experts */
+
+/* path 0 old, 1 the decode path's per-item grid, 2 its expert grid wide, 3 lean;
+ * dense bf16: 1 moe_dense.cu's kernels at every size, 2 and 3 the default dispatch */
 static void select_path(int v) {
     pt_cuda_moe_select(v > 0);
+    pt_cuda_moe_dense_max(v == 1 ? 1 << 30 : 0);
     pt_cuda_moe_expert_min(v == 1 ? 1 << 30 : 1);
     pt_cuda_moe_tile_shape(v == 3);
 }
 
 static void make_stack(pt_backend *be, pt_matrix *w, int64_t N, int64_t Kc) {
     const int64_t R = (int64_t)E * N;
+    if (dense) {
+        uint16_t *d = malloc((size_t)(R * Kc) * 2);
+        for (int64_t i = 0; i < R * Kc; i++) d[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.1f);
+        *w = (pt_matrix){.rows = N, .cols = Kc, .n_experts = E, .dtype = PT_FT_BF16, .data = d};
+        if (be->ops->prepare_weight(be, w, "experts") != PT_OK) DIE("prepare");
+        free(d);
+        return;
+    }
     uint32_t *d = malloc((size_t)(R * Kc / 2));
     uint16_t *sc = malloc((size_t)(R * Kc / GS) * 2), *bi = malloc((size_t)(R * Kc / GS) * 2);
     for (int64_t i = 0; i < R * Kc / 8; i++) d[i] = ru();
@@ -77,7 +95,8 @@ static double time_graph(moe_set *s, int T, int what) {
     return bench_graph_median_us(be, NL);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    dense = argc > 1 && !strcmp(argv[1], "bf16");
     moe_set s;
     memset(&s, 0, sizeof s);
     s.be = bench_cuda_open();
@@ -102,15 +121,17 @@ int main(void) {
     s.idx = be->ops->alloc(be, (size_t)TMAX * K * 4);
     if (!s.x || !s.y || !s.wts || !s.idx || be->ops->upload(be, s.x, xh, (size_t)TMAX * H * 4) != PT_OK) DIE("alloc");
     /* bytes one token's pass reads: 8 experts × 3 matrices × (codes + bf16 scales and biases) */
-    const double bytes = (double)K * 3 * ((double)I * H / 2 + 2.0 * 2 * I * H / GS);
-    printf("qwen3-30b-a3b MoE block (E=%d top-%d H=%d I=%d 4-bit g%d): µs per layer, graphs of %d passes;\n"
+    const double bytes = dense ? (double)K * 3 * I * H * 2 : (double)K * 3 * ((double)I * H / 2 + 2.0 * 2 * I * H / GS);
+    printf("qwen3-30b-a3b MoE block (E=%d top-%d H=%d I=%d %s): µs per layer, graphs of %d passes;\n"
            "T=1 reads %.2f MB of expert weights\n",
-           E, K, H, I, GS, NL, bytes / 1e6);
+           E, K, H, I, dense ? "dense bf16" : "4-bit g64", NL, bytes / 1e6);
     /* the paths' outputs, bit for bit, at every T */
     float *yv[NPATH];
     for (int v = 0; v < NPATH; v++) yv[v] = malloc((size_t)TMAX * H * 4);
-    const int Ts[] = {1, 2, 4, 16, 64, 128, 256};
-    enum { NT = sizeof Ts / sizeof Ts[0] };
+    static const int Tq[] = {1, 2, 4, 16, 64, 128, 256}, Td[] = {1, 2, 4, 8, 16};
+    /* dense bf16: every item reads its expert's rows (no expert grid), so only the decode sizes */
+    const int *Ts = dense ? Td : Tq;
+    const int NT = dense ? (int)(sizeof Td / sizeof Td[0]) : (int)(sizeof Tq / sizeof Tq[0]);
     for (int ti = 0; ti < NT; ti++) {
         const int T = Ts[ti];
         for (int v = 0; v < NPATH; v++) {
@@ -139,13 +160,14 @@ int main(void) {
             qsort(m[v], 3, sizeof(double), cmpd);
         }
         /* new = the default dispatch: the per-item grid below 9 items, the lean grid below 1024, else wide */
-        const double mnew = T * K < 9 ? m[1][1] : T * K < 1024 ? m[3][1] : m[2][1];
+        const double mnew = dense ? m[2][1] : T * K < 9 ? m[1][1] : T * K < 1024 ? m[3][1] : m[2][1];
         printf("%4d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2fx %9.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
                m[2][1], m[3][1], mnew / m[0][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
     }
     for (int v = 0; v < NPATH; v++) free(yv[v]);
     pt_cuda_moe_expert_min(0);
     pt_cuda_moe_tile_shape(-1);
+    pt_cuda_moe_dense_max(0);
     pt_cuda_moe_select(-1);
     free(h), free(xh);
     pt_backend_free(&s.be);

@@ -30,6 +30,7 @@ pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T
  * stack can feed it (PETREL_CUDA_MOE_DENSE, on unless "0"), gate|up + GLU
  * into h [B, I], down + combine into y [T, H]; the per-item path's bits. */
 bool pt_cuda_moe_dense_ok(const pt_matrix *w);
+bool pt_cuda_moe_dense_fits(int64_t B); /* B items: at most the kernels' limit */
 pt_status pt_cuda_moe_gu_dense(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k,
                                const pt_matrix *gate, const pt_matrix *up, int64_t I, int act);
 pt_status pt_cuda_moe_down_dense(pt_cuda *c, float *y, const float *h, const int32_t *idx, const float *weights,
