@@ -139,12 +139,7 @@ __global__ void moe_combine_kernel(float *y, const float *o, const int32_t *idx,
         /* Visit the k picks in ascending (expert, slot) order without sorting:
          * k is small (<= 64) and each step finds the next larger pair. */
         for (int n = 0; n < k; n++) {
-            int bj = -1;
-            for (int j = 0; j < k; j++) {
-                const int e = it[j];
-                const bool after = e > prev || (e == prev && j > prev_j);
-                if (after && (bj < 0 || e < it[bj])) bj = j;
-            }
+            const int bj = pt_moe_next_slot(it, k, prev, prev_j);
             prev = it[bj];
             prev_j = bj;
             const int64_t row = inv ? (int64_t)inv[t * k + bj] : t * k + bj;

@@ -6,6 +6,19 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 
+/* The slot after (prev, prev_j) in ascending (expert, slot) order among a
+ * token's k picks it[] ((-1, -1): the first): the walk of every MoE combine
+ * (moe.cu's combine kernel, moe_rows_combine), k <= 64 steps without a sort. */
+__device__ __forceinline__ int pt_moe_next_slot(const int32_t *it, int k, int prev, int prev_j) {
+    int bj = -1;
+    for (int j = 0; j < k; j++) {
+        const int e = it[j];
+        const bool after = e > prev || (e == prev && j > prev_j);
+        if (after && (bj < 0 || e < it[bj])) bj = j;
+    }
+    return bj;
+}
+
 /* Whether the decode path is on (PETREL_CUDA_MOE_V2, unless
  * pt_cuda_moe_select overrides it). */
 int pt_cuda_moe_v2_on(void);

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "backend/cuda/moe_decode.cuh"
 
 #define MOE_MAX_X 64   /* x values per lane held in registers: K <= 32·64 = 2048 */
 
@@ -104,12 +105,7 @@ __device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS
         const int32_t *it = idx + t * k;
         int prev = -1, prev_j = -1;
         for (int n = 0; n < k; n++) {
-            int bj = -1;
-            for (int j = 0; j < k; j++) {
-                const int e = it[j];
-                const bool after = e > prev || (e == prev && j > prev_j);
-                if (after && (bj < 0 || e < it[bj])) bj = j;
-            }
+            const int bj = pt_moe_next_slot(it, k, prev, prev_j);
             prev = it[bj];
             prev_j = bj;
             ord[n] = bj;
