@@ -450,7 +450,8 @@ pt_status pt_cuda_moe_ffn_decode(pt_cuda *c, float *y, const float *x, int64_t T
         PT_TRY(pt_cuda_glu(be, c->moe_h, c->moe_g, c->moe_g + I, B, I, 2 * I, act));
     }
     if (v2_down) return moe_down(c, y, c->moe_h, idx, weights, T, top_k, down);
-    if (v2 && pt_cuda_moe_dense_fits(B) && pt_cuda_moe_dense_ok(down)) return pt_cuda_moe_down_dense(c, y, c->moe_h, idx, weights, T, top_k, down);
+    if (v2 && pt_cuda_moe_dense_fits(B) && pt_cuda_moe_dense_ok(down))
+        return pt_cuda_moe_down_dense(c, y, c->moe_h, idx, weights, T, top_k, down);
     PT_TRY(pt_cuda_gemv_items(c, c->moe_o, c->moe_h, B, 1, down, idx, 0, 0, H, H));
     return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, top_k, H, pt_cuda_bf(be), (const int32_t *)NULL);
 }
