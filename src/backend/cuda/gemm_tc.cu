@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(TC_THREADS, 2) gemm_tc_kernel(tc_args a) {
         pt_cp_wait<TC_STAGES - 2>();
         __syncthreads(); /* step kt landed; every warp is done with the weight tile of step kt-1 */
         float s_nxt = 0.f, b_nxt = 0.f;
-        if (BITS != 16 && kt + 1 < KT) load_sb(kt + 1, s_nxt, b_nxt);
+        if (kt + 1 < KT) load_sb(kt + 1, s_nxt, b_nxt); /* (BITS 16: zeros, no load) */
         /* dequantize: codes of (drow, dhalf) → 4 swizzled 16-byte chunks of the weight tile */
         if constexpr (BITS != 16) {
             const uint8_t *raw = smem + sl * L::STAGE + L::X_BYTES + drow * L::RAW_ROW + dhalf * (L::RAW_ROW / 2);
