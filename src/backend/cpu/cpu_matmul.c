@@ -629,6 +629,7 @@ typedef struct {
     const float *x;
     int64_t K;
     int gs;
+    int dense; /* dense weights: the sums are zeros (below) */
     atomic_int bad;
 } gx_ctx;
 
@@ -644,7 +645,9 @@ static void gemm_x_job(void *arg, long t0, long t1, int ith) {
             return;
         }
     }
-    group_sums(q->c, q->xs + t0 * ng, q->x + t0 * K, t1 - t0, K, q->gs);
+    /* dense weights: the bias term (bias 0) gets zeros, not Σx, so 0·Σx cannot make a NaN of an overflowed sum */
+    if (q->dense) memset(q->xs + t0 * ng, 0, sizeof(float) * (size_t)((t1 - t0) * ng));
+    else group_sums(q->c, q->xs + t0 * ng, q->x + t0 * K, t1 - t0, K, q->gs);
 }
 
 /* The 512-bit int8 kernel: AVX-512 VNNI and K % 128 == 0. */
@@ -834,12 +837,11 @@ static pt_status prefill_prep(pt_cpu *c, const float *x, int64_t T, const pt_mat
         int64_t T32 = (T + 31) / 32 * 32;
         PT_TRY(pt_cpu_need_scratch(c, amx ? pt_cpu_gemm_amx_scratch(K, ng) : pt_cpu_gemm_bf16_scratch(K, ng),
                                    (size_t)(T * ng + T32 * K / 2 + 16)));
-        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = (int)bgs};
+        gx_ctx q = {.c = c, .xs = c->xbuf, .xb = (uint16_t *)(c->xbuf + T * ng), .x = x, .K = K, .gs = (int)bgs,
+                    .dense = dense};
         atomic_init(&q.bad, 0);
         pt_pool_for(c->pool, (long)T, 8, gemm_x_job, &q);
         if (!atomic_load(&q.bad)) {
-            /* dense: the bias term (bias 0) gets Σx as zeros, so 0·Σx cannot make a NaN of an overflowed sum */
-            if (dense) memset(q.xs, 0, sizeof(float) * (size_t)T);
             memset(q.xb + T * K, 0, sizeof(uint16_t) * (size_t)((T32 - T) * K));
             p->kind = PF_BF16, p->amx = amx, p->dense = dense, p->xs = q.xs, p->xb = q.xb;
             return PT_OK;
