@@ -154,54 +154,7 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
     for (int r = 0; r < PT_GEMV_ROWS; r++)
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[r][n] = 0.f;
-    const int64_t nv = a.K / VEC;
-    int64_t c = lane;
-    if constexpr (U > 1) {
-        for (; c + 32 * (U - 1) < nv; c += 32 * U) {
-            uint4 raw[U][PT_GEMV_ROWS];
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int r = 0; r < PT_GEMV_ROWS; r++)
-                    raw[u][r] = __ldg(reinterpret_cast<const uint4 *>(rowp[r]) + c + 32 * u);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int64_t cu = c + 32 * u;
-#pragma unroll
-                for (int n = 0; n < NT; n++) {
-                    const float *xp = xb + n * a.K + cu * VEC;
-#pragma unroll
-                    for (int r = 0; r < PT_GEMV_ROWS; r++) {
-                        const WT *h = reinterpret_cast<const WT *>(&raw[u][r]);
-#pragma unroll
-                        for (int i = 0; i < VEC; i++) acc[r][n] = fmaf((float)h[i], __ldg(xp + i), acc[r][n]);
-                    }
-                }
-            }
-        }
-    }
-    for (; c < nv; c += 32) {
-        float wv[PT_GEMV_ROWS][VEC];
-#pragma unroll
-        for (int r = 0; r < PT_GEMV_ROWS; r++) {
-            if constexpr (VEC == 1) {
-                wv[r][0] = (float)rowp[r][c];
-            } else {
-                uint4 u = __ldg(reinterpret_cast<const uint4 *>(rowp[r]) + c);
-                const WT *h = reinterpret_cast<const WT *>(&u);
-#pragma unroll
-                for (int i = 0; i < VEC; i++) wv[r][i] = (float)h[i];
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            const float *xp = xb + n * a.K + c * VEC;
-#pragma unroll
-            for (int r = 0; r < PT_GEMV_ROWS; r++)
-#pragma unroll
-                for (int i = 0; i < VEC; i++) acc[r][n] = fmaf(wv[r][i], __ldg(xp + i), acc[r][n]);
-        }
-    }
+    pt_dense_rows_dot<WT, VEC, PT_GEMV_ROWS, NT, U>(acc, rowp, xb, a.K, a.K / VEC, lane);
 #pragma unroll
     for (int r = 0; r < PT_GEMV_ROWS; r++) {
 #pragma unroll
@@ -240,9 +193,9 @@ static pt_status launch_gemv_nt(const pt_cuda *c, const gemv_args &a, int bits, 
     case 6: gemv_q_kernel<6, NT><<<grid, block, 0, s>>>(a); break;
     case 8: gemv_q_kernel<8, NT><<<grid, block, 0, s>>>(a); break;
     case 0: {
-        /* 16-byte loads need every row 16-byte aligned. */
+        /* 16-byte loads need every weight row and x row 16-byte aligned. */
         size_t es = pt_ftype_size(dt);
-        bool vec = ((a.K * (int64_t)es) % 16 == 0) && ((uintptr_t)a.data % 16 == 0);
+        bool vec = ((a.K * (int64_t)es) % 16 == 0) && ((uintptr_t)a.data % 16 == 0) && ((uintptr_t)a.x % 16 == 0);
         const bool u4 = dense_u() == 4;
         if (dt == PT_FT_BF16) {
             if (vec && u4) gemv_dense_kernel<__nv_bfloat16, 8, NT, 4><<<grid, block, 0, s>>>(a);

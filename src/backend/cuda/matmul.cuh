@@ -44,6 +44,83 @@ __device__ __forceinline__ uint32_t pt_q_code(const uint32_t (&w)[BITS], int j) 
     return q & ((1u << BITS) - 1u);
 }
 
+/* A dense 16-byte row chunk's multiply-adds: acc[r][n] += the VEC values
+ * of w[r] · x row n's values c·VEC + i (x + n·xs), i in order, each value
+ * converted where it is used; x read by 16-byte loads first (XV: the
+ * fewest registers for many rows) or value by value where it is used (the
+ * fewest for few rows). Either reads the same values, so the same bits. */
+template <typename WT, int VEC, int NR, int NT, bool XV>
+__device__ __forceinline__ void pt_dense_chunk_fma(float (&acc)[NR][NT], const uint4 (&w)[NR], const float *x,
+                                                   int64_t xs, int64_t c) {
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        const float *xp = x + n * xs + c * VEC;
+        float xv[VEC];
+        if constexpr (XV) {
+#pragma unroll
+            for (int i = 0; i < VEC / 4; i++) {
+                const float4 v = __ldg(reinterpret_cast<const float4 *>(xp) + i);
+                xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const WT *h = reinterpret_cast<const WT *>(&w[r]);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) acc[r][n] = fmaf((float)h[i], XV ? xv[i] : __ldg(xp + i), acc[r][n]);
+        }
+    }
+}
+
+/* acc[r][n] += the lane's part of dense row rp[r] · x row n (x + n·xs):
+ * the VEC-element chunks lane, lane + 32, ... of nv in order, one fma
+ * chain per (row, x row); the caller adds the warp's lanes. VEC == 1 reads
+ * scalars (any K); otherwise 16-byte chunks (rows and x 16-byte aligned),
+ * and with U > 1 the loads of U chunks of every row are issued before
+ * their multiply-adds, which then run chunk by chunk in the same order: U
+ * changes no bit, only the loads in flight; XV as pt_dense_chunk_fma's
+ * (VEC > 1). The one dot of a dense weight
+ * row on the decode path: gemv_dense_kernel (matmul.cu) and the dense MoE
+ * expert kernels (moe_dense.cu), so those give the same bits. */
+template <typename WT, int VEC, int NR, int NT, int U, bool XV = false>
+__device__ __forceinline__ void pt_dense_rows_dot(float (&acc)[NR][NT], const WT *const (&rp)[NR], const float *x,
+                                                  int64_t xs, int64_t nv, int lane) {
+    static_assert(VEC * sizeof(WT) == 16 || (VEC == 1 && U == 1), "16-byte chunks, or scalars one at a time");
+    int64_t c = lane;
+    if constexpr (VEC == 1) {
+        for (; c < nv; c += 32) {
+            float wv[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) wv[r] = (float)rp[r][c];
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const float xv = __ldg(x + n * xs + c);
+#pragma unroll
+                for (int r = 0; r < NR; r++) acc[r][n] = fmaf(wv[r], xv, acc[r][n]);
+            }
+        }
+        return;
+    } else {
+        if constexpr (U > 1) {
+            for (; c + 32 * (U - 1) < nv; c += 32 * U) {
+                uint4 raw[U][NR];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int r = 0; r < NR; r++) raw[u][r] = __ldg(reinterpret_cast<const uint4 *>(rp[r]) + c + 32 * u);
+#pragma unroll
+                for (int u = 0; u < U; u++) pt_dense_chunk_fma<WT, VEC, NR, NT, XV>(acc, raw[u], x, xs, c + 32 * u);
+            }
+        }
+        for (; c < nv; c += 32) {
+            uint4 raw[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) raw[r] = __ldg(reinterpret_cast<const uint4 *>(rp[r]) + c);
+            pt_dense_chunk_fma<WT, VEC, NR, NT, XV>(acc, raw, x, xs, c);
+        }
+    }
+}
+
 /* Rows [row_begin, row_begin + nrows) of a quantized weight (2-8 bit; rows
  * of an expert stack counted across experts) dequantized to bf16 [nrows,
  * cols] at out, enqueued on the backend's stream (matmul.cu; moe.cu's

@@ -29,45 +29,6 @@
 #define MD_DN_WARPS 8 /* most warps per down block (one expert each) */
 #define MD_DN_U 2     /* chunks per row whose loads are in flight (down) */
 
-/* acc[r] += one 16-byte chunk of bf16 weights w[r] · the 8 values of x at xp
- * (16-byte aligned), in element order. */
-template <int NR>
-__device__ __forceinline__ void md_chunk_fma(float (&acc)[NR], const uint4 (&w)[NR], const float *xp) {
-    const float4 x0 = __ldg(reinterpret_cast<const float4 *>(xp)), x1 = __ldg(reinterpret_cast<const float4 *>(xp) + 1);
-    const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        const __nv_bfloat16 *h = reinterpret_cast<const __nv_bfloat16 *>(&w[r]);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[r] = fmaf(__bfloat162float(h[i]), xv[i], acc[r]);
-    }
-}
-
-/* acc[r] = the lane's part of row rp[r] · x: chunks lane, lane + 32, ...
- * of nv, U of them loaded per row before their multiply-adds. */
-template <int NR, int U>
-__device__ __forceinline__ void md_rows_dot(float (&acc)[NR], const __nv_bfloat16 *const (&rp)[NR], const float *x,
-                                            int64_t nv, int lane) {
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.f;
-    int64_t c = lane;
-    for (; c + 32 * (U - 1) < nv; c += 32 * U) {
-        uint4 raw[U][NR];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int r = 0; r < NR; r++) raw[u][r] = __ldg(reinterpret_cast<const uint4 *>(rp[r]) + c + 32 * u);
-#pragma unroll
-        for (int u = 0; u < U; u++) md_chunk_fma<NR>(acc, raw[u], x + (c + 32 * u) * 8);
-    }
-    for (; c < nv; c += 32) {
-        uint4 raw[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) raw[r] = __ldg(reinterpret_cast<const uint4 *>(rp[r]) + c);
-        md_chunk_fma<NR>(acc, raw, x + c * 8);
-    }
-}
-
 /* A row's stored value as gemv_dense_kernel stores it: the warp sum, the
  * bias, the rounding; zeros for a bad expert. */
 __device__ __forceinline__ float md_row_out(float v, const moe_qm &m, int64_t grow, bool eok, int bf) {
@@ -98,16 +59,16 @@ __global__ void __launch_bounds__(MD_GU_WARPS * 32)
         grow[d] = e * m.rows + m.row_off + r;
         rp[d] = reinterpret_cast<const __nv_bfloat16 *>(m.codes) + grow[d] * K;
     }
-    float acc[2 * MD_GU_RPW];
-    md_rows_dot<2 * MD_GU_RPW, MD_GU_U>(acc, rp, x + (b / k) * K, K / 8, lane);
+    float acc[2 * MD_GU_RPW][1] = {};
+    pt_dense_rows_dot<__nv_bfloat16, 8, 2 * MD_GU_RPW, 1, MD_GU_U, true>(acc, rp, x + (b / k) * K, K, K / 8, lane);
 #pragma unroll
-    for (int d = 0; d < 2 * MD_GU_RPW; d++) acc[d] = pt_warp_sum(acc[d]);
+    for (int d = 0; d < 2 * MD_GU_RPW; d++) acc[d][0] = pt_warp_sum(acc[d][0]);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < MD_GU_RPW; r++) {
             if (r0 + r >= I) break;
-            const float gv = md_row_out(acc[r], g, grow[r], eok, bf);
-            const float uv = md_row_out(acc[MD_GU_RPW + r], u, grow[MD_GU_RPW + r], eok, bf);
+            const float gv = md_row_out(acc[r][0], g, grow[r], eok, bf);
+            const float uv = md_row_out(acc[MD_GU_RPW + r][0], u, grow[MD_GU_RPW + r], eok, bf);
             h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
         }
     }
@@ -138,11 +99,11 @@ __global__ void __launch_bounds__(MD_DN_WARPS * 32)
             grow[r] = e * m.rows + (d0 + r < H ? d0 + r : d0);
             rp[r] = reinterpret_cast<const __nv_bfloat16 *>(m.codes) + grow[r] * I;
         }
-        float acc[MD_DN_ROWS];
-        md_rows_dot<MD_DN_ROWS, MD_DN_U>(acc, rp, h + b * I, I / 8, lane);
+        float acc[MD_DN_ROWS][1] = {};
+        pt_dense_rows_dot<__nv_bfloat16, 8, MD_DN_ROWS, 1, MD_DN_U, true>(acc, rp, h + b * I, I, I / 8, lane);
 #pragma unroll
         for (int r = 0; r < MD_DN_ROWS; r++) {
-            const float v = pt_warp_sum(acc[r]);
+            const float v = pt_warp_sum(acc[r][0]);
             if (lane == 0) o[j][r] = md_row_out(v, m, grow[r], eok, bf);
         }
     }
@@ -159,7 +120,7 @@ bool pt_cuda_moe_dense_fits(int64_t B) { return B <= g_moe_dense_max_b; }
 
 static int g_moe_dense = -1;
 static long g_moe_dense_launches; /* host side: launches of the two kernels (tests) */
-extern "C" long pt_cuda_moe_dense_launches(void) { return g_moe_dense_launches; }
+extern "C" long pt_cuda_moe_dense_launches(void) { return __atomic_load_n(&g_moe_dense_launches, __ATOMIC_RELAXED); }
 
 bool pt_cuda_moe_dense_ok(const pt_matrix *w) {
     if (g_moe_dense < 0) g_moe_dense = pt_env_on("PETREL_CUDA_MOE_DENSE");
@@ -177,7 +138,7 @@ pt_status pt_cuda_moe_gu_dense(pt_cuda *c, float *h, const float *x, const int32
               dim3(MD_GU_WARPS * 32), 0, c->stream, pt_pdl_chain(), h, x, idx, k, K, I, g, u, E, c->err_dev,
               (int)(c->base.act == PT_ACT_BF16), act);
     CUDA_CHECK_LAUNCH("moe gate|up (bf16)");
-    g_moe_dense_launches++;
+    __atomic_fetch_add(&g_moe_dense_launches, 1L, __ATOMIC_RELAXED);
     return PT_OK;
 }
 
@@ -189,6 +150,6 @@ pt_status pt_cuda_moe_down_dense(pt_cuda *c, float *y, const float *h, const int
               dim3(32 * warps), 0, c->stream, pt_pdl_chain(), y, h, idx, weights, k, H, I, moe_qm_of(down, 0), E,
               c->err_dev, (int)(c->base.act == PT_ACT_BF16));
     CUDA_CHECK_LAUNCH("moe down (bf16)");
-    g_moe_dense_launches++;
+    __atomic_fetch_add(&g_moe_dense_launches, 1L, __ATOMIC_RELAXED);
     return PT_OK;
 }
