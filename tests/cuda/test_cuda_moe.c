@@ -35,6 +35,7 @@
 
 void pt_cuda_moe_select(int v2); /* moe_decode.cu: 1 the decode path, 0 the per-item kernels, -1 the environment */
 long pt_cuda_moe_dense_launches(void); /* moe_dense.cu: launches of the dense bf16 expert kernels */
+unsigned long long pt_cuda_moe_route_warp_count(void); /* moe_decode.cu: launches of the warp routing kernel */
 void pt_cuda_moe_expert_min(int b); /* moe_grid.cu: the decode path's expert grid from b items up (<= 0: default) */
 void pt_cuda_moe_tile_shape(int s); /* moe_grid.cu: the expert grid's shape, 0 wide, 1 lean, -1 by size */
 
@@ -62,17 +63,18 @@ static int setup(void) {
 
 static int route_case(int a, int64_t T, int E, int k, int renorm, int scaled) {
     pt_backend *G = G_[a];
-    float *logits = malloc((size_t)(T * E) * 4), pes[256];
+    float *logits = malloc((size_t)(T * E) * 4), *pes = malloc((size_t)E * 4);
     fill_act(logits, T * E, -3, 3, a);
     if (T > 1 && E > 4) logits[E + 2] = logits[E + 3]; /* a tie in token 1: the lower index wins */
     for (int e = 0; e < E; e++) pes[e] = rf(0.5f, 1.5f);
-    float *ld = put(G, logits, (size_t)(T * E) * 4), *pesd = put(G, pes, sizeof pes);
+    float *ld = put(G, logits, (size_t)(T * E) * 4), *pesd = put(G, pes, (size_t)E * 4);
     float *wd = put(G, NULL, (size_t)(T * k) * 4);
     int32_t *idd = put(G, NULL, (size_t)(T * k) * 4);
     int32_t *i0 = malloc((size_t)(T * k) * 4), *i1 = malloc((size_t)(T * k) * 4);
     float *w0 = malloc((size_t)(T * k) * 4), *w1 = malloc((size_t)(T * k) * 4);
     pt_moe_route p = {E, k, renorm, scaled ? pesd : NULL};
     int ok = 1;
+    const unsigned long long n0 = pt_cuda_moe_route_warp_count();
     for (int v = 0; v < 2 && ok; v++) {
         pt_cuda_moe_select(v);
         pt_status s = G->ops->moe_route(G, idd, wd, ld, T, &p);
@@ -86,10 +88,15 @@ static int route_case(int a, int64_t T, int E, int k, int renorm, int scaled) {
         CHECK(memcmp(w0, w1, (size_t)(T * k) * 4) == 0, "E=%d k=%d act=%d renorm=%d: the weights differ", E, k, a,
               renorm);
         ok = memcmp(i0, i1, (size_t)(T * k) * 4) == 0 && memcmp(w0, w1, (size_t)(T * k) * 4) == 0;
+        /* the warp kernel takes up to 512 experts and 64 picks, the block kernel the rest */
+        const int warp = E <= 512 && k <= 64;
+        const unsigned long long ran = pt_cuda_moe_route_warp_count() - n0;
+        CHECK(ran == (unsigned long long)warp, "E=%d k=%d: the warp kernel ran %llu times", E, k, ran);
+        ok = ok && ran == (unsigned long long)warp;
     }
     pt_cuda_moe_select(-1);
     G->ops->dealloc(G, ld), G->ops->dealloc(G, pesd), G->ops->dealloc(G, wd), G->ops->dealloc(G, idd);
-    free(logits), free(i0), free(i1), free(w0), free(w1);
+    free(logits), free(pes), free(i0), free(i1), free(w0), free(w1);
     return ok;
 }
 
@@ -101,6 +108,10 @@ static void test_moe_route_warp(void) {
         if (!route_case(a, 4, 7, 3, 1, 1)) return;    /* fewer experts than a warp */
         if (!route_case(a, 6, 200, 6, 1, 0)) return;  /* not a multiple of 32 */
         if (!route_case(a, 1, 64, 64, 1, 0)) return;  /* every expert picked */
+        if (!route_case(a, 7, 64, 40, 1, 1)) return;  /* more picks than lanes */
+        if (!route_case(a, 5, 512, 10, 1, 0)) return; /* Qwen3-Next: the most experts in registers */
+        if (!route_case(a, 3, 300, 8, 0, 1)) return;  /* 10 logits per lane */
+        if (!route_case(a, 3, 600, 8, 1, 0)) return;  /* above: the block kernel on both paths */
     }
 }
 

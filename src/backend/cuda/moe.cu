@@ -119,7 +119,10 @@ pt_status pt_cuda_moe_route(pt_backend *be, int32_t *idx, float *weights, const 
     if (E <= 0 || k <= 0 || k > E || E > 4096)
         return pt_error(PT_ERR_INVALID_ARG, "moe_route: top_k %d of %d experts is invalid", k, E);
     if (T <= 0) return PT_OK;
-    if (pt_cuda_moe_v2_on()) return pt_cuda_moe_route_warp(c, idx, weights, logits, T, p);
+    if (pt_cuda_moe_v2_on()) {
+        const pt_status st = pt_cuda_moe_route_warp(c, idx, weights, logits, T, p);
+        if (st != PT_ERR_UNSUPPORTED) return st; /* past its limits: the block kernel (the same bits) */
+    }
     moe_route_kernel<<<(unsigned)T, ROUTE_THREADS, (size_t)E * sizeof(float), c->stream>>>(
         idx, weights, logits, E, k, p->renorm, p->per_expert_scale, pt_cuda_bf(be));
     CUDA_CHECK_LAUNCH("moe_route");

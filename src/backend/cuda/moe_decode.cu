@@ -11,8 +11,9 @@
  * The same arithmetic as the kernels it replaces, in fewer and wider
  * launches (the per-item GEMV ran 6144 blocks of one warp per projection and
  * the routing and combine were one-block kernels):
- *  - routing: one warp per token (moe_route_warp_kernel) instead of a block
- *    of ROUTE_THREADS; the softmax sum is formed in the block kernel's order
+ *  - routing: one warp per token (moe_route_warp_kernel, up to 512 experts,
+ *    each lane's logits in registers) instead of a block of
+ *    ROUTE_THREADS; the softmax sum is formed in the block kernel's order
  *    (the ROUTE_THREADS virtual threads' serial sums, each warp of them
  *    reduced by the butterfly, the four warp sums as (s0 + s2) + (s1 + s3)),
  *    the top-k is an exact argmax (order-free), so the picks and weights are
@@ -61,53 +62,63 @@ extern "C" void pt_cuda_moe_select(int v2) {
 }
 
 #define ROUTE_THREADS 128 /* the block routing kernel's threads (moe.cu), whose sums this repeats */
-#define ROUTE_WARPS 4 /* tokens (warps) per block of the warp routing kernel */
+#define ROUTE_WARPS 4     /* tokens (warps) per block of the warp routing kernel */
+#define ROUTE_MAX_NPL 16  /* the warp kernel's most logits per lane: E <= 512 */
+#define ROUTE_MAX_K 64    /* ... and most picks (two per lane) */
 
-/* One warp per token; prob[] is this warp's slice of the shared memory
- * (E floats). Same results as moe_route_kernel (moe.cu; see above). */
+/* One warp per token, its logits in registers: lane l holds experts
+ * l + 32·i, i < NPL (E <= 32·NPL). Same results as moe_route_kernel (moe.cu;
+ * see above): the max is order-free; the softmax sum is the block kernel's
+ * (virtual thread v = 32·w + lane sums e = v, v + ROUTE_THREADS, ..., i.e.
+ * its i ≡ w (mod 4) in ascending i, then the butterfly per w and
+ * (s0 + s2) + (s1 + s3)); each pick is an exact (value, lower index) argmax
+ * over the lanes' best, its value prob[pick] itself, and the picks' sum is
+ * formed in pick order by every lane. Pick j is kept by lane j % 32 and
+ * written by it (a coalesced store) with its weight. */
+template <int NPL>
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     moe_route_warp_kernel(int32_t *idx, float *weights, const float *logits, int64_t T, int E, int k, int renorm,
                           const float *per_expert_scale, int bf) {
-    extern __shared__ float route_sm[]; /* [warps per block][E] */
+    static_assert(ROUTE_THREADS == 128, "the sum's second stage below is written for four warps");
     pt_release_dependents();
     pt_wait_primary();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
+    const int lane = threadIdx.x & 31;
+    const int64_t t = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= T) return;
-    float *prob = route_sm + (size_t)warp * E;
     const float *l = logits + t * E;
-    float m = -INFINITY;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
-    m = pt_warp_max(m); /* a max: the same whatever the order */
-    /* virtual thread v = 32·w + lane of the ROUTE_THREADS-thread block sums
-     * e = v, v + ROUTE_THREADS, ... in that order */
-    float s[ROUTE_THREADS / 32];
+    float p[NPL];
 #pragma unroll
-    for (int w = 0; w < ROUTE_THREADS / 32; w++) {
-        float a = 0.f;
-        for (int e = 32 * w + lane; e < E; e += ROUTE_THREADS) {
-            const float p = expf(l[e] - m);
-            prob[e] = p;
-            a += p;
+    for (int i = 0; i < NPL; i++) p[i] = lane + 32 * i < E ? l[lane + 32 * i] : -INFINITY;
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E) m = fmaxf(m, p[i]);
+    m = pt_warp_max(m); /* a max: the same whatever the order */
+    float a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        if (lane + 32 * i < E) {
+            p[i] = expf(p[i] - m);
+            a[i % 4] += p[i];
         }
-        s[w] = pt_warp_sum(a);
     }
-    static_assert(ROUTE_THREADS == 128, "pt_block_sum's second stage below is written for four warps");
+    float s[4];
+#pragma unroll
+    for (int w = 0; w < 4; w++) s[w] = pt_warp_sum(a[w]);
     const float sum = (s[0] + s[2]) + (s[1] + s[3]);
-    __syncwarp();
-    for (int e = lane; e < E; e += 32) prob[e] = prob[e] / sum;
-    __syncwarp();
-    /* lane 0 keeps the picks (k <= 64) and writes them once at the end:
-     * reading them back from global memory cost a round trip per pick */
-    int32_t pick[64];
-    float pw[64];
+#pragma unroll
+    for (int i = 0; i < NPL; i++)
+        if (lane + 32 * i < E) p[i] = p[i] / sum; /* past E: −inf, never picked */
+    int32_t pick[2] = {-1, -1};
+    float pw[2] = {0.f, 0.f}, tsum = 0.f;
     for (int j = 0; j < k; j++) {
         float best = -INFINITY;
         int bi = -1;
-        for (int e = lane; e < E; e += 32)
-            if (prob[e] != -INFINITY && (bi < 0 || prob[e] > best)) {
-                best = prob[e];
-                bi = e;
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            if (p[i] != -INFINITY && (bi < 0 || p[i] > best)) {
+                best = p[i];
+                bi = lane + 32 * i;
             }
         /* (value, index) argmax, ties to the lower index: one total order,
          * so every lane ends with the same pick */
@@ -120,37 +131,47 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
                 bi = oi;
             }
         }
-        if (lane == 0) {
-            pick[j] = bi;
-            pw[j] = bi >= 0 ? prob[bi] : 0.f;
-            if (bi >= 0) prob[bi] = -INFINITY; /* taken */
-        }
-        __syncwarp();
+        const float v = bi >= 0 ? best : 0.f; /* best is prob[bi] */
+        tsum += v;
+        if ((j & 31) == lane) pick[j >> 5] = bi, pw[j >> 5] = v;
+#pragma unroll
+        for (int i = 0; i < NPL; i++)
+            if (lane + 32 * i == bi) p[i] = -INFINITY; /* taken */
     }
-    if (lane == 0) {
-        int32_t *it = idx + t * k;
-        float *wt = weights + t * k;
-        float tsum = 0.f;
-        for (int j = 0; j < k; j++) tsum += pw[j];
-        for (int j = 0; j < k; j++) {
-            float w = renorm ? pw[j] / tsum : pw[j];
-            if (per_expert_scale) w *= per_expert_scale[pick[j]];
-            it[j] = pick[j];
-            wt[j] = pt_rnd(bf, w);
-        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int j = lane + 32 * h;
+        if (j >= k) break;
+        float w = renorm ? pw[h] / tsum : pw[h];
+        if (per_expert_scale && pick[h] >= 0) w *= per_expert_scale[pick[h]];
+        idx[t * k + j] = pick[h];
+        weights[t * k + j] = pt_rnd(bf, w);
     }
 }
 
-/* The routing of moe.cu's pt_cuda_moe_route with the decode path on. */
+static unsigned long long g_route_warp_launches; /* tests: the warp kernel ran */
+extern "C" unsigned long long pt_cuda_moe_route_warp_count(void) {
+    return __atomic_load_n(&g_route_warp_launches, __ATOMIC_RELAXED);
+}
+
+/* The routing of moe.cu's pt_cuda_moe_route with the decode path on: the
+ * warp kernel up to ROUTE_MAX_NPL·32 experts and ROUTE_MAX_K picks;
+ * PT_ERR_UNSUPPORTED (no message) past those, for the block kernel. */
 pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const float *logits, int64_t T,
                                  const pt_moe_route *p) {
-    const int E = p->n_experts, k = p->top_k;
-    /* four tokens per block while their slices fit the default 48 KiB */
-    const int wpb = (size_t)E * sizeof(float) * ROUTE_WARPS <= 48 * 1024 ? ROUTE_WARPS : 1;
-    pt_launch(moe_route_warp_kernel, dim3((unsigned)((T + wpb - 1) / wpb)), dim3(32 * wpb),
-              (size_t)wpb * E * sizeof(float), c->stream, pt_pdl_chain(), idx, weights, logits, T, E, k, p->renorm,
-              p->per_expert_scale, pt_cuda_bf(&c->base));
+    const int E = p->n_experts, k = p->top_k, npl = (E + 31) / 32;
+    if (E > 32 * ROUTE_MAX_NPL || k > ROUTE_MAX_K) return PT_ERR_UNSUPPORTED;
+    const dim3 grid((unsigned)((T + ROUTE_WARPS - 1) / ROUTE_WARPS)), block(32 * ROUTE_WARPS);
+    const int bf = pt_cuda_bf(&c->base);
+#define ROUTE_LAUNCH(N)                                                                                              \
+    pt_launch(moe_route_warp_kernel<N>, grid, block, 0, c->stream, pt_pdl_chain(), idx, weights, logits, T, E, k,  \
+              p->renorm, p->per_expert_scale, bf)
+    if (npl <= 4) ROUTE_LAUNCH(4);
+    else if (npl <= 8) ROUTE_LAUNCH(8);
+    else ROUTE_LAUNCH(16);
+#undef ROUTE_LAUNCH
     CUDA_CHECK_LAUNCH("moe_route");
+    __atomic_fetch_add(&g_route_warp_launches, 1ull, __ATOMIC_RELAXED);
     return PT_OK;
 }
 

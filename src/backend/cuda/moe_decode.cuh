@@ -23,8 +23,10 @@ __device__ __forceinline__ int pt_moe_next_slot(const int32_t *it, int k, int pr
  * pt_cuda_moe_select overrides it). */
 int pt_cuda_moe_v2_on(void);
 
-/* pt_cuda_moe_route with the decode path on: one warp per token, the same
- * picks and weights as moe.cu's block kernel. The caller checked E and k. */
+/* pt_cuda_moe_route with the decode path on: one warp per token, the
+ * logits in its registers, the same picks and weights as moe.cu's block
+ * kernel; PT_ERR_UNSUPPORTED (no message) above 512 experts or 64 picks,
+ * which the block kernel takes. The caller checked E and k. */
 pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const float *logits, int64_t T,
                                  const pt_moe_route *p);
 
