@@ -251,6 +251,13 @@ typedef struct pt_backend_ops {
     pt_status (*rms_norm)(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
                           const void *w, pt_ftype wtype, pt_rms_style style, float eps);
 
+    /* Optional (NULL: two rms_norm calls): x1[T1, D] with weight w1 and
+     * x2[T2, D] with w2 normalized in place (same D, wtype, style, eps) in
+     * one call, the bits of the two rms_norm calls — the per-head q and k
+     * norms. PT_ERR_UNSUPPORTED (no message): make the two calls. */
+    pt_status (*rms_norm2)(pt_backend *be, float *x1, int64_t T1, const void *w1, float *x2, int64_t T2,
+                           const void *w2, int64_t D, pt_ftype wtype, pt_rms_style style, float eps);
+
     /* y[T, N] = x[T, K] · Wᵀ (+ bias), N = w->rows, K = w->cols, f32
      * accumulation, one rounding at the end (after the bias) in bf16 mode.
      * Quantized W is used directly (factored form per group:

@@ -258,6 +258,23 @@ static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int6
 
 /* RoPE on q [T, nh, hd] and, if k != NULL, on k [T, nkv, hd]: one call
  * where the backend has the fused op (bit-identical to the two calls). */
+/* The per-head q and k norms (either weight NULL: that norm is absent; k
+ * NULL: no keys of the layer's own), in one backend call where the backend
+ * has it (the same bits as the two). */
+pt_status pt_fwd_qk_norm(pt_model *m, float *q, int64_t Tq, const void *wq, float *k, int64_t Tk, const void *wk,
+                         int hd, pt_rms_style style) {
+    const pt_net *n = &m->net;
+    pt_backend *be = m->be;
+    if (!k) wk = NULL;
+    if (wq && wk && OPS(m)->rms_norm2) {
+        const pt_status st = OPS(m)->rms_norm2(be, q, Tq, wq, k, Tk, wk, hd, n->norm_type, style, n->eps);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
+    if (wq) PT_TRY(OPS(m)->rms_norm(be, q, q, NULL, Tq, hd, wq, n->norm_type, style, n->eps));
+    if (wk) PT_TRY(OPS(m)->rms_norm(be, k, k, NULL, Tk, hd, wk, n->norm_type, style, n->eps));
+    return PT_OK;
+}
+
 static pt_status rope_qk(pt_model *m, float *q, float *k, int64_t T, int nh, int nkv, int hd, const int32_t *pos,
                          const pt_rope *rope) {
     if (OPS(m)->rope_qk) return OPS(m)->rope_qk(m->be, q, k, T, nh, nkv, hd, pos, rope);
@@ -358,12 +375,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
             if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
                 PT_TRY(OPS(m)->rms_norm(be, st->v, st->v, NULL, (int64_t)T * nkv, hd, NULL, n->norm_type, PT_RMS_NOSCALE,
                                         n->eps));
-            if (L->q_norm)
-                PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, (int64_t)T * nh, hd, L->q_norm, n->norm_type, L->qk_style,
-                                        n->eps));
-            if (own_kv && L->k_norm)
-                PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type,
-                                        L->qk_style, n->eps));
+            PT_TRY(pt_fwd_qk_norm(m, st->q, (int64_t)T * nh, L->q_norm, own_kv ? st->k : NULL, (int64_t)T * nkv,
+                                  L->k_norm, hd, L->qk_style));
             pt_attn attn = L->attn;
             attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
             if (r) {

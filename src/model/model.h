@@ -249,6 +249,11 @@ pt_status pt_qwen35_fwd_init(pt_model *m, pt_fwd_state *st);
 void pt_qwen35_fwd_free(pt_model *m, pt_fwd_state *st);
 pt_status pt_qwen35_begin(pt_model *m, pt_fwd_state *st, int pos0);
 pt_status pt_qwen35_mixer(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T);
+/* forward.c: the per-head q and k norms in place (a NULL weight: that norm
+ * is absent; k NULL: no keys of the layer's own), in one backend call where
+ * the backend has one (rms_norm2), else two. */
+pt_status pt_fwd_qk_norm(pt_model *m, float *q, int64_t Tq, const void *wq, float *k, int64_t Tk, const void *wk,
+                         int hd, pt_rms_style style);
 
 /* Weight binding helpers shared by the family builders (llama.c): a matrix
  * of the given shape (prepared for the backend), and a float vector of n

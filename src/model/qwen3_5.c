@@ -171,7 +171,6 @@ pt_status pt_qwen35_begin(pt_model *m, pt_fwd_state *st, int pos0) {
 
 /* Gated full attention: st->xn -> st->y. */
 static pt_status gated_attention(pt_model *m, pt_fwd_state *st, const pt_layer *L, int l, int T) {
-    const pt_net *n = &m->net;
     pt_backend *be = m->be;
     const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
     const int64_t rows = (int64_t)T * nh;
@@ -180,11 +179,7 @@ static pt_status gated_attention(pt_model *m, pt_fwd_state *st, const pt_layer *
     PT_TRY(OPS(m)->copy_rows(be, st->lo, hd, st->lq + hd, 2 * hd, rows, hd)); /* gate [T, nh·hd] */
     PT_TRY(OPS(m)->matmul(be, st->k, st->xn, T, &L->wk, 0));
     PT_TRY(OPS(m)->matmul(be, st->v, st->xn, T, &L->wv, 0));
-    if (L->q_norm)
-        PT_TRY(OPS(m)->rms_norm(be, st->q, st->q, NULL, rows, hd, L->q_norm, n->norm_type, L->qk_style, n->eps));
-    if (L->k_norm)
-        PT_TRY(OPS(m)->rms_norm(be, st->k, st->k, NULL, (int64_t)T * nkv, hd, L->k_norm, n->norm_type, L->qk_style,
-                                n->eps));
+    PT_TRY(pt_fwd_qk_norm(m, st->q, rows, L->q_norm, st->k, (int64_t)T * nkv, L->k_norm, hd, L->qk_style));
     PT_TRY(OPS(m)->rope(be, st->q, T, nh, hd, st->pos_dev, &L->rope));
     PT_TRY(OPS(m)->rope(be, st->k, T, nkv, hd, st->pos_dev, &L->rope));
     PT_TRY(OPS(m)->kv_append(be, &st->kv[l], st->k, st->v, T, st->pos_dev));

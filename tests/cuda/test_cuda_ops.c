@@ -241,6 +241,52 @@ static void test_rms_norm(void) {
     REPORT();
 }
 
+/* rms_norm2 (the per-head q and k norms in one launch): the bits of two
+ * rms_norm calls, each set with its own weight (so a set normalized with
+ * the other's weight fails); the strided kernel's row lengths are left to
+ * the two calls (PT_ERR_UNSUPPORTED). */
+static void test_rms_norm2(void) {
+    NEED_GPU();
+    static const int64_t Ds[] = {64, 67, 128, 256, 2051, 70000};
+    for (int a = 0; a < 2; a++)
+        for (int st = 0; st < 4; st++)
+            for (int di = 0; di < 6; di++) {
+                pt_backend *G = G_[a];
+                const int64_t T1 = 7, T2 = 3, D = Ds[di], n1 = T1 * D, n2 = T2 * D;
+                float *x1 = malloc(n1 * 4), *x2 = malloc(n2 * 4), *y[4];
+                for (int i = 0; i < 4; i++) y[i] = malloc((i % 2 ? n2 : n1) * 4);
+                uint16_t *w1 = malloc(D * 2), *w2 = malloc(D * 2);
+                fill_act(x1, n1, -3, 3, a);
+                fill_act(x2, n2, -2, 2, a);
+                for (int64_t i = 0; i < D; i++) /* two different weights: each set must take its own */
+                    w1[i] = pt_f32_to_bf16(rf(-1.5f, 1.5f)), w2[i] = pt_f32_to_bf16(rf(0.5f, 2.f));
+                float *d1 = put(G, x1, n1 * 4), *d2 = put(G, x2, n2 * 4);
+                uint16_t *wd1 = put(G, w1, D * 2), *wd2 = put(G, w2, D * 2);
+                const pt_rms_style sty = (pt_rms_style)st;
+                pt_status s = G->ops->rms_norm(G, d1, d1, NULL, T1, D, wd1, PT_FT_BF16, sty, 1e-6f);
+                if (s == PT_OK) s = G->ops->rms_norm(G, d2, d2, NULL, T2, D, wd2, PT_FT_BF16, sty, 1e-6f);
+                if (s == PT_OK) s = G->ops->download(G, y[0], d1, n1 * 4);
+                if (s == PT_OK) s = G->ops->download(G, y[1], d2, n2 * 4);
+                if (s == PT_OK) s = G->ops->upload(G, d1, x1, n1 * 4);
+                if (s == PT_OK) s = G->ops->upload(G, d2, x2, n2 * 4);
+                CHECK(s == PT_OK, "cuda rms_norm: %s", pt_last_error());
+                pt_status s2 = G->ops->rms_norm2(G, d1, T1, wd1, d2, T2, wd2, D, PT_FT_BF16, sty, 1e-6f);
+                const int strided = D > 16384;
+                CHECK(s2 == (strided ? PT_ERR_UNSUPPORTED : PT_OK), "rms_norm2 D=%lld: status %d", (long long)D, s2);
+                if (s2 == PT_OK) {
+                    s = G->ops->download(G, y[2], d1, n1 * 4);
+                    if (s == PT_OK) s = G->ops->download(G, y[3], d2, n2 * 4);
+                    CHECK(s == PT_OK, "download: %s", pt_last_error());
+                    CHECK(memcmp(y[0], y[2], n1 * 4) == 0 && memcmp(y[1], y[3], n2 * 4) == 0,
+                          "rms_norm2 act=%d style=%d D=%lld: not the bits of two rms_norm calls", a, st, (long long)D);
+                }
+                G->ops->dealloc(G, d1), G->ops->dealloc(G, d2), G->ops->dealloc(G, wd1), G->ops->dealloc(G, wd2);
+                free(x1), free(x2), free(w1), free(w2);
+                for (int i = 0; i < 4; i++) free(y[i]);
+            }
+    REPORT();
+}
+
 /* ---- rope ---- */
 
 static void test_rope(void) {
@@ -522,6 +568,7 @@ int main(void) {
     TEST_RUN(test_prepare_rejects);
     TEST_RUN(test_embed);
     TEST_RUN(test_rms_norm);
+    TEST_RUN(test_rms_norm2);
     TEST_RUN(test_rope);
     TEST_RUN(test_attention);
     TEST_RUN(test_glu_elementwise);

@@ -326,6 +326,7 @@ static const pt_backend_ops cuda_ops = {
     .release_weight = cuda_release_weight,
     .embed = pt_cuda_embed,
     .rms_norm = pt_cuda_rms_norm,
+    .rms_norm2 = pt_cuda_rms_norm2,
     .matmul = pt_cuda_matmul,
     .rope = pt_cuda_rope,
     .kv_append = pt_cuda_kv_append,

@@ -219,6 +219,8 @@ pt_status pt_cuda_attention_rows(pt_backend *be, float *out, const float *q, int
 /* norm.cu */
 pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *residual, int64_t T, int64_t D,
                            const void *w, pt_ftype wtype, pt_rms_style style, float eps);
+pt_status pt_cuda_rms_norm2(pt_backend *be, float *x1, int64_t T1, const void *w1, float *x2, int64_t T2,
+                            const void *w2, int64_t D, pt_ftype wtype, pt_rms_style style, float eps);
 /* rope.cu */
 pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int head_dim, const int32_t *pos,
                        const pt_rope *rope);

@@ -44,19 +44,14 @@ __device__ __forceinline__ float norm_out(int style, float v, float inv, float w
     return pt_rnd(bf, o);
 }
 
-/* grid: one block per row; block: NORM_REG_THREADS at most (a multiple of
- * 32). V: chunks of 4 values per thread. VEC: float4 accesses (requires
- * D % 4 == 0 and x, y, res 16-byte aligned). */
+/* One row of the register kernel: yr = rms_norm(xr) (hr: the fused
+ * residual row, or NULL), the block's threads over it; the body of both
+ * register kernels below. V: chunks of 4 values per thread. VEC: float4
+ * accesses (requires D % 4 == 0 and the rows 16-byte aligned). */
 template <int V, bool VEC>
-__global__ void __launch_bounds__(NORM_REG_THREADS)
-    rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
-                        float eps, int bf, int early_w) {
-    pt_release_dependents();
+__device__ __forceinline__ void norm_reg_row(float *yr, const float *xr, float *hr, int D, const void *w, pt_ftype wt,
+                                             int style, float eps, int bf, int early_w) {
     __shared__ float red[32];
-    const int64_t r = blockIdx.x;
-    const float *xr = x + r * D;
-    float *yr = y + r * D;
-    float *hr = res ? res + r * D : NULL;
     const int nt = blockDim.x;
     float v[V][4], wv[V][4];
     /* the weights first, before waiting for the kernel before (programmatic
@@ -146,6 +141,31 @@ __global__ void __launch_bounds__(NORM_REG_THREADS)
     }
 }
 
+/* grid: one block per row; block: NORM_REG_THREADS at most (a multiple of
+ * 32). VEC requires x, y, res 16-byte aligned. */
+template <int V, bool VEC>
+__global__ void __launch_bounds__(NORM_REG_THREADS)
+    rms_norm_reg_kernel(float *y, const float *x, float *res, int D, const void *w, pt_ftype wt, int style,
+                        float eps, int bf, int early_w) {
+    pt_release_dependents();
+    const int64_t r = blockIdx.x;
+    norm_reg_row<V, VEC>(y + r * D, x + r * D, res ? res + r * D : NULL, D, w, wt, style, eps, bf, early_w);
+}
+
+/* Two row sets in one launch, in place: rows [0, T1) of x1 with w1, then
+ * the rows of x2 with w2 (the per-head q and k norms), each row as
+ * rms_norm_reg_kernel forms it with the same block: the same bits as two
+ * launches, one launch fewer. */
+template <int V, bool VEC>
+__global__ void __launch_bounds__(NORM_REG_THREADS)
+    rms_norm_reg2_kernel(float *x1, int64_t T1, const void *w1, float *x2, const void *w2, int D, pt_ftype wt,
+                         int style, float eps, int bf, int early_w) {
+    pt_release_dependents();
+    const int64_t r = blockIdx.x;
+    float *xr = r < T1 ? x1 + r * D : x2 + (r - T1) * D;
+    norm_reg_row<V, VEC>(xr, xr, NULL, D, r < T1 ? w1 : w2, wt, style, eps, bf, early_w);
+}
+
 /* Long rows (D > 16384): one block per row, strided over the row twice;
  * the same explicit fma sum whether the residual add is fused or not. */
 __global__ void __launch_bounds__(NORM_THREADS)
@@ -184,6 +204,20 @@ static int norm_early_w(void) {
     return v;
 }
 
+/* The register kernels' launch: V chunks per thread, threads per row
+ * (a multiple of 32), both from D alone (so the bits of a row depend on D
+ * and its values); vec: 16-byte accesses. */
+typedef struct {
+    int V, threads;
+} norm_shape;
+
+static norm_shape norm_reg_shape(int64_t D) {
+    const int64_t nvec = (D + 3) / 4; /* 4-value chunks of a row */
+    int V = 1;
+    while (nvec > (int64_t)V * NORM_REG_THREADS) V *= 2;
+    return (norm_shape){V, (int)((nvec + V - 1) / V + 31) / 32 * 32};
+}
+
 template <int V>
 static void launch_reg(cudaStream_t s, int threads, bool vec, unsigned T, float *y, const float *x, float *res,
                        int D, const void *w, pt_ftype wt, int style, float eps, int bf) {
@@ -202,14 +236,12 @@ pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *resi
     if (T == 0) return PT_OK;
     if (T > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "rms_norm: %lld rows", (long long)T);
     const int bf = pt_cuda_bf(be);
-    const int64_t nvec = (D + 3) / 4; /* 4-value chunks of a row */
-    if (nvec <= (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) {
-        int V = 1;
-        while (nvec > (int64_t)V * NORM_REG_THREADS) V *= 2;
-        const int threads = (int)((nvec + V - 1) / V + 31) / 32 * 32;
+    if ((D + 3) / 4 <= (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) {
+        const norm_shape sh = norm_reg_shape(D);
+        const int threads = sh.threads;
         const bool vec = D % 4 == 0 && aligned16(x) && aligned16(y) && (!residual || aligned16(residual));
         const int di = (int)D;
-        switch (V) {
+        switch (sh.V) {
         case 1: launch_reg<1>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
         case 2: launch_reg<2>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
         case 4: launch_reg<4>(c->stream, threads, vec, (unsigned)T, y, x, residual, di, w, wtype, (int)style, eps, bf); break;
@@ -220,5 +252,45 @@ pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *resi
                                                                    bf);
     }
     CUDA_CHECK_LAUNCH("rms_norm");
+    return PT_OK;
+}
+
+/* PETREL_CUDA_NORM2=0: rms_norm2 declines, so the q and k norms take two
+ * launches (A/B; read once). */
+static int norm2_on(void) {
+    static int v = -1;
+    if (v < 0) v = pt_env_on("PETREL_CUDA_NORM2");
+    return v;
+}
+
+/* backend.h rms_norm2: x1 [T1, D] and x2 [T2, D] normalized in place in one
+ * launch of the register kernel's rows; PT_ERR_UNSUPPORTED (no message)
+ * where rms_norm would take the strided kernel, for the two calls. */
+pt_status pt_cuda_rms_norm2(pt_backend *be, float *x1, int64_t T1, const void *w1, float *x2, int64_t T2,
+                            const void *w2, int64_t D, pt_ftype wtype, pt_rms_style style, float eps) {
+    pt_cuda *c = pt_cuda_of(be);
+    PT_ASSERT(T1 >= 0 && T2 >= 0 && D > 0);
+    PT_ASSERT(style == PT_RMS_NOSCALE || (w1 != NULL && w2 != NULL));
+    if (T1 + T2 == 0) return PT_OK;
+    if (!norm2_on() || T1 + T2 > INT32_MAX || (D + 3) / 4 > (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) return PT_ERR_UNSUPPORTED;
+    const norm_shape sh = norm_reg_shape(D);
+    const bool vec = D % 4 == 0 && aligned16(x1) && aligned16(x2);
+    const int bf = pt_cuda_bf(be), ew = norm_early_w(), di = (int)D;
+    const dim3 grid((unsigned)(T1 + T2)), block(sh.threads);
+#define NORM2_LAUNCH(V, VEC)                                                                                          \
+    pt_launch(rms_norm_reg2_kernel<V, VEC>, grid, block, 0, c->stream, pt_pdl_chain(), x1, T1, w1, x2, w2, di, wtype, \
+              (int)style, eps, bf, ew)
+    switch (sh.V * 2 + vec) {
+    case 2: NORM2_LAUNCH(1, false); break;
+    case 3: NORM2_LAUNCH(1, true); break;
+    case 4: NORM2_LAUNCH(2, false); break;
+    case 5: NORM2_LAUNCH(2, true); break;
+    case 8: NORM2_LAUNCH(4, false); break;
+    case 9: NORM2_LAUNCH(4, true); break;
+    case 16: NORM2_LAUNCH(8, false); break;
+    default: NORM2_LAUNCH(8, true); break;
+    }
+#undef NORM2_LAUNCH
+    CUDA_CHECK_LAUNCH("rms_norm2");
     return PT_OK;
 }
