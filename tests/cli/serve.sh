@@ -99,17 +99,23 @@ req_a='{"messages":[{"role":"user","content":"The LORD is my shepherd"}],"max_to
 req_b='{"messages":[{"role":"user","content":"Let there be light"}],"max_tokens":64,"temperature":0}'
 chat_content "$req_a" >"$TMP/solo_a"
 chat_content "$req_b" >"$TMP/solo_b"
-curl -s --max-time 60 "$URL/metrics" >"$TMP/m0"
-chat_content "$req_a" >"$TMP/pair_a" &
-pa=$!
-chat_content "$req_b" >"$TMP/pair_b" &
-pb=$!
-wait $pa $pb
-curl -s --max-time 60 "$URL/metrics" >"$TMP/m1"
-two0=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m0")
-one0=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m0")
-two1=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m1")
-one1=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m1")
+# The pair may still miss each other on a loaded machine (a reply ends at
+# its end-of-sequence token after ~20 steps): up to three tries; the last
+# try's replies are the ones compared with the solo replies below.
+for try in 1 2 3; do
+  curl -s --max-time 60 "$URL/metrics" >"$TMP/m0"
+  chat_content "$req_a" >"$TMP/pair_a" &
+  pa=$!
+  chat_content "$req_b" >"$TMP/pair_b" &
+  pb=$!
+  wait $pa $pb
+  curl -s --max-time 60 "$URL/metrics" >"$TMP/m1"
+  two0=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m0")
+  one0=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m0")
+  two1=$(metric 'petrel_batch_size_bucket{le="2"}' "$TMP/m1")
+  one1=$(metric 'petrel_batch_size_bucket{le="1"}' "$TMP/m1")
+  [ -n "$two1" ] && [ $((two1 - one1)) -gt $((two0 - one0)) ] && break
+done
 if [ -n "$two1" ] && [ $((two1 - one1)) -gt $((two0 - one0)) ]; then pass serve_batch_metrics
 else fail serve_batch_metrics "steps of 2 before ($two0-$one0) after ($two1-$one1): $(grep batch_size "$TMP/m1" | head -c 400)"; fi
 if [ -s "$TMP/solo_a" ] && cmp -s "$TMP/solo_a" "$TMP/pair_a" && cmp -s "$TMP/solo_b" "$TMP/pair_b"; then
