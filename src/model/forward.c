@@ -256,8 +256,6 @@ static pt_status residual(pt_model *m, pt_fwd_state *st, const pt_layer *L, int6
     return OPS(m)->add(m->be, st->x, st->x, st->y, n);
 }
 
-/* RoPE on q [T, nh, hd] and, if k != NULL, on k [T, nkv, hd]: one call
- * where the backend has the fused op (bit-identical to the two calls). */
 /* The per-head q and k norms (either weight NULL: that norm is absent; k
  * NULL: no keys of the layer's own), in one backend call where the backend
  * has it (the same bits as the two). */
@@ -275,6 +273,8 @@ pt_status pt_fwd_qk_norm(pt_model *m, float *q, int64_t Tq, const void *wq, floa
     return PT_OK;
 }
 
+/* RoPE on q [T, nh, hd] and, if k != NULL, on k [T, nkv, hd]: one call
+ * where the backend has the fused op (bit-identical to the two calls). */
 static pt_status rope_qk(pt_model *m, float *q, float *k, int64_t T, int nh, int nkv, int hd, const int32_t *pos,
                          const pt_rope *rope) {
     if (OPS(m)->rope_qk) return OPS(m)->rope_qk(m->be, q, k, T, nh, nkv, hd, pos, rope);
