@@ -79,9 +79,9 @@ __device__ __forceinline__ void pt_dense_chunk_fma(float (&acc)[NR][NT], const u
  * and with U > 1 the loads of U chunks of every row are issued before
  * their multiply-adds, which then run chunk by chunk in the same order: U
  * changes no bit, only the loads in flight; XV as pt_dense_chunk_fma's
- * (VEC > 1). The one dot of a dense weight
- * row on the decode path: gemv_dense_kernel (matmul.cu) and the dense MoE
- * expert kernels (moe_dense.cu), so those give the same bits. */
+ * (VEC > 1). The one dot of a dense weight row on the decode path:
+ * gemv_dense_kernel (matmul.cu) and the dense MoE expert kernels
+ * (moe_dense.cu), so those give the same bits. */
 template <typename WT, int VEC, int NR, int NT, int U, bool XV = false>
 __device__ __forceinline__ void pt_dense_rows_dot(float (&acc)[NR][NT], const WT *const (&rp)[NR], const float *x,
                                                   int64_t xs, int64_t nv, int lane) {
@@ -99,7 +99,6 @@ __device__ __forceinline__ void pt_dense_rows_dot(float (&acc)[NR][NT], const WT
                 for (int r = 0; r < NR; r++) acc[r][n] = fmaf(wv[r], xv, acc[r][n]);
             }
         }
-        return;
     } else {
         if constexpr (U > 1) {
             for (; c + 32 * (U - 1) < nv; c += 32 * U) {

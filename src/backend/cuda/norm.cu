@@ -206,13 +206,15 @@ static int norm_early_w(void) {
 
 /* The register kernels' launch: V chunks per thread, threads per row
  * (a multiple of 32), both from D alone (so the bits of a row depend on D
- * and its values); vec: 16-byte accesses. */
+ * and its values); V = 0: the row is too long for them (the strided
+ * kernel's). */
 typedef struct {
     int V, threads;
 } norm_shape;
 
 static norm_shape norm_reg_shape(int64_t D) {
     const int64_t nvec = (D + 3) / 4; /* 4-value chunks of a row */
+    if (nvec > (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) return (norm_shape){0, 0};
     int V = 1;
     while (nvec > (int64_t)V * NORM_REG_THREADS) V *= 2;
     return (norm_shape){V, (int)((nvec + V - 1) / V + 31) / 32 * 32};
@@ -236,8 +238,8 @@ pt_status pt_cuda_rms_norm(pt_backend *be, float *y, const float *x, float *resi
     if (T == 0) return PT_OK;
     if (T > INT32_MAX) return pt_error(PT_ERR_UNSUPPORTED, "rms_norm: %lld rows", (long long)T);
     const int bf = pt_cuda_bf(be);
-    if ((D + 3) / 4 <= (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) {
-        const norm_shape sh = norm_reg_shape(D);
+    const norm_shape sh = norm_reg_shape(D);
+    if (sh.V) {
         const int threads = sh.threads;
         const bool vec = D % 4 == 0 && aligned16(x) && aligned16(y) && (!residual || aligned16(residual));
         const int di = (int)D;
@@ -272,23 +274,23 @@ pt_status pt_cuda_rms_norm2(pt_backend *be, float *x1, int64_t T1, const void *w
     PT_ASSERT(T1 >= 0 && T2 >= 0 && D > 0);
     PT_ASSERT(style == PT_RMS_NOSCALE || (w1 != NULL && w2 != NULL));
     if (T1 + T2 == 0) return PT_OK;
-    if (!norm2_on() || T1 + T2 > INT32_MAX || (D + 3) / 4 > (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) return PT_ERR_UNSUPPORTED;
     const norm_shape sh = norm_reg_shape(D);
+    if (!norm2_on() || T1 + T2 > INT32_MAX || !sh.V) return PT_ERR_UNSUPPORTED;
     const bool vec = D % 4 == 0 && aligned16(x1) && aligned16(x2);
     const int bf = pt_cuda_bf(be), ew = norm_early_w(), di = (int)D;
     const dim3 grid((unsigned)(T1 + T2)), block(sh.threads);
-#define NORM2_LAUNCH(V, VEC)                                                                                          \
-    pt_launch(rms_norm_reg2_kernel<V, VEC>, grid, block, 0, c->stream, pt_pdl_chain(), x1, T1, w1, x2, w2, di, wtype, \
-              (int)style, eps, bf, ew)
-    switch (sh.V * 2 + vec) {
-    case 2: NORM2_LAUNCH(1, false); break;
-    case 3: NORM2_LAUNCH(1, true); break;
-    case 4: NORM2_LAUNCH(2, false); break;
-    case 5: NORM2_LAUNCH(2, true); break;
-    case 8: NORM2_LAUNCH(4, false); break;
-    case 9: NORM2_LAUNCH(4, true); break;
-    case 16: NORM2_LAUNCH(8, false); break;
-    default: NORM2_LAUNCH(8, true); break;
+#define NORM2_LAUNCH(V)                                                                                               \
+    if (vec)                                                                                                          \
+        pt_launch(rms_norm_reg2_kernel<V, true>, grid, block, 0, c->stream, pt_pdl_chain(), x1, T1, w1, x2, w2, di,   \
+                  wtype, (int)style, eps, bf, ew);                                                                    \
+    else                                                                                                              \
+        pt_launch(rms_norm_reg2_kernel<V, false>, grid, block, 0, c->stream, pt_pdl_chain(), x1, T1, w1, x2, w2, di,  \
+                  wtype, (int)style, eps, bf, ew)
+    switch (sh.V) {
+    case 1: NORM2_LAUNCH(1); break;
+    case 2: NORM2_LAUNCH(2); break;
+    case 4: NORM2_LAUNCH(4); break;
+    default: NORM2_LAUNCH(8); break;
     }
 #undef NORM2_LAUNCH
     CUDA_CHECK_LAUNCH("rms_norm2");
