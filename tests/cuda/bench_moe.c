@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
     /* the paths' outputs, bit for bit, at every T */
     float *yv[NPATH];
     for (int v = 0; v < NPATH; v++) yv[v] = malloc((size_t)TMAX * H * 4);
-    static const int Tq[] = {1, 2, 4, 16, 64, 128, 256}, Td[] = {1, 2, 4, 8, 16};
+    static const int Tq[] = {1, 2, 4, 8, 16, 64, 128, 256}, Td[] = {1, 2, 4, 8, 16};
     /* dense bf16: every item reads its expert's rows (no expert grid), so only the decode sizes */
     const int *Ts = dense ? Td : Tq;
     const int NT = dense ? (int)(sizeof Td / sizeof Td[0]) : (int)(sizeof Tq / sizeof Tq[0]);
@@ -159,8 +159,8 @@ int main(int argc, char **argv) {
             qsort(r[v], 3, sizeof(double), cmpd);
             qsort(m[v], 3, sizeof(double), cmpd);
         }
-        /* new = the default dispatch: the per-item grid below 9 items, the lean grid below 1024, else wide */
-        const double mnew = dense ? m[2][1] : T * K < 9 ? m[1][1] : T * K < 1024 ? m[3][1] : m[2][1];
+        /* new = the default dispatch: the per-item grid below 65 items, the lean grid below 1024, else wide */
+        const double mnew = dense ? m[2][1] : T * K < 65 ? m[1][1] : T * K < 1024 ? m[3][1] : m[2][1];
         printf("%4d %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.2fx %9.0f\n", T, r[0][1], r[1][1], m[0][1], m[1][1],
                m[2][1], m[3][1], mnew / m[0][1], T == 1 ? bytes / (m[1][1] * 1e-6) / 1e9 : 0.0);
     }

@@ -18,11 +18,12 @@
  *    reduced by the butterfly, the four warp sums as (s0 + s2) + (s1 + s3)),
  *    the top-k is an exact argmax (order-free), so the picks and weights are
  *    the same bits;
- *  - gate|up + activation: one launch (moe_gu_kernel) over (row pair, item);
- *    the block stages x in shared memory once, a warp holds its lanes'
- *    slices of it in registers and computes two gate rows and the matching
- *    two up rows (every code and scale load issued before the arithmetic),
- *    then the GLU, so the gate/up scratch and the GLU launch go away;
+ *  - gate|up + activation: one launch (moe_gu_kernel) over (rows, item);
+ *    the block stages x in shared memory once (pre-multiplied, with its
+ *    Σx per chunk), a warp computes two gate rows and the matching two up
+ *    rows (every code and scale load issued before the arithmetic, the four
+ *    rows' chains interleaved), then the GLU, so the gate/up scratch and
+ *    the GLU launch go away;
  *  - down + combine: one launch (moe_down_kernel) over (8 output rows,
  *    token); warp j computes the 8 rows of the token's j-th expert into
  *    shared memory, then 8 threads form the weighted sum in ascending
@@ -177,7 +178,7 @@ pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const
 
 /* ---- decode path: the expert GEMVs ---------------------------------------- */
 
-#define MOE_GU_WARPS 4 /* warps per block of moe_gu_kernel */
+#define MOE_GU_WARPS 8 /* warps per block of moe_gu_kernel */
 #define MOE_GU_RPW 2   /* gate rows (and as many up rows) per warp */
 #define MOE_DN_ROWS 8  /* output rows per block of moe_down_kernel */
 #define MOE_DN_WARPS 8 /* most warps per block of moe_down_kernel (one expert each) */
@@ -187,9 +188,8 @@ pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const
 /* The lane's x chunks c = lane + 32·j (VPC values each, chunk c at
  * x + c·stride), as the fast GEMV uses them: 4-bit values pre-multiplied by
  * 16^-i (i = the value's place in its 16-bit half: exact, a power of two),
- * and Σx per chunk in its order. SMEM: x is the shared-memory copy of
- * moe_stage_x (plain loads), else global memory (read-only loads). */
-template <int BITS, int CPL, bool SMEM>
+ * and Σx per chunk in its order. */
+template <int BITS, int CPL>
 __device__ __forceinline__ void moe_load_x(float (&xr)[CPL][128 / BITS], float (&sx)[CPL], const float *x,
                                            int64_t stride, int64_t nchunks, int lane) {
     constexpr int VPC = 128 / BITS;
@@ -202,7 +202,7 @@ __device__ __forceinline__ void moe_load_x(float (&xr)[CPL][128 / BITS], float (
             float4 xv = make_float4(0.f, 0.f, 0.f, 0.f);
             if (c < nchunks) {
                 const float4 *p = reinterpret_cast<const float4 *>(x + c * stride) + q;
-                xv = SMEM ? *p : __ldg(p);
+                xv = __ldg(p);
             }
             sx[j] += xv.x + xv.y + xv.z + xv.w;
             if constexpr (BITS == 4) {
@@ -215,63 +215,30 @@ __device__ __forceinline__ void moe_load_x(float (&xr)[CPL][128 / BITS], float (
     }
 }
 
-/* x [K] into shared memory by the whole block (coalesced 16-byte loads),
- * chunk c at xs + c·(VPC + 4). Read straight from global memory, each
- * lane's chunk is 128 bytes (4-bit) from its neighbour's, so one 16-byte
- * load of the warp touches 32 lines (32 L1 wavefronts; at one warp per row
- * this was the GEMV's bottleneck); the 4-float pad here puts the lanes'
- * reads four to a bank group: 4 wavefronts per 512 bytes, the minimum. */
+/* Item x [K] into shared memory for moe_tile_partials: chunk c (VPC
+ * values; 4-bit: pre-multiplied by 16^-i) at xs + c·(VPC + 4), its Σx at
+ * xs[nchunks·(VPC + 4) + c], both formed as moe_load_x forms them. One
+ * thread per chunk, its loads issued together; the 4-float pad puts the
+ * 16-byte reads of chunks c .. c + 7 (a quarter warp) in distinct banks. */
 template <int BITS>
-__device__ __forceinline__ void moe_stage_x(float *xs, const float *x, int64_t K) {
-    constexpr int VPC = 128 / BITS;
-    const float4 *x4 = reinterpret_cast<const float4 *>(x);
-    for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
-        const int64_t c = i / (VPC / 4), q = i % (VPC / 4);
-        *reinterpret_cast<float4 *>(xs + c * (VPC + 4) + 4 * q) = __ldg(x4 + i);
-    }
-}
-
-/* Σ q·x' over one 16-byte chunk of codes, in gemv_fast_kernel's order (the
- * magic-number conversion: a code OR-ed into the mantissa of 2^23). */
-template <int BITS>
-__device__ __forceinline__ float moe_chunk_dot(const uint4 &w, const float *xr) {
-    const float MAGIC = 8388608.0f;
-    constexpr int VPC = 128 / BITS;
-    float d = 0.f;
+__device__ __forceinline__ void moe_stage_chunks(float *xs, const float *x, int nchunks) {
+    constexpr int VPC = 128 / BITS, Q = VPC / 4;
+    for (int c = threadIdx.x; c < nchunks; c += blockDim.x) {
+        const float4 *src = reinterpret_cast<const float4 *>(x) + (int64_t)c * Q;
+        float4 v[Q];
 #pragma unroll
-    for (int q = 0; q < VPC / 4; q++) {
-        const int wi = BITS == 4 ? q >> 1 : q;
-        const uint32_t word = wi == 0 ? w.x : wi == 1 ? w.y : wi == 2 ? w.z : w.w;
+        for (int q = 0; q < Q; q++) v[q] = __ldg(src + q);
+        float sx = 0.f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            uint32_t bits;
-            if constexpr (BITS == 4) {
-                const uint32_t half = (q & 1) ? word >> 16 : word;
-                bits = (half & (0xFu << (4 * i))) | 0x4B000000u;
-            } else {
-                bits = __byte_perm(word, 0x4B000000u, (unsigned)(i | (4 << 4) | (5 << 8) | (7 << 12)));
-            }
-            d = fmaf(__uint_as_float(bits) - MAGIC, xr[4 * q + i], d);
+        for (int q = 0; q < Q; q++) {
+            const float4 xv = v[q];
+            sx += xv.x + xv.y + xv.z + xv.w;
+            float4 p = xv;
+            if constexpr (BITS == 4) p.y = xv.y * 0.0625f, p.z = xv.z * 0.00390625f, p.w = xv.w * 0.000244140625f;
+            *reinterpret_cast<float4 *>(xs + c * (VPC + 4) + 4 * q) = p;
         }
+        xs[nchunks * (VPC + 4) + c] = sx;
     }
-    return d;
-}
-
-/* The lane's partial of a row: Σ over its chunks of scale·d + bias·Σx. */
-template <int BITS, int CPL>
-__device__ __forceinline__ float moe_row_partial(const uint4 (&w)[CPL], const float (&sc)[CPL], const float (&bi)[CPL],
-                                                 const float (&xr)[CPL][128 / BITS], const float (&sx)[CPL],
-                                                 int64_t nchunks, int lane) {
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < CPL; j++) {
-        const int64_t c = lane + 32 * j;
-        if (c < nchunks) {
-            const float d = moe_chunk_dot<BITS>(w[j], xr[j]);
-            acc += sc[j] * d + bi[j] * sx[j];
-        }
-    }
-    return acc;
 }
 
 /* A warp's 2·RPW rows of expert e: gate rows r0 .. r0 + RPW, then the
@@ -290,24 +257,37 @@ __device__ __forceinline__ void moe_gu_rows(uint4 (&w)[2 * MOE_GU_RPW][CPL], flo
     }
 }
 
-/* h[b, r0 .. r0 + RPW) = glu(gate row · x, up row · x) from the rows of
- * moe_gu_rows and item b's x staged in xs (moe_stage_x), rounded as
- * pt_cuda_glu rounds (pt_glu_val, the GLU kernel's own code). */
-template <int BITS, int CPL>
-__device__ __forceinline__ void moe_gu_out(float *h, int64_t b, const float *xs,
-                                           const uint4 (&w)[2 * MOE_GU_RPW][CPL],
-                                           const float (&sc)[2 * MOE_GU_RPW][CPL],
-                                           const float (&bi)[2 * MOE_GU_RPW][CPL],
-                                           const int64_t (&grow)[2 * MOE_GU_RPW], const moe_qm &g, const moe_qm &u,
-                                           int64_t r0, int64_t I, int64_t nchunks, int lane, bool eok, int bf,
-                                           int act) {
-    constexpr int VPC = 128 / BITS;
-    float xr[CPL][VPC], sx[CPL];
-    moe_load_x<BITS, CPL, true>(xr, sx, xs, VPC + 4, nchunks, lane);
-    float v[2 * MOE_GU_RPW];
+/* h[b, r] = act(gate row r · x) · (up row r · x) for item b (x row b / k),
+ * rounded as pt_cuda_glu rounds (pt_glu_val, the GLU kernel's own code);
+ * r in [0, I). Grid (I / (WARPS·RPW), B): a warp's 2·RPW rows, every code
+ * and scale load issued first, x staged once per block, the rows' chains
+ * interleaved (moe_tile_partials). */
+template <int BITS, int CPL, int MINB>
+__global__ void __launch_bounds__(MOE_GU_WARPS * 32, MINB)
+    moe_gu_kernel(float *h, const float *x, const int32_t *idx, int k, int64_t K, int64_t I, moe_qm g, moe_qm u,
+                  int64_t n_experts, int *err, int bf, int act) {
+    constexpr int VPC = 128 / BITS, NR = 2 * MOE_GU_RPW;
+    __shared__ __align__(16) float xs[32 * CPL * (VPC + 5)]; /* moe_stage_chunks */
+    pt_release_dependents();
+    pt_wait_primary();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GU_WARPS + warp) * MOE_GU_RPW;
+    bool eok;
+    const int64_t e = moe_item_expert(idx, b, n_experts, err, eok);
+    const int nchunks = (int)(K / VPC);
+    uint4 w[NR][CPL];
+    float sc[NR][CPL], bi[NR][CPL];
+    int64_t grow[NR];
+    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
+    moe_stage_chunks<BITS>(xs, x + (b / k) * K, nchunks);
+    __syncthreads();
+    if (r0 >= I) return;
+    float acc[NR][MOE_TILE_ITEMS];
+    moe_tile_partials<BITS, CPL, NR, 1>(acc, w, sc, bi, xs, xs + nchunks * (VPC + 4), 0, nchunks, lane);
+    float v[NR];
 #pragma unroll
-    for (int d = 0; d < 2 * MOE_GU_RPW; d++)
-        v[d] = pt_warp_sum(moe_row_partial<BITS, CPL>(w[d], sc[d], bi[d], xr, sx, nchunks, lane));
+    for (int d = 0; d < NR; d++) v[d] = pt_warp_sum(acc[d][0]);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < MOE_GU_RPW; r++) {
@@ -319,69 +299,54 @@ __device__ __forceinline__ void moe_gu_out(float *h, int64_t b, const float *xs,
     }
 }
 
-/* h[b, r] = act(gate row r · x) · (up row r · x) for item b (x row b / k),
- * rounded as pt_cuda_glu rounds; r in [0, I). Grid (I / (WARPS·RPW), B). */
-template <int BITS, int CPL>
-__global__ void __launch_bounds__(MOE_GU_WARPS * 32)
-    moe_gu_kernel(float *h, const float *x, const int32_t *idx, int k, int64_t K, int64_t I, moe_qm g, moe_qm u,
-                  int64_t n_experts, int *err, int bf, int act) {
-    constexpr int VPC = 128 / BITS;
-    __shared__ __align__(16) float xs[32 * CPL * (VPC + 4)]; /* x of the block's item, chunks padded */
-    pt_release_dependents();
-    pt_wait_primary();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t b = blockIdx.y;
-    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GU_WARPS + warp) * MOE_GU_RPW;
-    bool eok;
-    const int64_t e = moe_item_expert(idx, b, n_experts, err, eok);
-    const int64_t nchunks = K / VPC;
-    /* every code and scale load of the warp's 2·RPW rows first (rows past
-     * I read row I − 1 and store nothing), then x through shared memory */
-    uint4 w[2 * MOE_GU_RPW][CPL];
-    float sc[2 * MOE_GU_RPW][CPL], bi[2 * MOE_GU_RPW][CPL];
-    int64_t grow[2 * MOE_GU_RPW];
-    moe_gu_rows<BITS, CPL>(w, sc, bi, grow, g, u, e, r0, I, K, nchunks, lane);
-    moe_stage_x<BITS>(xs, x + (b / k) * K, K);
-    __syncthreads();
-    if (r0 >= I) return;
-    moe_gu_out<BITS, CPL>(h, b, xs, w, sc, bi, grow, g, u, r0, I, nchunks, lane, eok, bf, act);
-}
-
 /* y[t, d0 .. d0 + DN_ROWS) = the weighted sum over token t's k experts of
  * (down row d · h[t·k + j]), combined as moe_combine_kernel. Grid
  * (H / DN_ROWS, T); block min(k, DN_WARPS) warps, warp w takes experts
- * j = w, w + warps, ... */
+ * j = w, w + warps, ...: its rows NR at a time (codes in registers: NR·CPL
+ * uint4 a lane), their loads issued before x's, the rows' chains
+ * interleaved (moe_rows_partials with x in registers). */
 template <int BITS, int CPL>
-__global__ void __launch_bounds__(MOE_DN_WARPS * 32)
+__global__ void __launch_bounds__(MOE_DN_WARPS * 32, 2)
     moe_down_kernel(float *y, const float *h, const int32_t *idx, const float *weights, int k, int64_t H,
                     int64_t I, moe_qm m, int64_t n_experts, int *err, int bf) {
+    constexpr int VPC = 128 / BITS, NR = CPL >= 4 ? 2 : CPL == 2 ? 4 : MOE_DN_ROWS;
+    static_assert(MOE_DN_ROWS % NR == 0, "whole passes");
     __shared__ float o[64][MOE_DN_ROWS]; /* [k][row]: each expert's rounded output */
     __shared__ int ord[64];              /* the slots in ascending (expert, slot) order */
     pt_release_dependents();
     pt_wait_primary();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t t = blockIdx.y, d0 = (int64_t)blockIdx.x * MOE_DN_ROWS;
-    constexpr int VPC = 128 / BITS;
-    const int64_t nchunks = I / VPC;
-#pragma unroll 1 /* the body is 8 rows unrolled already */
+    const int nchunks = (int)(I / VPC);
+#pragma unroll 1
     for (int j = warp; j < k; j += nw) {
         const int64_t b = t * k + j;
         bool eok;
         const int64_t e = moe_item_expert(idx, b, n_experts, err, eok);
-        uint4 w[MOE_DN_ROWS][CPL];
-        float sc[MOE_DN_ROWS][CPL], bi[MOE_DN_ROWS][CPL];
-        int64_t grow[MOE_DN_ROWS];
-#pragma unroll
-        for (int r = 0; r < MOE_DN_ROWS; r++) {
-            grow[r] = e * m.rows + (d0 + r < H ? d0 + r : d0);
-            moe_load_row<BITS, CPL>(w[r], sc[r], bi[r], m, grow[r], I, nchunks, lane);
-        }
         float xr[CPL][VPC], sx[CPL];
-        moe_load_x<BITS, CPL, false>(xr, sx, h + b * I, VPC, nchunks, lane);
 #pragma unroll
-        for (int r = 0; r < MOE_DN_ROWS; r++) {
-            const float v = pt_warp_sum(moe_row_partial<BITS, CPL>(w[r], sc[r], bi[r], xr, sx, nchunks, lane));
-            if (lane == 0) o[j][r] = moe_row_out(v, m, grow[r], eok, bf);
+        for (int p = 0; p < MOE_DN_ROWS; p += NR) {
+            uint4 w[NR][CPL];
+            float sc[NR][CPL], bi[NR][CPL];
+            int64_t grow[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                grow[r] = e * m.rows + (d0 + p + r < H ? d0 + p + r : d0);
+                moe_load_row<BITS, CPL>(w[r], sc[r], bi[r], m, grow[r], I, nchunks, lane);
+            }
+            if (p == 0) moe_load_x<BITS, CPL>(xr, sx, h + b * I, VPC, nchunks, lane);
+            float acc[NR][MOE_TILE_ITEMS];
+            moe_rows_partials<BITS, CPL, NR, 1>(
+                acc, w, sc, bi, nchunks, lane,
+                [&](int, int jj, int q) {
+                    return make_float4(xr[jj][4 * q], xr[jj][4 * q + 1], xr[jj][4 * q + 2], xr[jj][4 * q + 3]);
+                },
+                [&](int, int jj) { return sx[jj]; });
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const float v = pt_warp_sum(acc[r][0]);
+                if (lane == 0) o[j][p + r] = moe_row_out(v, m, grow[r], eok, bf);
+            }
         }
     }
     moe_rows_combine<MOE_DN_ROWS>(y, o, ord, idx, weights, t, k, H, d0, bf);
@@ -399,9 +364,11 @@ template <int BITS, int CPL>
 static pt_status launch_gu(pt_cuda *c, float *h, const float *x, const int32_t *idx, int64_t B, int k, int64_t K,
                            int64_t I, const moe_qm &g, const moe_qm &u, int64_t E, int act) {
     const int64_t per_block = MOE_GU_WARPS * MOE_GU_RPW;
-    pt_launch(moe_gu_kernel<BITS, CPL>, dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)B),
-              dim3(MOE_GU_WARPS * 32), 0, c->stream, pt_pdl_chain(), h, x, idx, k, K, I, g, u, E, c->err_dev,
-              (int)(c->base.act == PT_ACT_BF16), act);
+    /* three blocks an SM (80 registers) where the codes allow: one wave at
+     * the Qwen3-30B-A3B shape, faster than two blocks without spills */
+    pt_launch(moe_gu_kernel<BITS, CPL, CPL >= 4 ? 2 : 3>,
+              dim3((unsigned)((I + per_block - 1) / per_block), (unsigned)B), dim3(MOE_GU_WARPS * 32), 0, c->stream,
+              pt_pdl_chain(), h, x, idx, k, K, I, g, u, E, c->err_dev, (int)(c->base.act == PT_ACT_BF16), act);
     CUDA_CHECK_LAUNCH("moe gate|up");
     return PT_OK;
 }

@@ -40,7 +40,6 @@
  * per tile); blocks past the real count exit at once, so nothing waits for
  * the host. */
 
-#define MOE_TILE_ITEMS 4   /* most items per tile */
 #define MOE_TILE_WARPS 8   /* warps per block of the tile kernels */
 #define MOE_TILE_SMEM (48 * 1024 - 256) /* staging bytes per tile block: the default limit less the static arrays */
 
@@ -150,73 +149,18 @@ __device__ __forceinline__ void moe_stage_tile(float *sm, int64_t stride, const 
     __syncthreads();
 }
 
-/* The lane's partials of NR rows for N items of the tile (chunks lane +
- * 32·j of each row, as moe_row_partial): acc[r][i] for row r, item i. */
-template <int BITS, int CPL, int NR, int N>
-__device__ __forceinline__ void moe_tile_partials(float (&acc)[NR][MOE_TILE_ITEMS], const uint4 (&w)[NR][CPL],
-                                                  const float (&sc)[NR][CPL], const float (&bi)[NR][CPL],
-                                                  const float *sm, int64_t stride, int nchunks, int lane) {
-    constexpr int VPC = 128 / BITS;
-    const float MAGIC = 8388608.0f;
-    const float *sxs = sm + nchunks * (VPC + 4 + VPC / 4);
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-#pragma unroll
-        for (int i = 0; i < N; i++) acc[r][i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < CPL; j++) {
-        const int c = lane + 32 * j;
-        if (c >= nchunks) break;
-        float d[NR][N];
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int i = 0; i < N; i++) d[r][i] = 0.f;
-#pragma unroll
-        for (int q = 0; q < VPC / 4; q++) {
-            float4 xv[N];
-#pragma unroll
-            for (int i = 0; i < N; i++) xv[i] = *reinterpret_cast<const float4 *>(sm + i * stride + c * (VPC + 4) + 4 * q);
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const int wi = BITS == 4 ? q >> 1 : q;
-                const uint32_t word = wi == 0 ? w[r][j].x : wi == 1 ? w[r][j].y : wi == 2 ? w[r][j].z : w[r][j].w;
-#pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    uint32_t bits;
-                    if constexpr (BITS == 4) {
-                        const uint32_t half = (q & 1) ? word >> 16 : word;
-                        bits = (half & (0xFu << (4 * t))) | 0x4B000000u;
-                    } else {
-                        bits = __byte_perm(word, 0x4B000000u, (unsigned)(t | (4 << 4) | (5 << 8) | (7 << 12)));
-                    }
-                    const float qv = __uint_as_float(bits) - MAGIC;
-#pragma unroll
-                    for (int i = 0; i < N; i++) {
-                        const float xt = t == 0 ? xv[i].x : t == 1 ? xv[i].y : t == 2 ? xv[i].z : xv[i].w;
-                        d[r][i] = fmaf(qv, xt, d[r][i]);
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-#pragma unroll
-            for (int i = 0; i < N; i++)
-                acc[r][i] = __fadd_rn(acc[r][i], __fmaf_rn(sc[r][j], d[r][i], __fmul_rn(bi[r][j], sxs[i * stride + c])));
-    }
-}
-
 /* acc for n (1 .. MOE_TILE_ITEMS) items: one unrolled body per count. */
 template <int BITS, int CPL, int NR>
 __device__ __forceinline__ void moe_tile_partials_n(float (&acc)[NR][MOE_TILE_ITEMS], const uint4 (&w)[NR][CPL],
                                                     const float (&sc)[NR][CPL], const float (&bi)[NR][CPL],
                                                     const float *sm, int64_t stride, int nchunks, int lane, int n) {
     static_assert(MOE_TILE_ITEMS == 4, "one case per count below");
-    if (n == 4) moe_tile_partials<BITS, CPL, NR, 4>(acc, w, sc, bi, sm, stride, nchunks, lane);
-    else if (n == 3) moe_tile_partials<BITS, CPL, NR, 3>(acc, w, sc, bi, sm, stride, nchunks, lane);
-    else if (n == 2) moe_tile_partials<BITS, CPL, NR, 2>(acc, w, sc, bi, sm, stride, nchunks, lane);
-    else moe_tile_partials<BITS, CPL, NR, 1>(acc, w, sc, bi, sm, stride, nchunks, lane);
+    constexpr int VPC = 128 / BITS;
+    const float *sxs = sm + nchunks * (VPC + 4 + VPC / 4); /* moe_stage_tile's Σx per chunk */
+    if (n == 4) moe_tile_partials<BITS, CPL, NR, 4>(acc, w, sc, bi, sm, sxs, stride, nchunks, lane);
+    else if (n == 3) moe_tile_partials<BITS, CPL, NR, 3>(acc, w, sc, bi, sm, sxs, stride, nchunks, lane);
+    else if (n == 2) moe_tile_partials<BITS, CPL, NR, 2>(acc, w, sc, bi, sm, sxs, stride, nchunks, lane);
+    else moe_tile_partials<BITS, CPL, NR, 1>(acc, w, sc, bi, sm, sxs, stride, nchunks, lane);
 }
 
 /* The tile's expert, first item and count; false for a block past the
@@ -393,14 +337,15 @@ static pt_status launch_down_tiles(pt_cuda *c, float *y, const float *h, const i
     return pt_cuda_moe_combine(c, y, c->moe_o, idx, weights, T, k, H, bf, (const int32_t *)NULL);
 }
 
-/* The expert grid from this many items (T·top_k) up: from two tokens at
- * top-8. One token keeps the per-item grid (the tile list and the separate
- * combine are two more launches, and eight items rarely share an expert).
- * The qwen3-30b-a3b MoE block on the H200 (bench_moe, bench/RESULTS.md),
- * µs per-item grid / expert grid lean / wide: T = 1 38.2 / 41.6 / 44.9,
- * T = 2 64.7 / 61.0 / 66.0, T = 4 116.3 / 97.9 / 109.4, T = 16 405.8 /
- * 283.1 / 297.9, T = 64 1552 / 742 / 751, T = 128 3079 / 1353 / 1336. */
-#define MOE_EXPERT_MIN_B 9
+/* The expert grid from this many items (T·top_k) up: from nine tokens at
+ * top-8. Below, the per-item grid (no tile list, no separate combine
+ * launch) is faster even though each item re-reads its expert's rows. The
+ * qwen3-30b-a3b MoE block on the H200 (bench_moe, bench/RESULTS.md, with
+ * the interleaved per-item kernels), µs per-item grid / expert grid lean /
+ * wide: T = 1 26.3 / 36.8 / 40.7, T = 2 44.4 / 55.5 / 59.6, T = 4 79.9 /
+ * 89.3 / 99.4, T = 8 147.5 / 151.6 / 164.5, T = 16 272.1 / 264.5 / 273.1,
+ * T = 64 1019 / 706 / 703, T = 128 2012 / 1291 / 1261. */
+#define MOE_EXPERT_MIN_B 65
 static int g_moe_expert_grid = -1;
 static int64_t g_moe_expert_min_b = MOE_EXPERT_MIN_B;
 /* For tests and benchmarks: the expert grid from b items up (b <= 0: the default). */

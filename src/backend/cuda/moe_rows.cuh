@@ -100,16 +100,14 @@ template <int ROWS>
 __device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS], int *ord, const int32_t *idx,
                                                  const float *weights, int64_t t, int k, int64_t H, int64_t d0,
                                                  int bf) {
-    if (threadIdx.x == 0) {
-        /* moe_combine_kernel's walk: the next larger (expert, slot) pair each step */
+    /* moe_combine_kernel's walk (the next larger (expert, slot) pair each
+     * step) is the ascending order of the pairs: slot j goes to its rank */
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
         const int32_t *it = idx + t * k;
-        int prev = -1, prev_j = -1;
-        for (int n = 0; n < k; n++) {
-            const int bj = pt_moe_next_slot(it, k, prev, prev_j);
-            prev = it[bj];
-            prev_j = bj;
-            ord[n] = bj;
-        }
+        const int e = it[j];
+        int rank = 0;
+        for (int i = 0; i < k; i++) rank += it[i] < e || (it[i] == e && i < j);
+        ord[rank] = j;
     }
     __syncthreads();
     if (threadIdx.x < ROWS && d0 + threadIdx.x < H) {
@@ -121,6 +119,102 @@ __device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS
         }
         y[t * H + d0 + threadIdx.x] = acc;
     }
+}
+
+#define MOE_TILE_ITEMS 4 /* most items per tile of the expert grid (moe_grid.cu) */
+
+/* Nibble T of a 16-bit half in place, OR-ed into the mantissa of 2^23:
+ * (h & 0xF << 4T) | magic in one LOP3 (it takes one immediate: with both
+ * constants as immediates the compiler emits an AND and an OR). */
+template <int T>
+__device__ __forceinline__ uint32_t moe_nib(uint32_t h, uint32_t magic) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(h), "n"(0xFu << (4 * T)), "r"(magic));
+    return d;
+}
+
+/* The lane's partials of NR rows for N items (chunks lane + 32·j of each
+ * row, as moe_row_partial): acc[r][i] for row r, item i. xf(i, j, q) is
+ * item i's float4 q of the lane's chunk j (4-bit: pre-multiplied by 16^-i
+ * as moe_load_x does), sf(i, j) its Σx of that chunk (moe_load_x's sum).
+ * Each code is converted once for all N items and the NR rows' chains are
+ * interleaved; every (row, item) chain is formed in moe_chunk_dot's order
+ * and folded as moe_row_partial compiles it (a product bias·Σx, an fma, an
+ * add), so the bits of moe_row_partial whatever N, NR and x's home. */
+template <int BITS, int CPL, int NR, int N, class XF, class SF>
+__device__ __forceinline__ void moe_rows_partials(float (&acc)[NR][MOE_TILE_ITEMS], const uint4 (&w)[NR][CPL],
+                                                  const float (&sc)[NR][CPL], const float (&bi)[NR][CPL], int nchunks,
+                                                  int lane, XF xf, SF sf) {
+    constexpr int VPC = 128 / BITS;
+    const float MAGIC = 8388608.0f;
+    const uint32_t magic = 0x4B000000u; /* its bits, for moe_nib */
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[r][i] = 0.f;
+#pragma unroll
+    for (int j = 0; j < CPL; j++) {
+        const int c = lane + 32 * j;
+        if (c >= nchunks) break;
+        float d[NR][N];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int i = 0; i < N; i++) d[r][i] = 0.f;
+#pragma unroll
+        for (int q = 0; q < VPC / 4; q++) {
+            float4 xv[N];
+#pragma unroll
+            for (int i = 0; i < N; i++) xv[i] = xf(i, j, q);
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const int wi = BITS == 4 ? q >> 1 : q;
+                const uint32_t word = wi == 0 ? w[r][j].x : wi == 1 ? w[r][j].y : wi == 2 ? w[r][j].z : w[r][j].w;
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    uint32_t bits;
+                    if constexpr (BITS == 4) {
+                        const uint32_t half = (q & 1) ? word >> 16 : word;
+                        bits = t == 0 ? moe_nib<0>(half, magic)
+                               : t == 1 ? moe_nib<1>(half, magic)
+                               : t == 2 ? moe_nib<2>(half, magic)
+                                        : moe_nib<3>(half, magic);
+                    } else {
+                        bits = __byte_perm(word, 0x4B000000u, (unsigned)(t | (4 << 4) | (5 << 8) | (7 << 12)));
+                    }
+                    const float qv = __uint_as_float(bits) - MAGIC;
+#pragma unroll
+                    for (int i = 0; i < N; i++) {
+                        const float xt = t == 0 ? xv[i].x : t == 1 ? xv[i].y : t == 2 ? xv[i].z : xv[i].w;
+                        d[r][i] = fmaf(qv, xt, d[r][i]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            const float s = sf(i, j);
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                acc[r][i] = __fadd_rn(acc[r][i], __fmaf_rn(sc[r][j], d[r][i], __fmul_rn(bi[r][j], s)));
+        }
+    }
+}
+
+/* moe_rows_partials with x staged in shared memory: item i at sm +
+ * i·stride, chunk c at c·(VPC + 4); its Σx of chunk c at sxs[i·stride + c]. */
+template <int BITS, int CPL, int NR, int N>
+__device__ __forceinline__ void moe_tile_partials(float (&acc)[NR][MOE_TILE_ITEMS], const uint4 (&w)[NR][CPL],
+                                                  const float (&sc)[NR][CPL], const float (&bi)[NR][CPL],
+                                                  const float *sm, const float *sxs, int64_t stride, int nchunks,
+                                                  int lane) {
+    constexpr int VPC = 128 / BITS;
+    moe_rows_partials<BITS, CPL, NR, N>(
+        acc, w, sc, bi, nchunks, lane,
+        [&](int i, int j, int q) {
+            return *reinterpret_cast<const float4 *>(sm + i * stride + (lane + 32 * j) * (VPC + 4) + 4 * q);
+        },
+        [&](int i, int j) { return sxs[i * stride + lane + 32 * j]; });
 }
 
 /* Chunks per lane for K columns of BITS-bit codes when the decode kernels
