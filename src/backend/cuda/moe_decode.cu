@@ -178,9 +178,9 @@ pt_status pt_cuda_moe_route_warp(pt_cuda *c, int32_t *idx, float *weights, const
 
 /* ---- decode path: the expert GEMVs ---------------------------------------- */
 
-#define MOE_GU_WARPS 8 /* warps per block of moe_gu_kernel */
+#define MOE_GU_WARPS 8 /* warps per block of moe_gu_kernel (4: slower, bench/RESULTS.md) */
 #define MOE_GU_RPW 2   /* gate rows (and as many up rows) per warp */
-#define MOE_DN_ROWS 8  /* output rows per block of moe_down_kernel */
+#define MOE_DN_ROWS 8  /* output rows per block of moe_down_kernel (4: slower) */
 #define MOE_DN_WARPS 8 /* most warps per block of moe_down_kernel (one expert each) */
 /* moe_qm, moe_item_expert, moe_load_row, moe_row_out, moe_cpl and
  * MOE_MAX_X, which the expert grid uses too: moe_rows.cuh */
@@ -313,10 +313,12 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32, 2)
     static_assert(MOE_DN_ROWS % NR == 0, "whole passes");
     __shared__ float o[64][MOE_DN_ROWS]; /* [k][row]: each expert's rounded output */
     __shared__ int ord[64];              /* the slots in ascending (expert, slot) order */
+    __shared__ float wsh[64];            /* and their weights */
     pt_release_dependents();
     pt_wait_primary();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t t = blockIdx.y, d0 = (int64_t)blockIdx.x * MOE_DN_ROWS;
+    moe_rows_order(ord, wsh, idx, weights, t, k);
     const int nchunks = (int)(I / VPC);
 #pragma unroll 1
     for (int j = warp; j < k; j += nw) {
@@ -342,14 +344,16 @@ __global__ void __launch_bounds__(MOE_DN_WARPS * 32, 2)
                     return make_float4(xr[jj][4 * q], xr[jj][4 * q + 1], xr[jj][4 * q + 2], xr[jj][4 * q + 3]);
                 },
                 [&](int, int jj) { return sx[jj]; });
+            float v[NR]; /* every row's sum before any store: the butterflies interleave */
 #pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const float v = pt_warp_sum(acc[r][0]);
-                if (lane == 0) o[j][p + r] = moe_row_out(v, m, grow[r], eok, bf);
+            for (int r = 0; r < NR; r++) v[r] = pt_warp_sum(acc[r][0]);
+            if (lane == 0) {
+#pragma unroll
+                for (int r = 0; r < NR; r++) o[j][p + r] = moe_row_out(v[r], m, grow[r], eok, bf);
             }
         }
     }
-    moe_rows_combine<MOE_DN_ROWS>(y, o, ord, idx, weights, t, k, H, d0, bf);
+    moe_rows_combine<MOE_DN_ROWS>(y, o, ord, wsh, t, H, k, d0, bf);
 }
 
 /* Whether an expert stack can feed the decode kernels: 4/8-bit MLX layout

@@ -83,10 +83,12 @@ __global__ void __launch_bounds__(MD_DN_WARPS * 32)
                           int64_t I, moe_qm m, int64_t n_experts, int *err, int bf) {
     __shared__ float o[64][MD_DN_ROWS]; /* [k][row]: each expert's rounded output */
     __shared__ int ord[64];             /* the slots in ascending (expert, slot) order */
+    __shared__ float wsh[64];           /* and their weights */
     pt_release_dependents();
     pt_wait_primary();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int64_t t = blockIdx.y, d0 = (int64_t)blockIdx.x * MD_DN_ROWS;
+    moe_rows_order(ord, wsh, idx, weights, t, k);
 #pragma unroll 1
     for (int j = warp; j < k; j += nw) {
         const int64_t b = t * k + j;
@@ -102,12 +104,13 @@ __global__ void __launch_bounds__(MD_DN_WARPS * 32)
         float acc[MD_DN_ROWS][1] = {};
         pt_dense_rows_dot<__nv_bfloat16, 8, MD_DN_ROWS, 1, MD_DN_U, true>(acc, rp, h + b * I, I, I / 8, lane);
 #pragma unroll
-        for (int r = 0; r < MD_DN_ROWS; r++) {
-            const float v = pt_warp_sum(acc[r][0]);
-            if (lane == 0) o[j][r] = md_row_out(v, m, grow[r], eok, bf);
+        for (int r = 0; r < MD_DN_ROWS; r++) acc[r][0] = pt_warp_sum(acc[r][0]); /* every sum before any store */
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < MD_DN_ROWS; r++) o[j][r] = md_row_out(acc[r][0], m, grow[r], eok, bf);
         }
     }
-    moe_rows_combine<MD_DN_ROWS>(y, o, ord, idx, weights, t, k, H, d0, bf);
+    moe_rows_combine<MD_DN_ROWS>(y, o, ord, wsh, t, H, k, d0, bf);
 }
 
 /* Most items the two kernels take; from there the per-item GEMVs (the same

@@ -91,32 +91,36 @@ __device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t g
     return eok ? pt_rnd(bf, v) : 0.f;
 }
 
-/* y[t, d0 .. d0 + ROWS) = the weighted sum of o[j][r] (token t's k experts'
- * rounded outputs of rows d0 + r) over the slots in ascending (expert, slot)
- * order, rounding after each product and add as moe_combine_kernel (moe.cu)
- * does; ord: k ints of shared memory. Every thread of the block calls it
- * (a barrier inside) after o is written. */
-template <int ROWS>
-__device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS], int *ord, const int32_t *idx,
-                                                 const float *weights, int64_t t, int k, int64_t H, int64_t d0,
-                                                 int bf) {
-    /* moe_combine_kernel's walk (the next larger (expert, slot) pair each
-     * step) is the ascending order of the pairs: slot j goes to its rank */
+/* The combine's order and weights, formed before the experts' rows (so
+ * their loads overlap the rows' work): ord[n] = the slot of rank n among
+ * token t's (expert, slot) pairs in ascending order — the order of
+ * moe_combine_kernel's walk (moe.cu), the next larger pair each step —
+ * and wsh[n] = that slot's weight. k ints and floats of shared memory. */
+__device__ __forceinline__ void moe_rows_order(int *ord, float *wsh, const int32_t *idx, const float *weights,
+                                               int64_t t, int k) {
+    const int32_t *it = idx + t * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        const int32_t *it = idx + t * k;
         const int e = it[j];
         int rank = 0;
         for (int i = 0; i < k; i++) rank += it[i] < e || (it[i] == e && i < j);
         ord[rank] = j;
+        wsh[rank] = weights[t * k + j];
     }
+}
+
+/* y[t, d0 .. d0 + ROWS) = the weighted sum of o[j][r] (token t's k experts'
+ * rounded outputs of rows d0 + r) over the slots in moe_rows_order's order
+ * (ord, wsh), rounding after each product and add as moe_combine_kernel
+ * (moe.cu) does. Every thread of the block calls it (a barrier inside)
+ * after o is written. */
+template <int ROWS>
+__device__ __forceinline__ void moe_rows_combine(float *y, const float (*o)[ROWS], const int *ord, const float *wsh,
+                                                 int64_t t, int64_t H, int k, int64_t d0, int bf) {
     __syncthreads();
     if (threadIdx.x < ROWS && d0 + threadIdx.x < H) {
-        const float *wt = weights + t * k;
         float acc = 0.f;
-        for (int n = 0; n < k; n++) {
-            const int j = ord[n];
-            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[j][threadIdx.x], wt[j])))); /* as moe_combine_kernel */
-        }
+        for (int n = 0; n < k; n++) /* as moe_combine_kernel */
+            acc = pt_rnd(bf, __fadd_rn(acc, pt_rnd(bf, __fmul_rn(o[ord[n]][threadIdx.x], wsh[n]))));
         y[t * H + d0 + threadIdx.x] = acc;
     }
 }
