@@ -288,15 +288,7 @@ __global__ void __launch_bounds__(MOE_GU_WARPS * 32, MINB)
     float v[NR];
 #pragma unroll
     for (int d = 0; d < NR; d++) v[d] = pt_warp_sum(acc[d][0]);
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < MOE_GU_RPW; r++) {
-            if (r0 + r >= I) break;
-            const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
-            const float uv = moe_row_out(v[MOE_GU_RPW + r], u, grow[MOE_GU_RPW + r], eok, bf);
-            h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
-        }
-    }
+    moe_glu_out<MOE_GU_RPW>(h, b, I, r0, v, g, u, grow, eok, bf, act, lane);
 }
 
 /* y[t, d0 .. d0 + DN_ROWS) = the weighted sum over token t's k experts of

@@ -220,15 +220,7 @@ __global__ void __launch_bounds__(MOE_TILE_WARPS * 32, MINB)
         const int64_t b = it[i];
         bool eok;
         (void)moe_item_expert(idx, b, n_experts, err, eok);
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < RPW; r++) {
-                if (r0 + r >= I) break;
-                const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
-                const float uv = moe_row_out(v[RPW + r], u, grow[RPW + r], eok, bf);
-                h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
-            }
-        }
+        moe_glu_out<RPW>(h, b, I, r0, v, g, u, grow, eok, bf, act, lane);
     }
 }
 

@@ -91,6 +91,25 @@ __device__ __forceinline__ float moe_row_out(float v, const moe_qm &m, int64_t g
     return eok ? pt_rnd(bf, v) : 0.f;
 }
 
+/* h[b, r0 + r] = glu(gate row r0 + r · x, up row r0 + r · x) for r < RPW
+ * and r0 + r < I, from the warp sums v (RPW gate rows, then the same up
+ * rows), each projection stored as moe_row_out stores it and the product
+ * rounded as pt_cuda_glu rounds (pt_glu_val, the GLU kernel's own code).
+ * Lane 0 stores. */
+template <int RPW>
+__device__ __forceinline__ void moe_glu_out(float *h, int64_t b, int64_t I, int64_t r0, const float (&v)[2 * RPW],
+                                            const moe_qm &g, const moe_qm &u, const int64_t (&grow)[2 * RPW],
+                                            bool eok, int bf, int act, int lane) {
+    if (lane != 0) return;
+#pragma unroll
+    for (int r = 0; r < RPW; r++) {
+        if (r0 + r >= I) break;
+        const float gv = moe_row_out(v[r], g, grow[r], eok, bf);
+        const float uv = moe_row_out(v[RPW + r], u, grow[RPW + r], eok, bf);
+        h[b * I + r0 + r] = pt_glu_val(act, gv, uv, bf);
+    }
+}
+
 /* The combine's order and weights, formed before the experts' rows (so
  * their loads overlap the rows' work): ord[n] = the slot of rank n among
  * token t's (expert, slot) pairs in ascending order — the order of
