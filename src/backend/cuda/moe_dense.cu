@@ -103,11 +103,13 @@ __global__ void __launch_bounds__(MD_DN_WARPS * 32)
         }
         float acc[MD_DN_ROWS][1] = {};
         pt_dense_rows_dot<__nv_bfloat16, 8, MD_DN_ROWS, 1, MD_DN_U, true>(acc, rp, h + b * I, I, I / 8, lane);
+        /* each row's sum stored before the next is formed: all eight sums
+         * first (as moe_down_kernel) take this kernel from 122 to 172
+         * registers, one block an SM, and bench_moe bf16 31.4 → 35.0 µs */
 #pragma unroll
-        for (int r = 0; r < MD_DN_ROWS; r++) acc[r][0] = pt_warp_sum(acc[r][0]); /* every sum before any store */
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < MD_DN_ROWS; r++) o[j][r] = md_row_out(acc[r][0], m, grow[r], eok, bf);
+        for (int r = 0; r < MD_DN_ROWS; r++) {
+            const float v = pt_warp_sum(acc[r][0]);
+            if (lane == 0) o[j][r] = md_row_out(v, m, grow[r], eok, bf);
         }
     }
     moe_rows_combine<MD_DN_ROWS>(y, o, ord, wsh, t, H, k, d0, bf);
