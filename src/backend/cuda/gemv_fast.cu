@@ -90,12 +90,8 @@ __global__ void __launch_bounds__(FAST_MAX_WARPS * 32) gemv_fast_kernel(gemv_arg
         for (int q = 0; q < VPC / 4; q++) {
             const float4 xv = __ldg(xg + c * (VPC / 4) + q);
             sx += xv.x + xv.y + xv.z + xv.w;
-            float xr[4];
-            if constexpr (BITS == 4) { /* code i of a 16-bit half is worth q·16^i */
-                xr[0] = xv.x, xr[1] = xv.y * 0.0625f, xr[2] = xv.z * 0.00390625f, xr[3] = xv.w * 0.000244140625f;
-            } else {
-                xr[0] = xv.x, xr[1] = xv.y, xr[2] = xv.z, xr[3] = xv.w;
-            }
+            const float4 xp = pt_x_inplace<BITS>(xv);
+            const float xr[4] = {xp.x, xp.y, xp.z, xp.w};
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 const int wi = BITS == 4 ? q >> 1 : q;

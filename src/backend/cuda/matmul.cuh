@@ -255,6 +255,16 @@ __device__ __forceinline__ void pt_qw_sb(const pt_qw &q, int64_t row, int64_t gi
     }
 }
 
+/* x for codes read in place (the magic-number conversion of the 4-bit
+ * GEMVs: code i of a 16-bit half, OR-ed into 2^23 where it sits, is worth
+ * q·16^i): value i of a float4 times 16^-i, exact (a power of two); 8-bit
+ * codes are moved to the low byte, so x as it is. */
+template <int BITS>
+__device__ __forceinline__ float4 pt_x_inplace(float4 v) {
+    if constexpr (BITS == 4) v.y *= 0.0625f, v.z *= 0.00390625f, v.w *= 0.000244140625f;
+    return v;
+}
+
 /* One element of the gated activation (backend.h glu): act(g)·u, with
  * act(g) rounded, then the product (bf: bf16 mode). The one definition
  * behind glu_kernel (elementwise.cu) and the GLU epilogue of the gate/up

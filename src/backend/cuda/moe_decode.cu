@@ -205,12 +205,8 @@ __device__ __forceinline__ void moe_load_x(float (&xr)[CPL][128 / BITS], float (
                 xv = __ldg(p);
             }
             sx[j] += xv.x + xv.y + xv.z + xv.w;
-            if constexpr (BITS == 4) {
-                xr[j][4 * q] = xv.x, xr[j][4 * q + 1] = xv.y * 0.0625f, xr[j][4 * q + 2] = xv.z * 0.00390625f,
-                          xr[j][4 * q + 3] = xv.w * 0.000244140625f;
-            } else {
-                xr[j][4 * q] = xv.x, xr[j][4 * q + 1] = xv.y, xr[j][4 * q + 2] = xv.z, xr[j][4 * q + 3] = xv.w;
-            }
+            const float4 xp = pt_x_inplace<BITS>(xv);
+            xr[j][4 * q] = xp.x, xr[j][4 * q + 1] = xp.y, xr[j][4 * q + 2] = xp.z, xr[j][4 * q + 3] = xp.w;
         }
     }
 }
@@ -233,9 +229,7 @@ __device__ __forceinline__ void moe_stage_chunks(float *xs, const float *x, int 
         for (int q = 0; q < Q; q++) {
             const float4 xv = v[q];
             sx += xv.x + xv.y + xv.z + xv.w;
-            float4 p = xv;
-            if constexpr (BITS == 4) p.y = xv.y * 0.0625f, p.z = xv.z * 0.00390625f, p.w = xv.w * 0.000244140625f;
-            *reinterpret_cast<float4 *>(xs + c * (VPC + 4) + 4 * q) = p;
+            *reinterpret_cast<float4 *>(xs + c * (VPC + 4) + 4 * q) = pt_x_inplace<BITS>(xv);
         }
         xs[nchunks * (VPC + 4) + c] = sx;
     }

@@ -29,10 +29,10 @@
  * items together: each code is converted once and multiplied into every
  * item's running sum. Each (row, item) value is still formed exactly as
  * there — the same chunks per lane, the same fma chain per chunk over the
- * same values, the per-chunk fold acc + (scale·d + bias·Σx) as
- * moe_row_partial (moe_decode.cu) compiles it (a product bias·Σx, an fma,
- * an add; written out with _rn intrinsics here so no contraction can
- * differ), the butterfly, moe_row_out — so it is the same bits whichever
+ * same values, the per-chunk fold acc + (scale·d + bias·Σx) as the fast
+ * GEMV compiles it (moe_rows_partials: a product bias·Σx, an fma, an add,
+ * written out with _rn intrinsics so no contraction can differ), the
+ * butterfly, moe_row_out — so it is the same bits whichever
  * grid computed it, and a token's result depends on nothing but its own
  * row. Items whose index is outside [0, E) join expert 0's tiles (they
  * compute zeros and raise the error word, as moe_item_expert does). The
@@ -132,9 +132,7 @@ __device__ __forceinline__ void moe_stage_tile(float *sm, int64_t stride, const 
         const int i = f / k4, g = f - i * k4, c = g / Q, q = g - c * Q;
         const float4 v = __ldg(reinterpret_cast<const float4 *>(x + (int64_t)(it[i] / x_div) * K) + g);
         float *xi = sm + i * stride;
-        float4 p = v;
-        if constexpr (BITS == 4) p.y = v.y * 0.0625f, p.z = v.z * 0.00390625f, p.w = v.w * 0.000244140625f;
-        *reinterpret_cast<float4 *>(xi + c * (VPC + 4) + 4 * q) = p;
+        *reinterpret_cast<float4 *>(xi + c * (VPC + 4) + 4 * q) = pt_x_inplace<BITS>(v);
         (ps0 + i * stride)[g] = __fadd_rn(__fadd_rn(__fadd_rn(v.x, v.y), v.z), v.w);
     }
     __syncthreads();

@@ -157,13 +157,13 @@ __device__ __forceinline__ uint32_t moe_nib(uint32_t h, uint32_t magic) {
 }
 
 /* The lane's partials of NR rows for N items (chunks lane + 32·j of each
- * row, as moe_row_partial): acc[r][i] for row r, item i. xf(i, j, q) is
- * item i's float4 q of the lane's chunk j (4-bit: pre-multiplied by 16^-i
- * as moe_load_x does), sf(i, j) its Σx of that chunk (moe_load_x's sum).
- * Each code is converted once for all N items and the NR rows' chains are
- * interleaved; every (row, item) chain is formed in moe_chunk_dot's order
- * and folded as moe_row_partial compiles it (a product bias·Σx, an fma, an
- * add), so the bits of moe_row_partial whatever N, NR and x's home. */
+ * row, as the fast GEMV's one-warp rows: gemv_fast.cu, gemv_fast_kernel):
+ * acc[r][i] for row r, item i. xf(i, j, q) is item i's float4 q of the
+ * lane's chunk j (pt_x_inplace), sf(i, j) its Σx of that chunk (moe_load_x's
+ * sum). Each code is converted once for all N items and the NR rows' chains
+ * are interleaved; every (row, item) chain is formed in that kernel's order
+ * and folded as it compiles acc += s·d + b·Σx (a product b·Σx, an fma, an
+ * add), so its bits whatever N, NR and x's home. */
 template <int BITS, int CPL, int NR, int N, class XF, class SF>
 __device__ __forceinline__ void moe_rows_partials(float (&acc)[NR][MOE_TILE_ITEMS], const uint4 (&w)[NR][CPL],
                                                   const float (&sc)[NR][CPL], const float (&bi)[NR][CPL], int nchunks,
