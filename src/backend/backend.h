@@ -164,7 +164,14 @@ typedef struct pt_attn {
     int window;         /* 0 = full causal; W = sliding window of W keys incl. self */
     int fused_decode;   /* L3 lever --fused-decode-attn: a decode step (T == 1) over a quantized cache may
                          * use an online-softmax kernel (same math, not bit-identical) */
+    int64_t max_keys;   /* > 0: no query row of the call attends to more keys (a captured decode step's
+                         * bound, PT_DEC_SHORT_KEYS); backends may pick a kernel by it, never the bits.
+                         * 0 = unknown */
 } pt_attn;
+
+/* The key bound of a short decode step (pt_attn.max_keys): single-sequence
+ * decode steps at most this many keys long are run, and captured, apart. */
+#define PT_DEC_SHORT_KEYS 256
 
 /* MoE routing. scores = softmax(logits) over n_experts in f32; the top k
  * (ties: lower index first); if renorm, divided by their sum; then multiplied

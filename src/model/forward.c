@@ -142,7 +142,7 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
     if (st->logits_ahead) OPS(m)->dealloc(m->be, st->logits_ahead);
-    for (int g = 0; g < 4; g++) pt_cuda_graph_free(&st->graph[g]);
+    for (int g = 0; g < 8; g++) pt_cuda_graph_free(&st->graph[g]);
     memset(st, 0, sizeof *st);
 }
 
@@ -379,6 +379,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                                   L->k_norm, hd, L->qk_style));
             pt_attn attn = L->attn;
             attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+            attn.max_keys = st->keys_bound > 0 ? st->keys_bound : st->keys_bound < 0 ? 0 : (int64_t)pos0 + T;
             if (r) {
                 PT_TRY(rows_attention(m, st, r, L, l, T));
             } else {
@@ -478,7 +479,8 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     int use_long = 0;
     for (int l = 0; l < n->n_layers; l++)
         if (n->layers[l].inv_freq_long && (int64_t)pos0 + 1 > n->layers[l].rope_switch_len) use_long = 1;
-    const int gi = use_long + 2 * ahead;
+    const int dshort = (int64_t)pos0 + 1 <= PT_DEC_SHORT_KEYS;
+    const int gi = use_long + 2 * ahead + 4 * dshort;
     /* Qwen3.5: the DeltaNet states' bookkeeping is host-side; a replay
      * checks and advances it as the captured fwd_body would (the reset at
      * position 0 never runs here, see pt_fwd_run) */
@@ -486,14 +488,16 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
      * (petrel bench --kv-ab switches it within a session) drops the graphs */
     const int fused = m->params.fused_decode_attn == PT_LEVER_ON;
     if (st->graph_fused != fused) {
-        for (int g = 0; g < 4; g++) pt_cuda_graph_free(&st->graph[g]);
+        for (int g = 0; g < 8; g++) pt_cuda_graph_free(&st->graph[g]);
         st->graph_fused = fused;
     }
     if (st->conv_state && st->graph[gi]) PT_TRY(pt_qwen35_begin(m, st, pos0));
     if (!st->graph[gi]) {
         PT_TRY(pt_cuda_graph_begin(m->be));
         float *hn = NULL;
+        st->keys_bound = dshort ? PT_DEC_SHORT_KEYS : -1; /* the bound of every position the graph replays */
         pt_status s = fwd_body(m, st, NULL, 1, pos0, 1, &hn);
+        st->keys_bound = 0;
         if (s == PT_OK) s = fwd_logits_to(m, NULL, hn, 1, ahead ? st->logits_ahead : st->logits);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());

@@ -187,8 +187,13 @@ typedef struct pt_fwd_state {
     /* CUDA compiled decode: the captured single-token step, one per RoPE
      * table in use (longrope switches tables past its original context):
      * [use_long] writes st->logits, [2 + use_long] (the pipelined decode's
-     * step ahead, pt_fwd_ahead_enqueue) writes logits_ahead. */
-    struct pt_cuda_graph *graph[4];
+     * step ahead, pt_fwd_ahead_enqueue) writes logits_ahead; [4 + ...] the
+     * same for short steps (at most PT_DEC_SHORT_KEYS keys, captured with
+     * that bound in pt_attn.max_keys). */
+    struct pt_cuda_graph *graph[8];
+    /* the key bound the step being captured passes to attention (0: not
+     * capturing, the step's own position + 1; -1: unknown) */
+    int64_t keys_bound;
     float *logits_ahead;            /* [V] backend, allocated by the first step ahead */
     int graph_fused; /* the --fused-decode-attn setting the graphs were captured with */
     /* Gated DeltaNet layers (qwen3_5.c), NULL without any: per layer (NULL

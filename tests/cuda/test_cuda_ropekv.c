@@ -237,9 +237,142 @@ static void test_rope_kv_attention_bits(void) {
            n_single, n_rows);
 }
 
+/* ---- the one-block short decode (attention_short.cu) vs the three kernels ----
+ * rope_kv_attention of one sequence with pt_attn.max_keys set (the step's
+ * bound: the one-block form where the shape allows it) against max_keys 0
+ * (the split kernels): the outputs and every byte of both caches identical,
+ * at split counts 1 to 16, splits of 16 to 64 keys (caches of 64 to 2048
+ * rows) and the positions around each split boundary. A bound the row exceeds is reported (PT_ERR_INTERNAL, the
+ * caches untouched) and the backend goes on. */
+static const int32_t rs_pos[] = {0, 1, 2, 7, 14, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 127, 128, 129,
+                                 150, 191, 192, 200, 239, 240, 254, 255};
+
+static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_cases, int *n_lies) {
+    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd, half = rc->rot / 2;
+    const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
+    const int nq = nh * hd, nk = nkv * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+    float inv[128];
+    uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
+    for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / rc->rot);
+    for (size_t i = 0; i < celems; i++) {
+        const float x = rf(-1, 1);
+        if (ft == PT_FT_F32) ((float *)init)[i] = x;
+        else if (ft == PT_FT_BF16) ((uint16_t *)init)[i] = pt_f32_to_bf16(x);
+        else ((uint16_t *)init)[i] = pt_f32_to_f16(x);
+    }
+    pt_rope rope = {rc->rot, put(G, inv, half * 4), 1.0f};
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = rc->softcap,
+                 .window = rc->window};
+    pt_kv_layer shape = {.n_kv = nkv, .head_dim = hd, .capacity = rc->cap, .dtype = ft};
+    char what[160];
+    snprintf(what, sizeof what, "act %d dtype %d nh %d nkv %d hd %d rot %d window %d cap %lld", a, (int)ft, nh, nkv,
+             hd, rc->rot, rc->window, (long long)rc->cap);
+    for (size_t pi = 0; pi < sizeof rs_pos / sizeof rs_pos[0]; pi++) {
+        const int32_t pos = rs_pos[pi];
+        if (!rc->window && pos >= rc->cap) continue; /* a full cache: the forward pass never gets here */
+        fill_act(q, nq, -2, 2, a);
+        fill_act(k, nk, -2, 2, a);
+        fill_act(v, nk, -2, 2, a);
+        float *qd[2], *kd[2], *vd[2], *od[2];
+        pt_kv_layer kv[2];
+        int32_t *pd = put(G, &pos, 4);
+        for (int w = 0; w < 2; w++) {
+            qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4);
+            od[w] = put(G, NULL, nq * 4);
+            kv[w] = shape;
+            kv[w].k = put(G, init, cbytes), kv[w].v = put(G, init, cbytes);
+        }
+        pt_attn ps = p;
+        ps.max_keys = pi % 2 ? PT_DEC_SHORT_KEYS : pos + 1; /* a captured step's bound, an eager step's */
+        pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], 1, pd, &rope, &kv[0], NULL, &ps);
+        if (s == PT_OK) s = G->ops->rope_kv_attention(G, od[1], qd[1], kd[1], vd[1], 1, pd, &rope, &kv[1], NULL, &p);
+        if (s == PT_OK) s = G->ops->download(G, oa, od[0], nq * 4);
+        if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
+        REQUIRE(s == PT_OK, "%s pos %d: %s", what, pos, pt_last_error());
+        CHECK(!memcmp(oa, ob, nq * 4), "%s pos %d: the one-block output differs from the split kernels'", what, pos);
+        for (int c = 0; c < 2; c++) {
+            s = G->ops->download(G, ca, c ? kv[0].v : kv[0].k, cbytes);
+            if (s == PT_OK) s = G->ops->download(G, cb, c ? kv[1].v : kv[1].k, cbytes);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            CHECK(!memcmp(ca, cb, cbytes), "%s pos %d: %s cache bytes differ", what, pos, c ? "v" : "k");
+        }
+        for (int w = 0; w < 2; w++) {
+            G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
+            G->ops->dealloc(G, kv[w].k), G->ops->dealloc(G, kv[w].v);
+        }
+        G->ops->dealloc(G, pd);
+        (*n_cases)++;
+    }
+    /* a bound the row exceeds: an error naming the row's keys, the caches as they were. The bound is the most
+     * the one-block form takes with 16 splits or more: 256 keys where a key row is at most 16 chunks of 16
+     * bytes (one warp a split), 128 at 32 chunks. Head 256 at GQA 8 (32 p·V tasks of 8 heads' partial
+     * outputs) needs more shared memory than a block has: not taken there, nothing to report. */
+    const int chunks = hd * (int)esz / 16;
+    if (rc->cap >= 1024 && !rc->window && chunks <= 32 && nh / nkv * hd <= 1024) {
+        const int bound = chunks <= 16 ? PT_DEC_SHORT_KEYS : 128;
+        const int32_t pos = bound + 43;
+        float *qd = put(G, q, nq * 4), *kd = put(G, k, nk * 4), *vd = put(G, v, nk * 4), *od = put(G, NULL, nq * 4);
+        int32_t *pd = put(G, &pos, 4);
+        pt_kv_layer kv = shape;
+        kv.k = put(G, init, cbytes), kv.v = put(G, init, cbytes);
+        pt_attn ps = p;
+        ps.max_keys = bound;
+        char keys[32];
+        snprintf(keys, sizeof keys, "%d keys", pos + 1);
+        pt_status s = G->ops->rope_kv_attention(G, od, qd, kd, vd, 1, pd, &rope, &kv, NULL, &ps);
+        if (s == PT_OK) s = G->ops->download(G, oa, od, nq * 4);
+        CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
+              "%s: a row of %d keys under a bound of %d answered %d (%s)", what, pos + 1, bound, (int)s,
+              pt_last_error());
+        s = G->ops->download(G, ca, kv.k, cbytes);
+        if (s == PT_OK) s = G->ops->download(G, cb, kv.v, cbytes);
+        REQUIRE(s == PT_OK, "%s: the backend after the reported bound: %s", what, pt_last_error());
+        CHECK(!memcmp(ca, init, cbytes) && !memcmp(cb, init, cbytes), "%s: the caches changed under a wrong bound",
+              what);
+        G->ops->dealloc(G, qd), G->ops->dealloc(G, kd), G->ops->dealloc(G, vd), G->ops->dealloc(G, od);
+        G->ops->dealloc(G, pd), G->ops->dealloc(G, kv.k), G->ops->dealloc(G, kv.v);
+        (*n_lies)++;
+    }
+    G->ops->dealloc(G, (void *)rope.inv_freq);
+    free(q), free(k), free(v), free(oa), free(ob), free(init), free(ca), free(cb);
+}
+
+static void test_rope_kv_attention_short_bits(void) {
+    if (!gpu_usable("rope_kv_attention short")) TEST_SKIP("no GPU");
+    static const ra_case cs[] = {
+        {32, 8, 64, 64, 0, RA_CTX, 0.f},   /* llama-3.2-1b */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* llama-3.1-8b */
+        {32, 4, 128, 128, 0, RA_CTX, 0.f}, /* qwen3-30b-a3b: GQA 8 */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
+        {4, 4, 128, 64, 0, RA_CTX, 0.f},   /* no GQA */
+        {16, 8, 32, 32, 0, 512, 0.f},      /* head 32: 4 chunks a row in bf16; 8 splits */
+        {32, 8, 128, 128, 0, 128, 0.f},    /* a 128-token context (petrel bench tg128): 2 splits of up to 64 */
+        {32, 4, 128, 128, 0, 256, 0.f},    /* 4 splits, GQA 8 */
+    };
+    int n_cases = 0, n_lies = 0;
+    for (int a = 0; a < 2; a++) {
+        pt_backend *G = NULL;
+        REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
+        pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
+                                 .max_rows = 1};
+        REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
+        for (int dt = 0; dt < 3; dt++)
+            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+                rs_check(G, a, (pt_ftype)dt, &cs[ci], &n_cases, &n_lies);
+        pt_backend_free(&G);
+    }
+    printf("INFO rope_kv_attention short: %d steps bit-identical to the split kernels, %d wrong bounds reported\n",
+           n_cases, n_lies);
+}
+
 int main(void) {
+    /* the one-block short decode for every GQA group size it takes (by default only up to 4) */
+    setenv("PETREL_CUDA_DEC_SHORT", "2", 0);
     TEST_RUN(test_rope_kv_bits);
     TEST_RUN(test_rope_kv_attention_bits);
+    TEST_RUN(test_rope_kv_attention_short_bits);
     teardown();
     return test_summary();
 }

@@ -389,6 +389,12 @@ static void dec_shape(const pt_cuda *c, int nkv, int64_t cap, int64_t &stride, i
  * whatever the rows. Bits do not depend on it. */
 static int g_dec_grid = -1, g_dec_minper = -1;
 
+/* PETREL_CUDA_DEC_SHORT (read once): 0 never runs the one-block form of
+ * attention_short.cu, 2 runs it for every GQA group size it takes (the
+ * default, 1, only up to 4 query heads per KV head); A/B and tests, the
+ * same bits either way. */
+static int g_dec_short = -1;
+
 /* Grid height Y (blocks per row and KV head): nsplit, or fewer when B rows
  * of nsplit blocks would exceed the target — each block then loops over
  * nsplit / Y splits. One row always gets nsplit. */
@@ -439,7 +445,18 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     }
     dim3 grid((unsigned)a.nkv, (unsigned)dec_blocks_y(c, a.nkv, a.nsplit, B), (unsigned)B);
     if (g_attn_v2 < 0) g_attn_v2 = pt_env_on("PETREL_CUDA_ATTN_V2");
+    if (g_dec_short < 0) {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT");
+        g_dec_short = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
+    }
     const int R = a.hd * (int)sizeof(KT) / 16;
+    a.err = c->err_dev;
+    /* one launch at short contexts, same bits; by default only up to 4 query heads per KV head (with 8,
+     * qwen3-30b-a3b's, the one block per KV head measured slower than the three kernels) */
+    if (g_attn_v2 && g_dec_short && !batched && a.max_keys > 0 && (g_dec_short == 2 || a.nh / a.nkv <= 4)) {
+        const pt_status st = pt_cuda_dec2_short<KT>(c, a, a.max_keys);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     if (g_attn_v2 && R >= 4 && R <= 64) return pt_cuda_dec2_launch<KT>(c, a, B, grid);
     if (a.inv_freq) return PT_ERR_UNSUPPORTED; /* the folded RoPE: second-generation kernels only (checked before) */
     pt_launch(dec_scores_kernel<KT>, grid, dim3(DEC_THREADS), (size_t)G * a.hd * sizeof(float), c->stream, pt_pdl_chain(), a);
@@ -566,6 +583,7 @@ pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, 
     r.scale = p->scale, r.softcap = p->softcap, r.window = p->window, r.bf = pt_cuda_bf(be);
     r.kn = k, r.vn = v, r.inv_freq = (const float *)rope->inv_freq, r.rscale = rope->attn_scale;
     r.half = rope->rot_dim / 2;
+    r.max_keys = kvp ? 0 : p->max_keys;
     if (kvp) { /* the keys of every row first, then the queries' RoPE in the scores kernel */
         PT_TRY(pt_cuda_rope_k_append_rows(c, kv, kvp, k, v, rows, pos, rope, r.bf));
         r.kn = NULL, r.vn = NULL;

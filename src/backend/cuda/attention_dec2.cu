@@ -6,13 +6,7 @@
  * entry points; the shared row pieces (pt_dec_rows, dec_range, dec_cache)
  * are decode_split.cuh's. Not the quantized caches (kv_quant.cu,
  * kv_fused.cu), not the flash prefill (flash_attn.cu). */
-#include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/decode_split.cuh"
-
-#include <cuda_fp16.h>
-
-#include <stdint.h>
-#include <type_traits>
+#include "backend/cuda/attention_dec2.cuh"
 
 /* ---- decode (T == 1), second generation: the same three phases ------------
  * (scores with per-split (max, sum), p·V with the exact row max and sum,
@@ -53,75 +47,6 @@
  * alone and in a batch still get the same bits; they differ from the
  * first-generation kernels in the last bits (other summation orders). */
 
-#define D2_WARPS 8
-#define D2_THREADS (D2_WARPS * 32)
-
-/* The 16 / sizeof(KT) values of a 16-byte chunk as f32 (bf16: the bits
- * moved to the high half, exact). */
-template <typename KT>
-__device__ __forceinline__ void d2_cvt(const uint4 &u, float (&f)[16 / sizeof(KT)]) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if constexpr (sizeof(KT) == 4) {
-            f[i] = __uint_as_float(w[i]);
-        } else if constexpr (std::is_same<KT, __half>::value) {
-            const float2 t = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
-            f[2 * i] = t.x, f[2 * i + 1] = t.y;
-        } else {
-            f[2 * i] = __uint_as_float(w[i] << 16), f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-    }
-}
-
-/* U load steps of 32/LPR keys from key jb on: chunk ci·LPR + sub of key
- * jb + u·(32/LPR) + ks into r[u][ci]; zeros past j1 or past the row. rlo:
- * the cache row of key 0 (keys wrap once: j < n <= cap). */
-template <typename KT, int LPR, int C, int U>
-__device__ __forceinline__ void d2_load(uint4 (&r)[U][C], const KT *base, int64_t rlo, int64_t cap, int hd, int R,
-                                        int64_t jb, int64_t j1, int sub, int ks, const uint4 *nrow = nullptr,
-                                        int64_t prow = -1) {
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int64_t j = jb + u * (32 / LPR) + ks;
-        int64_t row = rlo + j;
-        if (row >= cap) row -= cap;
-        const uint4 *src = reinterpret_cast<const uint4 *>(base + row * hd);
-        /* the folded cache write (pt_dec_rows.kn): the new key's row comes
-         * from the block's own copy (nrow, shared memory, the bytes the
-         * cache gets), not from the cache block 0 is writing */
-        if (nrow && row == prow) src = nrow;
-#pragma unroll
-        for (int ci = 0; ci < C; ci++) {
-            const int c = ci * LPR + sub;
-            r[u][ci] = j < j1 && c < R ? (nrow && row == prow ? src[c] : __ldg(src + c)) : make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-}
-
-/* A cache element from f32, as kv_append stores it. */
-__device__ __forceinline__ void d2_kv_store(float *p, float v) { *p = v; }
-__device__ __forceinline__ void d2_kv_store(__half *p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void d2_kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
-
-/* Element d of a row x rotated as rope_kv_kernel (rope.cu) rotates it: the
- * pair (d, d + half) with the table values cs[d'], sn[d'] of its dim
- * d' < half, each product rounded, then their sum; dims past 2·half as
- * they are. The same expressions as rope.cu, so the same bits. */
-__device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, const float *cs, const float *sn,
-                                              int bf) {
-    if (d < half) {
-        const float a = x[d], b = x[d + half];
-        return pt_rnd(bf, pt_rnd(bf, a * cs[d]) + pt_rnd(bf, -b * sn[d]));
-    }
-    if (d < 2 * half) {
-        const int e = d - half;
-        const float a = x[e], b = x[d];
-        return pt_rnd(bf, pt_rnd(bf, b * cs[e]) + pt_rnd(bf, a * sn[e]));
-    }
-    return x[d];
-}
-
 /* ROPE: 0 none; 1 the folded RoPE and cache write (pt_dec_rows.kn); 2 the
  * queries' RoPE alone (kn == NULL, inv_freq set: the keys were rotated and
  * appended by a kernel before, batch_decode.cu's rope_k_append_rows). */
@@ -129,7 +54,7 @@ template <typename KT, int LPR, int ROPE>
 __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
-    constexpr int V = 16 / sizeof(KT), C = 4, KPW = 32 / LPR, U = 2, KB = U * KPW; /* keys per warp batch */
+    constexpr int C = 4, KPW = 32 / LPR, U = 2, KB = U * KPW; /* keys per warp batch */
     extern __shared__ float4 d2_q[]; /* [G, hd] the queries of the KV head's group */
     __shared__ float red[32];
     const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
@@ -187,46 +112,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 kr[U][C];
             d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE == 1 ? knew : nullptr, prow);
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                float d[DEC_MAX_G];
-#pragma unroll
-                for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
-#pragma unroll
-                for (int ci = 0; ci < C; ci++) {
-                    const int c = ci * LPR + sub;
-                    if (c >= R) continue;
-                    float kf[V];
-                    d2_cvt<KT>(kr[u][ci], kf);
-#pragma unroll
-                    for (int g = 0; g < DEC_MAX_G; g++) {
-                        if (g >= G) break;
-                        const float4 *qp = reinterpret_cast<const float4 *>(qs + g * hd + c * V);
-#pragma unroll
-                        for (int i4 = 0; i4 < V / 4; i4++) {
-                            const float4 qv = qp[i4];
-                            d[g] = fmaf(qv.x, kf[4 * i4], d[g]);
-                            d[g] = fmaf(qv.y, kf[4 * i4 + 1], d[g]);
-                            d[g] = fmaf(qv.z, kf[4 * i4 + 2], d[g]);
-                            d[g] = fmaf(qv.w, kf[4 * i4 + 3], d[g]);
-                        }
-                    }
-                }
-                pt_lanes_sum<LPR>(d, G); /* the key's LPR lanes */
-                const int64_t j = jb + u * KPW + ks;
-                if (j < j1) {
-#pragma unroll
-                    for (int g = 0; g < DEC_MAX_G; g++) {
-                        if (g >= G) break;
-                        if (g % LPR != sub) continue;
-                        float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);
-                        if (a.softcap > 0.f)
-                            s = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, s / a.softcap))) * a.softcap);
-                        S[(int64_t)g * stride + j] = s;
-                        pt_softmax_push(s, m[g], l[g]);
-                    }
-                }
-            }
+            d2_scores_batch<KT, LPR, C, U>(kr, qs, a, G, hd, R, jb, j1, sub, ks, S, stride, m, l);
         }
         /* pt_softmax_block synchronizes before reusing red, also across splits */
 #pragma unroll
@@ -256,16 +142,8 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     const float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit;
     float *P = a.P + (b * a.nh + (int64_t)kh * G) * nsplit * hd; /* [G, nsplit, hd] */
     if (warp < G) { /* head `warp`: the exact row max and sum over the used splits */
-        const float2 *ml = ML + (int64_t)warp * nsplit;
-        float mx = -INFINITY;
-        for (int64_t s = lane; s < used; s += 32) mx = fmaxf(mx, ml[s].x);
-        mx = pt_warp_max(mx);
-        float L = 0.f;
-        for (int64_t s = lane; s < used; s += 32) {
-            const float2 v = ml[s];
-            if (v.x != -INFINITY) L += v.y * expf(v.x - mx);
-        }
-        L = pt_warp_sum(L);
+        float mx, L;
+        d2_row_stats(ML + (int64_t)warp * nsplit, 1, used, lane, mx, L);
         if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
     }
     __syncthreads();
@@ -284,52 +162,10 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 vr[U][C];
             d2_load<KT, LPR, C, U>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
-            /* the batch's probabilities, lanes over (head, key); 0 past j1 */
-#pragma unroll 4
-            for (int idx = lane; idx < KB * G; idx += 32) {
-                const int g = idx / KB, kk = idx % KB;
-                const int64_t j = jb + kk;
-                ps[warp][g][kk] = j < j1 ? pt_rnd(a.bf, expf(S[(int64_t)g * stride + j] - sM[g]) * sInv[g]) : 0.f;
-            }
-            __syncwarp();
-#pragma unroll
-            for (int u = 0; u < U; u++)
-#pragma unroll
-                for (int ci = 0; ci < C; ci++) {
-                    float vf[V];
-                    d2_cvt<KT>(vr[u][ci], vf);
-#pragma unroll
-                    for (int g = 0; g < MG; g++) {
-                        if (g >= G) break;
-                        const float p = ps[warp][g][u * KPW + ks];
-#pragma unroll
-                        for (int i = 0; i < V; i++) acc[g][ci][i] = fmaf(p, vf[i], acc[g][ci][i]);
-                    }
-                }
-            __syncwarp(); /* ps is written again by the next batch */
+            d2_pv_batch<KT, LPR, C, U, MG>(vr, ps[warp], S, stride, sM, sInv, a.bf, G, jb, j1, lane, ks, acc);
         }
-        /* the warp's key slots (lanes sub, sub + LPR, ...) added: every lane holds the warp's sum */
-#pragma unroll
-        for (int o = LPR; o < 32; o <<= 1)
-#pragma unroll
-            for (int g = 0; g < MG; g++) {
-                if (g >= G) break;
-#pragma unroll
-                for (int ci = 0; ci < C; ci++) pt_xor_add(acc[g][ci], o);
-            }
-        if (ks == 0) {
-#pragma unroll
-            for (int g = 0; g < MG; g++) {
-                if (g >= G) break;
-#pragma unroll
-                for (int ci = 0; ci < C; ci++) {
-                    const int c = ci * LPR + sub;
-                    if (c >= R) continue;
-#pragma unroll
-                    for (int i = 0; i < V; i++) po[(warp * G + g) * hd + c * V + i] = acc[g][ci][i];
-                }
-            }
-        }
+        d2_pv_keys_sum<LPR>(acc, G);
+        d2_pv_store<LPR>(acc, po + warp * G * hd, G, hd, R, sub, ks);
         __syncthreads();
         /* this split's partial output: the warps added in warp order */
         for (int idx = threadIdx.x; idx < G * hd; idx += D2_THREADS) {

@@ -73,6 +73,9 @@ pt_status pt_cuda_check_errors(pt_cuda *c) {
         CUDA_CHECK(cudaMemsetAsync(c->err_dev, 0, 2 * sizeof(int), c->stream));
         CUDA_CHECK(cudaStreamSynchronize(c->stream));
         if (h[0] == 2) return pt_error(PT_ERR_RANGE, "moe_ffn: expert index %d outside the expert stack", h[1]);
+        if (h[0] == 3)
+            return pt_error(PT_ERR_INTERNAL, "decode attention: a row of %d keys ran past its launch's bound on the keys",
+                            h[1]);
         return pt_error(PT_ERR_RANGE, "embed: token id %d outside the vocabulary", h[1]);
     }
     return PT_OK;

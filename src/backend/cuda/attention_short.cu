@@ -1,0 +1,356 @@
+/* The split decode attention of one sequence at short contexts in one
+ * launch (rope_kv_attention, attention.cu, takes it when the step's bound
+ * on the keys allows): the second-generation kernels' work (attention_dec2.cu:
+ * the folded RoPE and cache write, scores with per-split (max, sum), p·V
+ * with the exact row max and sum, the ordered merge) done by one block per
+ * KV head, with every value formed by the same expressions in the same
+ * order. So the output is the three kernels' bits, and a row decoded this
+ * way is bit-identical to the row in a batch (tests/cuda/test_cuda_ropekv.c
+ * checks it against the three kernels at every split count it takes).
+ *
+ * Why: at a few hundred keys the three launches are a latency chain (the
+ * scores kernel alone ~9.6 µs at 16 keys on the H200, bench/RESULTS.md)
+ * over a few KB of cache per head; one block per KV head does the same work
+ * without two kernel boundaries, the scratch round trips and the merge
+ * launch.
+ *
+ * The three kernels give each split of `per` keys (dec_range) a block of
+ * D2_WARPS warps, warp w taking the batches of keys from j0 + w·KB on (KB
+ * keys a batch, D2_WARPS·KB apart). Here a task is such a (split, warp)
+ * pair that holds keys, and the block's DS_WARPS warps take the tasks:
+ *   scores: warp t runs task t's batches (at most DS_WARPS tasks), keeping
+ *       its lanes' running (max, sum). pt_softmax_block's pair for the split
+ *       is then formed across the split's tasks: the max over them (exact
+ *       in any order); each task's lanes' rescaled sums added by the same
+ *       xor butterfly (pt_warp_sum); the tasks' sums put in lanes 0..7 of a
+ *       second butterfly in warp order, as pt_block_sum puts the block's
+ *       warps' sums (the warps without keys add exact zeros there).
+ *   p·V: the row max and sum per head as the p·V kernel forms them (a warp
+ *       per head over the splits' pairs); then each task's batches
+ *       (d2_pv_batch) and key-slot sum (d2_pv_keys_sum) into its own partial
+ *       output in shared memory.
+ *   merge: per output element the split's tasks' partials added from 0 in
+ *       warp order (the p·V kernel's partial output of the split; its warps
+ *       without keys add exact zeros), the splits' sums added from 0 in
+ *       split order and rounded (dec_rows_merge_kernel).
+ * Scores, partial outputs and, where they fit, the value rows (read ahead
+ * by cp.async while the scores are formed) stay in shared memory. Measured
+ * in bench/RESULTS.md, "2026-12-02 (fifth session)"; by default taken up to
+ * 4 query heads per KV head (attention.cu). */
+#include "backend/cuda/attention_dec2.cuh"
+
+#define DS_WARPS 16
+#define DS_THREADS (DS_WARPS * 32)
+#define DS_MAXK PT_DEC_SHORT_KEYS /* the most keys a row may hold: the scores' row in shared memory */
+/* The most dynamic shared memory a launch takes (the kernel's static arrays
+ * take up to ~20 KB more of the SM's 227 KB). */
+#define DS_SMEM_MAX (200 * 1024)
+
+/* The launch geometry the one-block form replays for a cache row of R
+ * 16-byte chunks and G heads per KV head: the scores' lanes per key LS and
+ * keys per batch SKB (pt_cuda_dec2_launch's scores kernel: 4 chunks a lane,
+ * 2 load steps), the p·V's lanes per key LP, chunks per lane CP and keys per
+ * batch PKB (its p·V kernel). */
+struct ds_geom {
+    int LS, SKB, LP, CP, PKB;
+};
+static ds_geom ds_geometry(int R, int G) {
+    ds_geom g;
+    g.LS = R <= 4 ? 1 : R <= 8 ? 2 : R <= 16 ? 4 : R <= 32 ? 8 : 16;
+    g.SKB = 2 * (32 / g.LS);
+    g.LP = R <= 4 ? 4 : R <= 8 ? 8 : R <= 16 ? 16 : 32;
+    g.CP = R <= 32 ? 1 : 2;
+    g.PKB = ((G > 4 ? 4 : 8) / g.CP) * (32 / g.LP);
+    return g;
+}
+
+/* The tasks of a row of n keys in splits of per (used of them): (split,
+ * warp) pairs holding keys for batches of kb keys. */
+__host__ __device__ __forceinline__ int ds_tasks(int64_t n, int64_t per, int64_t used, int kb) {
+    if (used <= 0) return 0;
+    const int64_t full = per < (int64_t)D2_WARPS * kb ? (per + kb - 1) / kb : D2_WARPS;
+    const int64_t last = n - (used - 1) * per;
+    const int64_t nl = last < (int64_t)D2_WARPS * kb ? (last + kb - 1) / kb : D2_WARPS;
+    return (int)((used - 1) * full + nl);
+}
+
+/* Task t's split and warp: the splits' tasks in split order, each split's
+ * in warp order (every split but the last has `full` of them). */
+__device__ __forceinline__ void ds_task(int t, int full, int64_t &s, int &w) {
+    s = t / full;
+    w = t % full;
+}
+
+/* Dynamic shared memory of a launch: the queries [G, hd], the scores [G,
+ * DS_MAXK], the tasks' partial outputs [tp, G, hd], the step's raw query,
+ * key and value rows [(G + 2)·hd] (floats); with vst also the value rows of
+ * up to DS_MAXK keys, [DS_MAXK, R] 16-byte chunks, read ahead of the p·V
+ * phase. */
+static size_t ds_smem(int G, int hd, int tp, int R, bool vst) {
+    return ((size_t)G * hd + (size_t)G * DS_MAXK + (size_t)tp * G * hd + (size_t)(G + 2) * hd) * sizeof(float) +
+           (vst ? (size_t)DS_MAXK * R * 16 : 0);
+}
+
+/* U load steps of 32/LPR keys from key jb on as d2_load gives them, from
+ * the rows staged in shared memory (vs: key j's chunk c at j·R + c). */
+template <int LPR, int C, int U>
+__device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs, int R, int64_t jb, int64_t j1,
+                                               int sub, int ks) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int64_t j = jb + u * (32 / LPR) + ks;
+#pragma unroll
+        for (int ci = 0; ci < C; ci++) {
+            const int c = ci * LPR + sub;
+            r[u][ci] = j < j1 && c < R ? vs[j * R + c] : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+template <typename KT, int LS, int LP, int CP, int MG>
+__global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* launched by pt_launch */
+    pt_wait_primary();
+    constexpr int V = 16 / sizeof(KT);
+    constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
+    constexpr int PU = (MG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
+    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y, cap = a.cap;
+    int64_t lo, n, per, used;
+    dec_range(a, b, lo, n, per, used);
+    /* the step's own rows and the table's frequencies, loaded with the position (none depends on it) */
+    extern __shared__ float4 ds_smem_f4[];
+    float *qs = reinterpret_cast<float *>(ds_smem_f4); /* [G, hd] the rotated queries */
+    float *sS = qs + G * hd;                            /* [G, DS_MAXK] scores */
+    float *raw = sS + G * DS_MAXK;                      /* [G + 2, hd] the step's q, k, v rows */
+    float *sP = raw + (G + 2) * hd;                     /* [tp, G, hd] the tasks' partial outputs */
+    {
+        const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
+        const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd, *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
+        for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) raw[i] = q[i];
+        for (int d = threadIdx.x; d < hd; d += DS_THREADS) raw[G * hd + d] = kr[d], raw[(G + 1) * hd + d] = vr[d];
+    }
+    const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+    float *out = a.out + (b * a.nh + (int64_t)kh * G) * hd;
+    if (used == 0) { /* a padding row: zeros, as the merge writes them */
+        for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) out[i] = 0.f;
+        return;
+    }
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
+    const int fs = per < D2_WARPS * SKB ? (int)((per + SKB - 1) / SKB) : D2_WARPS;
+    const int fp = per < D2_WARPS * PKB ? (int)((per + PKB - 1) / PKB) : D2_WARPS;
+    const size_t base = ((size_t)G * (hd + DS_MAXK) + (size_t)(G + 2) * hd) * sizeof(float);
+    if (n > DS_MAXK || ts > DS_WARPS || base + (size_t)tp * G * hd * sizeof(float) > dyn) {
+        /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
+        if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
+        return;
+    }
+    /* the value rows staged in shared memory when the launch made room for them (ds_smem) */
+    uint4 *vS = reinterpret_cast<uint4 *>(sP + (size_t)tp * G * hd);
+    const bool vst = (size_t)(dyn - base) >= (size_t)tp * G * hd * sizeof(float) + (size_t)DS_MAXK * R * 16 &&
+                     (((uintptr_t)vS) & 15) == 0;
+    __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
+    __shared__ float rcs[128], rsn[128];
+    __shared__ float smax[DS_WARPS][DEC_MAX_G], ssum[DS_WARPS][DEC_MAX_G];
+    __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
+    __shared__ float2 sML[DS_WARPS][DEC_MAX_G]; /* each split's (max, sum) per head */
+    __shared__ float ps[DS_WARPS][MG][PKB];
+    /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them */
+    const int32_t p = a.pos[b];
+    const int64_t prow = p % cap;
+    if ((int)threadIdx.x < a.half) {
+        const float th = (float)p * fr;
+        rcs[threadIdx.x] = pt_rnd(a.bf, cosf(th) * a.rscale);
+        rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd; i += DS_THREADS)
+        qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+    {
+        KT *kn = reinterpret_cast<KT *>(knew), *vn = reinterpret_cast<KT *>(vnew);
+        for (int d = threadIdx.x; d < hd; d += DS_THREADS) {
+            d2_kv_store(kn + d, d2_rope_elem(raw + G * hd, d, a.half, rcs, rsn, a.bf));
+            d2_kv_store(vn + d, raw[(G + 1) * hd + d]);
+        }
+    }
+    __syncthreads();
+    {
+        KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
+        KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
+        for (int c = threadIdx.x; c < R; c += DS_THREADS) {
+            reinterpret_cast<uint4 *>(kc)[c] = knew[c];
+            reinterpret_cast<uint4 *>(vc)[c] = vnew[c];
+        }
+    }
+    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
+    if (vst) { /* the value rows of every key, on their way while the scores are formed */
+        const int64_t rl = lo % cap;
+        const uint32_t vsa = (uint32_t)__cvta_generic_to_shared(vS);
+        for (int64_t i = threadIdx.x; i < n * R; i += DS_THREADS) {
+            const int64_t j = i / R;
+            const int c = (int)(i % R);
+            int64_t row = rl + j;
+            if (row >= cap) row -= cap;
+            if (row == prow) vS[i] = vnew[c]; /* d2_load's substitution: the block's own copy */
+            else pt_cp16(vsa + (uint32_t)i * 16u, reinterpret_cast<const uint4 *>(vb + row * hd) + c, true);
+        }
+        pt_cp_commit();
+    }
+    const int64_t rlo = lo % cap;
+    /* scores: warp `warp` runs task `warp` (split s, the scores kernel's warp w) */
+    float m[DEC_MAX_G], l[DEC_MAX_G];
+#pragma unroll
+    for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    int64_t s = 0;
+    int w = 0;
+    if (warp < ts) {
+        ds_task(warp, fs, s, w);
+        const int sub = lane % LS, ks = lane / LS;
+        const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
+        const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
+        for (int64_t jb = j0 + (int64_t)w * SKB; jb < j1; jb += (int64_t)D2_WARPS * SKB) {
+            uint4 kr[2][SC];
+            d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, knew, prow);
+            d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, G, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
+        }
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) {
+            if (g >= G) break;
+            const float mx = pt_warp_max(m[g]);
+            if (lane == 0) smax[warp][g] = mx;
+        }
+    }
+    __syncthreads();
+    /* pt_softmax_block's pair: the split's max over its tasks, each task's lanes' rescaled sums */
+    if (warp < ts) {
+        const int t0 = (int)s * fs, nt = ts - t0 < fs ? ts - t0 : fs; /* the split's tasks */
+#pragma unroll
+        for (int g = 0; g < DEC_MAX_G; g++) {
+            if (g >= G) break;
+            float bm = -INFINITY;
+            for (int t = 0; t < nt; t++) bm = fmaxf(bm, smax[t0 + t][g]);
+            const float sw = pt_warp_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm));
+            if (lane == 0) ssum[warp][g] = sw;
+            if (w == 0 && lane == 0) sML[s][g].x = bm;
+        }
+    }
+    __syncthreads();
+    if (warp < used) { /* split `warp`: its tasks' sums in lanes 0..7, pt_block_sum's second butterfly */
+        const int t0 = warp * fs, nt = ts - t0 < fs ? ts - t0 : fs;
+        for (int g = 0; g < G; g++) {
+            const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
+            if (lane == 0) sML[warp][g].y = bl;
+        }
+    }
+    if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
+    __syncthreads();
+    if (warp < G) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
+        float mx, L;
+        d2_row_stats(&sML[0][warp], DEC_MAX_G, used, lane, mx, L);
+        if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
+    }
+    __syncthreads();
+    /* p·V: task t (split s, the p·V kernel's warp w) into its partial output */
+    for (int t = warp; t < tp; t += DS_WARPS) {
+        ds_task(t, fp, s, w);
+        const int sub = lane % LP, ks = lane / LP;
+        const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
+        float acc[MG][CP][V];
+#pragma unroll
+        for (int g = 0; g < MG; g++)
+#pragma unroll
+            for (int ci = 0; ci < CP; ci++)
+#pragma unroll
+                for (int i = 0; i < V; i++) acc[g][ci][i] = 0.f;
+        for (int64_t jb = j0 + (int64_t)w * PKB; jb < j1; jb += (int64_t)D2_WARPS * PKB) {
+            uint4 vr[PU][CP];
+            if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
+            else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, vnew, prow);
+            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, sM, sInv, a.bf, G, jb, j1, lane, ks, acc);
+        }
+        d2_pv_keys_sum<LP>(acc, G);
+        d2_pv_store<LP>(acc, sP + (int64_t)t * G * hd, G, hd, R, sub, ks);
+    }
+    __syncthreads();
+    /* the merge: each split's tasks in warp order, the splits in split order */
+    for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) {
+        float v = 0.f;
+        for (int64_t sp = 0; sp < used; sp++) {
+            const int t0 = (int)sp * fp, nt = tp - t0 < fp ? tp - t0 : fp;
+            float u = 0.f;
+            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * G * hd + i];
+            v += u;
+        }
+        out[i] = pt_rnd(a.bf, v);
+    }
+}
+
+/* The most p·V tasks of any row of at most max_keys keys (0: some row of the
+ * shape would have more than DS_WARPS scores tasks, so the shape cannot run
+ * the one-block form). The last answer is kept: an eager decode asks it
+ * for every layer of every step with the same arguments. */
+static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const ds_geom &gm) {
+    static int64_t k_nsplit = -1, k_stride, k_minper, k_max, k_skb, k_pkb;
+    static int k_tpm;
+    if (k_nsplit == a.nsplit && k_stride == a.stride && k_minper == a.minper && k_max == max_keys && k_skb == gm.SKB &&
+        k_pkb == gm.PKB)
+        return k_tpm;
+    int tpm = 0;
+    for (int64_t n = 1; n <= max_keys && n <= a.stride; n++) {
+        int64_t per = (n + a.nsplit - 1) / a.nsplit;
+        if (per < a.minper) per = a.minper;
+        const int64_t used = (n + per - 1) / per;
+        if (ds_tasks(n, per, used, gm.SKB) > DS_WARPS) {
+            tpm = 0;
+            break;
+        }
+        const int tp = ds_tasks(n, per, used, gm.PKB);
+        if (tp > tpm) tpm = tp;
+    }
+    k_nsplit = a.nsplit, k_stride = a.stride, k_minper = a.minper, k_max = max_keys, k_skb = gm.SKB, k_pkb = gm.PKB;
+    k_tpm = tpm;
+    return tpm;
+}
+
+template <typename KT, int LS, int LP, int CP, int MG>
+static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, size_t smem) {
+    static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
+    if (!raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, MG>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
+        raised = true;
+    }
+    pt_launch(dec2_short_kernel<KT, LS, LP, CP, MG>, dim3((unsigned)a.nkv, 1u), dim3(DS_THREADS), smem, c->stream,
+              pt_pdl_chain(), a);
+    CUDA_CHECK_LAUNCH("decode attention (one block per KV head)");
+    return PT_OK;
+}
+
+template <typename KT>
+pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys) {
+    const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
+    if (!a.kn || !a.inv_freq || a.kvp || max_keys <= 0 || max_keys > DS_MAXK || G > DEC_MAX_G || R < 4 || R > 64 ||
+        (R > 32 && sizeof(KT) != 4))
+        return PT_ERR_UNSUPPORTED;
+    const ds_geom gm = ds_geometry(R, G);
+    const int tp = ds_max_tasks(a, max_keys, gm);
+    size_t smem = ds_smem(G, a.hd, tp, R, true); /* the value rows staged where they fit */
+    if (smem > DS_SMEM_MAX) smem = ds_smem(G, a.hd, tp, R, false);
+    if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
+#define PT_DS(LS, LP, CP) \
+    return G <= 4 ? ds_launch_one<KT, LS, LP, CP, 4>(c, a, smem) : ds_launch_one<KT, LS, LP, CP, 8>(c, a, smem)
+    if (R <= 4) PT_DS(1, 4, 1);
+    if (R <= 8) PT_DS(2, 8, 1);
+    if (R <= 16) PT_DS(4, 16, 1);
+    if (R <= 32) PT_DS(8, 32, 1);
+    if constexpr (sizeof(KT) == 4) PT_DS(16, 32, 2);
+#undef PT_DS
+    return PT_ERR_UNSUPPORTED;
+}
+
+template pt_status pt_cuda_dec2_short<float>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
+template pt_status pt_cuda_dec2_short<__nv_bfloat16>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
+template pt_status pt_cuda_dec2_short<__half>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
