@@ -109,31 +109,42 @@ typedef struct {
 static const int32_t ra_pos[] = {0, 5, 15, 16, 100, 527, 600, 1999, -1, 64};
 enum { RA_ROWS = (int)(sizeof ra_pos / sizeof ra_pos[0]), RA_CTX = 2048 };
 
-static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_single, int *n_rows) {
-    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd, half = rc->rot / 2;
-    const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
-    const int64_t nq = (int64_t)RA_ROWS * nh * hd, nk = (int64_t)RA_ROWS * nkv * hd;
-    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+/* A case's cache rows (values in [-1, 1] in the cache's type, celems of
+ * them at init), its RoPE table on the device, attention parameters, cache
+ * shape and the description that names it in messages. */
+static void ra_prepare(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, uint8_t *init, size_t celems,
+                       pt_rope *rope, pt_attn *p, pt_kv_layer *shape, char *what, size_t wn) {
     float inv[128];
-    uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
+    const int half = rc->rot / 2;
     for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / rc->rot);
-    fill_act(q, nq, -2, 2, a);
-    fill_act(k, nk, -2, 2, a);
-    fill_act(v, nk, -2, 2, a);
-    /* cache rows: values in [-1, 1] in the cache's type */
     for (size_t i = 0; i < celems; i++) {
         const float x = rf(-1, 1);
         if (ft == PT_FT_F32) ((float *)init)[i] = x;
         else if (ft == PT_FT_BF16) ((uint16_t *)init)[i] = pt_f32_to_bf16(x);
         else ((uint16_t *)init)[i] = pt_f32_to_f16(x);
     }
-    pt_rope rope = {rc->rot, put(G, inv, half * 4), 1.0f};
-    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = rc->softcap,
-                 .window = rc->window};
-    pt_kv_layer shape = {.n_kv = nkv, .head_dim = hd, .capacity = rc->cap, .dtype = ft};
+    *rope = (pt_rope){rc->rot, put(G, inv, half * 4), 1.0f};
+    *p = (pt_attn){.n_heads = rc->nh, .head_dim = rc->hd, .scale = 1.0f / sqrtf((float)rc->hd),
+                   .softcap = rc->softcap, .window = rc->window};
+    *shape = (pt_kv_layer){.n_kv = rc->nkv, .head_dim = rc->hd, .capacity = rc->cap, .dtype = ft};
+    snprintf(what, wn, "act %d dtype %d nh %d nkv %d hd %d rot %d window %d cap %lld", a, (int)ft, rc->nh, rc->nkv,
+             rc->hd, rc->rot, rc->window, (long long)rc->cap);
+}
+
+static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_single, int *n_rows) {
+    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
+    const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
+    const int64_t nq = (int64_t)RA_ROWS * nh * hd, nk = (int64_t)RA_ROWS * nkv * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+    uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
+    fill_act(q, nq, -2, 2, a);
+    fill_act(k, nk, -2, 2, a);
+    fill_act(v, nk, -2, 2, a);
+    pt_rope rope;
+    pt_attn p;
+    pt_kv_layer shape;
     char what[160];
-    snprintf(what, sizeof what, "act %d dtype %d nh %d nkv %d hd %d rot %d window %d cap %lld", a, (int)ft, nh, nkv,
-             hd, rc->rot, rc->window, (long long)rc->cap);
+    ra_prepare(G, a, ft, rc, init, celems, &rope, &p, &shape, what, sizeof what);
     /* one sequence: each position alone (the padding row skipped) */
     for (int b = 0; b < RA_ROWS; b++) {
         if (ra_pos[b] < 0 || ra_pos[b] >= rc->cap + (rc->window ? 100000 : 0)) continue;
@@ -248,26 +259,16 @@ static const int32_t rs_pos[] = {0, 1, 2, 7, 14, 15, 16, 17, 31, 32, 33, 47, 63,
                                  150, 191, 192, 200, 239, 240, 254, 255};
 
 static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_cases, int *n_lies) {
-    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd, half = rc->rot / 2;
+    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
     const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
     const int nq = nh * hd, nk = nkv * hd;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
-    float inv[128];
     uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
-    for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / rc->rot);
-    for (size_t i = 0; i < celems; i++) {
-        const float x = rf(-1, 1);
-        if (ft == PT_FT_F32) ((float *)init)[i] = x;
-        else if (ft == PT_FT_BF16) ((uint16_t *)init)[i] = pt_f32_to_bf16(x);
-        else ((uint16_t *)init)[i] = pt_f32_to_f16(x);
-    }
-    pt_rope rope = {rc->rot, put(G, inv, half * 4), 1.0f};
-    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .softcap = rc->softcap,
-                 .window = rc->window};
-    pt_kv_layer shape = {.n_kv = nkv, .head_dim = hd, .capacity = rc->cap, .dtype = ft};
+    pt_rope rope;
+    pt_attn p;
+    pt_kv_layer shape;
     char what[160];
-    snprintf(what, sizeof what, "act %d dtype %d nh %d nkv %d hd %d rot %d window %d cap %lld", a, (int)ft, nh, nkv,
-             hd, rc->rot, rc->window, (long long)rc->cap);
+    ra_prepare(G, a, ft, rc, init, celems, &rope, &p, &shape, what, sizeof what);
     for (size_t pi = 0; pi < sizeof rs_pos / sizeof rs_pos[0]; pi++) {
         const int32_t pos = rs_pos[pi];
         if (!rc->window && pos >= rc->cap) continue; /* a full cache: the forward pass never gets here */

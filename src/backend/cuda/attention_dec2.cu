@@ -152,12 +152,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     const int64_t rlo = lo % cap;
     for (int64_t split = blockIdx.z; split < used; split += gridDim.z) {
         float acc[MG][C][V];
-#pragma unroll
-        for (int g = 0; g < MG; g++)
-#pragma unroll
-            for (int ci = 0; ci < C; ci++)
-#pragma unroll
-                for (int i = 0; i < V; i++) acc[g][ci][i] = 0.f;
+        d2_acc_zero(acc);
         const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 vr[U][C];

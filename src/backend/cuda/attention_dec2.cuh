@@ -175,6 +175,17 @@ __device__ __forceinline__ void d2_pv_batch(const uint4 (&vr)[U][C], float (&ps)
     __syncwarp(); /* ps is written again by the next batch */
 }
 
+/* A p·V warp's accumulators set to zero. */
+template <int MG, int C, int V>
+__device__ __forceinline__ void d2_acc_zero(float (&acc)[MG][C][V]) {
+#pragma unroll
+    for (int g = 0; g < MG; g++)
+#pragma unroll
+        for (int ci = 0; ci < C; ci++)
+#pragma unroll
+            for (int i = 0; i < V; i++) acc[g][ci][i] = 0.f;
+}
+
 /* The warp's key slots (lanes sub, sub + LPR, ...) of acc added by an xor
  * butterfly: every lane then holds the warp's sums for its chunks. */
 template <int LPR, int MG, int C, int V>

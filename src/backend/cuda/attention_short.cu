@@ -259,12 +259,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         const int sub = lane % LP, ks = lane / LP;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
         float acc[MG][CP][V];
-#pragma unroll
-        for (int g = 0; g < MG; g++)
-#pragma unroll
-            for (int ci = 0; ci < CP; ci++)
-#pragma unroll
-                for (int i = 0; i < V; i++) acc[g][ci][i] = 0.f;
+        d2_acc_zero(acc);
         for (int64_t jb = j0 + (int64_t)w * PKB; jb < j1; jb += (int64_t)D2_WARPS * PKB) {
             uint4 vr[PU][CP];
             if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
