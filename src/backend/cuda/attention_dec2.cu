@@ -184,7 +184,8 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_i
      * out before any block of a split that may hold no key */
     const dim3 grid(grid_in.x, grid_in.z, grid_in.y);
     const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
-    const int qq = (R + 3) / 4, ls = qq <= 1 ? 1 : qq <= 2 ? 2 : qq <= 4 ? 4 : qq <= 8 ? 8 : 16;
+    const d2_geom gm = d2_geometry(R, G);
+    const int ls = gm.LS;
     const size_t qb = (size_t)G * a.hd * sizeof(float);
     switch (ls) {
 #define PT_LS(L)                                                                                                   \
@@ -200,7 +201,7 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_i
 #undef PT_LS
     }
     CUDA_CHECK_LAUNCH("decode attention scores");
-    const int lp = R <= 4 ? 4 : R <= 8 ? 8 : R <= 16 ? 16 : 32, cp = R <= 32 ? 1 : 2;
+    const int lp = gm.LP, cp = gm.CP;
     const size_t pb = (size_t)D2_WARPS * G * a.hd * sizeof(float);
     /* more than the default 48 KB of dynamic shared memory (G·hd > 1536): raised once per kernel */
     static bool raised[2][5];

@@ -36,6 +36,25 @@ __device__ __forceinline__ void d2_cvt(const uint4 &u, float (&f)[16 / sizeof(KT
     }
 }
 
+/* The launch geometry of the split decode for a cache row of R 16-byte
+ * chunks and G heads per KV head: the scores kernel's lanes per key LS (the
+ * power of two >= R/4: 4 chunks a lane) and keys per warp batch SKB (2 load
+ * steps); the p·V kernel's lanes per key LP (the power of two >= R, at
+ * least 4), chunks per lane CP (two from R = 33 on) and keys per warp batch
+ * PKB (8 load steps of 16-byte chunks for up to 4 heads, else 4). */
+struct d2_geom {
+    int LS, SKB, LP, CP, PKB;
+};
+static inline d2_geom d2_geometry(int R, int G) {
+    d2_geom g;
+    g.LS = R <= 4 ? 1 : R <= 8 ? 2 : R <= 16 ? 4 : R <= 32 ? 8 : 16;
+    g.SKB = 2 * (32 / g.LS);
+    g.LP = R <= 4 ? 4 : R <= 8 ? 8 : R <= 16 ? 16 : 32;
+    g.CP = R <= 32 ? 1 : 2;
+    g.PKB = ((G > 4 ? 4 : 8) / g.CP) * (32 / g.LP);
+    return g;
+}
+
 /* U load steps of 32/LPR keys from key jb on: chunk ci·LPR + sub of key
  * jb + u·(32/LPR) + ks into r[u][ci]; zeros past j1 or past the row. rlo:
  * the cache row of key 0 (keys wrap once: j < n <= cap). */

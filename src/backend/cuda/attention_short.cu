@@ -46,32 +46,18 @@
  * take up to ~20 KB more of the SM's 227 KB). */
 #define DS_SMEM_MAX (200 * 1024)
 
-/* The launch geometry the one-block form replays for a cache row of R
- * 16-byte chunks and G heads per KV head: the scores' lanes per key LS and
- * keys per batch SKB (pt_cuda_dec2_launch's scores kernel: 4 chunks a lane,
- * 2 load steps), the p·V's lanes per key LP, chunks per lane CP and keys per
- * batch PKB (its p·V kernel). */
-struct ds_geom {
-    int LS, SKB, LP, CP, PKB;
-};
-static ds_geom ds_geometry(int R, int G) {
-    ds_geom g;
-    g.LS = R <= 4 ? 1 : R <= 8 ? 2 : R <= 16 ? 4 : R <= 32 ? 8 : 16;
-    g.SKB = 2 * (32 / g.LS);
-    g.LP = R <= 4 ? 4 : R <= 8 ? 8 : R <= 16 ? 16 : 32;
-    g.CP = R <= 32 ? 1 : 2;
-    g.PKB = ((G > 4 ? 4 : 8) / g.CP) * (32 / g.LP);
-    return g;
+/* The tasks of one split holding cnt keys, in batches of kb keys: the
+ * split kernels' warps that get keys (each takes batches D2_WARPS·kb
+ * apart). */
+__host__ __device__ __forceinline__ int ds_split_tasks(int64_t cnt, int kb) {
+    return cnt < (int64_t)D2_WARPS * kb ? (int)((cnt + kb - 1) / kb) : D2_WARPS;
 }
 
 /* The tasks of a row of n keys in splits of per (used of them): (split,
  * warp) pairs holding keys for batches of kb keys. */
 __host__ __device__ __forceinline__ int ds_tasks(int64_t n, int64_t per, int64_t used, int kb) {
     if (used <= 0) return 0;
-    const int64_t full = per < (int64_t)D2_WARPS * kb ? (per + kb - 1) / kb : D2_WARPS;
-    const int64_t last = n - (used - 1) * per;
-    const int64_t nl = last < (int64_t)D2_WARPS * kb ? (last + kb - 1) / kb : D2_WARPS;
-    return (int)((used - 1) * full + nl);
+    return (int)((used - 1) * ds_split_tasks(per, kb) + ds_split_tasks(n - (used - 1) * per, kb));
 }
 
 /* Task t's split and warp: the splits' tasks in split order, each split's
@@ -79,6 +65,12 @@ __host__ __device__ __forceinline__ int ds_tasks(int64_t n, int64_t per, int64_t
 __device__ __forceinline__ void ds_task(int t, int full, int64_t &s, int &w) {
     s = t / full;
     w = t % full;
+}
+
+/* Split s's tasks: t0 .. t0 + nt of the row's total tasks. */
+__device__ __forceinline__ void ds_split_range(int64_t s, int full, int total, int &t0, int &nt) {
+    t0 = (int)s * full;
+    nt = total - t0 < full ? total - t0 : full;
 }
 
 /* Dynamic shared memory of a launch: the queries [G, hd], the scores [G,
@@ -140,8 +132,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
-    const int fs = per < D2_WARPS * SKB ? (int)((per + SKB - 1) / SKB) : D2_WARPS;
-    const int fp = per < D2_WARPS * PKB ? (int)((per + PKB - 1) / PKB) : D2_WARPS;
+    const int fs = ds_split_tasks(per, SKB), fp = ds_split_tasks(per, PKB); /* tasks of a full split */
     const size_t base = ((size_t)G * (hd + DS_MAXK) + (size_t)(G + 2) * hd) * sizeof(float);
     if (n > DS_MAXK || ts > DS_WARPS || base + (size_t)tp * G * hd * sizeof(float) > dyn) {
         /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
@@ -186,20 +177,19 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         }
     }
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
+    const int64_t rlo = lo % cap; /* the cache row of key 0 */
     if (vst) { /* the value rows of every key, on their way while the scores are formed */
-        const int64_t rl = lo % cap;
         const uint32_t vsa = (uint32_t)__cvta_generic_to_shared(vS);
         for (int64_t i = threadIdx.x; i < n * R; i += DS_THREADS) {
             const int64_t j = i / R;
             const int c = (int)(i % R);
-            int64_t row = rl + j;
+            int64_t row = rlo + j;
             if (row >= cap) row -= cap;
             if (row == prow) vS[i] = vnew[c]; /* d2_load's substitution: the block's own copy */
             else pt_cp16(vsa + (uint32_t)i * 16u, reinterpret_cast<const uint4 *>(vb + row * hd) + c, true);
         }
         pt_cp_commit();
     }
-    const int64_t rlo = lo % cap;
     /* scores: warp `warp` runs task `warp` (split s, the scores kernel's warp w) */
     float m[DEC_MAX_G], l[DEC_MAX_G];
 #pragma unroll
@@ -226,7 +216,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     __syncthreads();
     /* pt_softmax_block's pair: the split's max over its tasks, each task's lanes' rescaled sums */
     if (warp < ts) {
-        const int t0 = (int)s * fs, nt = ts - t0 < fs ? ts - t0 : fs; /* the split's tasks */
+        int t0, nt; /* the split's tasks */
+        ds_split_range(s, fs, ts, t0, nt);
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) {
             if (g >= G) break;
@@ -239,7 +230,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     }
     __syncthreads();
     if (warp < used) { /* split `warp`: its tasks' sums in lanes 0..7, pt_block_sum's second butterfly */
-        const int t0 = warp * fs, nt = ts - t0 < fs ? ts - t0 : fs;
+        int t0, nt;
+        ds_split_range(warp, fs, ts, t0, nt);
         for (int g = 0; g < G; g++) {
             const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
             if (lane == 0) sML[warp][g].y = bl;
@@ -274,7 +266,8 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) {
         float v = 0.f;
         for (int64_t sp = 0; sp < used; sp++) {
-            const int t0 = (int)sp * fp, nt = tp - t0 < fp ? tp - t0 : fp;
+            int t0, nt;
+            ds_split_range(sp, fp, tp, t0, nt);
             float u = 0.f;
             for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * G * hd + i];
             v += u;
@@ -287,7 +280,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
  * shape would have more than DS_WARPS scores tasks, so the shape cannot run
  * the one-block form). The last answer is kept: an eager decode asks it
  * for every layer of every step with the same arguments. */
-static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const ds_geom &gm) {
+static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &gm) {
     static int64_t k_nsplit = -1, k_stride, k_minper, k_max, k_skb, k_pkb;
     static int k_tpm;
     if (k_nsplit == a.nsplit && k_stride == a.stride && k_minper == a.minper && k_max == max_keys && k_skb == gm.SKB &&
@@ -295,9 +288,8 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const ds_geom &g
         return k_tpm;
     int tpm = 0;
     for (int64_t n = 1; n <= max_keys && n <= a.stride; n++) {
-        int64_t per = (n + a.nsplit - 1) / a.nsplit;
-        if (per < a.minper) per = a.minper;
-        const int64_t used = (n + per - 1) / per;
+        int64_t per, used;
+        dec_splits(n, a.nsplit, a.minper, per, used);
         if (ds_tasks(n, per, used, gm.SKB) > DS_WARPS) {
             tpm = 0;
             break;
@@ -330,7 +322,7 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys)
     if (!a.kn || !a.inv_freq || a.kvp || max_keys <= 0 || max_keys > DS_MAXK || G > DEC_MAX_G || R < 4 || R > 64 ||
         (R > 32 && sizeof(KT) != 4))
         return PT_ERR_UNSUPPORTED;
-    const ds_geom gm = ds_geometry(R, G);
+    const d2_geom gm = d2_geometry(R, G);
     const int tp = ds_max_tasks(a, max_keys, gm);
     size_t smem = ds_smem(G, a.hd, tp, R, true); /* the value rows staged where they fit */
     if (smem > DS_SMEM_MAX) smem = ds_smem(G, a.hd, tp, R, false);

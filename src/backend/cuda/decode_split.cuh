@@ -60,6 +60,15 @@ typedef struct pt_dec_rows {
  * replays with new ones): keys lo + [0, n), in splits of `per` keys of
  * which the first `used` hold keys; n is clamped to the scores' row stride;
  * pos < 0 (a padding row) gives n = 0, used = 0. */
+/* The splits of a row of n keys: per = max(ceil(n / nsplit), minper) keys
+ * each, the first `used` holding keys (<= nsplit: per >= n / nsplit). */
+__host__ __device__ __forceinline__ void dec_splits(int64_t n, int64_t nsplit, int64_t minper, int64_t &per,
+                                                    int64_t &used) {
+    per = (n + nsplit - 1) / nsplit;
+    if (per < minper) per = minper;
+    used = (n + per - 1) / per;
+}
+
 __device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per,
                                           int64_t &used) {
     const int64_t hi = a.pos[b];
@@ -67,9 +76,7 @@ __device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64
     n = hi - lo + 1;
     if (n > a.stride) n = a.stride;
     if (n < 0) n = 0;
-    per = (n + a.nsplit - 1) / a.nsplit;
-    if (per < a.minper) per = a.minper;
-    used = (n + per - 1) / per; /* <= nsplit: per >= n / nsplit */
+    dec_splits(n, a.nsplit, a.minper, per, used);
 }
 
 __device__ __forceinline__ const void *dec_cache(const pt_dec_rows &a, int64_t b, int which) {
