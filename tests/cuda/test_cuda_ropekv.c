@@ -258,7 +258,7 @@ static void test_rope_kv_attention_bits(void) {
 static const int32_t rs_pos[] = {0, 1, 2, 7, 14, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 127, 128, 129,
                                  150, 191, 192, 200, 239, 240, 254, 255};
 
-static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_cases, int *n_lies) {
+static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int heads, int *n_cases, int *n_lies) {
     const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
     const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
     const int nq = nh * hd, nk = nkv * hd;
@@ -307,10 +307,11 @@ static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
     }
     /* a bound the row exceeds: an error naming the row's keys, the caches as they were. The bound is the most
      * the one-block form takes with 16 splits or more: 256 keys where a key row is at most 16 chunks of 16
-     * bytes (one warp a split), 128 at 32 chunks. Head 256 at GQA 8 (32 p·V tasks of 8 heads' partial
-     * outputs) needs more shared memory than a block has: not taken there, nothing to report. */
+     * bytes (one warp a split), 128 at 32 chunks. Head 256 at GQA 8 in a block per KV head (32 p·V tasks
+     * of 8 heads' partial outputs) needs more shared memory than a block has: not taken there, nothing to
+     * report; a block per query head holds one head's. */
     const int chunks = hd * (int)esz / 16;
-    if (rc->cap >= 1024 && !rc->window && chunks <= 32 && nh / nkv * hd <= 1024) {
+    if (rc->cap >= 1024 && !rc->window && chunks <= 32 && (heads ? 1 : nh / nkv) * hd <= 1024) {
         const int bound = chunks <= 16 ? PT_DEC_SHORT_KEYS : 128;
         const int32_t pos = bound + 43;
         float *qd = put(G, q, nq * 4), *kd = put(G, k, nk * 4), *vd = put(G, v, nk * 4), *od = put(G, NULL, nq * 4);
@@ -352,19 +353,28 @@ static void test_rope_kv_attention_short_bits(void) {
         {32, 8, 128, 128, 0, 128, 0.f},    /* a 128-token context (petrel bench tg128): 2 splits of up to 64 */
         {32, 4, 128, 128, 0, 256, 0.f},    /* 4 splits, GQA 8 */
     };
+    /* the block per KV head and per query head (PETREL_CUDA_DEC_SHORT_HEADS), the key and value rows staged
+     * in shared memory or read from the cache (PETREL_CUDA_DEC_SHORT_STAGE), read when a backend is made */
+    static const char *forms[][2] = {{"0", "2"}, {"1", "2"}, {"1", "1"}, {"0", "0"}};
     int n_cases = 0, n_lies = 0;
-    for (int a = 0; a < 2; a++) {
-        pt_backend *G = NULL;
-        REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
-        pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
-                                 .max_rows = 1};
-        REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
-        for (int dt = 0; dt < 3; dt++)
-            for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
-                rs_check(G, a, (pt_ftype)dt, &cs[ci], &n_cases, &n_lies);
-        pt_backend_free(&G);
-    }
-    printf("INFO rope_kv_attention short: %d steps bit-identical to the split kernels, %d wrong bounds reported\n",
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)
+        for (int a = 0; a < 2; a++) {
+            setenv("PETREL_CUDA_DEC_SHORT_HEADS", forms[f][0], 1);
+            setenv("PETREL_CUDA_DEC_SHORT_STAGE", forms[f][1], 1);
+            pt_backend *G = NULL;
+            REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
+            pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
+                                     .max_rows = 1};
+            REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
+            for (int dt = 0; dt < 3; dt++)
+                for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+                    rs_check(G, a, (pt_ftype)dt, &cs[ci], forms[f][0][0] == '1', &n_cases, &n_lies);
+            pt_backend_free(&G);
+        }
+    unsetenv("PETREL_CUDA_DEC_SHORT_HEADS");
+    unsetenv("PETREL_CUDA_DEC_SHORT_STAGE");
+    printf("INFO rope_kv_attention short: %d steps (4 forms) bit-identical to the split kernels, %d wrong bounds "
+           "reported\n",
            n_cases, n_lies);
 }
 

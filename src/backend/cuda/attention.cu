@@ -389,10 +389,12 @@ static void dec_shape(const pt_cuda *c, int nkv, int64_t cap, int64_t &stride, i
  * whatever the rows. Bits do not depend on it. */
 static int g_dec_grid = -1, g_dec_minper = -1;
 
-/* PETREL_CUDA_DEC_SHORT (read once): 0 never runs the one-block form of
- * attention_short.cu, 2 runs it for every GQA group size it takes (the
- * default, 1, only up to 4 query heads per KV head); A/B and tests, the
- * same bits either way. */
+/* PETREL_CUDA_DEC_SHORT (read once): 0 never runs the one-launch form of
+ * attention_short.cu, 2 runs it for every GQA group size it takes; the
+ * default, 1, runs it at every group size with a block per query head and
+ * up to 4 query heads per KV head with a block per KV head
+ * (PETREL_CUDA_DEC_SHORT_HEADS=0: at 8 that form measured slower than the
+ * three kernels). A/B and tests, the same bits either way. */
 static int g_dec_short = -1;
 
 /* Grid height Y (blocks per row and KV head): nsplit, or fewer when B rows
@@ -451,9 +453,10 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     }
     const int R = a.hd * (int)sizeof(KT) / 16;
     a.err = c->err_dev;
-    /* one launch at short contexts, same bits; by default only up to 4 query heads per KV head (with 8,
-     * qwen3-30b-a3b's, the one block per KV head measured slower than the three kernels) */
-    if (g_attn_v2 && g_dec_short && !batched && a.max_keys > 0 && (g_dec_short == 2 || a.nh / a.nkv <= 4)) {
+    /* one launch at short contexts, same bits; a block per KV head only up to 4 query heads per KV head
+     * (with 8, qwen3-30b-a3b's, it measured slower than the three kernels) */
+    if (g_attn_v2 && g_dec_short && !batched && a.max_keys > 0 &&
+        (g_dec_short == 2 || c->dec_short_heads || a.nh / a.nkv <= 4)) {
         const pt_status st = pt_cuda_dec2_short<KT>(c, a, a.max_keys);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }

@@ -3,16 +3,36 @@
  * on the keys allows): the second-generation kernels' work (attention_dec2.cu:
  * the folded RoPE and cache write, scores with per-split (max, sum), p·V
  * with the exact row max and sum, the ordered merge) done by one block per
- * KV head, with every value formed by the same expressions in the same
- * order. So the output is the three kernels' bits, and a row decoded this
+ * query head (or per KV head), with every value formed by the same
+ * expressions in the same order. So the output is the three kernels' bits, and a row decoded this
  * way is bit-identical to the row in a batch (tests/cuda/test_cuda_ropekv.c
  * checks it against the three kernels at every split count it takes).
  *
  * Why: at a few hundred keys the three launches are a latency chain (the
  * scores kernel alone ~9.6 µs at 16 keys on the H200, bench/RESULTS.md)
- * over a few KB of cache per head; one block per KV head does the same work
- * without two kernel boundaries, the scratch round trips and the merge
- * launch.
+ * over a few KB of cache per head; one launch does the same work without
+ * two kernel boundaries, the scratch round trips and the merge launch.
+ *
+ * Blocks: by default one per query head (nh blocks; c->dec_short_heads,
+ * PETREL_CUDA_DEC_SHORT_HEADS=0: one per KV head holding its G query
+ * heads). A head's scores, (max, sum), p·V and merge never mix with another
+ * head's (the per-head loops of the split kernels run the same
+ * expressions in the same order for one head as for G; the one lane of a
+ * key slot that pushes a head's score sits in a group of LS lanes whose
+ * other members add exact zeros to the same butterfly), so the bits do not
+ * depend on how the heads are grouped; the G blocks of a KV head each
+ * rotate the new key and read the cache, and the group's first one writes
+ * the new rows. One block per KV head leaves all but nkv SMs idle (8 of 132
+ * at Llama shapes) and runs G heads' dots and butterflies on one block's
+ * warps; one per query head measured +25-36% tg128 (bench/RESULTS.md).
+ *
+ * Memory order: the step's own q, k, v rows are loaded into registers
+ * first; then the cached key rows and the value rows are issued as two
+ * cp.async groups into shared memory (where they fit, c->dec_short_stage),
+ * so they travel while the RoPE runs; the scores wait for the first group,
+ * the p·V for the second. The step's own row is never copied from the
+ * cache (block 0 may be writing it): its slot is filled from the block's
+ * rotated copy.
  *
  * The three kernels give each split of `per` keys (dec_range) a block of
  * D2_WARPS warps, warp w taking the batches of keys from j0 + w·KB on (KB
@@ -33,10 +53,9 @@
  *       warp order (the p·V kernel's partial output of the split; its warps
  *       without keys add exact zeros), the splits' sums added from 0 in
  *       split order and rounded (dec_rows_merge_kernel).
- * Scores, partial outputs and, where they fit, the value rows (read ahead
- * by cp.async while the scores are formed) stay in shared memory. Measured
- * in bench/RESULTS.md, "2026-12-02 (fifth session)"; by default taken up to
- * 4 query heads per KV head (attention.cu). */
+ * Scores, partial outputs and, where they fit, the key and value rows stay
+ * in shared memory. Measured in bench/RESULTS.md, "2026-12-02 (fifth
+ * session)" and "(sixth session)". */
 #include "backend/cuda/attention_dec2.cuh"
 
 #define DS_WARPS 16
@@ -73,14 +92,15 @@ __device__ __forceinline__ void ds_split_range(int64_t s, int full, int total, i
     nt = total - t0 < full ? total - t0 : full;
 }
 
-/* Dynamic shared memory of a launch: the queries [G, hd], the scores [G,
- * DS_MAXK], the tasks' partial outputs [tp, G, hd], the step's raw query,
- * key and value rows [(G + 2)·hd] (floats); with vst also the value rows of
- * up to DS_MAXK keys, [DS_MAXK, R] 16-byte chunks, read ahead of the p·V
- * phase. */
-static size_t ds_smem(int G, int hd, int tp, int R, bool vst) {
-    return ((size_t)G * hd + (size_t)G * DS_MAXK + (size_t)tp * G * hd + (size_t)(G + 2) * hd) * sizeof(float) +
-           (vst ? (size_t)DS_MAXK * R * 16 : 0);
+/* Dynamic shared memory of a launch for H query heads a block: the queries
+ * [H, hd], the scores [H, DS_MAXK], the step's raw query, key and value rows
+ * [(H + 2)·hd], the tasks' partial outputs [tp, H, hd] (floats); with nst
+ * = 1 also the value rows of up to DS_MAXK keys, [DS_MAXK, R] 16-byte
+ * chunks, read ahead of the p·V phase, with nst = 2 the key rows as well
+ * (read ahead of the scores). */
+__host__ __device__ __forceinline__ size_t ds_smem(int H, int hd, int tp, int R, int nst) {
+    return ((size_t)H * hd + (size_t)H * DS_MAXK + (size_t)tp * H * hd + (size_t)(H + 2) * hd) * sizeof(float) +
+           (size_t)nst * DS_MAXK * R * 16;
 }
 
 /* U load steps of 32/LPR keys from key jb on as d2_load gives them, from
@@ -99,96 +119,131 @@ __device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs
     }
 }
 
-template <typename KT, int LS, int LP, int CP, int MG>
+template <typename KT, int LS, int LP, int CP, int PG, int MG>
 __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
     constexpr int V = 16 / sizeof(KT);
     constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
-    constexpr int PU = (MG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
-    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    constexpr int PU = (PG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
+    /* the block's H query heads: the whole group (MG > 1) or one head (MG = 1), h0 its first in the group */
+    const int G = a.nh / a.nkv, H = MG == 1 ? 1 : G, nhb = G / H, hd = a.hd, R = hd * (int)sizeof(KT) / 16;
+    const int kh = blockIdx.x / nhb, h0 = (blockIdx.x % nhb) * H;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t b = blockIdx.y, cap = a.cap;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
-    /* the step's own rows and the table's frequencies, loaded with the position (none depends on it) */
     extern __shared__ float4 ds_smem_f4[];
-    float *qs = reinterpret_cast<float *>(ds_smem_f4); /* [G, hd] the rotated queries */
-    float *sS = qs + G * hd;                            /* [G, DS_MAXK] scores */
-    float *raw = sS + G * DS_MAXK;                      /* [G + 2, hd] the step's q, k, v rows */
-    float *sP = raw + (G + 2) * hd;                     /* [tp, G, hd] the tasks' partial outputs */
-    {
-        const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
-        const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd, *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
-        for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) raw[i] = q[i];
-        for (int d = threadIdx.x; d < hd; d += DS_THREADS) raw[G * hd + d] = kr[d], raw[(G + 1) * hd + d] = vr[d];
-    }
-    const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
-    float *out = a.out + (b * a.nh + (int64_t)kh * G) * hd;
+    float *qs = reinterpret_cast<float *>(ds_smem_f4); /* [H, hd] the rotated queries */
+    float *sS = qs + H * hd;                            /* [H, DS_MAXK] scores */
+    float *raw = sS + H * DS_MAXK;                      /* [H + 2, hd] the step's q, k, v rows */
+    float *sP = raw + (H + 2) * hd;                     /* [tp, H, hd] the tasks' partial outputs */
+    float *out = a.out + (b * a.nh + (int64_t)kh * G + h0) * hd;
     if (used == 0) { /* a padding row: zeros, as the merge writes them */
-        for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) out[i] = 0.f;
+        for (int i = threadIdx.x; i < H * hd; i += DS_THREADS) out[i] = 0.f;
         return;
     }
     uint32_t dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
     const int fs = ds_split_tasks(per, SKB), fp = ds_split_tasks(per, PKB); /* tasks of a full split */
-    const size_t base = ((size_t)G * (hd + DS_MAXK) + (size_t)(G + 2) * hd) * sizeof(float);
-    if (n > DS_MAXK || ts > DS_WARPS || base + (size_t)tp * G * hd * sizeof(float) > dyn) {
+    const size_t base = ds_smem(H, hd, tp, R, 0);
+    if (n > DS_MAXK || ts > DS_WARPS || base > dyn) {
         /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
         if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
         return;
     }
-    /* the value rows staged in shared memory when the launch made room for them (ds_smem) */
-    uint4 *vS = reinterpret_cast<uint4 *>(sP + (size_t)tp * G * hd);
-    const bool vst = (size_t)(dyn - base) >= (size_t)tp * G * hd * sizeof(float) + (size_t)DS_MAXK * R * 16 &&
-                     (((uintptr_t)vS) & 15) == 0;
+    /* the rows staged in shared memory when the launch made room for them (ds_smem): the value rows, then
+     * the key rows */
+    uint4 *vS = reinterpret_cast<uint4 *>(sP + (size_t)tp * H * hd), *kS = vS + DS_MAXK * R;
+    const bool al = (((uintptr_t)vS) & 15) == 0;
+    const bool vst = al && dyn >= ds_smem(H, hd, tp, R, 1), kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
     __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
     __shared__ float rcs[128], rsn[128];
     __shared__ float smax[DS_WARPS][DEC_MAX_G], ssum[DS_WARPS][DEC_MAX_G];
     __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
     __shared__ float2 sML[DS_WARPS][DEC_MAX_G]; /* each split's (max, sum) per head */
     __shared__ float ps[DS_WARPS][MG][PKB];
-    /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them */
     const int32_t p = a.pos[b];
-    const int64_t prow = p % cap;
+    const int64_t prow = p % cap, rlo = lo % cap; /* the step's cache row, the cache row of key 0 */
+    const int64_t jp = prow >= rlo ? prow - rlo : prow - rlo + cap; /* the step's key (< n: a row holds it) */
+    const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
+    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
+    /* the step's own rows and the table's frequencies into registers first (the cache rows' copies below
+     * would otherwise queue ahead of them): H·hd <= 4·DS_THREADS query values, hd <= DS_THREADS */
+    const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
+    const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd, *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
+    float rq[4], rk = 0.f, rv = 0.f;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int i = (int)threadIdx.x + u * DS_THREADS;
+        rq[u] = i < H * hd ? q[i] : 0.f;
+    }
+    if ((int)threadIdx.x < hd) rk = kr[threadIdx.x], rv = vr[threadIdx.x];
+    const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+    /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
+     * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
+    if (kst) {
+        const uint32_t ksa = (uint32_t)__cvta_generic_to_shared(kS);
+        for (int i = threadIdx.x; i < (int)n * R; i += DS_THREADS) {
+            const int j = i / R;
+            int64_t row = rlo + j;
+            if (row >= cap) row -= cap;
+            const uint4 *src = reinterpret_cast<const uint4 *>(kb + row * hd) + (i - j * R);
+            if (j != jp) pt_cp16(ksa + (uint32_t)i * 16u, src, true);
+        }
+    }
+    pt_cp_commit();
+    if (vst) {
+        const uint32_t vsa = (uint32_t)__cvta_generic_to_shared(vS);
+        for (int i = threadIdx.x; i < (int)n * R; i += DS_THREADS) {
+            const int j = i / R;
+            int64_t row = rlo + j;
+            if (row >= cap) row -= cap;
+            const uint4 *src = reinterpret_cast<const uint4 *>(vb + row * hd) + (i - j * R);
+            if (j != jp) pt_cp16(vsa + (uint32_t)i * 16u, src, true);
+        }
+    }
+    pt_cp_commit();
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int i = (int)threadIdx.x + u * DS_THREADS;
+        if (i < H * hd) raw[i] = rq[u];
+    }
+    if ((int)threadIdx.x < hd) raw[H * hd + threadIdx.x] = rk, raw[(H + 1) * hd + threadIdx.x] = rv;
+    /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them */
     if ((int)threadIdx.x < a.half) {
         const float th = (float)p * fr;
         rcs[threadIdx.x] = pt_rnd(a.bf, cosf(th) * a.rscale);
         rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * hd; i += DS_THREADS)
+    for (int i = threadIdx.x; i < H * hd; i += DS_THREADS)
         qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
     {
         KT *kn = reinterpret_cast<KT *>(knew), *vn = reinterpret_cast<KT *>(vnew);
         for (int d = threadIdx.x; d < hd; d += DS_THREADS) {
-            d2_kv_store(kn + d, d2_rope_elem(raw + G * hd, d, a.half, rcs, rsn, a.bf));
-            d2_kv_store(vn + d, raw[(G + 1) * hd + d]);
+            d2_kv_store(kn + d, d2_rope_elem(raw + H * hd, d, a.half, rcs, rsn, a.bf));
+            d2_kv_store(vn + d, raw[(H + 1) * hd + d]);
         }
     }
     __syncthreads();
     {
+        /* the block of the group's first head stores the rows; every block stages its own copy */
         KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
         KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
         for (int c = threadIdx.x; c < R; c += DS_THREADS) {
-            reinterpret_cast<uint4 *>(kc)[c] = knew[c];
-            reinterpret_cast<uint4 *>(vc)[c] = vnew[c];
+            if (h0 == 0) {
+                reinterpret_cast<uint4 *>(kc)[c] = knew[c];
+                reinterpret_cast<uint4 *>(vc)[c] = vnew[c];
+            }
+            if (kst && jp < n) kS[jp * R + c] = knew[c];
+            if (vst && jp < n) vS[jp * R + c] = vnew[c];
         }
     }
-    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
-    const int64_t rlo = lo % cap; /* the cache row of key 0 */
-    if (vst) { /* the value rows of every key, on their way while the scores are formed */
-        const uint32_t vsa = (uint32_t)__cvta_generic_to_shared(vS);
-        for (int64_t i = threadIdx.x; i < n * R; i += DS_THREADS) {
-            const int64_t j = i / R;
-            const int c = (int)(i % R);
-            int64_t row = rlo + j;
-            if (row >= cap) row -= cap;
-            if (row == prow) vS[i] = vnew[c]; /* d2_load's substitution: the block's own copy */
-            else pt_cp16(vsa + (uint32_t)i * 16u, reinterpret_cast<const uint4 *>(vb + row * hd) + c, true);
-        }
-        pt_cp_commit();
+    if (kst) { /* this thread's staged key rows; the barrier below publishes them */
+        pt_cp_wait<1>();
+        __syncthreads();
     }
     /* scores: warp `warp` runs task `warp` (split s, the scores kernel's warp w) */
     float m[DEC_MAX_G], l[DEC_MAX_G];
@@ -199,16 +254,16 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     if (warp < ts) {
         ds_task(warp, fs, s, w);
         const int sub = lane % LS, ks = lane / LS;
-        const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
         for (int64_t jb = j0 + (int64_t)w * SKB; jb < j1; jb += (int64_t)D2_WARPS * SKB) {
             uint4 kr[2][SC];
-            d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, knew, prow);
-            d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, G, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
+            if (kst) ds_load_staged<LS, SC, 2>(kr, kS, R, jb, j1, sub, ks);
+            else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, knew, prow);
+            d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
         }
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) {
-            if (g >= G) break;
+            if (g >= H) break;
             const float mx = pt_warp_max(m[g]);
             if (lane == 0) smax[warp][g] = mx;
         }
@@ -220,7 +275,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         ds_split_range(s, fs, ts, t0, nt);
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) {
-            if (g >= G) break;
+            if (g >= H) break;
             float bm = -INFINITY;
             for (int t = 0; t < nt; t++) bm = fmaxf(bm, smax[t0 + t][g]);
             const float sw = pt_warp_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm));
@@ -232,14 +287,14 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     if (warp < used) { /* split `warp`: its tasks' sums in lanes 0..7, pt_block_sum's second butterfly */
         int t0, nt;
         ds_split_range(warp, fs, ts, t0, nt);
-        for (int g = 0; g < G; g++) {
+        for (int g = 0; g < H; g++) {
             const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
             if (lane == 0) sML[warp][g].y = bl;
         }
     }
     if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
     __syncthreads();
-    if (warp < G) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
+    if (warp < H) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
         float mx, L;
         d2_row_stats(&sML[0][warp], DEC_MAX_G, used, lane, mx, L);
         if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
@@ -256,20 +311,20 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
             uint4 vr[PU][CP];
             if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
             else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, vnew, prow);
-            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, sM, sInv, a.bf, G, jb, j1, lane, ks, acc);
+            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane, ks, acc);
         }
-        d2_pv_keys_sum<LP>(acc, G);
-        d2_pv_store<LP>(acc, sP + (int64_t)t * G * hd, G, hd, R, sub, ks);
+        d2_pv_keys_sum<LP>(acc, H);
+        d2_pv_store<LP>(acc, sP + (int64_t)t * H * hd, H, hd, R, sub, ks);
     }
     __syncthreads();
     /* the merge: each split's tasks in warp order, the splits in split order */
-    for (int i = threadIdx.x; i < G * hd; i += DS_THREADS) {
+    for (int i = threadIdx.x; i < H * hd; i += DS_THREADS) {
         float v = 0.f;
         for (int64_t sp = 0; sp < used; sp++) {
             int t0, nt;
             ds_split_range(sp, fp, tp, t0, nt);
             float u = 0.f;
-            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * G * hd + i];
+            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * H * hd + i];
             v += u;
         }
         out[i] = pt_rnd(a.bf, v);
@@ -302,17 +357,17 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &g
     return tpm;
 }
 
-template <typename KT, int LS, int LP, int CP, int MG>
-static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, size_t smem) {
+template <typename KT, int LS, int LP, int CP, int PG, int MG>
+static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, size_t smem) {
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, MG>,
+        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
         raised = true;
     }
-    pt_launch(dec2_short_kernel<KT, LS, LP, CP, MG>, dim3((unsigned)a.nkv, 1u), dim3(DS_THREADS), smem, c->stream,
+    pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG>, dim3((unsigned)nblk, 1u), dim3(DS_THREADS), smem, c->stream,
               pt_pdl_chain(), a);
-    CUDA_CHECK_LAUNCH("decode attention (one block per KV head)");
+    CUDA_CHECK_LAUNCH("decode attention (one block per KV head or query head)");
     return PT_OK;
 }
 
@@ -324,11 +379,17 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys)
         return PT_ERR_UNSUPPORTED;
     const d2_geom gm = d2_geometry(R, G);
     const int tp = ds_max_tasks(a, max_keys, gm);
-    size_t smem = ds_smem(G, a.hd, tp, R, true); /* the value rows staged where they fit */
-    if (smem > DS_SMEM_MAX) smem = ds_smem(G, a.hd, tp, R, false);
+    const int H = c->dec_short_heads ? 1 : G; /* query heads a block */
+    int nst = c->dec_short_stage; /* the key and value rows staged where they fit */
+    while (nst > 0 && ds_smem(H, a.hd, tp, R, nst) > DS_SMEM_MAX) nst--;
+    const size_t smem = ds_smem(H, a.hd, tp, R, nst);
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
-#define PT_DS(LS, LP, CP) \
-    return G <= 4 ? ds_launch_one<KT, LS, LP, CP, 4>(c, a, smem) : ds_launch_one<KT, LS, LP, CP, 8>(c, a, smem)
+    const int nblk = a.nkv * (G / H);
+#define PT_DS(LS, LP, CP)                                                                                              \
+    return G <= 4 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, 4, 1>(c, a, nblk, smem)                                    \
+                            : ds_launch_one<KT, LS, LP, CP, 4, 4>(c, a, nblk, smem))                                   \
+                  : (H == 1 ? ds_launch_one<KT, LS, LP, CP, 8, 1>(c, a, nblk, smem)                                    \
+                            : ds_launch_one<KT, LS, LP, CP, 8, 8>(c, a, nblk, smem))
     if (R <= 4) PT_DS(1, 4, 1);
     if (R <= 8) PT_DS(2, 8, 1);
     if (R <= 16) PT_DS(4, 16, 1);
@@ -337,7 +398,6 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys)
 #undef PT_DS
     return PT_ERR_UNSUPPORTED;
 }
-
 template pt_status pt_cuda_dec2_short<float>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
 template pt_status pt_cuda_dec2_short<__nv_bfloat16>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
 template pt_status pt_cuda_dec2_short<__half>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);

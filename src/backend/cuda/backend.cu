@@ -365,6 +365,11 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     PT_TRY(pt_cuda_device_query(p->device, &info));
     c->device = p->device;
     c->no_fast_gemv = !pt_env_on("PETREL_CUDA_FAST_GEMV");
+    c->dec_short_heads = pt_env_on("PETREL_CUDA_DEC_SHORT_HEADS");
+    {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT_STAGE");
+        c->dec_short_stage = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
+    }
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -50,6 +50,13 @@ typedef struct pt_cuda {
     cublasHandle_t blas;
     pt_backend_limits lim;
     int no_fast_gemv;     /* PETREL_CUDA_FAST_GEMV=0: the generic GEMV only (A/B and tests) */
+    /* The one-launch short decode attention (attention_short.cu), read at
+     * creation (A/B and tests; the same bits either way):
+     * PETREL_CUDA_DEC_SHORT_HEADS=0 gives a block every KV head (all its
+     * query heads), else a block every query head; PETREL_CUDA_DEC_SHORT_STAGE
+     * = 0 / 1 / 2 (default) stages no rows, the value rows, the key and value
+     * rows in shared memory by cp.async (where they fit). */
+    int dec_short_heads, dec_short_stage;
     /* Matmul scratch (reserve): a weight tile dequantized/converted for
      * cuBLAS, and the input converted to the tile's type. */
     void *tile;           /* [tile_elems] bf16 or f32 */
