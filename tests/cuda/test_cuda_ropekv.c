@@ -9,8 +9,11 @@
  * attention.cu) bit for bit against rope_qk_kv_append + attention (one
  * sequence) and rope_qk + kv_append_rows + attention_rows (batched rows,
  * two of them sharing a cache as a joining prompt's rows do): the outputs
- * and every byte of the caches. Not the attention against the
- * CPU (test_cuda_ops.c, test_cuda_batch.c). */
+ * and every byte of the caches; each batched row's output against the same
+ * row decoded alone (a block per query head alone, per KV head batched).
+ * The one-launch short decode (attention_short.cu) against the split
+ * kernels in each of its forms. Not the attention against the CPU
+ * (test_cuda_ops.c, test_cuda_batch.c). */
 #include "cuda/op_check.h"
 
 #include <stdlib.h>
@@ -136,6 +139,8 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
     const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
     const int64_t nq = (int64_t)RA_ROWS * nh * hd, nk = (int64_t)RA_ROWS * nkv * hd;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+    float *o1 = malloc(nq * 4); /* each row's output alone */
+    int alone[RA_ROWS] = {0};
     uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
     fill_act(q, nq, -2, 2, a);
     fill_act(k, nk, -2, 2, a);
@@ -166,6 +171,8 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
         if (s == PT_OK) s = G->ops->download(G, ob, od[1], nh * hd * 4);
         REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
         CHECK(!memcmp(oa, ob, nh * hd * 4), "%s pos %d: attention output differs", what, ra_pos[b]);
+        memcpy(o1 + qo, oa, nh * hd * 4);
+        alone[b] = 1;
         for (int c = 0; c < 2; c++) {
             s = G->ops->download(G, ca, c ? kv[0].v : kv[0].k, cbytes);
             if (s == PT_OK) s = G->ops->download(G, cb, c ? kv[1].v : kv[1].k, cbytes);
@@ -205,6 +212,12 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
         if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
         REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
         CHECK(!memcmp(oa, ob, nq * 4), "%s rows: attention outputs differ", what);
+        /* each row as it came alone (a block per query head there, per KV head here): the same bits; row 3
+         * sees row 2's new key only in the batch */
+        for (int b = 0; b < RA_ROWS; b++)
+            if (alone[b] && b != 3)
+                CHECK(!memcmp(oa + (size_t)b * nh * hd, o1 + (size_t)b * nh * hd, nh * hd * 4),
+                      "%s row %d (pos %d): the batched output differs from the row's alone", what, b, ra_pos[b]);
         for (int b = 0; b < RA_ROWS; b++)
             for (int c = 0; c < 2; c++) {
                 s = G->ops->download(G, ca, c ? hv[0][b] : hk[0][b], cbytes);
@@ -221,7 +234,7 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
         (*n_rows)++;
     }
     G->ops->dealloc(G, (void *)rope.inv_freq);
-    free(q), free(k), free(v), free(oa), free(ob), free(init), free(ca), free(cb);
+    free(q), free(k), free(v), free(oa), free(ob), free(o1), free(init), free(ca), free(cb);
 }
 
 static void test_rope_kv_attention_bits(void) {
@@ -379,8 +392,12 @@ static void test_rope_kv_attention_short_bits(void) {
 }
 
 int main(void) {
-    /* the one-block short decode for every GQA group size it takes (by default only up to 4) */
+    /* the one-launch short decode for every GQA group size it takes in both head groupings (with a block
+     * per KV head the default takes it only up to 4 query heads per KV head) */
     setenv("PETREL_CUDA_DEC_SHORT", "2", 0);
+    /* a block per query head in the split kernels of one sequence (by default only where the grid needs
+     * them): ra_check's rows alone against the same rows batched (a block per KV head) */
+    setenv("PETREL_CUDA_DEC_HEADS", "1", 0);
     TEST_RUN(test_rope_kv_bits);
     TEST_RUN(test_rope_kv_attention_bits);
     TEST_RUN(test_rope_kv_attention_short_bits);

@@ -55,16 +55,18 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
     constexpr int C = 4, KPW = 32 / LPR, U = 2, KB = U * KPW; /* keys per warp batch */
-    extern __shared__ float4 d2_q[]; /* [G, hd] the queries of the KV head's group */
+    extern __shared__ float4 d2_q[]; /* [H, hd] the block's queries */
     __shared__ float red[32];
-    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    /* the block's H query heads of KV head kh (a.hpb: all G, or one), h0 the first in the group */
+    const int G = a.nh / a.nkv, H = a.hpb, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x / (G / H);
+    const int h0 = (int)(blockIdx.x % (G / H)) * H;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
     const int64_t b = blockIdx.y, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
     if ((int64_t)blockIdx.z >= used) return; /* no split of this block holds a key */
     float *qs = reinterpret_cast<float *>(d2_q);
-    const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
+    const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     /* ROPE: the new key's row as the cache stores it ([R] chunks, hd <= 256),
      * the rope table at pos[b] ([half] each) */
     __shared__ uint4 knew[ROPE == 1 ? 64 : 1];
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
             rsn[d] = pt_rnd(a.bf, sinf(th) * a.rscale);
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS)
+        for (int i = threadIdx.x; i < H * hd; i += D2_THREADS)
             qs[i] = d2_rope_elem(q + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
         if constexpr (ROPE == 1) {
             const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd;
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
                 d2_kv_store(kn + d, d2_rope_elem(kr, d, a.half, rcs, rsn, a.bf));
         }
         __syncthreads();
-        if (ROPE == 1 && blockIdx.z == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
+        if (ROPE == 1 && blockIdx.z == 0 && h0 == 0) { /* the cache write of (row b, KV head kh): kv_append's bytes */
             KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
             KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
             const float *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
@@ -97,11 +99,11 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
             for (int d = threadIdx.x; d < hd; d += D2_THREADS) d2_kv_store(vc + d, vr[d]);
         }
     } else {
-        for (int i = threadIdx.x; i < G * hd; i += D2_THREADS) qs[i] = q[i];
+        for (int i = threadIdx.x; i < H * hd; i += D2_THREADS) qs[i] = q[i];
         __syncthreads();
     }
-    float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;  /* [G, stride] */
-    float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit; /* [G, nsplit] */
+    float *S = a.S + (b * a.nh + (int64_t)kh * G + h0) * stride;  /* [H, stride] */
+    float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G + h0) * nsplit; /* [H, nsplit] */
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
     const int64_t rlo = lo % cap;
     for (int64_t split = blockIdx.z; split < used; split += gridDim.z) {
@@ -112,12 +114,12 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 kr[U][C];
             d2_load<KT, LPR, C, U>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, ROPE == 1 ? knew : nullptr, prow);
-            d2_scores_batch<KT, LPR, C, U>(kr, qs, a, G, hd, R, jb, j1, sub, ks, S, stride, m, l);
+            d2_scores_batch<KT, LPR, C, U>(kr, qs, a, H, hd, R, jb, j1, sub, ks, S, stride, m, l);
         }
         /* pt_softmax_block synchronizes before reusing red, also across splits */
 #pragma unroll
         for (int g = 0; g < DEC_MAX_G; g++) {
-            if (g >= G) break;
+            if (g >= H) break;
             const float2 ml = pt_softmax_block(m[g], l[g], red);
             if (threadIdx.x == 0) ML[(int64_t)g * nsplit + split] = ml;
         }
@@ -131,17 +133,19 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
     constexpr int V = 16 / sizeof(KT), KPW = 32 / LPR, U = (MG > 4 ? 4 : 8) / C, KB = U * KPW;
     __shared__ float sM[MG], sInv[MG];
     __shared__ float ps[D2_WARPS][MG][KB]; /* each warp's p of its current batch: [head][key] */
-    extern __shared__ float4 d2_po[];      /* [D2_WARPS][G][hd] the warps' partial outputs */
-    const int G = a.nh / a.nkv, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x;
+    extern __shared__ float4 d2_po[];      /* [D2_WARPS][H][hd] the warps' partial outputs */
+    /* the block's H query heads (dec2_scores_kernel's) */
+    const int G = a.nh / a.nkv, H = a.hpb, hd = a.hd, R = hd * (int)sizeof(KT) / 16, kh = blockIdx.x / (G / H);
+    const int h0 = (int)(blockIdx.x % (G / H)) * H;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane % LPR, ks = lane / LPR;
     const int64_t b = blockIdx.y, nsplit = a.nsplit, stride = a.stride, cap = a.cap;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
     if ((int64_t)blockIdx.z >= used) return;
-    const float *S = a.S + (b * a.nh + (int64_t)kh * G) * stride;
-    const float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G) * nsplit;
-    float *P = a.P + (b * a.nh + (int64_t)kh * G) * nsplit * hd; /* [G, nsplit, hd] */
-    if (warp < G) { /* head `warp`: the exact row max and sum over the used splits */
+    const float *S = a.S + (b * a.nh + (int64_t)kh * G + h0) * stride;
+    const float2 *ML = a.ML + (b * a.nh + (int64_t)kh * G + h0) * nsplit;
+    float *P = a.P + (b * a.nh + (int64_t)kh * G + h0) * nsplit * hd; /* [H, nsplit, hd] */
+    if (warp < H) { /* head `warp`: the exact row max and sum over the used splits */
         float mx, L;
         d2_row_stats(ML + (int64_t)warp * nsplit, 1, used, lane, mx, L);
         if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
@@ -157,20 +161,37 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_pv_kernel(pt_dec_rows a) {
         for (int64_t jb = j0 + (int64_t)warp * KB; jb < j1; jb += (int64_t)D2_WARPS * KB) {
             uint4 vr[U][C];
             d2_load<KT, LPR, C, U>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
-            d2_pv_batch<KT, LPR, C, U, MG>(vr, ps[warp], S, stride, sM, sInv, a.bf, G, jb, j1, lane, ks, acc);
+            d2_pv_batch<KT, LPR, C, U, MG>(vr, ps[warp], S, stride, sM, sInv, a.bf, H, jb, j1, lane, ks, acc);
         }
-        d2_pv_keys_sum<LPR>(acc, G);
-        d2_pv_store<LPR>(acc, po + warp * G * hd, G, hd, R, sub, ks);
+        d2_pv_keys_sum<LPR>(acc, H);
+        d2_pv_store<LPR>(acc, po + warp * H * hd, H, hd, R, sub, ks);
         __syncthreads();
         /* this split's partial output: the warps added in warp order */
-        for (int idx = threadIdx.x; idx < G * hd; idx += D2_THREADS) {
+        for (int idx = threadIdx.x; idx < H * hd; idx += D2_THREADS) {
             float v = 0.f;
 #pragma unroll
-            for (int w = 0; w < D2_WARPS; w++) v += po[w * G * hd + idx];
+            for (int w = 0; w < D2_WARPS; w++) v += po[w * H * hd + idx];
             P[((int64_t)(idx / hd) * nsplit + split) * hd + idx % hd] = v;
         }
         __syncthreads(); /* po is written again by the next split */
     }
+}
+
+/* Query heads per block of the scores and p·V kernels: one sequence's
+ * launch gives a KV head's G heads to G/H blocks so that the grid reaches
+ * two blocks per SM (the kernels' bound) — H = G / f for the largest power
+ * of two f <= G with nkv·nsplit·f <= 2·SMs; the many-row launches keep a
+ * block per KV head (their grids fill the SMs already, and each of the G/H
+ * blocks reads the KV head's rows). Splitting past the fill measured slower
+ * (a block per query head at llama-3.2-1b, depth 512: 1176 → 895 t/s, each
+ * KV row read by 4 blocks); below it faster (qwen3-30b-a3b, 4 KV heads:
+ * 287 → 316 t/s, bench/RESULTS.md). c->dec_heads overrides it. */
+static int dec2_hpb(const pt_cuda *c, const pt_dec_rows &a, int G) {
+    if (a.kvp || c->dec_heads == 0) return G;
+    if (c->dec_heads > 0) return G % c->dec_heads == 0 ? c->dec_heads : G;
+    int f = 1;
+    while (2 * f <= G && G % (2 * f) == 0 && (int64_t)a.nkv * a.nsplit * 2 * f <= 2LL * c->sm_count) f *= 2;
+    return G / f;
 }
 
 /* The v2 launches over grid for cache dtype KT, R = hd·sizeof(KT)/16 in
@@ -182,11 +203,12 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_i
     /* (KV head, row, split): the caller's (KV head, split, row) with the
      * split slowest, so the blocks of every row's first split are handed
      * out before any block of a split that may hold no key */
-    const dim3 grid(grid_in.x, grid_in.z, grid_in.y);
     const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
+    a.hpb = dec2_hpb(c, a, G);
+    const dim3 grid(grid_in.x * (unsigned)(G / a.hpb), grid_in.z, grid_in.y);
     const d2_geom gm = d2_geometry(R, G);
     const int ls = gm.LS;
-    const size_t qb = (size_t)G * a.hd * sizeof(float);
+    const size_t qb = (size_t)a.hpb * a.hd * sizeof(float);
     switch (ls) {
 #define PT_LS(L)                                                                                                   \
     case L:                                                                                                        \
@@ -202,7 +224,7 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid_i
     }
     CUDA_CHECK_LAUNCH("decode attention scores");
     const int lp = gm.LP, cp = gm.CP;
-    const size_t pb = (size_t)D2_WARPS * G * a.hd * sizeof(float);
+    const size_t pb = (size_t)D2_WARPS * a.hpb * a.hd * sizeof(float);
     /* more than the default 48 KB of dynamic shared memory (G·hd > 1536): raised once per kernel */
     static bool raised[2][5];
 #define PT_PV(L, CC, MG)                                                                                            \

@@ -367,6 +367,10 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     c->no_fast_gemv = !pt_env_on("PETREL_CUDA_FAST_GEMV");
     c->dec_short_heads = pt_env_on("PETREL_CUDA_DEC_SHORT_HEADS");
     {
+        const char *e = getenv("PETREL_CUDA_DEC_HEADS");
+        c->dec_heads = e && *e ? atoi(e) : -1;
+    }
+    {
         const char *e = getenv("PETREL_CUDA_DEC_SHORT_STAGE");
         c->dec_short_stage = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
     }

@@ -57,6 +57,12 @@ typedef struct pt_cuda {
      * = 0 / 1 / 2 (default) stages no rows, the value rows, the key and value
      * rows in shared memory by cp.async (where they fit). */
     int dec_short_heads, dec_short_stage;
+    /* Query heads per block of the split decode kernels of one sequence
+     * (attention_dec2.cu): -1 (default) as the grid needs them (dec2_hpb),
+     * 0 all of a KV head's, N > 0 N of them where N divides the group
+     * (PETREL_CUDA_DEC_HEADS, read at creation; A/B and tests, the same
+     * bits either way) */
+    int dec_heads;
     /* Matmul scratch (reserve): a weight tile dequantized/converted for
      * cuBLAS, and the input converted to the tile's type. */
     void *tile;           /* [tile_elems] bf16 or f32 */

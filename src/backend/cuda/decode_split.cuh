@@ -51,6 +51,10 @@ typedef struct pt_dec_rows {
      * form (attention_short.cu); a row past the bound sets err (code 3). */
     int64_t max_keys;
     int *err;              /* the backend's device error flag */
+    /* set by pt_cuda_dec2_launch: query heads per block of its scores and
+     * p·V kernels (G, or 1: a block per query head; the bits do not depend
+     * on it) */
+    int hpb;
 } pt_dec_rows;
 
 /* The most query heads per KV head the split decode kernels take. */
