@@ -119,6 +119,23 @@ __device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs
     }
 }
 
+/* The cached rows of keys 0 .. n-1 (cache row rlo + j, wrapping once at
+ * cap) copied into dst ([n, R] 16-byte chunks) by cp.async, the block's
+ * threads over the chunks; all but key jp, the step's own row, which the
+ * block fills from its own copy (block 0 may be writing it to the cache). */
+template <typename KT>
+__device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
+                                              int n, int64_t jp) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(dst);
+    for (int i = threadIdx.x; i < n * R; i += DS_THREADS) {
+        const int j = i / R;
+        int64_t row = rlo + j;
+        if (row >= cap) row -= cap;
+        const uint4 *src = reinterpret_cast<const uint4 *>(base + row * hd) + (i - j * R);
+        if (j != jp) pt_cp16(sa + (uint32_t)i * 16u, src, true);
+    }
+}
+
 template <typename KT, int LS, int LP, int CP, int PG, int MG>
 __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
@@ -183,27 +200,9 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
     /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
      * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
-    if (kst) {
-        const uint32_t ksa = (uint32_t)__cvta_generic_to_shared(kS);
-        for (int i = threadIdx.x; i < (int)n * R; i += DS_THREADS) {
-            const int j = i / R;
-            int64_t row = rlo + j;
-            if (row >= cap) row -= cap;
-            const uint4 *src = reinterpret_cast<const uint4 *>(kb + row * hd) + (i - j * R);
-            if (j != jp) pt_cp16(ksa + (uint32_t)i * 16u, src, true);
-        }
-    }
+    if (kst) ds_stage_rows(kS, kb, rlo, cap, hd, R, (int)n, jp);
     pt_cp_commit();
-    if (vst) {
-        const uint32_t vsa = (uint32_t)__cvta_generic_to_shared(vS);
-        for (int i = threadIdx.x; i < (int)n * R; i += DS_THREADS) {
-            const int j = i / R;
-            int64_t row = rlo + j;
-            if (row >= cap) row -= cap;
-            const uint4 *src = reinterpret_cast<const uint4 *>(vb + row * hd) + (i - j * R);
-            if (j != jp) pt_cp16(vsa + (uint32_t)i * 16u, src, true);
-        }
-    }
+    if (vst) ds_stage_rows(vS, vb, rlo, cap, hd, R, (int)n, jp);
     pt_cp_commit();
 #pragma unroll
     for (int u = 0; u < 4; u++) {
