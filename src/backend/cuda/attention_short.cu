@@ -4,9 +4,10 @@
  * the folded RoPE and cache write, scores with per-split (max, sum), p·V
  * with the exact row max and sum, the ordered merge) done by one block per
  * query head (or per KV head), with every value formed by the same
- * expressions in the same order. So the output is the three kernels' bits, and a row decoded this
- * way is bit-identical to the row in a batch (tests/cuda/test_cuda_ropekv.c
- * checks it against the three kernels at every split count it takes).
+ * expressions in the same order. So the output is the three kernels' bits,
+ * and a row decoded this way is bit-identical to the row in a batch
+ * (tests/cuda/test_cuda_ropekv.c checks it against the three kernels at
+ * every split count it takes).
  *
  * Why: at a few hundred keys the three launches are a latency chain (the
  * scores kernel alone ~9.6 µs at 16 keys on the H200, bench/RESULTS.md)
@@ -397,6 +398,7 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys)
 #undef PT_DS
     return PT_ERR_UNSUPPORTED;
 }
+
 template pt_status pt_cuda_dec2_short<float>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
 template pt_status pt_cuda_dec2_short<__nv_bfloat16>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
 template pt_status pt_cuda_dec2_short<__half>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
