@@ -127,6 +127,11 @@ pt_status pt_fwd_init(pt_model *m, pt_fwd_state *st, int n_ctx) {
     return PT_OK;
 }
 
+/* Every captured decode step (st->graph). */
+static void fwd_graphs_free(pt_fwd_state *st) {
+    for (size_t g = 0; g < sizeof st->graph / sizeof st->graph[0]; g++) pt_cuda_graph_free(&st->graph[g]);
+}
+
 void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
     pt_qwen35_fwd_free(m, st);
     if (st->cache) {
@@ -142,7 +147,7 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
     if (st->logits_ahead) OPS(m)->dealloc(m->be, st->logits_ahead);
-    for (int g = 0; g < 8; g++) pt_cuda_graph_free(&st->graph[g]);
+    fwd_graphs_free(st);
     memset(st, 0, sizeof *st);
 }
 
@@ -488,7 +493,7 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
      * (petrel bench --kv-ab switches it within a session) drops the graphs */
     const int fused = m->params.fused_decode_attn == PT_LEVER_ON;
     if (st->graph_fused != fused) {
-        for (int g = 0; g < 8; g++) pt_cuda_graph_free(&st->graph[g]);
+        fwd_graphs_free(st);
         st->graph_fused = fused;
     }
     if (st->conv_state && st->graph[gi]) PT_TRY(pt_qwen35_begin(m, st, pos0));

@@ -60,10 +60,6 @@ typedef struct pt_dec_rows {
 /* The most query heads per KV head the split decode kernels take. */
 #define DEC_MAX_G 8
 
-/* Row b's key range (positions come from device memory, so a captured graph
- * replays with new ones): keys lo + [0, n), in splits of `per` keys of
- * which the first `used` hold keys; n is clamped to the scores' row stride;
- * pos < 0 (a padding row) gives n = 0, used = 0. */
 /* The splits of a row of n keys: per = max(ceil(n / nsplit), minper) keys
  * each, the first `used` holding keys (<= nsplit: per >= n / nsplit). */
 __host__ __device__ __forceinline__ void dec_splits(int64_t n, int64_t nsplit, int64_t minper, int64_t &per,
@@ -73,6 +69,10 @@ __host__ __device__ __forceinline__ void dec_splits(int64_t n, int64_t nsplit, i
     used = (n + per - 1) / per;
 }
 
+/* Row b's key range (positions come from device memory, so a captured graph
+ * replays with new ones): keys lo + [0, n), in splits of `per` keys of
+ * which the first `used` hold keys; n is clamped to the scores' row stride;
+ * pos < 0 (a padding row) gives n = 0, used = 0. */
 __device__ __forceinline__ void dec_range(const pt_dec_rows &a, int64_t b, int64_t &lo, int64_t &n, int64_t &per,
                                           int64_t &used) {
     const int64_t hi = a.pos[b];
