@@ -131,6 +131,15 @@ typedef enum pt_rms_style {
     PT_RMS_NOSCALE = 3  /* y = round(x̂); w unused (may be NULL) */
 } pt_rms_style;
 
+/* An RMSNorm folded into the matmuls that read its output (matmul_norm,
+ * matmul_glu_norm): the rms_norm arguments but the rows and the input. */
+typedef struct pt_norm_in {
+    const void *w; /* [K] of wtype (NULL with PT_RMS_NOSCALE) */
+    pt_ftype wtype;
+    pt_rms_style style;
+    float eps;
+} pt_norm_in;
+
 typedef enum pt_glu_kind {
     PT_GLU_SILU = 0,     /* SwiGLU: silu(gate) · up */
     PT_GLU_GELU_TANH = 1 /* GeGLU: gelu_tanh(gate) · up */
@@ -468,6 +477,29 @@ typedef struct pt_backend_ops {
     pt_status (*rope_kv_attention)(pt_backend *be, float *out, const float *q, const float *k, const float *v,
                                    int64_t B, const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv,
                                    void *const *kvp, const pt_attn *p);
+
+    /* A decode row's RMSNorm folded into the matmuls that read it, and the
+     * residual add into the matmul whose output it adds: the three ops of a
+     * layer without the two rms_norm launches (CUDA decode: in the GEMV's
+     * staging of x and in its epilogue). Each is bit-identical to the calls
+     * it replaces:
+     *   matmul_norm(n, y, x, T, w, nrm) = rms_norm(xn, x, NULL, T, K, nrm)
+     *     then matmul_multi(n, y, xn, T, w, 0) (x is left as it was, xn is
+     *     never written);
+     *   matmul_glu_norm(y, x, T, wg, wu, act, nrm) = the same norm then
+     *     matmul_glu (or matmul_multi + glu);
+     *   matmul_add(x, a, T, w) = matmul(y, a, T, w) then the residual add
+     *     of rms_norm(.., y, x, ..): x = round(x + y), y never written.
+     * Each returns PT_ERR_UNSUPPORTED, having enqueued nothing and set no
+     * message, for what it does not fuse (row counts, weight layouts, norm
+     * shapes, a switch): callers then make those calls. NULL = not
+     * implemented (the CPU backend): the same. Kept last so positional
+     * initializers stay valid. */
+    pt_status (*matmul_norm)(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                             const pt_matrix *const *w, const pt_norm_in *nrm);
+    pt_status (*matmul_glu_norm)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
+                                 const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm);
+    pt_status (*matmul_add)(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
 } pt_backend_ops;
 
 struct pt_backend {

@@ -360,21 +360,38 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
      * the norm on every backend (backend.h), one kernel fewer each. pend: the
      * add x += y of the previous layer's FFN is still to do. */
     int pend = 0;
+    /* The backend may fold a decode row's norms into the matmuls that read
+     * them and the residual adds into the matmuls whose outputs they add
+     * (backend.h matmul_norm, matmul_glu_norm, matmul_add; bit-identical):
+     * tried op by op, each falling back to the calls it replaces. */
+    const int fold = !r && OPS(m)->matmul_norm && OPS(m)->matmul_glu_norm && OPS(m)->matmul_add &&
+                     !(m->hidden_cb && !r);
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
-        PT_TRY(OPS(m)->rms_norm(be, st->xn, pend ? st->y : st->x, pend ? st->x : NULL, T, H, L->attn_norm,
-                                n->norm_type, L->norm_style, n->eps));
+        const int std_attn = !L->is_linear && !L->attn_gate;
+        const int own_kv = !L->kv_shared;
+        /* q, k, v (q, k with K=V; q alone sharing another layer's cache) over the same xn */
+        const int nproj = own_kv ? (L->k_eq_v ? 2 : 3) : 1;
+        float *const qkv_out[] = {st->q, st->k, st->v};
+        const pt_matrix *const qkv_w[] = {&L->wq, &L->wk, &L->wv};
+        int qkv_done = 0; /* q, k, v projected from x with the norm folded in */
+        if (fold && !pend && std_attn) {
+            const pt_norm_in nrm = {L->attn_norm, n->norm_type, L->norm_style, n->eps};
+            const pt_status s = OPS(m)->matmul_norm(be, nproj, qkv_out, st->x, T, qkv_w, &nrm);
+            if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
+            qkv_done = s == PT_OK;
+        }
+        if (!qkv_done)
+            PT_TRY(OPS(m)->rms_norm(be, st->xn, pend ? st->y : st->x, pend ? st->x : NULL, T, H, L->attn_norm,
+                                    n->norm_type, L->norm_style, n->eps));
         pend = 0;
-        if (L->is_linear || L->attn_gate) {
+        int o_added = 0; /* the output projection already added into x */
+        if (!std_attn) {
             PT_TRY(pt_qwen35_mixer(m, st, L, l, T)); /* Qwen3.5: qwen3_5.c (never with batched rows) */
         } else {
             const int nh = L->n_heads, nkv = L->n_kv, hd = L->head_dim;
-            const int own_kv = !L->kv_shared;
             pt_kv_layer *kvl = &st->kv[L->kv_shared ? L->kv_src : l];
-            /* q, k, v (q, k with K=V; q alone sharing another layer's cache) over the same xn */
-            const int nproj = own_kv ? (L->k_eq_v ? 2 : 3) : 1;
-            PT_TRY(mmul_multi(m, r, nproj, (float *const[]){st->q, st->k, st->v}, st->xn, T,
-                              (const pt_matrix *const[]){&L->wq, &L->wk, &L->wv}));
+            if (!qkv_done) PT_TRY(mmul_multi(m, r, nproj, qkv_out, st->xn, T, qkv_w));
             if (own_kv && L->k_eq_v) /* Gemma 4 K=V: V starts as the raw K projection (a copy: scaling by 1 is exact) */
                 PT_TRY(OPS(m)->scale(be, st->v, st->k, 1.0f, (int64_t)T * nkv * hd));
             if (own_kv && L->v_norm) /* Gemma 4: values RMS-normalised per head, no weight */
@@ -413,23 +430,53 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 /* a KV-shared layer attends over its donor's cache, which already holds this chunk */
                 if (fold != PT_OK) PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
             }
-            PT_TRY(mmul(m, r, st->y, st->att, T, &L->wo));
+            if (fold && !L->sandwich && L->residual_scale == 1.0f) {
+                const pt_status s = OPS(m)->matmul_add(be, st->x, st->att, T, &L->wo);
+                if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
+                o_added = s == PT_OK;
+            }
+            if (!o_added) PT_TRY(mmul(m, r, st->y, st->att, T, &L->wo));
         }
-        if (L->sandwich)
-            PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type, L->norm_style,
-                                    n->eps));
-        if (L->residual_scale == 1.0f) {
-            PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
+        int ffn_folded = 0; /* gate/up read x with the norm folded in (st->act holds the GLU) */
+        if (o_added) {
+            if (!L->is_moe) {
+                const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps};
+                const pt_status s =
+                    OPS(m)->matmul_glu_norm(be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
+                if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
+                ffn_folded = s == PT_OK;
+            }
+            if (!ffn_folded)
+                PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style,
+                                        n->eps));
         } else {
-            PT_TRY(residual(m, st, L, (int64_t)T * H));
-            PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style, n->eps));
+            if (L->sandwich)
+                PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type,
+                                        L->norm_style, n->eps));
+            if (L->residual_scale == 1.0f) {
+                PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type, L->norm_style,
+                                        n->eps));
+            } else {
+                PT_TRY(residual(m, st, L, (int64_t)T * H));
+                PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style,
+                                        n->eps));
+            }
         }
-        PT_TRY(ffn(m, st, r, L, l, T, pos0));
+        int down_added = 0; /* the down projection already added into x */
+        if (ffn_folded) { /* o_added: no sandwich norms, residual scale 1 */
+            const pt_status s = OPS(m)->matmul_add(be, st->x, st->act, T, &L->w_down);
+            if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
+            down_added = s == PT_OK;
+            if (!down_added) PT_TRY(mmul(m, r, st->y, st->act, T, &L->w_down));
+        } else {
+            PT_TRY(ffn(m, st, r, L, l, T, pos0));
+        }
         if (L->sandwich)
             PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_ffn_norm, n->norm_type, L->norm_style,
                                     n->eps));
         /* deferred into the next norm unless something reads x before it */
-        if (L->residual_scale == 1.0f && !L->ple_gate.rows && !L->has_layer_scalar && !(m->hidden_cb && !r))
+        if (down_added) {
+        } else if (L->residual_scale == 1.0f && !L->ple_gate.rows && !L->has_layer_scalar && !(m->hidden_cb && !r))
             pend = 1;
         else
             PT_TRY(residual(m, st, L, (int64_t)T * H));

@@ -358,6 +358,9 @@ static const pt_backend_ops cuda_ops = {
     .matmul_multi = pt_cuda_matmul_multi,
     .matmul_glu = pt_cuda_matmul_glu,
     .rope_kv_attention = pt_cuda_rope_kv_attention,
+    .matmul_norm = pt_cuda_matmul_norm,
+    .matmul_glu_norm = pt_cuda_matmul_glu_norm,
+    .matmul_add = pt_cuda_matmul_add,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

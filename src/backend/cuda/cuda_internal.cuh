@@ -113,6 +113,17 @@ __device__ __forceinline__ float pt_ld(pt_ftype t, const void *p, int64_t i) {
     if (t == PT_FT_F16) return __half2float(((const __half *)p)[i]);
     return ((const float *)p)[i];
 }
+/* Elements i … i+3 of a float array of type t as pt_ld reads each (i a
+ * multiple of 4, the array 16-byte aligned). */
+__device__ __forceinline__ float4 pt_ld4(pt_ftype t, const void *p, int64_t i) {
+    if (t == PT_FT_F32) return *(const float4 *)((const float *)p + i);
+    const uint2 u = *(const uint2 *)((const uint16_t *)p + i);
+    if (t == PT_FT_BF16)
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                           __uint_as_float(u.y & 0xFFFF0000u));
+    const __half2 a = *reinterpret_cast<const __half2 *>(&u.x), b = *reinterpret_cast<const __half2 *>(&u.y);
+    return make_float4(__low2float(a), __high2float(a), __low2float(b), __high2float(b));
+}
 __device__ __forceinline__ float pt_rnd(int bf, float v) { return bf ? pt_round_bf(v) : v; }
 
 /* A cache slot's key and value (f32) stored as KT: float, __half or

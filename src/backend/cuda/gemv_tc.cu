@@ -77,7 +77,7 @@ static int tc_lv(const tc_multi_args &m) {
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
  * first, so each block's carve-up fits in it). */
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
 static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster,
                              const tc_glu *gl = NULL) {
     /* dynamic shared memory opted in so far, per kernel: [grouped], then the GLU kernel */
@@ -90,7 +90,7 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
     if constexpr (LV >= 1) {
         if (gl) { /* the GLU epilogue: one weight pair, one item, its own kernel */
             if (smem > attr[2]) {
-                CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV>,
+                CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV, NRM>,
                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 attr[2] = smem;
             }
@@ -99,10 +99,10 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         return pt_error(PT_ERR_INTERNAL, "gemv: the GLU epilogue runs the default inner loop only");
     if (!gl && smem > attr[grouped]) {
         if (grouped)
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL, NRM>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         else
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>,
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL, NRM>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr[grouped] = smem;
     }
@@ -125,11 +125,11 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
     }
     if constexpr (LV >= 1)
         if (gl) {
-            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV>, m.a[0], *gl));
+            CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV, NRM>, m.a[0], *gl));
             return PT_OK;
         }
-    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m));
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL>, m.a[0]));
+    if (grouped) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_multi_kernel<BITS, GS, NT, W, XP, LV, ONE, XL, NRM>, m));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_kernel<BITS, GS, NT, W, XP, LV, ONE, XL, NRM>, m.a[0]));
     return PT_OK;
 }
 
@@ -154,6 +154,18 @@ template <int BITS, int GS, int NT, int W, bool XP = false>
 static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped,
                               int cluster = 1, const tc_glu *gl = NULL) {
     const int lv = tc_lv<BITS>(m);
+    /* the folded norm (tc_args::nw): the one-row kernels of loops 1 and 2 only */
+    if (m.a[0].nsh.V) {
+        if constexpr (NT == 1 && !XP && W == PT_TC_WARPS) {
+            if (m.a[0].nb != 1 || lv == 0) return PT_ERR_UNSUPPORTED;
+            for (int i = 0; i < m.n; i++) /* the row is one stage (tc_stage_norm) */
+                if ((int64_t)m.a[i].SU * tc_shape<BITS, GS>::UK < m.a[i].K) return PT_ERR_UNSUPPORTED;
+            if (lv == 2 && tc_rg_ok<BITS, GS>(m))
+                return tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, true>(c, m, items, grouped, cluster, gl);
+            return tc_launch_k<BITS, GS, NT, W, XP, 1, true, false, true>(c, m, items, grouped, cluster, gl);
+        }
+        return PT_ERR_UNSUPPORTED;
+    }
     if constexpr (NT == 1 && !XP)
         if (lv == 2 && tc_rg_ok<BITS, GS>(m)) {
             if (m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
@@ -630,17 +642,36 @@ pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float 
 static unsigned long long g_tc_glu_launches;
 extern "C" unsigned long long pt_cuda_tc_glu_count(void) { return __atomic_load_n(&g_tc_glu_launches, __ATOMIC_RELAXED); }
 
-pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
-                              const pt_matrix *wu, pt_glu_kind act) {
+/* The folded norm's arguments (tc_args::nw …) for a row of K values, or
+ * false where the fold does not apply: a row past PT_TC_NRM_V chunks a
+ * thread (4096 values), a weight missing or not 16-byte aligned, f32
+ * activations (not the GEMV's mode). */
+static bool tc_norm_of(const pt_cuda *c, tc_args &a, const pt_norm_in *nrm) {
+    const norm_shape sh = norm_reg_shape(a.K);
+    if (!sh.V || sh.V > PT_TC_NRM_V || sh.threads > PT_TC_NRM_R * PT_TC_WARPS * 32 || a.K % 4 ||
+        c->base.act != PT_ACT_BF16 || (nrm->style != PT_RMS_NOSCALE && (!nrm->w || (uintptr_t)nrm->w % 16)))
+        return false;
+    a.nw = nrm->w;
+    a.nwt = nrm->wtype;
+    a.nstyle = (int)nrm->style;
+    a.nbf = 1;
+    a.neps = nrm->eps;
+    a.nsh = sh;
+    return true;
+}
+
+static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                               const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
     const pt_matrix *w[2] = {wg, wu};
     /* the GLU kernels exist for the default inner loop only (PETREL_CUDA_TC_LOOP=0: the separate calls) */
     if (!pt_cuda_tc_multi_ok(c, 2, w) || wg->rows != wu->rows || nb < 1 || nb > 64 || (uintptr_t)x % 16 ||
-        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop())
+        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop() || (nrm && nb != 1))
         return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
     memset(&m, 0, sizeof m);
     m.n = 1;
     tc_args_of(c, m.a[0], y, x, nb, wg, 0, NULL, 1, wg->rows);
+    if (nrm && !tc_norm_of(c, m.a[0], nrm)) return PT_ERR_UNSUPPORTED;
     const pt_cuda_weight *cu = pt_cuda_w(wu);
     tc_glu gl;
     gl.w2 = (const uint4 *)cu->data;
@@ -651,5 +682,72 @@ pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, 
     gl.bf = c->base.act == PT_ACT_BF16;
     const pt_status st = tc_dispatch(c, m, wg->bits, wg->group_size, 1, 0, &gl);
     if (st == PT_OK) __atomic_fetch_add(&g_tc_glu_launches, 1ull, __ATOMIC_RELAXED);
+    return st;
+}
+
+pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                              const pt_matrix *wu, pt_glu_kind act) {
+    return tc_glu_launch(c, y, x, nb, wg, wu, act, NULL);
+}
+
+/* ---- the folded norm and residual add (backend.h matmul_norm, matmul_glu_norm, matmul_add) ----
+ * One activation row. The norm: every block sums the row's squares itself
+ * (norm_row_inv: the register kernel's order) and stages norm_out of each
+ * value instead of the value, so x need not be normalized into a buffer
+ * by a launch of its own; the add: the epilogue stores round(y + out) into
+ * the residual stream y. Launches made so far (tests check they ran). */
+static unsigned long long g_tc_fold_launches;
+extern "C" unsigned long long pt_cuda_tc_fold_count(void) {
+    return __atomic_load_n(&g_tc_fold_launches, __ATOMIC_RELAXED);
+}
+
+pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, const pt_matrix *const *w,
+                               const pt_norm_in *nrm) {
+    if (!pt_cuda_tc_multi_ok(c, n, w) || (uintptr_t)x % 16) return PT_ERR_UNSUPPORTED;
+    tc_multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n = n;
+    for (int i = 0; i < n; i++) {
+        tc_args_of(c, m.a[i], y[i], x, 1, w[i], 0, NULL, 1, w[i]->rows);
+        if (!tc_norm_of(c, m.a[i], nrm)) return PT_ERR_UNSUPPORTED;
+    }
+    const pt_status st = tc_dispatch(c, m, w[0]->bits, w[0]->group_size, 1, n > 1);
+    if (st == PT_OK) {
+        __atomic_fetch_add(&g_tc_fold_launches, 1ull, __ATOMIC_RELAXED);
+        if (n > 1) __atomic_fetch_add(&g_tc_multi_launches, 1ull, __ATOMIC_RELAXED);
+    }
+    return st;
+}
+
+pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, const pt_matrix *wg, const pt_matrix *wu,
+                                   pt_glu_kind act, const pt_norm_in *nrm) {
+    const pt_status st = tc_glu_launch(c, y, x, 1, wg, wu, act, nrm);
+    if (st == PT_OK) __atomic_fetch_add(&g_tc_fold_launches, 1ull, __ATOMIC_RELAXED);
+    return st;
+}
+
+/* PETREL_CUDA_FOLD_EARLY=0: the add's GEMV releases its dependent launch
+ * after its main loop, as every GEMV does (A/B; read once). Default: right
+ * after its first weight loads, so the folded GEMV after it (gate/up after
+ * o, the next layer's q/k/v after down) streams its first weights while
+ * this one runs. */
+static int tc_rel_early(void) {
+    static int v = -1;
+    if (v < 0) v = pt_env_on("PETREL_CUDA_FOLD_EARLY");
+    return v;
+}
+
+pt_status pt_cuda_tc_gemv_add(pt_cuda *c, float *xr, const float *a, const pt_matrix *w) {
+    const pt_cuda_weight *cw = pt_cuda_w(w);
+    if (!cw || !cw->tc || w->n_experts > 1 || (uintptr_t)a % 16 || c->base.act != PT_ACT_BF16)
+        return PT_ERR_UNSUPPORTED;
+    tc_multi_args m;
+    memset(&m, 0, sizeof m);
+    m.n = 1;
+    tc_args_of(c, m.a[0], xr, a, 1, w, 0, NULL, 1, w->rows);
+    m.a[0].radd = 1;
+    m.a[0].rel_early = tc_rel_early();
+    const pt_status st = tc_dispatch(c, m, w->bits, w->group_size, 1, 0);
+    if (st == PT_OK) __atomic_fetch_add(&g_tc_fold_launches, 1ull, __ATOMIC_RELAXED);
     return st;
 }

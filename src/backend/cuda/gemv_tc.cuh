@@ -48,8 +48,37 @@ pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float 
  * inner loop of PETREL_CUDA_TC_LOOP=0. */
 pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
                               const pt_matrix *wu, pt_glu_kind act);
+/* One activation row x [K] with a decode layer's RMSNorm folded into the
+ * staging of x (backend.h matmul_norm): y[i] = rms_norm(x) · W[i]ᵀ for n
+ * (1..4) weights pt_cuda_tc_multi_ok accepts (one launch, grouped for n >
+ * 1), bit-identical to pt_cuda_rms_norm into a buffer and
+ * pt_cuda_tc_gemv_multi of it; x is not written. PT_ERR_UNSUPPORTED
+ * (nothing launched, no message): weights not groupable, an unaligned x or
+ * norm weight, K above 4096, f32 activations, the inner loop of
+ * PETREL_CUDA_TC_LOOP=0. */
+pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, const pt_matrix *const *w,
+                               const pt_norm_in *nrm);
+/* The same fold into the GLU launch (backend.h matmul_glu_norm): y[F] =
+ * glu(rms_norm(x) · Wgᵀ, rms_norm(x) · Wuᵀ); unsupported where either the
+ * norm's fold or pt_cuda_tc_gemv_glu is. */
+pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, const pt_matrix *wg, const pt_matrix *wu,
+                                   pt_glu_kind act, const pt_norm_in *nrm);
+/* x[N] = round(x + round(a · Wᵀ (+ bias))) for one activation row a [K]
+ * (backend.h matmul_add): the residual add of pt_cuda_rms_norm's fused
+ * form in the GEMV's epilogue. PT_ERR_UNSUPPORTED (nothing launched): a
+ * weight not in the tensor-core layout or an expert stack, an unaligned a,
+ * f32 activations. */
+pt_status pt_cuda_tc_gemv_add(pt_cuda *c, float *x, const float *a, const pt_matrix *w);
+/* Launches made so far by the three above (tests check the folds ran). */
+extern "C" unsigned long long pt_cuda_tc_fold_count(void);
 /* pt_cuda_matmul_glu (matmul.cu): the backend.h matmul_glu op. */
 pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                              const pt_matrix *wu, pt_glu_kind act, int rows);
+/* matmul.cu: the backend.h matmul_norm, matmul_glu_norm and matmul_add ops */
+pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
+                              const pt_matrix *const *w, const pt_norm_in *nrm);
+pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
+                                  const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm);
+pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
 
 #endif

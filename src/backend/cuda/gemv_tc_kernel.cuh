@@ -131,6 +131,7 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
+#include "backend/cuda/norm.cuh"
 
 #define PT_TC_WARPS 8             /* warps per block up to 8 activation rows */
 #define PT_TC_WIDE_WARPS 16       /* and above 8 rows (PETREL_CUDA_TC_WIDE=0: 8) */
@@ -166,6 +167,23 @@ struct tc_args {
     /* XP: drift = no block-wide barrier per stage: the last warp done with
      * a buffer issues its refill (gemv_tc_block) */
     int drift;
+    /* The folded RMSNorm (the NRM kernels, one activation row, one stage):
+     * x is the norm's input row and the block stages norm_out(x, inv, nw)
+     * in its place, inv summed as the register kernel of shape nsh sums it
+     * (norm.cuh; gemv_tc_block): the bits of rms_norm then the GEMV of its
+     * output. nw 16-byte aligned, nsh.V <= PT_TC_NRM_V (K <= 4096). */
+    const void *nw;
+    pt_ftype nwt;
+    int nstyle, nbf;
+    float neps;
+    norm_shape nsh;
+    /* the residual add in the epilogue: y = round(y + out) instead of out
+     * (the add of rms_norm's fused form, y the residual stream); its
+     * residual value read right after the wait. rel_early: release the
+     * dependent launch after the ring's first loads instead of after the
+     * main loop (the folded GEMV that follows prefetches its weights
+     * meanwhile; it reads nothing this kernel writes before its wait) */
+    int radd, rel_early;
 };
 
 /* The GLU epilogue's second weight (pt_cuda_tc_gemv_glu; gemv_tc_glu_kernel
@@ -407,12 +425,86 @@ struct tc_shape {
     static constexpr int SLOT = 512 + 64 * GPB;   /* ring slot bytes */
 };
 
+/* The folded norm's staging (NRM kernels; tc_args::nw): one row x [K], K
+ * one stage. The block plays the register norm kernel of shape a.nsh
+ * (norm.cuh): its thread t holds chunks c = k·threads + t (4 values each,
+ * k < V), its warps sum with fma chunk by chunk, then an xor tree, then
+ * pt_block_sum's tree over the warp sums; here warp w of the block plays
+ * the kernel's warps w + r·W (r < PT_TC_NRM_R), a lane keeping that
+ * thread's chunks in registers (all loads issued before the first add).
+ * Each chunk is then staged by the lane that loaded it: norm_out of its
+ * values (the kernel's function, so the kernel's outputs) as bf16, and
+ * the Σx of each group in the staging loop's order — a step of 8 values
+ * is two chunks in lanes 2s, 2s + 1: their sums added (one xor-1 shuffle;
+ * IEEE addition commutes, so both lanes hold it), then the loop's xor
+ * tree over the group's steps as lanes 2o apart. So x in shared memory is
+ * bit for bit what rms_norm's output staged by the loop would be. The
+ * norm weights are read once 1/rms is known (fetched into L2 before the
+ * kernel's wait). Registers: the kernel must stay within 64 a thread, so
+ * that four blocks share an SM as without the fold. */
+#define PT_TC_NRM_R 2 /* the kernel's warps per warp of an 8-warp block: its 512 threads at most */
+#define PT_TC_NRM_V 2 /* chunks per thread: rows up to 4096 values (4: 8192, at twice the registers) */
+template <int GS, int W, int NCOL>
+__device__ __forceinline__ void tc_stage_norm(const tc_args &a, const float *x, const int K, bf16 *xs, float *sxs) {
+    __shared__ float nred[PT_TC_NRM_R * W];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nt = a.nsh.threads, nw = nt >> 5, V = a.nsh.V;
+    float4 xv[PT_TC_NRM_R][PT_TC_NRM_V];
+#pragma unroll
+    for (int r = 0; r < PT_TC_NRM_R; r++)
+#pragma unroll
+        for (int k = 0; k < PT_TC_NRM_V; k++) {
+            const int c = k * nt + (warp + r * W) * 32 + lane;
+            xv[r][k] = warp + r * W < nw && k < V && 4 * c < K ? *reinterpret_cast<const float4 *>(x + 4 * c)
+                                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+    for (int r = 0; r < PT_TC_NRM_R; r++) {
+        /* zero chunks add exact zeros: fma(0, 0, s) == s */
+        float ss = 0.f;
+#pragma unroll
+        for (int k = 0; k < PT_TC_NRM_V; k++) {
+            ss = __fmaf_rn(xv[r][k].x, xv[r][k].x, ss);
+            ss = __fmaf_rn(xv[r][k].y, xv[r][k].y, ss);
+            ss = __fmaf_rn(xv[r][k].z, xv[r][k].z, ss);
+            ss = __fmaf_rn(xv[r][k].w, xv[r][k].w, ss);
+        }
+        ss = pt_warp_sum(ss);
+        if (lane == 0 && warp + r * W < nw) nred[warp + r * W] = ss;
+    }
+    __syncthreads();
+    const float inv = 1.0f / sqrtf(pt_warp_sum(lane < nw ? nred[lane] : 0.f) / (float)K + a.neps);
+    const int st = a.nstyle, bf = a.nbf;
+#pragma unroll
+    for (int r = 0; r < PT_TC_NRM_R; r++)
+#pragma unroll
+        for (int k = 0; k < PT_TC_NRM_V; k++) {
+            if (!(warp + r * W < nw && k < V)) continue; /* the whole warp alike */
+            const int c = k * nt + (warp + r * W) * 32 + lane;
+            const bool live = 4 * c < K;
+            const float4 v = xv[r][k];
+            const float4 w = live && st != PT_RMS_NOSCALE ? pt_ld4(a.nwt, a.nw, 4 * c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (live) {
+                o = make_float4(norm_out(st, v.x, inv, w.x, bf), norm_out(st, v.y, inv, w.y, bf),
+                                norm_out(st, v.z, inv, w.z, bf), norm_out(st, v.w, inv, w.w, bf));
+                *reinterpret_cast<uint2 *>(xs + 4 * c) = make_uint2(tc_bf2(o.x, o.y), tc_bf2(o.z, o.w));
+            }
+            float sum = __fadd_rn(__fadd_rn(o.x, o.y), __fadd_rn(o.z, o.w));
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+#pragma unroll
+            for (int o2 = 2; o2 < GS / 4; o2 <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o2));
+            if (live && c % (GS / 4) == 0) sxs[(4 * c / GS) * NCOL] = sum;
+        }
+}
+
 /* One block's work: block bx of the weight a describes (the tiles
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
  * weight's first block): the same code, so the same bits. */
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool GLU = false>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool GLU = false,
+          bool NRM = false>
 __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, const tc_glu &gl) {
+    static_assert(!NRM || (ONE && !XP), "the folded norm is for one activation row, staged in the block");
     using SH = tc_shape<BITS, GS>;
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
     /* LV 2: the ring loop unrolled by P (slots known at compile time,
@@ -553,7 +645,35 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
 #pragma unroll
         for (int p = 0; p < P - 1; p++) issue(p);
     }
+    /* NRM: the norm's weights of this thread's chunks fetched into L2
+     * before the wait (model constants, never written by the step: the
+     * fetch hides under the previous kernel's tail; held in registers
+     * instead, they cost the kernel half its blocks per SM) */
+    if constexpr (NRM)
+        if (a.nstyle != PT_RMS_NOSCALE)
+#pragma unroll
+            for (int r = 0; r < PT_TC_NRM_R; r++)
+#pragma unroll
+                for (int k = 0; k < PT_TC_NRM_V; k++) {
+                    const int c = k * a.nsh.threads + (warp + r * W) * 32 + lane;
+                    if ((warp + r * W) * 32 < a.nsh.threads && k < a.nsh.V && 4 * c < K)
+                        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(
+                            reinterpret_cast<const char *>(a.nw) + (size_t)4 * c * (a.nwt == PT_FT_F32 ? 4 : 2)));
+                }
+    if (a.rel_early) tc_pdl_trigger();
     tc_pdl_wait(); /* x is written by the previous kernel */
+    if constexpr (NRM) tc_stage_norm<GS, W, NCOL>(a, x, K, xs, sxs);
+    /* radd: this thread's first output's residual value, loaded now so
+     * its latency hides under the main loop (the epilogue's output i =
+     * threadIdx.x; indices as there) */
+    float rpre = 0.f;
+    if (a.radd) {
+        const int i = threadIdx.x, outs = TPO * 16 * (XP ? NCOL : nb);
+        const int col = XP ? (i >> 4) & (NCOL - 1) : i % nb, r16 = XP ? i & 15 : (i / nb) % 16,
+                  tl = XP ? i / (NCOL * 16) : i / (nb * 16);
+        const int row = (bx * TPO + tl) * 16 + r16;
+        if (i < outs && row < N && !(XP && col >= nb)) rpre = a.y[b_item * (int64_t)nb * a.ldy + (int64_t)col * a.ldy + row];
+    }
     if constexpr (XP) {
         if (threadIdx.x == 0) {
             tc_mbar_init(&mbar[0]);
@@ -730,6 +850,8 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
             sxs = XL ? reinterpret_cast<float *>(reinterpret_cast<unsigned char *>(xs) + (size_t)(KS / 64) * NCOL * 128)
                      : reinterpret_cast<float *>(xs + (size_t)nb * XS);
             tc_mbar_wait(&mbar[st & 1], (unsigned)(st >> 1) & 1u);
+        } else if constexpr (NRM) {
+            /* staged before the loop (tc_stage_norm: K is one stage) */
         } else
         /* x[:, k0 : k0+ks] as bf16, 8 values per thread-step, and Σx per
          * (row, group): the step's 8 values added in order, then a xor tree
@@ -851,19 +973,20 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
             if (gl.bias2) u += pt_ld(gl.bt2, gl.bias2, row);
             o = pt_glu_val(gl.fn, o, pt_round_bf(u), gl.bf);
         }
+        if (a.radd) o = pt_round_bf(__fadd_rn(i == (int)threadIdx.x ? rpre : y[(int64_t)col * a.ldy + row], o));
         y[(int64_t)col * a.ldy + row] = o;
     }
 }
 
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(a, blockIdx.x, tc_glu());
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, false, NRM>(a, blockIdx.x, tc_glu());
 }
 
 /* The GLU epilogue's launch (pt_cuda_tc_gemv_glu): inner loops 1 and 2. */
-template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false, int LV = 1>
+template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false, int LV = 1, bool NRM = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_glu_kernel(tc_args a, tc_glu g) {
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, true>(a, blockIdx.x, g);
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, true, NRM>(a, blockIdx.x, g);
 }
 
 /* The grouped launch (pt_cuda_tc_gemv_multi): up to PT_TC_MULTI weights of
@@ -878,14 +1001,14 @@ struct tc_multi_args {
     int n;
 };
 
-template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false>
+template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
 __global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
     const int bx = blockIdx.x;
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && bx >= m.first[j]) i = j;
-    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL>(m.a[i], bx - m.first[i], tc_glu());
+    gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, false, NRM>(m.a[i], bx - m.first[i], tc_glu());
 }
 
 #endif

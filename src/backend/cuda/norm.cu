@@ -24,25 +24,11 @@
  * (programmatic dependent launch): w must be constant over the step (the
  * model's norm weights always are; never an output of an earlier kernel
  * in the stream). */
-#include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/norm.cuh"
 
 #include <stdint.h>
 
-#define NORM_THREADS 256     /* strided kernel (long rows) */
-#define NORM_REG_THREADS 512 /* register kernel: at most this many threads per row */
-#define NORM_REG_MAX_V 8     /* ... and this many 4-value chunks per thread: D <= 16384 */
-
-/* The output value of one element (rounding points of cpu_ops.c). */
-__device__ __forceinline__ float norm_out(int style, float v, float inv, float w, int bf) {
-    float o;
-    switch (style) {
-    case PT_RMS_W: o = w * pt_rnd(bf, v * inv); break;
-    case PT_RMS_W_F32: o = v * inv * w; break;
-    case PT_RMS_1PW: o = v * inv * (1.0f + w); break;
-    default: o = v * inv; break;
-    }
-    return pt_rnd(bf, o);
-}
+#define NORM_THREADS 256 /* strided kernel (long rows) */
 
 /* One row of the register kernel: yr = rms_norm(xr) (hr: the fused
  * residual row, or NULL), the block's threads over it; the body of both
@@ -202,22 +188,6 @@ static int norm_early_w(void) {
     static int v = -1;
     if (v < 0) v = pt_env_on("PETREL_CUDA_NORM_EARLY_W");
     return v;
-}
-
-/* The register kernels' launch: V chunks per thread, threads per row
- * (a multiple of 32), both from D alone (so the bits of a row depend on D
- * and its values); V = 0: the row is too long for them (the strided
- * kernel's). */
-typedef struct {
-    int V, threads;
-} norm_shape;
-
-static norm_shape norm_reg_shape(int64_t D) {
-    const int64_t nvec = (D + 3) / 4; /* 4-value chunks of a row */
-    if (nvec > (int64_t)NORM_REG_THREADS * NORM_REG_MAX_V) return (norm_shape){0, 0};
-    int V = 1;
-    while (nvec > (int64_t)V * NORM_REG_THREADS) V *= 2;
-    return (norm_shape){V, (int)((nvec + V - 1) / V + 31) / 32 * 32};
 }
 
 template <int V>

@@ -1,0 +1,301 @@
+/* The folded norm and residual add on CUDA (backend.h matmul_norm,
+ * matmul_glu_norm, matmul_add; src/backend/cuda/matmul.cu, gemv_tc.cu): a
+ * decode row's RMSNorm computed by the tensor-core GEMV that reads it, and
+ * the residual add done by the GEMV whose output it adds, must give the
+ * bits of the separate calls:
+ *   - matmul_norm (1 and 3 weights, the grouped launch) = rms_norm into a
+ *     buffer, then matmul_multi of it; x left as it was;
+ *   - matmul_glu_norm = rms_norm, then matmul_glu (or matmul_multi + glu
+ *     where the GLU epilogue does not apply: then it must decline too);
+ *   - matmul_add = matmul, then rms_norm's fused residual add (x = x + y);
+ * over 4- and 8-bit codes, groups 32/64/128, with and without a bias, K of
+ * 768, 2048, 2560, 3072 and 4096 (the register norm kernel's shapes: 192 to
+ * 512 threads, 1 and 2 chunks a thread), the four norm styles, bf16 and
+ * f32 norm weights; what they do not fold (2 rows, the switch off, an
+ * unaligned x or norm weight, a row past 4096 values) answered
+ * PT_ERR_UNSUPPORTED with nothing launched; and the whole forward pass
+ * (prefill of 20 tokens, then compiled greedy decode steps) bit-identical
+ * with the folds on and off, on the 4-bit demo model and the llama-3.2-1b
+ * shape with random 4- and 8-bit weights. A launch counter proves the
+ * folded launches ran where they should.
+ *
+ * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
+ * without a GPU it reports SKIP. */
+#include "test.h"
+#include "test_rand.h"
+#include "gpu_util.h"
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda.h"
+#include "base/error.h"
+#include "base/half.h"
+#include "base/mmap.h"
+#include "model/model.h" /* pt_model_synthetic */
+#include "petrel.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* matmul.cu / gemv_tc.cu: the folds on or off (as PETREL_CUDA_FOLD_NORM;
+ * -1: back to the environment), folded launches made so far */
+void pt_cuda_fold_norm(int on);
+unsigned long long pt_cuda_tc_fold_count(void);
+
+static int same(const char *what, const float *a, const float *b, int64_t n) {
+    for (int64_t j = 0; j < n; j++)
+        if (memcmp(&a[j], &b[j], 4)) {
+            CHECK(0, "%s: element %lld: folded %.9g, separate %.9g", what, (long long)j, a[j], b[j]);
+            return 0;
+        }
+    return 1;
+}
+
+/* Device buffers of one case. */
+typedef struct {
+    float *x, *xn, *y[3], *yf[3], *g, *u, *h, *hf, *res, *res2, *a;
+} bufs;
+
+static float *dup_dev(pt_backend *be, const float *h, int64_t n) {
+    float *d = be->ops->alloc(be, (size_t)n * 4);
+    if (d && be->ops->upload(be, d, h, (size_t)n * 4) != PT_OK) {
+        be->ops->dealloc(be, d);
+        return NULL;
+    }
+    return d;
+}
+
+static int down(pt_backend *be, float *h, const float *d, int64_t n) {
+    return be->ops->download(be, h, d, (size_t)n * 4) == PT_OK;
+}
+
+/* One (bits, group, K) case: weights q [N, K], k and v [N/4, K], gate and
+ * up [F, K], down [K, F]; for each norm style, matmul_norm of q alone and
+ * of q, k, v, matmul_glu_norm, and matmul_add of down, each against the
+ * separate calls. */
+static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias) {
+    const int64_t N = 640, F = 512, Nk = 160;
+    char what[200];
+    rand_qweight wq, wk, wv, wg, wu, wd;
+    int ok = gpu_qw_make(be, &wq, bits, gs, N, K, bias);
+    ok = ok && gpu_qw_make(be, &wk, bits, gs, Nk, K, 0);
+    ok = ok && gpu_qw_make(be, &wv, bits, gs, Nk, K, bias);
+    ok = ok && gpu_qw_make(be, &wg, bits, gs, F, K, 0);
+    ok = ok && gpu_qw_make(be, &wu, bits, gs, F, K, bias);
+    ok = ok && gpu_qw_make(be, &wd, bits, gs, K, F, bias);
+    if (!ok) return 0;
+    float *xh = malloc((size_t)K * 4), *wf = malloc((size_t)K * 4), *ah = malloc((size_t)F * 4);
+    uint16_t *wb = malloc((size_t)K * 2);
+    float *r1 = malloc((size_t)(N > K ? N : K) * 4), *r2 = malloc((size_t)(N > K ? N : K) * 4);
+    for (int64_t i = 0; i < K; i++) {
+        xh[i] = pt_round_bf16(rf(-3, 3));
+        wf[i] = rf(-0.5f, 1.5f);
+        wb[i] = pt_f32_to_bf16(wf[i]);
+    }
+    for (int64_t i = 0; i < F; i++) ah[i] = pt_round_bf16(rf(-1, 1));
+    bufs b;
+    memset(&b, 0, sizeof b);
+    b.x = dup_dev(be, xh, K), b.a = dup_dev(be, ah, F);
+    b.xn = be->ops->alloc(be, (size_t)K * 4);
+    const int64_t NY = N > K ? N : K; /* y[0] also takes the down projection's K outputs */
+    for (int i = 0; i < 3; i++) {
+        b.y[i] = be->ops->alloc(be, (size_t)NY * 4);
+        b.yf[i] = be->ops->alloc(be, (size_t)NY * 4);
+    }
+    b.g = be->ops->alloc(be, (size_t)F * 4), b.u = be->ops->alloc(be, (size_t)F * 4);
+    b.h = be->ops->alloc(be, (size_t)F * 4), b.hf = be->ops->alloc(be, (size_t)F * 4);
+    b.res = dup_dev(be, xh, K), b.res2 = dup_dev(be, xh, K);
+    uint16_t *nwb = be->ops->alloc(be, (size_t)K * 2);
+    float *nwf = dup_dev(be, wf, K);
+    ok = b.x && b.a && b.xn && b.g && b.u && b.h && b.hf && b.res && b.res2 && nwb && nwf &&
+         be->ops->upload(be, nwb, wb, (size_t)K * 2) == PT_OK;
+    for (int i = 0; i < 3; i++) ok = ok && b.y[i] && b.yf[i];
+    CHECK(ok, "buffers: %s", pt_last_error());
+    const pt_matrix *qkv[3] = {&wq.w, &wk.w, &wv.w};
+    static const pt_rms_style styles[] = {PT_RMS_W, PT_RMS_W_F32, PT_RMS_1PW, PT_RMS_NOSCALE};
+    for (int si = 0; si < 5 && ok; si++) {
+        /* the four styles over bf16 weights, then PT_RMS_W over f32 weights */
+        const pt_rms_style style = styles[si < 4 ? si : 0];
+        const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : si < 4 ? (const void *)nwb : (const void *)nwf,
+                                si < 4 ? PT_FT_BF16 : PT_FT_F32, style, 1e-5f};
+        snprintf(what, sizeof what, "%d-bit g%d K %lld%s, style %d%s", bits, gs, (long long)K, bias ? " bias" : "",
+                 (int)style, si == 4 ? " (f32 weights)" : "");
+        /* the separate calls */
+        ok = be->ops->rms_norm(be, b.xn, b.x, NULL, 1, K, nrm.w, nrm.wtype, style, nrm.eps) == PT_OK;
+        for (int n = 1; n <= 3 && ok; n += 2) {
+            ok = be->ops->matmul_multi(be, n, b.y, b.xn, 1, qkv, 0) == PT_OK;
+            const unsigned long long c0 = pt_cuda_tc_fold_count();
+            const pt_status st = ok ? be->ops->matmul_norm(be, n, b.yf, b.x, 1, qkv, &nrm) : PT_ERR_INTERNAL;
+            CHECK(st == PT_OK && pt_cuda_tc_fold_count() == c0 + 1, "%s: matmul_norm of %d weights: status %d, %s",
+                  what, n, (int)st, pt_last_error());
+            ok = ok && st == PT_OK;
+            for (int i = 0; i < n && ok; i++) {
+                const int64_t rows = qkv[i]->rows;
+                char w2[260];
+                snprintf(w2, sizeof w2, "%s: matmul_norm of %d weights, weight %d", what, n, i);
+                ok = down(be, r1, b.yf[i], rows) && down(be, r2, b.y[i], rows) && same(w2, r1, r2, rows);
+            }
+        }
+        ok = ok && down(be, r1, b.x, K) && same("x after matmul_norm (unchanged)", r1, xh, K);
+        /* the GLU: the epilogue where it applies, else the two calls, and the fold declines with it */
+        if (ok) {
+            pt_status sg = be->ops->matmul_glu(be, b.h, b.xn, 1, &wg.w, &wu.w, PT_GLU_SILU, 0);
+            const int glu_fused = sg == PT_OK;
+            if (sg == PT_ERR_UNSUPPORTED) {
+                const pt_matrix *gu[2] = {&wg.w, &wu.w};
+                float *ys[2] = {b.g, b.u};
+                sg = be->ops->matmul_multi(be, 2, ys, b.xn, 1, gu, 0);
+                if (sg == PT_OK) sg = be->ops->glu(be, b.h, b.g, b.u, 1, F, F, PT_GLU_SILU);
+            }
+            ok = sg == PT_OK;
+            const unsigned long long c0 = pt_cuda_tc_fold_count();
+            const pt_status st = ok ? be->ops->matmul_glu_norm(be, b.hf, b.x, 1, &wg.w, &wu.w, PT_GLU_SILU, &nrm)
+                                    : PT_ERR_INTERNAL;
+            const int took = pt_cuda_tc_fold_count() != c0;
+            if (glu_fused) {
+                CHECK(st == PT_OK && took, "%s: matmul_glu_norm not folded (status %d): %s", what, (int)st,
+                      pt_last_error());
+                ok = ok && st == PT_OK && down(be, r1, b.hf, F) && down(be, r2, b.h, F) &&
+                     same("matmul_glu_norm", r1, r2, F);
+            } else {
+                CHECK(st == PT_ERR_UNSUPPORTED && !took, "%s: matmul_glu_norm where matmul_glu declines: status %d",
+                      what, (int)st);
+                ok = ok && st == PT_ERR_UNSUPPORTED;
+            }
+        }
+        /* the residual add: matmul then rms_norm's fused add into res, against matmul_add into res2 */
+        if (ok) {
+            ok = be->ops->upload(be, b.res, xh, (size_t)K * 4) == PT_OK &&
+                 be->ops->upload(be, b.res2, xh, (size_t)K * 4) == PT_OK &&
+                 be->ops->matmul(be, b.y[0], b.a, 1, &wd.w, 0) == PT_OK &&
+                 be->ops->rms_norm(be, b.xn, b.y[0], b.res, 1, K, nrm.w, nrm.wtype, style, nrm.eps) == PT_OK;
+            const unsigned long long c0 = pt_cuda_tc_fold_count();
+            const pt_status st = ok ? be->ops->matmul_add(be, b.res2, b.a, 1, &wd.w) : PT_ERR_INTERNAL;
+            CHECK(st == PT_OK && pt_cuda_tc_fold_count() == c0 + 1, "%s: matmul_add: status %d, %s", what, (int)st,
+                  pt_last_error());
+            ok = ok && st == PT_OK && down(be, r1, b.res2, K) && down(be, r2, b.res, K) &&
+                 same("matmul_add (the residual)", r1, r2, K);
+        }
+        CHECK(ok, "%s failed", what);
+    }
+    be->ops->dealloc(be, b.x), be->ops->dealloc(be, b.a), be->ops->dealloc(be, b.xn);
+    for (int i = 0; i < 3; i++) be->ops->dealloc(be, b.y[i]), be->ops->dealloc(be, b.yf[i]);
+    be->ops->dealloc(be, b.g), be->ops->dealloc(be, b.u), be->ops->dealloc(be, b.h), be->ops->dealloc(be, b.hf);
+    be->ops->dealloc(be, b.res), be->ops->dealloc(be, b.res2), be->ops->dealloc(be, nwb), be->ops->dealloc(be, nwf);
+    gpu_qw_free(be, &wq), gpu_qw_free(be, &wk), gpu_qw_free(be, &wv);
+    gpu_qw_free(be, &wg), gpu_qw_free(be, &wu), gpu_qw_free(be, &wd);
+    free(xh), free(wf), free(ah), free(wb), free(r1), free(r2);
+    return ok;
+}
+
+static void test_fold_ops_bit_identical(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(2);
+    REQUIRE(be, "backend");
+    REQUIRE(be->ops->matmul_norm && be->ops->matmul_glu_norm && be->ops->matmul_add,
+            "the CUDA backend lacks the folded ops");
+    pt_cuda_fold_norm(1);
+    static const int bitss[] = {4, 8}, gss[] = {32, 64, 128};
+    int ok = 1, cases = 0;
+    for (int b = 0; b < 2 && ok; b++)
+        for (int gi = 0; gi < 3 && ok; gi++) {
+            ok = check_case(be, bitss[b], gss[gi], 768, (b + gi) & 1);
+            cases++;
+        }
+    static const int64_t Ks[] = {2048, 2560, 3072, 4096};
+    for (int ki = 0; ki < 4 && ok; ki++)
+        for (int b = 0; b < 2 && ok; b++) {
+            ok = check_case(be, bitss[b], 64, Ks[ki], ki & 1);
+            cases++;
+        }
+    printf("INFO %d weight cases × 5 norm forms: matmul_norm, matmul_glu_norm, matmul_add bit-identical\n", cases);
+    pt_cuda_fold_norm(-1);
+    pt_backend_free(&be);
+}
+
+/* What is not folded: PT_ERR_UNSUPPORTED with nothing launched. */
+static void test_fold_declines(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(2);
+    REQUIRE(be, "backend");
+    rand_qweight w, wl;
+    REQUIRE(gpu_qw_make(be, &w, 4, 64, 640, 768, 0), "weight");
+    /* a row of 4160 values: past the fold's 4096 */
+    REQUIRE(gpu_qw_make(be, &wl, 4, 64, 64, 4160, 0), "long weight");
+    float *x = be->ops->alloc(be, (size_t)2 * 4160 * 4 + 16), *y = be->ops->alloc(be, (size_t)2 * 640 * 4);
+    uint16_t *nw = be->ops->alloc(be, 2 * 768 + 16);
+    REQUIRE(x && y && nw, "buffers");
+    const pt_norm_in nrm = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f}, nrm_odd = {nw + 1, PT_FT_BF16, PT_RMS_W, 1e-6f};
+    const pt_matrix *ws[1] = {&w.w}, *wls[1] = {&wl.w};
+    float *ys[1] = {y};
+    pt_cuda_fold_norm(1);
+    const unsigned long long c0 = pt_cuda_tc_fold_count();
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 2, ws, &nrm) == PT_ERR_UNSUPPORTED, "2 rows: not PT_ERR_UNSUPPORTED");
+    CHECK(be->ops->matmul_add(be, y, x, 2, &w.w) == PT_ERR_UNSUPPORTED, "matmul_add of 2 rows: not unsupported");
+    CHECK(be->ops->matmul_norm(be, 1, ys, x + 1, 1, ws, &nrm) == PT_ERR_UNSUPPORTED, "unaligned x: not unsupported");
+    CHECK(be->ops->matmul_add(be, y, x + 1, 1, &w.w) == PT_ERR_UNSUPPORTED, "matmul_add, unaligned a: not unsupported");
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, wls, &nrm) == PT_ERR_UNSUPPORTED, "K 4160: not unsupported");
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, ws, &nrm_odd) == PT_ERR_UNSUPPORTED,
+          "a norm weight not 16-byte aligned: not unsupported");
+    CHECK(pt_cuda_tc_fold_count() == c0, "a folded launch where none may be");
+    const unsigned long long c1 = pt_cuda_tc_fold_count();
+    pt_cuda_fold_norm(0);
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, ws, &nrm) == PT_ERR_UNSUPPORTED, "switch off: matmul_norm folded");
+    CHECK(be->ops->matmul_glu_norm(be, y, x, 1, &w.w, &w.w, PT_GLU_SILU, &nrm) == PT_ERR_UNSUPPORTED,
+          "switch off: matmul_glu_norm folded");
+    CHECK(be->ops->matmul_add(be, y, x, 1, &w.w) == PT_ERR_UNSUPPORTED, "switch off: matmul_add folded");
+    CHECK(pt_cuda_tc_fold_count() == c1, "a folded launch where none may be");
+    CHECK(be->ops->sync(be) == PT_OK, "sync: %s", pt_last_error());
+    pt_cuda_fold_norm(-1);
+    be->ops->dealloc(be, x), be->ops->dealloc(be, y), be->ops->dealloc(be, nw);
+    gpu_qw_free(be, &w), gpu_qw_free(be, &wl);
+    pt_backend_free(&be);
+}
+
+/* Prefill of 20 tokens, then 5 greedy steps (compiled decode): every logits
+ * row of a run with the folds on equals the run with them off. */
+static int run_model(const char *dir, const char *quant, int on, float **logits, int32_t *ids_out, int *V,
+                     unsigned long long *launches) {
+    pt_cuda_fold_norm(on);
+    int ok = gpu_model_greedy(dir, quant, logits, ids_out, V, pt_cuda_tc_fold_count, launches);
+    pt_cuda_fold_norm(-1);
+    return ok;
+}
+
+static void check_forward(const char *dir, const char *quant) {
+    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
+        printf("INFO %s absent, skipped\n", dir);
+        return;
+    }
+    float *on = NULL, *off = NULL;
+    int32_t ids_on[6], ids_off[6];
+    int V = 0, V2 = 0;
+    unsigned long long l_on = 0, l_off = 0;
+    if (run_model(dir, quant, 1, &on, ids_on, &V, &l_on) && run_model(dir, quant, 0, &off, ids_off, &V2, &l_off)) {
+        CHECK(l_on > 0, "%s %s: no folded launch with the folds on", dir, quant);
+        CHECK(l_off == 0, "%s %s: %llu folded launches with the folds off", dir, quant, l_off);
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
+        CHECK(bad == 0, "%s %s: %d of %lld logits differ between the folds on and off", dir, quant, bad,
+              (long long)6 * V);
+        CHECK(!memcmp(ids_on, ids_off, sizeof ids_on), "%s %s: greedy ids differ", dir, quant);
+        printf("INFO %s %s: logits of the prompt and 5 greedy steps bit-identical with the folds on (%llu folded "
+               "launches) and off\n",
+               dir, quant, l_on);
+    }
+    free(on), free(off);
+}
+
+static void test_fold_forward_on_off(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    check_forward("models/kjv-llama-4bit", "q4");
+    check_forward("synthetic:llama-3.2-1b", "q4");
+    check_forward("synthetic:llama-3.2-1b", "q8");
+}
+
+int main(void) {
+    TEST_RUN(test_fold_ops_bit_identical);
+    TEST_RUN(test_fold_declines);
+    TEST_RUN(test_fold_forward_on_off);
+    return test_summary();
+}
