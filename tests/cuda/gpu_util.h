@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
+#include "base/mmap.h" /* pt_is_dir */
 #include "model/model.h" /* pt_model_synthetic */
 #include "petrel.h"
 
@@ -115,6 +116,41 @@ static inline int gpu_model_greedy(const char *dir, const char *quant, float **l
     pt_session_free(&s);
     pt_model_free(&m);
     return ok;
+}
+
+/* Runs gpu_model_greedy on dir with a switch on (set(1)), then off
+ * (set(0)), then set(-1): every logits row and greedy id must be
+ * bit-identical, count() must grow with the switch on and not with it off.
+ * what names the switch in the messages. A folder that is absent is
+ * skipped with an INFO line. */
+static inline void gpu_forward_on_off(const char *dir, const char *quant, void (*set)(int),
+                                      unsigned long long (*count)(void), const char *what) {
+    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
+        printf("INFO %s absent, skipped\n", dir);
+        return;
+    }
+    float *on = NULL, *off = NULL;
+    int32_t ids_on[6], ids_off[6];
+    int V = 0, V2 = 0;
+    unsigned long long l_on = 0, l_off = 0;
+    set(1);
+    int ok = gpu_model_greedy(dir, quant, &on, ids_on, &V, count, &l_on);
+    set(0);
+    ok = ok && gpu_model_greedy(dir, quant, &off, ids_off, &V2, count, &l_off);
+    set(-1);
+    if (ok) {
+        CHECK(l_on > 0, "%s %s: no launch counted with the %s on", dir, quant, what);
+        CHECK(l_off == 0, "%s %s: %llu launches counted with the %s off", dir, quant, l_off, what);
+        int bad = 0;
+        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
+        CHECK(bad == 0, "%s %s: %d of %lld logits differ between the %s on and off", dir, quant, bad,
+              (long long)6 * V, what);
+        CHECK(!memcmp(ids_on, ids_off, sizeof ids_on), "%s %s: greedy ids differ", dir, quant);
+        printf("INFO %s %s: logits of the prompt and 5 greedy steps bit-identical with the %s on (%llu launches) "
+               "and off\n",
+               dir, quant, what, l_on);
+    }
+    free(on), free(off);
 }
 
 #endif

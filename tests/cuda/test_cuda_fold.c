@@ -252,45 +252,11 @@ static void test_fold_declines(void) {
     pt_backend_free(&be);
 }
 
-/* Prefill of 20 tokens, then 5 greedy steps (compiled decode): every logits
- * row of a run with the folds on equals the run with them off. */
-static int run_model(const char *dir, const char *quant, int on, float **logits, int32_t *ids_out, int *V,
-                     unsigned long long *launches) {
-    pt_cuda_fold_norm(on);
-    int ok = gpu_model_greedy(dir, quant, logits, ids_out, V, pt_cuda_tc_fold_count, launches);
-    pt_cuda_fold_norm(-1);
-    return ok;
-}
-
-static void check_forward(const char *dir, const char *quant) {
-    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
-        printf("INFO %s absent, skipped\n", dir);
-        return;
-    }
-    float *on = NULL, *off = NULL;
-    int32_t ids_on[6], ids_off[6];
-    int V = 0, V2 = 0;
-    unsigned long long l_on = 0, l_off = 0;
-    if (run_model(dir, quant, 1, &on, ids_on, &V, &l_on) && run_model(dir, quant, 0, &off, ids_off, &V2, &l_off)) {
-        CHECK(l_on > 0, "%s %s: no folded launch with the folds on", dir, quant);
-        CHECK(l_off == 0, "%s %s: %llu folded launches with the folds off", dir, quant, l_off);
-        int bad = 0;
-        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
-        CHECK(bad == 0, "%s %s: %d of %lld logits differ between the folds on and off", dir, quant, bad,
-              (long long)6 * V);
-        CHECK(!memcmp(ids_on, ids_off, sizeof ids_on), "%s %s: greedy ids differ", dir, quant);
-        printf("INFO %s %s: logits of the prompt and 5 greedy steps bit-identical with the folds on (%llu folded "
-               "launches) and off\n",
-               dir, quant, l_on);
-    }
-    free(on), free(off);
-}
-
 static void test_fold_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
-    check_forward("models/kjv-llama-4bit", "q4");
-    check_forward("synthetic:llama-3.2-1b", "q4");
-    check_forward("synthetic:llama-3.2-1b", "q8");
+    gpu_forward_on_off("models/kjv-llama-4bit", "q4", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q4", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q8", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
 }
 
 int main(void) {

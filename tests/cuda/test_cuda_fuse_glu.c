@@ -219,45 +219,11 @@ static void test_glu_op_bit_identical(void) {
     pt_backend_free(&be);
 }
 
-/* Prefill of 20 tokens, then 5 greedy steps (compiled decode): every logits
- * row of a run with the fold on equals the run with it off. */
-static int run_model(const char *dir, const char *quant, int fuse, float **logits, int32_t *ids_out, int *V,
-                     unsigned long long *launches) {
-    pt_cuda_gemv_fuse(fuse);
-    int ok = gpu_model_greedy(dir, quant, logits, ids_out, V, pt_cuda_tc_glu_count, launches);
-    pt_cuda_gemv_fuse(-1);
-    return ok;
-}
-
-static void check_forward(const char *dir, const char *quant) {
-    if (strncmp(dir, "synthetic:", 10) && !pt_is_dir(dir)) {
-        printf("INFO %s absent, skipped\n", dir);
-        return;
-    }
-    float *on = NULL, *off = NULL;
-    int32_t ids_on[6], ids_off[6];
-    int V = 0, V2 = 0;
-    unsigned long long l_on = 0, l_off = 0;
-    if (run_model(dir, quant, 1, &on, ids_on, &V, &l_on) && run_model(dir, quant, 0, &off, ids_off, &V2, &l_off)) {
-        CHECK(l_on > 0, "%s %s: no fused launch with the fold on", dir, quant);
-        CHECK(l_off == 0, "%s %s: %llu fused launches with the fold off", dir, quant, l_off);
-        int bad = 0;
-        for (int64_t i = 0; i < (int64_t)6 * V; i++) bad += memcmp(&on[i], &off[i], 4) != 0;
-        CHECK(bad == 0, "%s %s: %d of %lld logits differ between the fold on and off", dir, quant, bad,
-              (long long)6 * V);
-        CHECK(!memcmp(ids_on, ids_off, sizeof ids_on), "%s %s: greedy ids differ", dir, quant);
-        printf("INFO %s %s: logits of the prompt and 5 greedy steps bit-identical with the GLU fold on (%llu fused "
-               "launches) and off\n",
-               dir, quant, l_on);
-    }
-    free(on), free(off);
-}
-
 static void test_glu_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
-    check_forward("models/kjv-llama-4bit", "q4");
-    check_forward("synthetic:llama-3.2-1b", "q4");
-    check_forward("synthetic:llama-3.2-1b", "q8");
+    gpu_forward_on_off("models/kjv-llama-4bit", "q4", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q4", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q8", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
 }
 
 int main(void) {
