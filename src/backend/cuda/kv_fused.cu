@@ -6,9 +6,9 @@
  *
  * Two launches per call: the block kernel over (KV head, split) blocks
  * leaves per (head, split) the running max, the sum of exp and the
- * unnormalized output; the merge kernel combines the splits in split order,
- * out = Σ o_s·e^(m_s − M) / Σ l_s·e^(m_s − M) (pt_softmax_merge), rounded in
- * bf16 mode. The split count is fixed for a cache (capacity and device, not
+ * unnormalized output; the merge kernel combines the splits in a fixed
+ * order, out = Σ o_s·e^(m_s − M) / Σ l_s·e^(m_s − M) (pt_softmax_merge),
+ * rounded in bf16 mode. The split count is fixed for a cache (capacity and device, not
  * the context length), so a captured decode graph stays valid as the context
  * grows; each split's key range is computed on the device from the position.
  *
@@ -19,57 +19,56 @@
 
 #include <stdlib.h>
 
-/* One block per query head: the splits' (max, sum) merged in split order,
- * out[e] = Σ_s o_s[e]·w_s / L with w_s = e^(m_s − M), L = Σ_s l_s·w_s: the
- * arithmetic of pt_softmax_merge, spread over the block — M (a max: any
- * order gives the same value) by a block reduction, each w_s by its own
- * thread into shared memory, then L by one thread in split order while the
- * others add their dims' partials (one thread walking the splits twice with
- * an exp in its chain kept the whole block waiting). Loading the first 64
- * splits' partials before the max measured slower (bench/RESULTS.md). */
-__global__ void fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd, int nsplit, int bf) {
+/* One block per (query head, 32 dims of it): the splits' (max, sum) merged,
+ * out[e] = Σ_s o_s[e]·w_s / L with w_s = e^(m_s − M), L = Σ_s l_s·w_s (the
+ * arithmetic of pt_softmax_merge). M (a max: any order gives the same
+ * value) by a block reduction; then warp w takes the splits s ≡ w (mod
+ * FD_MW) in ascending order, lane e one dim, each split's weight computed
+ * by every lane of the warp (its (max, sum) a broadcast load); the FD_MW
+ * warps' partial outputs and sums are added in warp order. A fixed order
+ * whatever the scheduling. The whole merge is a few hundred KB of reads, so
+ * what costs is latency: the previous form (a block per head, one thread
+ * adding the sum L over all splits while the others waited) ran on 32 SMs
+ * of 132 for 7–9 µs a layer at 49 splits (ncu, bench/RESULTS.md). */
+#define FD_MW 8
+__global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd,
+                                                               int nsplit, int bf) {
     pt_release_dependents();
-    extern __shared__ float fd_sh[]; /* ml [nsplit] float2 | w [nsplit] */
-    __shared__ float red[32], sL;
-    float2 *ml = reinterpret_cast<float2 *>(fd_sh);
-    float *w = fd_sh + 2 * nsplit;
+    __shared__ float red[32], po[FD_MW][32], pl[FD_MW];
     const int64_t h = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, e = blockIdx.y * 32 + lane;
+    const float2 *ml = ML + h * nsplit;
     float mx = -INFINITY;
-    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) {
-        ml[s] = ML[h * nsplit + s];
-        mx = fmaxf(mx, ml[s].x);
-    }
+    for (int s = threadIdx.x; s < nsplit; s += FD_MW * 32) mx = fmaxf(mx, ml[s].x);
     const float M = pt_block_max(mx, red);
-    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) w[s] = ml[s].x == -INFINITY ? 0.f : expf(ml[s].x - M);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float L = 0.f;
-        for (int s = 0; s < nsplit; s++)
-            if (ml[s].x != -INFINITY) L = fmaf(ml[s].y, w[s], L);
-        sL = L;
-    }
-    float ov[2]; /* this thread's dims e = threadIdx.x + 128·i (hd <= 256 on 128 threads) */
-    for (int i = 0; i < 2; i++) {
-        const int e = threadIdx.x + i * blockDim.x;
-        if (e >= hd) break;
-        const float *pe = P + h * nsplit * hd + e;
-        float o = 0.f;
-        /* 32 loads in flight before their adds (the adds stay in split order; a split past the
-         * last adds 0·0, which leaves o unchanged) */
-        for (int s = 0; s < nsplit; s += 32) {
-            float v[32];
+    const float *pe = P + h * nsplit * hd + (e < hd ? e : 0);
+    float o = 0.f, L = 0.f;
+    /* 4 splits' loads in flight before their adds (the adds stay in split order) */
+    for (int s0 = warp; s0 < nsplit; s0 += 4 * FD_MW) {
+        float2 m4[4];
+        float v4[4];
 #pragma unroll
-            for (int u = 0; u < 32; u++) v[u] = s + u < nsplit ? pe[(int64_t)(s + u) * hd] : 0.f;
-#pragma unroll
-            for (int u = 0; u < 32; u++) o = fmaf(v[u], s + u < nsplit ? w[s + u] : 0.f, o);
+        for (int u = 0; u < 4; u++) {
+            const int s = s0 + u * FD_MW;
+            m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
+            v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
         }
-        ov[i] = o;
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (m4[u].x != -INFINITY) {
+                const float w = expf(m4[u].x - M);
+                L = fmaf(m4[u].y, w, L);
+                o = fmaf(v4[u], w, o);
+            }
     }
+    po[warp][lane] = o;
+    if (lane == 0) pl[warp] = L;
     __syncthreads();
-    const float inv = 1.0f / sL;
-    for (int i = 0; i < 2; i++) {
-        const int e = threadIdx.x + i * blockDim.x;
-        if (e < hd) out[h * hd + e] = pt_rnd(bf, ov[i] * inv);
+    if (warp == 0 && e < hd) {
+        float O = 0.f, Ls = 0.f;
+#pragma unroll
+        for (int w = 0; w < FD_MW; w++) O += po[w][lane], Ls += pl[w];
+        out[h * hd + e] = pt_rnd(bf, O * (1.0f / Ls));
     }
 }
 
@@ -77,6 +76,15 @@ static int fd_env_int(const char *name, int lo, int hi) {
     const char *v = getenv(name);
     const int x = v ? atoi(v) : 0;
     return x >= lo && x <= hi ? x : 0;
+}
+
+int pt_fd_env_t(void) {
+    static int s = -1;
+    if (s < 0) {
+        const char *v = getenv("PETREL_CUDA_FD_T");
+        s = !(v && v[0] == '0');
+    }
+    return s;
 }
 
 int pt_fd_env_stages(void) {
@@ -138,7 +146,7 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
                        : pt_cuda_fused_block8(a, grid, c->stream, gs, hd, G, NULL);
     PT_TRY(st);
     CUDA_CHECK_LAUNCH("fused decode attention");
-    fd_merge_kernel<<<(unsigned)p->n_heads, 128, (size_t)nsplit * 3 * sizeof(float), c->stream>>>(
+    fd_merge_kernel<<<dim3((unsigned)p->n_heads, (unsigned)((hd + 31) / 32)), FD_MW * 32, 0, c->stream>>>(
         out, c->dec_ml, c->dec_p, hd, (int)nsplit, a.bf);
     CUDA_CHECK_LAUNCH("fused decode attention merge");
     return PT_OK;

@@ -60,6 +60,9 @@
  * measured 4-7% slower than 3 on the llama-3.1-8b shape: the cap costs more than the extra warps
  * gain (bench/RESULTS.md). */
 #define FD_MINB 3
+/* The same for the transposed kernel (G <= 4: fdt_block_kernel), which holds half the output
+ * accumulators and query fragments. */
+#define FD_MINB_T 4
 
 struct pt_fd_args {
     const float *q;               /* [nh, hd] */
@@ -130,6 +133,13 @@ __device__ __forceinline__ void fd_cp4(void *dst, const void *src) {
     const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
 }
+/* The same copies to a shared-memory address already computed. */
+__device__ __forceinline__ void fd_cp16s(uint32_t d, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fd_cp4s(uint32_t d, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
+}
 __device__ __forceinline__ void fd_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 /* Waits until at most n groups are pending (n is a run-time value: the ring
  * depth is chosen at launch, wait_group takes an immediate). */
@@ -188,6 +198,114 @@ template <int BITS, int D, int NG> struct fd_smem {
     __host__ __device__ static int warp_words(int stages) { return stages * STAGE + FROWS; }
 };
 
+/* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels.
+ * Per lane, fixed for every tile: chunk c = lane + 32i of a tile's code rows is row c / CPR,
+ * column c % CPR, i.e. words 4c.. of the tile's contiguous rows in the cache and (r·CST +
+ * 4·col) in the stage; lane & 15 is the key whose scale (lanes 0-15) or bias (16-31) words the
+ * lane copies and converts. */
+template <int BITS, int D, int NG> struct fd_tile_io {
+    typedef fd_smem<BITS, D, NG> L;
+    static constexpr int WPR = L::WPR, CPR = WPR / 4, CST = L::CST, SWR = L::SWR, STAGE = L::STAGE;
+    static constexpr int CH = (16 * CPR + 31) / 32; /* 16-byte chunks a lane copies per tile, K and V each */
+    int crow[CH];
+    uint32_t cdst[CH];
+    uint32_t ring_sa, sdst;
+    int sr, ssb, rb, nt;
+    const char *sk_base, *sv_base;
+    const uint32_t *kh_k, *kh_v; /* this KV head's rows */
+    int64_t capw, irow, rbase, rlo, jw, j1;
+
+    __device__ __forceinline__ void init(const pt_fd_args &a, uint32_t *ring, int lane, int64_t rbase_, int64_t rlo_,
+                                         int64_t jw_, int64_t j1_, int nt_, int rb_) {
+#pragma unroll
+        for (int i = 0; i < CH; i++) {
+            const int c = lane + 32 * i;
+            crow[i] = c < 16 * CPR ? c / CPR : 16; /* 16: never copied */
+            cdst[i] = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
+        }
+        ring_sa = (uint32_t)__cvta_generic_to_shared(ring);
+        sr = lane & 15, ssb = lane >> 4, rb = rb_, nt = nt_;
+        sk_base = reinterpret_cast<const char *>(ssb ? a.kb : a.ks);
+        sv_base = reinterpret_cast<const char *>(ssb ? a.vb : a.vs);
+        sdst = (uint32_t)(32 * CST + (ssb * 16 + sr) * SWR) * 4u;
+        capw = a.cap * WPR, rbase = rbase_, rlo = rlo_, jw = jw_, j1 = j1_;
+        kh_k = a.k + rbase * WPR + 4 * lane, kh_v = a.v + rbase * WPR + 4 * lane;
+        /* the cache row (within the head) of the next tile issue() copies: tiles are issued in
+         * order k = 0, 1, 2, ..., each 16·FD_WARPS keys after the last, so the row is kept as a
+         * counter wrapped by compares (no division, no 64-bit product per tile) */
+        irow = rlo + jw;
+        while (irow >= a.cap) irow -= a.cap;
+    }
+
+    /* cp.async of tile k into ring slot `slot` (= k mod NS, kept as a counter by the caller:
+     * no division per tile); nothing past the warp's tiles, but a group is committed either way
+     * so the wait counts stay uniform. Rows past j1 are not copied: their codes are never used
+     * unmasked and their f32 scales are written as 0 by scales(). Rows past the ring's end (a
+     * tile that wraps, rem < 16) are read one capacity back. */
+    __device__ __forceinline__ void issue(const pt_fd_args &a, int k, int slot) {
+        if (k < nt) {
+            const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
+            const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+            const int64_t r0 = irow, rem = a.cap - r0; /* rows r >= rem wrap to the ring's start */
+            irow += 16 * FD_WARPS;
+            while (irow >= a.cap) irow -= a.cap;
+            const uint32_t *pk = kh_k + r0 * WPR, *pv = kh_v + r0 * WPR;
+            const uint32_t sa = ring_sa + (uint32_t)(slot * STAGE) * 4u;
+#pragma unroll
+            for (int i = 0; i < CH; i++)
+                if (crow[i] < valid) {
+                    const int64_t o = 128 * i - (crow[i] >= rem ? capw : 0);
+                    fd_cp16s(sa + cdst[i], pk + o);
+                    fd_cp16s(sa + cdst[i] + 16 * CST * 4, pv + o);
+                }
+            if (sr < valid) {
+                /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
+                 * row starts 2-byte aligned); with 2-byte values and an odd group count
+                 * the last word of the array's last row reaches 2 bytes past it, inside the
+                 * allocation's granule (cudaMalloc allocations are 256-byte granular) */
+                const int64_t off = (rbase + r0 + sr - (sr >= rem ? a.cap : 0)) * rb;
+                const int cnt = (int)(((off + rb - 1) >> 2) - (off >> 2)) + 1;
+                const char *sk = sk_base + (off & ~(int64_t)3), *sv = sv_base + (off & ~(int64_t)3);
+                const uint32_t dk = sa + sdst, dv = dk + 32 * SWR * 4;
+#pragma unroll
+                for (int w = 0; w < NG; w++)
+                    if (w < cnt) fd_cp4s(dk + 4 * w, sk + 4 * w), fd_cp4s(dv + 4 * w, sv + 4 * w);
+            }
+        }
+        fd_commit();
+    }
+
+    /* The landed tile's scales and biases (stage st, keys jt..) to f32 rows kf, vf [16][NG]
+     * (scale, bias); 0 past the valid keys. */
+    __device__ __forceinline__ void scales(const pt_fd_args &a, const uint32_t *st, float2 *kf, float2 *vf, int valid,
+                                           int64_t jt) const {
+        const int r = sr, sb = ssb;
+        int off = 0;
+        if (r < valid && (rb & 3)) {
+            const int64_t rr = rlo + jt + r;
+            off = (int)(((rbase + (rr >= a.cap ? rr - a.cap : rr)) * rb) & 3);
+        }
+        const char *pk = reinterpret_cast<const char *>(st + 32 * CST + (sb * 16 + r) * SWR) + off;
+        const char *pv = pk + 32 * SWR * 4;
+        float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb, *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++) {
+            float xk = 0.f, xv = 0.f;
+            if (r < valid) {
+                if (a.dt == PT_FT_F32)
+                    xk = reinterpret_cast<const float *>(pk)[gr], xv = reinterpret_cast<const float *>(pv)[gr];
+                else if (a.dt == PT_FT_BF16)
+                    xk = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pk)[gr]),
+                    xv = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pv)[gr]);
+                else
+                    xk = __half2float(reinterpret_cast<const __half *>(pk)[gr]),
+                    xv = __half2float(reinterpret_cast<const __half *>(pv)[gr]);
+            }
+            fk[2 * gr] = xk, fv[2 * gr] = xv;
+        }
+    }
+};
+
 template <int BITS, int GS, int D, int G>
 __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
@@ -196,7 +314,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     constexpr int NKW = BITS == 4 ? D / 32 : D / 16; /* K words a thread reads per row */
     constexpr int KSG = GS / 16;                     /* k-steps per group */
     typedef fd_smem<BITS, D, NG> L;
-    constexpr int CST = L::CST, SWR = L::SWR, STAGE = L::STAGE, CPR = WPR / 4; /* 16-byte chunks per code row */
+    constexpr int CST = L::CST, STAGE = L::STAGE;
     static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
     __shared__ float qs[G][D];
     __shared__ float qsum[G][NG];
@@ -218,10 +336,6 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
     const int64_t rbase = (int64_t)kh * a.cap, rlo = lo % a.cap;
     /* the cache row of key j (position lo + j in the ring): one division per thread, not per key */
-    auto rowof = [&](int64_t j) -> int64_t {
-        const int64_t r = rlo + j;
-        return rbase + (r >= a.cap ? r - a.cap : r);
-    };
     const int esz = a.dt == PT_FT_F32 ? 4 : 2, rb = NG * esz; /* bytes of a row of scales */
 
     /* this warp's tiles: keys jt(k) = j0 + 16·(warp + FD_WARPS·k), k < nt */
@@ -233,46 +347,9 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
      * unmasked and their f32 scales are written as 0 below. Addresses: the tile's first cache
      * row once (64-bit), then each lane's chunks at offsets fixed per lane (its rows and
      * columns do not depend on the tile), minus one capacity for the rows past the ring's end. */
-    constexpr int CH = (16 * CPR + 31) / 32; /* 16-byte chunks a lane copies per tile, K and V each */
-    auto issue = [&](int k, int slot) {
-        if (k < nt) {
-            const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
-            const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
-            int64_t r0 = rlo + jt; /* < 2·cap */
-            if (r0 >= a.cap) r0 -= a.cap;
-            const int64_t rem = a.cap - r0; /* rows r >= rem wrap to the ring's start */
-            const int64_t row0 = rbase + r0;
-            const uint32_t *pk = a.k + row0 * WPR, *pv = a.v + row0 * WPR;
-            uint32_t *st = ring + slot * STAGE;
-#pragma unroll
-            for (int i = 0; i < CH; i++) { /* chunk c = lane + 32i: row c / CPR, column c % CPR */
-                const int c = lane + 32 * i, r = c / CPR, col = c % CPR;
-                if (c < 16 * CPR && r < valid) {
-                    const int64_t o = (int64_t)(r * WPR + 4 * col) - (r >= rem ? a.cap * WPR : 0);
-                    fd_cp16(st + r * CST + 4 * col, pk + o);
-                    fd_cp16(st + (16 + r) * CST + 4 * col, pv + o);
-                }
-            }
-            { /* key lane & 15: the scales (lanes 0-15) or biases (16-31) of K and V */
-                const int r = lane & 15, sb = lane >> 4;
-                if (r < valid) {
-                    /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
-                     * row starts 2-byte aligned); with 2-byte values and an odd group count
-                     * the last word of the array's last row reaches 2 bytes past it, inside the
-                     * allocation's granule (cudaMalloc allocations are 256-byte granular) */
-                    const int64_t off = (row0 + r - (r >= rem ? a.cap : 0)) * rb;
-                    const int cnt = (int)(((off + rb - 1) >> 2) - (off >> 2)) + 1;
-                    const uint32_t *sk = reinterpret_cast<const uint32_t *>(sb ? a.kb : a.ks) + (off >> 2);
-                    const uint32_t *sv = reinterpret_cast<const uint32_t *>(sb ? a.vb : a.vs) + (off >> 2);
-                    uint32_t *dk = st + 32 * CST + (sb * 16 + r) * SWR, *dv = dk + 32 * SWR;
-#pragma unroll
-                    for (int w = 0; w < NG; w++)
-                        if (w < cnt) fd_cp4(dk + w, sk + w), fd_cp4(dv + w, sv + w);
-                }
-            }
-        }
-        fd_commit();
-    };
+    fd_tile_io<BITS, D, NG> io;
+    io.init(a, ring, lane, rbase, rlo, jw, j1, nt, rb);
+    auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
     for (int k = 0; k < NS - 1; k++) issue(k, k); /* the ring fills while the queries are prepared */
 
     /* the pre-scaled queries (rounded like the exact path) and their group sums */
@@ -329,28 +406,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
         const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
-        { /* lane: key lane & 15, the scales (lanes 0-15) or biases (16-31) of K and V */
-            const int r = lane & 15, sb = lane >> 4;
-            const int off = r < valid && (rb & 3) ? (int)((rowof(jt + r) * rb) & 3) : 0;
-            const char *pk = reinterpret_cast<const char *>(st + 32 * CST + (sb * 16 + r) * SWR) + off;
-            const char *pv = pk + 32 * SWR * 4;
-            float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb, *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
-#pragma unroll
-            for (int gr = 0; gr < NG; gr++) {
-                float xk = 0.f, xv = 0.f;
-                if (r < valid) {
-                    if (a.dt == PT_FT_F32)
-                        xk = reinterpret_cast<const float *>(pk)[gr], xv = reinterpret_cast<const float *>(pv)[gr];
-                    else if (a.dt == PT_FT_BF16)
-                        xk = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pk)[gr]),
-                        xv = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pv)[gr]);
-                    else
-                        xk = __half2float(reinterpret_cast<const __half *>(pk)[gr]),
-                        xv = __half2float(reinterpret_cast<const __half *>(pv)[gr]);
-                }
-                fk[2 * gr] = xk, fv[2 * gr] = xv;
-            }
-        }
+        io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
         float s[2][2];
 #pragma unroll
@@ -512,6 +568,295 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     }
 }
 
+/* The block kernel for G <= 4 query heads per KV head, with the operands of both products
+ * transposed (PETREL_CUDA_FD_T=0: fd_block_kernel above for every G). The codes are the A
+ * operand and the queries or probabilities the B operand, whose 8 columns are the G heads'
+ * hi and lo parts (column 2h: head h's hi, 2h + 1: its lo), so an MMA covers 16 keys (scores)
+ * or 16 dims (p·V) instead of 8 and the 8 columns are all used at G = 4:
+ *   scores  S^T[j, 2h + x] = Σ_e code[j, e]·q_x[h, e]   (16 keys × 16 dims of one group a k-step)
+ *   output  O^T[e, 2h + x] = Σ_j code[j, e]·(p·sc)_x[h, j]
+ * Half the MMAs and half the accumulators of fd_block_kernel (which puts the heads in A's rows,
+ * using 2G of its 16): 8 + 8 per 16-key tile at head_dim 128, 32 registers of output. Each code
+ * is still converted once, by the same LOP3 / HFMA2 pairs. A thread's scores are keys g and
+ * g + 8 of head t (its accumulator columns 2t, 2t + 1 added: hi + lo), so the tile's
+ * probabilities reach the p·V operand's layout (keys 2t, 2t + 1, 2t + 8, 2t + 9 of column g)
+ * through a 64-float array of the warp in shared memory. The same quantities as the kernel
+ * above (scores with its rounding points, online softmax per 16-key tile, bias term on the
+ * side), other summation orders within a tile. */
+template <int BITS, int D, int NG> struct fdt_smem {
+    typedef fd_smem<BITS, D, NG> L;
+    static constexpr int PS = 4 * 16; /* the tile's probabilities [head][key] */
+    __host__ __device__ static int warp_words(int stages) { return L::warp_words(stages) + PS; }
+};
+
+template <int BITS, int GS, int D, int G>
+__global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_block_kernel(pt_fd_args a) {
+    static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
+    static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= 4, "shape");
+    constexpr int NG = D / GS, KS = D / 16, WPR = D * BITS / 32;
+    constexpr int KSG = GS / 16; /* k-steps per group */
+    typedef fd_smem<BITS, D, NG> L;
+    typedef fdt_smem<BITS, D, NG> LT;
+    constexpr int CST = L::CST, STAGE = L::STAGE;
+    static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
+    __shared__ float qs[G][D];
+    __shared__ float qsum[G][NG];
+    __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
+    extern __shared__ __align__(16) uint32_t fd_dyn[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, NS = a.stages;
+    uint32_t *ring = fd_dyn + warp * LT::warp_words(NS);
+    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
+    float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
+    float *ps = reinterpret_cast<float *>(ring + L::warp_words(NS)); /* [4][16] */
+
+    const int64_t hi = a.pos[0];
+    int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    int64_t n = hi - lo + 1;
+    if (n > a.cap) n = a.cap, lo = hi - n + 1;
+    if (n < 0) n = 0;
+    const int64_t per = (n + nsplit - 1) / nsplit;
+    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
+    const int64_t rbase = (int64_t)kh * a.cap, rlo = lo % a.cap;
+    const int esz = a.dt == PT_FT_F32 ? 4 : 2, rb = NG * esz;
+    const int64_t jw = j0 + 16 * warp;
+    const int nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
+    fd_tile_io<BITS, D, NG> io;
+    io.init(a, ring, lane, rbase, rlo, jw, j1, nt, rb);
+    auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
+    for (int k = 0; k < NS - 1; k++) issue(k, k);
+
+    for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
+        qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
+    __syncthreads();
+    for (int i = warp; i < G * NG; i += FD_WARPS) {
+        float s = 0.f;
+        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+        s = pt_warp_sum(s);
+        if (lane == 0) qsum[i / NG][i % NG] = s;
+    }
+    __syncthreads();
+    /* B fragments of the scores: column g = head g / 2, its hi (g even) or lo part */
+    const int hq = g >> 1;
+    uint32_t qb[KS][2];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float x0 = hq < G ? qs[hq][fd_kdim<BITS>(ks, t, 2 * r)] : 0.f;
+            const float x1 = hq < G ? qs[hq][fd_kdim<BITS>(ks, t, 2 * r + 1)] : 0.f;
+            uint32_t h2, l2;
+            fd_split(x0, x1, h2, l2);
+            qb[ks][r] = g & 1 ? l2 : h2;
+        }
+    /* this thread's head in the score layout: t (lanes with t >= G carry nothing) */
+    float qg[NG];
+#pragma unroll
+    for (int gr = 0; gr < NG; gr++) qg[gr] = t < G ? qsum[t][gr] : 0.f;
+
+    float m = -INFINITY, l = 0.f; /* head t: running max, this thread's share of the sum */
+    float o[KS][4];               /* m-tile i: dims (rows) g, g + 8; columns 2t, 2t + 1 = head t hi, lo */
+    float bsum[NG];               /* head t: Σ p·bias per group (this thread's keys) */
+#pragma unroll
+    for (int i = 0; i < KS; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+#pragma unroll
+    for (int gr = 0; gr < NG; gr++) bsum[gr] = 0.f;
+    /* V, 4 bits: m-tile i = dims 16i..16i+15, row g = nibble g of word 2i, row g + 8 = nibble g of
+     * word 2i + 1: byte g/2 of two keys' words moved by one byte permute, the nibble taken by fd_deq */
+    const uint32_t vsel = (uint32_t)(g >> 1) | ((uint32_t)(4 + (g >> 1)) << 8);
+    const uint32_t vmask = g & 1 ? 0x00f000f0u : 0x000f000fu, vmul = g & 1 ? FD_H2_16TH : FD_H2_1,
+                   vadd = g & 1 ? FD_H2_M64 : FD_H2_M1024;
+    /* V, 8 bits: m-tile 2c + u, row g = byte g & 3 of word 8c + 4(g >> 2) + u, row g + 8 the same
+     * of word + 2 (a thread reads 4 consecutive words of a key with one 16-byte load) */
+    const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
+    const uint32_t c64 = 0x64006400u;
+
+    for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
+        issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1);
+        if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else fd_wait(NS - 1);
+        __syncwarp();
+        const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
+        const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+        const uint32_t *st = ring + slot * STAGE;
+        io.scales(a, st, kf, vf, valid, jt);
+        __syncwarp();
+        /* scores: rows = keys g, g + 8 of the tile */
+        float acc[2] = {0.f, 0.f};
+        {
+            const uint32_t *kr0 = st + g * CST, *kr1 = st + (8 + g) * CST;
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int kk = 0; kk < KSG; kk++) {
+                    const int ks = gr * KSG + kk;
+                    uint32_t a0, a1, a2, a3;
+                    if (BITS == 4) {
+                        const uint32_t w0 = kr0[4 * (ks >> 1) + t] >> (8 * (ks & 1));
+                        const uint32_t w1 = kr1[4 * (ks >> 1) + t] >> (8 * (ks & 1));
+                        a0 = fd_deq_c<0x000f000fu>(w0, c64, FD_H2_1, FD_H2_M1024);
+                        a1 = fd_deq_c<0x000f000fu>(w1, c64, FD_H2_1, FD_H2_M1024);
+                        a2 = fd_deq_c<0x00f000f0u>(w0, c64, FD_H2_16TH, FD_H2_M64);
+                        a3 = fd_deq_c<0x00f000f0u>(w1, c64, FD_H2_16TH, FD_H2_M64);
+                    } else {
+                        const uint32_t w0 = kr0[4 * ks + t], w1 = kr1[4 * ks + t];
+                        a0 = fd_unbias(__byte_perm(w0, 0x64646464u, 0x4140));
+                        a1 = fd_unbias(__byte_perm(w1, 0x64646464u, 0x4140));
+                        a2 = fd_unbias(__byte_perm(w0, 0x64646464u, 0x4342));
+                        a3 = fd_unbias(__byte_perm(w1, 0x64646464u, 0x4342));
+                    }
+                    fd_mma(c, a0, a1, a2, a3, qb[ks][0], qb[ks][1]);
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float2 sb = kf[(8 * i + g) * NG + gr];
+                    acc[i] = fmaf(sb.y, qg[gr], fmaf(sb.x, c[2 * i] + c[2 * i + 1], acc[i]));
+                }
+            }
+        }
+        float s[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float v = pt_rnd(a.bf, acc[i]);
+            if (a.softcap > 0.f) v = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, v / a.softcap))) * a.softcap);
+            s[i] = 8 * i + g < valid ? v : -INFINITY;
+        }
+        /* online softmax for head t over the tile's 16 keys (lanes t, t + 4, ..., t + 28) */
+        float mt = fmaxf(s[0], s[1]);
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
+        const float mn = fmaxf(m, mt);
+        const float f = m == -INFINITY ? 0.f : expf(m - mn);
+        float p[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) p[i] = s[i] == -INFINITY ? 0.f : expf(s[i] - mn);
+        l = l * f + (p[0] + p[1]);
+        m = mn;
+        if (f != 1.f) {
+#pragma unroll
+            for (int i = 0; i < KS; i++) o[i][0] *= f, o[i][1] *= f, o[i][2] *= f, o[i][3] *= f;
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) bsum[gr] *= f;
+        }
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) bsum[gr] = fmaf(p[i], vf[(8 * i + g) * NG + gr].y, bsum[gr]);
+        if (t < G) ps[t * 16 + g] = p[0], ps[t * 16 + 8 + g] = p[1];
+        __syncwarp();
+        /* B fragments of p·V per group: keys 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column g,
+         * p·scale's hi (g even) or lo part */
+        uint32_t pb[NG][2];
+        {
+            float pk[4] = {0.f, 0.f, 0.f, 0.f};
+            if (hq < G) {
+                const float2 u0 = *reinterpret_cast<const float2 *>(ps + hq * 16 + 2 * t);
+                const float2 u1 = *reinterpret_cast<const float2 *>(ps + hq * 16 + 8 + 2 * t);
+                pk[0] = u0.x, pk[1] = u0.y, pk[2] = u1.x, pk[3] = u1.y;
+            }
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float x[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) x[j] = pk[j] * vf[(2 * t + (j & 1) + 8 * (j >> 1)) * NG + gr].x;
+                uint32_t h0, l0, h1, l1;
+                fd_split(x[0], x[1], h0, l0);
+                fd_split(x[2], x[3], h1, l1);
+                pb[gr][0] = g & 1 ? l0 : h0;
+                pb[gr][1] = g & 1 ? l1 : h1;
+            }
+        }
+        /* A fragments: V codes of keys 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3) */
+        const uint32_t *vrow[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) vrow[r] = st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST;
+        if (BITS == 4) {
+#pragma unroll
+            for (int c4 = 0; c4 < WPR / 4; c4++) {
+                uint32_t w[4][4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r])[c4];
+                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
+                }
+#pragma unroll
+                for (int h2 = 0; h2 < 2; h2++) {
+                    const int i = 2 * c4 + h2, gr = 16 * i / GS;
+                    const uint32_t a0 = fd_deq(__byte_perm(w[0][2 * h2], w[1][2 * h2], vsel), vmask, vmul, vadd);
+                    const uint32_t a1 = fd_deq(__byte_perm(w[0][2 * h2 + 1], w[1][2 * h2 + 1], vsel), vmask, vmul, vadd);
+                    const uint32_t a2 = fd_deq(__byte_perm(w[2][2 * h2], w[3][2 * h2], vsel), vmask, vmul, vadd);
+                    const uint32_t a3 = fd_deq(__byte_perm(w[2][2 * h2 + 1], w[3][2 * h2 + 1], vsel), vmask, vmul, vadd);
+                    fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c8 = 0; c8 < WPR / 8; c8++) {
+                uint32_t w[4][4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r] + 8 * c8 + 4 * (g >> 2))[0];
+                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
+                }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int i = 2 * c8 + u, gr = 32 * c8 / GS;
+                    const uint32_t a0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
+                    const uint32_t a1 = fd_byte2(__byte_perm(w[0][u + 2], w[1][u + 2], bsel));
+                    const uint32_t a2 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
+                    const uint32_t a3 = fd_byte2(__byte_perm(w[2][u + 2], w[3][u + 2], bsel));
+                    fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                }
+            }
+        }
+        __syncwarp(); /* every lane is done with stage k % NS and ps before the next tile */
+    }
+    fd_wait(0);
+    /* head t's sum and bias sums over the 8 lanes that hold it */
+#pragma unroll
+    for (int o2 = 4; o2 < 32; o2 <<= 1) {
+        l += __shfl_xor_sync(0xffffffffu, l, o2);
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++) bsum[gr] += __shfl_xor_sync(0xffffffffu, bsum[gr], o2);
+    }
+    __syncwarp();
+    float *wo = reinterpret_cast<float *>(ring);
+    if (t < G) {
+        if (g == 0) wm[warp][t] = m, wl[warp][t] = l;
+#pragma unroll
+        for (int i = 0; i < KS; i++) {
+            int e0, e1, gr;
+            if (BITS == 4) e0 = 16 * i + g, e1 = e0 + 8, gr = 16 * i / GS;
+            else {
+                const int c8 = i >> 1, u = i & 1;
+                e0 = 32 * c8 + 16 * (g >> 2) + 4 * u + (g & 3), e1 = e0 + 8, gr = 32 * c8 / GS;
+            }
+            wo[t * D + e0] = (o[i][0] + o[i][1]) + bsum[gr];
+            wo[t * D + e1] = (o[i][2] + o[i][3]) + bsum[gr];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
+        const int gh = idx / D, e = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
+        float Lsum = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < FD_WARPS; w++)
+            if (wm[w][gh] != -INFINITY) {
+                const float f = expf(wm[w][gh] - M);
+                Lsum += wl[w][gh] * f;
+                O += reinterpret_cast<const float *>(fd_dyn + w * LT::warp_words(NS))[gh * D + e] * f;
+            }
+        const int64_t h = (int64_t)kh * G + gh;
+        a.P[(h * a.nsplit + split) * D + e] = O;
+        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
+    }
+}
+
 /* The fused decode attention (kv_fused.cu): one query row (T == 1) over a
  * 4- or 8-bit cache. PT_ERR_UNSUPPORTED naming the configuration when no
  * kernel exists for it. */
@@ -527,6 +872,8 @@ pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs
 pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
 /* PETREL_CUDA_FD_STAGES (2..8; 0 or unset: the default, 2), read once. */
 int pt_fd_env_stages(void);
+/* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
+int pt_fd_env_t(void);
 
 /* The ring depth: PETREL_CUDA_FD_STAGES, else 2 tiles per warp (one in
  * flight while one is computed; 3 and 4 measured no faster: bench/RESULTS.md),
@@ -535,25 +882,30 @@ int pt_fd_env_stages(void);
 template <int B, int GS, int D, int G>
 static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
     typedef fd_smem<B, D, D / GS> L;
-    static int s_stages, s_occ; /* per instantiation; the same values on every call */
+    typedef fdt_smem<B, D, D / GS> LT;
+    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0 */
+    constexpr bool TK = G <= 4;
+    const bool tk = TK && pt_fd_env_t();
+    static int s_stages, s_occ, s_tk = -1; /* per instantiation; the same values on every call */
+    auto kern = tk ? fdt_block_kernel<B, GS, D, (TK ? G : 1)> : fd_block_kernel<B, GS, D, G>;
     if (occ) {
-        if (!s_stages) {
-            const int ns = pt_fd_env_stages() ? pt_fd_env_stages() : 2, bytes = L::warp_words(ns) * 4 * FD_WARPS;
+        if (s_tk < 0) {
+            const int ns = pt_fd_env_stages() ? pt_fd_env_stages() : 2;
+            const int words = tk ? LT::warp_words(ns) : L::warp_words(ns), bytes = words * 4 * FD_WARPS;
             if (L::warp_words(ns) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
                                                                       * must fit a warp's region */
-            CUDA_CHECK(cudaFuncSetAttribute(fd_block_kernel<B, GS, D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            bytes));
+            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
             int o = 0;
-            CUDA_CHECK(
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fd_block_kernel<B, GS, D, G>, FD_THREADS, bytes));
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, FD_THREADS, bytes));
             if (o < 1) return PT_ERR_UNSUPPORTED;
-            s_occ = o, s_stages = ns;
+            s_occ = o, s_stages = ns, s_tk = tk;
         }
         a.stages = s_stages;
         *occ = s_occ;
         return PT_OK;
     }
-    fd_block_kernel<B, GS, D, G><<<grid, FD_THREADS, (size_t)L::warp_words(a.stages) * 4 * FD_WARPS, st>>>(a);
+    const size_t bytes = (size_t)(tk ? LT::warp_words(a.stages) : L::warp_words(a.stages)) * 4 * FD_WARPS;
+    kern<<<grid, FD_THREADS, bytes, st>>>(a);
     return PT_OK;
 }
 
