@@ -27,10 +27,13 @@
  * by every lane of the warp (its (max, sum) a broadcast load); the FD_MW
  * warps' partial outputs and sums are added in warp order. A fixed order
  * whatever the scheduling. The whole merge is a few hundred KB of reads, so
- * what costs is latency: the previous form (a block per head, one thread
- * adding the sum L over all splits while the others waited) ran on 32 SMs
- * of 132 for 7–9 µs a layer at 49 splits (ncu, bench/RESULTS.md). */
-#define FD_MW 8
+ * what costs is latency: a warp's first FD_MU splits are loaded before the
+ * block's max (one round trip for both, up to FD_MW·FD_MU = 96 splits).
+ * The previous form (a block per head, one thread adding the sum L over all
+ * splits while the others waited) ran on 32 SMs of 132 for 7–9 µs a layer
+ * at 49 splits (ncu, bench/RESULTS.md). */
+#define FD_MW 8  /* warps of a merge block */
+#define FD_MU 12 /* splits a warp loads at once */
 __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd,
                                                                int nsplit, int bf) {
     pt_release_dependents();
@@ -38,28 +41,37 @@ __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const 
     const int64_t h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, e = blockIdx.y * 32 + lane;
     const float2 *ml = ML + h * nsplit;
+    const float *pe = P + h * nsplit * hd + (e < hd ? e : 0);
+    /* the warp's first FD_MU splits' (max, sum) and partials loaded before the block's max is
+     * known (one round trip for both), the rest (more than FD_MW·FD_MU splits) after */
+    float2 m4[FD_MU];
+    float v4[FD_MU];
+#pragma unroll
+    for (int u = 0; u < FD_MU; u++) {
+        const int s = warp + u * FD_MW;
+        m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
+        v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
+    }
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < nsplit; s += FD_MW * 32) mx = fmaxf(mx, ml[s].x);
     const float M = pt_block_max(mx, red);
-    const float *pe = P + h * nsplit * hd + (e < hd ? e : 0);
     float o = 0.f, L = 0.f;
-    /* 4 splits' loads in flight before their adds (the adds stay in split order) */
-    for (int s0 = warp; s0 < nsplit; s0 += 4 * FD_MW) {
-        float2 m4[4];
-        float v4[4];
+    for (int s0 = warp;;) { /* split order within the warp */
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int s = s0 + u * FD_MW;
-            m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
-            v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++)
+        for (int u = 0; u < FD_MU; u++)
             if (m4[u].x != -INFINITY) {
                 const float w = expf(m4[u].x - M);
                 L = fmaf(m4[u].y, w, L);
                 o = fmaf(v4[u], w, o);
             }
+        s0 += FD_MU * FD_MW;
+        if (s0 >= nsplit) break;
+#pragma unroll
+        for (int u = 0; u < FD_MU; u++) {
+            const int s = s0 + u * FD_MW;
+            m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
+            v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
+        }
     }
     po[warp][lane] = o;
     if (lane == 0) pl[warp] = L;
