@@ -198,6 +198,74 @@ template <int BITS, int D, int NG> struct fd_smem {
     __host__ __device__ static int warp_words(int stages) { return stages * STAGE + FROWS; }
 };
 
+/* The byte permute and nibble extraction (fd_deq) that give lane row / column g of a V code pair:
+ * byte g/2 of two keys' words, its low (g even) or high nibble. */
+struct fd_vsel {
+    uint32_t sel, mask, mul, add;
+};
+__device__ __forceinline__ fd_vsel fd_vsel_of(int g) {
+    fd_vsel v;
+    v.sel = (uint32_t)(g >> 1) | ((uint32_t)(4 + (g >> 1)) << 8);
+    v.mask = g & 1 ? 0x00f000f0u : 0x000f000fu, v.mul = g & 1 ? FD_H2_16TH : FD_H2_1;
+    v.add = g & 1 ? FD_H2_M64 : FD_H2_M1024;
+    return v;
+}
+
+/* The V code words 4c..4c+3 (word = 4c) of keys 2t, 2t + 1, 2t + 8, 2t + 9 of a landed stage st
+ * (rows CST words apart, V after the 16 K rows), as w[key][word]. */
+template <int CST>
+__device__ __forceinline__ void fd_vwords(const uint32_t *st, int t, int word, uint32_t (&w)[4][4]) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST + word);
+        w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
+    }
+}
+
+/* The pre-scaled queries of KV head kh's G heads (rounded like the exact path) into qs and
+ * their group sums into qsum (a warp per (head, group), lanes in fixed order); ends with the
+ * block's barrier. */
+template <int G, int D, int GS>
+__device__ __forceinline__ void fd_queries(const pt_fd_args &a, int kh, float (&qs)[G][D], float (&qsum)[G][D / GS],
+                                           int warp, int lane) {
+    constexpr int NG = D / GS;
+    for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
+        qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
+    __syncthreads();
+    for (int i = warp; i < G * NG; i += FD_WARPS) {
+        float s = 0.f;
+        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+        s = pt_warp_sum(s);
+        if (lane == 0) qsum[i / NG][i % NG] = s;
+    }
+    __syncthreads();
+}
+
+/* The block's partial per head: the warps' (max, sum) and partial outputs (warp w's [G][D] at
+ * dyn + w·words) merged in warp order, written for the merge kernel. */
+template <int G, int D>
+__device__ __forceinline__ void fd_block_out(const pt_fd_args &a, const float (&wm)[FD_WARPS][G],
+                                             const float (&wl)[FD_WARPS][G], const uint32_t *dyn, int words, int kh,
+                                             int split) {
+    for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
+        const int gh = idx / D, e = idx % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
+        float Lsum = 0.f, O = 0.f;
+#pragma unroll
+        for (int w = 0; w < FD_WARPS; w++)
+            if (wm[w][gh] != -INFINITY) {
+                const float f = expf(wm[w][gh] - M);
+                Lsum += wl[w][gh] * f;
+                O += reinterpret_cast<const float *>(dyn + w * words)[gh * D + e] * f;
+            }
+        const int64_t h = (int64_t)kh * G + gh;
+        a.P[(h * a.nsplit + split) * D + e] = O;
+        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
+    }
+}
+
 /* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels.
  * Per lane, fixed for every tile: chunk c = lane + 32i of a tile's code rows is row c / CPR,
  * column c % CPR, i.e. words 4c.. of the tile's contiguous rows in the cache and (r·CST +
@@ -215,8 +283,21 @@ template <int BITS, int D, int NG> struct fd_tile_io {
     const uint32_t *kh_k, *kh_v; /* this KV head's rows */
     int64_t capw, irow, rbase, rlo, jw, j1;
 
-    __device__ __forceinline__ void init(const pt_fd_args &a, uint32_t *ring, int lane, int64_t rbase_, int64_t rlo_,
-                                         int64_t jw_, int64_t j1_, int nt_, int rb_) {
+    /* The block's key range (positions lo + [0, n), this split's share [j0, j1), from the
+     * query's position on the device), this warp's tiles (keys jw + 16·FD_WARPS·k, k < nt) and
+     * the lane's fixed copy offsets. */
+    __device__ __forceinline__ void init(const pt_fd_args &a, uint32_t *ring, int warp, int lane) {
+        const int64_t hi = a.pos[0];
+        int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+        int64_t n = hi - lo + 1;
+        if (n > a.cap) n = a.cap, lo = hi - n + 1;
+        if (n < 0) n = 0;
+        const int64_t per = (n + gridDim.y - 1) / gridDim.y, j0 = blockIdx.y * per;
+        j1 = j0 + per < n ? j0 + per : n;
+        rbase = (int64_t)blockIdx.x * a.cap, rlo = lo % a.cap;
+        rb = NG * (a.dt == PT_FT_F32 ? 4 : 2); /* bytes of a row of scales */
+        jw = j0 + 16 * warp;
+        nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
 #pragma unroll
         for (int i = 0; i < CH; i++) {
             const int c = lane + 32 * i;
@@ -224,11 +305,11 @@ template <int BITS, int D, int NG> struct fd_tile_io {
             cdst[i] = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
         }
         ring_sa = (uint32_t)__cvta_generic_to_shared(ring);
-        sr = lane & 15, ssb = lane >> 4, rb = rb_, nt = nt_;
+        sr = lane & 15, ssb = lane >> 4;
         sk_base = reinterpret_cast<const char *>(ssb ? a.kb : a.ks);
         sv_base = reinterpret_cast<const char *>(ssb ? a.vb : a.vs);
         sdst = (uint32_t)(32 * CST + (ssb * 16 + sr) * SWR) * 4u;
-        capw = a.cap * WPR, rbase = rbase_, rlo = rlo_, jw = jw_, j1 = j1_;
+        capw = a.cap * WPR;
         kh_k = a.k + rbase * WPR + 4 * lane, kh_v = a.v + rbase * WPR + 4 * lane;
         /* the cache row (within the head) of the next tile issue() copies: tiles are issued in
          * order k = 0, 1, 2, ..., each 16·FD_WARPS keys after the last, so the row is kept as a
@@ -321,48 +402,18 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
     uint32_t *ring = fd_dyn + warp * L::warp_words(NS);
     float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
     float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
 
-    /* the key range: positions lo + [0, n), this split's share [j0, j1) */
-    const int64_t hi = a.pos[0];
-    int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
-    int64_t n = hi - lo + 1;
-    if (n > a.cap) n = a.cap, lo = hi - n + 1;
-    if (n < 0) n = 0;
-    const int64_t per = (n + nsplit - 1) / nsplit;
-    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
-    const int64_t rbase = (int64_t)kh * a.cap, rlo = lo % a.cap;
-    /* the cache row of key j (position lo + j in the ring): one division per thread, not per key */
-    const int esz = a.dt == PT_FT_F32 ? 4 : 2, rb = NG * esz; /* bytes of a row of scales */
-
-    /* this warp's tiles: keys jt(k) = j0 + 16·(warp + FD_WARPS·k), k < nt */
-    const int64_t jw = j0 + 16 * warp;
-    const int nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
-    /* cp.async of tile k into ring slot `slot` (= k mod NS, kept as a counter by the caller:
-     * no division per tile); nothing past the warp's tiles, but a group is committed either way
-     * so the wait counts stay uniform. Rows past j1 are not copied: their codes are never used
-     * unmasked and their f32 scales are written as 0 below. Addresses: the tile's first cache
-     * row once (64-bit), then each lane's chunks at offsets fixed per lane (its rows and
-     * columns do not depend on the tile), minus one capacity for the rows past the ring's end. */
     fd_tile_io<BITS, D, NG> io;
-    io.init(a, ring, lane, rbase, rlo, jw, j1, nt, rb);
+    io.init(a, ring, warp, lane);
+    const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
     for (int k = 0; k < NS - 1; k++) issue(k, k); /* the ring fills while the queries are prepared */
 
-    /* the pre-scaled queries (rounded like the exact path) and their group sums */
-    for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
-        qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
-    __syncthreads();
-    for (int i = warp; i < G * NG; i += FD_WARPS) { /* a warp per (head, group), lanes in fixed order */
-        float s = 0.f;
-        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
-        s = pt_warp_sum(s);
-        if (lane == 0) qsum[i / NG][i % NG] = s;
-    }
-    __syncthreads();
+    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
     /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part (in registers;
      * reading them from shared memory per tile measured no faster, also at 4 blocks per SM) */
     uint32_t qh[KS][2], ql[KS][2];
@@ -387,9 +438,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     for (int gr = 0; gr < NG; gr++) bsum[gr] = 0.f;
     /* V, 4 bits: n-tile i = dims 8i..8i+7, column g = nibble g of word i: byte g/2 of each key's word
      * moved by one byte permute (two keys per register), the nibble taken by fd_deq */
-    const uint32_t vsel = (uint32_t)(g >> 1) | ((uint32_t)(4 + (g >> 1)) << 8);
-    const uint32_t vmask = g & 1 ? 0x00f000f0u : 0x000f000fu, vmul = g & 1 ? FD_H2_16TH : FD_H2_1,
-                   vadd = g & 1 ? FD_H2_M64 : FD_H2_M1024;
+    const fd_vsel vs4 = fd_vsel_of(g);
+    const uint32_t vsel = vs4.sel, vmask = vs4.mask, vmul = vs4.mul, vadd = vs4.add;
     /* V, 8 bits: n-tile 4c + u, column g = byte g & 3 of word 8c + 4(g >> 2) + u (a thread reads 4
      * consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
@@ -402,8 +452,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         else
             fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
-        const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
-        const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+        const int64_t jt = io.jw + (int64_t)16 * FD_WARPS * k;
+        const int valid = io.j1 - jt < 16 ? (int)(io.j1 - jt) : 16;
         const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
         io.scales(a, st, kf, vf, valid, jt);
@@ -484,18 +534,11 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
             fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
         }
         /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
-        const uint32_t *vrow[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) vrow[r] = st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST;
         if (BITS == 4) {
 #pragma unroll
             for (int c4 = 0; c4 < WPR / 4; c4++) {
                 uint32_t w[4][4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r])[c4];
-                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
-                }
+                fd_vwords<CST>(st, t, 4 * c4, w);
 #pragma unroll
                 for (int qq = 0; qq < 4; qq++) {
                     const int i = 4 * c4 + qq, gr = 8 * i / GS;
@@ -508,11 +551,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
 #pragma unroll
             for (int c8 = 0; c8 < WPR / 8; c8++) {
                 uint32_t w[4][4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r] + 8 * c8 + 4 * (g >> 2))[0];
-                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
-                }
+                fd_vwords<CST>(st, t, 8 * c8 + 4 * (g >> 2), w);
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     const int i = 4 * c8 + u, gr = 32 * c8 / GS;
@@ -549,23 +588,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     }
     __syncthreads();
     /* the block's partial per head: warps merged in order */
-    for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
-        const int gh = idx / D, e = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
-        float Lsum = 0.f, O = 0.f;
-#pragma unroll
-        for (int w = 0; w < FD_WARPS; w++)
-            if (wm[w][gh] != -INFINITY) {
-                const float f = expf(wm[w][gh] - M);
-                Lsum += wl[w][gh] * f;
-                O += reinterpret_cast<const float *>(fd_dyn + w * L::warp_words(NS))[gh * D + e] * f;
-            }
-        const int64_t h = (int64_t)kh * G + gh;
-        a.P[(h * a.nsplit + split) * D + e] = O;
-        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
-    }
+    fd_block_out<G, D>(a, wm, wl, fd_dyn, L::warp_words(NS), kh, split);
 }
 
 /* The block kernel for G <= 4 query heads per KV head, with the operands of both products
@@ -604,38 +627,19 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, nsplit = gridDim.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
     uint32_t *ring = fd_dyn + warp * LT::warp_words(NS);
     float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
     float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
     float *ps = reinterpret_cast<float *>(ring + L::warp_words(NS)); /* [4][16] */
 
-    const int64_t hi = a.pos[0];
-    int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
-    int64_t n = hi - lo + 1;
-    if (n > a.cap) n = a.cap, lo = hi - n + 1;
-    if (n < 0) n = 0;
-    const int64_t per = (n + nsplit - 1) / nsplit;
-    const int64_t j0 = split * per, j1 = j0 + per < n ? j0 + per : n;
-    const int64_t rbase = (int64_t)kh * a.cap, rlo = lo % a.cap;
-    const int esz = a.dt == PT_FT_F32 ? 4 : 2, rb = NG * esz;
-    const int64_t jw = j0 + 16 * warp;
-    const int nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
     fd_tile_io<BITS, D, NG> io;
-    io.init(a, ring, lane, rbase, rlo, jw, j1, nt, rb);
+    io.init(a, ring, warp, lane);
+    const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
     for (int k = 0; k < NS - 1; k++) issue(k, k);
 
-    for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
-        qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
-    __syncthreads();
-    for (int i = warp; i < G * NG; i += FD_WARPS) {
-        float s = 0.f;
-        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
-        s = pt_warp_sum(s);
-        if (lane == 0) qsum[i / NG][i % NG] = s;
-    }
-    __syncthreads();
+    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
     /* B fragments of the scores: column g = head g / 2, its hi (g even) or lo part */
     const int hq = g >> 1;
     uint32_t qb[KS][2];
@@ -663,9 +667,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     for (int gr = 0; gr < NG; gr++) bsum[gr] = 0.f;
     /* V, 4 bits: m-tile i = dims 16i..16i+15, row g = nibble g of word 2i, row g + 8 = nibble g of
      * word 2i + 1: byte g/2 of two keys' words moved by one byte permute, the nibble taken by fd_deq */
-    const uint32_t vsel = (uint32_t)(g >> 1) | ((uint32_t)(4 + (g >> 1)) << 8);
-    const uint32_t vmask = g & 1 ? 0x00f000f0u : 0x000f000fu, vmul = g & 1 ? FD_H2_16TH : FD_H2_1,
-                   vadd = g & 1 ? FD_H2_M64 : FD_H2_M1024;
+    const fd_vsel vs4 = fd_vsel_of(g);
+    const uint32_t vsel = vs4.sel, vmask = vs4.mask, vmul = vs4.mul, vadd = vs4.add;
     /* V, 8 bits: m-tile 2c + u, row g = byte g & 3 of word 8c + 4(g >> 2) + u, row g + 8 the same
      * of word + 2 (a thread reads 4 consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
@@ -676,8 +679,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
         if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         else fd_wait(NS - 1);
         __syncwarp();
-        const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
-        const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
+        const int64_t jt = io.jw + (int64_t)16 * FD_WARPS * k;
+        const int valid = io.j1 - jt < 16 ? (int)(io.j1 - jt) : 16;
         const uint32_t *st = ring + slot * STAGE;
         io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
@@ -769,18 +772,11 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
             }
         }
         /* A fragments: V codes of keys 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3) */
-        const uint32_t *vrow[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) vrow[r] = st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST;
         if (BITS == 4) {
 #pragma unroll
             for (int c4 = 0; c4 < WPR / 4; c4++) {
                 uint32_t w[4][4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r])[c4];
-                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
-                }
+                fd_vwords<CST>(st, t, 4 * c4, w);
 #pragma unroll
                 for (int h2 = 0; h2 < 2; h2++) {
                     const int i = 2 * c4 + h2, gr = 16 * i / GS;
@@ -795,11 +791,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
 #pragma unroll
             for (int c8 = 0; c8 < WPR / 8; c8++) {
                 uint32_t w[4][4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    const uint4 u = reinterpret_cast<const uint4 *>(vrow[r] + 8 * c8 + 4 * (g >> 2))[0];
-                    w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
-                }
+                fd_vwords<CST>(st, t, 8 * c8 + 4 * (g >> 2), w);
 #pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const int i = 2 * c8 + u, gr = 32 * c8 / GS;
@@ -838,23 +830,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
         }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
-        const int gh = idx / D, e = idx % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
-        float Lsum = 0.f, O = 0.f;
-#pragma unroll
-        for (int w = 0; w < FD_WARPS; w++)
-            if (wm[w][gh] != -INFINITY) {
-                const float f = expf(wm[w][gh] - M);
-                Lsum += wl[w][gh] * f;
-                O += reinterpret_cast<const float *>(fd_dyn + w * LT::warp_words(NS))[gh * D + e] * f;
-            }
-        const int64_t h = (int64_t)kh * G + gh;
-        a.P[(h * a.nsplit + split) * D + e] = O;
-        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
-    }
+    fd_block_out<G, D>(a, wm, wl, fd_dyn, LT::warp_words(NS), kh, split);
 }
 
 /* The fused decode attention (kv_fused.cu): one query row (T == 1) over a
