@@ -497,6 +497,21 @@ __device__ __forceinline__ void tc_stage_norm(const tc_args &a, const float *x, 
         }
 }
 
+/* Output i of a block's epilogue: its column (activation row), row within the tile and tile
+ * of the block. XP: indexed over NCOL columns (a power of two), the 16 rows of a tile on
+ * consecutive i; else over nb columns, consecutive i on consecutive columns. */
+struct tc_out {
+    int col, r16, tl;
+};
+template <bool XP, int NCOL>
+__device__ __forceinline__ tc_out tc_out_of(int i, int nb) {
+    tc_out o;
+    o.col = XP ? (i >> 4) & (NCOL - 1) : i % nb;
+    o.r16 = XP ? i & 15 : (i / nb) % 16;
+    o.tl = XP ? i / (NCOL * 16) : i / (nb * 16);
+    return o;
+}
+
 /* One block's work: block bx of the weight a describes (the tiles
  * [bx·TPB, (bx + 1)·TPB)), item blockIdx.y. Shared by the single-weight
  * kernel (bx = blockIdx.x) and the grouped one (bx counted from the
@@ -669,10 +684,10 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     float rpre = 0.f;
     if (a.radd) {
         const int i = threadIdx.x, outs = TPO * 16 * (XP ? NCOL : nb);
-        const int col = XP ? (i >> 4) & (NCOL - 1) : i % nb, r16 = XP ? i & 15 : (i / nb) % 16,
-                  tl = XP ? i / (NCOL * 16) : i / (nb * 16);
-        const int row = (bx * TPO + tl) * 16 + r16;
-        if (i < outs && row < N && !(XP && col >= nb)) rpre = a.y[b_item * (int64_t)nb * a.ldy + (int64_t)col * a.ldy + row];
+        const tc_out o = tc_out_of<XP, NCOL>(i, nb);
+        const int row = (bx * TPO + o.tl) * 16 + o.r16;
+        if (i < outs && row < N && !(XP && o.col >= nb))
+            rpre = a.y[b_item * (int64_t)nb * a.ldy + (int64_t)o.col * a.ldy + row];
     }
     if constexpr (XP) {
         if (threadIdx.x == 0) {
@@ -959,8 +974,8 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
      * thread. */
     const int outs = TPO * 16 * (XP ? NCOL : nb);
     for (int i = threadIdx.x; i < outs; i += blockDim.x) {
-        const int col = XP ? (i >> 4) & (NCOL - 1) : i % nb, r16 = XP ? i & 15 : (i / nb) % 16,
-                  tl = XP ? i / (NCOL * 16) : i / (nb * 16);
+        const tc_out oi = tc_out_of<XP, NCOL>(i, nb);
+        const int col = oi.col, r16 = oi.r16, tl = oi.tl;
         const int row = (bx * TPO + tl) * 16 + r16;
         if (row >= N || (XP && col >= nb)) continue;
         float v = 0.f;
