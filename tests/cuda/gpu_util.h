@@ -153,4 +153,13 @@ static inline void gpu_forward_on_off(const char *dir, const char *quant, void (
     free(on), free(off);
 }
 
+
+/* gpu_forward_on_off over the models a decode switch is checked on: the
+ * demo model (4-bit) and the llama-3.2-1b shape at 4 and 8 bits. */
+static inline void gpu_forward_on_off_models(void (*set)(int), unsigned long long (*count)(void), const char *what) {
+    gpu_forward_on_off("models/kjv-llama-4bit", "q4", set, count, what);
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q4", set, count, what);
+    gpu_forward_on_off("synthetic:llama-3.2-1b", "q8", set, count, what);
+}
+
 #endif

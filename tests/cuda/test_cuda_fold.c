@@ -254,9 +254,7 @@ static void test_fold_declines(void) {
 
 static void test_fold_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
-    gpu_forward_on_off("models/kjv-llama-4bit", "q4", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
-    gpu_forward_on_off("synthetic:llama-3.2-1b", "q4", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
-    gpu_forward_on_off("synthetic:llama-3.2-1b", "q8", pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
+    gpu_forward_on_off_models(pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
 }
 
 int main(void) {

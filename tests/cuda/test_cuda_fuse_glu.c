@@ -221,9 +221,7 @@ static void test_glu_op_bit_identical(void) {
 
 static void test_glu_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
-    gpu_forward_on_off("models/kjv-llama-4bit", "q4", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
-    gpu_forward_on_off("synthetic:llama-3.2-1b", "q4", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
-    gpu_forward_on_off("synthetic:llama-3.2-1b", "q8", pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
+    gpu_forward_on_off_models(pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
 }
 
 int main(void) {
