@@ -17,6 +17,8 @@
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
  * (clusters of 8 blocks, a partial quad of tiles) and of 4.
+ * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2) is
+ * checked against loop 1 at 1 and 8 rows, one to four x stages.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
@@ -38,6 +40,9 @@ void pt_cuda_tc_drift(int on);  /* gemv_tc.cu: above 8 rows, warps drift across 
 void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
 void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
+void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or the 8-warp ones (0); -1: default */
+void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
+unsigned long long pt_cuda_tc_lv2_count(void); /* launches of loop 2 so far */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
@@ -95,6 +100,74 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
     return ok;
 }
 
+/* The unrolled ring loop (loop 2) against loop 1 at T = 1 and 8 rows, bit
+ * for bit, on one weight of N × K: K 2560 gives a warp fewer blocks than a
+ * step (the tested tail only), K 14336 whole steps and a partial one, and
+ * at 8 rows four x stages. Returns 0 on a failed check. */
+static int check_loops(pt_backend *be, int bits, int gs, int64_t N, int64_t K) {
+    const int64_t ng = K / gs;
+    enum { T8 = 8 };
+    uint32_t *data = malloc((size_t)(N * K * bits / 8));
+    uint16_t *sc = malloc((size_t)(N * ng) * 2), *bi = malloc((size_t)(N * ng) * 2), *bias = malloc((size_t)N * 2);
+    for (int64_t i = 0; i < N * K * bits / 32; i++) data[i] = ru32() ^ (ru32() << 21);
+    for (int64_t i = 0; i < N * ng; i++) {
+        sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
+    }
+    for (int64_t i = 0; i < N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = data,
+                   .scales = sc, .biases = bi, .bias = bias, .bias_dtype = PT_FT_BF16};
+    NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
+    float *xh = malloc((size_t)(T8 * K) * 4), *ref = malloc((size_t)(T8 * N) * 4), *out = malloc((size_t)(T8 * N) * 4);
+    for (int64_t i = 0; i < T8 * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *x = be->ops->alloc(be, (size_t)(T8 * K) * 4), *y = be->ops->alloc(be, (size_t)(T8 * N) * 4);
+    NEED(x && y, "alloc");
+    NEED(be->ops->upload(be, x, xh, (size_t)(T8 * K) * 4) == PT_OK, "upload");
+    int ok = 1;
+    const unsigned long long c0 = pt_cuda_tc_lv2_count();
+    pt_cuda_tc_xp8(0); /* 8 rows on the 8-warp kernels, where loop 2 runs */
+    for (int T = 1; T <= T8 && ok; T += T8 - 1) {
+        pt_cuda_tc_loop(1);
+        NEED(be->ops->matmul(be, y, x, T, &w, 0) == PT_OK, "matmul loop 1: %s", pt_last_error());
+        NEED(be->ops->download(be, ref, y, (size_t)(T * N) * 4) == PT_OK, "download");
+        pt_cuda_tc_loop(2);
+        NEED(be->ops->matmul(be, y, x, T, &w, 0) == PT_OK, "matmul loop 2: %s", pt_last_error());
+        NEED(be->ops->download(be, out, y, (size_t)(T * N) * 4) == PT_OK, "download");
+        for (int64_t i = 0; i < T * N && ok; i++)
+            if (memcmp(&ref[i], &out[i], 4)) {
+                CHECK(0, "%d-bit g%d N %lld K %lld T %d: output %lld: loop 2 %.9g, loop 1 %.9g", bits, gs, (long long)N,
+                      (long long)K, T, (long long)i, out[i], ref[i]);
+                ok = 0;
+            }
+    }
+    pt_cuda_tc_loop(-1);
+    pt_cuda_tc_xp8(-1);
+    CHECK(pt_cuda_tc_lv2_count() - c0 == 2, "%d-bit g%d K %lld: %llu launches of loop 2, 2 expected", bits, gs,
+          (long long)K, pt_cuda_tc_lv2_count() - c0);
+    be->ops->dealloc(be, x);
+    be->ops->dealloc(be, y);
+    be->ops->release_weight(be, &w);
+    free(data), free(sc), free(bi), free(bias), free(xh), free(ref), free(out);
+    return ok;
+}
+
+static void test_gemv_ring_loops(void) {
+    char why[512];
+    if (pt_cuda_device_count(why, sizeof why) == 0) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = NULL;
+    REQUIRE(pt_backend_cuda_create(&be, &(pt_cuda_params){0, PT_ACT_BF16}) == PT_OK, "cuda: %s", pt_last_error());
+    pt_backend_limits lim = {.max_tokens = 8, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64, .max_cols = 14336};
+    REQUIRE(be->ops->reserve(be, &lim) == PT_OK, "reserve: %s", pt_last_error());
+    static const int bits[] = {4, 8}, gss[] = {32, 64, 128};
+    static const int64_t Ks[] = {2560, 14336};
+    for (int b = 0; b < 2; b++)
+        for (int g = 0; g < 3; g++)
+            for (int k = 0; k < 2; k++)
+                if (!check_loops(be, bits[b], gss[g], 200, Ks[k])) goto done;
+done:
+    pt_backend_free(&be);
+}
+
 static void test_gemv_batch_invariant(void) {
     char why[512];
     if (pt_cuda_device_count(why, sizeof why) == 0) TEST_SKIP("no usable CUDA device here");
@@ -144,5 +217,6 @@ done:
 
 int main(void) {
     TEST_RUN(test_gemv_batch_invariant);
+    TEST_RUN(test_gemv_ring_loops);
     return test_summary();
 }

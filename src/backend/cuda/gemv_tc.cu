@@ -73,6 +73,12 @@ static int tc_lv(const tc_multi_args &m) {
     return lv == 3 ? (a.nb == 1 && (int64_t)a.K * BITS / 256 >= 16 * (int64_t)a.S ? 2 : 1) : lv;
 }
 
+/* Launches of the unrolled ring loop (LV 2) so far (tests check it ran). */
+static unsigned long long g_tc_lv2_launches;
+extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
+    return __atomic_load_n(&g_tc_lv2_launches, __ATOMIC_RELAXED);
+}
+
 /* One launch of m's weights: the single-weight kernel when m holds one
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
@@ -123,6 +129,7 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[1].val.clusterDim.z = 1;
         cfg.numAttrs++;
     }
+    if constexpr (LV == 2) __atomic_fetch_add(&g_tc_lv2_launches, 1ull, __ATOMIC_RELAXED);
     if constexpr (LV >= 1)
         if (gl) {
             CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV, NRM>, m.a[0], *gl));
@@ -448,11 +455,11 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
 }
 
 /* 2 to 8 rows through the XP kernels too (16-warp blocks, x prepared once
- * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B; the same
- * bits either way: the block size and x's staging only decide when x is
+ * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B, a negative
+ * argument: back to the environment; the same bits either way: the block size and x's staging only decide when x is
  * staged and which block a tile's S warps sit in). */
 static int g_tc_xp8 = -1;
-extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8 = on != 0; }
+extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8 = on < 0 ? -1 : on != 0; }
 static int tc_xp8(void) {
     if (g_tc_xp8 < 0) g_tc_xp8 = pt_env_on("PETREL_CUDA_TC_XP8");
     return g_tc_xp8;

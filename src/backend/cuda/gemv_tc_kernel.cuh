@@ -56,9 +56,14 @@
  * without a branch: a copy of 0 source bytes past the warp's last block,
  * the 64 scale|bias bytes of a group copied by lanes l, l + 4, … alike.
  * Also per group: the first mma of a group starts from C = 0 instead of
- * clearing the accumulators after the fold (D = A·B + 0). Same operations
- * in the same order: the same bits as LV 1. (Loading the blocks straight
- * into registers instead, 4 or 8 ahead, was slower: bench/RESULTS.md.)
+ * clearing the accumulators after the fold (D = A·B + 0). The addresses
+ * are per step, not per block: a block's copy sources and stage-local K
+ * are the step's plus a compile-time multiple of a launch constant, and a
+ * step that ends before the stage's last block runs without a test per
+ * block (~71 instructions per block instead of ~83; compiled for four
+ * blocks per SM, tc_minb). Same operations in the same order: the same
+ * bits as LV 1 (test_gemv_batch). (Loading the blocks straight into
+ * registers instead, 4 or 8 ahead, was slower: bench/RESULTS.md.)
  *
  * Work split: a block of W warps owns W/S tiles of 16 rows; the S warps of a
  * tile take the tile's units (one unit = whole blocks and whole groups)
@@ -718,11 +723,15 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     /* The 4 mmas of block jj (codes wv: this lane's A fragments; scale|bias
      * words sbq of the block's groups for row pair g) into acc, folding each
      * group that ends into tot. */
-    auto block_math = [&](const uint4 &wv, const uint2 (&sbq)[GPB], const int jj) {
+    /* stage-local K of this warp's block jj (>= 0) */
+    auto kb_of = [&](const int jj) {
         const unsigned uj = (unsigned)jj;
         const int b = LV ? (int)(((unsigned)s + (uj / BPU) * (unsigned)S) * BPU + uj % BPU)
                          : (s + (jj / BPU) * S) * BPU + jj % BPU;
-        const int kb = b * KPB - k0; /* stage-local K of the block (>= 0) */
+        return b * KPB - k0;
+    };
+    /* ub: the block's place in its unit (jj mod BPU) */
+    auto block_math = [&](const uint4 &wv, const uint2 (&sbq)[GPB], const int kb, const unsigned ub) {
         constexpr int MPG = SH::GS2 / 16; /* mmas per group: 2, 4, 8, 16 */
 #pragma unroll
         for (int m = 0; m < 4; m++) {
@@ -749,14 +758,14 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                 if constexpr (RG) {
                     /* the group's first mma starts from zero (the fold
                      * below does not clear acc) */
-                    const bool gbeg = MPG <= 4 ? (m % MPG == 0) : (m == 0 && (uj % BPU) == 0);
+                    const bool gbeg = MPG <= 4 ? (m % MPG == 0) : (m == 0 && ub == 0);
                     if (gbeg) tc_mma_z(acc[n], a0, a1, a2, a3, b0, b1);
                     else tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
                 } else if constexpr (LV > 0) tc_mma_nv(acc[n], a0, a1, a2, a3, b0, b1);
                 else tc_mma(acc[n], a0, a1, a2, a3, b0, b1);
             }
             /* a group ends after this mma: fold it into the totals */
-            const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && (uj % BPU) == BPU - 1);
+            const bool gend = MPG <= 4 ? ((m + 1) % MPG == 0) : (m == 3 && ub == BPU - 1);
             if (gend) {
                 const int q = GPB == 2 ? m >> 1 : 0; /* group of the block */
                 const uint2 sbv = sbq[q];
@@ -909,21 +918,52 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
              * per warp are a multiple of P except in the last stage (the
              * launch sizes stages so: tc_rg_ok), so jj is a multiple of P
              * at every stage's start. */
+            /* Addresses per step, not per block: with jj a multiple of
+             * P (so of BPU), block jj + c of this warp (c known at
+             * compile time) is tile block Bj + (c / BPU)·S·BPU + c mod
+             * BPU, Bj = (s + (jj / BPU)·S)·BPU. So each copy's source is a
+             * step base plus a multiple of a launch constant (one integer
+             * multiply-add), the copy's predicate one compare with the
+             * step's blocks left, and a block's stage-local K the step's
+             * plus a multiple of another (the same blocks and values as
+             * issue2 and kb_of give). A full step (P blocks before jstop)
+             * runs without a test per block. */
+            const unsigned SB = (unsigned)S * BPU;                          /* tile blocks from one unit to the warp's next */
+            const unsigned SBW = SB * 512u;                                 /* their code bytes */
+            const unsigned SBS = (unsigned)S * (BPU > 1 ? 64u : 64u * GPB); /* their scale|bias bytes */
+            const int SBK = (int)SB * KPB;                                  /* their K values */
             for (; jj < jstop; jj += P) {
-#pragma unroll
-                for (int i = 0; i < P; i++)
-                    if (jj + i < jstop) {
-                        tc_wait<P - 2>(); /* block jj + i has landed */
-                        __syncwarp();     /* and every lane is done with slot i − 1 */
-                        issue2((i + P - 1) % P, jj + i + P - 1);
-                        const unsigned char *slot = ring + i * SH::SLOT;
-                        const uint4 wv = *reinterpret_cast<const uint4 *>(slot + lane * 16);
-                        uint2 qv[GPB];
-#pragma unroll
-                        for (int q = 0; q < GPB; q++)
-                            qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
-                        block_math(wv, qv, jj + i);
+                const unsigned Bj = ((unsigned)s + ((unsigned)jj / BPU) * (unsigned)S) * BPU;
+                const char *wj = wl + (size_t)Bj * 512;
+                const char *sbj = sbl2 + (size_t)(BPU > 1 ? Bj / BPU : Bj * GPB) * 64;
+                const int kbj = (int)Bj * KPB - k0, rem = nj - jj;
+                auto step = [&](const int i) { /* block jj + i (i < P, known at compile time) */
+                    tc_wait<P - 2>(); /* block jj + i has landed */
+                    __syncwarp();     /* and every lane is done with slot i − 1 */
+                    {                 /* block jj + c into slot c mod P (issue2) */
+                        constexpr int Pm = P - 1;
+                        const int c = i + Pm;
+                        const unsigned sl = (unsigned)(c % P), n16 = c < rem ? 16u : 0u;
+                        tc_cp16z(ring_sa + sl * SH::SLOT, wj + (size_t)(unsigned)(c / BPU) * SBW + (c % BPU) * 512,
+                                 n16);
+                        tc_cp16z(sb_sa + sl * SH::SLOT, sbj + (size_t)(unsigned)(c / BPU) * SBS, n16);
+                        tc_commit();
                     }
+                    const unsigned char *slot = ring + i * SH::SLOT;
+                    const uint4 wv = *reinterpret_cast<const uint4 *>(slot + lane * 16);
+                    uint2 qv[GPB];
+#pragma unroll
+                    for (int q = 0; q < GPB; q++) qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
+                    block_math(wv, qv, kbj + (i / BPU) * SBK + (i % BPU) * KPB, (unsigned)(i % BPU));
+                };
+                if (jj + P <= jstop) {
+#pragma unroll
+                    for (int i = 0; i < P; i++) step(i);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < P; i++)
+                        if (jj + i < jstop) step(i);
+                }
             }
         } else
         for (; jj < jstop; jj++) {
@@ -937,7 +977,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
 #pragma unroll
             for (int q = 0; q < GPB; q++) qv[q] = *reinterpret_cast<const uint2 *>(slot + 512 + q * 64 + g * 8);
             if constexpr (XL) block_math_xl(wv, qv, jj);
-            else block_math(wv, qv, jj);
+            else block_math(wv, qv, kb_of(jj), (unsigned)jj % BPU);
         }
         if constexpr (XP)
             if (drift) { /* this warp is done with the stage's buffer */
@@ -993,14 +1033,20 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     }
 }
 
+/* Blocks per SM the kernels are compiled for (registers: 65536 / (32·W·n)
+ * a thread at most). The one-column unrolled loop (LV 2, NT 1) is held to
+ * four, 64 registers: left at two, the compiler overlaps the blocks of a
+ * step (~115 registers) and an SM holds half the blocks. */
+constexpr int tc_minb(int W, int NT, int LV) { return W > 8 || NT >= 8 ? 1 : NT == 1 && LV == 2 ? 4 : 2; }
+
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
-__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_kernel(tc_args a) {
+__global__ void __launch_bounds__(W * 32, tc_minb(W, NT, LV)) gemv_tc_kernel(tc_args a) {
     gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, false, NRM>(a, blockIdx.x, tc_glu());
 }
 
 /* The GLU epilogue's launch (pt_cuda_tc_gemv_glu): inner loops 1 and 2. */
 template <int BITS, int GS, int NT, int W, bool XP, bool ONE, bool XL = false, int LV = 1, bool NRM = false>
-__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_glu_kernel(tc_args a, tc_glu g) {
+__global__ void __launch_bounds__(W * 32, tc_minb(W, NT, LV)) gemv_tc_glu_kernel(tc_args a, tc_glu g) {
     gemv_tc_block<BITS, GS, NT, W, XP, LV, ONE, XL, true, NRM>(a, blockIdx.x, g);
 }
 
@@ -1017,7 +1063,7 @@ struct tc_multi_args {
 };
 
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
-__global__ void __launch_bounds__(W * 32, W > 8 || NT >= 8 ? 1 : 2) gemv_tc_multi_kernel(tc_multi_args m) {
+__global__ void __launch_bounds__(W * 32, tc_minb(W, NT, LV)) gemv_tc_multi_kernel(tc_multi_args m) {
     const int bx = blockIdx.x;
     int i = 0;
 #pragma unroll
