@@ -17,8 +17,9 @@
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
  * (clusters of 8 blocks, a partial quad of tiles) and of 4.
- * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2) is
- * checked against loop 1 at 1 and 8 rows, one to four x stages.
+ * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2; at one
+ * row in both its builds, PETREL_CUDA_TC_LV4) is checked against loop 1 at
+ * 1 and 8 rows, one to four x stages.
  * Tolerance against the CPU is test_cuda_ops's job; this test is exact.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
@@ -42,6 +43,7 @@ void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma 
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
 void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or the 8-warp ones (0); -1: default */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
+void pt_cuda_tc_lv4(int v);    /* gemv_tc.cu: loop 2 at one row in its 2-blocks-per-SM build: 2 always, 0 never */
 unsigned long long pt_cuda_tc_lv2_count(void); /* launches of loop 2 so far */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
@@ -130,19 +132,23 @@ static int check_loops(pt_backend *be, int bits, int gs, int64_t N, int64_t K) {
         pt_cuda_tc_loop(1);
         NEED(be->ops->matmul(be, y, x, T, &w, 0) == PT_OK, "matmul loop 1: %s", pt_last_error());
         NEED(be->ops->download(be, ref, y, (size_t)(T * N) * 4) == PT_OK, "download");
-        pt_cuda_tc_loop(2);
-        NEED(be->ops->matmul(be, y, x, T, &w, 0) == PT_OK, "matmul loop 2: %s", pt_last_error());
-        NEED(be->ops->download(be, out, y, (size_t)(T * N) * 4) == PT_OK, "download");
-        for (int64_t i = 0; i < T * N && ok; i++)
-            if (memcmp(&ref[i], &out[i], 4)) {
-                CHECK(0, "%d-bit g%d N %lld K %lld T %d: output %lld: loop 2 %.9g, loop 1 %.9g", bits, gs, (long long)N,
-                      (long long)K, T, (long long)i, out[i], ref[i]);
-                ok = 0;
-            }
+        for (int v = 2; v >= 0 && ok; v -= 2) { /* one row: the 2- and the 4-blocks-per-SM builds */
+            pt_cuda_tc_loop(2);
+            pt_cuda_tc_lv4(v);
+            NEED(be->ops->matmul(be, y, x, T, &w, 0) == PT_OK, "matmul loop 2: %s", pt_last_error());
+            NEED(be->ops->download(be, out, y, (size_t)(T * N) * 4) == PT_OK, "download");
+            for (int64_t i = 0; i < T * N && ok; i++)
+                if (memcmp(&ref[i], &out[i], 4)) {
+                    CHECK(0, "%d-bit g%d N %lld K %lld T %d, build %d: output %lld: loop 2 %.9g, loop 1 %.9g", bits, gs,
+                          (long long)N, (long long)K, T, v, (long long)i, out[i], ref[i]);
+                    ok = 0;
+                }
+        }
     }
     pt_cuda_tc_loop(-1);
+    pt_cuda_tc_lv4(-1);
     pt_cuda_tc_xp8(-1);
-    CHECK(pt_cuda_tc_lv2_count() - c0 == 2, "%d-bit g%d K %lld: %llu launches of loop 2, 2 expected", bits, gs,
+    CHECK(pt_cuda_tc_lv2_count() - c0 == 4, "%d-bit g%d K %lld: %llu launches of loop 2, 4 expected", bits, gs,
           (long long)K, pt_cuda_tc_lv2_count() - c0);
     be->ops->dealloc(be, x);
     be->ops->dealloc(be, y);

@@ -129,7 +129,7 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[1].val.clusterDim.z = 1;
         cfg.numAttrs++;
     }
-    if constexpr (LV == 2) __atomic_fetch_add(&g_tc_lv2_launches, 1ull, __ATOMIC_RELAXED);
+    if constexpr (LV >= 2) __atomic_fetch_add(&g_tc_lv2_launches, 1ull, __ATOMIC_RELAXED);
     if constexpr (LV >= 1)
         if (gl) {
             CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_tc_glu_kernel<BITS, GS, NT, W, XP, ONE, XL, LV, NRM>, m.a[0], *gl));
@@ -154,6 +154,21 @@ static bool tc_rg_ok(const tc_multi_args &m) {
     return true;
 }
 
+/* One activation row on the unrolled loop: its two-blocks-per-SM build (LV
+ * 4) where the launch has more blocks than SMs but no more than two per SM,
+ * else the four-per-SM one (LV 2; the same bits). On the H200, LV 4 took
+ * the 8B shape's down GEMV (256 blocks) and tg128 +6%, but lost 5% on the
+ * 1B shape's (128 blocks) and on the 448-block gate/up (bench/RESULTS.md).
+ * PETREL_CUDA_TC_LV4=0 or pt_cuda_tc_lv4(0): LV 2 always (A/B; read once);
+ * pt_cuda_tc_lv4(2): LV 4 always (tests); -1: back to the environment. */
+static int g_tc_lv4 = -1;
+extern "C" void pt_cuda_tc_lv4(int v) { g_tc_lv4 = v < 0 ? -1 : v > 2 ? 2 : v; }
+static bool tc_lv4(const pt_cuda *c, const tc_multi_args &m, unsigned items) {
+    if (g_tc_lv4 < 0) g_tc_lv4 = pt_env_on("PETREL_CUDA_TC_LV4");
+    const int64_t blocks = (int64_t)m.first[m.n] * items;
+    return g_tc_lv4 == 2 || (g_tc_lv4 == 1 && blocks > c->sm_count && blocks <= 2 * (int64_t)c->sm_count);
+}
+
 /* The launch with the inner loop tc_loop() selects (one activation row:
  * the kernel that folds only the stored column; 2: the unrolled ring loop,
  * up to 8 rows, where the stages allow it). */
@@ -168,14 +183,18 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
             for (int i = 0; i < m.n; i++) /* the row is one stage (tc_stage_norm) */
                 if ((int64_t)m.a[i].SU * tc_shape<BITS, GS>::UK < m.a[i].K) return PT_ERR_UNSUPPORTED;
             if (lv == 2 && tc_rg_ok<BITS, GS>(m))
-                return tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, true>(c, m, items, grouped, cluster, gl);
+                return tc_lv4(c, m, items)
+                           ? tc_launch_k<BITS, GS, NT, W, XP, 4, true, false, true>(c, m, items, grouped, cluster, gl)
+                           : tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, true>(c, m, items, grouped, cluster, gl);
             return tc_launch_k<BITS, GS, NT, W, XP, 1, true, false, true>(c, m, items, grouped, cluster, gl);
         }
         return PT_ERR_UNSUPPORTED;
     }
     if constexpr (NT == 1 && !XP)
         if (lv == 2 && tc_rg_ok<BITS, GS>(m)) {
-            if (m.a[0].nb == 1) return tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
+            if (m.a[0].nb == 1)
+                return tc_lv4(c, m, items) ? tc_launch_k<BITS, GS, NT, W, XP, 4, true>(c, m, items, grouped, cluster, gl)
+                                           : tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
             return tc_launch_k<BITS, GS, NT, W, XP, 2, false>(c, m, items, grouped, cluster, gl);
         }
     if constexpr (NT == 1 && !XP)

@@ -529,7 +529,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
     constexpr int BPU = SH::BPU, GPB = SH::GPB, KPB = SH::KPB, UK = SH::UK, P = PT_TC_RING, NCOL = NT * 8;
     /* LV 2: the ring loop unrolled by P (slots known at compile time,
      * copies without branches) */
-    constexpr bool RG = LV == 2;
+    constexpr bool RG = LV >= 2; /* LV 4: LV 2 compiled for two blocks per SM (tc_minb) */
     constexpr size_t RINGB = (size_t)W * P * SH::SLOT; /* bytes of the rings */
     constexpr float C128 = BITS == 4 ? 128.f : 128.f * 17.f;
     /* the row stride of the final reduction red (XP: padded, see the epilogue) */
@@ -1038,6 +1038,9 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
  * four, 64 registers: left at two, the compiler overlaps the blocks of a
  * step (~115 registers) and an SM holds half the blocks. */
 constexpr int tc_minb(int W, int NT, int LV) { return W > 8 || NT >= 8 ? 1 : NT == 1 && LV == 2 ? 4 : 2; }
+/* (LV 4: the same loop at two blocks per SM, ~115 registers: the blocks of
+ * a step overlap without spilling; tc_launch_nt takes it at one row where
+ * the launch has between one and two blocks per SM, tc_lv4.) */
 
 template <int BITS, int GS, int NT, int W, bool XP, int LV, bool ONE, bool XL = false, bool NRM = false>
 __global__ void __launch_bounds__(W * 32, tc_minb(W, NT, LV)) gemv_tc_kernel(tc_args a) {
