@@ -60,7 +60,7 @@
  * are per step, not per block: a block's copy sources and stage-local K
  * are the step's plus a compile-time multiple of a launch constant, and a
  * step that ends before the stage's last block runs without a test per
- * block (~71 instructions per block instead of ~83; compiled for four
+ * block (~70 instructions per block instead of ~83; compiled for four
  * blocks per SM, tc_minb). Same operations in the same order: the same
  * bits as LV 1 (test_gemv_batch). (Loading the blocks straight into
  * registers instead, 4 or 8 ahead, was slower: bench/RESULTS.md.)
