@@ -73,7 +73,8 @@ static int tc_lv(const tc_multi_args &m) {
     return lv == 3 ? (a.nb == 1 && (int64_t)a.K * BITS / 256 >= 16 * (int64_t)a.S ? 2 : 1) : lv;
 }
 
-/* Launches of the unrolled ring loop (LV 2) so far (tests check it ran). */
+/* Launches of the unrolled ring loop (LV 2, and its LV 4 build) so far
+ * (tests check it ran). */
 static unsigned long long g_tc_lv2_launches;
 extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
     return __atomic_load_n(&g_tc_lv2_launches, __ATOMIC_RELAXED);
@@ -474,9 +475,10 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
 }
 
 /* 2 to 8 rows through the XP kernels too (16-warp blocks, x prepared once
- * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B, a negative
- * argument: back to the environment; the same bits either way: the block size and x's staging only decide when x is
- * staged and which block a tile's S warps sit in). */
+ * per launch; NT = 1): PETREL_CUDA_TC_XP8, pt_cuda_tc_xp8() (A/B, a
+ * negative argument: back to the environment; the same bits either way:
+ * the block size and x's staging only decide when x is staged and which
+ * block a tile's S warps sit in). */
 static int g_tc_xp8 = -1;
 extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8 = on < 0 ? -1 : on != 0; }
 static int tc_xp8(void) {
