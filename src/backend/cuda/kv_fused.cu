@@ -46,12 +46,15 @@ __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const 
      * known (one round trip for both), the rest (more than FD_MW·FD_MU splits) after */
     float2 m4[FD_MU];
     float v4[FD_MU];
+    auto load = [&](int s0) { /* splits s0 + u·FD_MW, u < FD_MU */
 #pragma unroll
-    for (int u = 0; u < FD_MU; u++) {
-        const int s = warp + u * FD_MW;
-        m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
-        v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
-    }
+        for (int u = 0; u < FD_MU; u++) {
+            const int s = s0 + u * FD_MW;
+            m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
+            v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
+        }
+    };
+    load(warp);
     float mx = -INFINITY;
     for (int s = threadIdx.x; s < nsplit; s += FD_MW * 32) mx = fmaxf(mx, ml[s].x);
     const float M = pt_block_max(mx, red);
@@ -66,12 +69,7 @@ __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const 
             }
         s0 += FD_MU * FD_MW;
         if (s0 >= nsplit) break;
-#pragma unroll
-        for (int u = 0; u < FD_MU; u++) {
-            const int s = s0 + u * FD_MW;
-            m4[u] = s < nsplit ? ml[s] : make_float2(-INFINITY, 0.f);
-            v4[u] = s < nsplit ? pe[(int64_t)s * hd] : 0.f;
-        }
+        load(s0);
     }
     po[warp][lane] = o;
     if (lane == 0) pl[warp] = L;
