@@ -47,20 +47,32 @@ void pt_cuda_tc_lv4(int v);    /* gemv_tc.cu: loop 2 at one row in its 2-blocks-
 unsigned long long pt_cuda_tc_lv2_count(void); /* launches of loop 2 so far */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
-static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
+/* A random weight (E experts of N × K, bits/gs MLX affine, a bf16 bias if with_bias) in the
+ * host buffers of b (rand_weight_free releases them). */
+typedef struct {
+    uint32_t *data;
+    uint16_t *sc, *bi, *bias;
+} rand_weight_bufs;
+static pt_matrix rand_weight(int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias, rand_weight_bufs *b) {
     const int64_t ng = K / gs;
-    uint32_t *data = malloc((size_t)(E * N * K * bits / 8));
-    uint16_t *sc = malloc((size_t)(E * N * ng) * 2), *bi = malloc((size_t)(E * N * ng) * 2);
-    uint16_t *bias = malloc((size_t)(E * N) * 2);
-    for (int64_t i = 0; i < E * N * K * bits / 32; i++) data[i] = ru32() ^ (ru32() << 21);
+    b->data = malloc((size_t)(E * N * K * bits / 8));
+    b->sc = malloc((size_t)(E * N * ng) * 2), b->bi = malloc((size_t)(E * N * ng) * 2);
+    b->bias = malloc((size_t)(E * N) * 2);
+    for (int64_t i = 0; i < E * N * K * bits / 32; i++) b->data[i] = ru32() ^ (ru32() << 21);
     for (int64_t i = 0; i < E * N * ng; i++) {
-        sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
-        bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
+        b->sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
+        b->bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
     }
-    for (int64_t i = 0; i < E * N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
-    pt_matrix w = {.rows = N, .cols = K, .n_experts = E > 1 ? E : 0, .dtype = PT_FT_BF16, .bits = bits,
-                   .group_size = gs, .data = data, .scales = sc, .biases = bi,
-                   .bias = with_bias ? bias : NULL, .bias_dtype = PT_FT_BF16};
+    for (int64_t i = 0; i < E * N; i++) b->bias[i] = pt_f32_to_bf16(rf(-1, 1));
+    return (pt_matrix){.rows = N, .cols = K, .n_experts = E > 1 ? E : 0, .dtype = PT_FT_BF16, .bits = bits,
+                       .group_size = gs, .data = b->data, .scales = b->sc, .biases = b->bi,
+                       .bias = with_bias ? b->bias : NULL, .bias_dtype = PT_FT_BF16};
+}
+static void rand_weight_free(rand_weight_bufs *b) { free(b->data), free(b->sc), free(b->bi), free(b->bias); }
+
+static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
+    rand_weight_bufs wb;
+    pt_matrix w = rand_weight(bits, gs, E, N, K, with_bias, &wb);
     NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
     enum { TMAX = 64 };
     float *xh = malloc((size_t)(TMAX * K) * 4), *yb = malloc((size_t)(TMAX * N) * 4);
@@ -98,7 +110,8 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
     be->ops->dealloc(be, x);
     be->ops->dealloc(be, y);
     be->ops->release_weight(be, &w);
-    free(data), free(sc), free(bi), free(bias), free(xh), free(yb), free(y1);
+    rand_weight_free(&wb);
+    free(xh), free(yb), free(y1);
     return ok;
 }
 
@@ -107,18 +120,9 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
  * step (the tested tail only), K 14336 whole steps and a partial one, and
  * at 8 rows four x stages. Returns 0 on a failed check. */
 static int check_loops(pt_backend *be, int bits, int gs, int64_t N, int64_t K) {
-    const int64_t ng = K / gs;
     enum { T8 = 8 };
-    uint32_t *data = malloc((size_t)(N * K * bits / 8));
-    uint16_t *sc = malloc((size_t)(N * ng) * 2), *bi = malloc((size_t)(N * ng) * 2), *bias = malloc((size_t)N * 2);
-    for (int64_t i = 0; i < N * K * bits / 32; i++) data[i] = ru32() ^ (ru32() << 21);
-    for (int64_t i = 0; i < N * ng; i++) {
-        sc[i] = pt_f32_to_bf16(rf(-0.05f, 0.05f));
-        bi[i] = pt_f32_to_bf16(rf(-0.5f, 0.5f));
-    }
-    for (int64_t i = 0; i < N; i++) bias[i] = pt_f32_to_bf16(rf(-1, 1));
-    pt_matrix w = {.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = bits, .group_size = gs, .data = data,
-                   .scales = sc, .biases = bi, .bias = bias, .bias_dtype = PT_FT_BF16};
+    rand_weight_bufs wb;
+    pt_matrix w = rand_weight(bits, gs, 1, N, K, 1, &wb);
     NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
     float *xh = malloc((size_t)(T8 * K) * 4), *ref = malloc((size_t)(T8 * N) * 4), *out = malloc((size_t)(T8 * N) * 4);
     for (int64_t i = 0; i < T8 * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
@@ -153,7 +157,8 @@ static int check_loops(pt_backend *be, int bits, int gs, int64_t N, int64_t K) {
     be->ops->dealloc(be, x);
     be->ops->dealloc(be, y);
     be->ops->release_weight(be, &w);
-    free(data), free(sc), free(bi), free(bias), free(xh), free(ref), free(out);
+    rand_weight_free(&wb);
+    free(xh), free(ref), free(out);
     return ok;
 }
 
