@@ -12,3 +12,6 @@ for f in dev/cuda_*.c; do
      -Wl,-rpath,"$CUDA_HOME/lib64" -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -ldl \
      -L"$CUDA_HOME/lib64" -lcublas -lcudart_static -lrt -lstdc++
 done
+# the kernel timeline tracer (a CUPTI injection library, dev/README.md)
+cc -O2 -Wall -Wextra -shared -fPIC -I"$CUDA_HOME/include" -o dev/trace_cupti.so dev/trace_cupti.c \
+   -L"$CUDA_HOME/targets/x86_64-linux/lib" -L"$CUDA_HOME/extras/CUPTI/lib64" -lcupti -lstdc++

@@ -17,6 +17,8 @@
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
  * (clusters of 8 blocks, a partial quad of tiles) and of 4.
+ * A weight of many tiles (12800 rows), not split (PETREL_CUDA_TC_S1) and
+ * split, is checked as well.
  * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2; at one
  * row in both its builds, PETREL_CUDA_TC_LV4) is checked against loop 1 at
  * 1 and 8 rows, one to four x stages.
@@ -45,6 +47,7 @@ void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
 void pt_cuda_tc_lv4(int v);    /* gemv_tc.cu: loop 2 at one row in its 2-blocks-per-SM build: 2 always, 0 never */
 unsigned long long pt_cuda_tc_lv2_count(void); /* launches of loop 2 so far */
+void pt_cuda_tc_s1(int on);    /* gemv_tc.cu: weights of many tiles not split (1) or split as the others (0); -1 */
 
 /* One weight (E experts of N × K), T random bf16 rows; returns 0 on a failed check. */
 /* A random weight (E experts of N × K, bits/gs MLX affine, a bf16 bias if with_bias) in the
@@ -192,6 +195,14 @@ static void test_gemv_batch_invariant(void) {
             if (!check_one(be, bits[b], gss[g], 1, 300, 2560, g == 1)) goto done;
             if (!check_one(be, bits[b], gss[g], 3, 40, 1024, 1)) goto done;
         }
+    /* 12800 rows: 800 tiles, not split (one warp per tile) on a GPU of up
+     * to 133 SMs (gemv_tc.cu tc_split: from 6 tiles per SM on), then split
+     * as before (pt_cuda_tc_s1(0)) */
+    for (int v = 1; v >= 0; v--) {
+        pt_cuda_tc_s1(v);
+        if (!check_one(be, 4, 64, 1, 12800, 1024, v) || !check_one(be, 8, 32, 1, 12800, 1024, !v)) break;
+    }
+    pt_cuda_tc_s1(-1);
     /* 272 rows: 17 tiles, 9 blocks of two tiles (a cluster of 2 or 4 gets padding blocks) */
     static const int clusters[] = {2, 4};
     for (int c = 0; c < 2; c++) {

@@ -572,15 +572,31 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
 static int g_tc_warps = 0;
 extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : PT_TC_TARGET_WARPS; }
 
+/* A weight of at least PT_TC_S1_TILES tiles per SM is not split (one warp
+ * per tile): its one-row launch then fills the SMs on the unrolled loop's
+ * two-blocks-per-SM build (the 8B shape's gate/up, 896 tiles each: 224 GLU
+ * blocks of 4 + 4 tiles, one wave, where split 2 ways its 448 blocks took
+ * the four-per-SM build; tg128 +2.9%, and its 32- and 64-row launches 7%
+ * faster, bench/RESULTS.md). PETREL_CUDA_TC_S1=0 or pt_cuda_tc_s1(0): the
+ * split as before (A/B; read once; a negative argument: back to the
+ * environment). The split is part of the bits (the S partials are added in
+ * warp order), so the switch changes them, alike at every row count. */
+#define PT_TC_S1_TILES 6
+static int g_tc_s1 = -1;
+extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1 = on < 0 ? -1 : on != 0; }
+
 /* Warps per tile from the shape only (batch invariance): enough warps for
- * ~PT_TC_TARGET_WARPS per SM, each keeping >= 4 units. */
+ * ~PT_TC_TARGET_WARPS per SM, each keeping >= 4 units; one from
+ * PT_TC_S1_TILES tiles per SM on. */
 static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs) {
     if (!g_tc_warps) {
         const char *e = getenv("PETREL_CUDA_TC_WARPS");
         pt_cuda_tc_warps(e ? atoi(e) : 0);
     }
+    if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
     const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
     const int64_t NU = K / uk, target = (int64_t)g_tc_warps * c->sm_count;
+    if (g_tc_s1 && tpe >= (int64_t)PT_TC_S1_TILES * c->sm_count) return 1;
     int S = 1;
     while (S < PT_TC_WARPS && tpe * S < target && NU >= 4 * S) S *= 2;
     return S;

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Summarizes a dev/trace_cupti.c timeline per replay of the decode graph.
+
+    dev/trace_cupti.py TRACE.tsv [STEPS] [FIRST_POSITIONS]
+
+A replay is the kernels of one graph launch (one correlation id); the replays
+with the most common kernel count are the decode steps, and the last STEPS of
+them (default 100) are summarized. Per kernel of a step, in stream order:
+its duration (end - start) and its exposed time, the part of the step it
+alone adds (end - max(the ends before it), never negative); the exposed
+times of a step add up to its span. Printed: the step span and the gap
+between steps, the exposed time summed per kernel name, and the first
+FIRST_POSITIONS kernels of a step one by one (default 16), with how long
+each started before the previous one ended (overlap, from programmatic
+dependent launch)."""
+import sys
+from collections import defaultdict
+
+
+def short(name):
+    cut = name.find("(")
+    return name[:cut] if cut > 0 else name
+
+
+def main():
+    path = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    first = int(sys.argv[3]) if len(sys.argv) > 3 else 16
+    groups = defaultdict(list)
+    for line in open(path):
+        f = line.rstrip("\n").split("\t")
+        if len(f) < 10 or f[2] == "0":
+            continue
+        groups[int(f[3])].append((int(f[0]), int(f[1]), short(f[9]), int(f[4]), int(f[6]), int(f[7])))
+    if not groups:
+        print("no graph kernels in", path)
+        return
+    counts = defaultdict(int)
+    for g in groups.values():
+        counts[len(g)] += 1
+    n = max(counts, key=lambda k: counts[k])
+    reps = sorted((sorted(g) for g in groups.values() if len(g) == n), key=lambda g: g[0][0])[-steps:]
+    span, gap = [], []
+    per_name = defaultdict(float)
+    pos = [[0.0, 0.0, 0.0] for _ in range(n)]  # duration, exposed, overlap
+    for i, g in enumerate(reps):
+        t0 = g[0][0]
+        prev_end = t0
+        for j, (s, e, nm, gx, bx, regs) in enumerate(g):
+            exp = max(0, e - prev_end)
+            per_name[(nm, gx, bx, regs)] += exp
+            pos[j][0] += e - s
+            pos[j][1] += exp
+            pos[j][2] += max(0, prev_end - s) if j else 0
+            prev_end = max(prev_end, e)
+        span.append(prev_end - t0)
+        if i + 1 < len(reps):
+            gap.append(reps[i + 1][0][0] - prev_end)
+    R = len(reps)
+    print(f"{R} steps of {n} kernels: span {sum(span) / R / 1e3:.1f} us, gap to the next step "
+          f"{(sum(gap) / len(gap) / 1e3) if gap else 0:.1f} us")
+    print("exposed us per step by kernel (name, grid, block, registers):")
+    tot = sum(per_name.values()) / R
+    for (nm, gx, bx, regs), v in sorted(per_name.items(), key=lambda kv: -kv[1])[:25]:
+        print(f"  {v / R / 1e3:8.1f} {100 * v / R / tot:5.1f}%  grid {gx:5d} block {bx:4d} regs {regs:3d}  {nm[:110]}")
+    print(f"first {first} kernels of a step (us: duration, exposed, started before the previous end):")
+    g = reps[-1]
+    for j in range(min(first, n)):
+        print(f"  {j:3d} {pos[j][0] / R / 1e3:7.2f} {pos[j][1] / R / 1e3:7.2f} {pos[j][2] / R / 1e3:7.2f}  "
+              f"grid {g[j][3]:5d} block {g[j][4]:4d} regs {g[j][5]:3d}  {g[j][2][:100]}")
+
+
+if __name__ == "__main__":
+    main()
