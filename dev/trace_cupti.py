@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Summarizes a dev/trace_cupti.c timeline per replay of the decode graph.
 
-    dev/trace_cupti.py TRACE.tsv [STEPS] [FIRST_POSITIONS]
+    dev/trace_cupti.py TRACE.tsv [STEPS] [FIRST_POSITIONS] [GRAPH]
 
 A replay is the kernels of one graph launch (one correlation id); the replays
-with the most common kernel count are the decode steps, and the last STEPS of
-them (default 100) are summarized. Per kernel of a step, in stream order:
+with the most common kernel count are the decode steps (or, with GRAPH, the
+replays of that graph id: a server runs one graph per batch bucket and the
+steps that carry prompt rows in others), and the last STEPS of them (default
+100) are summarized. First a line per graph: its launches, kernels and mean
+span. Per kernel of a step, in stream order:
 its duration (end - start) and its exposed time, the part of the step it
 alone adds (end - max(the ends before it), never negative); the exposed
 times of a step add up to its span. Printed: the step span and the gap
@@ -26,20 +29,38 @@ def main():
     path = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     first = int(sys.argv[3]) if len(sys.argv) > 3 else 16
+    want = sys.argv[4] if len(sys.argv) > 4 else None
     groups = defaultdict(list)
+    graph_of = {}
     for line in open(path):
         f = line.rstrip("\n").split("\t")
         if len(f) < 10 or f[2] == "0":
             continue
         groups[int(f[3])].append((int(f[0]), int(f[1]), short(f[9]), int(f[4]), int(f[6]), int(f[7])))
+        graph_of[int(f[3])] = f[2]
     if not groups:
         print("no graph kernels in", path)
         return
-    counts = defaultdict(int)
-    for g in groups.values():
-        counts[len(g)] += 1
-    n = max(counts, key=lambda k: counts[k])
-    reps = sorted((sorted(g) for g in groups.values() if len(g) == n), key=lambda g: g[0][0])[-steps:]
+    per_graph = defaultdict(list)
+    for corr, g in groups.items():
+        per_graph[graph_of[corr]].append(g)
+    for gid, reps in sorted(per_graph.items(), key=lambda kv: -sum(max(e for _, e, *_ in g) - min(s for s, *_ in g)
+                                                                     for g in kv[1])):
+        spans = [max(e for _, e, *_ in g) - min(s for s, *_ in g) for g in reps]
+        print(f"graph {gid}: {len(reps)} launches of {len(reps[0])} kernels, mean span {sum(spans) / len(spans) / 1e3:.1f} us")
+    if want is not None:
+        reps = sorted((sorted(g) for g in per_graph.get(want, [])), key=lambda g: g[0][0])[-steps:]
+        if not reps:
+            print("no launches of graph", want)
+            return
+        n = len(reps[0])
+        reps = [g for g in reps if len(g) == n]
+    else:
+        counts = defaultdict(int)
+        for g in groups.values():
+            counts[len(g)] += 1
+        n = max(counts, key=lambda k: counts[k])
+        reps = sorted((sorted(g) for g in groups.values() if len(g) == n), key=lambda g: g[0][0])[-steps:]
     span, gap = [], []
     per_name = defaultdict(float)
     pos = [[0.0, 0.0, 0.0] for _ in range(n)]  # duration, exposed, overlap
