@@ -170,6 +170,15 @@ static bool tc_lv4(const pt_cuda *c, const tc_multi_args &m, unsigned items) {
     return g_tc_lv4 == 2 || (g_tc_lv4 == 1 && blocks > c->sm_count && blocks <= 2 * (int64_t)c->sm_count);
 }
 
+/* One activation row on the unrolled loop: the launch of its build tc_lv4
+ * picks (NRM: the folded norm's kernels). */
+template <int BITS, int GS, int NT, int W, bool XP, bool NRM>
+static pt_status tc_launch_rg1(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster,
+                               const tc_glu *gl) {
+    return tc_lv4(c, m, items) ? tc_launch_k<BITS, GS, NT, W, XP, 4, true, false, NRM>(c, m, items, grouped, cluster, gl)
+                               : tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, NRM>(c, m, items, grouped, cluster, gl);
+}
+
 /* The launch with the inner loop tc_loop() selects (one activation row:
  * the kernel that folds only the stored column; 2: the unrolled ring loop,
  * up to 8 rows, where the stages allow it). */
@@ -184,18 +193,14 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
             for (int i = 0; i < m.n; i++) /* the row is one stage (tc_stage_norm) */
                 if ((int64_t)m.a[i].SU * tc_shape<BITS, GS>::UK < m.a[i].K) return PT_ERR_UNSUPPORTED;
             if (lv == 2 && tc_rg_ok<BITS, GS>(m))
-                return tc_lv4(c, m, items)
-                           ? tc_launch_k<BITS, GS, NT, W, XP, 4, true, false, true>(c, m, items, grouped, cluster, gl)
-                           : tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, true>(c, m, items, grouped, cluster, gl);
+                return tc_launch_rg1<BITS, GS, NT, W, XP, true>(c, m, items, grouped, cluster, gl);
             return tc_launch_k<BITS, GS, NT, W, XP, 1, true, false, true>(c, m, items, grouped, cluster, gl);
         }
         return PT_ERR_UNSUPPORTED;
     }
     if constexpr (NT == 1 && !XP)
         if (lv == 2 && tc_rg_ok<BITS, GS>(m)) {
-            if (m.a[0].nb == 1)
-                return tc_lv4(c, m, items) ? tc_launch_k<BITS, GS, NT, W, XP, 4, true>(c, m, items, grouped, cluster, gl)
-                                           : tc_launch_k<BITS, GS, NT, W, XP, 2, true>(c, m, items, grouped, cluster, gl);
+            if (m.a[0].nb == 1) return tc_launch_rg1<BITS, GS, NT, W, XP, false>(c, m, items, grouped, cluster, gl);
             return tc_launch_k<BITS, GS, NT, W, XP, 2, false>(c, m, items, grouped, cluster, gl);
         }
     if constexpr (NT == 1 && !XP)
