@@ -9,7 +9,7 @@
  *   - T = 1, 2, 8, 9, 16, 17, 32, 33, 64 (the 8- and 16-warp blocks, every
  *     n-tile count, the in-block and the prepared-x staging), both rows
  *     modes, and each row of a 64-row call equal to that row alone;
- *   - what it does not fuse (PETREL_CUDA_GEMV_FUSE=0, T > 64, an unaligned
+ *   - what it does not fuse (PETREL_CUDA_GEMV_FUSE=0, T > 64 outside rows mode, an unaligned
  *     x, different row counts, an odd number of tiles per block) answered
  *     PT_ERR_UNSUPPORTED with nothing launched;
  *   - the 4-bit 1b and 8b gate/up shapes again on the wgmma kernels
@@ -65,7 +65,8 @@ static int same(const char *what, const float *a, const float *b, int64_t n, int
  * activations: matmul_glu vs matmul_multi + glu, bit for bit. fused: 1 =
  * every call must take the fused launch, 0 = every call must answer
  * PT_ERR_UNSUPPORTED, 2 = only the calls of g_fuse_from rows or more fuse
- * (a warp split of 8: below that, 8-warp blocks). */
+ * (a warp split of 8: below that, 8-warp blocks), 3 = only the rows-mode
+ * calls fuse (above 64 rows: one launch per 64 rows). */
 static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qweight *u, const int *Ts, int nT,
                       int fused) {
     const int64_t K = g->w.cols, F = g->w.rows;
@@ -86,7 +87,7 @@ static int check_pair(pt_backend *be, const char *what, rand_qweight *g, rand_qw
         for (int rows = 0; rows < 2 && ok; rows++)
             for (int act = 0; act < 2 && ok; act++) {
                 const int64_t T = Ts[ti];
-                const int want = fused == 1 || (fused == 2 && T >= g_fuse_from);
+                const int want = fused == 1 || (fused == 2 && T >= g_fuse_from) || (fused == 3 && rows);
                 ok = be->ops->matmul_multi(be, 2, ys, x, T, ws, rows) == PT_OK &&
                      be->ops->glu(be, yr, yg, yu, T, F, F, (pt_glu_kind)act) == PT_OK;
                 CHECK(ok, "%s: separate calls T=%lld: %s", what, (long long)T, pt_last_error());
@@ -193,9 +194,10 @@ static void test_glu_op_bit_identical(void) {
             gpu_qw_free(be, &g), gpu_qw_free(be, &u);
         }
     }
-    /* not fused: the switch off, T > 64, an unaligned x, different row counts */
+    /* not fused: the switch off, T > 64 (but in rows mode: 64-row pieces), an unaligned x, different row
+     * counts */
     if (ok) {
-        static const int Ts1[] = {1, 9}, T65[] = {65};
+        static const int Ts1[] = {1, 9}, T65[] = {65, 80};
         rand_qweight g, u, u2;
         ok = gpu_qw_make(be, &g, 4, 64, 640, 768, 0) && gpu_qw_make(be, &u, 4, 64, 640, 768, 0) &&
              gpu_qw_make(be, &u2, 4, 64, 320, 768, 0);
@@ -203,7 +205,7 @@ static void test_glu_op_bit_identical(void) {
             pt_cuda_gemv_fuse(0);
             ok = check_pair(be, "PETREL_CUDA_GEMV_FUSE=0", &g, &u, Ts1, 2, 0);
             pt_cuda_gemv_fuse(1);
-            ok = ok && check_pair(be, "T = 65", &g, &u, T65, 1, 0);
+            ok = ok && check_pair(be, "T = 65, 80", &g, &u, T65, 2, 3);
             float *x = be->ops->alloc(be, 4 * 768 * 4 + 16), *y = be->ops->alloc(be, 4 * 640 * 4);
             const unsigned long long c0 = pt_cuda_tc_glu_count();
             CHECK(be->ops->matmul_glu(be, y, x + 1, 2, &g.w, &u.w, PT_GLU_SILU, 0) == PT_ERR_UNSUPPORTED,

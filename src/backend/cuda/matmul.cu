@@ -849,7 +849,10 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
  * For T <= 64 rows with both weights groupable (the grouped launch's
  * conditions, same row count): pt_cuda_tc_gemv_glu, the GEMV whose epilogue
  * writes glu(gate, up). For T <= 64 matmul and matmul_rows run the same
- * tensor-core launch, so rows changes nothing here. Anything else, and
+ * tensor-core launch, so rows changes nothing here. Above 64 rows with rows
+ * set (a server step with prompt rows), one such launch per 64 rows, as
+ * matmul_rows runs each weight (the same bits; one launch per 64 rows
+ * instead of one per weight and a GLU pass). Anything else, and
  * PETREL_CUDA_GEMV_FUSE=0 / pt_cuda_gemv_fuse(0) (A/B): PT_ERR_UNSUPPORTED,
  * and the caller makes the matmul_multi and glu calls (same bits). */
 static int g_gemv_fuse = -1;
@@ -862,9 +865,14 @@ static int gemv_fuse_on(void) {
 pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                              const pt_matrix *wu, pt_glu_kind act, int rows) {
     pt_cuda *c = pt_cuda_of(be);
-    (void)rows;
-    if (!gemv_fuse_on() || T < 1 || T > PT_TC_MAX_T || c->no_fast_gemv) return PT_ERR_UNSUPPORTED;
-    return pt_cuda_tc_gemv_glu(c, y, x, T, wg, wu, act);
+    if (!gemv_fuse_on() || T < 1 || (T > PT_TC_MAX_T && !rows) || c->no_fast_gemv) return PT_ERR_UNSUPPORTED;
+    /* 64-row pieces: the first answers for all (the same weights, and each
+     * piece's x is 64·K floats on, as aligned as x) */
+    for (int64_t t = 0; t < T; t += PT_TC_MAX_T) {
+        const int64_t nb = T - t < PT_TC_MAX_T ? T - t : PT_TC_MAX_T;
+        PT_TRY(pt_cuda_tc_gemv_glu(c, y + t * wg->rows, x + t * wg->cols, nb, wg, wu, act));
+    }
+    return PT_OK;
 }
 
 /* ---- the folded norm and residual add (backend.h matmul_norm,
