@@ -297,6 +297,10 @@ static pt_status rows_attention(pt_model *m, pt_fwd_state *st, const pt_fwd_rows
     const size_t qd = (size_t)nh * hd, kd = (size_t)nkv * hd; /* this layer's row strides */
     pt_attn attn = L->attn;
     attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
+    /* the key bound: a captured step's (runtime/batch.c), else the rows' own */
+    attn.max_keys = st->keys_bound < 0 ? 0 : st->keys_bound;
+    for (int t = 0; t < T && st->keys_bound == 0; t++)
+        if ((int64_t)r->pos[t] + 1 > attn.max_keys) attn.max_keys = (int64_t)r->pos[t] + 1;
     if (r->kvp && own_kv && !L->inv_freq_long && OPS(m)->rope_kv_attention) {
         /* RoPE, the cache writes and the attention in one call (bit-identical) */
         const pt_status fold = OPS(m)->rope_kv_attention(be, st->att, st->q, st->k, st->v, T, st->pos_dev, &L->rope,

@@ -15,7 +15,8 @@
  *     [n_layers][n][2], and KV append + attention are one op per layer over
  *     all rows. On CUDA with --compiled-decode the whole step (embedding to
  *     logits) is captured once per batch-size bucket (1, 2, 4, ..., 32
- *     rows, then multiples of 32: bucket_of) into a CUDA graph and
+ *     rows, then multiples of 32: bucket_of) and key class (key_class: the
+ *     rows' largest key count within 128, 256, or any) into a CUDA graph and
  *     replayed: a step of n rows runs the graph of the smallest bucket >= n with the extra rows as padding (id 0,
  *     position -1: they write no cache and their logits are dropped), after
  *     uploading the ids, positions and cache table. Since every op reads
@@ -54,6 +55,12 @@
  * padding row costs what a live one does; multiples of 32 keep the padding
  * below a third while the number of graphs stays small. */
 #define BUCKETS 40
+/* Key classes of a graph (key_class): 0 captured without a bound on the
+ * rows' keys, 1 for steps whose rows hold at most PT_DEC_SHORT_KEYS keys, 2
+ * at most half that; the attention picks its kernels by the bound
+ * (pt_attn.max_keys: the one-launch short decode, with fewer warps a block
+ * under the smaller one), never the bits. */
+#define KEY_CLASSES 3
 
 typedef struct batch {
     pt_fwd_state st;   /* activation buffers for `cap` rows (its own KV cache is never used) */
@@ -66,7 +73,7 @@ typedef struct batch {
     /* CUDA graphs of the table-mode step, one per bucket, valid while the
      * backend's scratch generation and the cache shapes they were captured
      * with hold (graph_gen, sig_*). */
-    pt_cuda_graph *graph[BUCKETS];
+    pt_cuda_graph *graph[KEY_CLASSES][BUCKETS];
     uint64_t graph_gen;
     int64_t *sig_cap;  /* [n_layers] cache capacity per layer */
     int *sig_dtype;    /* [n_layers] */
@@ -96,8 +103,18 @@ static int bucket_of(int n, int *rows) {
     return k;
 }
 
+/* The key class of a step whose live rows' largest position is pmax, and
+ * the bound its graph is captured with in *bound (-1: none). */
+static int key_class(int64_t pmax, int64_t *bound) {
+    int kc = 0;
+    while (kc + 1 < KEY_CLASSES && pmax + 1 <= (PT_DEC_SHORT_KEYS >> kc)) kc++;
+    *bound = kc ? PT_DEC_SHORT_KEYS >> (kc - 1) : -1;
+    return kc;
+}
+
 static void drop_graphs(batch *b) {
-    for (int k = 0; k < BUCKETS; k++) pt_cuda_graph_free(&b->graph[k]);
+    for (int c = 0; c < KEY_CLASSES; c++)
+        for (int k = 0; k < BUCKETS; k++) pt_cuda_graph_free(&b->graph[c][k]);
 }
 
 void pt_batch_free(pt_model *m) {
@@ -240,15 +257,22 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     PT_TRY(OPS(m)->upload(m->be, b->kvp_dev, b->kvp_host, (size_t)L * np * 2 * sizeof(void *)));
     pt_fwd_rows r = {.n = np, .seq = b->seq, .pos = b->pos_host, .kvp = b->kvp_dev};
     int ran = 0;
+    int64_t pmax = -1, bound;
+    for (int t = 0; t < n; t++)
+        if (pos[t] > pmax) pmax = pos[t];
+    const int kc = key_class(pmax, &bound);
     if (use_graph && k >= 0 && k < BUCKETS) {
         graphs_validate(m, b, sts[0]);
-        if (!b->graph[k]) {
+        pt_cuda_graph **g = &b->graph[kc][k];
+        if (!*g) {
             PT_TRY(pt_cuda_graph_begin(m->be));
+            b->st.keys_bound = bound; /* every step this graph replays is within it */
             pt_status s = pt_fwd_rows_enqueue(m, &b->st, &r, b->logits);
+            b->st.keys_bound = 0;
             char msg[512];
             snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());
-            pt_status e = pt_cuda_graph_end(m->be, &b->graph[k]);
-            if (s != PT_OK) pt_cuda_graph_free(&b->graph[k]); /* a partial capture */
+            pt_status e = pt_cuda_graph_end(m->be, g);
+            if (s != PT_OK) pt_cuda_graph_free(g); /* a partial capture */
             if (s == PT_ERR_UNSUPPORTED) return pt_error(s, "%s", msg);
             if (s != PT_OK) return pt_error(s, "batched decode: capturing the step of %d rows: %s", np, msg);
             if (e != PT_OK) { /* the capture itself failed: run eagerly from now on */
@@ -256,8 +280,8 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
                 b->no_graph = 1;
             }
         }
-        if (b->graph[k]) {
-            PT_TRY(pt_cuda_graph_launch(m->be, b->graph[k]));
+        if (*g) {
+            PT_TRY(pt_cuda_graph_launch(m->be, *g));
             ran = 1;
             b->n_graph++;
         }

@@ -12,7 +12,7 @@
  * and every byte of the caches; each batched row's output against the same
  * row decoded alone (a block per query head alone, per KV head batched).
  * The one-launch short decode (attention_short.cu) against the split
- * kernels in each of its forms. Not the attention against the CPU
+ * kernels in each of its forms, for one sequence and for batched rows. Not the attention against the CPU
  * (test_cuda_ops.c, test_cuda_batch.c). */
 #include "cuda/op_check.h"
 
@@ -391,6 +391,141 @@ static void test_rope_kv_attention_short_bits(void) {
            n_cases, n_lies);
 }
 
+/* ---- the one-block short decode over batched rows vs the three kernels ----
+ * rope_kv_attention over rows through the K/V pointer table with
+ * pt_attn.max_keys set (a captured batched step's bound, 256 or 128: the
+ * one-block form with 16 or 8 warps a block, a block per (row, KV head))
+ * against max_keys 0 (the split kernels): every row's output and every
+ * byte of every cache identical. The rows: positions around the split
+ * boundaries up to the bound, a padding row, and two rows sharing a cache
+ * as a joining prompt's rows do (the second must see the first's new key).
+ * A row past the bound is reported (PT_ERR_INTERNAL naming its keys) and
+ * the backend goes on. */
+static const int32_t rr_pos[] = {0, 1, 15, 16, 17, 33, 63, 64, 100, 126, -1, 127, 128, 129, 200, 254};
+enum { RR_MAX = (int)(sizeof rr_pos / sizeof rr_pos[0]) + 1 };
+
+static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int bound, int *n_cases, int *n_lies) {
+    const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
+    const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
+    int32_t pos[RR_MAX];
+    int share[RR_MAX], B = 0;
+    for (size_t i = 0; i < sizeof rr_pos / sizeof rr_pos[0]; i++) {
+        const int32_t p = rr_pos[i];
+        if (p + 1 > bound || (!rc->window && p >= rc->cap)) continue;
+        share[B] = B, pos[B++] = p;
+        if (p == 15 && p + 2 <= bound) share[B] = B - 1, pos[B] = p + 1, B++; /* the next row on the same cache */
+    }
+    const int64_t nq = (int64_t)B * nh * hd, nk = (int64_t)B * nkv * hd;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *oa = malloc(nq * 4), *ob = malloc(nq * 4);
+    uint8_t *init = malloc(cbytes), *ca = malloc(cbytes), *cb = malloc(cbytes);
+    fill_act(q, nq, -2, 2, a);
+    fill_act(k, nk, -2, 2, a);
+    fill_act(v, nk, -2, 2, a);
+    pt_rope rope;
+    pt_attn p;
+    pt_kv_layer shape;
+    char what[200];
+    ra_prepare(G, a, ft, rc, init, celems, &rope, &p, &shape, what, sizeof what);
+    snprintf(what + strlen(what), sizeof what - strlen(what), " bound %d", bound);
+    void *hk[2][RR_MAX], *hv[2][RR_MAX], *tab[2][2 * RR_MAX];
+    for (int w = 0; w < 2; w++)
+        for (int b = 0; b < B; b++) {
+            hk[w][b] = put(G, init, cbytes), hv[w][b] = put(G, init, cbytes);
+            tab[w][2 * b] = hk[w][share[b]], tab[w][2 * b + 1] = hv[w][share[b]];
+        }
+    void **td[2] = {put(G, tab[0], sizeof tab[0]), put(G, tab[1], sizeof tab[1])};
+    int32_t *pd = put(G, pos, B * 4);
+    float *qd[2], *kd[2], *vd[2], *od[2];
+    for (int w = 0; w < 2; w++)
+        qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4), od[w] = put(G, NULL, nq * 4);
+    pt_attn pb = p;
+    pb.max_keys = bound;
+    pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], B, pd, &rope, &shape, (void *const *)td[0],
+                                            &pb);
+    if (s == PT_OK)
+        s = G->ops->rope_kv_attention(G, od[1], qd[1], kd[1], vd[1], B, pd, &rope, &shape, (void *const *)td[1], &p);
+    if (s == PT_OK) s = G->ops->download(G, oa, od[0], nq * 4);
+    if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
+    REQUIRE(s == PT_OK, "%s: %s", what, pt_last_error());
+    for (int b = 0; b < B; b++)
+        CHECK(!memcmp(oa + (size_t)b * nh * hd, ob + (size_t)b * nh * hd, nh * hd * 4),
+              "%s row %d (pos %d): the one-block output differs from the split kernels'", what, b, pos[b]);
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < 2; c++) {
+            s = G->ops->download(G, ca, c ? hv[0][b] : hk[0][b], cbytes);
+            if (s == PT_OK) s = G->ops->download(G, cb, c ? hv[1][b] : hk[1][b], cbytes);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            CHECK(!memcmp(ca, cb, cbytes), "%s row %d: %s cache bytes differ", what, b, c ? "v" : "k");
+        }
+    (*n_cases)++;
+    /* a row past what the launch takes (the rows' bound set too low): reported, naming the row's keys, where
+     * the bound takes the one-block form: at most 16 scores tasks a row (a key row of at most 16 chunks of
+     * 16 bytes under 256 keys, 32 under 128) and a KV head's G heads' partial outputs in a block's shared
+     * memory (as rs_check). A row past the bound that the launch still holds is computed as the split
+     * kernels compute it (checked above with the bound exact); one past PT_DEC_SHORT_KEYS never is. */
+    const int chunks = hd * (int)esz / 16, big = PT_DEC_SHORT_KEYS + 8;
+    if (!rc->window && big < rc->cap && B > 1 && chunks <= (bound > 128 ? 16 : 32) && nh / nkv * hd <= 1024) {
+        int32_t lie[2] = {pos[0], big - 1};
+        int32_t *ld = put(G, lie, sizeof lie);
+        char keys[32];
+        snprintf(keys, sizeof keys, "%d keys", big);
+        s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], 2, ld, &rope, &shape, (void *const *)td[0], &pb);
+        if (s == PT_OK) s = G->ops->download(G, oa, od[0], 2 * nh * hd * 4);
+        CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
+              "%s: a row of %d keys under a bound of %d answered %d (%s)", what, big, bound, (int)s, pt_last_error());
+        REQUIRE(G->ops->download(G, ca, hk[0][0], cbytes) == PT_OK, "%s: the backend after the reported bound: %s",
+                what, pt_last_error());
+        G->ops->dealloc(G, ld);
+        (*n_lies)++;
+    }
+    for (int w = 0; w < 2; w++) {
+        G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
+        G->ops->dealloc(G, td[w]);
+        for (int b = 0; b < B; b++) G->ops->dealloc(G, hk[w][b]), G->ops->dealloc(G, hv[w][b]);
+    }
+    G->ops->dealloc(G, pd);
+    G->ops->dealloc(G, (void *)rope.inv_freq);
+    free(q), free(k), free(v), free(oa), free(ob), free(init), free(ca), free(cb);
+}
+
+static void test_rope_kv_attention_short_rows_bits(void) {
+    if (!gpu_usable("rope_kv_attention short rows")) TEST_SKIP("no GPU");
+    static const ra_case cs[] = {
+        {32, 8, 64, 64, 0, 1024, 0.f},     /* llama-3.2-1b, a server's 1024-token context */
+        {32, 8, 128, 128, 0, 1024, 0.f},   /* llama-3.1-8b */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* 16 splits of up to 128 keys */
+        {32, 4, 128, 128, 0, RA_CTX, 0.f}, /* qwen3-30b-a3b: GQA 8 */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
+        {16, 8, 32, 32, 0, 512, 0.f},      /* head 32: 4 chunks a row in bf16; 8 splits */
+        {32, 8, 128, 128, 0, 128, 0.f},    /* 2 splits of up to 64 */
+    };
+    /* a block per (row, KV head) or per (row, query head) (PETREL_CUDA_DEC_SHORT_ROWS_HEADS), the key and
+     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE) */
+    static const char *forms[][2] = {{"0", "0"}, {"1", "0"}, {"0", "2"}};
+    int n_cases = 0, n_lies = 0;
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)
+        for (int a = 0; a < 2; a++) {
+            setenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", forms[f][0], 1);
+            setenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", forms[f][1], 1);
+            pt_backend *G = NULL;
+            REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
+            pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
+                                     .max_rows = RR_MAX};
+            REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
+            for (int dt = 0; dt < 3; dt++)
+                for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
+                    for (int bound = PT_DEC_SHORT_KEYS; bound >= PT_DEC_SHORT_KEYS / 2; bound /= 2)
+                        rr_check(G, a, (pt_ftype)dt, &cs[ci], bound, &n_cases, &n_lies);
+            pt_backend_free(&G);
+        }
+    unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
+    unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
+    printf("INFO rope_kv_attention short rows: %d batches (3 forms) bit-identical to the split kernels, %d wrong "
+           "bounds reported\n",
+           n_cases, n_lies);
+}
+
 int main(void) {
     /* the one-launch short decode for every GQA group size it takes in both head groupings (with a block
      * per KV head the default takes it only up to 4 query heads per KV head) */
@@ -401,6 +536,7 @@ int main(void) {
     TEST_RUN(test_rope_kv_bits);
     TEST_RUN(test_rope_kv_attention_bits);
     TEST_RUN(test_rope_kv_attention_short_bits);
+    TEST_RUN(test_rope_kv_attention_short_rows_bits);
     teardown();
     return test_summary();
 }

@@ -454,10 +454,11 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     const int R = a.hd * (int)sizeof(KT) / 16;
     a.err = c->err_dev;
     /* one launch at short contexts, same bits; a block per KV head only up to 4 query heads per KV head
-     * (with 8, qwen3-30b-a3b's, it measured slower than the three kernels) */
-    if (g_attn_v2 && g_dec_short && !batched && a.max_keys > 0 &&
-        (g_dec_short == 2 || c->dec_short_heads || a.nh / a.nkv <= 4)) {
-        const pt_status st = pt_cuda_dec2_short<KT>(c, a, a.max_keys);
+     * (with 8, qwen3-30b-a3b's, it measured slower than the three kernels for one sequence; batched rows
+     * always take a block per KV head) */
+    if (g_attn_v2 && g_dec_short && a.max_keys > 0 && (!batched || c->dec_short_rows) &&
+        (g_dec_short == 2 || (!batched && c->dec_short_heads) || a.nh / a.nkv <= 4)) {
+        const pt_status st = pt_cuda_dec2_short<KT>(c, a, B, a.max_keys);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if (g_attn_v2 && R >= 4 && R <= 64) return pt_cuda_dec2_launch<KT>(c, a, B, grid);
@@ -586,7 +587,7 @@ pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, 
     r.scale = p->scale, r.softcap = p->softcap, r.window = p->window, r.bf = pt_cuda_bf(be);
     r.kn = k, r.vn = v, r.inv_freq = (const float *)rope->inv_freq, r.rscale = rope->attn_scale;
     r.half = rope->rot_dim / 2;
-    r.max_keys = kvp ? 0 : p->max_keys;
+    r.max_keys = p->max_keys;
     if (kvp) { /* the keys of every row first, then the queries' RoPE in the scores kernel */
         PT_TRY(pt_cuda_rope_k_append_rows(c, kv, kvp, k, v, rows, pos, rope, r.bf));
         r.kn = NULL, r.vn = NULL;

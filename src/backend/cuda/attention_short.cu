@@ -14,6 +14,17 @@
  * over a few KB of cache per head; one launch does the same work without
  * two kernel boundaries, the scratch round trips and the merge launch.
  *
+ * Batched rows (continuous batching: attention_rows' rows through the K/V
+ * pointer table, a captured step's key bound or an eager step's largest
+ * position + 1): the same form with blockIdx.y the row, the keys rotated
+ * and appended before by rope_k_append_rows (rows may share a cache), so
+ * every key comes from the cache and only the queries are rotated here
+ * (FOLD false); a block per (row, query head) while those fit in one
+ * wave, else per (row, KV head), of 8 warps where no row of the bound has
+ * more than 8 scores tasks (2 blocks an SM), else 16. At 64
+ * served streams of the 8B shape it replaced the scores, p·V and merge
+ * launches: +19% aggregate (bench/RESULTS.md, "fourth session").
+ *
  * Blocks: by default one per query head (nh blocks; c->dec_short_heads,
  * PETREL_CUDA_DEC_SHORT_HEADS=0: one per KV head holding its G query
  * heads). A head's scores, (max, sum), p·V and merge never mix with another
@@ -59,8 +70,10 @@
  * session)" and "(sixth session)". */
 #include "backend/cuda/attention_dec2.cuh"
 
+/* Warps a block: NW = 16 for one sequence (a block holds every task of a
+ * row of up to 256 keys), 8 for batched rows under a bound of at most 8
+ * scores tasks (several blocks an SM; DS_WARPS is the most). */
 #define DS_WARPS 16
-#define DS_THREADS (DS_WARPS * 32)
 #define DS_MAXK PT_DEC_SHORT_KEYS /* the most keys a row may hold: the scores' row in shared memory */
 /* The most dynamic shared memory a launch takes (the kernel's static arrays
  * take up to ~20 KB more of the SM's 227 KB). */
@@ -124,11 +137,11 @@ __device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs
  * cap) copied into dst ([n, R] 16-byte chunks) by cp.async, the block's
  * threads over the chunks; all but key jp, the step's own row, which the
  * block fills from its own copy (block 0 may be writing it to the cache). */
-template <typename KT>
+template <int NT, typename KT>
 __device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
                                               int n, int64_t jp) {
     const uint32_t sa = (uint32_t)__cvta_generic_to_shared(dst);
-    for (int i = threadIdx.x; i < n * R; i += DS_THREADS) {
+    for (int i = threadIdx.x; i < n * R; i += NT) {
         const int j = i / R;
         int64_t row = rlo + j;
         if (row >= cap) row -= cap;
@@ -137,11 +150,11 @@ __device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_
     }
 }
 
-template <typename KT, int LS, int LP, int CP, int PG, int MG>
-__global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a) {
+template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
+__global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     pt_wait_primary();
-    constexpr int V = 16 / sizeof(KT);
+    constexpr int NT = NW * 32, V = 16 / sizeof(KT);
     constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
     constexpr int PU = (PG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
     /* the block's H query heads: the whole group (MG > 1) or one head (MG = 1), h0 its first in the group */
@@ -149,6 +162,11 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     const int kh = blockIdx.x / nhb, h0 = (blockIdx.x % nhb) * H;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t b = blockIdx.y, cap = a.cap;
+    /* FOLD: the step's key rotated and both rows stored here (one sequence,
+     * kn set); else batched rows whose keys rope_k_append_rows rotated and
+     * appended before, every key read from the cache and only the queries
+     * rotated */
+    constexpr bool fold = FOLD;
     int64_t lo, n, per, used;
     dec_range(a, b, lo, n, per, used);
     extern __shared__ float4 ds_smem_f4[];
@@ -158,7 +176,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     float *sP = raw + (H + 2) * hd;                     /* [tp, H, hd] the tasks' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G + h0) * hd;
     if (used == 0) { /* a padding row: zeros, as the merge writes them */
-        for (int i = threadIdx.x; i < H * hd; i += DS_THREADS) out[i] = 0.f;
+        for (int i = threadIdx.x; i < H * hd; i += NT) out[i] = 0.f;
         return;
     }
     uint32_t dyn;
@@ -166,7 +184,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
     const int fs = ds_split_tasks(per, SKB), fp = ds_split_tasks(per, PKB); /* tasks of a full split */
     const size_t base = ds_smem(H, hd, tp, R, 0);
-    if (n > DS_MAXK || ts > DS_WARPS || base > dyn) {
+    if (n > DS_MAXK || ts > NW || base > dyn) {
         /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
         if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
         return;
@@ -178,39 +196,43 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     const bool vst = al && dyn >= ds_smem(H, hd, tp, R, 1), kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
     __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
     __shared__ float rcs[128], rsn[128];
-    __shared__ float smax[DS_WARPS][DEC_MAX_G], ssum[DS_WARPS][DEC_MAX_G];
+    __shared__ float smax[NW][DEC_MAX_G], ssum[NW][DEC_MAX_G];
     __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
-    __shared__ float2 sML[DS_WARPS][DEC_MAX_G]; /* each split's (max, sum) per head */
-    __shared__ float ps[DS_WARPS][MG][PKB];
+    __shared__ float2 sML[NW][DEC_MAX_G]; /* each split's (max, sum) per head (used <= ts <= NW splits) */
+    __shared__ float ps[NW][MG][PKB];
     const int32_t p = a.pos[b];
     const int64_t prow = p % cap, rlo = lo % cap; /* the step's cache row, the cache row of key 0 */
-    const int64_t jp = prow >= rlo ? prow - rlo : prow - rlo + cap; /* the step's key (< n: a row holds it) */
+    /* the step's key (< n: a row holds it); batched: none of the keys is the block's own copy */
+    const int64_t jp = !fold ? -1 : prow >= rlo ? prow - rlo : prow - rlo + cap;
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
     /* the step's own rows and the table's frequencies into registers first (the cache rows' copies below
-     * would otherwise queue ahead of them): H·hd <= 4·DS_THREADS query values, hd <= DS_THREADS */
+     * would otherwise queue ahead of them): H·hd <= QR·NT query values, hd <= NT where fold (the launch
+     * takes NW = 16 there) */
+    constexpr int QR = DEC_MAX_G * 256 / NT;
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
-    const float *kr = a.kn + (b * a.nkv + kh) * (int64_t)hd, *vr = a.vn + (b * a.nkv + kh) * (int64_t)hd;
-    float rq[4], rk = 0.f, rv = 0.f;
+    const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
+    const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
+    float rq[QR], rk = 0.f, rv = 0.f;
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int i = (int)threadIdx.x + u * DS_THREADS;
+    for (int u = 0; u < QR; u++) {
+        const int i = (int)threadIdx.x + u * NT;
         rq[u] = i < H * hd ? q[i] : 0.f;
     }
-    if ((int)threadIdx.x < hd) rk = kr[threadIdx.x], rv = vr[threadIdx.x];
+    if (fold && (int)threadIdx.x < hd) rk = kr[threadIdx.x], rv = vr[threadIdx.x];
     const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
     /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
      * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
-    if (kst) ds_stage_rows(kS, kb, rlo, cap, hd, R, (int)n, jp);
+    if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
     pt_cp_commit();
-    if (vst) ds_stage_rows(vS, vb, rlo, cap, hd, R, (int)n, jp);
+    if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
     pt_cp_commit();
 #pragma unroll
-    for (int u = 0; u < 4; u++) {
-        const int i = (int)threadIdx.x + u * DS_THREADS;
+    for (int u = 0; u < QR; u++) {
+        const int i = (int)threadIdx.x + u * NT;
         if (i < H * hd) raw[i] = rq[u];
     }
-    if ((int)threadIdx.x < hd) raw[H * hd + threadIdx.x] = rk, raw[(H + 1) * hd + threadIdx.x] = rv;
+    if (fold && (int)threadIdx.x < hd) raw[H * hd + threadIdx.x] = rk, raw[(H + 1) * hd + threadIdx.x] = rv;
     /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them */
     if ((int)threadIdx.x < a.half) {
         const float th = (float)p * fr;
@@ -218,21 +240,21 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < H * hd; i += DS_THREADS)
+    for (int i = threadIdx.x; i < H * hd; i += NT)
         qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
-    {
+    if (fold) {
         KT *kn = reinterpret_cast<KT *>(knew), *vn = reinterpret_cast<KT *>(vnew);
-        for (int d = threadIdx.x; d < hd; d += DS_THREADS) {
+        for (int d = threadIdx.x; d < hd; d += NT) {
             d2_kv_store(kn + d, d2_rope_elem(raw + H * hd, d, a.half, rcs, rsn, a.bf));
             d2_kv_store(vn + d, raw[(H + 1) * hd + d]);
         }
     }
     __syncthreads();
-    {
+    if (fold) {
         /* the block of the group's first head stores the rows; every block stages its own copy */
         KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
         KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
-        for (int c = threadIdx.x; c < R; c += DS_THREADS) {
+        for (int c = threadIdx.x; c < R; c += NT) {
             if (h0 == 0) {
                 reinterpret_cast<uint4 *>(kc)[c] = knew[c];
                 reinterpret_cast<uint4 *>(vc)[c] = vnew[c];
@@ -258,7 +280,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         for (int64_t jb = j0 + (int64_t)w * SKB; jb < j1; jb += (int64_t)D2_WARPS * SKB) {
             uint4 kr[2][SC];
             if (kst) ds_load_staged<LS, SC, 2>(kr, kS, R, jb, j1, sub, ks);
-            else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, knew, prow);
+            else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? knew : nullptr, prow);
             d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
         }
 #pragma unroll
@@ -301,7 +323,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     }
     __syncthreads();
     /* p·V: task t (split s, the p·V kernel's warp w) into its partial output */
-    for (int t = warp; t < tp; t += DS_WARPS) {
+    for (int t = warp; t < tp; t += NW) {
         ds_task(t, fp, s, w);
         const int sub = lane % LP, ks = lane / LP;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
@@ -310,7 +332,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
         for (int64_t jb = j0 + (int64_t)w * PKB; jb < j1; jb += (int64_t)D2_WARPS * PKB) {
             uint4 vr[PU][CP];
             if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
-            else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, vnew, prow);
+            else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
             d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane, ks, acc);
         }
         d2_pv_keys_sum<LP>(acc, H);
@@ -318,7 +340,7 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     }
     __syncthreads();
     /* the merge: each split's tasks in warp order, the splits in split order */
-    for (int i = threadIdx.x; i < H * hd; i += DS_THREADS) {
+    for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
         for (int64_t sp = 0; sp < used; sp++) {
             int t0, nt;
@@ -331,74 +353,98 @@ __global__ void __launch_bounds__(DS_THREADS, 1) dec2_short_kernel(pt_dec_rows a
     }
 }
 
-/* The most p·V tasks of any row of at most max_keys keys (0: some row of the
- * shape would have more than DS_WARPS scores tasks, so the shape cannot run
- * the one-block form). The last answer is kept: an eager decode asks it
- * for every layer of every step with the same arguments. */
-static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &gm) {
+/* The most p·V tasks of any row of at most max_keys keys, and in *tsm the
+ * most scores tasks (both 0: some row of the shape would have more than
+ * DS_WARPS scores tasks, so the shape cannot run the one-block form). The
+ * last answer is kept: an eager decode asks it for every layer of every
+ * step with the same arguments. */
+static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &gm, int *tsm) {
     static int64_t k_nsplit = -1, k_stride, k_minper, k_max, k_skb, k_pkb;
-    static int k_tpm;
+    static int k_tpm, k_tsm;
     if (k_nsplit == a.nsplit && k_stride == a.stride && k_minper == a.minper && k_max == max_keys && k_skb == gm.SKB &&
-        k_pkb == gm.PKB)
+        k_pkb == gm.PKB) {
+        *tsm = k_tsm;
         return k_tpm;
-    int tpm = 0;
+    }
+    int tpm = 0, ts_max = 0;
     for (int64_t n = 1; n <= max_keys && n <= a.stride; n++) {
         int64_t per, used;
         dec_splits(n, a.nsplit, a.minper, per, used);
-        if (ds_tasks(n, per, used, gm.SKB) > DS_WARPS) {
-            tpm = 0;
+        const int ts = ds_tasks(n, per, used, gm.SKB);
+        if (ts > DS_WARPS) {
+            tpm = ts_max = 0;
             break;
         }
         const int tp = ds_tasks(n, per, used, gm.PKB);
         if (tp > tpm) tpm = tp;
+        if (ts > ts_max) ts_max = ts;
     }
     k_nsplit = a.nsplit, k_stride = a.stride, k_minper = a.minper, k_max = max_keys, k_skb = gm.SKB, k_pkb = gm.PKB;
-    k_tpm = tpm;
+    k_tpm = tpm, k_tsm = ts_max;
+    *tsm = ts_max;
     return tpm;
 }
 
-template <typename KT, int LS, int LP, int CP, int PG, int MG>
-static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, size_t smem) {
+template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
+static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG>,
+        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
         raised = true;
     }
-    pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG>, dim3((unsigned)nblk, 1u), dim3(DS_THREADS), smem, c->stream,
-              pt_pdl_chain(), a);
+    pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD>, dim3((unsigned)nblk, (unsigned)B), dim3(NW * 32),
+              smem, c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention (one block per KV head or query head)");
     return PT_OK;
 }
 
 template <typename KT>
-pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys) {
+pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys) {
     const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
-    if (!a.kn || !a.inv_freq || a.kvp || max_keys <= 0 || max_keys > DS_MAXK || G > DEC_MAX_G || R < 4 || R > 64 ||
-        (R > 32 && sizeof(KT) != 4))
+    /* one sequence with the fold, or batched rows whose keys are appended (the queries' RoPE alone) */
+    const bool rows = a.kvp != nullptr;
+    if (!a.inv_freq || (rows ? a.kn != nullptr : !a.kn || B != 1) || max_keys <= 0 || max_keys > DS_MAXK ||
+        G > DEC_MAX_G || R < 4 || R > 64 || (R > 32 && sizeof(KT) != 4) || B < 1 || B > 65535)
         return PT_ERR_UNSUPPORTED;
     const d2_geom gm = d2_geometry(R, G);
-    const int tp = ds_max_tasks(a, max_keys, gm);
-    const int H = c->dec_short_heads ? 1 : G; /* query heads a block */
-    int nst = c->dec_short_stage; /* the key and value rows staged where they fit */
+    int ts;
+    const int tp = ds_max_tasks(a, max_keys, gm, &ts);
+    /* query heads a block: one sequence, a block per query head (c->dec_short_heads); batched rows, a block
+     * per (row, query head) while those fit in one wave of two 8-warp blocks an SM, else per (row, KV head),
+     * which reads the KV head's rows once for its G heads (c->dec_short_rows_heads forces either); 8 warps
+     * a block where no row has more than 8 scores tasks */
+    const bool w8 = rows && ts <= 8;
+    const int rh = c->dec_short_rows_heads;
+    const int H = !rows ? (c->dec_short_heads ? 1 : G)
+                        : rh == 1 || (rh < 0 && w8 && B * a.nh <= 2LL * c->sm_count) ? 1 : G;
+    int nst = rows ? c->dec_short_rows_stage : c->dec_short_stage; /* the key and value rows staged where they fit */
     while (nst > 0 && ds_smem(H, a.hd, tp, R, nst) > DS_SMEM_MAX) nst--;
     const size_t smem = ds_smem(H, a.hd, tp, R, nst);
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
-#define PT_DS(LS, LP, CP)                                                                                              \
-    return G <= 4 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, 4, 1>(c, a, nblk, smem)                                    \
-                            : ds_launch_one<KT, LS, LP, CP, 4, 4>(c, a, nblk, smem))                                   \
-                  : (H == 1 ? ds_launch_one<KT, LS, LP, CP, 8, 1>(c, a, nblk, smem)                                    \
-                            : ds_launch_one<KT, LS, LP, CP, 8, 8>(c, a, nblk, smem))
+#define PT_DS_G(LS, LP, CP, PG)                                                                                    \
+    return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
+                                : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem))               \
+                      : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
+                                : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, false>(c, a, nblk, B, smem)))             \
+           : H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem)                             \
+                    : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem)
+#define PT_DS(LS, LP, CP)                                                                                          \
+    do {                                                                                                           \
+        if (G <= 4) PT_DS_G(LS, LP, CP, 4);                                                                        \
+        PT_DS_G(LS, LP, CP, 8);                                                                                    \
+    } while (0)
     if (R <= 4) PT_DS(1, 4, 1);
     if (R <= 8) PT_DS(2, 8, 1);
     if (R <= 16) PT_DS(4, 16, 1);
     if (R <= 32) PT_DS(8, 32, 1);
     if constexpr (sizeof(KT) == 4) PT_DS(16, 32, 2);
 #undef PT_DS
+#undef PT_DS_G
     return PT_ERR_UNSUPPORTED;
 }
 
-template pt_status pt_cuda_dec2_short<float>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
-template pt_status pt_cuda_dec2_short<__nv_bfloat16>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
-template pt_status pt_cuda_dec2_short<__half>(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
+template pt_status pt_cuda_dec2_short<float>(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys);
+template pt_status pt_cuda_dec2_short<__nv_bfloat16>(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys);
+template pt_status pt_cuda_dec2_short<__half>(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys);

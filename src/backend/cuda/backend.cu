@@ -377,6 +377,15 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
         const char *e = getenv("PETREL_CUDA_DEC_SHORT_STAGE");
         c->dec_short_stage = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
     }
+    c->dec_short_rows = pt_env_on("PETREL_CUDA_DEC_SHORT_ROWS");
+    {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
+        c->dec_short_rows_stage = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
+    }
+    {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
+        c->dec_short_rows_heads = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
+    }
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -55,8 +55,14 @@ typedef struct pt_cuda {
      * PETREL_CUDA_DEC_SHORT_HEADS=0 gives a block every KV head (all its
      * query heads), else a block every query head; PETREL_CUDA_DEC_SHORT_STAGE
      * = 0 / 1 / 2 (default) stages no rows, the value rows, the key and value
-     * rows in shared memory by cp.async (where they fit). */
-    int dec_short_heads, dec_short_stage;
+     * rows in shared memory by cp.async (where they fit). Batched rows
+     * (attention_rows under a key bound): PETREL_CUDA_DEC_SHORT_ROWS=0 runs
+     * the three kernels instead; PETREL_CUDA_DEC_SHORT_ROWS_STAGE = 0
+     * (default) / 1 / 2 as above for their blocks;
+     * PETREL_CUDA_DEC_SHORT_ROWS_HEADS = 1 / 0 a block every (row, query
+     * head) / (row, KV head), unset (-1) the first while they fit in one
+     * wave. */
+    int dec_short_heads, dec_short_stage, dec_short_rows, dec_short_rows_stage, dec_short_rows_heads;
     /* Query heads per block of the split decode kernels of one sequence
      * (attention_dec2.cu): -1 (default) as the grid needs them (dec2_hpb),
      * 0 all of a KV head's, N > 0 N of them where N divides the group

@@ -47,8 +47,11 @@ typedef struct pt_dec_rows {
     float rscale;          /* the rope's attn_scale */
     int half;              /* rot_dim / 2 */
     /* set by the caller: no row of the launch holds more keys (0: unknown).
-     * One sequence with RoPE folded and a bound that fits runs the one-block
-     * form (attention_short.cu); a row past the bound sets err (code 3). */
+     * One sequence with RoPE folded, or batched rows with the queries' RoPE
+     * folded, under a bound that fits runs the one-block form
+     * (attention_short.cu); a row past what that launch holds (its
+     * scores tasks, its shared memory, PT_DEC_SHORT_KEYS keys) sets err
+     * (code 3) and is not computed. */
     int64_t max_keys;
     int *err;              /* the backend's device error flag */
     /* set by pt_cuda_dec2_launch: query heads per block of its scores and
@@ -120,13 +123,15 @@ pt_status pt_cuda_dec2_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, dim3 grid);
  * (the caller then runs the rows one by one). */
 pt_status pt_cuda_decode_split(pt_cuda *c, pt_dec_rows &a, int64_t B, pt_ftype dt, int batched);
 
-/* The one-launch form of the second generation's split decode for one
- * sequence with RoPE and the cache write folded (attention_short.cu): the
+/* The one-launch form of the second generation's split decode
+ * (attention_short.cu) for one sequence with RoPE and the cache write
+ * folded (B = 1, kn set), or for B batched rows whose keys were appended
+ * before (kvp set, kn NULL, inv_freq set: the queries' RoPE folded): the
  * same bits as pt_cuda_dec2_launch. PT_ERR_UNSUPPORTED (nothing launched)
  * when max_keys is 0 or above what the shape allows; the scratch and splits
  * set as for pt_cuda_dec2_launch. */
 template <typename KT>
-pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t max_keys);
+pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys);
 
 /* Batched rows' keys rotated as rope_qk rotates them and appended as
  * kv_append_rows appends them (same bytes), in one launch over every row
