@@ -11,8 +11,11 @@
  *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x, and
  *     the 8b shapes on the wgmma kernels (PETREL_CUDA_TC_WG: 4-bit g64 at
  *     17..64 rows; 8-bit keeps the mma.sync kernels);
- *   - what must not take the grouped launch (T > 64, mixed bits) still
- *     equal to the separate calls, and PETREL_CUDA_MULTI=0 switching it off;
+ *   - T = 65 and 100 in rows mode: one grouped launch per 64 rows, equal to
+ *     matmul_rows's 64-row pieces;
+ *   - what must not take the grouped launch (T > 64 outside rows mode, mixed
+ *     bits) still equal to the separate calls, and PETREL_CUDA_MULTI=0
+ *     switching it off;
  * and the whole forward pass (prefill and compiled decode steps) must give
  * bit-identical logits with the grouped launch on and off, on the 4-bit
  * demo model and the llama-3.2-1b shape with random 4-bit weights.
@@ -78,7 +81,8 @@ static int check_set(pt_backend *be, const char *what, int n, rand_qweight *q, c
             const unsigned long long c0 = pt_cuda_tc_multi_count();
             NEED(be->ops->matmul_multi(be, n, ym, x, T, ws, rows) == PT_OK, "%s: matmul_multi T=%lld: %s", what,
                  (long long)T, pt_last_error());
-            const int took = pt_cuda_tc_multi_count() != c0, want = grouped && T <= 64;
+            /* above 64 rows: one grouped launch per 64 rows in rows mode, the separate calls else */
+            const int took = pt_cuda_tc_multi_count() != c0, want = grouped && (T <= 64 || rows);
             CHECK(took == want, "%s T=%lld rows %d: grouped launch %s", what, (long long)T, rows,
                   took ? "taken where it must not be" : "not taken");
             for (int i = 0; i < n && ok; i++) {
@@ -126,39 +130,39 @@ static void test_multi_op_bit_identical(void) {
         }
     /* the llama-3.1-8b shapes, 4- and 8-bit, group 64 */
     for (int b = 0; b < 2 && ok; b++) {
-        static const int T8[] = {1, 8, 9, 33, 64};
+        static const int T8[] = {1, 8, 9, 33, 64, 100};
         rand_qweight q[3];
         int made = 0;
         static const int64_t Nq[3] = {4096, 1024, 1024};
         for (; made < 3 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, Nq[made], 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v 4096/1024/1024×4096", bitss[b]);
-        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        if (ok) ok = check_set(be, what, 3, q, T8, 6, 1, 0);
         /* 8-warp blocks above 8 rows, and an unaligned x (copied, as matmul does) */
         pt_cuda_tc_wide(0);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, 8-warp blocks", bitss[b]);
-        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        if (ok) ok = check_set(be, what, 3, q, T8, 6, 1, 0);
         pt_cuda_tc_wide(1);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, unaligned x", bitss[b]);
         if (ok) ok = check_set(be, what, 3, q, T8 + 2, 2, 1, 1);
         /* the wgmma kernels (4-bit g64, 17..64 rows; splits of 8) */
         pt_cuda_tc_wg(1);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, wgmma", bitss[b]);
-        if (ok) ok = check_set(be, what, 3, q, T8, 5, 1, 0);
+        if (ok) ok = check_set(be, what, 3, q, T8, 6, 1, 0);
         pt_cuda_tc_wg(-1);
         /* PETREL_CUDA_MULTI=0: the separate calls */
         pt_cuda_tc_multi(0);
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, grouped launch off", bitss[b]);
-        if (ok) ok = check_set(be, what, 3, q, T8, 5, 0, 0);
+        if (ok) ok = check_set(be, what, 3, q, T8, 6, 0, 0);
         pt_cuda_tc_multi(1);
         for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         made = 0;
         for (; made < 2 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096", bitss[b]);
-        if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
+        if (ok) ok = check_set(be, what, 2, q, T8, 6, 1, 0);
         /* the wgmma kernels (4-bit g64, 17..64 rows; a split of 2) */
         pt_cuda_tc_wg(1);
         snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096, wgmma", bitss[b]);
-        if (ok) ok = check_set(be, what, 2, q, T8, 5, 1, 0);
+        if (ok) ok = check_set(be, what, 2, q, T8, 6, 1, 0);
         pt_cuda_tc_wg(-1);
         for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
     }

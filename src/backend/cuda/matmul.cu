@@ -783,8 +783,12 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
  * is in the tensor-core layout with one bits, group size and K, and no
  * expert stack: for T <= 64 matmul and matmul_rows both run exactly one
  * pt_cuda_tc_gemv launch per weight, which the grouped launch reproduces bit
- * for bit. Anything else (and PETREL_CUDA_MULTI=0 / pt_cuda_tc_multi(0),
- * for A/B): the n separate matmul / matmul_rows calls. */
+ * for bit. Above 64 rows in rows mode (a server step carrying prompt rows),
+ * one grouped launch per 64 rows, as matmul_rows runs each weight in 64-row
+ * pieces (the same bits; a launch of every weight's blocks instead of one
+ * launch per weight, whose k and v launches fill a quarter of the SMs).
+ * Anything else (and PETREL_CUDA_MULTI=0 / pt_cuda_tc_multi(0), for A/B): the
+ * n separate matmul / matmul_rows calls. */
 /* PETREL_CUDA_PREFILL_MULTI=0 / pt_cuda_prefill_multi(0): matmul_multi
  * converts x once per weight on the GEMM path, as separate matmuls do (A/B). */
 static int g_prefill_multi = -1;
@@ -814,7 +818,8 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
                             (long long)w[i]->cols, (long long)w[i]->n_experts, (long long)w[0]->cols);
     }
     if (T <= 0) return PT_OK;
-    if (n > 1 && T <= PT_TC_MAX_T && !c->no_fast_gemv && tc_multi_on() && pt_cuda_tc_multi_ok(c, n, w)) {
+    if (n > 1 && (T <= PT_TC_MAX_T || (rows && (w[0]->cols * 4) % 16 == 0)) && !c->no_fast_gemv && tc_multi_on() &&
+        pt_cuda_tc_multi_ok(c, n, w)) {
         /* the copy matmul and matmul_rows make of an unaligned x (the same values) */
         const float *xin = x;
         if ((uintptr_t)x % 16) {
@@ -824,7 +829,15 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
                 cudaMemcpyAsync(c->xconv, x, (size_t)(T * w[0]->cols) * 4, cudaMemcpyDeviceToDevice, c->stream));
             xin = (const float *)c->xconv;
         }
-        return pt_cuda_tc_gemv_multi(c, n, y, xin, T, w);
+        /* above 64 rows (rows mode: a server step with prompt rows) one grouped launch per 64 rows, as
+         * matmul_rows runs each weight */
+        for (int64_t t = 0; t < T; t += PT_TC_MAX_T) {
+            const int64_t nb = T - t < PT_TC_MAX_T ? T - t : PT_TC_MAX_T;
+            float *yp[4];
+            for (int i = 0; i < n; i++) yp[i] = y[i] + t * w[i]->rows;
+            PT_TRY(pt_cuda_tc_gemv_multi(c, n, yp, xin + t * w[0]->cols, nb, w));
+        }
+        return PT_OK;
     }
     /* Prefill (T > 64, the GEMM path for every weight): x converted to bf16
      * once for all n weights instead of once per weight; the same values and
