@@ -70,7 +70,7 @@ typedef struct batch {
     void **kvp_host;   /* host mirror */
     int32_t *ids_host, *pos_host; /* [cap] */
     pt_fwd_state **seq;           /* [cap] rows' states (NULL: padding) */
-    /* CUDA graphs of the table-mode step, one per bucket, valid while the
+    /* CUDA graphs of the table-mode step, one per key class and bucket, valid while the
      * backend's scratch generation and the cache shapes they were captured
      * with hold (graph_gen, sig_*). */
     pt_cuda_graph *graph[KEY_CLASSES][BUCKETS];

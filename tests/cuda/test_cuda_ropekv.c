@@ -134,6 +134,50 @@ static void ra_prepare(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, uin
              rc->hd, rc->rot, rc->window, (long long)rc->cap);
 }
 
+/* Two sets (w = 0, 1) of B batched rows on the device: each set's query,
+ * key and value rows, output, and K/V caches through a pointer table
+ * ([B][2]), every cache starting as init and row b writing into row
+ * share[b]'s caches (a joining prompt's rows share one). */
+enum { KVR_MAX = 24 };
+typedef struct {
+    int B;
+    void *hk[2][KVR_MAX], *hv[2][KVR_MAX], **td[2];
+    float *qd[2], *kd[2], *vd[2], *od[2];
+} kv_rows;
+
+static void kvr_make(pt_backend *G, kv_rows *r, int B, const int *share, const uint8_t *init, size_t cbytes,
+                     const float *q, const float *k, const float *v, int64_t nq, int64_t nk) {
+    void *tab[2 * KVR_MAX];
+    r->B = B;
+    for (int w = 0; w < 2; w++) {
+        for (int b = 0; b < B; b++) r->hk[w][b] = put(G, init, cbytes), r->hv[w][b] = put(G, init, cbytes);
+        for (int b = 0; b < B; b++) tab[2 * b] = r->hk[w][share[b]], tab[2 * b + 1] = r->hv[w][share[b]];
+        r->td[w] = put(G, tab, (size_t)B * 2 * sizeof(void *));
+        r->qd[w] = put(G, q, nq * 4), r->kd[w] = put(G, k, nk * 4), r->vd[w] = put(G, v, nk * 4);
+        r->od[w] = put(G, NULL, nq * 4);
+    }
+}
+
+/* Every row's K and V cache bytes the same in both sets. */
+static void kvr_caches_same(pt_backend *G, const kv_rows *r, uint8_t *ca, uint8_t *cb, size_t cbytes,
+                            const char *what) {
+    for (int b = 0; b < r->B; b++)
+        for (int c = 0; c < 2; c++) {
+            pt_status s = G->ops->download(G, ca, c ? r->hv[0][b] : r->hk[0][b], cbytes);
+            if (s == PT_OK) s = G->ops->download(G, cb, c ? r->hv[1][b] : r->hk[1][b], cbytes);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            CHECK(!memcmp(ca, cb, cbytes), "%s row %d: %s cache bytes differ", what, b, c ? "v" : "k");
+        }
+}
+
+static void kvr_free(pt_backend *G, kv_rows *r) {
+    for (int w = 0; w < 2; w++) {
+        G->ops->dealloc(G, r->qd[w]), G->ops->dealloc(G, r->kd[w]), G->ops->dealloc(G, r->vd[w]);
+        G->ops->dealloc(G, r->od[w]), G->ops->dealloc(G, r->td[w]);
+        for (int b = 0; b < r->B; b++) G->ops->dealloc(G, r->hk[w][b]), G->ops->dealloc(G, r->hv[w][b]);
+    }
+}
+
 static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *n_single, int *n_rows) {
     const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
     const size_t esz = pt_ftype_size(ft), celems = (size_t)nkv * rc->cap * hd, cbytes = celems * esz;
@@ -186,30 +230,24 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
         G->ops->dealloc(G, pd);
         (*n_single)++;
     }
-    /* batched rows through the table kvp, one launch sequence */
+    /* batched rows through the table kvp, one launch sequence; rows 2 and 3 (positions 15 and 16) share row
+     * 2's cache, as a joining prompt's rows do: row 3 must see row 2's new key */
     {
-        void *hk[2][RA_ROWS], *hv[2][RA_ROWS], *tab[2][2 * RA_ROWS];
-        for (int w = 0; w < 2; w++)
-            for (int b = 0; b < RA_ROWS; b++) {
-                hk[w][b] = put(G, init, cbytes), hv[w][b] = put(G, init, cbytes);
-                /* rows 2 and 3 (positions 15 and 16) share row 2's cache, as a
-                 * joining prompt's rows do: row 3 must see row 2's new key */
-                const int cb_ = b == 3 ? 2 : b;
-                tab[w][2 * b] = hk[w][cb_], tab[w][2 * b + 1] = hv[w][cb_];
-            }
-        void **td[2] = {put(G, tab[0], sizeof tab[0]), put(G, tab[1], sizeof tab[1])};
+        int share[RA_ROWS];
+        for (int b = 0; b < RA_ROWS; b++) share[b] = b == 3 ? 2 : b;
+        kv_rows r;
+        kvr_make(G, &r, RA_ROWS, share, init, cbytes, q, k, v, nq, nk);
         int32_t *pd = put(G, ra_pos, sizeof ra_pos);
-        float *qd[2], *kd[2], *vd[2], *od[2];
-        for (int w = 0; w < 2; w++)
-            qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4), od[w] = put(G, NULL, nq * 4);
-        pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], RA_ROWS, pd, &rope, &shape,
-                                                (void *const *)td[0], &p);
+        pt_status s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], RA_ROWS, pd, &rope, &shape,
+                                                (void *const *)r.td[0], &p);
         CHECK(s == PT_OK, "%s rows: rope_kv_attention answered %d (%s)", what, (int)s, pt_last_error());
-        if (s == PT_OK) s = G->ops->rope_qk(G, qd[1], kd[1], RA_ROWS, nh, nkv, hd, pd, &rope);
-        if (s == PT_OK) s = G->ops->kv_append_rows(G, &shape, (void *const *)td[1], kd[1], vd[1], RA_ROWS, pd);
-        if (s == PT_OK) s = G->ops->attention_rows(G, od[1], qd[1], RA_ROWS, pd, &shape, (void *const *)td[1], &p);
-        if (s == PT_OK) s = G->ops->download(G, oa, od[0], nq * 4);
-        if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
+        if (s == PT_OK) s = G->ops->rope_qk(G, r.qd[1], r.kd[1], RA_ROWS, nh, nkv, hd, pd, &rope);
+        if (s == PT_OK)
+            s = G->ops->kv_append_rows(G, &shape, (void *const *)r.td[1], r.kd[1], r.vd[1], RA_ROWS, pd);
+        if (s == PT_OK)
+            s = G->ops->attention_rows(G, r.od[1], r.qd[1], RA_ROWS, pd, &shape, (void *const *)r.td[1], &p);
+        if (s == PT_OK) s = G->ops->download(G, oa, r.od[0], nq * 4);
+        if (s == PT_OK) s = G->ops->download(G, ob, r.od[1], nq * 4);
         REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
         CHECK(!memcmp(oa, ob, nq * 4), "%s rows: attention outputs differ", what);
         /* each row as it came alone (a block per query head there, per KV head here): the same bits; row 3
@@ -218,18 +256,8 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
             if (alone[b] && b != 3)
                 CHECK(!memcmp(oa + (size_t)b * nh * hd, o1 + (size_t)b * nh * hd, nh * hd * 4),
                       "%s row %d (pos %d): the batched output differs from the row's alone", what, b, ra_pos[b]);
-        for (int b = 0; b < RA_ROWS; b++)
-            for (int c = 0; c < 2; c++) {
-                s = G->ops->download(G, ca, c ? hv[0][b] : hk[0][b], cbytes);
-                if (s == PT_OK) s = G->ops->download(G, cb, c ? hv[1][b] : hk[1][b], cbytes);
-                REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
-                CHECK(!memcmp(ca, cb, cbytes), "%s row %d: %s cache bytes differ", what, b, c ? "v" : "k");
-            }
-        for (int w = 0; w < 2; w++) {
-            G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
-            G->ops->dealloc(G, td[w]);
-            for (int b = 0; b < RA_ROWS; b++) G->ops->dealloc(G, hk[w][b]), G->ops->dealloc(G, hv[w][b]);
-        }
+        kvr_caches_same(G, &r, ca, cb, cbytes, what);
+        kvr_free(G, &r);
         G->ops->dealloc(G, pd);
         (*n_rows)++;
     }
@@ -403,6 +431,7 @@ static void test_rope_kv_attention_short_bits(void) {
  * the backend goes on. */
 static const int32_t rr_pos[] = {0, 1, 15, 16, 17, 33, 63, 64, 100, 126, -1, 127, 128, 129, 200, 254};
 enum { RR_MAX = (int)(sizeof rr_pos / sizeof rr_pos[0]) + 1 };
+_Static_assert((int)RR_MAX <= (int)KVR_MAX && (int)RA_ROWS <= (int)KVR_MAX, "kv_rows holds the batches");
 
 static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int bound, int *n_cases, int *n_lies) {
     const int nh = rc->nh, nkv = rc->nkv, hd = rc->hd;
@@ -427,36 +456,23 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
     char what[200];
     ra_prepare(G, a, ft, rc, init, celems, &rope, &p, &shape, what, sizeof what);
     snprintf(what + strlen(what), sizeof what - strlen(what), " bound %d", bound);
-    void *hk[2][RR_MAX], *hv[2][RR_MAX], *tab[2][2 * RR_MAX];
-    for (int w = 0; w < 2; w++)
-        for (int b = 0; b < B; b++) {
-            hk[w][b] = put(G, init, cbytes), hv[w][b] = put(G, init, cbytes);
-            tab[w][2 * b] = hk[w][share[b]], tab[w][2 * b + 1] = hv[w][share[b]];
-        }
-    void **td[2] = {put(G, tab[0], sizeof tab[0]), put(G, tab[1], sizeof tab[1])};
+    kv_rows r;
+    kvr_make(G, &r, B, share, init, cbytes, q, k, v, nq, nk);
     int32_t *pd = put(G, pos, B * 4);
-    float *qd[2], *kd[2], *vd[2], *od[2];
-    for (int w = 0; w < 2; w++)
-        qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4), od[w] = put(G, NULL, nq * 4);
     pt_attn pb = p;
     pb.max_keys = bound;
-    pt_status s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], B, pd, &rope, &shape, (void *const *)td[0],
-                                            &pb);
+    pt_status s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], B, pd, &rope, &shape,
+                                            (void *const *)r.td[0], &pb);
     if (s == PT_OK)
-        s = G->ops->rope_kv_attention(G, od[1], qd[1], kd[1], vd[1], B, pd, &rope, &shape, (void *const *)td[1], &p);
-    if (s == PT_OK) s = G->ops->download(G, oa, od[0], nq * 4);
-    if (s == PT_OK) s = G->ops->download(G, ob, od[1], nq * 4);
+        s = G->ops->rope_kv_attention(G, r.od[1], r.qd[1], r.kd[1], r.vd[1], B, pd, &rope, &shape,
+                                      (void *const *)r.td[1], &p);
+    if (s == PT_OK) s = G->ops->download(G, oa, r.od[0], nq * 4);
+    if (s == PT_OK) s = G->ops->download(G, ob, r.od[1], nq * 4);
     REQUIRE(s == PT_OK, "%s: %s", what, pt_last_error());
     for (int b = 0; b < B; b++)
         CHECK(!memcmp(oa + (size_t)b * nh * hd, ob + (size_t)b * nh * hd, nh * hd * 4),
               "%s row %d (pos %d): the one-block output differs from the split kernels'", what, b, pos[b]);
-    for (int b = 0; b < B; b++)
-        for (int c = 0; c < 2; c++) {
-            s = G->ops->download(G, ca, c ? hv[0][b] : hk[0][b], cbytes);
-            if (s == PT_OK) s = G->ops->download(G, cb, c ? hv[1][b] : hk[1][b], cbytes);
-            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
-            CHECK(!memcmp(ca, cb, cbytes), "%s row %d: %s cache bytes differ", what, b, c ? "v" : "k");
-        }
+    kvr_caches_same(G, &r, ca, cb, cbytes, what);
     (*n_cases)++;
     /* a row past what the launch takes (the rows' bound set too low): reported, naming the row's keys, where
      * the bound takes the one-block form: at most 16 scores tasks a row (a key row of at most 16 chunks of
@@ -469,20 +485,17 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
         int32_t *ld = put(G, lie, sizeof lie);
         char keys[32];
         snprintf(keys, sizeof keys, "%d keys", big);
-        s = G->ops->rope_kv_attention(G, od[0], qd[0], kd[0], vd[0], 2, ld, &rope, &shape, (void *const *)td[0], &pb);
-        if (s == PT_OK) s = G->ops->download(G, oa, od[0], 2 * nh * hd * 4);
+        s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], 2, ld, &rope, &shape,
+                                      (void *const *)r.td[0], &pb);
+        if (s == PT_OK) s = G->ops->download(G, oa, r.od[0], 2 * nh * hd * 4);
         CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
               "%s: a row of %d keys under a bound of %d answered %d (%s)", what, big, bound, (int)s, pt_last_error());
-        REQUIRE(G->ops->download(G, ca, hk[0][0], cbytes) == PT_OK, "%s: the backend after the reported bound: %s",
+        REQUIRE(G->ops->download(G, ca, r.hk[0][0], cbytes) == PT_OK, "%s: the backend after the reported bound: %s",
                 what, pt_last_error());
         G->ops->dealloc(G, ld);
         (*n_lies)++;
     }
-    for (int w = 0; w < 2; w++) {
-        G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]), G->ops->dealloc(G, od[w]);
-        G->ops->dealloc(G, td[w]);
-        for (int b = 0; b < B; b++) G->ops->dealloc(G, hk[w][b]), G->ops->dealloc(G, hv[w][b]);
-    }
+    kvr_free(G, &r);
     G->ops->dealloc(G, pd);
     G->ops->dealloc(G, (void *)rope.inv_freq);
     free(q), free(k), free(v), free(oa), free(ob), free(init), free(ca), free(cb);

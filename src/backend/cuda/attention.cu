@@ -453,9 +453,9 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     }
     const int R = a.hd * (int)sizeof(KT) / 16;
     a.err = c->err_dev;
-    /* one launch at short contexts, same bits; a block per KV head only up to 4 query heads per KV head
-     * (with 8, qwen3-30b-a3b's, it measured slower than the three kernels for one sequence; batched rows
-     * always take a block per KV head) */
+    /* one launch at short contexts, same bits (attention_short.cu; batched rows under a key bound too);
+     * a block per KV head only up to 4 query heads per KV head (with 8, qwen3-30b-a3b's, it measured slower
+     * than the three kernels for one sequence), and batched rows at 8 only with PETREL_CUDA_DEC_SHORT=2 */
     if (g_attn_v2 && g_dec_short && a.max_keys > 0 && (!batched || c->dec_short_rows) &&
         (g_dec_short == 2 || (!batched && c->dec_short_heads) || a.nh / a.nkv <= 4)) {
         const pt_status st = pt_cuda_dec2_short<KT>(c, a, B, a.max_keys);
