@@ -257,13 +257,12 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     PT_TRY(OPS(m)->upload(m->be, b->kvp_dev, b->kvp_host, (size_t)L * np * 2 * sizeof(void *)));
     pt_fwd_rows r = {.n = np, .seq = b->seq, .pos = b->pos_host, .kvp = b->kvp_dev};
     int ran = 0;
-    int64_t pmax = -1, bound;
-    for (int t = 0; t < n; t++)
-        if (pos[t] > pmax) pmax = pos[t];
-    const int kc = key_class(pmax, &bound);
     if (use_graph && k >= 0 && k < BUCKETS) {
         graphs_validate(m, b, sts[0]);
-        pt_cuda_graph **g = &b->graph[kc][k];
+        int64_t pmax = -1, bound;
+        for (int t = 0; t < n; t++)
+            if (pos[t] > pmax) pmax = pos[t];
+        pt_cuda_graph **g = &b->graph[key_class(pmax, &bound)][k];
         if (!*g) {
             PT_TRY(pt_cuda_graph_begin(m->be));
             b->st.keys_bound = bound; /* every step this graph replays is within it */

@@ -8,6 +8,7 @@
 #include "backend/cuda/decode_split.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -363,6 +364,18 @@ static const pt_backend_ops cuda_ops = {
     .matmul_add = pt_cuda_matmul_add,
 };
 
+/* An A/B switch of several settings: the variable's value when it is one of
+ * lo..hi written as a plain decimal, else dflt. */
+static int env_choice(const char *name, int lo, int hi, int dflt) {
+    const char *e = getenv(name);
+    char d[16];
+    for (int v = lo; e && v <= hi; v++) {
+        snprintf(d, sizeof d, "%d", v);
+        if (!strcmp(e, d)) return v;
+    }
+    return dflt;
+}
+
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     pt_cuda_device_info info;
     PT_TRY(pt_cuda_device_query(p->device, &info));
@@ -373,19 +386,10 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
         const char *e = getenv("PETREL_CUDA_DEC_HEADS");
         c->dec_heads = e && *e ? atoi(e) : -1;
     }
-    {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT_STAGE");
-        c->dec_short_stage = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
-    }
+    c->dec_short_stage = env_choice("PETREL_CUDA_DEC_SHORT_STAGE", 0, 2, 2);
     c->dec_short_rows = pt_env_on("PETREL_CUDA_DEC_SHORT_ROWS");
-    {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
-        c->dec_short_rows_stage = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? atoi(e) : 0;
-    }
-    {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
-        c->dec_short_rows_heads = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : -1;
-    }
+    c->dec_short_rows_stage = env_choice("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 2, 0);
+    c->dec_short_rows_heads = env_choice("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", 0, 1, -1);
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

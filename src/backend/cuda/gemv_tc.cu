@@ -581,10 +581,9 @@ extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : P
  * per tile): its one-row launch then fills the SMs on the unrolled loop's
  * two-blocks-per-SM build (the 8B shape's gate/up, 896 tiles each: 224 GLU
  * blocks of 4 + 4 tiles, one wave, where split 2 ways its 448 blocks took
- * the four-per-SM build; tg128 +3%, and its gate/up at 32 and 64 rows 7-8%
- * faster; but a server step with prompt rows above 64 runs gate and up as
- * separate 64-row launches of half the blocks: 64 served streams -2.6%,
- * bench/RESULTS.md). PETREL_CUDA_TC_S1=0 or pt_cuda_tc_s1(0): the
+ * the four-per-SM build; tg128 +3%, its gate/up at 32 and 64 rows 7-8%
+ * faster, and 1 to 64 served streams 1-3% faster, bench/RESULTS.md).
+ * PETREL_CUDA_TC_S1=0 or pt_cuda_tc_s1(0): the
  * split as before (A/B; read once; a negative argument: back to the
  * environment). The split is part of the bits (the S partials are added in
  * warp order), so the switch changes them, alike at every row count. */
