@@ -51,4 +51,4 @@ for n in $LEVELS; do
     --seed "$n" --label "${LABEL:-$(basename "$MODEL")}" --verify "${VERIFY:-2}" \
     $([ "${VERIFY_FULL:-1}" = 1 ] && echo --verify-full)
 done
-python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith(('petrel_batch_size', 'petrel_prompt_row'))))" "http://127.0.0.1:$PORT/metrics"
+python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith(('petrel_batch_size', 'petrel_prompt_row', 'petrel_pipelined', 'petrel_scheduler'))))" "http://127.0.0.1:$PORT/metrics"

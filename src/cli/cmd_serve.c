@@ -35,7 +35,10 @@ static void help(FILE *f) {
             "environment:\n"
             "  PETREL_PROMPT_ROWS=N a joining request's prompt of at most N tokens runs as rows of\n"
             "                       the batched decode steps beside the running streams (0..1024;\n"
-            "                       default 64 on CUDA, 0 on the CPU; docs/batching.md)\n\n");
+            "                       default 64 on CUDA, 0 on the CPU; docs/batching.md)\n"
+            "  PETREL_SERVE_PIPELINE=0|1 run each turn's next step on the GPU while the turn's\n"
+            "                       tokens are handed out (same replies; default 1 on CUDA, 0 on\n"
+            "                       the CPU; docs/batching.md \"Pipelined turns\")\n\n");
     cli_common_help(f);
 }
 

@@ -83,7 +83,19 @@ typedef struct batch {
     int64_t n_graph, n_table, n_row; /* steps run from a graph, table mode eagerly, row mode */
     void *sample_ctl;  /* backend: GPU sampling's row table for sample_cap rows (the server's turn) */
     int sample_cap;
+    /* The pipelined turn (pt_session_rows_ahead): */
+    uint64_t gen;      /* steps run so far (carried over a reallocation): rows ahead are valid while it holds */
+    pt_gsample_pipe *pipe; /* pinned memory and event of its sample; NULL until first used */
 } batch;
+
+/* A step run ahead (step_table): its rows' logits stay in b->logits (a later
+ * step that takes the rows copies them out); rows[0..B) are sampled on the
+ * GPU after the step's tables are uploaded and before the step, each into
+ * its id's slot of the table (B = 0: every id is known). */
+typedef struct ahead {
+    const pt_gsample_row *rows;
+    int B;
+} ahead;
 
 /* The bucket of a step of n rows: its index into batch.graph (-1: larger
  * than every bucket) and its row count in *rows (n when -1). */
@@ -121,6 +133,7 @@ void pt_batch_free(pt_model *m) {
     batch *b = m->batch;
     if (!b) return;
     drop_graphs(b);
+    pt_gsample_pipe_free(m->be, &b->pipe);
     if (b->sample_ctl) OPS(m)->dealloc(m->be, b->sample_ctl);
     if (b->logits) OPS(m)->dealloc(m->be, b->logits);
     if (b->kvp_dev) OPS(m)->dealloc(m->be, b->kvp_dev);
@@ -143,10 +156,12 @@ static pt_status state_reserve(pt_model *m, int B) {
     int cap = 8;
     while (cap < B) cap *= 2;
     int force_pad = b ? b->force_pad : 0;
+    const uint64_t gen = b ? b->gen + 1 : 1; /* rows ahead in the old buffers are not taken */
     if (b) pt_batch_free(m);
     b = calloc(1, sizeof *b);
     if (!b) return pt_error(PT_ERR_NOMEM, "out of memory for the batch state");
     b->force_pad = force_pad;
+    b->gen = gen;
     pt_status s = pt_fwd_init(m, &b->st, cap);
     if (s != PT_OK) {
         free(b);
@@ -233,8 +248,9 @@ static void graphs_validate(pt_model *m, batch *b, pt_fwd_state *s0) {
  * committed: no session's state changed; caches may hold this step's rows,
  * which a rerun rewrites with the same values). */
 static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos,
-                            int n, float *const *outs, const uint8_t *need) {
+                            int n, float *const *outs, const uint8_t *need, const ahead *ah) {
     const int L = m->net.n_layers, V = m->net.vocab;
+    b->gen++;
     const int use_graph = graphs_ok(m, b);
     int np = n, k = 0;
     if (use_graph || b->force_pad) { /* the bucket: the smallest one >= n, at most the chunk */
@@ -256,6 +272,11 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     PT_TRY(OPS(m)->upload(m->be, b->st.pos_dev, b->pos_host, (size_t)np * 4));
     PT_TRY(OPS(m)->upload(m->be, b->kvp_dev, b->kvp_host, (size_t)L * np * 2 * sizeof(void *)));
     pt_fwd_rows r = {.n = np, .seq = b->seq, .pos = b->pos_host, .kvp = b->kvp_dev};
+    /* the sampled ids land in the table just uploaded, before the step reads it */
+    if (ah && ah->B) {
+        if (!b->pipe) PT_TRY(pt_gsample_pipe_create(m->be, &b->pipe));
+        PT_TRY(pt_cuda_sample_rows_enqueue(m->be, b->pipe, ah->rows, ah->B, V, b->sample_ctl));
+    }
     int ran = 0;
     if (use_graph && k >= 0 && k < BUCKETS) {
         graphs_validate(m, b, sts[0]);
@@ -292,6 +313,7 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     /* quantized KV: a cache reaching --quantized-kv-start converts (the
      * logits below do not read the caches) */
     for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
+    if (ah) return PT_OK; /* the logits stay in b->logits (take_ahead) */
     /* GPU sampling: the rows' logits move to their sessions' device
      * buffers (session.h), in one launch per 64 rows where the backend can */
     enum { NCP = 64 };
@@ -334,13 +356,14 @@ pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t 
     for (int i = 0; i < B; i += b->st.chunk) {
         int nb = B - i < b->st.chunk ? B - i : b->st.chunk;
         if (!b->no_table && table_ok(m, sts + i, nb)) {
-            pt_status s = step_table(m, b, sts + i, ids + i, pos + i, nb, outs + i, need ? need + i : NULL);
+            pt_status s = step_table(m, b, sts + i, ids + i, pos + i, nb, outs + i, need ? need + i : NULL, NULL);
             if (s == PT_OK) continue;
             if (s != PT_ERR_UNSUPPORTED) return s;
             PT_LOGI("batched decode: %s; decoding row by row", pt_last_error());
             b->no_table = 1;
         }
         pt_fwd_rows r = {.n = nb, .seq = sts + i, .pos = pos + i, .kvp = NULL};
+        b->gen++;
         PT_TRY(pt_fwd_run_rows(m, &b->st, &r, ids + i, outs + i));
         b->n_row++;
     }
@@ -496,13 +519,265 @@ static pt_status commit_rows(pt_session *const *sessions, const int32_t *ids, co
     return st;
 }
 
+/* pt_session_rows_ahead's checks, before anything is drawn or run (m->lock
+ * held): the batch state holds the step's R rows in one table-mode part
+ * (the only form that keeps every row's logits in b->logits), no cache
+ * converts to quantized KV, and no row overwrites a rotating cache's slot
+ * still in the context. */
+static pt_status ahead_ok(pt_model *m, pt_fwd_state *const *sts, const int32_t *pos, int R) {
+    PT_TRY(state_reserve(m, R));
+    batch *b = m->batch;
+    if (b->no_table || R > b->st.chunk || !table_ok(m, sts, R))
+        return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: the rows do not run as one table-mode step");
+    for (int t = 0; t < R; t++) {
+        const pt_fwd_state *st = sts[t];
+        if (st->cache && st->cache->any_quant)
+            return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: a session converts to quantized KV");
+        for (int l = 0; l < m->net.n_layers; l++)
+            if (st->kv[l].k && st->kv[l].capacity < st->n_ctx && pos[t] >= st->kv[l].capacity)
+                return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: a rotating cache has wrapped");
+    }
+    return PT_OK;
+}
+
+pt_status pt_session_rows_ahead(pt_session *const *dec, const pt_sampling_params *const *sps, const uint8_t *norow,
+                                int nd, pt_session *const *prs, const int32_t *pids, const int *pcnt, int np,
+                                pt_token_info *outs, pt_status *sts, char (*errs)[512], uint8_t *held) {
+    enum { MAXS = 64 };
+    if (nd < 1 || np < 0 || nd + np > MAXS || !dec || !sps || !outs || !sts || !errs || !held ||
+        (np && (!prs || !pids || !pcnt)))
+        return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: bad call (%d + %d sessions)", nd, np);
+    pt_model *m = dec[0] ? dec[0]->m : NULL;
+    if (!m || !pt_fwd_rows_supported(m)) return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: no batched rows");
+    /* the step's rows: decode rows (norow: sampled, not run) then prompt rows */
+    pt_fwd_state *rs[2 * MAXS + 256];
+    int32_t rid[2 * MAXS + 256], rpos[2 * MAXS + 256];
+    int R = 0;
+    for (int i = 0; i < nd + np; i++) {
+        pt_session *s = i < nd ? dec[i] : prs[i - nd];
+        if (!s || s->m != m) return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: sessions of several models");
+        for (int j = 0; j < i; j++)
+            if ((j < nd ? dec[j] : prs[j - nd]) == s)
+                return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: a session twice");
+    }
+    size_t off = 0;
+    for (int i = 0; i < nd; i++) {
+        pt_session *s = dec[i];
+        if (!s->has_logits || pt_sampling_validate(sps[i]) != PT_OK)
+            return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: session %d cannot sample", i);
+        if (norow && norow[i]) continue;
+        if (s->n_tokens + 1 > (size_t)s->n_ctx) return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: a context is full");
+        rs[R] = &s->fwd, rid[R] = 0, rpos[R++] = (int32_t)s->n_tokens;
+    }
+    for (int i = 0; i < np; i++) {
+        pt_session *s = prs[i];
+        const int c = pcnt[i];
+        if (c < 1 || R + c > (int)(sizeof rs / sizeof *rs) || pt_session_check_ids(s, pids + off, (size_t)c) != PT_OK) {
+            pt_clear_error();
+            return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: prompt rows of session %d", i);
+        }
+        for (int j = 0; j < c; j++) rs[R] = &s->fwd, rid[R] = pids[off + (size_t)j], rpos[R++] = (int32_t)(s->n_tokens + (size_t)j);
+        off += (size_t)c;
+    }
+    if (R == 0) return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: no rows");
+    pthread_mutex_lock(&m->lock);
+    pt_status st = ahead_ok(m, rs, rpos, R);
+    pthread_mutex_unlock(&m->lock);
+    PT_TRY(st);
+    /* the draws: on the GPU where the session samples there (its id then
+     * written into the step's table by the sampler), else on the host now
+     * (the id uploaded with the table) */
+    pt_gsample_row grow[MAXS];
+    double gu[MAXS];
+    uint8_t ong[MAXS];
+    int B = 0, t = 0;
+    for (int i = 0; i < nd; i++) {
+        pt_session *s = dec[i];
+        s->ahead = 0;
+        s->rows_ahead = 0;
+        sts[i] = PT_OK;
+        errs[i][0] = 0;
+        const int row = !(norow && norow[i]);
+        ong[i] = m->device == PT_DEVICE_CUDA && s->gpu && s->logits_dev && sps[i]->n_logprobs == 0 &&
+                 pt_session_gpu_row(s, sps[i], &grow[B], &gu[B]);
+        if (ong[i]) {
+            grow[B++].id_slot = row ? ((batch *)m->batch)->st.ids_dev + t : NULL;
+        } else {
+            sts[i] = pt_session_sample(s, sps[i], NULL, &outs[i]);
+            if (sts[i] != PT_OK) snprintf(errs[i], sizeof errs[i], "%s", pt_last_error());
+            if (row) rid[t] = sts[i] == PT_OK ? outs[i].id : 0;
+        }
+        t += row;
+    }
+    pt_status step_st = PT_OK;
+    char msg[512] = "";
+    pt_gsample_out go[MAXS];
+    pthread_mutex_lock(&m->lock);
+    batch *b = m->batch;
+    if (B && !pt_batch_sample_ctl(m, B)) step_st = pt_error(PT_ERR_NOMEM, "pipelined step: the sampler's table");
+    const ahead ah = {grow, B};
+    float *no_outs[2 * MAXS + 256] = {0};
+    if (step_st == PT_OK) step_st = step_table(m, b, rs, rid, rpos, R, no_outs, NULL, &ah);
+    if (step_st != PT_OK) snprintf(msg, sizeof msg, "%s", pt_last_error());
+    pt_status wst = B && b->pipe && step_st == PT_OK ? pt_cuda_sample_rows_wait(m->be, b->pipe, go) : PT_OK;
+    const uint64_t gen = b->gen;
+    pthread_mutex_unlock(&m->lock);
+    if (B && (step_st != PT_OK || wst != PT_OK)) {
+        /* nothing sampled on the GPU: the host samples these rows (their
+         * draws already taken: the same ones) */
+        if (wst != PT_OK) snprintf(msg, sizeof msg, "%s", pt_last_error());
+        for (int i = 0; i < B; i++) go[i].status = 1;
+    }
+    /* results, and what each session now holds ahead */
+    int k = 0, r = 0;
+    for (int i = 0; i < nd; i++) {
+        pt_session *s = dec[i];
+        const int row = !(norow && norow[i]);
+        int ok = 0;
+        if (ong[i]) {
+            sts[i] = pt_session_gpu_result(s, sps[i], &go[k], gu[k], &outs[i]);
+            if (sts[i] != PT_OK) snprintf(errs[i], sizeof errs[i], "%s", pt_last_error());
+            ok = go[k].status == 0 && sts[i] == PT_OK;
+            k++;
+        } else {
+            ok = sts[i] == PT_OK;
+        }
+        held[i] = row && ok && step_st == PT_OK;
+        if (held[i]) {
+            s->tokens[s->n_tokens] = outs[i].id;
+            s->rows_ahead = 1;
+            s->ahead_row = r;
+            s->ahead_gen = gen;
+        }
+        r += row;
+    }
+    off = 0;
+    for (int i = 0; i < np; i++) {
+        pt_session *s = prs[i];
+        const int c = pcnt[i];
+        s->ahead = 0;
+        s->rows_ahead = 0;
+        held[nd + i] = step_st == PT_OK;
+        if (step_st == PT_OK) {
+            memcpy(s->tokens + s->n_tokens, pids + off, (size_t)c * sizeof *pids);
+            s->rows_ahead = c;
+            s->ahead_row = r + c - 1;
+            s->ahead_gen = gen;
+        }
+        r += c;
+        off += (size_t)c;
+    }
+    if (step_st != PT_OK) PT_LOGD("pipelined step: %s (the rows run again in the turn's step)", msg);
+    return PT_OK;
+}
+
+/* Rows run ahead (pt_session_rows_ahead) that this call asks for: session
+ * i's first s->rows_ahead ids, if they are those rows' tokens and no batch
+ * step has run since theirs, join its context without being run again (the
+ * step computed exactly what running them now would: the same rows over the
+ * same cache); where they are all of its ids, its logits are copied out of
+ * the batch buffer first (enqueued before any step of this call overwrites
+ * it). taken[i]: how many of session i's ids were taken; every session's
+ * rows ahead are dropped either way. A failed copy takes none (the caller
+ * fails the call as a failed step). */
+static pt_status take_ahead(pt_session *const *sessions, const int32_t *ids, const int *counts, int n, int *taken) {
+    pt_model *m = sessions[0]->m;
+    const batch *b = m->batch;
+    const int64_t V = m->net.vocab;
+    enum { NCP = 64 };
+    float *cd[NCP];
+    const float *cs[NCP];
+    int nc = 0;
+    size_t off = 0;
+    pt_status st = PT_OK;
+    for (int i = 0; i < n; i++) {
+        pt_session *s = sessions[i];
+        const int c = counts ? counts[i] : 1;
+        int k = s->rows_ahead;
+        if (k < 1 || k > c || !b || b->gen != s->ahead_gen || memcmp(ids + off, s->tokens + s->n_tokens, (size_t)k * 4))
+            k = 0;
+        s->rows_ahead = 0;
+        taken[i] = k;
+        off += (size_t)c;
+    }
+    pthread_mutex_lock(&m->lock);
+    for (int i = 0; i < n && st == PT_OK; i++) {
+        pt_session *s = sessions[i];
+        if (!taken[i] || taken[i] != (counts ? counts[i] : 1)) continue;
+        const float *src = b->logits + (size_t)s->ahead_row * V;
+        if (s->gpu && OPS(m)->copy_rows_to) {
+            cd[nc] = s->fwd.logits, cs[nc] = src;
+            if (++nc == NCP) {
+                st = OPS(m)->copy_rows_to(m->be, cd, cs, nc, V);
+                nc = 0;
+            }
+        } else {
+            st = s->gpu ? OPS(m)->copy_rows(m->be, s->fwd.logits, V, src, V, 1, V)
+                        : OPS(m)->download(m->be, s->logits, src, (size_t)V * 4);
+        }
+    }
+    if (st == PT_OK && nc) st = OPS(m)->copy_rows_to(m->be, cd, cs, nc, V);
+    pthread_mutex_unlock(&m->lock);
+    if (st != PT_OK) {
+        for (int i = 0; i < n; i++) taken[i] = 0;
+        return st;
+    }
+    for (int i = 0; i < n; i++) {
+        pt_session *s = sessions[i];
+        const int k = taken[i];
+        if (!k) continue;
+        pt_session_hist_changed(s, s->n_tokens, (size_t)k);
+        s->n_tokens += (size_t)k;
+        s->rows_taken += (uint64_t)k;
+        if (k == (counts ? counts[i] : 1)) {
+            s->has_logits = 1;
+            s->logits_dev = s->gpu;
+        }
+    }
+    return PT_OK;
+}
+
+/* Both entry points: rows ahead taken first, the rest run as one step. */
+static pt_status decode_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n) {
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= sessions[i]->rows_ahead > 0;
+    if (!any || n > 64) {
+        for (int i = 0; i < n; i++) sessions[i]->rows_ahead = 0;
+        return commit_rows(sessions, ids, counts, n, run_rows(sessions, ids, counts, n));
+    }
+    int taken[64], cnt[64];
+    pt_session *rest[64];
+    pt_status st = take_ahead(sessions, ids, counts, n, taken);
+    if (st != PT_OK) return commit_rows(sessions, ids, counts, n, st);
+    size_t R = 0;
+    for (int i = 0; i < n; i++) R += (size_t)((counts ? counts[i] : 1) - taken[i]);
+    if (R == 0) return PT_OK; /* every row ran ahead */
+    int32_t *left = malloc(R * sizeof *left);
+    if (!left) return pt_error(PT_ERR_NOMEM, "out of memory for a step of %zu rows", R);
+    int nr = 0;
+    size_t off = 0, w = 0;
+    for (int i = 0; i < n; i++) {
+        const int c = counts ? counts[i] : 1;
+        if (c > taken[i]) {
+            rest[nr] = sessions[i];
+            cnt[nr++] = c - taken[i];
+            memcpy(left + w, ids + off + taken[i], (size_t)(c - taken[i]) * sizeof *ids);
+            w += (size_t)(c - taken[i]);
+        }
+        off += (size_t)c;
+    }
+    st = commit_rows(rest, left, cnt, nr, run_rows(rest, left, cnt, nr));
+    free(left);
+    return st;
+}
+
 pt_status pt_session_decode_batch(pt_session *const *sessions, const int32_t *ids, int n) {
     PT_TRY(check_sessions("pt_session_decode_batch", sessions, ids, NULL, n));
-    return commit_rows(sessions, ids, NULL, n, run_rows(sessions, ids, NULL, n));
+    return decode_rows(sessions, ids, NULL, n);
 }
 
 pt_status pt_session_decode_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n) {
     if (!counts) return pt_error(PT_ERR_INVALID_ARG, "pt_session_decode_rows: NULL argument");
     PT_TRY(check_sessions("pt_session_decode_rows", sessions, ids, counts, n));
-    return commit_rows(sessions, ids, counts, n, run_rows(sessions, ids, counts, n));
+    return decode_rows(sessions, ids, counts, n);
 }

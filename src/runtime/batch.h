@@ -57,6 +57,35 @@ pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t 
  * index). */
 pt_status pt_session_decode_rows(pt_session *const *sessions, const int32_t *ids, const int *counts, int n);
 
+/* The server's pipelined turn (docs/batching.md "Pipelined turns"): samples
+ * the decode sessions dec[0..nd) — row i's result is what
+ * pt_session_sample(dec[i], sps[i], NULL, &outs[i]) gives (the same draws),
+ * with sts[i] its status and errs[i] the message when not PT_OK — and runs
+ * one batched step ahead whose rows are each decode session's sampled
+ * token (except where norow[i]: sampled only) and then pcnt[i] prompt
+ * tokens of each prs[i] (pids, session by session). On CUDA the sampler
+ * writes the ids into the step's table and the step is enqueued before the
+ * host waits for the ids, so the host hands out this turn's tokens while
+ * the GPU runs the next step. The step commits nothing: each session holds
+ * its rows ahead, and a following pt_session_decode_rows (or _batch) whose
+ * ids for the session begin with exactly those tokens, with no batch step
+ * in between, takes them as they are (no new launch; the logits, where the
+ * rows are all of the session's ids, copied from the step's buffer). Any
+ * other call that writes the session's positions drops them (nothing to
+ * undo: those rows lie past its context). Rows the GPU hands back (sampled
+ * on the host) hold nothing ahead: their row ran on a stale id. Taken or
+ * not, every session's results equal the unpipelined ones bit for bit.
+ * held[0..nd + np) (decode sessions, then prompt sessions): 1 where the
+ * session now holds rows ahead.
+ * Returns PT_OK when the turn's samples were taken (the step may still have
+ * failed: then no session holds rows ahead); any other status means nothing
+ * was drawn or run (the caller samples and steps as usual): a step that
+ * would not run as one table-mode step of full-precision caches, a session
+ * without logits, more than 64 sessions. Callers do not hold m->lock. */
+pt_status pt_session_rows_ahead(pt_session *const *dec, const pt_sampling_params *const *sps, const uint8_t *norow,
+                                int nd, pt_session *const *prs, const int32_t *pids, const int *pcnt, int np,
+                                pt_token_info *outs, pt_status *sts, char (*errs)[512], uint8_t *held);
+
 /* Tests: with on != 0, table-mode steps (runtime/batch.c) pad their rows to
  * the graph buckets (1, 2, 4, ..., 32, then multiples of 32) even where no
  * CUDA graph is used, so the padding path runs on every backend. Takes m->lock's place: call it before

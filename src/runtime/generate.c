@@ -190,6 +190,7 @@ pt_status pt_generate(pt_session *s, const int32_t *prompt, size_t n_prompt, con
      * step ahead, if one ran, is dropped (the session holds the prompt and
      * the tokens before it, as without the pipeline) */
     s->ahead = 0;
+    s->rows_ahead = 0;
     st.generate_seconds = now_s() - t1;
     free(pend.buf);
     pt_detokenizer_free(&ds);

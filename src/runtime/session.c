@@ -88,6 +88,7 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     if (n_keep > s->n_tokens)
         return pt_error(PT_ERR_RANGE, "pt_session_truncate: keeping %zu tokens of %zu", n_keep, s->n_tokens);
     s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
+    s->rows_ahead = 0; /* and rows ahead (pt_session_rows_ahead) */
     if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
     if (n_keep < s->n_tokens) s->has_logits = s->logits_dev = 0;
     if (n_keep < s->n_tokens && n_keep > 0 && s->fwd.conv_state) {
@@ -128,6 +129,7 @@ static pt_status run_tokens(pt_session *s, const int32_t *ids, size_t n, float *
     pt_model *m = s->m;
     int64_t V = m->net.vocab;
     pt_status st = PT_OK;
+    s->rows_ahead = 0; /* rows ahead (pt_session_rows_ahead) are dropped: this call writes those positions */
     if (s->ahead) {
         /* pt_session_sample_ahead enqueued the step of ahead_id at position
          * n_tokens: this one id takes it as it is; anything else drops it */
@@ -219,7 +221,7 @@ const float *pt_session_logits(const pt_session *s) {
 /* The GPU sampler's row for session s under sp (validated), with the draw
  * taken from the session's stream (*u; -1 when greedy). 0: s cannot sample
  * this on the GPU (logits on the host, top-n logprobs). */
-static int gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *row, double *u) {
+int pt_session_gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *row, double *u) {
     if (!s->logits_dev || sp->n_logprobs != 0) return 0;
     const int pen = sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
     if (pen && s->hist_dev_n < s->n_tokens) {
@@ -261,7 +263,7 @@ static int gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *
 
 /* A GPU result into out, or the host sampler with the same draw for a row
  * the GPU handed back. */
-static pt_status gpu_result(pt_session *s, const pt_sampling_params *sp, const pt_gsample_out *o, double u,
+pt_status pt_session_gpu_result(pt_session *s, const pt_sampling_params *sp, const pt_gsample_out *o, double u,
                             pt_token_info *out) {
     if (o->status == 0) {
         memset(out, 0, sizeof *out);
@@ -282,7 +284,7 @@ pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const u
     if (!s->sampler.seeded || s->sampler.seed != sp->seed) pt_sampler_seed(&s->sampler, sp->seed);
     pt_gsample_row row;
     double u;
-    if (!allowed && pt_sampling_validate(sp) == PT_OK && gpu_row(s, sp, &row, &u)) {
+    if (!allowed && pt_sampling_validate(sp) == PT_OK && pt_session_gpu_row(s, sp, &row, &u)) {
         /* GPU sampling: the draw from the session's stream first (the host
          * fallback reuses it), then one launch, 16 bytes back */
         pt_model *m = s->m;
@@ -295,7 +297,7 @@ pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const u
         s->last_row = row;
         s->last_row_ok = st == PT_OK;
         PT_TRY(st);
-        return gpu_result(s, sp, &o, u, out);
+        return pt_session_gpu_result(s, sp, &o, u, out);
     }
     PT_TRY(host_logits(s));
     return pt_sampler_sample(&s->sampler, s->logits, sp, s->tokens, s->n_tokens, allowed, out);
@@ -315,7 +317,7 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
         pt_session *s = ss[i];
         if (!s || s->m != m || !s->has_logits || pt_sampling_validate(sps[i]) != PT_OK) continue;
         s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
-        if (!gpu_row(s, sps[i], &rows[B], &us[B])) continue;
+        if (!pt_session_gpu_row(s, sps[i], &rows[B], &us[B])) continue;
         idx[B++] = i;
     }
     if (B == 0) return;
@@ -341,7 +343,7 @@ void pt_session_sample_gpu_rows(pt_session *const *ss, const pt_sampling_params 
     for (int b = 0; b < B; b++) {
         const int i = idx[b];
         done[i] = 1;
-        sts[i] = st == PT_OK ? gpu_result(ss[i], sps[i], &go[b], us[b], &outs[i]) : st;
+        sts[i] = st == PT_OK ? pt_session_gpu_result(ss[i], sps[i], &go[b], us[b], &outs[i]) : st;
         if (sts[i] != PT_OK) snprintf(errs[i], sizeof errs[i], "%s", st == PT_OK ? pt_last_error() : msg);
     }
 }
@@ -354,6 +356,7 @@ int pt_pipeline_on(void) {
 pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, pt_token_info *out) {
     if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample_ahead: NULL argument");
     s->ahead = 0;
+    s->rows_ahead = 0; /* the step below writes the position rows ahead would hold */
     pt_model *m = s->m;
     const int pos = (int)s->n_tokens;
     if (!s->gpu || !s->has_logits || !s->logits_dev || sp->n_logprobs != 0 || !pt_pipeline_on() ||
@@ -365,7 +368,7 @@ pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, p
     }
     pt_gsample_row row;
     double u;
-    if (!gpu_row(s, sp, &row, &u)) return pt_session_sample(s, sp, NULL, out);
+    if (!pt_session_gpu_row(s, sp, &row, &u)) return pt_session_sample(s, sp, NULL, out);
     row.id_slot = s->fwd.ids_dev; /* the id the step below embeds */
     const int same = s->last_row_ok && !memcmp(&row, &s->last_row, sizeof row);
     pt_gsample_out o;
@@ -385,5 +388,5 @@ pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, p
     /* status 1: the host samples this row, and the step ran on a stale id */
     s->ahead = o.status == 0;
     s->ahead_id = o.id;
-    return gpu_result(s, sp, &o, u, out);
+    return pt_session_gpu_result(s, sp, &o, u, out);
 }

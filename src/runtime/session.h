@@ -39,7 +39,22 @@ struct pt_session {
     int ahead;             /* 1: the step on ahead_id at position n_tokens is enqueued, not yet taken */
     int32_t ahead_id;
     uint64_t ahead_taken;  /* steps ahead that a prompt took (tests, diagnostics) */
+    /* The server's pipelined turn (pt_session_rows_ahead, runtime/batch.h): */
+    int rows_ahead;        /* rows run ahead: tokens[n_tokens, n_tokens + rows_ahead) at their positions,
+                            * not yet part of the context */
+    int ahead_row;         /* the batch step's logits row of the last of them */
+    uint64_t ahead_gen;    /* the batch step they ran in (valid while no later batch step has run) */
+    uint64_t rows_taken;   /* rows ahead that a later step took (tests, diagnostics) */
 };
+
+/* The GPU sampler's row for session s under sp (validated), with the draw
+ * taken from the session's stream (*u; -1 when greedy). 0: s cannot sample
+ * this on the GPU (logits on the host, top-n logprobs). */
+int pt_session_gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_row *row, double *u);
+/* A GPU result into out, or the host sampler with the same draw u for a row
+ * the GPU handed back (o->status 1: reads the session's current logits). */
+pt_status pt_session_gpu_result(pt_session *s, const pt_sampling_params *sp, const pt_gsample_out *o, double u,
+                                pt_token_info *out);
 
 /* pt_session_sample without a mask, pipelined (CUDA): when the session
  * samples on the GPU with a compiled decode step (pt_fwd_ahead_ok) and

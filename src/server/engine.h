@@ -72,6 +72,24 @@ typedef struct pt_srv_engine {
      * time; n <= 64. NULL = not available: prompts go through session_prompt
      * and the steps through session_decode_batch. */
     pt_status (*session_decode_rows)(void *const *sessions, const int32_t *ids, const int *counts, int n);
+    /* Optional (NULL: no pipelined turns): the pipelined turn
+     * (pt_session_rows_ahead, runtime/batch.h): samples dec[i] for i < nd
+     * (no masks; results as session_sample gives them) and runs the next
+     * step ahead — each dec[i]'s sampled token unless norow[i], then pcnt[i]
+     * prompt tokens of each prs[i] (pids session by session) — while the
+     * caller handles the tokens; the session_decode_rows that follows takes
+     * the rows it asks for again (held[k]: session k, decode then prompt
+     * sessions, holds its rows ahead). PT_OK: the samples were taken; any
+     * other status: nothing was drawn or run. */
+    pt_status (*session_rows_ahead)(void *const *dec, const pt_sampling_params *const *sp, const uint8_t *norow,
+                                    int nd, void *const *prs, const int32_t *pids, const int *pcnt, int np,
+                                    pt_token_info *o, pt_status *st, char (*err)[512], uint8_t *held);
+    /* Whether turns are pipelined by default (with session_rows_ahead): 1 on
+     * CUDA, where the host's part of a turn (handing out the tokens, the
+     * next step's tables) otherwise leaves the GPU idle; 0 on the CPU, where
+     * the host thread is the one computing. The server's
+     * PETREL_SERVE_PIPELINE=0|1 overrides it. */
+    int pipeline;
     /* Short prompts (a rest of at most 4 pieces) run in pieces of this many
      * tokens, all in one turn; 0 = one chunk. On CUDA 8: up to 8 tokens a
      * projection is one decode GEMV launch reading the weights once, while a

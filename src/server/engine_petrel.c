@@ -190,6 +190,36 @@ static void e_sample_many(void *const *s, const pt_sampling_params *const *sp, p
             w->last_seed = sp[i]->seed;
         }
 }
+/* The pipelined turn: the same per-session seeding as e_sample_many (its
+ * throwaway draw only forces a re-derivation from the request's seed, so
+ * a turn that then runs unpipelined draws the same), then
+ * runtime/batch.c's pt_session_rows_ahead. */
+static pt_status e_rows_ahead(void *const *dec, const pt_sampling_params *const *sp, const uint8_t *norow, int nd,
+                              void *const *prs, const int32_t *pids, const int *pcnt, int np, pt_token_info *o,
+                              pt_status *st, char (*err)[512], uint8_t *held) {
+    pt_session *d[64], *p[64];
+    if (nd < 1 || nd > 64 || np < 0 || np > 64)
+        return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: %d + %d sessions", nd, np);
+    for (int i = 0; i < np; i++) p[i] = S(prs[i]);
+    for (int i = 0; i < nd; i++) {
+        ps *w = dec[i];
+        d[i] = w->s;
+        if (w->new_job && w->seeded && w->last_seed == sp[i]->seed) {
+            pt_sampling_params other = *sp[i];
+            other.seed = sp[i]->seed ^ 0x5bd1e995u;
+            pt_token_info scratch;
+            PT_TRY(pt_session_sample(w->s, &other, NULL, &scratch));
+        }
+    }
+    PT_TRY(pt_session_rows_ahead(d, sp, norow, nd, p, pids, pcnt, np, o, st, err, held));
+    for (int i = 0; i < nd; i++) {
+        ps *w = dec[i];
+        w->new_job = 0;
+        w->seeded = 1;
+        w->last_seed = sp[i]->seed;
+    }
+    return PT_OK;
+}
 static size_t e_bytes(void *s) { return ((ps *)s)->bytes; }
 
 /* KV bytes per token at f32: sum over layers of 2 * kv_heads * head_dim * 4. */
@@ -251,10 +281,12 @@ pt_status pt_srv_engine_from_model(pt_srv_engine *e, pt_model *model, const char
     e->session_decode_rows = e_decode_rows;
     e->session_sample = e_sample;
     e->session_sample_many = e_sample_many;
+    e->session_rows_ahead = e_rows_ahead;
     e->session_bytes = e_bytes;
     /* the CUDA backend names itself "cuda: <device>" (pt_model_backend_name) */
     const int cuda = strncmp(pt_model_backend_name(model), "cuda", 4) == 0;
     e->short_prompt_piece = cuda ? 8 : 0;
     e->prompt_rows_max = cuda ? 64 : 0;
+    e->pipeline = cuda;
     return PT_OK;
 }

@@ -98,6 +98,9 @@ typedef struct slot {
     pt_status sample_st;
     char sample_err[512];
     int sampled;         /* this turn's token came from sample_many */
+    /* a pipelined turn (turn_ahead): */
+    int held;            /* this turn's token (or ahead_rows prompt rows) already ran in the step ahead */
+    int ahead_rows;      /* prompt rows of this slot in the step ahead */
 } slot;
 
 typedef struct idle_session {
@@ -145,6 +148,8 @@ struct pt_srv_sched {
     uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows */
     uint64_t turns;     /* turns with slots to run, and their seconds by phase (PT_SRV_PHASE_*) */
     double phase_s[3];
+    uint64_t piped_turns; /* turns whose step ran ahead (turn_ahead) */
+    int pipeline;       /* turns are pipelined (engine session_rows_ahead; PETREL_SERVE_PIPELINE) */
 };
 
 static void job_finish(pt_srv_job *j, pt_srv_finish f, const char *err) {
@@ -588,6 +593,22 @@ static void slot_take_token(pt_srv_sched *s, slot *sl) {
  * piece of its prompt (prompt[k]). Through session_decode_rows when the
  * engine has it, else one session_decode_batch of the decode rows (prompt
  * pieces then never come here). A failed step fails the slots in it. */
+static void record_step(pt_srv_sched *s, int n_dec, int n_prompt) {
+    pthread_mutex_lock(&s->mu);
+    if (n_dec) { /* the batch size of a decode step: sizes 1, 2, 3-4, 5-8, ... (upper bounds 2^b) */
+        int b = 0;
+        while (b < PT_SRV_BATCH_BUCKETS && (1 << b) < n_dec) b++;
+        s->batch_hist[b]++;
+        s->batch_steps++;
+        s->batch_rows += (uint64_t)n_dec;
+    }
+    if (n_prompt) {
+        s->prompt_row_steps++;
+        s->prompt_rows += (uint64_t)n_prompt;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void run_step(pt_srv_sched *s, slot **sl, const int32_t *ids, const int *cnt, const uint8_t *prompt, int n) {
     void *sess[64];
     char err[600];
@@ -607,27 +628,20 @@ static void run_step(pt_srv_sched *s, slot **sl, const int32_t *ids, const int *
             }
     }
     if (st != PT_OK) snprintf(err, sizeof err, "%s: %s", s->e->session_decode_rows ? "step" : "decode", pt_last_error());
+    /* rows that ran in the turn's step ahead were counted there */
     int n_dec = 0, n_prompt = 0;
     for (int k = 0; k < n; k++) {
-        if (prompt[k]) n_prompt += cnt[k];
-        else n_dec++;
+        const int held = sl[k] && sl[k]->held;
+        if (!held) {
+            if (prompt[k]) n_prompt += cnt[k];
+            else n_dec++;
+        }
         if (!sl[k]) continue;
+        sl[k]->held = 0;
         if (st != PT_OK) slot_release(s, sl[k], PT_SRV_ERROR, err);
         else if (prompt[k]) sl[k]->n_prompted += (size_t)cnt[k];
     }
-    pthread_mutex_lock(&s->mu);
-    if (n_dec) { /* the batch size of a decode step: sizes 1, 2, 3-4, 5-8, ... (upper bounds 2^b) */
-        int b = 0;
-        while (b < PT_SRV_BATCH_BUCKETS && (1 << b) < n_dec) b++;
-        s->batch_hist[b]++;
-        s->batch_steps++;
-        s->batch_rows += (uint64_t)n_dec;
-    }
-    if (n_prompt) {
-        s->prompt_row_steps++;
-        s->prompt_rows += (uint64_t)n_prompt;
-    }
-    pthread_mutex_unlock(&s->mu);
+    record_step(s, n_dec, n_prompt);
 }
 
 /* Prompt rows a step carries beside D decode rows: at least
@@ -651,10 +665,9 @@ static int prompt_budget(int D) {
  * results do not depend on what else shares the step (batch invariance,
  * docs/batching.md). Steps carry at most 64 sessions (--parallel allows
  * more: several steps then). */
-static void step_pending(pt_srv_sched *s) {
-    int D = 0;
-    for (int i = 0; i < s->n_parallel; i++) D += s->slots[i].job && s->slots[i].pending;
-    /* prompt slots, oldest first */
+/* The slots with prompt rows to run (slot.rows_from), oldest request first,
+ * into s->to_prompt; returns how many. */
+static int prompt_slots(pt_srv_sched *s) {
     int np = 0;
     for (int i = 0; i < s->n_parallel; i++) {
         slot *sl = &s->slots[i];
@@ -666,7 +679,18 @@ static void step_pending(pt_srv_sched *s) {
             s->to_prompt[b] = s->to_prompt[b - 1];
             s->to_prompt[b - 1] = t;
         }
-    int budget = np ? prompt_budget(D) : 0;
+    return np;
+}
+
+/* piped: this turn's step ran ahead (turn_ahead); the step then carries
+ * exactly the prompt rows that ran in it (which it takes without running
+ * them again), besides the pending tokens (those the step ahead ran are
+ * taken too; a token the GPU handed back runs now). */
+static void step_pending(pt_srv_sched *s, int piped) {
+    int D = 0;
+    for (int i = 0; i < s->n_parallel; i++) D += s->slots[i].job && s->slots[i].pending;
+    int np = prompt_slots(s);
+    int budget = np ? piped ? STEP_IDS_CAP : prompt_budget(D) : 0;
     slot *sl[64];
     int cnt[64];
     uint8_t prompt[64];
@@ -679,9 +703,15 @@ static void step_pending(pt_srv_sched *s) {
             slot *c = &s->slots[di++];
             if (c->job && c->pending) next = c;
         }
-        if (!next && pi < np && budget > 0) {
-            next = s->to_prompt[pi++];
-            size_t rest = next->job->n_prompt - next->n_prompted;
+        while (!next && pi < np && budget > 0) {
+            slot *c = s->to_prompt[pi++];
+            size_t rest = c->job->n_prompt - c->n_prompted;
+            if (piped) { /* only what ran ahead */
+                if (c->ahead_rows < 1) continue;
+                if ((size_t)c->ahead_rows < rest) rest = (size_t)c->ahead_rows;
+                c->ahead_rows = 0;
+            }
+            next = c;
             k = rest < (size_t)budget ? (int)rest : budget;
             budget -= k;
             is_prompt = 1;
@@ -702,6 +732,71 @@ static void step_pending(pt_srv_sched *s) {
         prompt[n++] = (uint8_t)is_prompt;
         R += k;
     }
+}
+
+/* A pipelined turn (docs/batching.md "Pipelined turns"): when every slot
+ * sampling this turn is mask-free (at most 64 of them), the engine samples
+ * them and runs the next step ahead — their tokens as decode rows (except
+ * a slot whose token is its last by max_tokens), then prompt rows within
+ * prompt_budget as step_pending would pick them — before the host hands
+ * the tokens out; step_pending then takes those rows. A token that ends its
+ * request (EOS, a stop string) leaves its row unused. Returns 1 when the
+ * turn's samples were taken (sl->tok, sl->sample_st set for every slot of
+ * s->to_sample), 0 to sample and step as usual. */
+static int turn_ahead(pt_srv_sched *s, int n) {
+    enum { MAXS = 64 };
+    if (!s->pipeline || n < 1 || n > MAXS) return 0;
+    void *dec[MAXS], *prs[MAXS];
+    const pt_sampling_params *sps[MAXS];
+    uint8_t norow[MAXS], held[2 * MAXS];
+    int cnt[MAXS];
+    int D = 0;
+    for (int k = 0; k < n; k++) {
+        slot *sl = s->to_sample[k];
+        if (sl->allowed) return 0; /* a mask: sampled on the host, then one step for all */
+        dec[k] = sl->session;
+        sps[k] = &sl->job->sp;
+        norow[k] = (int)sl->job->n_generated + 1 >= sl->max_tokens;
+        D += !norow[k];
+    }
+    int np = prompt_slots(s), budget = np ? prompt_budget(D) : 0, P = 0, R = 0;
+    for (int i = 0; i < np && budget > 0 && n + P < MAXS; i++) {
+        slot *sl = s->to_prompt[i];
+        size_t rest = sl->job->n_prompt - sl->n_prompted;
+        const int k = rest < (size_t)budget ? (int)rest : budget;
+        if (R + k > STEP_IDS_CAP) break;
+        memcpy(s->step_ids + R, sl->job->prompt + sl->n_prompted, (size_t)k * sizeof(int32_t));
+        prs[P] = sl->session;
+        cnt[P++] = k;
+        R += k;
+        budget -= k;
+    }
+    pt_token_info toks[MAXS];
+    pt_status sts[MAXS];
+    static _Thread_local char errs[MAXS][512];
+    if (s->e->session_rows_ahead(dec, sps, norow, n, prs, s->step_ids, cnt, P, toks, sts, errs, held) != PT_OK) {
+        pt_clear_error();
+        return 0;
+    }
+    int n_dec = 0;
+    for (int k = 0; k < n; k++) {
+        slot *sl = s->to_sample[k];
+        sl->tok = toks[k];
+        sl->sample_st = sts[k];
+        if (sts[k] != PT_OK) snprintf(sl->sample_err, sizeof sl->sample_err, "%s", errs[k]);
+        sl->held = held[k];
+        n_dec += held[k];
+    }
+    for (int i = 0; i < P; i++) {
+        slot *sl = s->to_prompt[i];
+        sl->held = held[n + i];
+        sl->ahead_rows = held[n + i] ? cnt[i] : 0;
+    }
+    record_step(s, n_dec, P && held[n] ? R : 0);
+    pthread_mutex_lock(&s->mu);
+    s->piped_turns++;
+    pthread_mutex_unlock(&s->mu);
+    return 1;
 }
 
 /* Creating a session costs tens of milliseconds (its buffers are allocated
@@ -776,14 +871,18 @@ static void *inference_main(void *arg) {
             slot *sl = &s->slots[(rr + k) % s->n_parallel];
             if (sl->job && slot_prepare(s, sl, active > 1)) s->to_sample[n_sample++] = sl;
         }
-        /* rows without a mask: one GPU launch over them where the engine
-         * can (the rest, and rows it leaves, sample on the pool) */
-        int n_host = sample_many(s, n_sample);
-        pt_pool_for(s->pool, n_host, 1, sample_range, s);
+        /* the next step ahead of the host's part of the turn where it can;
+         * else rows without a mask: one GPU launch over them where the
+         * engine can (the rest, and rows it leaves, sample on the pool) */
+        const int piped = turn_ahead(s, n_sample);
+        if (!piped) {
+            int n_host = sample_many(s, n_sample);
+            pt_pool_for(s->pool, n_host, 1, sample_range, s);
+        }
         const double t1 = active ? pt_srv_now() : 0.0;
         for (int k = 0; k < n_sample; k++) slot_take_token(s, s->to_sample[k]);
         const double t2 = active ? pt_srv_now() : 0.0;
-        step_pending(s);
+        step_pending(s, piped);
         if (active) {
             const double t3 = pt_srv_now();
             pthread_mutex_lock(&s->mu);
@@ -827,10 +926,18 @@ pt_status pt_srv_sched_create(pt_srv_engine *e, int n_parallel, int max_queue, s
         rows_max = (int)v;
     }
     if (rows_max > PROMPT_ROWS_MAX) rows_max = PROMPT_ROWS_MAX;
+    int pipeline = e->session_rows_ahead && e->session_decode_rows ? e->pipeline != 0 : 0;
+    const char *penv = getenv("PETREL_SERVE_PIPELINE"); /* docs/server.md: overrides the engine's choice */
+    if (penv && *penv) {
+        if (strcmp(penv, "0") && strcmp(penv, "1"))
+            return pt_error(PT_ERR_INVALID_ARG, "PETREL_SERVE_PIPELINE=%s: expected 0 or 1", penv);
+        pipeline = *penv == '1' && e->session_rows_ahead && e->session_decode_rows;
+    }
     pt_srv_sched *s = calloc(1, sizeof *s);
     if (!s) return pt_error(PT_ERR_NOMEM, "out of memory");
     s->e = e;
     s->rows_max = rows_max;
+    s->pipeline = pipeline;
     s->n_parallel = n_parallel;
     s->max_queue = max_queue;
     s->cache_bytes = cache_bytes;
@@ -937,6 +1044,7 @@ void pt_srv_sched_get_stats(pt_srv_sched *s, pt_srv_sched_stats *st) {
     st->prompt_row_steps = s->prompt_row_steps;
     st->prompt_rows = s->prompt_rows;
     st->turns = s->turns;
+    st->piped_turns = s->piped_turns;
     memcpy(st->phase_s, s->phase_s, sizeof st->phase_s);
     pthread_mutex_unlock(&s->mu);
 }

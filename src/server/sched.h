@@ -83,6 +83,7 @@ typedef struct pt_srv_sched_stats {
     uint64_t cache_hits, cache_tokens_reused, prompt_tokens, generated_tokens;
     uint64_t batch_hist[PT_SRV_BATCH_BUCKETS + 1], batch_steps, batch_rows;
     uint64_t prompt_row_steps, prompt_rows; /* steps that carried prompt rows, and those rows (prompt tokens) */
+    uint64_t piped_turns; /* turns whose step ran ahead of handing out their tokens (pipelined turns) */
     /* the inference thread's turns that had slots to run, and the seconds
      * of those turns by phase (PT_SRV_PHASE_*) */
     uint64_t turns;

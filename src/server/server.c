@@ -156,6 +156,9 @@ static void route_metrics(void *user, const pt_http_request *req, pt_http_respon
     counter(b, "petrel_prompt_row_steps_total", "Batched steps that carried prompt rows.", "counter",
             (double)st.prompt_row_steps);
     counter(b, "petrel_scheduler_turns_total", "Scheduler turns that had slots to run.", "counter", (double)st.turns);
+    counter(b, "petrel_pipelined_turns_total",
+            "Turns whose next step ran on the GPU while their tokens were handed out.", "counter",
+            (double)st.piped_turns);
     pt_sbuf_adds(b, "# HELP petrel_scheduler_seconds_total Seconds of those turns by phase.\n"
                     "# TYPE petrel_scheduler_seconds_total counter\n");
     static const char *const phase[3] = {"sample", "tokens", "step"};

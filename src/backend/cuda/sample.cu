@@ -496,8 +496,19 @@ typedef struct {
 static_assert(offsetof(gs_pinned, err) == offsetof(gs_pinned, out) + sizeof(pt_gsample_out),
               "gs_pinned: the error words must follow the result");
 
+/* The batched form's pinned block (pt_cuda_sample_rows_enqueue): the row
+ * table going out, and the results with the error words coming back (laid
+ * out as on the device: [B] results, then the 2 words). */
+#define GS_PIPE_ROWS 64
+typedef struct {
+    pt_gsample_row rows[GS_PIPE_ROWS];
+    char back[GS_PIPE_ROWS * sizeof(pt_gsample_out) + 2 * sizeof(int)];
+} gs_pinned_rows;
+
 struct pt_gsample_pipe {
     gs_pinned *h;
+    gs_pinned_rows *hr; /* the batched form's block; NULL until first used */
+    int rows_b;         /* rows of the batched sample in flight */
     /* The copies of the position and of the result need not hold up the
      * decode stream: they run on a second stream, ordered by events —
      * step: recorded on the decode stream at the enqueue (the step before
@@ -543,6 +554,7 @@ extern "C" void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **pp) {
         if (ev[i]) cudaEventDestroy(ev[i]);
     if (p->side) cudaStreamDestroy(p->side);
     if (p->h) cudaFreeHost(p->h);
+    if (p->hr) cudaFreeHost(p->hr);
     free(p);
     *pp = NULL;
 }
@@ -590,4 +602,41 @@ extern "C" pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_
     *out = p->h->out;
     /* an error word set by the forward pass: the backend reports (and clears) it */
     return p->h->err[0] ? pt_cuda_check_errors(c) : PT_OK;
+}
+
+/* ---- the server's pipelined turn: B rows (sample.h) ---- */
+
+extern "C" pt_status pt_cuda_sample_rows_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *rows, int B,
+                                                 int64_t V, void *ctl_dev) {
+    PT_TRY(gs_check(be, B, V, ctl_dev));
+    if (!p || p->pending) return pt_error(PT_ERR_INTERNAL, "pipelined step: a sample is already in flight");
+    if (B > GS_PIPE_ROWS)
+        return pt_error(PT_ERR_INTERNAL, "pipelined step: %d rows to sample (at most %d)", B, GS_PIPE_ROWS);
+    pt_cuda *c = pt_cuda_of(be);
+    if (!p->hr) {
+        CUDA_CHECK(cudaHostAlloc((void **)&p->hr, sizeof *p->hr, cudaHostAllocDefault));
+        memset(p->hr, 0, sizeof *p->hr);
+    }
+    memcpy(p->hr->rows, rows, (size_t)B * sizeof *rows);
+    pt_gsample_out *outs_dev = NULL;
+    PT_TRY(gs_enqueue(c, rows, p->hr->rows, B, V, ctl_dev, 0, &outs_dev));
+    CUDA_CHECK(cudaMemcpyAsync(p->hr->back, outs_dev, (size_t)B * sizeof(pt_gsample_out) + 2 * sizeof(int),
+                               cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaEventRecord(p->done, c->stream));
+    p->rows_b = B;
+    p->pending = 1;
+    return PT_OK;
+}
+
+extern "C" pt_status pt_cuda_sample_rows_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {
+    if (!p || !p->pending || !p->hr) return pt_error(PT_ERR_INTERNAL, "pipelined step: no sample in flight");
+    pt_cuda *c = pt_cuda_of(be);
+    p->pending = 0;
+    CUDA_CHECK(cudaEventSynchronize(p->done));
+    const size_t ob = (size_t)p->rows_b * sizeof(pt_gsample_out);
+    memcpy(out, p->hr->back, ob);
+    int err0;
+    memcpy(&err0, p->hr->back + ob, sizeof err0);
+    /* an error word set by the forward pass: the backend reports (and clears) it */
+    return err0 ? pt_cuda_check_errors(c) : PT_OK;
 }

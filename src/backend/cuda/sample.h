@@ -98,6 +98,19 @@ pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gs
  * pt_cuda_sample_rows reports it. */
 pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out);
 
+/* ---- The server's pipelined turn (runtime/batch.c pt_session_rows_ahead) --
+ * The batched sample the same way: enqueues the row table (from pinned
+ * memory), the launches of pt_cuda_sample_rows for rows[0..B) (B <= 64;
+ * each row's id_slot, where set, receives its id: the next step's id table)
+ * and the copy of the B results back, all on the backend's stream; the
+ * caller enqueues the next step, then waits for the results only. One such
+ * sample (or one pt_cuda_sample_enqueue) in flight per pipe. */
+pt_status pt_cuda_sample_rows_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *rows, int B,
+                                      int64_t V, void *ctl_dev);
+/* Waits for those B results (out[0..B)); an error word set by the forward
+ * pass is reported as pt_cuda_sample_rows reports it. */
+pt_status pt_cuda_sample_rows_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,6 +45,17 @@ pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out
     (void)be, (void)p, (void)out;
     return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
 }
+
+pt_status pt_cuda_sample_rows_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *rows, int B,
+                                      int64_t V, void *ctl_dev) {
+    (void)be, (void)p, (void)rows, (void)B, (void)V, (void)ctl_dev;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: this petrel was built without CUDA");
+}
+
+pt_status pt_cuda_sample_rows_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {
+    (void)be, (void)p, (void)out;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: this petrel was built without CUDA");
+}
 #else
 typedef int pt_sample_stub_unused; /* ISO C forbids an empty translation unit */
 #endif
