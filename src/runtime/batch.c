@@ -619,7 +619,8 @@ pt_status pt_session_rows_ahead(pt_session *const *dec, const pt_sampling_params
     float *no_outs[2 * MAXS + 256] = {0};
     if (step_st == PT_OK) step_st = step_table(m, b, rs, rid, rpos, R, no_outs, NULL, &ah);
     if (step_st != PT_OK) snprintf(msg, sizeof msg, "%s", pt_last_error());
-    pt_status wst = B && b->pipe && step_st == PT_OK ? pt_cuda_sample_rows_wait(m->be, b->pipe, go) : PT_OK;
+    /* the sample, if enqueued, is waited for even when the step failed after it */
+    pt_status wst = B && b->pipe ? pt_cuda_sample_rows_wait(m->be, b->pipe, go) : PT_OK;
     const uint64_t gen = b->gen;
     pthread_mutex_unlock(&m->lock);
     if (B && (step_st != PT_OK || wst != PT_OK)) {
