@@ -147,18 +147,25 @@ static pt_status e_decode_rows(void *const *s, const int32_t *ids, const int *co
  * session given the same seed as its previous job would continue that job's
  * stream: two identical seeded requests would differ. One throwaway draw
  * under another seed (sampling does not append a token) makes the real call
- * re-derive the RNG from the request's seed. */
-static pt_status e_sample(void *s, const pt_sampling_params *sp, const uint8_t *allowed, pt_token_info *o) {
-    ps *w = s;
-    if (w->new_job && w->seeded && w->last_seed == sp->seed) {
-        pt_sampling_params other = *sp;
-        other.seed = sp->seed ^ 0x5bd1e995u;
-        pt_token_info scratch;
-        PT_TRY(pt_session_sample(w->s, &other, allowed, &scratch));
-    }
+ * re-derive the RNG from the request's seed (and only that: a second
+ * throwaway before it changes nothing the real call sees). */
+static pt_status reseed(ps *w, const pt_sampling_params *sp, const uint8_t *allowed) {
+    if (!(w->new_job && w->seeded && w->last_seed == sp->seed)) return PT_OK;
+    pt_sampling_params other = *sp;
+    other.seed = sp->seed ^ 0x5bd1e995u;
+    pt_token_info scratch;
+    return pt_session_sample(w->s, &other, allowed, &scratch);
+}
+/* After the job's first real draw. */
+static void seeded(ps *w, const pt_sampling_params *sp) {
     w->new_job = 0;
     w->seeded = 1;
     w->last_seed = sp->seed;
+}
+static pt_status e_sample(void *s, const pt_sampling_params *sp, const uint8_t *allowed, pt_token_info *o) {
+    ps *w = s;
+    PT_TRY(reseed(w, sp, allowed));
+    seeded(w, sp);
     return pt_session_sample(w->s, sp, allowed, o);
 }
 /* The rows of a turn at once (GPU sampling): the same per-session seeding
@@ -172,28 +179,16 @@ static void e_sample_many(void *const *s, const pt_sampling_params *const *sp, p
     for (int i = 0; i < n; i++) any |= ((ps *)s[i])->s->gpu;
     if (!any) return; /* no session samples on the GPU: session_sample per row */
     for (int i = 0; i < n; i++) {
-        ps *w = s[i];
-        ss[i] = w->s;
-        if (w->new_job && w->seeded && w->last_seed == sp[i]->seed) {
-            pt_sampling_params other = *sp[i];
-            other.seed = sp[i]->seed ^ 0x5bd1e995u;
-            pt_token_info scratch;
-            if (pt_session_sample(w->s, &other, NULL, &scratch) != PT_OK) return; /* session_sample reports it */
-        }
+        ss[i] = ((ps *)s[i])->s;
+        if (reseed(s[i], sp[i], NULL) != PT_OK) return; /* session_sample reports it */
     }
     pt_session_sample_gpu_rows(ss, sp, o, st, err, done, n);
     for (int i = 0; i < n; i++)
-        if (done[i]) {
-            ps *w = s[i];
-            w->new_job = 0;
-            w->seeded = 1;
-            w->last_seed = sp[i]->seed;
-        }
+        if (done[i]) seeded(s[i], sp[i]);
 }
-/* The pipelined turn: the same per-session seeding as e_sample_many (its
- * throwaway draw only forces a re-derivation from the request's seed, so
- * a turn that then runs unpipelined draws the same), then
- * runtime/batch.c's pt_session_rows_ahead. */
+/* The pipelined turn: the same per-session seeding (so a turn that then
+ * runs unpipelined draws the same), then runtime/batch.c's
+ * pt_session_rows_ahead. */
 static pt_status e_rows_ahead(void *const *dec, const pt_sampling_params *const *sp, const uint8_t *norow, int nd,
                               void *const *prs, const int32_t *pids, const int *pcnt, int np, pt_token_info *o,
                               pt_status *st, char (*err)[512], uint8_t *held) {
@@ -202,22 +197,11 @@ static pt_status e_rows_ahead(void *const *dec, const pt_sampling_params *const 
         return pt_error(PT_ERR_UNSUPPORTED, "pipelined step: %d + %d sessions", nd, np);
     for (int i = 0; i < np; i++) p[i] = S(prs[i]);
     for (int i = 0; i < nd; i++) {
-        ps *w = dec[i];
-        d[i] = w->s;
-        if (w->new_job && w->seeded && w->last_seed == sp[i]->seed) {
-            pt_sampling_params other = *sp[i];
-            other.seed = sp[i]->seed ^ 0x5bd1e995u;
-            pt_token_info scratch;
-            PT_TRY(pt_session_sample(w->s, &other, NULL, &scratch));
-        }
+        d[i] = ((ps *)dec[i])->s;
+        PT_TRY(reseed(dec[i], sp[i], NULL));
     }
     PT_TRY(pt_session_rows_ahead(d, sp, norow, nd, p, pids, pcnt, np, o, st, err, held));
-    for (int i = 0; i < nd; i++) {
-        ps *w = dec[i];
-        w->new_job = 0;
-        w->seeded = 1;
-        w->last_seed = sp[i]->seed;
-    }
+    for (int i = 0; i < nd; i++) seeded(dec[i], sp[i]);
     return PT_OK;
 }
 static size_t e_bytes(void *s) { return ((ps *)s)->bytes; }
