@@ -153,7 +153,13 @@ __device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
 __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
-    pt_wait_primary();
+    /* Before griddepcontrol.wait (pt_wait_primary below): the row's key
+     * range, splits, tasks and addresses — a few hundred integer
+     * instructions a warp (divisions by run-time values), which would
+     * otherwise delay the first loads of the step's rows once the q/k/v
+     * GEMV has finished. They read only what the host uploaded before the
+     * step ran (the positions, the K/V pointer table), never what a kernel
+     * of the step writes, and nothing is written before the wait. */
     constexpr int NT = NW * 32, V = 16 / sizeof(KT);
     constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
     constexpr int PU = (PG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
@@ -176,6 +182,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     float *sP = raw + (H + 2) * hd;                     /* [tp, H, hd] the tasks' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G + h0) * hd;
     if (used == 0) { /* a padding row: zeros, as the merge writes them */
+        pt_wait_primary();
         for (int i = threadIdx.x; i < H * hd; i += NT) out[i] = 0.f;
         return;
     }
@@ -186,6 +193,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     const size_t base = ds_smem(H, hd, tp, R, 0);
     if (n > DS_MAXK || ts > NW || base > dyn) {
         /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
+        pt_wait_primary();
         if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
         return;
     }
@@ -213,6 +221,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
     const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
+    pt_wait_primary(); /* q (and k, v) are the previous kernel's output */
     float rq[QR], rk = 0.f, rv = 0.f;
 #pragma unroll
     for (int u = 0; u < QR; u++) {
