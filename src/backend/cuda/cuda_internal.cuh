@@ -185,7 +185,10 @@ __device__ __forceinline__ void pt_release_dependents(void) {
 /* The dependent's half: returns once the previous kernel in the stream has
  * completed and its writes are visible (at once when this kernel was
  * launched normally). A kernel launched by pt_launch calls it before its
- * first read or write of global memory. */
+ * first read or write of global memory — except reads of what no kernel of
+ * the step writes (the host's uploads before it, model constants):
+ * dec2_short_kernel forms its row's key range from the positions before
+ * the wait. */
 __device__ __forceinline__ void pt_wait_primary(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* The backend's A/B switches: a PETREL_CUDA_* variable is on unless it is
