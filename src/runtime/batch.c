@@ -243,6 +243,31 @@ static void graphs_validate(pt_model *m, batch *b, pt_fwd_state *s0) {
     b->graph_gen = gen;
 }
 
+/* Rows of a step's logits on their way out of b->logits: to host memory
+ * (a download each) or to a session's device buffer, the latter gathered
+ * into one launch per 64 rows where the backend can (copy_rows_to). */
+enum { LOGITS_BATCH = 64 };
+typedef struct logits_out {
+    float *dst[LOGITS_BATCH];
+    const float *src[LOGITS_BATCH];
+    int n;
+} logits_out;
+
+static pt_status logits_flush(pt_model *m, logits_out *lo) {
+    const int n = lo->n;
+    lo->n = 0;
+    return n ? OPS(m)->copy_rows_to(m->be, lo->dst, lo->src, n, m->net.vocab) : PT_OK;
+}
+
+/* One row, src (backend memory [V]) into host (when set) or dev. */
+static pt_status logits_row(pt_model *m, logits_out *lo, float *host, float *dev, const float *src) {
+    const int64_t V = m->net.vocab;
+    if (host) return OPS(m)->download(m->be, host, src, (size_t)V * 4);
+    if (!OPS(m)->copy_rows_to) return OPS(m)->copy_rows(m->be, dev, V, src, V, 1, V);
+    lo->dst[lo->n] = dev, lo->src[lo->n] = src;
+    return ++lo->n == LOGITS_BATCH ? logits_flush(m, lo) : PT_OK;
+}
+
 /* One table-mode step of n (<= b->st.chunk) rows. PT_ERR_UNSUPPORTED: the
  * backend's multi-sequence ops do not take these shapes (nothing was
  * committed: no session's state changed; caches may hold this step's rows,
@@ -315,27 +340,13 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
     if (ah) return PT_OK; /* the logits stay in b->logits (take_ahead) */
     /* GPU sampling: the rows' logits move to their sessions' device
-     * buffers (session.h), in one launch per 64 rows where the backend can */
-    enum { NCP = 64 };
-    float *cd[NCP];
-    const float *cs[NCP];
-    int nc = 0;
+     * buffers (session.h) */
+    logits_out lo = {.n = 0};
     for (int t = 0; t < n; t++) {
         if (need && !need[t]) continue; /* a prompt row before its session's last: nobody reads its logits */
-        if (outs[t]) {
-            PT_TRY(OPS(m)->download(m->be, outs[t], b->logits + (size_t)t * V, (size_t)V * 4));
-        } else if (OPS(m)->copy_rows_to) {
-            cd[nc] = sts[t]->logits, cs[nc] = b->logits + (size_t)t * V;
-            if (++nc == NCP) {
-                PT_TRY(OPS(m)->copy_rows_to(m->be, cd, cs, nc, V));
-                nc = 0;
-            }
-        } else {
-            PT_TRY(OPS(m)->copy_rows(m->be, sts[t]->logits, V, b->logits + (size_t)t * V, V, 1, V));
-        }
+        PT_TRY(logits_row(m, &lo, outs[t], sts[t]->logits, b->logits + (size_t)t * V));
     }
-    if (nc) PT_TRY(OPS(m)->copy_rows_to(m->be, cd, cs, nc, V));
-    return PT_OK;
+    return logits_flush(m, &lo);
 }
 
 pt_status pt_batch_forward(pt_model *m, pt_fwd_state *const *sts, const int32_t *ids, const int32_t *pos, int B,
@@ -685,10 +696,7 @@ static pt_status take_ahead(pt_session *const *sessions, const int32_t *ids, con
     pt_model *m = sessions[0]->m;
     const batch *b = m->batch;
     const int64_t V = m->net.vocab;
-    enum { NCP = 64 };
-    float *cd[NCP];
-    const float *cs[NCP];
-    int nc = 0;
+    logits_out lo = {.n = 0};
     size_t off = 0;
     pt_status st = PT_OK;
     for (int i = 0; i < n; i++) {
@@ -705,19 +713,9 @@ static pt_status take_ahead(pt_session *const *sessions, const int32_t *ids, con
     for (int i = 0; i < n && st == PT_OK; i++) {
         pt_session *s = sessions[i];
         if (!taken[i] || taken[i] != (counts ? counts[i] : 1)) continue;
-        const float *src = b->logits + (size_t)s->ahead_row * V;
-        if (s->gpu && OPS(m)->copy_rows_to) {
-            cd[nc] = s->fwd.logits, cs[nc] = src;
-            if (++nc == NCP) {
-                st = OPS(m)->copy_rows_to(m->be, cd, cs, nc, V);
-                nc = 0;
-            }
-        } else {
-            st = s->gpu ? OPS(m)->copy_rows(m->be, s->fwd.logits, V, src, V, 1, V)
-                        : OPS(m)->download(m->be, s->logits, src, (size_t)V * 4);
-        }
+        st = logits_row(m, &lo, s->gpu ? NULL : s->logits, s->fwd.logits, b->logits + (size_t)s->ahead_row * V);
     }
-    if (st == PT_OK && nc) st = OPS(m)->copy_rows_to(m->be, cd, cs, nc, V);
+    if (st == PT_OK) st = logits_flush(m, &lo);
     pthread_mutex_unlock(&m->lock);
     if (st != PT_OK) {
         for (int i = 0; i < n; i++) taken[i] = 0;
