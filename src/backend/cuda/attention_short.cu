@@ -46,6 +46,17 @@
  * cache (block 0 may be writing it): its slot is filled from the block's
  * rotated copy.
  *
+ * The kernel is a latency chain, one block per head and a few warps with
+ * keys: at 64 keys ~10,000 cycles from the wait to the end on the H200, a
+ * few hundred of them per barrier phase (dev/ds_phases.cu times each). So
+ * one sequence (FOLD) runs with four barriers: each thread rotates its own
+ * query elements (and the step's key element, stored element by element)
+ * in registers, from its element's pair loaded from global memory; and
+ * every warp with p·V tasks forms the splits' sums and the row statistics
+ * itself with the same butterflies, where a warp per split and then a
+ * warp per head did, a barrier apart. Batched rows keep the barrier form
+ * (the register form measured slower there, bench/RESULTS.md).
+ *
  * The three kernels give each split of `per` keys (dec_range) a block of
  * D2_WARPS warps, warp w taking the batches of keys from j0 + w·KB on (KB
  * keys a batch, D2_WARPS·KB apart). Here a task is such a (split, warp)
@@ -79,6 +90,30 @@
  * take up to ~20 KB more of the SM's 227 KB). */
 #define DS_SMEM_MAX (200 * 1024)
 
+/* dev/ds_phases.cu builds this file with PT_DS_TRACE set: thread 0 of the
+ * first PT_DS_TRACE_BLOCKS blocks of row 0 records the SM clock at each
+ * phase boundary (DS_MARK) and the global timer after the wait and at the
+ * end (DS_GTIME); the library's build records nothing. */
+#ifdef PT_DS_TRACE
+__device__ long long pt_ds_trace[PT_DS_TRACE_BLOCKS][16];
+#define DS_MARK(i)                                                                                                 \
+    do {                                                                                                           \
+        if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < PT_DS_TRACE_BLOCKS)                                \
+            pt_ds_trace[blockIdx.x][i] = clock64();                                                                \
+    } while (0)
+#define DS_GTIME(i)                                                                                                \
+    do {                                                                                                           \
+        if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < PT_DS_TRACE_BLOCKS) {                              \
+            long long t_;                                                                                          \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                 \
+            pt_ds_trace[blockIdx.x][i] = t_;                                                                       \
+        }                                                                                                          \
+    } while (0)
+#else
+#define DS_MARK(i) ((void)0)
+#define DS_GTIME(i) ((void)0)
+#endif
+
 /* The tasks of one split holding cnt keys, in batches of kb keys: the
  * split kernels' warps that get keys (each takes batches D2_WARPS·kb
  * apart). */
@@ -107,13 +142,13 @@ __device__ __forceinline__ void ds_split_range(int64_t s, int full, int total, i
 }
 
 /* Dynamic shared memory of a launch for H query heads a block: the queries
- * [H, hd], the scores [H, DS_MAXK], the step's raw query, key and value rows
- * [(H + 2)·hd], the tasks' partial outputs [tp, H, hd] (floats); with nst
+ * [H, hd], the scores [H, DS_MAXK], the tasks' partial outputs [tp, H, hd]
+ * (floats); with nst
  * = 1 also the value rows of up to DS_MAXK keys, [DS_MAXK, R] 16-byte
  * chunks, read ahead of the p·V phase, with nst = 2 the key rows as well
  * (read ahead of the scores). */
 __host__ __device__ __forceinline__ size_t ds_smem(int H, int hd, int tp, int R, int nst) {
-    return ((size_t)H * hd + (size_t)H * DS_MAXK + (size_t)tp * H * hd + (size_t)(H + 2) * hd) * sizeof(float) +
+    return ((size_t)H * hd + (size_t)H * DS_MAXK + (size_t)tp * H * hd) * sizeof(float) +
            (size_t)nst * DS_MAXK * R * 16;
 }
 
@@ -150,16 +185,52 @@ __device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_
     }
 }
 
+/* dec_range in 32-bit arithmetic, the same values (the launch takes caches
+ * of fewer than 2^31 slots): the divisions by run-time values in 64 bits
+ * are long instruction chains, and a block's prologue runs exposed when
+ * it can start only as the q/k/v GEMV's blocks leave its SM. Also the
+ * cache rows of the step (prow) and of key 0 (rlo). */
+__device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64_t &lo, int64_t &n, int64_t &per,
+                                         int64_t &used, int64_t &prow, int64_t &rlo) {
+    const uint32_t cap = (uint32_t)a.cap, ns = (uint32_t)a.nsplit;
+    const int32_t l0 = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+    int32_t nn = hi - l0 + 1;
+    if (nn > (int32_t)a.stride) nn = (int32_t)a.stride;
+    if (nn < 0) nn = 0;
+    uint32_t pp = ((uint32_t)nn + ns - 1u) / ns;
+    if (pp < (uint32_t)a.minper) pp = (uint32_t)a.minper;
+    lo = l0, n = nn, per = pp, used = ((uint32_t)nn + pp - 1u) / pp;
+    prow = hi >= 0 ? (uint32_t)hi % cap : 0;
+    rlo = (uint32_t)l0 % cap;
+}
+
+/* Element d of a row rotated as d2_rope_elem rotates it, from the element
+ * itself (x) and its pair (y: element d + half below half, d − half above),
+ * cs and sn the table's values of the pair's dim: the same expressions, so
+ * the same bits, with no row in shared memory. */
+__device__ __forceinline__ float ds_rope(int d, int half, float x, float y, float cs, float sn, int bf) {
+    if (d < half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, -y * sn));
+    if (d < 2 * half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, y * sn));
+    return x;
+}
+
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
 __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
+    DS_MARK(10);
     /* Before griddepcontrol.wait (pt_wait_primary below): the row's key
      * range, splits, tasks and addresses — a few hundred integer
      * instructions a warp (divisions by run-time values), which would
      * otherwise delay the first loads of the step's rows once the q/k/v
-     * GEMV has finished. They read only what the host uploaded before the
-     * step ran (the positions, the K/V pointer table), never what a kernel
-     * of the step writes, and nothing is written before the wait. */
+     * GEMV has finished (ds_range: in 32 bits), and the loads of the RoPE's
+     * frequencies this thread needs. They read only what the host uploaded
+     * before the step ran (the positions, the K/V pointer table) and the
+     * model's constant frequencies, never what a kernel of the step
+     * writes, and nothing is written before the wait. Measured: this
+     * prologue runs exposed when the block starts only as the q/k/v GEMV's
+     * blocks leave (the RoPE's cos and sin formed here as well made the
+     * 8B step slower, bench/RESULTS.md); they are formed after the wait,
+     * while the step's rows are loaded. */
     constexpr int NT = NW * 32, V = 16 / sizeof(KT);
     constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
     constexpr int PU = (PG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
@@ -173,13 +244,13 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
      * appended before, every key read from the cache and only the queries
      * rotated */
     constexpr bool fold = FOLD;
-    int64_t lo, n, per, used;
-    dec_range(a, b, lo, n, per, used);
+    const int32_t p = a.pos[b];
+    int64_t lo, n, per, used, prow, rlo; /* prow: the step's cache row, rlo: the cache row of key 0 */
+    ds_range(a, p, lo, n, per, used, prow, rlo);
     extern __shared__ float4 ds_smem_f4[];
     float *qs = reinterpret_cast<float *>(ds_smem_f4); /* [H, hd] the rotated queries */
     float *sS = qs + H * hd;                            /* [H, DS_MAXK] scores */
-    float *raw = sS + H * DS_MAXK;                      /* [H + 2, hd] the step's q, k, v rows */
-    float *sP = raw + (H + 2) * hd;                     /* [tp, H, hd] the tasks' partial outputs */
+    float *sP = sS + H * DS_MAXK;                       /* [tp, H, hd] the tasks' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G + h0) * hd;
     if (used == 0) { /* a padding row: zeros, as the merge writes them */
         pt_wait_primary();
@@ -203,79 +274,129 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     const bool al = (((uintptr_t)vS) & 15) == 0;
     const bool vst = al && dyn >= ds_smem(H, hd, tp, R, 1), kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
     __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
-    __shared__ float rcs[128], rsn[128];
     __shared__ float smax[NW][DEC_MAX_G], ssum[NW][DEC_MAX_G];
-    __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];
+    __shared__ float wM[NW][DEC_MAX_G], wInv[NW][DEC_MAX_G]; /* each warp's copy of the row max and 1/sum */
+    __shared__ float sM[DEC_MAX_G], sInv[DEC_MAX_G];          /* the rows': the row max and 1/sum per head */
     __shared__ float2 sML[NW][DEC_MAX_G]; /* each split's (max, sum) per head (used <= ts <= NW splits) */
     __shared__ float ps[NW][MG][PKB];
-    const int32_t p = a.pos[b];
-    const int64_t prow = p % cap, rlo = lo % cap; /* the step's cache row, the cache row of key 0 */
     /* the step's key (< n: a row holds it); batched: none of the keys is the block's own copy */
     const int64_t jp = !fold ? -1 : prow >= rlo ? prow - rlo : prow - rlo + cap;
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
-    /* the step's own rows and the table's frequencies into registers first (the cache rows' copies below
-     * would otherwise queue ahead of them): H·hd <= QR·NT query values, hd <= NT where fold (the launch
-     * takes NW = 16 there) */
+    /* the step's own rows into registers first (the cache rows' copies below would otherwise queue ahead of
+     * them): H·hd <= QR·NT query values, hd <= NT where fold (the launch takes NW = 16 there). Each thread
+     * rotates its elements itself, as d2_rope_elem does from rows in shared memory: element i (dim d) with
+     * its pair qpair and the cos and sin of the pair's dim, formed here before the wait; a thread of dim
+     * d < hd also rotates the step's key's element d and stores it (fold). */
     constexpr int QR = DEC_MAX_G * 256 / NT;
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
     const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
+    int qpair[QR];
+    float qfr[QR];
+#pragma unroll
+    for (int u = 0; u < QR; u++) {
+        if constexpr (!FOLD) break;
+        const int i = (int)threadIdx.x + u * NT, d = i % hd;
+        qpair[u] = i, qfr[u] = 0.f;
+        if (i < H * hd && d < 2 * a.half) {
+            const int e = d < a.half ? d : d - a.half;
+            qfr[u] = a.inv_freq[e];
+            qpair[u] = i - d + (d < a.half ? d + a.half : e);
+        }
+    }
     pt_wait_primary(); /* q (and k, v) are the previous kernel's output */
-    float rq[QR], rk = 0.f, rv = 0.f;
+    DS_GTIME(14);
+    DS_MARK(0);
+    if constexpr (!FOLD) {
+        /* batched rows: the queries through shared memory (sP, not yet used, holds them) and the RoPE table
+         * formed by the first half threads; measured: the form of the branch below slowed the served
+         * rows (bench/RESULTS.md) */
+        __shared__ float rcs[128], rsn[128];
+        float *raw = sP;
+        float rq[QR];
 #pragma unroll
-    for (int u = 0; u < QR; u++) {
-        const int i = (int)threadIdx.x + u * NT;
-        rq[u] = i < H * hd ? q[i] : 0.f;
-    }
-    if (fold && (int)threadIdx.x < hd) rk = kr[threadIdx.x], rv = vr[threadIdx.x];
-    const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
-    /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
-     * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
-    if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
-    pt_cp_commit();
-    if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
-    pt_cp_commit();
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            rq[u] = i < H * hd ? q[i] : 0.f;
+        }
+        const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+        if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
+        pt_cp_commit();
+        if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
+        pt_cp_commit();
 #pragma unroll
-    for (int u = 0; u < QR; u++) {
-        const int i = (int)threadIdx.x + u * NT;
-        if (i < H * hd) raw[i] = rq[u];
-    }
-    if (fold && (int)threadIdx.x < hd) raw[H * hd + threadIdx.x] = rk, raw[(H + 1) * hd + threadIdx.x] = rv;
-    /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them */
-    if ((int)threadIdx.x < a.half) {
-        const float th = (float)p * fr;
-        rcs[threadIdx.x] = pt_rnd(a.bf, cosf(th) * a.rscale);
-        rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < H * hd; i += NT)
-        qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
-    if (fold) {
-        KT *kn = reinterpret_cast<KT *>(knew), *vn = reinterpret_cast<KT *>(vnew);
-        for (int d = threadIdx.x; d < hd; d += NT) {
-            d2_kv_store(kn + d, d2_rope_elem(raw + H * hd, d, a.half, rcs, rsn, a.bf));
-            d2_kv_store(vn + d, raw[(H + 1) * hd + d]);
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            if (i < H * hd) raw[i] = rq[u];
         }
-    }
-    __syncthreads();
-    if (fold) {
-        /* the block of the group's first head stores the rows; every block stages its own copy */
-        KT *kc = (KT *)dec_cache(a, b, 0) + ((int64_t)kh * cap + prow) * hd;
-        KT *vc = (KT *)dec_cache(a, b, 1) + ((int64_t)kh * cap + prow) * hd;
-        for (int c = threadIdx.x; c < R; c += NT) {
-            if (h0 == 0) {
-                reinterpret_cast<uint4 *>(kc)[c] = knew[c];
-                reinterpret_cast<uint4 *>(vc)[c] = vnew[c];
-            }
-            if (kst && jp < n) kS[jp * R + c] = knew[c];
-            if (vst && jp < n) vS[jp * R + c] = vnew[c];
+        if ((int)threadIdx.x < a.half) {
+            const float th = (float)p * fr;
+            rcs[threadIdx.x] = pt_rnd(a.bf, cosf(th) * a.rscale);
+            rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
         }
-    }
-    if (kst) { /* this thread's staged key rows; the barrier below publishes them */
-        pt_cp_wait<1>();
         __syncthreads();
+        for (int i = threadIdx.x; i < H * hd; i += NT)
+            qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+        __syncthreads();
+        if (kst) { /* this thread's staged key rows; the barrier below publishes them */
+            pt_cp_wait<1>();
+            __syncthreads();
+        }
+    } else {
+        float rq[QR], rp[QR], rk = 0.f, rkp = 0.f, rv = 0.f;
+#pragma unroll
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            rq[u] = i < H * hd ? q[i] : 0.f;
+            rp[u] = i < H * hd ? q[qpair[u]] : 0.f;
+        }
+        if (fold && (int)threadIdx.x < hd) rk = kr[threadIdx.x], rkp = kr[qpair[0]], rv = vr[threadIdx.x];
+        /* the table's cos and sin while those loads travel (as the RoPE table is formed) */
+        float qcs[QR], qsn[QR];
+#pragma unroll
+        for (int u = 0; u < QR; u++) {
+            qcs[u] = qsn[u] = 0.f;
+            if ((int)threadIdx.x + u * NT < H * hd) {
+                const float th = (float)p * qfr[u];
+                qcs[u] = pt_rnd(a.bf, cosf(th) * a.rscale);
+                qsn[u] = pt_rnd(a.bf, sinf(th) * a.rscale);
+            }
+        }
+        /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
+         * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
+        if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
+        pt_cp_commit();
+        if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
+        pt_cp_commit();
+#pragma unroll
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            if (i < H * hd) qs[i] = ds_rope(i % hd, a.half, rq[u], rp[u], qcs[u], qsn[u], a.bf);
+        }
+        if (fold && (int)threadIdx.x < hd) {
+            /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them, element by element:
+             * the block of the group's first head stores the rows in the cache, every block keeps its own copy
+             * (and its staged row, the step's slot) */
+            const int d = threadIdx.x;
+            KT kx, vx;
+            d2_kv_store(&kx, ds_rope(d, a.half, rk, rkp, qcs[0], qsn[0], a.bf));
+            d2_kv_store(&vx, rv);
+            reinterpret_cast<KT *>(knew)[d] = kx;
+            reinterpret_cast<KT *>(vnew)[d] = vx;
+            if (h0 == 0) {
+                ((KT *)dec_cache(a, b, 0))[((int64_t)kh * cap + prow) * hd + d] = kx;
+                ((KT *)dec_cache(a, b, 1))[((int64_t)kh * cap + prow) * hd + d] = vx;
+            }
+            if (kst && jp < n) reinterpret_cast<KT *>(kS)[jp * hd + d] = kx;
+            if (vst && jp < n) reinterpret_cast<KT *>(vS)[jp * hd + d] = vx;
+        }
+        if (kst) pt_cp_wait<1>(); /* this thread's staged key rows */
+        __syncthreads();          /* publishes them, the rotated queries and the step's rows */
     }
+    DS_MARK(1);
+    DS_MARK(2);
+    DS_MARK(3);
     /* scores: warp `warp` runs task `warp` (split s, the scores kernel's warp w) */
     float m[DEC_MAX_G], l[DEC_MAX_G];
 #pragma unroll
@@ -300,6 +421,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         }
     }
     __syncthreads();
+    DS_MARK(4);
     /* pt_softmax_block's pair: the split's max over its tasks, each task's lanes' rescaled sums */
     if (warp < ts) {
         int t0, nt; /* the split's tasks */
@@ -314,23 +436,56 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             if (w == 0 && lane == 0) sML[s][g].x = bm;
         }
     }
-    __syncthreads();
-    if (warp < used) { /* split `warp`: its tasks' sums in lanes 0..7, pt_block_sum's second butterfly */
-        int t0, nt;
-        ds_split_range(warp, fs, ts, t0, nt);
-        for (int g = 0; g < H; g++) {
-            const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
-            if (lane == 0) sML[warp][g].y = bl;
+    if constexpr (!FOLD) {
+        /* batched rows: as the split kernels, a warp per split, then a warp per head (the form of the branch
+         * below, every warp forming every head's statistics, slowed the served rows) */
+        __syncthreads();
+        DS_MARK(5);
+        if (warp < used) { /* split `warp`: its tasks' sums in lanes 0..7, pt_block_sum's second butterfly */
+            int t0, nt;
+            ds_split_range(warp, fs, ts, t0, nt);
+            for (int g = 0; g < H; g++) {
+                const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
+                if (lane == 0) sML[warp][g].y = bl;
+            }
         }
+        if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
+        __syncthreads();
+        DS_MARK(6);
+        if (warp < H) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
+            float mx, L;
+            d2_row_stats(&sML[0][warp], DEC_MAX_G, used, lane, mx, L);
+            if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
+        }
+        __syncthreads();
+        DS_MARK(7);
+    } else {
+        if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
+        __syncthreads();
+        DS_MARK(5);
+        DS_MARK(6);
+        /* every warp with p·V tasks forms the row max and sum of each head itself (no barrier): split s's sum from its tasks'
+         * sums in lanes 0..7 (pt_block_sum's second butterfly), put in lane s with the split's max; then
+         * dec2_pv_kernel's merge of the used splits' pairs (d2_row_stats, lanes over the splits: used <= NW) */
+        for (int g = 0; g < H && warp < tp; g++) {
+            float x = -INFINITY, y = 0.f;
+            for (int sp = 0; sp < (int)used; sp++) {
+                int t0, nt;
+                ds_split_range(sp, fs, ts, t0, nt);
+                const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
+                if (lane == sp) x = sML[sp][g].x, y = bl;
+            }
+            float mx = -INFINITY;
+            if (lane < used) mx = fmaxf(mx, x);
+            mx = pt_warp_max(mx);
+            float L = 0.f;
+            if (lane < used && x != -INFINITY) L += y * expf(x - mx);
+            L = pt_warp_sum(L);
+            if (lane == 0) wM[warp][g] = mx, wInv[warp][g] = 1.0f / L;
+        }
+        __syncwarp();
+        DS_MARK(7);
     }
-    if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
-    __syncthreads();
-    if (warp < H) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
-        float mx, L;
-        d2_row_stats(&sML[0][warp], DEC_MAX_G, used, lane, mx, L);
-        if (lane == 0) sM[warp] = mx, sInv[warp] = 1.0f / L;
-    }
-    __syncthreads();
     /* p·V: task t (split s, the p·V kernel's warp w) into its partial output */
     for (int t = warp; t < tp; t += NW) {
         ds_task(t, fp, s, w);
@@ -342,12 +497,14 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             uint4 vr[PU][CP];
             if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
             else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
-            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane, ks, acc);
+            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, FOLD ? wM[warp] : sM,
+                                                FOLD ? wInv[warp] : sInv, a.bf, H, jb, j1, lane, ks, acc);
         }
         d2_pv_keys_sum<LP>(acc, H);
         d2_pv_store<LP>(acc, sP + (int64_t)t * H * hd, H, hd, R, sub, ks);
     }
     __syncthreads();
+    DS_MARK(8);
     /* the merge: each split's tasks in warp order, the splits in split order */
     for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
@@ -360,6 +517,8 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         }
         out[i] = pt_rnd(a.bf, v);
     }
+    DS_MARK(9);
+    DS_GTIME(15);
 }
 
 /* The most p·V tasks of any row of at most max_keys keys, and in *tsm the
@@ -414,7 +573,8 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     /* one sequence with the fold, or batched rows whose keys are appended (the queries' RoPE alone) */
     const bool rows = a.kvp != nullptr;
     if (!a.inv_freq || (rows ? a.kn != nullptr : !a.kn || B != 1) || max_keys <= 0 || max_keys > DS_MAXK ||
-        G > DEC_MAX_G || R < 4 || R > 64 || (R > 32 && sizeof(KT) != 4) || B < 1 || B > 65535)
+        G > DEC_MAX_G || R < 4 || R > 64 || (R > 32 && sizeof(KT) != 4) || B < 1 || B > 65535 ||
+        a.cap > INT32_MAX) /* ds_range's 32-bit arithmetic */
         return PT_ERR_UNSUPPORTED;
     const d2_geom gm = d2_geometry(R, G);
     int ts;
