@@ -185,6 +185,18 @@ __device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_
     }
 }
 
+/* The cached key rows, then the value rows, as two cp.async groups (each
+ * where the launch made room to stage it; the scores wait for the first
+ * group, the p·V for the second). */
+template <int NT, typename KT>
+__device__ __forceinline__ void ds_stage_kv(uint4 *kS, uint4 *vS, const KT *kb, const KT *vb, bool kst, bool vst,
+                                            int64_t rlo, int64_t cap, int hd, int R, int n, int64_t jp) {
+    if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, n, jp);
+    pt_cp_commit();
+    if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, n, jp);
+    pt_cp_commit();
+}
+
 /* dec_range in 32-bit arithmetic, the same values (the launch takes caches
  * of fewer than 2^31 slots): the divisions by run-time values in 64 bits
  * are long instruction chains, and a block's prologue runs exposed when
@@ -321,10 +333,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             rq[u] = i < H * hd ? q[i] : 0.f;
         }
         const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
-        if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
-        pt_cp_commit();
-        if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
-        pt_cp_commit();
+        ds_stage_kv<NT>(kS, vS, kb, vb, kst, vst, rlo, cap, hd, R, (int)n, jp);
 #pragma unroll
         for (int u = 0; u < QR; u++) {
             const int i = (int)threadIdx.x + u * NT;
@@ -365,10 +374,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         }
         /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
          * scores formed (two cp.async groups); the step's row comes from the block's own copy below */
-        if (kst) ds_stage_rows<NT>(kS, kb, rlo, cap, hd, R, (int)n, jp);
-        pt_cp_commit();
-        if (vst) ds_stage_rows<NT>(vS, vb, rlo, cap, hd, R, (int)n, jp);
-        pt_cp_commit();
+        ds_stage_kv<NT>(kS, vS, kb, vb, kst, vst, rlo, cap, hd, R, (int)n, jp);
 #pragma unroll
         for (int u = 0; u < QR; u++) {
             const int i = (int)threadIdx.x + u * NT;
