@@ -143,10 +143,10 @@ __device__ __forceinline__ void ds_split_range(int64_t s, int full, int total, i
 
 /* Dynamic shared memory of a launch for H query heads a block: the queries
  * [H, hd], the scores [H, DS_MAXK], the tasks' partial outputs [tp, H, hd]
- * (floats); with nst
- * = 1 also the value rows of up to DS_MAXK keys, [DS_MAXK, R] 16-byte
- * chunks, read ahead of the p·V phase, with nst = 2 the key rows as well
- * (read ahead of the scores). */
+ * (floats; the batched rows' front holds their raw queries in the last
+ * before p·V writes them); with nst = 1 also the value rows of up to
+ * DS_MAXK keys, [DS_MAXK, R] 16-byte chunks, read ahead of the p·V phase,
+ * with nst = 2 the key rows as well (read ahead of the scores). */
 __host__ __device__ __forceinline__ size_t ds_smem(int H, int hd, int tp, int R, int nst) {
     return ((size_t)H * hd + (size_t)H * DS_MAXK + (size_t)tp * H * hd) * sizeof(float) +
            (size_t)nst * DS_MAXK * R * 16;
