@@ -298,8 +298,9 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     /* the step's own rows into registers first (the cache rows' copies below would otherwise queue ahead of
      * them): H·hd <= QR·NT query values, hd <= NT where fold (the launch takes NW = 16 there). Each thread
      * rotates its elements itself, as d2_rope_elem does from rows in shared memory: element i (dim d) with
-     * its pair qpair and the cos and sin of the pair's dim, formed here before the wait; a thread of dim
-     * d < hd also rotates the step's key's element d and stores it (fold). */
+     * its pair qpair and the cos and sin of the pair's dim (the pair and the dim's frequency found here,
+     * before the wait; the cos and sin formed after it); a thread of dim d < hd also rotates the step's
+     * key's element d and stores it (fold). */
     constexpr int QR = DEC_MAX_G * 256 / NT;
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
@@ -470,9 +471,10 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         __syncthreads();
         DS_MARK(5);
         DS_MARK(6);
-        /* every warp with p·V tasks forms the row max and sum of each head itself (no barrier): split s's sum from its tasks'
-         * sums in lanes 0..7 (pt_block_sum's second butterfly), put in lane s with the split's max; then
-         * dec2_pv_kernel's merge of the used splits' pairs (d2_row_stats, lanes over the splits: used <= NW) */
+        /* every warp with p·V tasks forms the row max and sum of each head itself (no barrier): split s's sum
+         * from its tasks' sums in lanes 0..7 (pt_block_sum's second butterfly), put in lane s with the split's
+         * max; then dec2_pv_kernel's merge of the used splits' pairs, d2_row_stats's expressions on registers
+         * (lanes over the splits: used <= NW <= 32, one split a lane) */
         for (int g = 0; g < H && warp < tp; g++) {
             float x = -INFINITY, y = 0.f;
             for (int sp = 0; sp < (int)used; sp++) {
