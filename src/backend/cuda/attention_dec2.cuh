@@ -85,20 +85,29 @@ __device__ __forceinline__ void d2_kv_store(float *p, float v) { *p = v; }
 __device__ __forceinline__ void d2_kv_store(__half *p, float v) { *p = __float2half_rn(v); }
 __device__ __forceinline__ void d2_kv_store(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
 
-/* Element d of a row x rotated as rope_kv_kernel (rope.cu) rotates it: the
- * pair (d, d + half) with the table values cs[d'], sn[d'] of its dim
- * d' < half, each product rounded, then their sum; dims past 2·half as
- * they are. The same expressions as rope.cu, so the same bits. */
+/* Element d of a row rotated as rope_kv_kernel (rope.cu) rotates it, from
+ * the element itself (x), its pair (y: element d + half below half, d − half
+ * above) and the table values cs, sn of the pair's dim d' < half: each
+ * product rounded, then their sum; dims past 2·half as they are. The same
+ * expressions as rope.cu, so the same bits. dec2_short_kernel rotates from
+ * registers with it; d2_rope_elem from a row in memory. */
+__device__ __forceinline__ float d2_rope_pair(int d, int half, float x, float y, float cs, float sn, int bf) {
+    if (d < half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, -y * sn));
+    if (d < 2 * half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, y * sn));
+    return x;
+}
+
+/* Element d of a row x rotated (d2_rope_pair), the table cs, sn by dim. */
 __device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, const float *cs, const float *sn,
                                               int bf) {
     if (d < half) {
         const float a = x[d], b = x[d + half];
-        return pt_rnd(bf, pt_rnd(bf, a * cs[d]) + pt_rnd(bf, -b * sn[d]));
+        return d2_rope_pair(d, half, a, b, cs[d], sn[d], bf);
     }
     if (d < 2 * half) {
         const int e = d - half;
         const float a = x[e], b = x[d];
-        return pt_rnd(bf, pt_rnd(bf, b * cs[e]) + pt_rnd(bf, a * sn[e]));
+        return d2_rope_pair(d, half, b, a, cs[e], sn[e], bf);
     }
     return x[d];
 }
@@ -240,20 +249,34 @@ __device__ __forceinline__ void d2_pv_store(const float (&acc)[MG][C][V], float 
 }
 
 /* The exact row max and sum of one head from its used splits' (max, sum)
- * pairs (split s's at ml[s·step]), lanes over the splits, then a warp max
- * and an xor sum; every lane gets them. The p·V kernels' merge of the
- * splits' statistics. */
-__device__ __forceinline__ void d2_row_stats(const float2 *ml, int64_t step, int64_t used, int lane, float &mx,
-                                             float &L) {
+ * pairs (pair(s): split s's), lanes over the splits, then a warp max and
+ * an xor sum; every lane gets them. The p·V kernels' merge of the splits'
+ * statistics. ONE: used <= 32, so a lane reads only its own split's pair
+ * (dec2_short_kernel passes the pair it holds in registers). */
+template <bool ONE, typename P>
+__device__ __forceinline__ void d2_row_stats_of(P pair, int64_t used, int lane, float &mx, float &L) {
     mx = -INFINITY;
-    for (int64_t s = lane; s < used; s += 32) mx = fmaxf(mx, ml[s * step].x);
+    if (ONE) {
+        if (lane < used) mx = fmaxf(mx, pair(lane).x);
+    } else
+        for (int64_t s = lane; s < used; s += 32) mx = fmaxf(mx, pair(s).x);
     mx = pt_warp_max(mx);
     L = 0.f;
-    for (int64_t s = lane; s < used; s += 32) {
-        const float2 v = ml[s * step];
-        if (v.x != -INFINITY) L += v.y * expf(v.x - mx);
-    }
+    if (ONE) {
+        const float2 v = pair(lane);
+        if (lane < used && v.x != -INFINITY) L += v.y * expf(v.x - mx);
+    } else
+        for (int64_t s = lane; s < used; s += 32) {
+            const float2 v = pair(s);
+            if (v.x != -INFINITY) L += v.y * expf(v.x - mx);
+        }
     L = pt_warp_sum(L);
+}
+
+/* d2_row_stats_of with split s's pair at ml[s·step]. */
+__device__ __forceinline__ void d2_row_stats(const float2 *ml, int64_t step, int64_t used, int lane, float &mx,
+                                             float &L) {
+    d2_row_stats_of<false>([&](int64_t s) { return ml[s * step]; }, used, lane, mx, L);
 }
 
 #endif

@@ -216,16 +216,6 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
-/* Element d of a row rotated as d2_rope_elem rotates it, from the element
- * itself (x) and its pair (y: element d + half below half, d − half above),
- * cs and sn the table's values of the pair's dim: the same expressions, so
- * the same bits, with no row in shared memory. */
-__device__ __forceinline__ float ds_rope(int d, int half, float x, float y, float cs, float sn, int bf) {
-    if (d < half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, -y * sn));
-    if (d < 2 * half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, y * sn));
-    return x;
-}
-
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
 __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
@@ -379,7 +369,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
 #pragma unroll
         for (int u = 0; u < QR; u++) {
             const int i = (int)threadIdx.x + u * NT;
-            if (i < H * hd) qs[i] = ds_rope(i % hd, a.half, rq[u], rp[u], qcs[u], qsn[u], a.bf);
+            if (i < H * hd) qs[i] = d2_rope_pair(i % hd, a.half, rq[u], rp[u], qcs[u], qsn[u], a.bf);
         }
         if (fold && (int)threadIdx.x < hd) {
             /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them, element by element:
@@ -387,7 +377,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
              * (and its staged row, the step's slot) */
             const int d = threadIdx.x;
             KT kx, vx;
-            d2_kv_store(&kx, ds_rope(d, a.half, rk, rkp, qcs[0], qsn[0], a.bf));
+            d2_kv_store(&kx, d2_rope_pair(d, a.half, rk, rkp, qcs[0], qsn[0], a.bf));
             d2_kv_store(&vx, rv);
             reinterpret_cast<KT *>(knew)[d] = kx;
             reinterpret_cast<KT *>(vnew)[d] = vx;
@@ -473,8 +463,8 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         DS_MARK(6);
         /* every warp with p·V tasks forms the row max and sum of each head itself (no barrier): split s's sum
          * from its tasks' sums in lanes 0..7 (pt_block_sum's second butterfly), put in lane s with the split's
-         * max; then dec2_pv_kernel's merge of the used splits' pairs, d2_row_stats's expressions on registers
-         * (lanes over the splits: used <= NW <= 32, one split a lane) */
+         * max; then dec2_pv_kernel's merge of the used splits' pairs from those registers (d2_row_stats_of:
+         * lanes over the splits, used <= NW <= 32, one split a lane) */
         for (int g = 0; g < H && warp < tp; g++) {
             float x = -INFINITY, y = 0.f;
             for (int sp = 0; sp < (int)used; sp++) {
@@ -483,12 +473,8 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
                 const float bl = pt_warp_sum(lane < nt ? ssum[t0 + lane][g] : 0.f);
                 if (lane == sp) x = sML[sp][g].x, y = bl;
             }
-            float mx = -INFINITY;
-            if (lane < used) mx = fmaxf(mx, x);
-            mx = pt_warp_max(mx);
-            float L = 0.f;
-            if (lane < used && x != -INFINITY) L += y * expf(x - mx);
-            L = pt_warp_sum(L);
+            float mx, L;
+            d2_row_stats_of<true>([&](int64_t) { return make_float2(x, y); }, used, lane, mx, L);
             if (lane == 0) wM[warp][g] = mx, wInv[warp][g] = 1.0f / L;
         }
         __syncwarp();
