@@ -2,7 +2,7 @@
  * kernel waits for its primary. A chain of NK kernels, each a grid of B
  * blocks: block b of kernel k waits for kernel k − 1, reads that kernel's B
  * outputs (a full dependency, as a GEMV's x or the attention's q/k/v), spins
- * for `work` ns (the kernel's own work), and writes its own output. The
+ * for `work` ns on one thread (the kernel's own work), and writes its own output. The
  * chain is captured into a graph and replayed; the time per kernel minus
  * `work` is what a boundary costs.
  *
@@ -21,7 +21,7 @@
  * written while the reader runs. Every mode's final value is checked.
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o dev/pdl_latency dev/pdl_latency.cu
- *   dev/pdl_latency [B threads NK replays] [work_ns ...]    (default 132 256 160 20, work 0 1000 3000) */
+ *   dev/pdl_latency [B threads NK replays] [work_ns ...]    (default 132 256 160 20, work 0 1000 3000 ns) */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,7 +74,8 @@ __global__ void chain_kernel(float *buf, unsigned *cnt, int k, int mode, long lo
     __shared__ float ws[32];
     if ((threadIdx.x & 31) == 0) ws[threadIdx.x >> 5] = s;
     __syncthreads();
-    spin_ns(work);
+    if (threadIdx.x == 0) spin_ns(work); /* one thread: the other warps wait at the barrier, not on the timer */
+    __syncthreads();
     if (threadIdx.x == 0) {
         float t = 0.f;
         for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += ws[w];
