@@ -11,8 +11,10 @@
  * over 4- and 8-bit codes, groups 32/64/128, with and without a bias, K of
  * 768, 2048, 2560, 3072 and 4096 (the register norm kernel's shapes: 192 to
  * 512 threads, 1 and 2 chunks a thread), the four norm styles, bf16 and
- * f32 norm weights; what they do not fold (2 rows, the switch off, an
- * unaligned x or norm weight, a row past 4096 values) answered
+ * f32 norm weights; the llama-3.2-3b gate/up shape, whose GLU launch runs
+ * 16-warp blocks (and the same bits with 8-warp ones); what they do not
+ * fold (2 rows, the switch off, an unaligned x or norm weight, a row past
+ * 4096 values) answered
  * PT_ERR_UNSUPPORTED with nothing launched; and the whole forward pass
  * (prefill of 20 tokens, then compiled greedy decode steps) bit-identical
  * with the folds on and off, on the 4-bit demo model and the llama-3.2-1b
@@ -41,6 +43,10 @@
  * -1: back to the environment), folded launches made so far */
 void pt_cuda_fold_norm(int on);
 unsigned long long pt_cuda_tc_fold_count(void);
+/* gemv_tc.cu: the one-row GLU launch of the folded norm on 16-warp blocks
+ * (as PETREL_CUDA_TC_GLU16), launches of it so far */
+void pt_cuda_tc_glu16(int on);
+unsigned long long pt_cuda_tc_glu16_count(void);
 
 static int same(const char *what, const float *a, const float *b, int64_t n) {
     for (int64_t j = 0; j < n; j++)
@@ -69,12 +75,12 @@ static int down(pt_backend *be, float *h, const float *d, int64_t n) {
     return be->ops->download(be, h, d, (size_t)n * 4) == PT_OK;
 }
 
-/* One (bits, group, K) case: weights q [N, K], k and v [N/4, K], gate and
- * up [F, K], down [K, F]; for each norm style, matmul_norm of q alone and
- * of q, k, v, matmul_glu_norm, and matmul_add of down, each against the
- * separate calls. */
-static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias) {
-    const int64_t N = 640, F = 512, Nk = 160;
+/* One (bits, group, K, F) case: weights q [N, K], k and v [N/4, K], gate
+ * and up [F, K], down [K, F]; for each norm style, matmul_norm of q alone
+ * and of q, k, v, matmul_glu_norm, and matmul_add of down, each against
+ * the separate calls. */
+static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias, int64_t F) {
+    const int64_t N = 640, Nk = 160;
     char what[200];
     rand_qweight wq, wk, wv, wg, wu, wd;
     int ok = gpu_qw_make(be, &wq, bits, gs, N, K, bias);
@@ -86,7 +92,8 @@ static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias) {
     if (!ok) return 0;
     float *xh = malloc((size_t)K * 4), *wf = malloc((size_t)K * 4), *ah = malloc((size_t)F * 4);
     uint16_t *wb = malloc((size_t)K * 2);
-    float *r1 = malloc((size_t)(N > K ? N : K) * 4), *r2 = malloc((size_t)(N > K ? N : K) * 4);
+    const int64_t NR = N > K ? (N > F ? N : F) : (K > F ? K : F); /* the longest output read back */
+    float *r1 = malloc((size_t)NR * 4), *r2 = malloc((size_t)NR * 4);
     for (int64_t i = 0; i < K; i++) {
         xh[i] = pt_round_bf16(rf(-3, 3));
         wf[i] = rf(-0.5f, 1.5f);
@@ -199,13 +206,13 @@ static void test_fold_ops_bit_identical(void) {
     int ok = 1, cases = 0;
     for (int b = 0; b < 2 && ok; b++)
         for (int gi = 0; gi < 3 && ok; gi++) {
-            ok = check_case(be, bitss[b], gss[gi], 768, (b + gi) & 1);
+            ok = check_case(be, bitss[b], gss[gi], 768, (b + gi) & 1, 512);
             cases++;
         }
     static const int64_t Ks[] = {2048, 2560, 3072, 4096};
     for (int ki = 0; ki < 4 && ok; ki++)
         for (int b = 0; b < 2 && ok; b++) {
-            ok = check_case(be, bitss[b], 64, Ks[ki], ki & 1);
+            ok = check_case(be, bitss[b], 64, Ks[ki], ki & 1, 512);
             cases++;
         }
     printf("INFO %d weight cases × 5 norm forms: matmul_norm, matmul_glu_norm, matmul_add bit-identical\n", cases);
@@ -252,6 +259,35 @@ static void test_fold_declines(void) {
     pt_backend_free(&be);
 }
 
+/* The llama-3.2-3b gate/up shape (8192 × 3072): its one-row GLU launch with
+ * the norm folded runs 16-warp blocks (gemv_tc.cu tc_launch), and must give
+ * the separate calls' bits there as with 8-warp blocks; the 1B shape's
+ * (8192 × 2048, a warp's blocks all in its ring) keeps 8-warp blocks. */
+static void test_fold_glu_16warp_blocks(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(2);
+    REQUIRE(be, "backend");
+    pt_cuda_fold_norm(1);
+    int ok = 1;
+    for (int on = 1; on >= 0 && ok; on--) {
+        pt_cuda_tc_glu16(on);
+        for (int b = 4; b <= 8 && ok; b += 4) {
+            const unsigned long long c0 = pt_cuda_tc_glu16_count();
+            ok = check_case(be, b, 64, 3072, b == 8, 8192);
+            /* five norm forms, one matmul_glu_norm each */
+            CHECK(pt_cuda_tc_glu16_count() == c0 + (on ? 5 : 0), "%d-bit 8192 × 3072, switch %d: %llu launches on "
+                  "16-warp blocks", b, on, pt_cuda_tc_glu16_count() - c0);
+        }
+    }
+    pt_cuda_tc_glu16(1);
+    const unsigned long long c1 = pt_cuda_tc_glu16_count();
+    ok = ok && check_case(be, 4, 64, 2048, 0, 8192);
+    CHECK(pt_cuda_tc_glu16_count() == c1, "the 1B gate/up shape took 16-warp blocks");
+    pt_cuda_tc_glu16(-1);
+    pt_cuda_fold_norm(-1);
+    pt_backend_free(&be);
+}
+
 static void test_fold_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     gpu_forward_on_off_models(pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
@@ -260,6 +296,7 @@ static void test_fold_forward_on_off(void) {
 int main(void) {
     TEST_RUN(test_fold_ops_bit_identical);
     TEST_RUN(test_fold_declines);
+    TEST_RUN(test_fold_glu_16warp_blocks);
     TEST_RUN(test_fold_forward_on_off);
     return test_summary();
 }

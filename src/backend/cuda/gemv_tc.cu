@@ -175,6 +175,8 @@ static bool tc_lv4(const pt_cuda *c, const tc_multi_args &m, unsigned items) {
 template <int BITS, int GS, int NT, int W, bool XP, bool NRM>
 static pt_status tc_launch_rg1(const pt_cuda *c, const tc_multi_args &m, unsigned items, int grouped, int cluster,
                                const tc_glu *gl) {
+    if constexpr (W > PT_TC_WARPS) /* 16-warp blocks: the four-per-SM build's code at two blocks an SM */
+        return tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, NRM>(c, m, items, grouped, cluster, gl);
     return tc_lv4(c, m, items) ? tc_launch_k<BITS, GS, NT, W, XP, 4, true, false, NRM>(c, m, items, grouped, cluster, gl)
                                : tc_launch_k<BITS, GS, NT, W, XP, 2, true, false, NRM>(c, m, items, grouped, cluster, gl);
 }
@@ -188,7 +190,7 @@ static pt_status tc_launch_nt(const pt_cuda *c, const tc_multi_args &m, unsigned
     const int lv = tc_lv<BITS>(m);
     /* the folded norm (tc_args::nw): the one-row kernels of loops 1 and 2 only */
     if (m.a[0].nsh.V) {
-        if constexpr (NT == 1 && !XP && W == PT_TC_WARPS) {
+        if constexpr (NT == 1 && !XP && (W == PT_TC_WARPS || W == PT_TC_WIDE_WARPS)) {
             if (m.a[0].nb != 1 || lv == 0) return PT_ERR_UNSUPPORTED;
             for (int i = 0; i < m.n; i++) /* the row is one stage (tc_stage_norm) */
                 if ((int64_t)m.a[i].SU * tc_shape<BITS, GS>::UK < m.a[i].K) return PT_ERR_UNSUPPORTED;
@@ -512,6 +514,32 @@ static int tc_wide(void) {
     return g_tc_wide;
 }
 
+/* tc_launch's 16-warp blocks for the one-row GLU launches of the folded
+ * norm: PETREL_CUDA_TC_GLU16=0 or pt_cuda_tc_glu16(0) keeps 8-warp blocks
+ * (A/B; read once; a negative argument: back to the environment). The
+ * launches taken so far (tests check it ran). */
+static int g_tc_glu16 = -1;
+static unsigned long long g_tc_glu16_launches;
+extern "C" void pt_cuda_tc_glu16(int on) { g_tc_glu16 = on < 0 ? -1 : on != 0; }
+extern "C" unsigned long long pt_cuda_tc_glu16_count(void) {
+    return __atomic_load_n(&g_tc_glu16_launches, __ATOMIC_RELAXED);
+}
+static int tc_glu16(void) {
+    if (g_tc_glu16 < 0) g_tc_glu16 = pt_env_on("PETREL_CUDA_TC_GLU16");
+    return g_tc_glu16;
+}
+/* Whether a warp of m's launch streams more code blocks than its ring
+ * holds (every weight: units per warp times blocks per unit). */
+template <int BITS, int GS>
+static bool tc_past_ring(const tc_multi_args &m) {
+    using SH = tc_shape<BITS, GS>;
+    for (int i = 0; i < m.n; i++) {
+        const tc_args &a = m.a[i];
+        if ((a.K / SH::UK + a.S - 1) / a.S * SH::BPU <= PT_TC_RING) return false;
+    }
+    return true;
+}
+
 /* Sets each weight's units per stage (from its own S: whole rounds of S,
  * about PT_TC_XBUDGET bytes of x) and the block table for W warps per
  * block, then launches with the NT for the row count. */
@@ -554,6 +582,18 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
             if (st != PT_ERR_UNSUPPORTED) return st;
         }
     const int wide = nb > 8 && tc_wide();
+    /* One row, the GLU epilogue with the folded norm, past two 8-warp blocks an SM, each warp streaming more
+     * blocks than its ring holds (the 3B and 4B shapes' gate/up): 16-warp blocks, half as many, each warp
+     * running the same tile, units and code (the same bits), the row's norm and staging once per 16 warps.
+     * tg128 on the H200: llama-3.2-3b +9%, qwen3-4b +2%, gemma-3-4b within noise; the 1B shape's gate/up (a
+     * warp's 8 blocks all in its ring) lost 2% with them and keeps 8-warp blocks (bench/RESULTS.md). */
+    if (nb == 1 && gl && m.a[0].nsh.V && tc_glu16() && table(PT_TC_WARPS) == PT_OK &&
+        (int64_t)m.first[m.n] * items > 2 * (int64_t)c->sm_count && tc_past_ring<BITS, GS>(m) &&
+        table(PT_TC_WIDE_WARPS) == PT_OK) {
+        const pt_status st = tc_launch_nt<BITS, GS, 1, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
+        if (st == PT_OK) __atomic_fetch_add(&g_tc_glu16_launches, 1ull, __ATOMIC_RELAXED);
+        if (st != PT_ERR_UNSUPPORTED) return st;
+    }
     PT_TRY(table(wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS));
     if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
     if (!wide) {

@@ -1036,8 +1036,12 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
 /* Blocks per SM the kernels are compiled for (registers: 65536 / (32·W·n)
  * a thread at most). The one-column unrolled loop (LV 2, NT 1) is held to
  * four, 64 registers: left at two, the compiler overlaps the blocks of a
- * step (~115 registers) and an SM holds half the blocks. */
-constexpr int tc_minb(int W, int NT, int LV) { return W > 8 || NT >= 8 ? 1 : NT == 1 && LV == 2 ? 4 : 2; }
+ * step (~115 registers) and an SM holds half the blocks. Its 16-warp
+ * blocks (the one-row GLU launches of more than two blocks an SM,
+ * tc_launch) likewise to two. */
+constexpr int tc_minb(int W, int NT, int LV) {
+    return W > 8 ? (NT == 1 && LV == 2 ? 2 : 1) : NT >= 8 ? 1 : NT == 1 && LV == 2 ? 4 : 2;
+}
 /* (LV 4: the same loop at two blocks per SM, ~115 registers: the blocks of
  * a step overlap without spilling; tc_launch_nt takes it at one row where
  * the launch has between one and two blocks per SM, tc_lv4.) */
