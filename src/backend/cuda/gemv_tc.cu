@@ -2,8 +2,8 @@
  * gemv_tc_kernel.cuh (design, arithmetic, work split and batch invariance are
  * described there) and their sizing (dynamic shared memory, units per stage,
  * the warp split S, clusters), the env switches that pick among bit-identical
- * variants (PETREL_CUDA_PDL, PETREL_CUDA_TC_LOOP, _XPRE, _XSTAGE, _XL, _DRIFT,
- * _CLUSTER, _WIDE, _WARPS, _XP8, _WG) and the entry points pt_cuda_tc_gemv,
+ * variants (PETREL_CUDA_PDL, PETREL_CUDA_TC_LOOP, _LV4, _GLU16, _XPRE, _XSTAGE,
+ * _XL, _DRIFT, _CLUSTER, _WIDE, _WARPS, _XP8, _WG) and the entry points pt_cuda_tc_gemv,
  * pt_cuda_tc_gemv_multi and pt_cuda_tc_gemv_glu (gemv_tc.cuh). This file is the
  * one object the kernels are compiled in. Not here: the kernel code
  * (gemv_tc_kernel.cuh; the wgmma kernels of 17..64 rows, off by default,
