@@ -76,10 +76,10 @@ __global__ void __launch_bounds__(D2_THREADS, 2) dec2_scores_kernel(pt_dec_rows 
         const int32_t p = a.pos[b]; /* >= 0: the row has keys */
         prow = p % cap;
         for (int d = threadIdx.x; d < a.half; d += D2_THREADS) {
-            /* rope_kv_kernel's table values (cosf/sinf: exact argument reduction) */
+            /* rope_kv_kernel's table values */
             const float th = (float)p * a.inv_freq[d];
-            rcs[d] = pt_rnd(a.bf, cosf(th) * a.rscale);
-            rsn[d] = pt_rnd(a.bf, sinf(th) * a.rscale);
+            rcs[d] = pt_rope_cos(th, a.rscale, a.bf);
+            rsn[d] = pt_rope_sin(th, a.rscale, a.bf);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < H * hd; i += D2_THREADS)

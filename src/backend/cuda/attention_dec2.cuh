@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/decode_split.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 #include <cuda_fp16.h>
 
@@ -92,8 +93,8 @@ __device__ __forceinline__ void d2_kv_store(__nv_bfloat16 *p, float v) { *p = __
  * expressions as rope.cu, so the same bits. dec2_short_kernel rotates from
  * registers with it; d2_rope_elem from a row in memory. */
 __device__ __forceinline__ float d2_rope_pair(int d, int half, float x, float y, float cs, float sn, int bf) {
-    if (d < half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, -y * sn));
-    if (d < 2 * half) return pt_rnd(bf, pt_rnd(bf, x * cs) + pt_rnd(bf, y * sn));
+    if (d < half) return pt_rope_lo(x, y, cs, sn, bf);
+    if (d < 2 * half) return pt_rope_hi(y, x, cs, sn, bf);
     return x;
 }
 

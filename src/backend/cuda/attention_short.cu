@@ -297,17 +297,17 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
     const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
     int qpair[QR];
     float qfr[QR];
+    if constexpr (FOLD)
 #pragma unroll
-    for (int u = 0; u < QR; u++) {
-        if constexpr (!FOLD) break;
-        const int i = (int)threadIdx.x + u * NT, d = i % hd;
-        qpair[u] = i, qfr[u] = 0.f;
-        if (i < H * hd && d < 2 * a.half) {
-            const int e = d < a.half ? d : d - a.half;
-            qfr[u] = a.inv_freq[e];
-            qpair[u] = i - d + (d < a.half ? d + a.half : e);
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT, d = i % hd;
+            qpair[u] = i, qfr[u] = 0.f;
+            if (i < H * hd && d < 2 * a.half) {
+                const int e = d < a.half ? d : d - a.half;
+                qfr[u] = a.inv_freq[e];
+                qpair[u] = i - d + (d < a.half ? d + a.half : e);
+            }
         }
-    }
     pt_wait_primary(); /* q (and k, v) are the previous kernel's output */
     DS_GTIME(14);
     DS_MARK(0);
@@ -332,8 +332,8 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
         }
         if ((int)threadIdx.x < a.half) {
             const float th = (float)p * fr;
-            rcs[threadIdx.x] = pt_rnd(a.bf, cosf(th) * a.rscale);
-            rsn[threadIdx.x] = pt_rnd(a.bf, sinf(th) * a.rscale);
+            rcs[threadIdx.x] = pt_rope_cos(th, a.rscale, a.bf);
+            rsn[threadIdx.x] = pt_rope_sin(th, a.rscale, a.bf);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < H * hd; i += NT)
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             rq[u] = i < H * hd ? q[i] : 0.f;
             rp[u] = i < H * hd ? q[qpair[u]] : 0.f;
         }
-        if (fold && (int)threadIdx.x < hd) rk = kr[threadIdx.x], rkp = kr[qpair[0]], rv = vr[threadIdx.x];
+        if ((int)threadIdx.x < hd) rk = kr[threadIdx.x], rkp = kr[qpair[0]], rv = vr[threadIdx.x];
         /* the table's cos and sin while those loads travel (as the RoPE table is formed) */
         float qcs[QR], qsn[QR];
 #pragma unroll
@@ -359,8 +359,8 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             qcs[u] = qsn[u] = 0.f;
             if ((int)threadIdx.x + u * NT < H * hd) {
                 const float th = (float)p * qfr[u];
-                qcs[u] = pt_rnd(a.bf, cosf(th) * a.rscale);
-                qsn[u] = pt_rnd(a.bf, sinf(th) * a.rscale);
+                qcs[u] = pt_rope_cos(th, a.rscale, a.bf);
+                qsn[u] = pt_rope_sin(th, a.rscale, a.bf);
             }
         }
         /* the cached key rows, then the value rows, on their way while the step's own rows are rotated and the
@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_d
             const int i = (int)threadIdx.x + u * NT;
             if (i < H * hd) qs[i] = d2_rope_pair(i % hd, a.half, rq[u], rp[u], qcs[u], qsn[u], a.bf);
         }
-        if (fold && (int)threadIdx.x < hd) {
+        if ((int)threadIdx.x < hd) {
             /* the folded RoPE and cache write, as dec2_scores_kernel<KT, LS, 1> does them, element by element:
              * the block of the group's first head stores the rows in the cache, every block keeps its own copy
              * (and its staged row, the step's slot) */

@@ -28,6 +28,7 @@
  * path, as attention.cu does not take them yet), prefill. */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/decode_split.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 #include <cuda_fp16.h>
 
@@ -96,10 +97,9 @@ __global__ void rope_k_append_rows_kernel(void *const *kvp, const float *k, cons
         if (d < 2 * half) {
             const int e = d < half ? d : d - half;
             const float th = (float)p * inv_freq[e];
-            const float cs = pt_rnd(bf, cosf(th) * attn_scale), sn = pt_rnd(bf, sinf(th) * attn_scale);
+            const float cs = pt_rope_cos(th, attn_scale, bf), sn = pt_rope_sin(th, attn_scale, bf);
             const float a = kr[e], bb = kr[e + half];
-            kv = d < half ? pt_rnd(bf, pt_rnd(bf, a * cs) + pt_rnd(bf, -bb * sn))
-                          : pt_rnd(bf, pt_rnd(bf, bb * cs) + pt_rnd(bf, a * sn));
+            kv = d < half ? pt_rope_lo(a, bb, cs, sn, bf) : pt_rope_hi(a, bb, cs, sn, bf);
         }
         KT *kc = (KT *)kvp[2 * b], *vc = (KT *)kvp[2 * b + 1];
         const int64_t off = ((int64_t)h * cap + p % cap) * hd + d;

@@ -13,6 +13,7 @@
  * converted as attention.cu's kv_append converts it (the same bytes).
  * PETREL_CUDA_ROPE_KV=0 makes it the two launches instead (A/B). */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 #include <cuda_fp16.h>
 
@@ -45,11 +46,10 @@ __global__ void rope_kv_kernel(float *q, float *k, const float *v, int64_t T, in
             const int64_t t = th_ / nht;
             const int h = (int)(th_ % nht);
             const float th = (float)pos[t] * inv_freq[d];
-            const float cs = pt_rnd(bf, cosf(th) * attn_scale), sn = pt_rnd(bf, sinf(th) * attn_scale);
+            const float cs = pt_rope_cos(th, attn_scale, bf), sn = pt_rope_sin(th, attn_scale, bf);
             float *x = h < nh ? q + (t * nh + h) * hd : k + (t * nkv + (h - nh)) * hd;
             const float a = x[d], b = x[d + half];
-            const float ra = pt_rnd(bf, pt_rnd(bf, a * cs) + pt_rnd(bf, -b * sn));
-            const float rb = pt_rnd(bf, pt_rnd(bf, b * cs) + pt_rnd(bf, a * sn));
+            const float ra = pt_rope_lo(a, b, cs, sn, bf), rb = pt_rope_hi(a, b, cs, sn, bf);
             x[d] = ra;
             x[d + half] = rb;
             const int32_t p = pos[t];
@@ -84,13 +84,11 @@ __global__ void rope_kernel(float *q, float *k, int64_t T, int nh, int nkv, int 
         const int64_t t = th_ / nht;
         const int h = (int)(th_ % nht);
         const float th = (float)pos[t] * inv_freq[d];
-        /* cosf/sinf (not the fast intrinsics): exact argument reduction for
-         * large positions, as the C library does. */
-        const float cs = pt_rnd(bf, cosf(th) * attn_scale), sn = pt_rnd(bf, sinf(th) * attn_scale);
+        const float cs = pt_rope_cos(th, attn_scale, bf), sn = pt_rope_sin(th, attn_scale, bf);
         float *v = h < nh ? q + (t * nh + h) * hd : k + (t * nkv + (h - nh)) * hd;
         const float a = v[d], b = v[d + half];
-        v[d] = pt_rnd(bf, pt_rnd(bf, a * cs) + pt_rnd(bf, -b * sn));
-        v[d + half] = pt_rnd(bf, pt_rnd(bf, b * cs) + pt_rnd(bf, a * sn));
+        v[d] = pt_rope_lo(a, b, cs, sn, bf);
+        v[d + half] = pt_rope_hi(a, b, cs, sn, bf);
     }
 }
 
