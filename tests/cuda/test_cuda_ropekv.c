@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' 8-warp blocks for 2 or 4 an SM; 0: by size */
+
 static void test_rope_kv_bits(void) {
     NEED_GPU();
     static const struct { int nh, nkv, hd, rot, T, p0; } cs[] = {
@@ -514,13 +516,16 @@ static void test_rope_kv_attention_short_rows_bits(void) {
         {32, 8, 128, 128, 0, 128, 0.f},    /* 2 splits of up to 64 */
     };
     /* a block per (row, KV head) or per (row, query head) (PETREL_CUDA_DEC_SHORT_ROWS_HEADS), the key and
-     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE) */
-    static const char *forms[][2] = {{"0", "0"}, {"1", "0"}, {"0", "2"}};
+     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE), the 8-warp blocks per
+     * (row, KV head) built for two or four blocks an SM as the launch's size decides, or four always
+     * (pt_cuda_dec_short_rows_minb) */
+    static const char *forms[][3] = {{"0", "0", "0"}, {"1", "0", "0"}, {"0", "2", "0"}, {"0", "0", "4"}};
     int n_cases = 0, n_lies = 0;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)
         for (int a = 0; a < 2; a++) {
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", forms[f][0], 1);
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", forms[f][1], 1);
+            pt_cuda_dec_short_rows_minb(atoi(forms[f][2]));
             pt_backend *G = NULL;
             REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
             pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
@@ -534,7 +539,8 @@ static void test_rope_kv_attention_short_rows_bits(void) {
         }
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
-    printf("INFO rope_kv_attention short rows: %d batches (3 forms) bit-identical to the split kernels, %d wrong "
+    pt_cuda_dec_short_rows_minb(0);
+    printf("INFO rope_kv_attention short rows: %d batches (4 forms) bit-identical to the split kernels, %d wrong "
            "bounds reported\n",
            n_cases, n_lies);
 }

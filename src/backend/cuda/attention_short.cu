@@ -216,8 +216,8 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
-template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
-__global__ void __launch_bounds__(NW * 32, DS_WARPS / NW) dec2_short_kernel(pt_dec_rows a) {
+template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
+__global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* launched by pt_launch */
     DS_MARK(10);
     /* Before griddepcontrol.wait (pt_wait_primary below): the row's key
@@ -547,18 +547,34 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &g
     return tpm;
 }
 
-template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD>
+template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
 static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD>,
+        CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
         raised = true;
     }
-    pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD>, dim3((unsigned)nblk, (unsigned)B), dim3(NW * 32),
+    pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>, dim3((unsigned)nblk, (unsigned)B), dim3(NW * 32),
               smem, c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention (one block per KV head or query head)");
     return PT_OK;
+}
+
+/* The batched rows' 8-warp blocks per (row, KV head) compiled for four blocks an SM (64 registers, a few
+ * spilled) instead of two (128), where the launch has more blocks than two an SM hold: the 8B shape's 64
+ * rows are 512 blocks, one wave at four an SM instead of two waves (serving, 64 streams: +2%; at 32 rows, 256
+ * blocks, one wave either way, the four-an-SM build lost 2%: bench/RESULTS.md). The same operations in the
+ * same order. PETREL_CUDA_DEC_SHORT_ROWS_MINB=2 or 4 forces either build (read once), as does
+ * pt_cuda_dec_short_rows_minb(2 or 4) (tests; 0: back to the rule). */
+static int g_ds_minb = -1;
+extern "C" void pt_cuda_dec_short_rows_minb(int v) { g_ds_minb = v == 2 || v == 4 ? v : 0; }
+static bool ds_rows_minb4(const pt_cuda *c, int64_t blocks) {
+    if (g_ds_minb < 0) {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_MINB");
+        pt_cuda_dec_short_rows_minb(e ? atoi(e) : 0);
+    }
+    return g_ds_minb == 4 || (g_ds_minb == 0 && blocks > 2 * (int64_t)c->sm_count);
 }
 
 template <typename KT>
@@ -588,7 +604,8 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int nblk = a.nkv * (G / H);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
     return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
-                                : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem))               \
+                                : ds_rows_minb4(c, nblk * B) ? ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false, 4>(c, a, nblk, B, smem) \
+                                                  : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem)) \
                       : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
                                 : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, false>(c, a, nblk, B, smem)))             \
            : H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem)                             \
