@@ -21,7 +21,9 @@
  * every key comes from the cache and only the queries are rotated here
  * (FOLD false); a block per (row, query head) while those fit in one
  * wave, else per (row, KV head), of 8 warps where no row of the bound has
- * more than 8 scores tasks (2 blocks an SM), else 16. At 64
+ * more than 8 scores tasks (2 blocks an SM; per KV head 4, at 64 registers,
+ * where the launch has more blocks than 2 an SM hold: ds_rows_minb4), else
+ * 16. At 64
  * served streams of the 8B shape it replaced the scores, p·V and merge
  * launches: +19% aggregate (bench/RESULTS.md, "fourth session").
  *
@@ -576,6 +578,12 @@ static bool ds_rows_minb4(const pt_cuda *c, int64_t blocks) {
     }
     return g_ds_minb == 4 || (g_ds_minb == 0 && blocks > 2 * (int64_t)c->sm_count);
 }
+/* The batched rows' 8-warp launch per (row, KV head) in the build ds_rows_minb4 picks. */
+template <typename KT, int LS, int LP, int CP, int PG>
+static pt_status ds_launch_rows8(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
+    return ds_rows_minb4(c, nblk * B) ? ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false, 4>(c, a, nblk, B, smem)
+                                      : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem);
+}
 
 template <typename KT>
 pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys) {
@@ -604,8 +612,7 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int nblk = a.nkv * (G / H);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
     return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
-                                : ds_rows_minb4(c, nblk * B) ? ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false, 4>(c, a, nblk, B, smem) \
-                                                  : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem)) \
+                                : ds_launch_rows8<KT, LS, LP, CP, PG>(c, a, nblk, B, smem))                           \
                       : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
                                 : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, false>(c, a, nblk, B, smem)))             \
            : H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem)                             \
