@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' 8-warp blocks for 2 or 4 an SM; 0: by size */
+void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' blocks plain (2) or dense (4); 0: by size */
 
 static void test_rope_kv_bits(void) {
     NEED_GPU();
@@ -516,9 +516,9 @@ static void test_rope_kv_attention_short_rows_bits(void) {
         {32, 8, 128, 128, 0, 128, 0.f},    /* 2 splits of up to 64 */
     };
     /* a block per (row, KV head) or per (row, query head) (PETREL_CUDA_DEC_SHORT_ROWS_HEADS), the key and
-     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE), the 8-warp blocks per
-     * (row, KV head) built for two or four blocks an SM as the launch's size decides, or four always
-     * (pt_cuda_dec_short_rows_minb) */
+     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE), the blocks per (row, KV
+     * head) in the build for their plain or twice their blocks an SM as the launch's size decides, or the
+     * dense one always (pt_cuda_dec_short_rows_minb) */
     static const char *forms[][3] = {{"0", "0", "0"}, {"1", "0", "0"}, {"0", "2", "0"}, {"0", "0", "4"}};
     int n_cases = 0, n_lies = 0;
     for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)

@@ -21,9 +21,9 @@
  * every key comes from the cache and only the queries are rotated here
  * (FOLD false); a block per (row, query head) while those fit in one
  * wave, else per (row, KV head), of 8 warps where no row of the bound has
- * more than 8 scores tasks (2 blocks an SM; per KV head 4, at 64 registers,
- * where the launch has more blocks than 2 an SM hold: ds_rows_minb4), else
- * 16. At 64
+ * more than 8 scores tasks (2 blocks an SM), else 16 (1); per KV head twice
+ * those blocks an SM, at 64 registers, where the launch has more blocks than
+ * the plain build's blocks an SM hold (ds_rows_dense). At 64
  * served streams of the 8B shape it replaced the scores, p·V and merge
  * launches: +19% aggregate (bench/RESULTS.md, "fourth session").
  *
@@ -563,26 +563,30 @@ static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64
     return PT_OK;
 }
 
-/* The batched rows' 8-warp blocks per (row, KV head) compiled for four blocks an SM (64 registers, a few
- * spilled) instead of two (128), where the launch has more blocks than two an SM hold: the 8B shape's 64
- * rows are 512 blocks, one wave at four an SM instead of two waves (serving, 64 streams: +2%; at 32 rows, 256
- * blocks, one wave either way, the four-an-SM build lost 2%: bench/RESULTS.md). The same operations in the
- * same order. PETREL_CUDA_DEC_SHORT_ROWS_MINB=2 or 4 forces either build (read once), as does
+/* The batched rows' blocks per (row, KV head) compiled for twice their blocks an SM — 8-warp blocks for
+ * four (64 registers, a few spilled) instead of two (128), 16-warp blocks for two instead of one — where
+ * the launch has more blocks than the plain build's blocks an SM hold: the 8B shape's 64 rows under the
+ * 128-key bound are 512 8-warp blocks, one wave at four an SM instead of two waves (serving, 64 streams:
+ * +2.8%; at 32 rows, 256 blocks, one wave either way, the four-an-SM build lost 2%: bench/RESULTS.md). The
+ * same operations in the same order. PETREL_CUDA_DEC_SHORT_ROWS_MINB=2 (the plain builds) or 4 (the dense
+ * ones; the numbers name the 8-warp blocks an SM) forces either (read once), as does
  * pt_cuda_dec_short_rows_minb(2 or 4) (tests; 0: back to the rule). */
 static int g_ds_minb = -1;
 extern "C" void pt_cuda_dec_short_rows_minb(int v) { g_ds_minb = v == 2 || v == 4 ? v : 0; }
-static bool ds_rows_minb4(const pt_cuda *c, int64_t blocks) {
+static bool ds_rows_dense(const pt_cuda *c, int64_t blocks, int per_sm) {
     if (g_ds_minb < 0) {
         const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_MINB");
         pt_cuda_dec_short_rows_minb(e ? atoi(e) : 0);
     }
-    return g_ds_minb == 4 || (g_ds_minb == 0 && blocks > 2 * (int64_t)c->sm_count);
+    return g_ds_minb == 4 || (g_ds_minb == 0 && blocks > per_sm * (int64_t)c->sm_count);
 }
-/* The batched rows' 8-warp launch per (row, KV head) in the build ds_rows_minb4 picks. */
-template <typename KT, int LS, int LP, int CP, int PG>
-static pt_status ds_launch_rows8(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
-    return ds_rows_minb4(c, nblk * B) ? ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false, 4>(c, a, nblk, B, smem)
-                                      : ds_launch_one<KT, LS, LP, CP, PG, PG, 8, false>(c, a, nblk, B, smem);
+/* The batched rows' launch per (row, KV head) of NW-warp blocks in the build ds_rows_dense picks. */
+template <typename KT, int LS, int LP, int CP, int PG, int NW>
+static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
+    constexpr int MB = DS_WARPS / NW;
+    if (ds_rows_dense(c, nblk * B, MB))
+        return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false, 2 * MB>(c, a, nblk, B, smem);
+    return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem);
 }
 
 template <typename KT>
@@ -612,9 +616,9 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int nblk = a.nkv * (G / H);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
     return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
-                                : ds_launch_rows8<KT, LS, LP, CP, PG>(c, a, nblk, B, smem))                           \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem))                      \
                       : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
-                                : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, false>(c, a, nblk, B, smem)))             \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem)))                    \
            : H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem)                             \
                     : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem)
 #define PT_DS(LS, LP, CP)                                                                                          \
