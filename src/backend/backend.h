@@ -138,6 +138,9 @@ typedef struct pt_norm_in {
     pt_ftype wtype;
     pt_rms_style style;
     float eps;
+    /* [T, K] or NULL: rms_norm's fused residual add first (x = round(x +
+     * add), written back to x, as rms_norm(.., add, x, ..) does) */
+    const float *add;
 } pt_norm_in;
 
 typedef enum pt_glu_kind {
@@ -485,7 +488,8 @@ typedef struct pt_backend_ops {
      * it replaces:
      *   matmul_norm(n, y, x, T, w, nrm) = rms_norm(xn, x, NULL, T, K, nrm)
      *     then matmul_multi(n, y, xn, T, w, 0) (x is left as it was, xn is
-     *     never written);
+     *     never written); with nrm->add set, rms_norm(xn, nrm->add, x, T,
+     *     K, nrm) instead (x += add first, written back);
      *   matmul_glu_norm(y, x, T, wg, wu, act, nrm) = the same norm then
      *     matmul_glu (or matmul_multi + glu);
      *   matmul_add(x, a, T, w) = matmul(y, a, T, w) then the residual add

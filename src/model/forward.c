@@ -370,6 +370,10 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
      * tried op by op, each falling back to the calls it replaces. */
     const int fold = !r && OPS(m)->matmul_norm && OPS(m)->matmul_glu_norm && OPS(m)->matmul_add &&
                      !(m->hidden_cb && !r);
+    /* Batched rows: the norms alone, each with the pending residual add
+     * (pt_norm_in.add; the backend applies it first and writes x back, as
+     * rms_norm's fused form does) */
+    const int rfold = r && OPS(m)->matmul_norm && OPS(m)->matmul_glu_norm;
     for (int l = 0; l < n->n_layers; l++) {
         const pt_layer *L = &n->layers[l];
         const int std_attn = !L->is_linear && !L->attn_gate;
@@ -379,8 +383,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         float *const qkv_out[] = {st->q, st->k, st->v};
         const pt_matrix *const qkv_w[] = {&L->wq, &L->wk, &L->wv};
         int qkv_done = 0; /* q, k, v projected from x with the norm folded in */
-        if (fold && !pend && std_attn) {
-            const pt_norm_in nrm = {L->attn_norm, n->norm_type, L->norm_style, n->eps};
+        if (std_attn && ((fold && !pend) || rfold)) {
+            const pt_norm_in nrm = {L->attn_norm, n->norm_type, L->norm_style, n->eps, pend ? st->y : NULL};
             const pt_status s = OPS(m)->matmul_norm(be, nproj, qkv_out, st->x, T, qkv_w, &nrm);
             if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
             qkv_done = s == PT_OK;
@@ -444,7 +448,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         int ffn_folded = 0; /* gate/up read x with the norm folded in (st->act holds the GLU) */
         if (o_added) {
             if (!L->is_moe) {
-                const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps};
+                const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, NULL};
                 const pt_status s =
                     OPS(m)->matmul_glu_norm(be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
                 if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
@@ -458,8 +462,16 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type,
                                         L->norm_style, n->eps));
             if (L->residual_scale == 1.0f) {
-                PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type, L->norm_style,
-                                        n->eps));
+                if (rfold && !L->is_moe) {
+                    const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, st->y};
+                    const pt_status s =
+                        OPS(m)->matmul_glu_norm(be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
+                    if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
+                    ffn_folded = s == PT_OK;
+                }
+                if (!ffn_folded)
+                    PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type,
+                                            L->norm_style, n->eps));
             } else {
                 PT_TRY(residual(m, st, L, (int64_t)T * H));
                 PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style,
@@ -467,8 +479,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
             }
         }
         int down_added = 0; /* the down projection already added into x */
-        if (ffn_folded) { /* o_added: no sandwich norms, residual scale 1 */
-            const pt_status s = OPS(m)->matmul_add(be, st->x, st->act, T, &L->w_down);
+        if (ffn_folded) { /* o_added (no sandwich norms, residual scale 1), or batched rows: down into y */
+            const pt_status s = r ? PT_ERR_UNSUPPORTED : OPS(m)->matmul_add(be, st->x, st->act, T, &L->w_down);
             if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
             down_added = s == PT_OK;
             if (!down_added) PT_TRY(mmul(m, r, st->y, st->act, T, &L->w_down));

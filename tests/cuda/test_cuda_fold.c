@@ -13,13 +13,18 @@
  * 512 threads, 1 and 2 chunks a thread), the four norm styles, bf16 and
  * f32 norm weights; the llama-3.2-3b gate/up shape, whose GLU launch runs
  * 16-warp blocks (and the same bits with 8-warp ones); what they do not
- * fold (2 rows, the switch off, an unaligned x or norm weight, a row past
- * 4096 values) answered
+ * fold (2 rows with the rows switch off, 65 rows, a residual addend at one
+ * row, the switch off, an unaligned x or norm weight, a row past 4096
+ * values) answered
  * PT_ERR_UNSUPPORTED with nothing launched; and the whole forward pass
  * (prefill of 20 tokens, then compiled greedy decode steps) bit-identical
  * with the folds on and off, on the 4-bit demo model and the llama-3.2-1b
- * shape with random 4- and 8-bit weights. A launch counter proves the
- * folded launches ran where they should.
+ * shape with random 4- and 8-bit weights. Batched rows (2, 9, 33 and 64:
+ * the XP launches, whose x prepare does the norm): matmul_norm of q, k, v
+ * and matmul_glu_norm, without and with the residual addend, = rms_norm
+ * (its fused add writing x) then matmul_multi / matmul_glu, bit for bit,
+ * x as rms_norm leaves it. A launch counter proves the folded launches ran
+ * where they should.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU it reports SKIP. */
@@ -43,6 +48,8 @@
  * -1: back to the environment), folded launches made so far */
 void pt_cuda_fold_norm(int on);
 unsigned long long pt_cuda_tc_fold_count(void);
+/* matmul.cu: the norm's fold at 2..64 rows on or off (as PETREL_CUDA_FOLD_NORM_ROWS; -1: the environment) */
+void pt_cuda_fold_norm_rows(int on);
 /* gemv_tc.cu: the one-row GLU launch of the folded norm on 16-warp blocks
  * (as PETREL_CUDA_TC_GLU16), launches of it so far */
 void pt_cuda_tc_glu16(int on);
@@ -124,7 +131,7 @@ static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias, int
         /* the four styles over bf16 weights, then PT_RMS_W over f32 weights */
         const pt_rms_style style = styles[si < 4 ? si : 0];
         const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : si < 4 ? (const void *)nwb : (const void *)nwf,
-                                si < 4 ? PT_FT_BF16 : PT_FT_F32, style, 1e-5f};
+                                si < 4 ? PT_FT_BF16 : PT_FT_F32, style, 1e-5f, NULL};
         snprintf(what, sizeof what, "%d-bit g%d K %lld%s, style %d%s", bits, gs, (long long)K, bias ? " bias" : "",
                  (int)style, si == 4 ? " (f32 weights)" : "");
         /* the separate calls */
@@ -220,6 +227,89 @@ static void test_fold_ops_bit_identical(void) {
     pt_backend_free(&be);
 }
 
+/* Batched rows: the norm (and the residual add before it) in the x
+ * prepare of the XP launches, against rms_norm then the matmuls, over T
+ * rows of K values (q [640, K], k and v [160, K], gate and up [F, K]). */
+static int check_rows(pt_backend *be, int bits, int gs, int64_t K, int64_t F, pt_rms_style style) {
+    const int64_t N = 640, Nk = 160, TM = 64;
+    rand_qweight wq, wk, wv, wg, wu;
+    int ok = gpu_qw_make(be, &wq, bits, gs, N, K, 1) && gpu_qw_make(be, &wk, bits, gs, Nk, K, 0) &&
+             gpu_qw_make(be, &wv, bits, gs, Nk, K, 1) && gpu_qw_make(be, &wg, bits, gs, F, K, 0) &&
+             gpu_qw_make(be, &wu, bits, gs, F, K, 1);
+    if (!ok) return 0;
+    float *xh = malloc((size_t)(TM * K) * 4), *ah = malloc((size_t)(TM * K) * 4), *wf = malloc((size_t)K * 4);
+    const int64_t NW = N > F ? N : F, NR = TM * (NW > K ? NW : K); /* the longest read back: outputs or x */
+    float *r1 = malloc((size_t)NR * 4), *r2 = malloc((size_t)NR * 4);
+    for (int64_t i = 0; i < TM * K; i++) xh[i] = pt_round_bf16(rf(-3, 3)), ah[i] = pt_round_bf16(rf(-2, 2));
+    for (int64_t i = 0; i < K; i++) wf[i] = rf(-0.5f, 1.5f);
+    float *add = dup_dev(be, ah, TM * K), *nw = dup_dev(be, wf, K), *xr = be->ops->alloc(be, (size_t)(TM * K) * 4);
+    float *xf = be->ops->alloc(be, (size_t)(TM * K) * 4), *xn = be->ops->alloc(be, (size_t)(TM * K) * 4);
+    float *y[3], *yf[3];
+    for (int i = 0; i < 3; i++) {
+        y[i] = be->ops->alloc(be, (size_t)(TM * N) * 4);
+        yf[i] = be->ops->alloc(be, (size_t)(TM * N) * 4);
+        ok = ok && y[i] && yf[i];
+    }
+    float *h = be->ops->alloc(be, (size_t)(TM * F) * 4), *hf = be->ops->alloc(be, (size_t)(TM * F) * 4);
+    ok = ok && add && nw && xr && xf && xn && h && hf;
+    CHECK(ok, "buffers: %s", pt_last_error());
+    const pt_matrix *qkv[3] = {&wq.w, &wk.w, &wv.w};
+    const int64_t rows_of[3] = {N, Nk, Nk};
+    static const int Ts[] = {2, 9, 33, 64};
+    char what[200];
+    for (int ti = 0; ti < 4 && ok; ti++)
+        for (int wa = 0; wa < 2 && ok; wa++) {
+            const int T = Ts[ti];
+            const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : nw, PT_FT_F32, style, 1e-5f, wa ? add : NULL};
+            snprintf(what, sizeof what, "%d-bit g%d K %lld, style %d, %d rows%s", bits, gs, (long long)K,
+                     (int)style, T, wa ? ", residual add" : "");
+            for (int op = 0; op < 2 && ok; op++) { /* matmul_norm of q, k, v; matmul_glu_norm */
+                /* the separate calls: rms_norm (x += add first, written back), then the matmuls */
+                ok = be->ops->upload(be, xr, xh, (size_t)(T * K) * 4) == PT_OK &&
+                     be->ops->upload(be, xf, xh, (size_t)(T * K) * 4) == PT_OK &&
+                     be->ops->rms_norm(be, xn, wa ? add : xr, wa ? xr : NULL, T, K, nrm.w, nrm.wtype, style,
+                                       nrm.eps) == PT_OK &&
+                     (op ? be->ops->matmul_glu(be, h, xn, T, &wg.w, &wu.w, PT_GLU_SILU, 1)
+                         : be->ops->matmul_multi(be, 3, y, xn, T, qkv, 1)) == PT_OK;
+                CHECK(ok, "%s: separate calls: %s", what, pt_last_error());
+                const unsigned long long c0 = pt_cuda_tc_fold_count();
+                const pt_status st = op ? be->ops->matmul_glu_norm(be, hf, xf, T, &wg.w, &wu.w, PT_GLU_SILU, &nrm)
+                                        : be->ops->matmul_norm(be, 3, yf, xf, T, qkv, &nrm);
+                CHECK(st == PT_OK, "%s, %s: %s", what, op ? "matmul_glu_norm" : "matmul_norm",
+                      st == PT_ERR_UNSUPPORTED ? "declined" : pt_last_error());
+                CHECK(pt_cuda_tc_fold_count() == c0 + 1, "%s: %llu folded launches", what,
+                      pt_cuda_tc_fold_count() - c0);
+                ok = ok && st == PT_OK;
+                for (int i = 0; i < (op ? 1 : 3) && ok; i++) {
+                    const int64_t n = T * (op ? F : rows_of[i]);
+                    ok = down(be, r1, op ? hf : yf[i], n) && down(be, r2, op ? h : y[i], n) && same(what, r1, r2, n);
+                }
+                /* x: as rms_norm leaves it (x + add with the addend, else unchanged) */
+                ok = ok && down(be, r1, xf, T * K) && down(be, r2, xr, T * K) && same(what, r1, r2, T * K);
+            }
+        }
+    for (int i = 0; i < 3; i++) be->ops->dealloc(be, y[i]), be->ops->dealloc(be, yf[i]);
+    be->ops->dealloc(be, add), be->ops->dealloc(be, nw), be->ops->dealloc(be, xr), be->ops->dealloc(be, xf);
+    be->ops->dealloc(be, xn), be->ops->dealloc(be, h), be->ops->dealloc(be, hf);
+    gpu_qw_free(be, &wq), gpu_qw_free(be, &wk), gpu_qw_free(be, &wv), gpu_qw_free(be, &wg), gpu_qw_free(be, &wu);
+    free(xh), free(ah), free(wf), free(r1), free(r2);
+    return ok;
+}
+
+static void test_fold_rows_bit_identical(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(64);
+    REQUIRE(be, "backend");
+    pt_cuda_fold_norm(1);
+    pt_cuda_fold_norm_rows(1);
+    int ok = check_rows(be, 4, 64, 4096, 1024, PT_RMS_W) && check_rows(be, 8, 32, 2048, 512, PT_RMS_1PW) &&
+             check_rows(be, 4, 128, 768, 512, PT_RMS_NOSCALE) && check_rows(be, 8, 64, 3072, 512, PT_RMS_W_F32);
+    if (ok) printf("INFO 4 weight cases × 4 row counts × 2 forms: folded rows bit-identical\n");
+    pt_cuda_fold_norm_rows(-1);
+    pt_cuda_fold_norm(-1);
+    pt_backend_free(&be);
+}
+
 /* What is not folded: PT_ERR_UNSUPPORTED with nothing launched. */
 static void test_fold_declines(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
@@ -232,12 +322,21 @@ static void test_fold_declines(void) {
     float *x = be->ops->alloc(be, (size_t)2 * 4160 * 4 + 16), *y = be->ops->alloc(be, (size_t)2 * 640 * 4);
     uint16_t *nw = be->ops->alloc(be, 2 * 768 + 16);
     REQUIRE(x && y && nw, "buffers");
-    const pt_norm_in nrm = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f}, nrm_odd = {nw + 1, PT_FT_BF16, PT_RMS_W, 1e-6f};
+    const pt_norm_in nrm = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, NULL},
+                     nrm_odd = {nw + 1, PT_FT_BF16, PT_RMS_W, 1e-6f, NULL};
     const pt_matrix *ws[1] = {&w.w}, *wls[1] = {&wl.w};
     float *ys[1] = {y};
+    const pt_norm_in nrm_add = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, x};
     pt_cuda_fold_norm(1);
     const unsigned long long c0 = pt_cuda_tc_fold_count();
-    CHECK(be->ops->matmul_norm(be, 1, ys, x, 2, ws, &nrm) == PT_ERR_UNSUPPORTED, "2 rows: not PT_ERR_UNSUPPORTED");
+    pt_cuda_fold_norm_rows(0);
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 2, ws, &nrm) == PT_ERR_UNSUPPORTED,
+          "2 rows, rows switch off: not PT_ERR_UNSUPPORTED");
+    pt_cuda_fold_norm_rows(1);
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 65, ws, &nrm) == PT_ERR_UNSUPPORTED, "65 rows: not PT_ERR_UNSUPPORTED");
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, ws, &nrm_add) == PT_ERR_UNSUPPORTED,
+          "one row with a residual addend: not PT_ERR_UNSUPPORTED");
+    pt_cuda_fold_norm_rows(-1);
     CHECK(be->ops->matmul_add(be, y, x, 2, &w.w) == PT_ERR_UNSUPPORTED, "matmul_add of 2 rows: not unsupported");
     CHECK(be->ops->matmul_norm(be, 1, ys, x + 1, 1, ws, &nrm) == PT_ERR_UNSUPPORTED, "unaligned x: not unsupported");
     CHECK(be->ops->matmul_add(be, y, x + 1, 1, &w.w) == PT_ERR_UNSUPPORTED, "matmul_add, unaligned a: not unsupported");
@@ -295,6 +394,7 @@ static void test_fold_forward_on_off(void) {
 
 int main(void) {
     TEST_RUN(test_fold_ops_bit_identical);
+    TEST_RUN(test_fold_rows_bit_identical);
     TEST_RUN(test_fold_declines);
     TEST_RUN(test_fold_glu_16warp_blocks);
     TEST_RUN(test_fold_forward_on_off);

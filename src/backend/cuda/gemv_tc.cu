@@ -353,8 +353,29 @@ static pt_status tc_xprep(const pt_cuda *c, const float *x, bf16 *xb, int nb, in
     return PT_OK;
 }
 
+/* The x prepare with the rows' norm (tc_xprep_norm_kernel: a's norm and
+ * addend, x its input), into the layout tc_xprep would write. */
+template <int GS>
+static pt_status tc_xprep_norm(const pt_cuda *c, const tc_args &a, bf16 *xb, int ncol, int KS, int XS, int64_t XB,
+                               int64_t sxoff, int xl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a.nb);
+    cfg.blockDim = dim3((unsigned)a.nsh.threads);
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_norm_kernel<GS>, const_cast<float *>(a.x), a.nadd, xb, a.K, ncol,
+                                  KS, XS, XB, sxoff, xl, a.nw, a.nwt, a.nstyle, a.neps, a.nsh.V));
+    return PT_OK;
+}
+
 /* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
- * nothing launched, m unchanged): the x prepare kernel, then the GEMV. */
+ * nothing launched, m unchanged): the x prepare kernel, then the GEMV.
+ * With the rows' norm set (m.a[0].nsh.V: matmul_norm, matmul_glu_norm) the
+ * prepare is the norm's (tc_xprep_norm), and the GEMV reads its output. */
 template <int BITS, int GS, int NT>
 static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, const tc_glu *gl) {
     int su[PT_TC_MULTI];
@@ -390,10 +411,12 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
     }
     if (!xst) xl = false; /* only after a pass without it (the loop above) */
     for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
-    if (xst)
-        PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, KS, XS, XB,
-                            xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2, (int)xl));
-    else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, K, K, (int64_t)0, (int64_t)xbb, 0));
+    const int64_t sxoff = xst ? (xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2) : (int64_t)xbb;
+    if (!xst) KS = K, XS = K, XB = 0;
+    if (m.a[0].nsh.V) {
+        PT_TRY(tc_xprep_norm<GS>(c, m.a[0], xb, ncol, KS, XS, XB, sxoff, (int)xl));
+        for (int i = 0; i < m.n; i++) m.a[i].nsh = norm_shape{0, 0}, m.a[i].nw = NULL;
+    } else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, KS, XS, XB, sxoff, (int)xl));
     /* clusters need one stage schedule in all their blocks: every weight's
      * units per stage equal (K and nb are); the grid is padded to a whole
      * number of clusters with blocks past the last weight's tiles (they
@@ -577,7 +600,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if constexpr (BITS == 4 && GS == 64)
-        if (nb > 16 && items == 1 && tc_wg() && tc_xpre()) {
+        if (nb > 16 && items == 1 && tc_wg() && tc_xpre() && !m.a[0].nsh.V) {
             const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl) : tc_launch_wg<64>(c, m, gl);
             if (st != PT_ERR_UNSUPPORTED) return st;
         }
@@ -755,13 +778,15 @@ static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb,
     const pt_matrix *w[2] = {wg, wu};
     /* the GLU kernels exist for the default inner loop only (PETREL_CUDA_TC_LOOP=0: the separate calls) */
     if (!pt_cuda_tc_multi_ok(c, 2, w) || wg->rows != wu->rows || nb < 1 || nb > 64 || (uintptr_t)x % 16 ||
-        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop() || (nrm && nb != 1))
+        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop() ||
+        (nrm && nrm->add && (nb == 1 || (uintptr_t)nrm->add % 16)))
         return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
     memset(&m, 0, sizeof m);
     m.n = 1;
     tc_args_of(c, m.a[0], y, x, nb, wg, 0, NULL, 1, wg->rows);
     if (nrm && !tc_norm_of(c, m.a[0], nrm)) return PT_ERR_UNSUPPORTED;
+    if (nrm) m.a[0].nadd = nrm->add;
     const pt_cuda_weight *cu = pt_cuda_w(wu);
     tc_glu gl;
     gl.w2 = (const uint4 *)cu->data;
@@ -791,15 +816,18 @@ extern "C" unsigned long long pt_cuda_tc_fold_count(void) {
     return __atomic_load_n(&g_tc_fold_launches, __ATOMIC_RELAXED);
 }
 
-pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, const pt_matrix *const *w,
-                               const pt_norm_in *nrm) {
-    if (!pt_cuda_tc_multi_ok(c, n, w) || (uintptr_t)x % 16) return PT_ERR_UNSUPPORTED;
+pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
+                               const pt_matrix *const *w, const pt_norm_in *nrm) {
+    if (!pt_cuda_tc_multi_ok(c, n, w) || (uintptr_t)x % 16 || nb < 1 || nb > 64 ||
+        (nrm->add && (nb == 1 || (uintptr_t)nrm->add % 16)))
+        return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
     memset(&m, 0, sizeof m);
     m.n = n;
     for (int i = 0; i < n; i++) {
-        tc_args_of(c, m.a[i], y[i], x, 1, w[i], 0, NULL, 1, w[i]->rows);
+        tc_args_of(c, m.a[i], y[i], x, nb, w[i], 0, NULL, 1, w[i]->rows);
         if (!tc_norm_of(c, m.a[i], nrm)) return PT_ERR_UNSUPPORTED;
+        m.a[i].nadd = nrm->add;
     }
     const pt_status st = tc_dispatch(c, m, w[0]->bits, w[0]->group_size, 1, n > 1);
     if (st == PT_OK) {
@@ -809,9 +837,9 @@ pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *
     return st;
 }
 
-pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, const pt_matrix *wg, const pt_matrix *wu,
-                                   pt_glu_kind act, const pt_norm_in *nrm) {
-    const pt_status st = tc_glu_launch(c, y, x, 1, wg, wu, act, nrm);
+pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
+    const pt_status st = tc_glu_launch(c, y, x, nb, wg, wu, act, nrm);
     if (st == PT_OK) __atomic_fetch_add(&g_tc_fold_launches, 1ull, __ATOMIC_RELAXED);
     return st;
 }

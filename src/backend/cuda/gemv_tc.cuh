@@ -48,21 +48,24 @@ pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float 
  * inner loop of PETREL_CUDA_TC_LOOP=0. */
 pt_status pt_cuda_tc_gemv_glu(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
                               const pt_matrix *wu, pt_glu_kind act);
-/* One activation row x [K] with a decode layer's RMSNorm folded into the
- * staging of x (backend.h matmul_norm): y[i] = rms_norm(x) · W[i]ᵀ for n
+/* nb (1..64) activation rows x [nb, K] with a decode layer's RMSNorm
+ * folded in (backend.h matmul_norm): y[i] = rms_norm(x) · W[i]ᵀ for n
  * (1..4) weights pt_cuda_tc_multi_ok accepts (one launch, grouped for n >
  * 1), bit-identical to pt_cuda_rms_norm into a buffer and
- * pt_cuda_tc_gemv_multi of it; x is not written. PT_ERR_UNSUPPORTED
- * (nothing launched, no message): weights not groupable, an unaligned x or
- * norm weight, K above 4096, f32 activations, the inner loop of
- * PETREL_CUDA_TC_LOOP=0. */
-pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, const pt_matrix *const *w,
-                               const pt_norm_in *nrm);
+ * pt_cuda_tc_gemv_multi of it. One row: the norm in the GEMV's staging of
+ * x, x not written (nrm->add unsupported); more rows: in the x prepare of
+ * the XP launches (tc_xprep_norm_kernel), which applies the residual add
+ * first where nrm->add is set (x = round(x + add), written back).
+ * PT_ERR_UNSUPPORTED (nothing launched, no message): weights not groupable,
+ * an unaligned x or norm weight, K above 4096, f32 activations, the inner
+ * loop of PETREL_CUDA_TC_LOOP=0, rows that do not take the XP launches. */
+pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
+                               const pt_matrix *const *w, const pt_norm_in *nrm);
 /* The same fold into the GLU launch (backend.h matmul_glu_norm): y[F] =
  * glu(rms_norm(x) · Wgᵀ, rms_norm(x) · Wuᵀ); unsupported where either the
  * norm's fold or pt_cuda_tc_gemv_glu is. */
-pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, const pt_matrix *wg, const pt_matrix *wu,
-                                   pt_glu_kind act, const pt_norm_in *nrm);
+pt_status pt_cuda_tc_gemv_glu_norm(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
+                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm);
 /* x[N] = round(x + round(a · Wᵀ (+ bias))) for one activation row a [K]
  * (backend.h matmul_add): the residual add of pt_cuda_rms_norm's fused
  * form in the GEMV's epilogue. PT_ERR_UNSUPPORTED (nothing launched): a

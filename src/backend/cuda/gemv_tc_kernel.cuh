@@ -4,7 +4,8 @@
  * stays on matmul.cu's prefill path) and not for f32 activation mode.
  *
  * This header is the kernel: the launch arguments, the device helpers (mma,
- * cp.async, mbarrier, bulk copy, cluster), the x prepare tc_xprep_kernel, the
+ * cp.async, mbarrier, bulk copy, cluster), the x prepare tc_xprep_kernel (and
+ * tc_xprep_norm_kernel, which prepares a folded RMSNorm's output), the
  * block function gemv_tc_block and its kernels (plain, GLU, grouped). It is
  * included by gemv_tc.cu only (the host launch code, launch sizing and env
  * switches), so each kernel is compiled in one object. Not here: the repack
@@ -189,6 +190,11 @@ struct tc_args {
      * main loop (the folded GEMV that follows prefetches its weights
      * meanwhile; it reads nothing this kernel writes before its wait) */
     int radd, rel_early;
+    /* Rows (nb > 1, the XP launches) with the norm set: its residual addend
+     * (x = round(x + nadd) first, written back; NULL: none), applied by the
+     * x prepare (tc_xprep_norm_kernel), which stages norm_out for the GEMV
+     * (the launch then clears the norm: the XP kernels stage nothing) */
+    const float *nadd;
 };
 
 /* The GLU epilogue's second weight (pt_cuda_tc_gemv_glu; gemv_tc_glu_kernel
@@ -500,6 +506,97 @@ __device__ __forceinline__ void tc_stage_norm(const tc_args &a, const float *x, 
             for (int o2 = 2; o2 < GS / 4; o2 <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o2));
             if (live && c % (GS / 4) == 0) sxs[(4 * c / GS) * NCOL] = sum;
         }
+}
+
+/* The x prepare of rows whose RMSNorm the GEMV's caller folded into it
+ * (matmul_norm, matmul_glu_norm at 2..64 rows: the XP launches): x [nb, K]
+ * is the norm's input (with add, first x = round(x + add), written back:
+ * rms_norm's fused residual add), and what is prepared is norm_out of it,
+ * in tc_xprep_kernel's layouts (xl 0 or 1, the same arguments). One block
+ * per row playing the register norm kernel of shape (nsh.V, blockDim.x)
+ * (norm.cu norm_reg_row): thread t holds chunks c = k·threads + t, the
+ * squares summed by fma chunk by chunk, then pt_block_sum, the same inv and
+ * norm_out; then each chunk staged by the lane that holds it with the Σx
+ * of tc_xprep_kernel's order (a step of 8 values is two chunks in lanes 2s,
+ * 2s + 1: their sums added by one xor-1 shuffle, as tc_stage_norm does, then
+ * the step tree as lanes 2o apart). So the prepared x is bit for bit
+ * rms_norm's output prepared by tc_xprep_kernel, one launch and one [nb, K]
+ * round trip fewer. nsh.V <= PT_TC_NRM_V. */
+template <int GS>
+__global__ void __launch_bounds__(PT_TC_NRM_R * PT_TC_WARPS * 32)
+    tc_xprep_norm_kernel(float *x, const float *add, bf16 *xb, int K, int ncol, int KS, int XS, int64_t XB,
+                         int64_t sxoff, int xl, const void *nw, pt_ftype nwt, int style, float eps, int V) {
+    __shared__ float red[32];
+    pt_release_dependents();
+    const int n = blockIdx.x, nt = blockDim.x, t = threadIdx.x, bf = 1;
+    /* the norm weights before the wait (model constants, never written by
+     * the step: their latency hides under the kernel before, as
+     * norm_reg_row loads them) */
+    float4 wv[PT_TC_NRM_V];
+#pragma unroll
+    for (int k = 0; k < PT_TC_NRM_V; k++) {
+        const int k4 = 4 * (k * nt + t);
+        wv[k] = k < V && k4 < K && style != PT_RMS_NOSCALE ? pt_ld4(nwt, nw, k4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    tc_pdl_wait(); /* x (and add) are written by the kernels before */
+    float *xr = x + (int64_t)n * K;
+    const float *ar = add ? add + (int64_t)n * K : nullptr;
+    float4 v[PT_TC_NRM_V];
+#pragma unroll
+    for (int k = 0; k < PT_TC_NRM_V; k++) {
+        const int c = k * nt + t;
+        v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (k < V && 4 * c < K) {
+            v[k] = *reinterpret_cast<const float4 *>(xr + 4 * c);
+            if (ar) {
+                const float4 h = *reinterpret_cast<const float4 *>(ar + 4 * c);
+                v[k].x = pt_rnd(bf, __fadd_rn(v[k].x, h.x));
+                v[k].y = pt_rnd(bf, __fadd_rn(v[k].y, h.y));
+                v[k].z = pt_rnd(bf, __fadd_rn(v[k].z, h.z));
+                v[k].w = pt_rnd(bf, __fadd_rn(v[k].w, h.w));
+            }
+        }
+    }
+    if (ar)
+#pragma unroll
+        for (int k = 0; k < PT_TC_NRM_V; k++)
+            if (k < V && 4 * (k * nt + t) < K) *reinterpret_cast<float4 *>(xr + 4 * (k * nt + t)) = v[k];
+    /* zero chunks add exact zeros: fma(0, 0, s) == s */
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < PT_TC_NRM_V; k++) {
+        ss = __fmaf_rn(v[k].x, v[k].x, ss);
+        ss = __fmaf_rn(v[k].y, v[k].y, ss);
+        ss = __fmaf_rn(v[k].z, v[k].z, ss);
+        ss = __fmaf_rn(v[k].w, v[k].w, ss);
+    }
+    ss = pt_block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)K + eps);
+#pragma unroll
+    for (int k = 0; k < PT_TC_NRM_V; k++) {
+        if (k >= V) break; /* the whole block alike */
+        const int c = k * nt + t, k4 = 4 * c;
+        const bool live = k4 < K;
+        const float4 w = wv[k];
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        const int st = live ? k4 / KS : 0, kk = k4 - st * KS;
+        char *sb = reinterpret_cast<char *>(xb) + st * XB;
+        if (live) {
+            o = make_float4(norm_out(style, v[k].x, inv, w.x, bf), norm_out(style, v[k].y, inv, w.y, bf),
+                            norm_out(style, v[k].z, inv, w.z, bf), norm_out(style, v[k].w, inv, w.w, bf));
+            const uint2 q = make_uint2(tc_bf2(o.x, o.y), tc_bf2(o.z, o.w));
+            if (xl) { /* lane tq's 4 values of mma m (tc_xprep_kernel's xl chunks) */
+                const int kl = kk & 63, m = kl >> 4, tq = (kl & 15) >> 2;
+                char *rb = sb + (int64_t)(kk >> 6) * ncol * 128 + (int64_t)n * 128 + (m & 1) * 8;
+                *reinterpret_cast<uint2 *>(rb + ((2 * tq + (m >> 1)) ^ (n & 1)) * 16) = q;
+            } else *reinterpret_cast<uint2 *>(reinterpret_cast<bf16 *>(sb) + (int64_t)n * XS + kk) = q;
+        }
+        float sum = __fadd_rn(__fadd_rn(o.x, o.y), __fadd_rn(o.z, o.w));
+        sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+#pragma unroll
+        for (int o2 = 2; o2 < GS / 4; o2 <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o2));
+        if (live && k4 % GS == 0) reinterpret_cast<float *>(sb + sxoff)[(int64_t)(kk / GS) * ncol + n] = sum;
+    }
 }
 
 /* Output i of a block's epilogue: its column (activation row), row within the tile and tile

@@ -893,8 +893,12 @@ pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T
  * A decode row (T = 1) on the tensor-core GEMV (gemv_tc.cu): the layer's
  * RMSNorm folded into the staging of x of the q/k/v and gate/up launches,
  * the residual add into the epilogue of the o and down launches, so a
- * dense layer makes 5 launches instead of 7, with the same bits. Anything
- * else, and PETREL_CUDA_FOLD_NORM=0 / pt_cuda_fold_norm(0) (A/B):
+ * dense layer makes 5 launches instead of 7, with the same bits. 2..64
+ * rows (batched decode rows): the norm, and the residual add before it
+ * (pt_norm_in.add), in the x prepare of the q/k/v and gate/up launches
+ * where they take the XP kernels, so a layer makes two launches fewer
+ * (PETREL_CUDA_FOLD_NORM_ROWS=0 / pt_cuda_fold_norm_rows(0): not, A/B).
+ * Anything else, and PETREL_CUDA_FOLD_NORM=0 / pt_cuda_fold_norm(0) (A/B):
  * PT_ERR_UNSUPPORTED, and the forward pass makes the rms_norm and matmul
  * calls. */
 static int g_fold_norm = -1;
@@ -905,19 +909,26 @@ static int fold_norm_on(void) {
 }
 
 static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on() && !c->no_fast_gemv; }
+static int g_fold_rows = -1;
+extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows = on < 0 ? -1 : on != 0; }
+/* the norm's fold at T rows (matmul_norm, matmul_glu_norm) */
+static bool fold_norm_ok(const pt_cuda *c, int64_t T) {
+    if (g_fold_rows < 0) g_fold_rows = pt_env_on("PETREL_CUDA_FOLD_NORM_ROWS");
+    return fold_ok(c, 1) && T >= 1 && T <= PT_TC_MAX_T && (T == 1 || g_fold_rows);
+}
 
 pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                               const pt_matrix *const *w, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
-    if (n < 1 || n > 4 || !fold_ok(c, T) || (n > 1 && !tc_multi_on())) return PT_ERR_UNSUPPORTED;
-    return pt_cuda_tc_gemv_norm(c, n, y, x, w, nrm);
+    if (n < 1 || n > 4 || !fold_norm_ok(c, T) || (n > 1 && !tc_multi_on())) return PT_ERR_UNSUPPORTED;
+    return pt_cuda_tc_gemv_norm(c, n, y, x, T, w, nrm);
 }
 
 pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
-    if (!fold_ok(c, T) || !gemv_fuse_on()) return PT_ERR_UNSUPPORTED;
-    return pt_cuda_tc_gemv_glu_norm(c, y, x, wg, wu, act, nrm);
+    if (!fold_norm_ok(c, T) || !gemv_fuse_on()) return PT_ERR_UNSUPPORTED;
+    return pt_cuda_tc_gemv_glu_norm(c, y, x, T, wg, wu, act, nrm);
 }
 
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w) {
