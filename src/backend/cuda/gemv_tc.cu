@@ -333,49 +333,36 @@ static bool tc_cluster_fits(bool grouped, int n, size_t smem) {
     return r == 1;
 }
 
-/* The x prepare (tc_xprep_kernel) of nb rows of x [nb, K] into xb, with
- * programmatic dependent launch where it is on; the layout arguments as
- * the kernel takes them. */
+/* The x prepare of a's rows (x [nb, K]) into xb with programmatic
+ * dependent launch where it is on, the layout arguments as the kernels
+ * take them: tc_xprep_kernel, or with a's norm set tc_xprep_norm_kernel
+ * (a block per row; a's norm and addend, x the norm's input). */
 template <int GS>
-static pt_status tc_xprep(const pt_cuda *c, const float *x, bf16 *xb, int nb, int K, int ncol, int KS, int XS,
-                          int64_t XB, int64_t sxoff, int xl) {
-    const int steps = nb * (K / 8), padded = (steps + 31) & ~31;
+static pt_status tc_xprep(const pt_cuda *c, const tc_args &a, bf16 *xb, int ncol, int KS, int XS, int64_t XB,
+                          int64_t sxoff, int xl) {
+    const int steps = a.nb * (a.K / 8), padded = (steps + 31) & ~31;
+    const bool nrm = a.nsh.V != 0;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((padded + 255) / 256));
-    cfg.blockDim = dim3(256);
+    cfg.gridDim = dim3(nrm ? (unsigned)a.nb : (unsigned)((padded + 255) / 256));
+    cfg.blockDim = dim3(nrm ? (unsigned)a.nsh.threads : 256u);
     cfg.stream = c->stream;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
     cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, x, xb, nb, K, ncol, KS, XS, XB, sxoff, xl));
-    return PT_OK;
-}
-
-/* The x prepare with the rows' norm (tc_xprep_norm_kernel: a's norm and
- * addend, x its input), into the layout tc_xprep would write. */
-template <int GS>
-static pt_status tc_xprep_norm(const pt_cuda *c, const tc_args &a, bf16 *xb, int ncol, int KS, int XS, int64_t XB,
-                               int64_t sxoff, int xl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)a.nb);
-    cfg.blockDim = dim3((unsigned)a.nsh.threads);
-    cfg.stream = c->stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_norm_kernel<GS>, const_cast<float *>(a.x), a.nadd, xb, a.K, ncol,
-                                  KS, XS, XB, sxoff, xl, a.nw, a.nwt, a.nstyle, a.neps, a.nsh.V));
+    if (nrm)
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_norm_kernel<GS>, const_cast<float *>(a.x), a.nadd, xb, a.K,
+                                      ncol, KS, XS, XB, sxoff, xl, a.nw, a.nwt, a.nstyle, a.neps, a.nsh.V));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, tc_xprep_kernel<GS>, a.x, xb, a.nb, a.K, ncol, KS, XS, XB, sxoff, xl));
     return PT_OK;
 }
 
 /* The XP launch of m's weights if every one fits (else PT_ERR_UNSUPPORTED,
  * nothing launched, m unchanged): the x prepare kernel, then the GEMV.
  * With the rows' norm set (m.a[0].nsh.V: matmul_norm, matmul_glu_norm) the
- * prepare is the norm's (tc_xprep_norm), and the GEMV reads its output. */
+ * prepare is the norm's (tc_xprep_norm_kernel), and the GEMV reads its
+ * output. */
 template <int BITS, int GS, int NT>
 static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, const tc_glu *gl) {
     int su[PT_TC_MULTI];
@@ -413,10 +400,8 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
     for (int i = 0; i < m.n; i++) m.a[i].SU = su[i], m.a[i].xb = xb, m.a[i].sxg = sx, m.a[i].xst = xst;
     const int64_t sxoff = xst ? (xl ? (int64_t)(KS / 64) * ncol * 128 : (int64_t)nb * XS * 2) : (int64_t)xbb;
     if (!xst) KS = K, XS = K, XB = 0;
-    if (m.a[0].nsh.V) {
-        PT_TRY(tc_xprep_norm<GS>(c, m.a[0], xb, ncol, KS, XS, XB, sxoff, (int)xl));
-        for (int i = 0; i < m.n; i++) m.a[i].nsh = norm_shape{0, 0}, m.a[i].nw = NULL;
-    } else PT_TRY(tc_xprep<GS>(c, m.a[0].x, xb, nb, K, ncol, KS, XS, XB, sxoff, (int)xl));
+    PT_TRY(tc_xprep<GS>(c, m.a[0], xb, ncol, KS, XS, XB, sxoff, (int)xl));
+    for (int i = 0; i < m.n; i++) m.a[i].nsh = norm_shape{0, 0}, m.a[i].nw = NULL; /* the norm is done */
     /* clusters need one stage schedule in all their blocks: every weight's
      * units per stage equal (K and nb are); the grid is padded to a whole
      * number of clusters with blocks past the last weight's tiles (they
@@ -461,7 +446,7 @@ static int tc_wg(void) {
 template <int NCOL>
 static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc_glu *gl) {
     using SH = wg_shape<NCOL>;
-    const int nb = m.a[0].nb, K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S;
+    const int K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S;
     if (K % 64 || CL > 8 || !c->tile || (size_t)(K / 64) * SH::XU > c->tile_bytes) return PT_ERR_UNSUPPORTED;
     wg_multi_args w;
     memset(&w, 0, sizeof w);
@@ -473,7 +458,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         w.a[i].xb = (const bf16 *)c->tile;
         w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
     }
-    PT_TRY(tc_xprep<64>(c, m.a[0].x, (bf16 *)c->tile, nb, K, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
+    PT_TRY(tc_xprep<64>(c, m.a[0], (bf16 *)c->tile, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
     static bool attr_set[2];
     if (SH::SMEM > 48 * 1024 && !attr_set[gl ? 1 : 0]) {
         if (gl)

@@ -893,10 +893,11 @@ pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T
  * A decode row (T = 1) on the tensor-core GEMV (gemv_tc.cu): the layer's
  * RMSNorm folded into the staging of x of the q/k/v and gate/up launches,
  * the residual add into the epilogue of the o and down launches, so a
- * dense layer makes 5 launches instead of 7, with the same bits. 2..64
- * rows (batched decode rows): the norm, and the residual add before it
- * (pt_norm_in.add), in the x prepare of the q/k/v and gate/up launches
- * where they take the XP kernels, so a layer makes two launches fewer
+ * dense layer makes 5 launches instead of 7, with the same bits. More
+ * rows (batched decode rows, in pieces of 64 as the rows mode's matmuls):
+ * the norm, and the residual add before it (pt_norm_in.add), in the x
+ * prepare of the q/k/v and gate/up launches where they take the XP
+ * kernels, so a layer makes two launches fewer
  * (PETREL_CUDA_FOLD_NORM_ROWS=0 / pt_cuda_fold_norm_rows(0): not, A/B).
  * Anything else, and PETREL_CUDA_FOLD_NORM=0 / pt_cuda_fold_norm(0) (A/B):
  * PT_ERR_UNSUPPORTED, and the forward pass makes the rms_norm and matmul
@@ -914,21 +915,51 @@ extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows = on < 0 ? -1 : on 
 /* the norm's fold at T rows (matmul_norm, matmul_glu_norm) */
 static bool fold_norm_ok(const pt_cuda *c, int64_t T) {
     if (g_fold_rows < 0) g_fold_rows = pt_env_on("PETREL_CUDA_FOLD_NORM_ROWS");
-    return fold_ok(c, 1) && T >= 1 && T <= PT_TC_MAX_T && (T == 1 || g_fold_rows);
+    if (!fold_ok(c, 1) || T < 1 || (T > 1 && !g_fold_rows)) return false;
+    /* above 64 rows, pieces of 64 (as matmul_multi and matmul_glu in rows
+     * mode): a last piece of 9 or more rows takes the XP launches wherever
+     * the first one does, so the pieces fold alike */
+    return T <= PT_TC_MAX_T || T % PT_TC_MAX_T == 0 || T % PT_TC_MAX_T > 8;
+}
+
+/* The folded norm over T rows in pieces of at most PT_TC_MAX_T (the same
+ * rows as the separate calls' pieces): the first piece answers for all
+ * (PT_ERR_UNSUPPORTED: nothing launched); a later piece that declines
+ * would leave the step half done, an internal error. */
+template <typename F>
+static pt_status fold_pieces(int64_t T, const pt_norm_in *nrm, int64_t K, F piece) {
+    for (int64_t t = 0; t < T; t += PT_TC_MAX_T) {
+        const int64_t nb = T - t < PT_TC_MAX_T ? T - t : PT_TC_MAX_T;
+        pt_norm_in np = *nrm;
+        if (np.add) np.add += t * K;
+        const pt_status st = piece(t, nb, &np);
+        if (st == PT_ERR_UNSUPPORTED && t > 0)
+            return pt_error(PT_ERR_INTERNAL, "folded norm: the piece of rows %lld..%lld declined", (long long)t,
+                            (long long)(t + nb - 1));
+        if (st != PT_OK) return st;
+    }
+    return PT_OK;
 }
 
 pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                               const pt_matrix *const *w, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
     if (n < 1 || n > 4 || !fold_norm_ok(c, T) || (n > 1 && !tc_multi_on())) return PT_ERR_UNSUPPORTED;
-    return pt_cuda_tc_gemv_norm(c, n, y, x, T, w, nrm);
+    const int64_t K = w[0]->cols;
+    return fold_pieces(T, nrm, K, [&](int64_t t, int64_t nb, const pt_norm_in *np) {
+        float *yp[4];
+        for (int i = 0; i < n; i++) yp[i] = y[i] + t * w[i]->rows;
+        return pt_cuda_tc_gemv_norm(c, n, yp, x + t * K, nb, w, np);
+    });
 }
 
 pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
     if (!fold_norm_ok(c, T) || !gemv_fuse_on()) return PT_ERR_UNSUPPORTED;
-    return pt_cuda_tc_gemv_glu_norm(c, y, x, T, wg, wu, act, nrm);
+    return fold_pieces(T, nrm, wg->cols, [&](int64_t t, int64_t nb, const pt_norm_in *np) {
+        return pt_cuda_tc_gemv_glu_norm(c, y + t * wg->rows, x + t * wg->cols, nb, wg, wu, act, np);
+    });
 }
 
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w) {
