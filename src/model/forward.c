@@ -224,6 +224,18 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const 
     return L->sh_ffn ? shared_expert(m, st, r, L, T) : PT_OK;
 }
 
+/* gate/up and the GLU into st->act with the layer's FFN norm of x folded
+ * in (backend.h matmul_glu_norm), x += add first where add is set; *done:
+ * whether the backend took it (else nothing was enqueued: the caller makes
+ * the rms_norm and ffn calls). */
+static pt_status glu_norm(pt_model *m, pt_fwd_state *st, const pt_layer *L, int T, const float *add, int *done) {
+    const pt_net *n = &m->net;
+    const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, add};
+    const pt_status s = OPS(m)->matmul_glu_norm(m->be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
+    *done = s == PT_OK;
+    return s == PT_ERR_UNSUPPORTED ? PT_OK : s;
+}
+
 /* Gemma 4 per-layer inputs for the chunk, from the embedding output st->x:
  * ple[T, L, pd] = (norm(proj(x)·H^-0.5) + table[ids]·sqrt(pd)) · 2^-0.5. */
 static pt_status ple_inputs(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, int T) {
@@ -447,13 +459,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         }
         int ffn_folded = 0; /* gate/up read x with the norm folded in (st->act holds the GLU) */
         if (o_added) {
-            if (!L->is_moe) {
-                const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, NULL};
-                const pt_status s =
-                    OPS(m)->matmul_glu_norm(be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
-                if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
-                ffn_folded = s == PT_OK;
-            }
+            if (!L->is_moe) PT_TRY(glu_norm(m, st, L, T, NULL, &ffn_folded));
             if (!ffn_folded)
                 PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style,
                                         n->eps));
@@ -462,13 +468,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type,
                                         L->norm_style, n->eps));
             if (L->residual_scale == 1.0f) {
-                if (rfold && !L->is_moe) {
-                    const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, st->y};
-                    const pt_status s =
-                        OPS(m)->matmul_glu_norm(be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
-                    if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
-                    ffn_folded = s == PT_OK;
-                }
+                if (rfold && !L->is_moe) PT_TRY(glu_norm(m, st, L, T, st->y, &ffn_folded));
                 if (!ffn_folded)
                     PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type,
                                             L->norm_style, n->eps));

@@ -740,15 +740,19 @@ pt_status pt_cuda_tc_gemv_multi(pt_cuda *c, int n, float *const *y, const float 
 static unsigned long long g_tc_glu_launches;
 extern "C" unsigned long long pt_cuda_tc_glu_count(void) { return __atomic_load_n(&g_tc_glu_launches, __ATOMIC_RELAXED); }
 
-/* The folded norm's arguments (tc_args::nw …) for a row of K values, or
- * false where the fold does not apply: a row past PT_TC_NRM_V chunks a
- * thread (4096 values), a weight missing or not 16-byte aligned, f32
- * activations (not the GEMV's mode). */
+/* The folded norm's arguments (tc_args::nw …, nadd) for a.nb rows of K
+ * values, or false where the fold does not apply: a row past PT_TC_NRM_V
+ * chunks a thread (4096 values), a weight missing or not 16-byte aligned,
+ * f32 activations (not the GEMV's mode), a residual addend at one row (the
+ * one-row kernels stage the norm themselves and add nothing) or not
+ * 16-byte aligned. */
 static bool tc_norm_of(const pt_cuda *c, tc_args &a, const pt_norm_in *nrm) {
     const norm_shape sh = norm_reg_shape(a.K);
     if (!sh.V || sh.V > PT_TC_NRM_V || sh.threads > PT_TC_NRM_R * PT_TC_WARPS * 32 || a.K % 4 ||
-        c->base.act != PT_ACT_BF16 || (nrm->style != PT_RMS_NOSCALE && (!nrm->w || (uintptr_t)nrm->w % 16)))
+        c->base.act != PT_ACT_BF16 || (nrm->style != PT_RMS_NOSCALE && (!nrm->w || (uintptr_t)nrm->w % 16)) ||
+        (nrm->add && (a.nb == 1 || (uintptr_t)nrm->add % 16)))
         return false;
+    a.nadd = nrm->add;
     a.nw = nrm->w;
     a.nwt = nrm->wtype;
     a.nstyle = (int)nrm->style;
@@ -763,15 +767,13 @@ static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb,
     const pt_matrix *w[2] = {wg, wu};
     /* the GLU kernels exist for the default inner loop only (PETREL_CUDA_TC_LOOP=0: the separate calls) */
     if (!pt_cuda_tc_multi_ok(c, 2, w) || wg->rows != wu->rows || nb < 1 || nb > 64 || (uintptr_t)x % 16 ||
-        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop() ||
-        (nrm && nrm->add && (nb == 1 || (uintptr_t)nrm->add % 16)))
+        (act != PT_GLU_SILU && act != PT_GLU_GELU_TANH) || !tc_loop())
         return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
     memset(&m, 0, sizeof m);
     m.n = 1;
     tc_args_of(c, m.a[0], y, x, nb, wg, 0, NULL, 1, wg->rows);
     if (nrm && !tc_norm_of(c, m.a[0], nrm)) return PT_ERR_UNSUPPORTED;
-    if (nrm) m.a[0].nadd = nrm->add;
     const pt_cuda_weight *cu = pt_cuda_w(wu);
     tc_glu gl;
     gl.w2 = (const uint4 *)cu->data;
@@ -803,16 +805,13 @@ extern "C" unsigned long long pt_cuda_tc_fold_count(void) {
 
 pt_status pt_cuda_tc_gemv_norm(pt_cuda *c, int n, float *const *y, const float *x, int64_t nb,
                                const pt_matrix *const *w, const pt_norm_in *nrm) {
-    if (!pt_cuda_tc_multi_ok(c, n, w) || (uintptr_t)x % 16 || nb < 1 || nb > 64 ||
-        (nrm->add && (nb == 1 || (uintptr_t)nrm->add % 16)))
-        return PT_ERR_UNSUPPORTED;
+    if (!pt_cuda_tc_multi_ok(c, n, w) || (uintptr_t)x % 16 || nb < 1 || nb > 64) return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
     memset(&m, 0, sizeof m);
     m.n = n;
     for (int i = 0; i < n; i++) {
         tc_args_of(c, m.a[i], y[i], x, nb, w[i], 0, NULL, 1, w[i]->rows);
         if (!tc_norm_of(c, m.a[i], nrm)) return PT_ERR_UNSUPPORTED;
-        m.a[i].nadd = nrm->add;
     }
     const pt_status st = tc_dispatch(c, m, w[0]->bits, w[0]->group_size, 1, n > 1);
     if (st == PT_OK) {
