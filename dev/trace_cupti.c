@@ -9,6 +9,11 @@
  *
  *   start_ns end_ns graph_id correlation_id grid_x grid_y block_x regs dyn_smem name
  *
+ * Copies and memsets (CUPTI_ACTIVITY_KIND_MEMCPY, _MEMSET) are lines of the
+ * same form named "[memcpy HtoD]", "[memcpy DtoD]", "[memset]", …, their byte
+ * count in the grid_x column (dev/trace_cupti.py --gaps lists what runs
+ * between two replays of a graph).
+ *
  * Names demangled. dev/trace_cupti.py summarizes a file per decode step.
  *
  * Build (dev/build_cuda.sh does it):
@@ -68,13 +73,35 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buff
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *r = NULL;
     while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
-        if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
+        if (r->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && r->kind != CUPTI_ACTIVITY_KIND_KERNEL &&
+            r->kind != CUPTI_ACTIVITY_KIND_MEMCPY && r->kind != CUPTI_ACTIVITY_KIND_MEMSET)
+            continue;
         if (nrec == caprec) {
             caprec = caprec ? 2 * caprec : 65536;
             recs = realloc(recs, caprec * sizeof *recs);
             if (!recs) abort();
         }
+        if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            static const char *const kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+            const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
+            static const char *mnames[11];
+            const int kd = m->copyKind < 11 ? m->copyKind : 0;
+            if (!mnames[kd]) {
+                char buf[32];
+                snprintf(buf, sizeof buf, "[memcpy %s]", kinds[kd]);
+                mnames[kd] = strdup(buf);
+            }
+            recs[nrec++] = (rec){m->start, m->end, m->graphNodeId, m->graphId, m->correlationId,
+                                 (int32_t)m->bytes, 0, 0, 0, 0, name_of(mnames[kd])};
+            continue;
+        }
+        if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)r;
+            recs[nrec++] = (rec){m->start, m->end, m->graphNodeId, m->graphId, m->correlationId,
+                                 (int32_t)m->bytes, 0, 0, 0, 0, name_of("[memset]")};
+            continue;
+        }
+        const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
         recs[nrec++] = (rec){k->start, k->end, k->graphNodeId, k->graphId, k->correlationId,
                              k->gridX, k->gridY, k->blockX, k->dynamicSharedMemory, k->registersPerThread,
                              name_of(k->name)};
@@ -102,7 +129,9 @@ static void write_out(void) {
 
 int InitializeInjection(void) {
     if (cuptiActivityRegisterCallbacks(buf_requested, buf_completed) != CUPTI_SUCCESS ||
-        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
         fprintf(stderr, "cuda_trace: CUPTI activity tracing not available\n");
         return 0;
     }

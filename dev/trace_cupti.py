@@ -15,7 +15,14 @@ times of a step add up to its span. Printed: the step span and the gap
 between steps, the exposed time summed per kernel name, and the first
 FIRST_POSITIONS kernels of a step one by one (default 16), with how long
 each started before the previous one ended (overlap, from programmatic
-dependent launch)."""
+dependent launch).
+
+    dev/trace_cupti.py --gaps TRACE.tsv GRAPH [STEPS]
+
+What runs between two consecutive replays of graph GRAPH (the last STEPS
+pairs with no other graph's kernels between them): per gap, the kernels
+outside graphs and the copies and memsets (by name: count, busy us), and the
+idle time (the gap minus the union of those)."""
 import sys
 from collections import defaultdict
 
@@ -25,7 +32,57 @@ def short(name):
     return name[:cut] if cut > 0 else name
 
 
+def gaps(path, want, steps):
+    recs = []
+    for line in open(path):
+        f = line.rstrip("\n").split("\t")
+        if len(f) < 10:
+            continue
+        recs.append((int(f[0]), int(f[1]), f[2], int(f[3]), short(f[9]), int(f[4])))
+    recs.sort()
+    reps = defaultdict(list)
+    for s, e, gid, corr, nm, gx in recs:
+        if gid == want:
+            reps[corr].append((s, e))
+    spans = sorted((min(s for s, _ in v), max(e for _, e in v)) for v in reps.values())
+    starts = [r[0] for r in recs]
+    import bisect
+    per = defaultdict(lambda: [0, 0.0])
+    gl, idle, n = [], [], 0
+    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        lo, hi = bisect.bisect_left(starts, e0), bisect.bisect_left(starts, s1)
+        between = recs[lo:hi]
+        if any(r[2] != "0" for r in between) or s1 - e0 > 50_000_000:
+            continue
+        n += 1
+        gl.append(s1 - e0)
+        busy, cur_s, cur_e = 0, None, None
+        for s, e, gid, corr, nm, gx in between:
+            key = nm if not nm.startswith("[") else f"{nm} {gx} B"
+            per[key][0] += 1
+            per[key][1] += min(e, s1) - s
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    busy += cur_e - cur_s
+                cur_s, cur_e = s, min(e, s1)
+            else:
+                cur_e = max(cur_e, min(e, s1))
+        if cur_e is not None:
+            busy += cur_e - cur_s
+        idle.append(s1 - e0 - busy)
+    gl, idle = gl[-steps:], idle[-steps:]
+    if not n:
+        print("no clean gaps for graph", want)
+        return
+    print(f"graph {want}: {n} clean gaps, mean {sum(gl) / len(gl) / 1e3:.1f} us, idle {sum(idle) / len(idle) / 1e3:.1f} us")
+    for k, (c, b) in sorted(per.items(), key=lambda kv: -kv[1][1])[:30]:
+        print(f"  {c / n:6.2f} a gap  {b / n / 1e3:8.1f} us  {k[:110]}")
+
+
 def main():
+    if sys.argv[1] == "--gaps":
+        gaps(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 100)
+        return
     path = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     first = int(sys.argv[3]) if len(sys.argv) > 3 else 16

@@ -506,6 +506,53 @@ static void test_copy_rows_to(void) {
     free(src), free(back), free(zeros);
 }
 
+/* ---- uploads staged through pinned memory (backend.cu cuda_upload) ---- */
+
+/* Small uploads return before the stream runs them, from a ring of pinned
+ * memory that comes round many times here (~40 MB through a 1 MiB ring,
+ * more uploads than the ring has fences) while long copies keep the stream
+ * busy; the source is overwritten right after each call, some uploads go
+ * to the same place (the later must win) and some are too large to stage
+ * (synchronous). Every byte must arrive as it was when its call returned. */
+static void test_upload_staged(void) {
+    NEED_GPU();
+    pt_backend *G = G_[1];
+    enum { NU = 2500, NSLOT = 1000, SLOT = 72 * 1024, BIG = 300 * 1024, NS = 64 };
+    const size_t total = (size_t)NSLOT * SLOT + BIG + 8;
+    uint8_t *dev = put(G, NULL, total), *want = calloc(total, 1), *src = malloc(BIG), *back = malloc(total);
+    const int64_t blen = 1 << 20; /* the busy work: NS rows of 4 MiB copied, now and then */
+    float *bs = put(G, NULL, sizeof(float) * NS * blen), *bd = put(G, NULL, sizeof(float) * NS * blen);
+    REQUIRE(dev && want && src && back && bs && bd, "buffers");
+    float *dst[NS];
+    const float *srcp[NS];
+    for (int r = 0; r < NS; r++) dst[r] = bd + r * blen, srcp[r] = bs + r * blen;
+    uint64_t z = 0x9e3779b97f4a7c15ull;
+    pt_status st = PT_OK;
+    for (int i = 0; i < NU && st == PT_OK; i++) {
+        z = z * 6364136223846793005ull + 1442695040888963407ull;
+        const int kind = (int)(z >> 60);                /* 0..15 */
+        size_t n = kind < 6 ? 1 + (z >> 33) % 64 : 1 + (z >> 33) % SLOT;
+        size_t off = (size_t)(i % NSLOT) * SLOT;         /* slots reused: later uploads win */
+        if (kind == 15) n = BIG, off = (size_t)NSLOT * SLOT; /* past the staging limit: synchronous */
+        off += (z >> 20) % 8;                            /* odd offsets */
+        if (off + n > total) n = total - off;
+        for (size_t k = 0; k < n; k++) src[k] = (uint8_t)(i * 131 + k * 7 + (k >> 8));
+        st = G->ops->upload(G, dev + off, src, n);
+        memcpy(want + off, src, n);
+        memset(src, 0xA5, n); /* the call has returned: the source may change */
+        if (st == PT_OK && i % 97 == 0) st = G->ops->copy_rows_to(G, dst, srcp, NS, blen);
+    }
+    CHECK(st == PT_OK, "upload: %s", pt_last_error());
+    if (st == PT_OK) st = G->ops->download(G, back, dev, total);
+    CHECK(st == PT_OK, "download: %s", pt_last_error());
+    size_t bad = 0, first = 0;
+    for (size_t k = 0; st == PT_OK && k < total; k++)
+        if (back[k] != want[k] && !bad++) first = k;
+    CHECK(bad == 0, "%zu bytes wrong, the first at %zu", bad, first);
+    G->ops->dealloc(G, dev), G->ops->dealloc(G, bs), G->ops->dealloc(G, bd);
+    free(want), free(src), free(back);
+}
+
 /* ---- compiled decode: a captured step replays bit-identically ---- */
 
 static void test_graph_replay(void) {
@@ -575,6 +622,7 @@ int main(void) {
     TEST_RUN(test_moe);
     TEST_RUN(test_argmax);
     TEST_RUN(test_copy_rows_to);
+    TEST_RUN(test_upload_staged);
     TEST_RUN(test_graph_replay);
     teardown();
     return test_summary();

@@ -16,8 +16,11 @@
  * most: 64 MiB). Larger weights are processed in row chunks. */
 #define PT_CUDA_TILE_ELEMS (16u << 20)
 
+static void stage_free(pt_cuda *c);
+
 static void cuda_free(pt_backend *be) {
     pt_cuda *c = pt_cuda_of(be);
+    stage_free(c);
     if (c->tile) cudaFree(c->tile);
     if (c->xconv) cudaFree(c->xconv);
     if (c->moe_h) cudaFree(c->moe_h);
@@ -58,11 +61,98 @@ static void cuda_dealloc(pt_backend *be, void *p) {
     cudaFree(p);
 }
 
-/* Synchronous with respect to the host: the source may be reused on return. */
+/* Uploads without waiting for the stream. A small upload (the batched
+ * step's ids, positions and K/V pointer table, a step's token and
+ * position) is copied into a ring of pinned host memory and enqueued from
+ * there, so the host returns at once and can enqueue the next step while
+ * the GPU still runs the one before: the server's turn used to block on
+ * each of its three uploads until the previous step ended, leaving the GPU
+ * idle ~0.5 ms between steps at 64 streams (bench/RESULTS.md). A region
+ * of the ring is reused only after the copy out of it has run (an event
+ * per upload, waited for when the ring comes round). Larger uploads
+ * (weights, tables at load) stay synchronous. PETREL_CUDA_UPLOAD_STAGE=0:
+ * every upload synchronous (A/B). An upload inside a graph capture is an
+ * error (it would capture a copy from the ring). */
+#define PT_STAGE_BYTES (1u << 20) /* the ring */
+#define PT_STAGE_MAX (PT_STAGE_BYTES / 4) /* the largest staged upload */
+#define PT_STAGE_FENCES 64
+struct pt_cuda_stage {
+    char *ring; /* [PT_STAGE_BYTES] pinned */
+    size_t head; /* next free byte */
+    struct {
+        cudaEvent_t ev;
+        size_t lo, hi; /* the region the copy reads */
+    } f[PT_STAGE_FENCES];
+    int first, n; /* the fences in flight, oldest first (a circular list) */
+    int sync;     /* PETREL_CUDA_UPLOAD_STAGE=0 */
+};
+
+static void stage_free(pt_cuda *c) {
+    pt_cuda_stage *g = c->stage;
+    if (!g) return;
+    if (c->stream) cudaStreamSynchronize(c->stream); /* the copies still read the ring */
+    for (int i = 0; i < PT_STAGE_FENCES; i++)
+        if (g->f[i].ev) cudaEventDestroy(g->f[i].ev);
+    if (g->ring) cudaFreeHost(g->ring);
+    free(g);
+    c->stage = NULL;
+}
+
+static pt_status stage_init(pt_cuda *c) {
+    pt_cuda_stage *g = (pt_cuda_stage *)calloc(1, sizeof *g);
+    if (!g) return pt_error(PT_ERR_NOMEM, "upload staging: out of host memory");
+    c->stage = g;
+    g->sync = !pt_env_on("PETREL_CUDA_UPLOAD_STAGE");
+    pt_status st = PT_OK;
+    CUDA_CHECK_GOTO(cudaHostAlloc((void **)&g->ring, PT_STAGE_BYTES, cudaHostAllocDefault), st, fail);
+    for (int i = 0; i < PT_STAGE_FENCES; i++)
+        CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&g->f[i].ev, cudaEventDisableTiming), st, fail);
+    return PT_OK;
+fail:
+    stage_free(c);
+    return st;
+}
+
+/* Waits for the fences in flight up to the newest one whose region meets
+ * [lo, hi) (all of them when full: one slot is then needed), and drops
+ * them: the stream runs the copies in order. */
+static pt_status stage_reclaim(pt_cuda_stage *g, size_t lo, size_t hi) {
+    int last = g->n == PT_STAGE_FENCES ? 0 : -1;
+    for (int i = 0; i < g->n; i++) {
+        const int k = (g->first + i) % PT_STAGE_FENCES;
+        if (g->f[k].lo < hi && lo < g->f[k].hi) last = i;
+    }
+    if (last < 0) return PT_OK;
+    CUDA_CHECK(cudaEventSynchronize(g->f[(g->first + last) % PT_STAGE_FENCES].ev));
+    g->first = (g->first + last + 1) % PT_STAGE_FENCES;
+    g->n -= last + 1;
+    return PT_OK;
+}
+
 static pt_status cuda_upload(pt_backend *be, void *dst, const void *src, size_t bytes) {
     pt_cuda *c = pt_cuda_of(be);
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    if (!c->stage) PT_TRY(stage_init(c));
+    pt_cuda_stage *g = c->stage;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone) /* a copy from the ring would be captured as a graph node */
+        return pt_error(PT_ERR_INTERNAL, "upload of %zu bytes inside a CUDA graph capture", bytes);
+    if (g->sync || bytes > PT_STAGE_MAX || bytes == 0) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        return PT_OK;
+    }
+    size_t lo = (g->head + 255) & ~(size_t)255;
+    if (lo + bytes > PT_STAGE_BYTES) lo = 0; /* wrap */
+    PT_TRY(stage_reclaim(g, lo, lo + bytes));
+    memcpy(g->ring + lo, src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(dst, g->ring + lo, bytes, cudaMemcpyHostToDevice, c->stream));
+    const int k = (g->first + g->n) % PT_STAGE_FENCES;
+    CUDA_CHECK(cudaEventRecord(g->f[k].ev, c->stream));
+    g->f[k].lo = lo;
+    g->f[k].hi = lo + bytes;
+    g->n++;
+    g->head = lo + bytes;
     return PT_OK;
 }
 

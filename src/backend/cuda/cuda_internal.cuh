@@ -100,6 +100,10 @@ typedef struct pt_cuda {
      * embedding id out of range, 2: an expert index out of range) and the
      * offending value, checked at the next synchronization. */
     int *err_dev;         /* [2]: flag, offending value */
+    /* Small uploads go through pinned staging, ordered on the stream
+     * without waiting for it (backend.cu, cuda_upload): NULL until the
+     * first one. */
+    struct pt_cuda_stage *stage;
 } pt_cuda;
 
 static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }
