@@ -263,17 +263,20 @@ __device__ double gs_scan_loaded(const double *S, double *sT) {
 
 /* The pipelined decode's greedy id ahead of the log-probability
  * (PETREL_CUDA_SAMPLE_EARLY_ID): pass 3's greedy choice — the first maximum
- * over the slices of pass 1 — into row 0's id_slot, so the next step does
- * not wait for pass 2 and pass 3, which then run on the pipe's side stream
- * and leave the slot alone. Max and min are exact in any order, so the id
- * is pass 3's. Grid 1 x GS_P1_MAX (a thread per slice). */
+ * over the slices of pass 1 — into each row's id_slot, so the next step
+ * does not wait for pass 2 and pass 3, which then run on the pipe's side
+ * stream and leave the slots alone. Max and min are exact in any order, so
+ * the id is pass 3's. Grid B x GS_P1_MAX (a block per row, a thread per
+ * slice): the one-row pipelined decode and the server's pipelined turn
+ * when every row is greedy. */
 __global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_row *rows, char *scr, int n1) {
     pt_release_dependents();
     pt_wait_primary();
     __shared__ float scf[32];
     __shared__ long long sc[32];
-    const pt_gsample_row &R = rows[0];
-    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, 0);
+    const pt_gsample_row &R = rows[blockIdx.x];
+    if (!R.id_slot) return;
+    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, blockIdx.x);
     float best = -INFINITY;
     int32_t bi = -1;
     if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
@@ -413,11 +416,10 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
                   slice);
         CUDA_CHECK_LAUNCH("sample pass 1");
         /* the greedy id first, the log-probability beside the next step */
-        const bool early = side && ev_id && B == 1 && n_mb == 1 && rows[0].greedy && rows[0].id_slot &&
-                           pt_env_on("PETREL_CUDA_SAMPLE_EARLY_ID");
+        const bool early = side && ev_id && n_mb == B && n_draw == 0 && pt_env_on("PETREL_CUDA_SAMPLE_EARLY_ID");
         cudaStream_t s23 = c->stream;
         if (early) {
-            pt_launch(gs_mb_greedy_id, dim3(1), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1);
+            pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1);
             CUDA_CHECK_LAUNCH("sample greedy id");
             CUDA_CHECK(cudaEventRecord(ev_id, c->stream));
             CUDA_CHECK(cudaStreamWaitEvent(side, ev_id, 0));
@@ -619,10 +621,21 @@ extern "C" pt_status pt_cuda_sample_rows_enqueue(pt_backend *be, pt_gsample_pipe
     }
     memcpy(p->hr->rows, rows, (size_t)B * sizeof *rows);
     pt_gsample_out *outs_dev = NULL;
-    PT_TRY(gs_enqueue(c, rows, p->hr->rows, B, V, ctl_dev, 0, &outs_dev));
+    /* as the one-row form: with the side stream (PETREL_CUDA_PIPE_SIDE) the
+     * results' copy runs there, and when every row is greedy the ids go
+     * into the table first and the log-probabilities' passes run there too
+     * (gs_mb_greedy_id), beside the step */
+    const int side = pt_env_on("PETREL_CUDA_PIPE_SIDE");
+    PT_TRY(gs_enqueue(c, rows, p->hr->rows, B, V, ctl_dev, 0, &outs_dev, side ? p->side : 0, p->id));
+    cudaStream_t cs = c->stream;
+    if (side) {
+        CUDA_CHECK(cudaEventRecord(p->sampled, c->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(p->side, p->sampled, 0));
+        cs = p->side;
+    }
     CUDA_CHECK(cudaMemcpyAsync(p->hr->back, outs_dev, (size_t)B * sizeof(pt_gsample_out) + 2 * sizeof(int),
-                               cudaMemcpyDeviceToHost, c->stream));
-    CUDA_CHECK(cudaEventRecord(p->done, c->stream));
+                               cudaMemcpyDeviceToHost, cs));
+    CUDA_CHECK(cudaEventRecord(p->done, cs));
     p->rows_b = B;
     p->pending = 1;
     return PT_OK;
