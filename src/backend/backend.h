@@ -76,7 +76,18 @@ size_t pt_ftype_size(pt_ftype t);
  *
  * Lifetime: fill the public fields with host pointers (e.g. into an mmap),
  * call prepare_weight() once; after that the weight may be used in ops until
- * release_weight(). For the CPU backend the host pointers must stay valid. */
+ * release_weight(). For the CPU backend the host pointers must stay valid.
+ *
+ * role (PT_ROLE_*, 0 by default) says what the model uses the weight for,
+ * set before prepare_weight: a backend may lay out its work by it, fixed
+ * per weight so that every call with that weight adds in the same order
+ * (the CUDA GEMV splits the attention input projections, which run
+ * grouped, over fewer warps per row tile than an output projection of the
+ * same shape: gemv_tc.cu tc_split). */
+enum {
+    PT_ROLE_NONE = 0,
+    PT_ROLE_ATTN_IN = 1, /* an attention layer's q, k or v projection */
+};
 typedef struct pt_matrix {
     int64_t rows;         /* N: output features (vocab for an embedding) */
     int64_t cols;         /* K: input features (hidden for an embedding) */
@@ -89,6 +100,7 @@ typedef struct pt_matrix {
     const void *biases;   /* quantized only */
     const void *bias;     /* optional Linear bias [.., rows] */
     pt_ftype bias_dtype;
+    int role;             /* PT_ROLE_*: what the weight is for (above) */
     void *backend_data;   /* backend-private */
 } pt_matrix;
 

@@ -159,10 +159,12 @@ static const void *dequant_bf16(pt_model *m, const void *data, const void *scale
     return dst;
 }
 
-/* Fills a backend weight from a spec weight (+ optional bias) and prepares it. */
-static pt_status bind(pt_model *m, pt_matrix *dst, const pt_weight *src, const pt_weight *bias,
-                      int64_t rows, int64_t cols, const char *what) {
+/* Fills a backend weight from a spec weight (+ optional bias) and prepares it,
+ * with its role (pt_matrix.role) set; bind: role none. */
+static pt_status bind_as(pt_model *m, pt_matrix *dst, const pt_weight *src, const pt_weight *bias, int64_t rows,
+                         int64_t cols, const char *what, int role) {
     memset(dst, 0, sizeof *dst);
+    dst->role = role;
     if (!src->data) return pt_error(PT_ERR_NOT_FOUND, "missing weight %s", what);
     if (src->shape[0] != rows || src->shape[1] != cols)
         return pt_error(PT_ERR_FORMAT, "%s (%s): expected shape [%lld, %lld], found [%lld, %lld]", what, src->name,
@@ -212,6 +214,11 @@ static pt_status bind(pt_model *m, pt_matrix *dst, const pt_weight *src, const p
     }
     PT_TRY(OPS(m)->prepare_weight(m->be, dst, what));
     return PT_OK;
+}
+
+static pt_status bind(pt_model *m, pt_matrix *dst, const pt_weight *src, const pt_weight *bias,
+                      int64_t rows, int64_t cols, const char *what) {
+    return bind_as(m, dst, src, bias, rows, cols, what, PT_ROLE_NONE);
 }
 
 /* Stacks n_experts spec views [rows, cols] into one backend weight [E, rows, cols]. */
@@ -421,13 +428,15 @@ pt_status pt_net_build(pt_model *m) {
             PT_TRY(pt_qwen35_bind_linear(m, S, L, l)); /* Qwen3.5 Gated DeltaNet: qwen3_5.c */
         } else {
             L->attn_gate = S->attn_output_gate; /* Qwen3.5: q_proj rows [q | gate] per head */
-            PT_TRY(bind(m, &L->wq, &w->q_proj, &w->q_bias, S->attn_output_gate ? 2 * qd : qd, H,
-                        NAME("self_attn.q_proj")));
+            PT_TRY(bind_as(m, &L->wq, &w->q_proj, &w->q_bias, S->attn_output_gate ? 2 * qd : qd, H,
+                           NAME("self_attn.q_proj"), PT_ROLE_ATTN_IN));
             L->kv_shared = !S->has_kv;
             L->kv_src = S->has_kv ? l : S->kv_donor;
             if (S->has_kv) { /* a KV-shared layer reads its donor's cache and has no K/V projections */
-                PT_TRY(bind(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj")));
-                if (!S->k_eq_v) PT_TRY(bind(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj")));
+                PT_TRY(bind_as(m, &L->wk, &w->k_proj, &w->k_bias, kd, H, NAME("self_attn.k_proj"), PT_ROLE_ATTN_IN));
+                if (!S->k_eq_v)
+                    PT_TRY(bind_as(m, &L->wv, &w->v_proj, &w->v_bias, kd, H, NAME("self_attn.v_proj"),
+                                   PT_ROLE_ATTN_IN));
             }
             if (S->has_ple) {
                 PT_TRY(bind(m, &L->ple_gate, &w->ple_gate, NULL, sp->ple_dim, H, NAME("per_layer_input_gate")));

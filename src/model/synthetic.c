@@ -162,8 +162,11 @@ static void fill_bf16(uint16_t *p, size_t n, float center, float amp, uint64_t *
     fill_par(p, n, 1, center, amp, xs(s));
 }
 
-static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t rows, int64_t cols, const char *what) {
+/* A random weight of the given role (pt_matrix.role), prepared on the model's backend. */
+static pt_status synth_weight_as(synth_ctx *c, pt_matrix *w, int64_t E, int64_t rows, int64_t cols, const char *what,
+                                 int role) {
     memset(w, 0, sizeof *w);
+    w->role = role;
     w->rows = rows;
     w->cols = cols;
     w->n_experts = E;
@@ -194,6 +197,10 @@ static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t row
         w->data = d;
     }
     return c->m->be->ops->prepare_weight(c->m->be, w, what);
+}
+
+static pt_status synth_weight(synth_ctx *c, pt_matrix *w, int64_t E, int64_t rows, int64_t cols, const char *what) {
+    return synth_weight_as(c, w, E, rows, cols, what, PT_ROLE_NONE);
 }
 
 static pt_status synth_vec(synth_ctx *c, int64_t n, float value, const void **out) {
@@ -279,7 +286,7 @@ static pt_status gemma4_layer(synth_ctx *c, const synth_shape *sh, int l, const 
     PT_TRY(synth_vec(c, H, 1.0f, &L->ffn_norm));
     PT_TRY(synth_vec(c, H, 1.0f, &L->post_ffn_norm));
     PT_TRY(synth_vec(c, L->head_dim, 1.0f, &L->q_norm));
-    PT_TRY(synth_weight(c, &L->wq, 0, qd, H, "q_proj"));
+    PT_TRY(synth_weight_as(c, &L->wq, 0, qd, H, "q_proj", PT_ROLE_ATTN_IN));
     if (l >= first_shared) {
         L->kv_shared = 1;
         L->kv_src = -1;
@@ -289,8 +296,8 @@ static pt_status gemma4_layer(synth_ctx *c, const synth_shape *sh, int l, const 
     } else {
         L->kv_src = l;
         PT_TRY(synth_vec(c, L->head_dim, 1.0f, &L->k_norm));
-        PT_TRY(synth_weight(c, &L->wk, 0, kd, H, "k_proj"));
-        PT_TRY(synth_weight(c, &L->wv, 0, kd, H, "v_proj"));
+        PT_TRY(synth_weight_as(c, &L->wk, 0, kd, H, "k_proj", PT_ROLE_ATTN_IN));
+        PT_TRY(synth_weight_as(c, &L->wv, 0, kd, H, "v_proj", PT_ROLE_ATTN_IN));
     }
     PT_TRY(synth_weight(c, &L->wo, 0, H, qd, "o_proj"));
     L->rope.rot_dim = L->head_dim;
@@ -387,9 +394,9 @@ static pt_status qwen35_layer(synth_ctx *c, const synth_shape *sh, int l, const 
         L->attn_gate = 1;
         PT_TRY(synth_vec(c, sh->head_dim, 1.0f, &L->q_norm));
         PT_TRY(synth_vec(c, sh->head_dim, 1.0f, &L->k_norm));
-        PT_TRY(synth_weight(c, &L->wq, 0, 2 * qd, H, "q_proj"));
-        PT_TRY(synth_weight(c, &L->wk, 0, kvd, H, "k_proj"));
-        PT_TRY(synth_weight(c, &L->wv, 0, kvd, H, "v_proj"));
+        PT_TRY(synth_weight_as(c, &L->wq, 0, 2 * qd, H, "q_proj", PT_ROLE_ATTN_IN));
+        PT_TRY(synth_weight_as(c, &L->wk, 0, kvd, H, "k_proj", PT_ROLE_ATTN_IN));
+        PT_TRY(synth_weight_as(c, &L->wv, 0, kvd, H, "v_proj", PT_ROLE_ATTN_IN));
         PT_TRY(synth_weight(c, &L->wo, 0, H, qd, "o_proj"));
         L->rope.rot_dim = sh->head_dim / 4;
         L->rope.inv_freq = inv;
@@ -482,9 +489,9 @@ static pt_status build(pt_model *m, const synth_shape *sh, int bits) {
             PT_TRY(synth_vec(&c, sh->head_dim, one, &L->q_norm));
             PT_TRY(synth_vec(&c, sh->head_dim, one, &L->k_norm));
         }
-        PT_TRY(synth_weight(&c, &L->wq, 0, qd, H, "q_proj"));
-        PT_TRY(synth_weight(&c, &L->wk, 0, kd, H, "k_proj"));
-        PT_TRY(synth_weight(&c, &L->wv, 0, kd, H, "v_proj"));
+        PT_TRY(synth_weight_as(&c, &L->wq, 0, qd, H, "q_proj", PT_ROLE_ATTN_IN));
+        PT_TRY(synth_weight_as(&c, &L->wk, 0, kd, H, "k_proj", PT_ROLE_ATTN_IN));
+        PT_TRY(synth_weight_as(&c, &L->wv, 0, kd, H, "v_proj", PT_ROLE_ATTN_IN));
         PT_TRY(synth_weight(&c, &L->wo, 0, H, qd, "o_proj"));
         L->rope.rot_dim = sh->head_dim;
         L->rope.inv_freq = inv_dev;

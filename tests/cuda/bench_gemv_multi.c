@@ -58,7 +58,7 @@ typedef struct {
     float *act;            /* [TMAX, F] */
 } layer_set;
 
-static void make_weight(pt_backend *be, pt_matrix *w, int64_t N, int64_t K) {
+static void make_weight(pt_backend *be, pt_matrix *w, int64_t N, int64_t K, int role) {
     const int gs = 64;
     uint32_t *d = malloc((size_t)(N * K / 2));
     uint16_t *sc = malloc((size_t)(N * K / gs) * 2), *bi = malloc((size_t)(N * K / gs) * 2);
@@ -68,7 +68,7 @@ static void make_weight(pt_backend *be, pt_matrix *w, int64_t N, int64_t K) {
         bi[i] = pt_f32_to_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 0.2f);
     }
     *w = (pt_matrix){.rows = N, .cols = K, .dtype = PT_FT_BF16, .bits = 4, .group_size = gs, .data = d,
-                     .scales = sc, .biases = bi};
+                     .scales = sc, .biases = bi, .role = role};
     if (be->ops->prepare_weight(be, w, "w") != PT_OK) DIE("prepare");
 }
 
@@ -115,7 +115,8 @@ int main(void) {
     pt_backend_limits lim = {.max_tokens = TMAX, .max_cols = F, .max_ctx = 16, .max_heads = 1, .max_head_dim = 64};
     if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
     for (int c = 0; c < NC; c++)
-        for (int i = 0; i < NW; i++) make_weight(be, &s.w[c][i], rows_of[i], cols_of[i]);
+        for (int i = 0; i < NW; i++) /* q, k, v as the model binds them */
+            make_weight(be, &s.w[c][i], rows_of[i], cols_of[i], i <= WV ? PT_ROLE_ATTN_IN : PT_ROLE_NONE);
     float *xh = malloc((size_t)TMAX * F * 4);
     for (int64_t i = 0; i < (int64_t)TMAX * F; i++) xh[i] = pt_round_bf16(((ru() & 0xffff) / 65536.0f - 0.5f) * 4);
     s.x = be->ops->alloc(be, (size_t)TMAX * H * 4);

@@ -73,9 +73,13 @@ static pt_matrix rand_weight(int bits, int gs, int64_t E, int64_t N, int64_t K, 
 }
 static void rand_weight_free(rand_weight_bufs *b) { free(b->data), free(b->sc), free(b->bi), free(b->bias); }
 
-static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
+/* check_one with the weight's role (pt_matrix.role); alone_out (or NULL):
+ * the T = 1 outputs of the 64 rows, [64, N] */
+static int check_role(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias, int role,
+                      float *alone_out) {
     rand_weight_bufs wb;
     pt_matrix w = rand_weight(bits, gs, E, N, K, with_bias, &wb);
+    w.role = role;
     NEED(be->ops->prepare_weight(be, &w, "w") == PT_OK, "prepare: %s", pt_last_error());
     enum { TMAX = 64 };
     float *xh = malloc((size_t)(TMAX * K) * 4), *yb = malloc((size_t)(TMAX * N) * 4);
@@ -110,12 +114,17 @@ static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int
                 }
         }
     CHECK(ok, "%d-bit g%d: batch-invariant", bits, gs);
+    if (alone_out) memcpy(alone_out, y1, (size_t)(TMAX * N) * 4);
     be->ops->dealloc(be, x);
     be->ops->dealloc(be, y);
     be->ops->release_weight(be, &w);
     rand_weight_free(&wb);
     free(xh), free(yb), free(y1);
     return ok;
+}
+
+static int check_one(pt_backend *be, int bits, int gs, int64_t E, int64_t N, int64_t K, int with_bias) {
+    return check_role(be, bits, gs, E, N, K, with_bias, PT_ROLE_NONE, NULL);
 }
 
 /* The unrolled ring loop (loop 2) against loop 1 at T = 1 and 8 rows, bit
@@ -203,6 +212,22 @@ static void test_gemv_batch_invariant(void) {
         if (!check_one(be, 4, 64, 1, 12800, 1024, v) || !check_one(be, 8, 32, 1, 12800, 1024, !v)) break;
     }
     pt_cuda_tc_s1(-1);
+    /* an attention input projection (pt_matrix.role) of the 8B shape's q:
+     * split over fewer warps than the same weight without the role, so
+     * other bits, and batch-invariant in its own right (the same random
+     * weight and rows both times) */
+    {
+        enum { NQ = 4096 };
+        float *plain = malloc((size_t)64 * NQ * 4), *attn = malloc((size_t)64 * NQ * 4);
+        const uint64_t seed = rng;
+        int ok = check_role(be, 4, 64, 1, NQ, 4096, 0, PT_ROLE_NONE, plain);
+        rng = seed;
+        ok = ok && check_role(be, 4, 64, 1, NQ, 4096, 0, PT_ROLE_ATTN_IN, attn);
+        CHECK(!ok || memcmp(plain, attn, (size_t)64 * NQ * 4) != 0,
+              "the q/k/v role did not change the split (the same outputs with and without it)");
+        free(plain), free(attn);
+        if (!ok) goto done;
+    }
     /* 272 rows: 17 tiles, 9 blocks of two tiles (a cluster of 2 or 4 gets padding blocks) */
     static const int clusters[] = {2, 4};
     for (int c = 0; c < 2; c++) {

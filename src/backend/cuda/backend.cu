@@ -316,6 +316,7 @@ static pt_status cuda_prepare_weight(pt_backend *be, pt_matrix *w, const char *n
         }
     }
     cw->tc = tc;
+    cw->role = w->role;
     if (tc && e == cudaSuccess) {
         pt_status st = pt_cuda_tc_pack(c, w, (void *)cw->data, (void *)cw->scales, nm);
         if (st != PT_OK) {

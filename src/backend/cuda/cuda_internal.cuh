@@ -40,6 +40,7 @@ typedef struct pt_cuda_weight {
     const void *bias;     /* [E, rows] of bias_dtype, or NULL */
     size_t bytes;
     int tc;               /* codes and scales in the tensor-core layout (matmul.cuh, gemv_tc.cu) */
+    int role;             /* pt_matrix.role at prepare (the GEMV's split: gemv_tc.cu tc_split) */
 } pt_cuda_weight;
 
 typedef struct pt_cuda {

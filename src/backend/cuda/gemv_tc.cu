@@ -639,21 +639,50 @@ extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : P
 static int g_tc_s1 = -1;
 extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1 = on < 0 ? -1 : on != 0; }
 
-/* Warps per tile from the shape only (batch invariance): enough warps for
- * ~PT_TC_TARGET_WARPS per SM, each keeping >= 4 units; one from
- * PT_TC_S1_TILES tiles per SM on. */
-static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs) {
+/* Warps per SM the split of an attention input projection (q, k, v:
+ * PT_ROLE_ATTN_IN) aims at where each warp then still streams at least
+ * PT_TC_ATTN_UNITS units: they run grouped, one launch for the three, so q
+ * needs fewer warps per tile than an output projection of its shape to
+ * fill the SMs. The 8B shape's q (K 4096: 16 units a warp) splits 4 ways
+ * instead of 8: its q/k/v launch 11.5 -> 10.3 us at one row and 32.1 ->
+ * 26.2 us at 64, tg128 +2.7%, 1 to 64 served streams +2 to +5%; at K 3072
+ * and 2560 (12 and 10 units a warp: the 3B and qwen3-4b shapes) the same
+ * split lost 2.3% and 3.9% tg128, so they keep the common target
+ * (bench/RESULTS.md). PETREL_CUDA_TC_ATTN_WARPS=N (read once; 0: as every
+ * other weight, the A/B) or pt_cuda_tc_attn_warps(). */
+#define PT_TC_ATTN_WARPS 4
+#define PT_TC_ATTN_UNITS 16
+static int g_tc_attn_warps = -1;
+extern "C" void pt_cuda_tc_attn_warps(int w) { g_tc_attn_warps = w >= 0 && w <= 64 ? w : PT_TC_ATTN_WARPS; }
+
+/* Warps per tile from the weight's shape and role only (batch invariance:
+ * the same for every call with the weight): enough warps for
+ * ~PT_TC_TARGET_WARPS per SM (PT_TC_ATTN_WARPS for q, k, v), each keeping
+ * >= 4 units; one from PT_TC_S1_TILES tiles per SM on. */
+static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, int role) {
     if (!g_tc_warps) {
         const char *e = getenv("PETREL_CUDA_TC_WARPS");
         pt_cuda_tc_warps(e ? atoi(e) : 0);
     }
+    if (g_tc_attn_warps < 0) {
+        const char *e = getenv("PETREL_CUDA_TC_ATTN_WARPS");
+        pt_cuda_tc_attn_warps(e && *e ? atoi(e) : -1);
+    }
     if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
     const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
-    const int64_t NU = K / uk, target = (int64_t)g_tc_warps * c->sm_count;
+    const int64_t NU = K / uk;
     if (g_tc_s1 && tpe >= (int64_t)PT_TC_S1_TILES * c->sm_count) return 1;
-    int S = 1;
-    while (S < PT_TC_WARPS && tpe * S < target && NU >= 4 * S) S *= 2;
-    return S;
+    auto split_for = [&](int w) {
+        const int64_t target = (int64_t)w * c->sm_count;
+        int S = 1;
+        while (S < PT_TC_WARPS && tpe * S < target && NU >= 4 * S) S *= 2;
+        return S;
+    };
+    if (role == PT_ROLE_ATTN_IN && g_tc_attn_warps) {
+        const int S = split_for(g_tc_attn_warps);
+        if (NU >= (int64_t)PT_TC_ATTN_UNITS * S) return S;
+    }
+    return split_for(g_tc_warps);
 }
 
 /* The arguments of one weight's launch (SU and the block table: tc_launch). */
@@ -670,7 +699,7 @@ static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, i
     a.N = (int)w->rows;
     a.K = (int)w->cols;
     a.nb = (int)nb;
-    a.S = tc_split(c, w->rows, w->cols, w->bits, w->group_size);
+    a.S = tc_split(c, w->rows, w->cols, w->bits, w->group_size, cw->role);
     a.SU = 0;
     a.x_div = x_div;
     a.expert = expert;

@@ -97,8 +97,8 @@
  * out per 64-value K block (two 16-byte B loads per n-tile at offsets known
  * at compile time) (PETREL_CUDA_TC_XL=0: not).
  *
- * Batch invariance: S and the unit assignment depend only on N, K, bits and
- * group size; the stage size and W (which depend on the row count) only
+ * Batch invariance: S and the unit assignment depend only on N, K, bits,
+ * group size and the weight's role (tc_split); the stage size and W (which depend on the row count) only
  * decide when x is staged and which block a tile's S warps sit in, not what
  * is added in which order. A column's result is
  * its tensor-core dot product per group (independent of the other columns),

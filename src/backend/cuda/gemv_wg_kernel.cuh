@@ -19,7 +19,7 @@
  * scale-d 0: wg_issue64 says why that is the same bits).
  *
  * Per-group fold, unit order, split and reduction: as gemv_tc_block. The
- * weight's split S (tc_split, from its shape only) gives the units of a
+ * weight's split S (tc_split, from its shape and role only) gives the units of a
  * quad to S blocks, block s taking units s, s + S, ... in order and folding
  * each group into its totals with tc_fold4 (Σx from the x prepare, as
  * the XL kernels). The S blocks of a quad are one thread-block cluster (2S
