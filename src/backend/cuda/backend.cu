@@ -8,6 +8,7 @@
 #include "backend/cuda/decode_split.cuh"
 #include "backend/cuda/gemv_tc.cuh"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,7 @@ static void cuda_dealloc(pt_backend *be, void *p) {
 #define PT_STAGE_MAX (PT_STAGE_BYTES / 4) /* the largest staged upload */
 #define PT_STAGE_FENCES 64
 struct pt_cuda_stage {
+    pthread_mutex_t lock; /* the ring and its fences (callers on several threads) */
     char *ring; /* [PT_STAGE_BYTES] pinned */
     size_t head; /* next free byte */
     struct {
@@ -94,6 +96,7 @@ static void stage_free(pt_cuda *c) {
     for (int i = 0; i < PT_STAGE_FENCES; i++)
         if (g->f[i].ev) cudaEventDestroy(g->f[i].ev);
     if (g->ring) cudaFreeHost(g->ring);
+    pthread_mutex_destroy(&g->lock);
     free(g);
     c->stage = NULL;
 }
@@ -101,6 +104,7 @@ static void stage_free(pt_cuda *c) {
 static pt_status stage_init(pt_cuda *c) {
     pt_cuda_stage *g = (pt_cuda_stage *)calloc(1, sizeof *g);
     if (!g) return pt_error(PT_ERR_NOMEM, "upload staging: out of host memory");
+    pthread_mutex_init(&g->lock, NULL);
     c->stage = g;
     g->sync = !pt_env_on("PETREL_CUDA_UPLOAD_STAGE");
     pt_status st = PT_OK;
@@ -129,19 +133,8 @@ static pt_status stage_reclaim(pt_cuda_stage *g, size_t lo, size_t hi) {
     return PT_OK;
 }
 
-static pt_status cuda_upload(pt_backend *be, void *dst, const void *src, size_t bytes) {
-    pt_cuda *c = pt_cuda_of(be);
-    if (!c->stage) PT_TRY(stage_init(c));
-    pt_cuda_stage *g = c->stage;
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
-    if (cap != cudaStreamCaptureStatusNone) /* a copy from the ring would be captured as a graph node */
-        return pt_error(PT_ERR_INTERNAL, "upload of %zu bytes inside a CUDA graph capture", bytes);
-    if (g->sync || bytes > PT_STAGE_MAX || bytes == 0) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
-        CUDA_CHECK(cudaStreamSynchronize(c->stream));
-        return PT_OK;
-    }
+/* One staged upload (g->lock held). */
+static pt_status stage_copy(pt_cuda *c, pt_cuda_stage *g, void *dst, const void *src, size_t bytes) {
     size_t lo = (g->head + 255) & ~(size_t)255;
     if (lo + bytes > PT_STAGE_BYTES) lo = 0; /* wrap */
     PT_TRY(stage_reclaim(g, lo, lo + bytes));
@@ -154,6 +147,24 @@ static pt_status cuda_upload(pt_backend *be, void *dst, const void *src, size_t 
     g->n++;
     g->head = lo + bytes;
     return PT_OK;
+}
+
+static pt_status cuda_upload(pt_backend *be, void *dst, const void *src, size_t bytes) {
+    pt_cuda *c = pt_cuda_of(be);
+    pt_cuda_stage *g = c->stage;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone) /* a copy from the ring would be captured as a graph node */
+        return pt_error(PT_ERR_INTERNAL, "upload of %zu bytes inside a CUDA graph capture", bytes);
+    if (g->sync || bytes > PT_STAGE_MAX || bytes == 0) {
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        return PT_OK;
+    }
+    pthread_mutex_lock(&g->lock);
+    const pt_status st = stage_copy(c, g, dst, src, bytes);
+    pthread_mutex_unlock(&g->lock);
+    return st;
 }
 
 pt_status pt_cuda_check_errors(pt_cuda *c) {
@@ -488,6 +499,7 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));
     /* Exact f32 products in f32 mode: never TF32. */
     CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_PEDANTIC_MATH));
+    PT_TRY(stage_init(c)); /* cuda_upload's pinned ring */
     CUDA_CHECK(cudaMalloc((void **)&c->err_dev, 2 * sizeof(int)));
     CUDA_CHECK(cudaMemsetAsync(c->err_dev, 0, 2 * sizeof(int), c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));

@@ -102,8 +102,7 @@ typedef struct pt_cuda {
      * offending value, checked at the next synchronization. */
     int *err_dev;         /* [2]: flag, offending value */
     /* Small uploads go through pinned staging, ordered on the stream
-     * without waiting for it (backend.cu, cuda_upload): NULL until the
-     * first one. */
+     * without waiting for it (backend.cu, cuda_upload). */
     struct pt_cuda_stage *stage;
 } pt_cuda;
 

@@ -649,10 +649,11 @@ extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1 = on < 0 ? -1 : on != 0; }
  * and 2560 (12 and 10 units a warp: the 3B and qwen3-4b shapes) the same
  * split lost 2.3% and 3.9% tg128, so they keep the common target
  * (bench/RESULTS.md). PETREL_CUDA_TC_ATTN_WARPS=N (read once; 0: as every
- * other weight, the A/B) or pt_cuda_tc_attn_warps(). */
+ * other weight, the A/B) or pt_cuda_tc_attn_warps();
+ * PETREL_CUDA_TC_ATTN_UNITS=N the units a warp must keep (A/B). */
 #define PT_TC_ATTN_WARPS 4
 #define PT_TC_ATTN_UNITS 16
-static int g_tc_attn_warps = -1;
+static int g_tc_attn_warps = -1, g_tc_attn_units = PT_TC_ATTN_UNITS;
 extern "C" void pt_cuda_tc_attn_warps(int w) { g_tc_attn_warps = w >= 0 && w <= 64 ? w : PT_TC_ATTN_WARPS; }
 
 /* Warps per tile from the weight's shape and role only (batch invariance:
@@ -667,6 +668,8 @@ static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, in
     if (g_tc_attn_warps < 0) {
         const char *e = getenv("PETREL_CUDA_TC_ATTN_WARPS");
         pt_cuda_tc_attn_warps(e && *e ? atoi(e) : -1);
+        e = getenv("PETREL_CUDA_TC_ATTN_UNITS"); /* the units a warp must keep (A/B) */
+        if (e && *e) g_tc_attn_units = atoi(e);
     }
     if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
     const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
@@ -680,7 +683,7 @@ static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, in
     };
     if (role == PT_ROLE_ATTN_IN && g_tc_attn_warps) {
         const int S = split_for(g_tc_attn_warps);
-        if (NU >= (int64_t)PT_TC_ATTN_UNITS * S) return S;
+        if (NU >= (int64_t)g_tc_attn_units * S) return S;
     }
     return split_for(g_tc_warps);
 }
