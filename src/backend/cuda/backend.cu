@@ -67,13 +67,15 @@ static void cuda_dealloc(pt_backend *be, void *p) {
  * position) is copied into a ring of pinned host memory and enqueued from
  * there, so the host returns at once and can enqueue the next step while
  * the GPU still runs the one before: the server's turn used to block on
- * each of its three uploads until the previous step ended, leaving the GPU
- * idle ~0.5 ms between steps at 64 streams (bench/RESULTS.md). A region
- * of the ring is reused only after the copy out of it has run (an event
- * per upload, waited for when the ring comes round). Larger uploads
- * (weights, tables at load) stay synchronous. PETREL_CUDA_UPLOAD_STAGE=0:
- * every upload synchronous (A/B). An upload inside a graph capture is an
- * error (it would capture a copy from the ring). */
+ * each of its three uploads until the previous step ended and issued the
+ * rest of the turn with the GPU idle (one served stream of the 8B shape
+ * ~2% faster without it: bench/RESULTS.md, "small uploads staged through
+ * pinned memory"). A region of the ring is reused only after the copy out
+ * of it has run (an event per upload, waited for when the ring comes
+ * round). Larger uploads (weights, tables at load) stay synchronous.
+ * PETREL_CUDA_UPLOAD_STAGE=0: every upload synchronous (A/B). An upload
+ * inside a graph capture is an error (it would capture a copy from the
+ * ring). */
 #define PT_STAGE_BYTES (1u << 20) /* the ring */
 #define PT_STAGE_MAX (PT_STAGE_BYTES / 4) /* the largest staged upload */
 #define PT_STAGE_FENCES 64
