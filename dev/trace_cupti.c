@@ -82,17 +82,13 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buff
             if (!recs) abort();
         }
         if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
-            static const char *const kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+            static const char *const kinds[] = {"[memcpy ?]",    "[memcpy HtoD]", "[memcpy DtoH]", "[memcpy HtoA]",
+                                                "[memcpy AtoH]", "[memcpy AtoA]", "[memcpy AtoD]", "[memcpy DtoA]",
+                                                "[memcpy DtoD]", "[memcpy HtoH]", "[memcpy PtoP]"};
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
-            static const char *mnames[11];
             const int kd = m->copyKind < 11 ? m->copyKind : 0;
-            if (!mnames[kd]) {
-                char buf[32];
-                snprintf(buf, sizeof buf, "[memcpy %s]", kinds[kd]);
-                mnames[kd] = strdup(buf);
-            }
             recs[nrec++] = (rec){m->start, m->end, m->graphNodeId, m->graphId, m->correlationId,
-                                 (int32_t)m->bytes, 0, 0, 0, 0, name_of(mnames[kd])};
+                                 (int32_t)m->bytes, 0, 0, 0, 0, name_of(kinds[kd])};
             continue;
         }
         if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {

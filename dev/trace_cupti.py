@@ -23,6 +23,7 @@ What runs between two consecutive replays of graph GRAPH (the last STEPS
 pairs with no other graph's kernels between them): per gap, the kernels
 outside graphs and the copies and memsets (by name: count, busy us), and the
 idle time (the gap minus the union of those)."""
+import bisect
 import sys
 from collections import defaultdict
 
@@ -46,15 +47,18 @@ def gaps(path, want, steps):
             reps[corr].append((s, e))
     spans = sorted((min(s for s, _ in v), max(e for _, e in v)) for v in reps.values())
     starts = [r[0] for r in recs]
-    import bisect
-    per = defaultdict(lambda: [0, 0.0])
-    gl, idle, n = [], [], 0
+    clean = []
     for (s0, e0), (s1, _) in zip(spans, spans[1:]):
-        lo, hi = bisect.bisect_left(starts, e0), bisect.bisect_left(starts, s1)
-        between = recs[lo:hi]
-        if any(r[2] != "0" for r in between) or s1 - e0 > 50_000_000:
-            continue
-        n += 1
+        between = recs[bisect.bisect_left(starts, e0):bisect.bisect_left(starts, s1)]
+        if not any(r[2] != "0" for r in between) and s1 - e0 <= 50_000_000:
+            clean.append((e0, s1, between))
+    clean = clean[-steps:]
+    if not clean:
+        print("no clean gaps for graph", want)
+        return
+    per = defaultdict(lambda: [0, 0.0])
+    gl, idle = [], []
+    for e0, s1, between in clean:
         gl.append(s1 - e0)
         busy, cur_s, cur_e = 0, None, None
         for s, e, gid, corr, nm, gx in between:
@@ -70,11 +74,8 @@ def gaps(path, want, steps):
         if cur_e is not None:
             busy += cur_e - cur_s
         idle.append(s1 - e0 - busy)
-    gl, idle = gl[-steps:], idle[-steps:]
-    if not n:
-        print("no clean gaps for graph", want)
-        return
-    print(f"graph {want}: {n} clean gaps, mean {sum(gl) / len(gl) / 1e3:.1f} us, idle {sum(idle) / len(idle) / 1e3:.1f} us")
+    n = len(clean)
+    print(f"graph {want}: {n} clean gaps, mean {sum(gl) / n / 1e3:.1f} us, idle {sum(idle) / n / 1e3:.1f} us")
     for k, (c, b) in sorted(per.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"  {c / n:6.2f} a gap  {b / n / 1e3:8.1f} us  {k[:110]}")
 
