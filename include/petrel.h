@@ -157,6 +157,8 @@ typedef struct pt_sampling_params {
     int repeat_last_n;        /* default 64; 0 = whole context */
     uint64_t seed;            /* reproducible sampling for a given seed */
     int n_logprobs;           /* number of top logprobs to report (0..20) */
+    int no_logprob;           /* 1: leave pt_token_info.logprob 0 when n_logprobs is 0, sparing a
+                                 pass over the vocabulary per token (0 = compute it) */
 } pt_sampling_params;
 
 /* Defaults: greedy-free sampling defaults from generation_config.json when a
@@ -225,7 +227,9 @@ typedef struct pt_token_info {
  * The session's RNG is seeded from sp->seed on first use and whenever the
  * seed changes; successive calls with one seed continue one stream.
  * Penalties look at the session's tokens. logprob/top_logprobs are the
- * log-softmax of the raw logits (before penalties, temperature, filters). */
+ * log-softmax of the raw logits (before penalties, temperature, filters);
+ * with sp->no_logprob set and sp->n_logprobs 0, logprob is 0 (not
+ * computed). The chosen id never depends on either. */
 pt_status pt_session_sample(pt_session *s, const pt_sampling_params *sp, const uint8_t *allowed,
                             pt_token_info *out);
 

@@ -97,11 +97,15 @@ static pt_status ba_step(ba_set *set, int t, const int32_t *tok, const uint8_t *
     return pt_session_decode_rows(ss, ids, cnt, n);
 }
 
-static void ba_params(pt_sampling_params sp[BA_S]) {
+/* greedy_nolp: every session greedy without a log-probability (on CUDA the sampler's greedy ids are then
+ * its last pass, gs_mb_greedy_id writing the results) */
+static void ba_params(pt_sampling_params sp[BA_S], int greedy_nolp) {
     for (int i = 0; i < BA_S; i++) {
         sp[i] = pt_sampling_default_params(NULL);
         sp[i].temperature = 0;
+        sp[i].no_logprob = greedy_nolp;
     }
+    if (greedy_nolp) return;
     sp[1].temperature = 0.8f;
     sp[1].top_p = 0.9f;
     sp[1].seed = 11;
@@ -110,15 +114,16 @@ static void ba_params(pt_sampling_params sp[BA_S]) {
     sp[3].seed = 5;
 }
 
-/* The five turns on model m (label names it in the messages). Returns how
- * many of the pipelined draws had their session's logits on the device
- * (the GPU sampler's form; 0 on the CPU). */
-static int batch_ahead_check(pt_model *m, const char *label) {
+/* The five turns on model m (label names it in the messages), with the
+ * sampling parameters above or (greedy_nolp) every session greedy without a
+ * log-probability. Returns how many of the pipelined draws had their
+ * session's logits on the device (the GPU sampler's form; 0 on the CPU). */
+static int batch_ahead_check(pt_model *m, const char *label, int greedy_nolp) {
     ba_set P, Q; /* P pipelined, Q plain */
     int on_device = 0;
     if (!ba_open(m, &P) || !ba_open(m, &Q)) return 0;
     pt_sampling_params sp[BA_S];
-    ba_params(sp);
+    ba_params(sp, greedy_nolp);
     const pt_sampling_params *sps[BA_S];
     for (int i = 0; i < BA_S; i++) sps[i] = &sp[i];
     const int V = pt_model_vocab_size(m);
@@ -177,6 +182,8 @@ static int batch_ahead_check(pt_model *m, const char *label) {
             CHECK(outs[k].id == ref[k].id && !memcmp(&outs[k].logprob, &ref[k].logprob, sizeof(float)),
                   "%s: turn %d, session %d: token %d (logprob %.9g) pipelined, %d (%.9g) plain", label, t, i,
                   outs[k].id, (double)outs[k].logprob, ref[k].id, (double)ref[k].logprob);
+            if (greedy_nolp) CHECK(outs[k].logprob == 0.0f, "%s: turn %d, session %d: a log-probability (%.9g) "
+                                   "nobody asked for", label, t, i, (double)outs[k].logprob);
             /* a row the GPU sampler hands back (e.g. a top-p nucleus over
              * more than PT_GSAMPLE_CAP candidates) holds nothing: the host
              * sampled it, its row ran on a stale id */

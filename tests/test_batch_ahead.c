@@ -22,7 +22,10 @@ static void run(pt_compute_dtype dt, int pad, const char *label) {
     pt_model *m = NULL;
     REQUIRE(pt_model_load(dir, &mp, &m) == PT_OK, "load: %s", pt_last_error());
     if (pad) REQUIRE(pt_batch_set_padding(m, 1) == PT_OK, "padding: %s", pt_last_error());
-    batch_ahead_check(m, label);
+    batch_ahead_check(m, label, 0);
+    char l2[128];
+    snprintf(l2, sizeof l2, "%s, greedy without log-probabilities", label);
+    batch_ahead_check(m, l2, 1);
     pt_model_free(&m);
 }
 

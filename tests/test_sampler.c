@@ -179,6 +179,25 @@ static void test_logprobs(void) {
     CHECK(fabs(ti.top_logprobs[2] - (1.5 - log(z))) < 1e-6, "top logprob %g", ti.top_logprobs[2]);
     sp.n_logprobs = 21;
     CHECK(pt_sampler_sample(&s, lg, &sp, NULL, 0, NULL, &ti) == PT_ERR_INVALID_ARG, "n_logprobs 21 rejected");
+    /* no_logprob: logprob 0 when no top entries are asked for, the same choice (greedy and a seeded draw);
+     * with top entries it is computed anyway */
+    sp.n_logprobs = 0;
+    for (int draw = 0; draw < 2; draw++) {
+        sp.temperature = draw ? 1.0f : 0.0f;
+        pt_token_info a, b;
+        sp.no_logprob = 0;
+        REQUIRE(pt_sampler_sample_u(&s, lg, &sp, NULL, 0, NULL, draw ? 0.6 : -1.0, &a) == PT_OK, "%s", pt_last_error());
+        sp.no_logprob = 1;
+        REQUIRE(pt_sampler_sample_u(&s, lg, &sp, NULL, 0, NULL, draw ? 0.6 : -1.0, &b) == PT_OK, "%s", pt_last_error());
+        CHECK(a.id == b.id, "draw %d: id %d with the log-probability, %d without", draw, a.id, b.id);
+        CHECK(fabs(a.logprob - (lg[a.id] - log(z))) < 1e-6, "draw %d: logprob %g", draw, a.logprob);
+        CHECK(b.logprob == 0.0f && b.n_top == 0, "draw %d: no_logprob gave logprob %g, %d top", draw, b.logprob,
+              b.n_top);
+    }
+    sp.n_logprobs = 2;
+    REQUIRE(pt_sampler_sample(&s, lg, &sp, NULL, 0, NULL, &ti) == PT_OK, "%s", pt_last_error());
+    CHECK(ti.n_top == 2 && fabs(ti.logprob - (lg[ti.id] - log(z))) < 1e-6,
+          "no_logprob with 2 top entries: %d top, logprob %g", ti.n_top, ti.logprob);
     pt_sampler_free(&s);
 }
 

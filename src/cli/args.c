@@ -395,6 +395,7 @@ pt_generate_params cli_sampling_apply(const cli_sampling *s, const pt_model *m) 
     if (s->set & S_FREQ) g.sampling.frequency_penalty = s->v.frequency_penalty;
     g.stop = s->stop;
     g.n_stop = s->n_stop;
+    g.sampling.no_logprob = 1; /* the commands print text, never a token's log-probability */
     return g;
 }
 

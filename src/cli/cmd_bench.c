@@ -175,6 +175,7 @@ static pt_status run_rep(pt_session *s, row *r, int rep, int32_t *buf, int vocab
         PT_TRY(pt_session_prompt(s, &id, 1));
         pt_sampling_params greedy = pt_sampling_default_params(NULL);
         greedy.temperature = 0;
+        greedy.no_logprob = 1; /* as generation without logprobs: no log-sum-exp over the vocabulary */
         pt_token_info ti;
         t0 = now_s();
         for (int i = 0; i < r->n_gen; i++) {

@@ -186,8 +186,10 @@ float pt_logprob_of(const float *logits, int vocab, int32_t id) {
     return (float)((double)logits[id] - lse);
 }
 
-/* Fills out->logprob and out->top_* from the raw logits. */
-static void fill_logprobs(const float *logits, int vocab, int n_top, pt_token_info *out) {
+/* Fills out->logprob and out->top_* from the raw logits (nothing when
+ * neither is wanted: no_logprob and no top entries). */
+static void fill_logprobs(const float *logits, int vocab, int n_top, int no_logprob, pt_token_info *out) {
+    if (no_logprob && n_top == 0) return;
     float mx;
     double lse = log_sum_exp(logits, vocab, &mx);
     out->logprob = (float)((double)logits[out->id] - lse);
@@ -432,6 +434,6 @@ pt_status pt_sampler_sample_u(pt_sampler *s, const float *logits, const pt_sampl
     }
     memset(out, 0, sizeof *out);
     out->id = chosen;
-    fill_logprobs(logits, V, sp->n_logprobs, out);
+    fill_logprobs(logits, V, sp->n_logprobs, sp->no_logprob, out);
     return PT_OK;
 }

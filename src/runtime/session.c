@@ -257,7 +257,7 @@ int pt_session_gpu_row(pt_session *s, const pt_sampling_params *sp, pt_gsample_r
     row->frequency = sp->frequency_penalty;
     row->top_k = sp->top_k;
     row->greedy = greedy;
-    row->want_logprob = 1;
+    row->want_logprob = !sp->no_logprob;
     return 1;
 }
 

@@ -211,6 +211,7 @@ int pt_api_common_fields(pt_server *srv, const cJSON *root, pt_gen *g, int anthr
     }
     j->want_logprobs = g->logprobs;
     j->sp.n_logprobs = g->top_logprobs;
+    j->sp.no_logprob = !g->logprobs; /* a reply without logprobs spares the sampler that pass */
     if (!set_response_format(j, cJSON_GetObjectItemCaseSensitive(root, "response_format"), path, resp))
         return 0;
     return 1;

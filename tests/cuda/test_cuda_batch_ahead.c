@@ -19,8 +19,13 @@ static void check_model(const char *dir) {
     pt_status st = strncmp(dir, "synthetic:", 10) == 0 ? pt_model_synthetic(dir + 10, "q4", &mp, &m)
                                                       : pt_model_load(dir, &mp, &m);
     REQUIRE(st == PT_OK, "load %s on CUDA: %s", dir, pt_last_error());
-    const int on_device = batch_ahead_check(m, dir);
+    const int on_device = batch_ahead_check(m, dir, 0);
     CHECK(on_device > 0, "%s: the pipelined draws ran on the GPU sampler (%d of them)", dir, on_device);
+    /* every row greedy without a log-probability: the greedy ids' kernel writes the results */
+    char label[256];
+    snprintf(label, sizeof label, "%s, greedy without log-probabilities", dir);
+    const int on_device2 = batch_ahead_check(m, label, 1);
+    CHECK(on_device2 > 0, "%s: the pipelined draws ran on the GPU sampler (%d of them)", label, on_device2);
     int64_t counts[3];
     pt_batch_counts(m, counts);
     CHECK(counts[0] > 0, "%s: the steps ran from CUDA graphs (%lld graph, %lld eager, %lld row mode)", dir,

@@ -152,7 +152,7 @@ static int same_transcript(const transcript *a, const transcript *b, int V, cons
 }
 
 static void sampling_sets(pt_sampling_params *sps, int *n) {
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         memset(&sps[k], 0, sizeof sps[k]);
         sps[k].top_p = 1.0f;
         sps[k].repetition_penalty = 1.0f;
@@ -166,7 +166,9 @@ static void sampling_sets(pt_sampling_params *sps, int *n) {
     /* top-k beyond the GPU's sorted candidates: every row handed back to the
      * host (where the vocabulary is that large), each step ahead dropped */
     sps[3].temperature = 0.8f, sps[3].top_k = 5000;
-    *n = 4;
+    /* greedy without a log-probability: the greedy id's kernel is the sampler's last pass */
+    sps[4].no_logprob = 1;
+    *n = 5;
 }
 
 /* Conversations with the pipeline on and off: identical in everything. */
@@ -190,7 +192,7 @@ static void test_conversations(void) {
         pt_model *m = load(cases[c].dir, cases[c].kv4);
         if (!m) continue;
         const int V = pt_model_vocab_size(m);
-        pt_sampling_params sps[4];
+        pt_sampling_params sps[5];
         int nsp = 0;
         sampling_sets(sps, &nsp);
         int n_same = 0, n_runs = 0;
@@ -216,6 +218,11 @@ static void test_conversations(void) {
                 snprintf(what, sizeof what, "%s%s params %d mode %d", cases[c].dir, cases[c].kv4 ? " kv4" : "", k,
                          mode);
                 n_same += same_transcript(&on, &off, V, what);
+                if (sps[k].no_logprob)
+                    for (int t = 0; t < 3; t++)
+                        for (int i = 0; i < on.t[t].n; i++)
+                            CHECK(on.t[t].lp[i] == 0.0f, "%s turn %d token %d: a log-probability (%.9g) nobody "
+                                  "asked for", what, t + 1, i, (double)on.t[t].lp[i]);
                 n_runs++;
                 CHECK(off.taken == 0, "%s: steps ahead taken with the pipeline off", what);
                 if (mode == 2 && eos_known) CHECK(on.fin[0] == PT_FINISH_EOS, "%s: turn 1 did not end at the eos", what);
@@ -289,10 +296,11 @@ static void test_session_calls(void) {
     pt_model *m = load(dir, 0);
     REQUIRE(m != NULL, "model");
     const int V = pt_model_vocab_size(m);
-    pt_sampling_params sps[4];
+    pt_sampling_params sps[5];
     int nsp = 0;
     sampling_sets(sps, &nsp);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < nsp; k++) {
+        if (k == 3) continue; /* every row handed back to the host: no step ahead to take */
         int32_t ida[96], idb[96], ca[128], cb[128];
         int na = 0, nb = 0;
         size_t nca = 0, ncb = 0;

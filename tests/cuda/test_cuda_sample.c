@@ -130,6 +130,10 @@ static pt_sampling_params to_sp(const pcase *c) {
 
 static int n_cases_run, n_fallback, n_mismatch, n_ab;
 static double worst_lp;
+/* run_rows' rows that ask for no log-probability (pt_sampling_params.no_logprob): 0 none, 1 the odd rows, 2
+ * every row */
+static int no_lp_rows;
+static int row_no_lp(int b) { return no_lp_rows == 2 || (no_lp_rows == 1 && b % 2 == 1); }
 
 /* Samples B rows in one launch and compares each with the CPU sampler. */
 enum { MAXB = 16 };
@@ -171,7 +175,7 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
         rows[b].frequency = sp.frequency_penalty;
         rows[b].top_k = sp.top_k;
         rows[b].greedy = pt_sampling_is_greedy(&sp);
-        rows[b].want_logprob = 1;
+        rows[b].want_logprob = !row_no_lp(b);
     }
     pt_status st = gb->ops->upload(gb, d_lg, lg, (size_t)V * B * 4);
     if (st == PT_OK) st = gb->ops->upload(gb, d_hist, hist, (size_t)B * 300 * 4);
@@ -204,6 +208,7 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
     REQUIRE(pt_sampler_init(&cpu, V) == PT_OK, "sampler init");
     for (int b = 0; b < B; b++) {
         pt_sampling_params sp = to_sp(&cs[b]);
+        sp.no_logprob = row_no_lp(b);
         pt_token_info ti;
         pt_status cs_ = pt_sampler_sample_u(&cpu, lg + (size_t)b * V, &sp, hist[b], (size_t)nh[b], NULL,
                                             rows[b].greedy ? -1.0 : us[b], &ti);
@@ -224,6 +229,11 @@ static void run_rows(int V, int B, const pcase *cs, int shape_base) {
                   "last_n %d u %.17g)",
                   V, b, (shape_base + b) % n_shapes, outs[b].id, ti.id, cs[b].temp, cs[b].top_k, cs[b].top_p, cs[b].min_p,
                   cs[b].rep, cs[b].pres, cs[b].freq, cs[b].last_n, us[b]);
+        }
+        if (row_no_lp(b)) { /* not asked for: 0 from both samplers, the id as with it (checked above) */
+            CHECK(outs[b].logprob == 0.0f && ti.logprob == 0.0f, "V %d row %d: no log-probability asked for, "
+                  "gpu %.9g cpu %.9g", V, b, outs[b].logprob, ti.logprob);
+            continue;
         }
         if (isnan(outs[b].logprob) && isnan(ti.logprob)) continue; /* no finite max: NaN on both */
         double d = fabs((double)outs[b].logprob - (double)ti.logprob);
@@ -496,10 +506,39 @@ static void test_batch_sessions(void) {
     pt_model_free(&ms[1]);
 }
 
+/* Rows that ask for no log-probability: the same ids as the CPU sampler's (which skips its log-sum-exp
+ * too) and as the one-block kernel's, logprob 0; every row greedy (the multi-block path runs no pass 2),
+ * or mixed with draws and rows that want one, on the multi-block vocabularies. */
+static void test_no_logprob(void) {
+    NEED_GSETUP();
+    static const int Vs[] = {2049, 32000, 128256, 151936};
+    n_cases_run = n_fallback = n_mismatch = 0;
+    for (int vi = 0; vi < 4; vi++)
+        for (int rep = 0; rep < 4; rep++) {
+            enum { B = 12 };
+            pcase cs[B];
+            for (int b = 0; b < B; b++) {
+                cs[b] = random_case();
+                if (rep < 2) { /* all greedy, no penalties (the multi-block path) */
+                    cs[b].temp = 0.0f;
+                    cs[b].rep = 1.0f;
+                    cs[b].pres = cs[b].freq = 0.0f;
+                }
+            }
+            no_lp_rows = rep % 2 ? 1 : 2;
+            run_rows(Vs[vi], B, cs, rep);
+        }
+    no_lp_rows = 0;
+    CHECK(n_cases_run == 4 * 4 * 12, "%d rows compared", n_cases_run);
+    printf("MEASURE gsample without log-probabilities: %d rows, %d handed back, %d mismatches\n", n_cases_run,
+           n_fallback, n_mismatch);
+}
+
 int main(void) {
     TEST_RUN(test_all_combinations);
     TEST_RUN(test_random_rows);
     TEST_RUN(test_multiblock_edges);
+    TEST_RUN(test_no_logprob);
     TEST_RUN(test_generate_on_off);
     TEST_RUN(test_batch_sessions);
     if (gb) pt_backend_free(&gb);

@@ -39,6 +39,9 @@
  *     does: the log-sum-exp's 128-logit parts (4 threads per part, each the
  *     CPU's lane j: terms j, j + 4, ...; the part = ((a0 + a1) + a2) + a3)
  *     and, for a draw, p of every id in id order (one thread per chunk);
+ *     the log-sum-exp only for rows that want a log-probability
+ *     (want_logprob: pt_sampling_params.no_logprob 0), and no pass 2 at
+ *     all when every row is greedy without one;
  *   pass 3 (grid B x 1024): gs_kernel's per-row logic on the reduced data:
  *     the maxima and the first maximum over the slices (the smallest id
  *     among the slices holding the maximum: slices are in id order), the
@@ -163,7 +166,7 @@ __global__ void __launch_bounds__(GS_P2_NT) gs_mb_pass2(const pt_gsample_row *ro
     const pt_gsample_row &R = rows[blockIdx.y];
     if (!gs_mb_row(R, V)) return;
     const bool lse = blockIdx.x < GS_LSE_BLOCKS;
-    if (!lse && R.greedy) return;
+    if (lse ? !R.want_logprob : R.greedy) return; /* no log-probability asked for / no draw */
     char *rs = gs_row_scr(scr, blockIdx.y);
     const gs_p1 *p1 = (const gs_p1 *)rs;
     double *S = (double *)(rs + GS_SCR_S) + (lse ? 0 : PT_SS_CHUNKS);
@@ -268,21 +271,28 @@ __device__ double gs_scan_loaded(const double *S, double *sT) {
  * stream and leave the slots alone. Max and min are exact in any order, so
  * the id is pass 3's. Grid B x GS_P1_MAX (a block per row, a thread per
  * slice): the one-row pipelined decode and the server's pipelined turn
- * when every row is greedy. */
-__global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_row *rows, char *scr, int n1) {
+ * when every row is greedy. outs (else NULL): no row wants a
+ * log-probability, so this is the last pass — each row's result as pass 3
+ * stores it (status 0, logprob 0), and block 0 copies the backend's error
+ * words next to the results. */
+__global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_row *rows, char *scr, int n1,
+                                                             pt_gsample_out *outs, const int *err_src, int *err_dst) {
     pt_release_dependents();
     pt_wait_primary();
     __shared__ float scf[32];
     __shared__ long long sc[32];
     const pt_gsample_row &R = rows[blockIdx.x];
-    if (!R.id_slot) return;
+    if (outs && err_src && blockIdx.x == 0 && threadIdx.x < 2) err_dst[threadIdx.x] = err_src[threadIdx.x];
+    if (!R.id_slot && !outs) return;
     const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, blockIdx.x);
     float best = -INFINITY;
     int32_t bi = -1;
     if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
     const float bmx = gs_red_max_f(best, scf);
     const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
-    if (threadIdx.x == 0) *R.id_slot = first == GS_NO_HIT ? 0 : (int32_t)first;
+    const int32_t id = first == GS_NO_HIT ? 0 : (int32_t)first;
+    if (threadIdx.x == 0 && R.id_slot) *R.id_slot = id;
+    if (outs) gs_store_out(outs, R, 0, id, 0.f, false);
 }
 
 /* slot 0: the id_slot was written by gs_mb_greedy_id */
@@ -390,12 +400,13 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
     /* PETREL_CUDA_SAMPLE_MB=0: every row through gs_kernel (A/B); read per
      * call so that one process can compare both paths */
     const int mb_on = pt_env_on("PETREL_CUDA_SAMPLE_MB");
-    int n_mb = 0, n_draw = 0;
+    int n_mb = 0, n_draw = 0, n_lp = 0;
     int64_t tk_blocks = 0, tk_slice = 0; /* top-k: blocks per row, the largest slice */
     for (int b = 0; b < B; b++)
         if (mb_on && gs_mb_row(rows[b], V)) {
             n_mb++;
             n_draw += !rows[b].greedy;
+            n_lp += rows[b].want_logprob != 0;
             const int64_t S = rows[b].greedy ? 0 : gs_topk_slice(V, rows[b].top_k);
             if (S) {
                 if ((V + S - 1) / S > tk_blocks) tk_blocks = (V + S - 1) / S;
@@ -415,11 +426,19 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
         pt_launch(gs_mb_pass1, dim3((unsigned)n1, (unsigned)B), dim3(GS_P1_NT), 0, c->stream, pdl, rows_dev, scr, V,
                   slice);
         CUDA_CHECK_LAUNCH("sample pass 1");
-        /* the greedy id first, the log-probability beside the next step */
+        /* the greedy id first, the log-probability beside the next step; without a log-probability to
+         * form, the greedy id's kernel is the last pass */
         const bool early = side && ev_id && n_mb == B && n_draw == 0 && pt_env_on("PETREL_CUDA_SAMPLE_EARLY_ID");
         cudaStream_t s23 = c->stream;
+        if (early && n_lp == 0) {
+            pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1,
+                      outs_dev, (const int *)c->err_dev, err_dev);
+            CUDA_CHECK_LAUNCH("sample greedy id");
+            return PT_OK;
+        }
         if (early) {
-            pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1);
+            pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1,
+                      (pt_gsample_out *)nullptr, (const int *)nullptr, (int *)nullptr);
             CUDA_CHECK_LAUNCH("sample greedy id");
             CUDA_CHECK(cudaEventRecord(ev_id, c->stream));
             CUDA_CHECK(cudaStreamWaitEvent(side, ev_id, 0));
@@ -433,11 +452,16 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
                       rows_dev, scr, V);
             CUDA_CHECK_LAUNCH("sample top-k");
         }
-        pt_launch(gs_mb_pass2, dim3(GS_LSE_BLOCKS + (n_draw ? GS_DRAW_BLOCKS : 0), (unsigned)B), dim3(GS_P2_NT), 0,
-                  s23, pdl && !early, rows_dev, scr, V, n1);
-        CUDA_CHECK_LAUNCH("sample pass 2");
-        pt_launch(gs_mb_pass3, dim3((unsigned)B), dim3(GS_NT), 0, s23, pdl, rows_dev, outs_dev, scr, V, n1,
-                  (const int *)c->err_dev, err_dev, early ? 0 : 1);
+        /* pass 2: the log-sum-exp of the rows that want a log-probability, the draw's sums of the rows that
+         * draw; nothing to do for greedy rows without a log-probability */
+        const bool pass2 = n_lp || n_draw;
+        if (pass2) {
+            pt_launch(gs_mb_pass2, dim3(GS_LSE_BLOCKS + (n_draw ? GS_DRAW_BLOCKS : 0), (unsigned)B),
+                      dim3(GS_P2_NT), 0, s23, pdl && !early, rows_dev, scr, V, n1);
+            CUDA_CHECK_LAUNCH("sample pass 2");
+        }
+        pt_launch(gs_mb_pass3, dim3((unsigned)B), dim3(GS_NT), 0, s23, pdl && (pass2 || !early), rows_dev,
+                  outs_dev, scr, V, n1, (const int *)c->err_dev, err_dev, early ? 0 : 1);
         CUDA_CHECK_LAUNCH("sample pass 3");
     }
     return PT_OK;
