@@ -144,8 +144,32 @@ static void test_server_completions_logprobs(void) {
     tok = jstr(j, "choices.0.logprobs.content.0.token");
     CHECK(tok && !strcmp(tok, "\xef\xbf\xbd") && jnum(j, "choices.0.logprobs.content.0.bytes.0") == 0xe2,
           "partial token: %s", r.body);
+    CHECK(jnum(j, "choices.0.logprobs.content.0.logprob") == -0.25, "logprobs without top_logprobs: logprob %g",
+          jnum(j, "choices.0.logprobs.content.0.logprob"));
     cJSON_Delete(j);
     resp_free(&r);
+
+    /* a reply without logprobs samples without the log-probability; one with them, with it */
+    const int lp0 = __atomic_load_n(&tm_samples_lp, __ATOMIC_RELAXED),
+              nolp0 = __atomic_load_n(&tm_samples_nolp, __ATOMIC_RELAXED);
+    b = chat_body("SAY:abc", NULL);
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    CHECK(r.status == 200 && !strstr(r.body, "\"logprobs\":{"), "no logprobs asked: %d %s", r.status, r.body);
+    resp_free(&r);
+    const int lp1 = __atomic_load_n(&tm_samples_lp, __ATOMIC_RELAXED),
+              nolp1 = __atomic_load_n(&tm_samples_nolp, __ATOMIC_RELAXED);
+    CHECK(lp1 == lp0 && nolp1 >= nolp0 + 4, "without logprobs: %d samples with the log-probability, %d without",
+          lp1 - lp0, nolp1 - nolp0);
+    b = chat_body("SAY:abc", "\"logprobs\":true");
+    http("POST", "/v1/chat/completions", b, NULL, &r);
+    free(b);
+    resp_free(&r);
+    CHECK(__atomic_load_n(&tm_samples_lp, __ATOMIC_RELAXED) >= lp1 + 4 &&
+              __atomic_load_n(&tm_samples_nolp, __ATOMIC_RELAXED) == nolp1,
+          "with logprobs: %d samples with the log-probability, %d without",
+          __atomic_load_n(&tm_samples_lp, __ATOMIC_RELAXED) - lp1,
+          __atomic_load_n(&tm_samples_nolp, __ATOMIC_RELAXED) - nolp1);
 
     /* prompt as token ids */
     http("POST", "/v1/completions", "{\"prompt\":[104,105],\"max_tokens\":2}", NULL, &r);

@@ -268,10 +268,15 @@ static long tm_find_last(const tm_session *s, size_t from, const char *pat) {
     return -1;
 }
 
+/* Samples taken with and without the chosen token's log-probability asked for (the server sets
+ * pt_sampling_params.no_logprob for replies without logprobs). */
+static int tm_samples_lp, tm_samples_nolp;
+
 static pt_status tm_session_sample(void *sp, const pt_sampling_params *p, const uint8_t *allowed,
                                    pt_token_info *out) {
     tm_session *s = sp;
-    (void)p;
+    const int nolp = p->no_logprob && p->n_logprobs == 0;
+    __atomic_fetch_add(nolp ? &tm_samples_nolp : &tm_samples_lp, 1, __ATOMIC_RELAXED);
     int32_t want = -1;
     /* the assistant turn starts after the last <|im_start|>assistant\n */
     long turn = -1;
@@ -324,7 +329,7 @@ static pt_status tm_session_sample(void *sp, const pt_sampling_params *p, const 
     }
     memset(out, 0, sizeof *out);
     out->id = want;
-    out->logprob = -0.25f;
+    out->logprob = nolp ? 0.0f : -0.25f; /* as the engine: not computed when not asked for */
     out->n_top = p->n_logprobs > 0 ? 2 : 0;
     out->top_ids[0] = want;
     out->top_logprobs[0] = -0.25f;
