@@ -28,6 +28,11 @@ import sys
 from collections import defaultdict
 
 
+def median(v):
+    w = sorted(v)
+    return (w[(len(w) - 1) // 2] + w[len(w) // 2]) / 2
+
+
 def short(name):
     cut = name.find("(")
     return name[:cut] if cut > 0 else name
@@ -75,7 +80,8 @@ def gaps(path, want, steps):
             busy += cur_e - cur_s
         idle.append(s1 - e0 - busy)
     n = len(clean)
-    print(f"graph {want}: {n} clean gaps, mean {sum(gl) / n / 1e3:.1f} us, idle {sum(idle) / n / 1e3:.1f} us")
+    print(f"graph {want}: {n} clean gaps, mean {sum(gl) / n / 1e3:.1f} us (median {median(gl) / 1e3:.1f}), "
+          f"idle {sum(idle) / n / 1e3:.1f} us (median {median(idle) / 1e3:.1f})")
     for k, (c, b) in sorted(per.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"  {c / n:6.2f} a gap  {b / n / 1e3:8.1f} us  {k[:110]}")
 
@@ -137,7 +143,8 @@ def main():
             gap.append(reps[i + 1][0][0] - prev_end)
     R = len(reps)
     print(f"{R} steps of {n} kernels: span {sum(span) / R / 1e3:.1f} us, gap to the next step "
-          f"{(sum(gap) / len(gap) / 1e3) if gap else 0:.1f} us")
+          f"{(sum(gap) / len(gap) / 1e3) if gap else 0:.1f} us (median {(median(gap) / 1e3) if gap else 0:.1f}: "
+          f"the mean takes in the host's pauses, e.g. between a bench's repetitions)")
     print("exposed us per step by kernel (name, grid, block, registers):")
     tot = sum(per_name.values()) / R
     for (nm, gx, bx, regs), v in sorted(per_name.items(), key=lambda kv: -kv[1])[:25]:
