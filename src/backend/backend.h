@@ -153,6 +153,10 @@ typedef struct pt_norm_in {
     /* [T, K] or NULL: rms_norm's fused residual add first (x = round(x +
      * add), written back to x, as rms_norm(.., add, x, ..) does) */
     const float *add;
+    /* 1: the backend may decline (PT_ERR_UNSUPPORTED, nothing enqueued)
+     * where it measured the fold slower than the separate calls for the
+     * shape; the caller then makes them (the same bits either way) */
+    int optional;
 } pt_norm_in;
 
 typedef enum pt_glu_kind {

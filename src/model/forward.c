@@ -227,10 +227,12 @@ static pt_status ffn(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, const 
 /* gate/up and the GLU into st->act with the layer's FFN norm of x folded
  * in (backend.h matmul_glu_norm), x += add first where add is set; *done:
  * whether the backend took it (else nothing was enqueued: the caller makes
- * the rms_norm and ffn calls). */
-static pt_status glu_norm(pt_model *m, pt_fwd_state *st, const pt_layer *L, int T, const float *add, int *done) {
+ * the rms_norm and ffn calls). optional: the backend may decline where the
+ * fold does not pay (pt_norm_in.optional). */
+static pt_status glu_norm(pt_model *m, pt_fwd_state *st, const pt_layer *L, int T, const float *add, int optional,
+                         int *done) {
     const pt_net *n = &m->net;
-    const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, add};
+    const pt_norm_in nrm = {L->ffn_norm, n->norm_type, L->norm_style, n->eps, add, optional};
     const pt_status s = OPS(m)->matmul_glu_norm(m->be, st->act, st->x, T, &L->w_gate, &L->w_up, L->glu, &nrm);
     *done = s == PT_OK;
     return s == PT_ERR_UNSUPPORTED ? PT_OK : s;
@@ -396,7 +398,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         const pt_matrix *const qkv_w[] = {&L->wq, &L->wk, &L->wv};
         int qkv_done = 0; /* q, k, v projected from x with the norm folded in */
         if (std_attn && ((fold && !pend) || rfold)) {
-            const pt_norm_in nrm = {L->attn_norm, n->norm_type, L->norm_style, n->eps, pend ? st->y : NULL};
+            /* a decode row's fold is the backend's choice (optional); the batched rows' is not */
+            const pt_norm_in nrm = {L->attn_norm, n->norm_type, L->norm_style, n->eps, pend ? st->y : NULL, !r};
             const pt_status s = OPS(m)->matmul_norm(be, nproj, qkv_out, st->x, T, qkv_w, &nrm);
             if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
             qkv_done = s == PT_OK;
@@ -459,7 +462,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
         }
         int ffn_folded = 0; /* gate/up read x with the norm folded in (st->act holds the GLU) */
         if (o_added) {
-            if (!L->is_moe) PT_TRY(glu_norm(m, st, L, T, NULL, &ffn_folded));
+            if (!L->is_moe) PT_TRY(glu_norm(m, st, L, T, NULL, 1, &ffn_folded));
             if (!ffn_folded)
                 PT_TRY(OPS(m)->rms_norm(be, st->xn, st->x, NULL, T, H, L->ffn_norm, n->norm_type, L->norm_style,
                                         n->eps));
@@ -468,7 +471,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type,
                                         L->norm_style, n->eps));
             if (L->residual_scale == 1.0f) {
-                if (rfold && !L->is_moe) PT_TRY(glu_norm(m, st, L, T, st->y, &ffn_folded));
+                if (rfold && !L->is_moe) PT_TRY(glu_norm(m, st, L, T, st->y, 0, &ffn_folded));
                 if (!ffn_folded)
                     PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type,
                                             L->norm_style, n->eps));

@@ -55,6 +55,10 @@ void pt_cuda_fold_norm_rows(int on);
  * (as PETREL_CUDA_TC_GLU16), launches of it so far */
 void pt_cuda_tc_glu16(int on);
 unsigned long long pt_cuda_tc_glu16_count(void);
+/* the decode row's optional folds (pt_norm_in.optional): q/k/v on or off,
+ * gate/up 0 never, 1 always, 2 on 16-warp blocks only (-1: the environment) */
+void pt_cuda_fold_qkv(int on);
+void pt_cuda_fold_glu(int mode);
 
 static int same(const char *what, const float *a, const float *b, int64_t n) {
     for (int64_t j = 0; j < n; j++)
@@ -132,7 +136,7 @@ static int check_case(pt_backend *be, int bits, int gs, int64_t K, int bias, int
         /* the four styles over bf16 weights, then PT_RMS_W over f32 weights */
         const pt_rms_style style = styles[si < 4 ? si : 0];
         const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : si < 4 ? (const void *)nwb : (const void *)nwf,
-                                si < 4 ? PT_FT_BF16 : PT_FT_F32, style, 1e-5f, NULL};
+                                si < 4 ? PT_FT_BF16 : PT_FT_F32, style, 1e-5f, NULL, 0};
         snprintf(what, sizeof what, "%d-bit g%d K %lld%s, style %d%s", bits, gs, (long long)K, bias ? " bias" : "",
                  (int)style, si == 4 ? " (f32 weights)" : "");
         /* the separate calls */
@@ -261,7 +265,7 @@ static int check_rows(pt_backend *be, int bits, int gs, int64_t K, int64_t F, pt
     for (int ti = 0; ti < 6 && ok; ti++)
         for (int wa = 0; wa < 2 && ok; wa++) {
             const int T = Ts[ti];
-            const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : nw, PT_FT_F32, style, 1e-5f, wa ? add : NULL};
+            const pt_norm_in nrm = {style == PT_RMS_NOSCALE ? NULL : nw, PT_FT_F32, style, 1e-5f, wa ? add : NULL, 0};
             snprintf(what, sizeof what, "%d-bit g%d K %lld, style %d, %d rows%s", bits, gs, (long long)K,
                      (int)style, T, wa ? ", residual add" : "");
             for (int op = 0; op < 2 && ok; op++) { /* matmul_norm of q, k, v; matmul_glu_norm */
@@ -323,11 +327,11 @@ static void test_fold_declines(void) {
     float *x = be->ops->alloc(be, (size_t)2 * 4160 * 4 + 16), *y = be->ops->alloc(be, (size_t)2 * 640 * 4);
     uint16_t *nw = be->ops->alloc(be, 2 * 768 + 16);
     REQUIRE(x && y && nw, "buffers");
-    const pt_norm_in nrm = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, NULL},
-                     nrm_odd = {nw + 1, PT_FT_BF16, PT_RMS_W, 1e-6f, NULL};
+    const pt_norm_in nrm = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, NULL, 0},
+                     nrm_odd = {nw + 1, PT_FT_BF16, PT_RMS_W, 1e-6f, NULL, 0};
     const pt_matrix *ws[1] = {&w.w}, *wls[1] = {&wl.w};
     float *ys[1] = {y};
-    const pt_norm_in nrm_add = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, x};
+    const pt_norm_in nrm_add = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, x, 0};
     pt_cuda_fold_norm(1);
     const unsigned long long c0 = pt_cuda_tc_fold_count();
     pt_cuda_fold_norm_rows(0);
@@ -389,9 +393,85 @@ static void test_fold_glu_16warp_blocks(void) {
     pt_backend_free(&be);
 }
 
+/* The decode row's folds the forward pass leaves to the backend
+ * (pt_norm_in.optional): by default the q/k/v norm is not folded and the
+ * gate/up norm only where the launch takes the 16-warp blocks (the 3B shape,
+ * not the 1B one); declining launches nothing. Forced on, each gives the
+ * bits of the same call without the flag. */
+static void test_fold_optional(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(2);
+    REQUIRE(be, "backend");
+    rand_qweight q, g1, u1, g3, u3;
+    REQUIRE(gpu_qw_make(be, &q, 4, 64, 2048, 2048, 0) && gpu_qw_make(be, &g1, 4, 64, 8192, 2048, 0) &&
+                gpu_qw_make(be, &u1, 4, 64, 8192, 2048, 0) && gpu_qw_make(be, &g3, 4, 64, 8192, 3072, 0) &&
+                gpu_qw_make(be, &u3, 4, 64, 8192, 3072, 0),
+            "weights");
+    float *x = be->ops->alloc(be, 3072 * 4), *y = be->ops->alloc(be, 8192 * 4), *y2 = be->ops->alloc(be, 8192 * 4);
+    REQUIRE(x && y && y2, "buffers");
+    float *xh = malloc(3072 * 4), *h1 = malloc(8192 * 4), *h2 = malloc(8192 * 4);
+    for (int i = 0; i < 3072; i++) xh[i] = (float)((i * 37) % 101 - 50) / 25.0f;
+    REQUIRE(be->ops->upload(be, x, xh, 3072 * 4) == PT_OK, "upload");
+    const pt_norm_in opt = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, NULL, 1},
+                     req = {NULL, PT_FT_BF16, PT_RMS_NOSCALE, 1e-6f, NULL, 0};
+    const pt_matrix *qs[1] = {&q.w};
+    float *ys[1] = {y}, *ys2[1] = {y2};
+    pt_cuda_fold_norm(1);
+    pt_cuda_fold_qkv(-1);
+    pt_cuda_fold_glu(-1);
+    unsetenv("PETREL_CUDA_FOLD_QKV");
+    unsetenv("PETREL_CUDA_FOLD_GLU");
+    unsigned long long c0 = pt_cuda_tc_fold_count();
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, qs, &opt) == PT_ERR_UNSUPPORTED, "q/k/v: folded by default");
+    CHECK(be->ops->matmul_glu_norm(be, y, x, 1, &g1.w, &u1.w, PT_GLU_SILU, &opt) == PT_ERR_UNSUPPORTED,
+          "the 1B gate/up (8-warp blocks): folded by default");
+    CHECK(pt_cuda_tc_fold_count() == c0, "a declined fold launched something");
+    const unsigned long long w0 = pt_cuda_tc_glu16_count();
+    CHECK(be->ops->matmul_glu_norm(be, y, x, 1, &g3.w, &u3.w, PT_GLU_SILU, &opt) == PT_OK &&
+              pt_cuda_tc_glu16_count() == w0 + 1,
+          "the 3B gate/up: not folded on 16-warp blocks by default: %s", pt_last_error());
+    CHECK(be->ops->matmul_glu_norm(be, y2, x, 1, &g3.w, &u3.w, PT_GLU_SILU, &req) == PT_OK, "3B, required: %s",
+          pt_last_error());
+    int ok = be->ops->download(be, h1, y, 8192 * 4) == PT_OK && be->ops->download(be, h2, y2, 8192 * 4) == PT_OK;
+    CHECK(ok && !memcmp(h1, h2, 8192 * 4), "3B gate/up: optional and required folds differ");
+    pt_cuda_fold_glu(0);
+    CHECK(be->ops->matmul_glu_norm(be, y, x, 1, &g3.w, &u3.w, PT_GLU_SILU, &opt) == PT_ERR_UNSUPPORTED,
+          "fold_glu 0: the 3B gate/up folded");
+    pt_cuda_fold_glu(1);
+    pt_cuda_fold_qkv(1);
+    c0 = pt_cuda_tc_fold_count();
+    CHECK(be->ops->matmul_glu_norm(be, y, x, 1, &g1.w, &u1.w, PT_GLU_SILU, &opt) == PT_OK &&
+              be->ops->matmul_glu_norm(be, y2, x, 1, &g1.w, &u1.w, PT_GLU_SILU, &req) == PT_OK,
+          "fold_glu 1: the 1B gate/up: %s", pt_last_error());
+    ok = be->ops->download(be, h1, y, 8192 * 4) == PT_OK && be->ops->download(be, h2, y2, 8192 * 4) == PT_OK;
+    CHECK(ok && !memcmp(h1, h2, 8192 * 4), "1B gate/up: optional and required folds differ");
+    CHECK(be->ops->matmul_norm(be, 1, ys, x, 1, qs, &opt) == PT_OK &&
+              be->ops->matmul_norm(be, 1, ys2, x, 1, qs, &req) == PT_OK,
+          "fold_qkv 1: q not folded: %s", pt_last_error());
+    ok = be->ops->download(be, h1, y, 2048 * 4) == PT_OK && be->ops->download(be, h2, y2, 2048 * 4) == PT_OK;
+    CHECK(ok && !memcmp(h1, h2, 2048 * 4), "q: optional and required folds differ");
+    CHECK(pt_cuda_tc_fold_count() == c0 + 4, "forced: %llu folds, want 4", pt_cuda_tc_fold_count() - c0);
+    pt_cuda_fold_qkv(-1);
+    pt_cuda_fold_glu(-1);
+    pt_cuda_fold_norm(-1);
+    free(xh), free(h1), free(h2);
+    be->ops->dealloc(be, x), be->ops->dealloc(be, y), be->ops->dealloc(be, y2);
+    gpu_qw_free(be, &q), gpu_qw_free(be, &g1), gpu_qw_free(be, &u1), gpu_qw_free(be, &g3), gpu_qw_free(be, &u3);
+    pt_backend_free(&be);
+}
+
+/* every fold forced on (the forward pass's optional ones too) against none */
+static void folds_all(int on) {
+    pt_cuda_fold_norm(on);
+    pt_cuda_fold_qkv(on < 0 ? -1 : on);
+    pt_cuda_fold_glu(on < 0 ? -1 : on);
+}
+
 static void test_fold_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    /* the default choice of folds, then every fold */
     gpu_forward_on_off_models(pt_cuda_fold_norm, pt_cuda_tc_fold_count, "folds");
+    gpu_forward_on_off_models(folds_all, pt_cuda_tc_fold_count, "folds, all forced");
 }
 
 int main(void) {
@@ -399,6 +479,7 @@ int main(void) {
     TEST_RUN(test_fold_rows_bit_identical);
     TEST_RUN(test_fold_declines);
     TEST_RUN(test_fold_glu_16warp_blocks);
+    TEST_RUN(test_fold_optional);
     TEST_RUN(test_fold_forward_on_off);
     return test_summary();
 }

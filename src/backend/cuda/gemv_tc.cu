@@ -552,7 +552,8 @@ static bool tc_past_ring(const tc_multi_args &m) {
  * about PT_TC_XBUDGET bytes of x) and the block table for W warps per
  * block, then launches with the NT for the row count. */
 template <int BITS, int GS>
-static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped, const tc_glu *gl) {
+static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped, const tc_glu *gl,
+                           bool wide_only = false) {
     using SH = tc_shape<BITS, GS>;
     const int nb = m.a[0].nb;
     /* 2..8 rows: XP (16-warp blocks) where it will be taken */
@@ -602,6 +603,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (st == PT_OK) __atomic_fetch_add(&g_tc_glu16_launches, 1ull, __ATOMIC_RELAXED);
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
+    if (wide_only) return PT_ERR_UNSUPPORTED; /* the folded GLU only on those blocks (tc_glu_launch) */
     PT_TRY(table(wide ? PT_TC_WIDE_WARPS : PT_TC_WARPS));
     if (nb <= 8) return tc_launch_nt<BITS, GS, 1, PT_TC_WARPS>(c, m, items, grouped, 1, gl);
     if (!wide) {
@@ -712,14 +714,14 @@ static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, i
 }
 
 static pt_status tc_dispatch(const pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped,
-                             const tc_glu *gl = NULL) {
+                             const tc_glu *gl = NULL, bool wide_only = false) {
     switch (bits * 1000 + gs) {
-    case 4032: return tc_launch<4, 32>(c, m, items, grouped, gl);
-    case 4064: return tc_launch<4, 64>(c, m, items, grouped, gl);
-    case 4128: return tc_launch<4, 128>(c, m, items, grouped, gl);
-    case 8032: return tc_launch<8, 32>(c, m, items, grouped, gl);
-    case 8064: return tc_launch<8, 64>(c, m, items, grouped, gl);
-    default: return tc_launch<8, 128>(c, m, items, grouped, gl);
+    case 4032: return tc_launch<4, 32>(c, m, items, grouped, gl, wide_only);
+    case 4064: return tc_launch<4, 64>(c, m, items, grouped, gl, wide_only);
+    case 4128: return tc_launch<4, 128>(c, m, items, grouped, gl, wide_only);
+    case 8032: return tc_launch<8, 32>(c, m, items, grouped, gl, wide_only);
+    case 8064: return tc_launch<8, 64>(c, m, items, grouped, gl, wide_only);
+    default: return tc_launch<8, 128>(c, m, items, grouped, gl, wide_only);
     }
 }
 
@@ -794,8 +796,27 @@ static bool tc_norm_of(const pt_cuda *c, tc_args &a, const pt_norm_in *nrm) {
     return true;
 }
 
+/* A decode row's gate/up norm fold where the caller leaves it to the
+ * backend (pt_norm_in.optional): 2 (default) only where the launch takes the
+ * 16-warp blocks (tc_launch: the 3B and 4B shapes' gate/up), 1 always, 0
+ * never; PETREL_CUDA_FOLD_GLU or pt_cuda_fold_glu() (read once; -1: back to
+ * the environment). On the H200 the fold on 8-warp blocks lost to the
+ * separate norm kernel (1B and 8B shapes), on 16-warp blocks it won (3B, 4B:
+ * bench/RESULTS.md, "the one-row folds re-measured"). */
+static int g_fold_glu = -1;
+extern "C" void pt_cuda_fold_glu(int mode) { g_fold_glu = mode < 0 || mode > 2 ? -1 : mode; }
+static int fold_glu_mode(void) {
+    if (g_fold_glu < 0) {
+        const char *e = getenv("PETREL_CUDA_FOLD_GLU");
+        g_fold_glu = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
+    }
+    return g_fold_glu;
+}
+
 static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *wg,
                                const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
+    const int mode = nrm && nrm->optional && nb == 1 ? fold_glu_mode() : 1;
+    if (mode == 0) return PT_ERR_UNSUPPORTED;
     const pt_matrix *w[2] = {wg, wu};
     /* the GLU kernels exist for the default inner loop only (PETREL_CUDA_TC_LOOP=0: the separate calls) */
     if (!pt_cuda_tc_multi_ok(c, 2, w) || wg->rows != wu->rows || nb < 1 || nb > 64 || (uintptr_t)x % 16 ||
@@ -814,7 +835,7 @@ static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb,
     gl.bt2 = wu->bias_dtype;
     gl.fn = (int)act;
     gl.bf = c->base.act == PT_ACT_BF16;
-    const pt_status st = tc_dispatch(c, m, wg->bits, wg->group_size, 1, 0, &gl);
+    const pt_status st = tc_dispatch(c, m, wg->bits, wg->group_size, 1, 0, &gl, mode == 2);
     if (st == PT_OK) __atomic_fetch_add(&g_tc_glu_launches, 1ull, __ATOMIC_RELAXED);
     return st;
 }

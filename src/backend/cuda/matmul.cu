@@ -910,6 +910,20 @@ static int fold_norm_on(void) {
 }
 
 static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on() && !c->no_fast_gemv; }
+/* A decode row's q/k/v norm fold where the caller leaves it to the backend
+ * (pt_norm_in.optional): off by default, PETREL_CUDA_FOLD_QKV=1 or
+ * pt_cuda_fold_qkv(1) on (read once; -1: back to the environment). On the
+ * H200 the separate norm kernel with the plain q/k/v GEMV was faster on
+ * every shape measured (bench/RESULTS.md, "the one-row folds re-measured"). */
+static int g_fold_qkv = -1;
+extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv = on < 0 ? -1 : on != 0; }
+static int fold_qkv_on(void) {
+    if (g_fold_qkv < 0) {
+        const char *e = getenv("PETREL_CUDA_FOLD_QKV");
+        g_fold_qkv = e && !strcmp(e, "1");
+    }
+    return g_fold_qkv;
+}
 static int g_fold_rows = -1;
 extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows = on < 0 ? -1 : on != 0; }
 /* the norm's fold at T rows (matmul_norm, matmul_glu_norm) */
@@ -945,6 +959,7 @@ pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const floa
                               const pt_matrix *const *w, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
     if (n < 1 || n > 4 || !fold_norm_ok(c, T) || (n > 1 && !tc_multi_on())) return PT_ERR_UNSUPPORTED;
+    if (T == 1 && nrm->optional && !fold_qkv_on()) return PT_ERR_UNSUPPORTED;
     const int64_t K = w[0]->cols;
     return fold_pieces(T, nrm, K, [&](int64_t t, int64_t nb, const pt_norm_in *np) {
         float *yp[4];
