@@ -913,8 +913,10 @@ static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on
 /* A decode row's q/k/v norm fold where the caller leaves it to the backend
  * (pt_norm_in.optional): off by default, PETREL_CUDA_FOLD_QKV=1 or
  * pt_cuda_fold_qkv(1) on (read once; -1: back to the environment). On the
- * H200 the separate norm kernel with the plain q/k/v GEMV was faster on
- * every shape measured (bench/RESULTS.md, "the one-row folds re-measured"). */
+ * H200 it lost 1.7% on the 3B and 4B shapes beside the gate/up fold, and on
+ * the 1B and 8B shapes the gate/up fold and down add it depends on (x must
+ * be added before it) lose more than it wins (bench/RESULTS.md, "the
+ * one-row folds re-measured"). */
 static int g_fold_qkv = -1;
 extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv = on < 0 ? -1 : on != 0; }
 static int fold_qkv_on(void) {
