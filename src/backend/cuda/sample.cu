@@ -430,16 +430,13 @@ static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsa
          * form, the greedy id's kernel is the last pass */
         const bool early = side && ev_id && n_mb == B && n_draw == 0 && pt_env_on("PETREL_CUDA_SAMPLE_EARLY_ID");
         cudaStream_t s23 = c->stream;
-        if (early && n_lp == 0) {
-            pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1,
-                      outs_dev, (const int *)c->err_dev, err_dev);
-            CUDA_CHECK_LAUNCH("sample greedy id");
-            return PT_OK;
-        }
         if (early) {
+            const bool last = n_lp == 0; /* the results and error words too; no pass 2 or 3 */
             pt_launch(gs_mb_greedy_id, dim3((unsigned)B), dim3(GS_P1_MAX), 0, c->stream, pdl, rows_dev, scr, n1,
-                      (pt_gsample_out *)nullptr, (const int *)nullptr, (int *)nullptr);
+                      last ? outs_dev : (pt_gsample_out *)nullptr, last ? (const int *)c->err_dev : (const int *)nullptr,
+                      last ? err_dev : (int *)nullptr);
             CUDA_CHECK_LAUNCH("sample greedy id");
+            if (last) return PT_OK;
             CUDA_CHECK(cudaEventRecord(ev_id, c->stream));
             CUDA_CHECK(cudaStreamWaitEvent(side, ev_id, 0));
             s23 = side;
