@@ -21,6 +21,7 @@
 #include "model/model.h"
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/sample.h"
 #include "base/error.h"
 #include "runtime/kv_cache.h"
 
@@ -147,6 +148,7 @@ void pt_fwd_free(pt_model *m, pt_fwd_state *st) {
         if (bufs[i]) OPS(m)->dealloc(m->be, bufs[i]);
     free(st->pos_host);
     if (st->logits_ahead) OPS(m)->dealloc(m->be, st->logits_ahead);
+    if (st->gs_ctl) OPS(m)->dealloc(m->be, st->gs_ctl);
     fwd_graphs_free(st);
     memset(st, 0, sizeof *st);
 }
@@ -542,7 +544,8 @@ static pt_status fwd_logits(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r,
  * Replay is bit-identical to eager execution (tests/cuda test_graph_replay).
  * Not used with the debug callbacks, which read activations on the host.
  * ahead: the pipelined decode's step (pt_fwd_ahead_enqueue), the same step
- * captured with its logits into st->logits_ahead; it neither advances the
+ * captured with its logits into st->logits_ahead (2: and the greedy sample
+ * of them, st->gs_ctl's row, at its end); it neither advances the
  * DeltaNet bookkeeping (never with those layers) nor calls
  * pt_kv_cache_step_done (pt_fwd_ahead_accept does). */
 static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float *out, int ahead) {
@@ -551,7 +554,7 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
     for (int l = 0; l < n->n_layers; l++)
         if (n->layers[l].inv_freq_long && (int64_t)pos0 + 1 > n->layers[l].rope_switch_len) use_long = 1;
     const int dshort = (int64_t)pos0 + 1 <= PT_DEC_SHORT_KEYS;
-    const int gi = use_long + 2 * ahead + 4 * dshort;
+    const int gi = use_long + 2 * (ahead != 0) + 4 * dshort + 8 * (ahead == 2);
     /* Qwen3.5: the DeltaNet states' bookkeeping is host-side; a replay
      * checks and advances it as the captured fwd_body would (the reset at
      * position 0 never runs here, see pt_fwd_run) */
@@ -570,6 +573,7 @@ static pt_status fwd_decode_graph(pt_model *m, pt_fwd_state *st, int pos0, float
         pt_status s = fwd_body(m, st, NULL, 1, pos0, 1, &hn);
         st->keys_bound = 0;
         if (s == PT_OK) s = fwd_logits_to(m, NULL, hn, 1, ahead ? st->logits_ahead : st->logits);
+        if (s == PT_OK && ahead == 2) s = pt_cuda_sample_greedy_launch(m->be, st->gs_ctl, n->vocab, st->pos_dev);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", s == PT_OK ? "" : pt_last_error());
         pt_status e = pt_cuda_graph_end(m->be, &st->graph[gi]);
@@ -607,22 +611,50 @@ int pt_fwd_ahead_ok(const pt_model *m, const pt_fwd_state *st, int pos0) {
     return 1;
 }
 
-pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0) {
+/* st->gs_ctl with its one row (uploaded once; the graphs bake its address) */
+static pt_status fwd_gs_ctl(pt_model *m, pt_fwd_state *st) {
+    if (st->gs_ctl) return PT_OK;
+    pt_gsample_row row;
+    memset(&row, 0, sizeof row);
+    row.logits = st->logits_ahead;
+    row.id_slot = st->ids_dev;
+    row.greedy = 1;
+    void *ctl = OPS(m)->alloc(m->be, pt_gsample_step_bytes());
+    if (!ctl) return pt_error_prefix(PT_ERR_NOMEM, "pipelined decode: the step's sampler");
+    pt_status s = OPS(m)->upload(m->be, ctl, &row, sizeof row);
+    if (s != PT_OK) {
+        OPS(m)->dealloc(m->be, ctl);
+        return s;
+    }
+    st->gs_ctl = ctl;
+    return PT_OK;
+}
+
+pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0, int sample) {
+    st->sampled = 0; /* ids_dev[0] is this step's id until its own sample writes the next */
+    st->ahead_sampled = 0;
     if (!pt_fwd_ahead_ok(m, st, pos0))
         return pt_error(PT_ERR_INTERNAL, "pipelined decode: no step ahead at position %d", pos0);
     if (!st->logits_ahead) {
         st->logits_ahead = OPS(m)->alloc(m->be, (size_t)m->net.vocab * 4);
         if (!st->logits_ahead) return pt_error_prefix(PT_ERR_NOMEM, "pipelined decode: the step's logits");
     }
-    return fwd_decode_graph(m, st, pos0, NULL, 1);
+    if (sample) PT_TRY(fwd_gs_ctl(m, st));
+    PT_TRY(fwd_decode_graph(m, st, pos0, NULL, sample ? 2 : 1));
+    st->ahead_sampled = sample != 0;
+    return PT_OK;
 }
 
 pt_status pt_fwd_ahead_accept(pt_model *m, pt_fwd_state *st, int pos0) {
     const int64_t V = m->net.vocab;
+    st->sampled = 0;
     /* a plain copy of the f32 row: the logits are bit-identical to the
      * ones pt_fwd_run would have left in st->logits */
     PT_TRY(OPS(m)->copy_rows(m->be, st->logits, V, st->logits_ahead, V, 1, V));
-    return pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1);
+    PT_TRY(pt_kv_cache_step_done(m, st->cache, st->kv, (int64_t)pos0 + 1));
+    st->sampled = st->ahead_sampled;
+    st->ahead_sampled = 0;
+    return PT_OK;
 }
 
 pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, int pos0, int n_logits, float *out) {
@@ -632,6 +664,7 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
     if (T < 1 || T > st->chunk || n_logits < 0 || n_logits > T || pos0 < 0 || pos0 + T > st->n_ctx)
         return pt_error(PT_ERR_INTERNAL, "forward: bad call (T %d, chunk %d, pos0 %d, n_ctx %d, logits %d)", T,
                         st->chunk, pos0, st->n_ctx, n_logits);
+    st->sampled = st->ahead_sampled = 0; /* ids_dev and st->logits change */
     for (int t = 0; t < T; t++) st->pos_host[t] = pos0 + t;
     PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
     PT_TRY(OPS(m)->upload(be, st->pos_dev, st->pos_host, (size_t)T * 4));
@@ -669,6 +702,7 @@ pt_status pt_fwd_run_rows(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, c
         if (r->pos[t] < 0 || r->pos[t] >= r->seq[t]->n_ctx)
             return pt_error(PT_ERR_INTERNAL, "batched forward: row %d at position %d of a %d-token context", t,
                             r->pos[t], r->seq[t]->n_ctx);
+    for (int t = 0; t < T; t++) r->seq[t]->sampled = r->seq[t]->ahead_sampled = 0; /* their logits change */
     PT_TRY(OPS(m)->upload(be, st->ids_dev, ids, (size_t)T * 4));
     PT_TRY(OPS(m)->upload(be, st->pos_dev, r->pos, (size_t)T * 4));
     float *hn = NULL;

@@ -189,12 +189,21 @@ typedef struct pt_fwd_state {
      * [use_long] writes st->logits, [2 + use_long] (the pipelined decode's
      * step ahead, pt_fwd_ahead_enqueue) writes logits_ahead; [4 + ...] the
      * same for short steps (at most PT_DEC_SHORT_KEYS keys, captured with
-     * that bound in pt_attn.max_keys). */
-    struct pt_cuda_graph *graph[8];
+     * that bound in pt_attn.max_keys); [8 + ...] the steps ahead that
+     * also sample their greedy id (pt_fwd_ahead_enqueue's sample). */
+    struct pt_cuda_graph *graph[16];
     /* the key bound the step being captured passes to attention (0: not
      * capturing, the step's own position + 1; -1: unknown) */
     int64_t keys_bound;
     float *logits_ahead;            /* [V] backend, allocated by the first step ahead */
+    /* The greedy sample inside a step ahead (pt_fwd_ahead_enqueue's
+     * sample): gs_ctl, backend memory, is its control block (sample.h; its
+     * one row: logits_ahead, greedy, the id into ids_dev[0]); ahead_sampled:
+     * the step ahead last enqueued samples so; sampled: st->logits are an
+     * accepted such step's, its id already in ids_dev[0] and its result in
+     * gs_ctl (cleared by every other call that writes st->logits or ids_dev) */
+    void *gs_ctl;
+    int ahead_sampled, sampled;
     int graph_fused; /* the --fused-decode-attn setting the graphs were captured with */
     /* Gated DeltaNet layers (qwen3_5.c), NULL without any: per layer (NULL
      * for attention layers) the conv state [K-1, conv_dim] and the recurrent
@@ -231,15 +240,21 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
  *                         take back a token), no rotating cache that has
  *                         wrapped (the row would replace a stored one),
  *                         pos0 < n_ctx;
- *   pt_fwd_ahead_enqueue  launches it (nothing waits);
+ *   pt_fwd_ahead_enqueue  launches it (nothing waits); with sample, the
+ *                         step's graph ends with the GPU sampler's greedy
+ *                         id of its own logits (no penalties, no
+ *                         log-probability: pt_cuda_sample_greedy_launch),
+ *                         written into ids_dev[0] for the step after it and
+ *                         into st->gs_ctl's result;
  *   pt_fwd_ahead_accept   the host's token was the one the step ran on: the
  *                         logits become st->logits (a device copy, enqueued)
- *                         and the cache's bookkeeping counts pos0 + 1 tokens.
+ *                         and the cache's bookkeeping counts pos0 + 1 tokens;
+ *                         st->sampled says whether the step sampled its id. 
  * A step not accepted needs no undo: its cache row lies at pos0, past the
  * context, where the next token written overwrites it before anything
  * reads it; st->logits were not touched. Callers hold m->lock. */
 int pt_fwd_ahead_ok(const pt_model *m, const pt_fwd_state *st, int pos0);
-pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0);
+pt_status pt_fwd_ahead_enqueue(pt_model *m, pt_fwd_state *st, int pos0, int sample);
 pt_status pt_fwd_ahead_accept(pt_model *m, pt_fwd_state *st, int pos0);
 
 /* Qwen3.5 (qwen3_5.c): binds a Gated DeltaNet layer's mixer weights;

@@ -337,7 +337,10 @@ static pt_status step_table(pt_model *m, batch *b, pt_fwd_state *const *sts, con
     }
     /* quantized KV: a cache reaching --quantized-kv-start converts (the
      * logits below do not read the caches) */
-    for (int t = 0; t < n; t++) PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
+    for (int t = 0; t < n; t++) {
+        PT_TRY(pt_kv_cache_step_done(m, sts[t]->cache, sts[t]->kv, (int64_t)pos[t] + 1));
+        sts[t]->sampled = sts[t]->ahead_sampled = 0; /* model.h: the rows' states moved on */
+    }
     if (ah) return PT_OK; /* the logits stay in b->logits (take_ahead) */
     /* GPU sampling: the rows' logits move to their sessions' device
      * buffers (session.h) */
@@ -713,6 +716,7 @@ static pt_status take_ahead(pt_session *const *sessions, const int32_t *ids, con
     for (int i = 0; i < n && st == PT_OK; i++) {
         pt_session *s = sessions[i];
         if (!taken[i] || taken[i] != (counts ? counts[i] : 1)) continue;
+        s->fwd.sampled = s->fwd.ahead_sampled = 0; /* model.h: its logits change */
         st = logits_row(m, &lo, s->gpu ? NULL : s->logits, s->fwd.logits, b->logits + (size_t)s->ahead_row * V);
     }
     if (st == PT_OK) st = logits_flush(m, &lo);

@@ -90,7 +90,7 @@ pt_status pt_session_truncate(pt_session *s, size_t n_keep) {
     s->ahead = 0; /* a step ahead is dropped (pt_session_sample_ahead) */
     s->rows_ahead = 0; /* and rows ahead (pt_session_rows_ahead) */
     if (s->fwd.cache) PT_TRY(pt_kv_cache_truncate(s->m, s->fwd.cache, s->fwd.kv, (int64_t)n_keep));
-    if (n_keep < s->n_tokens) s->has_logits = s->logits_dev = 0;
+    if (n_keep < s->n_tokens) s->has_logits = s->logits_dev = s->fwd.sampled = 0;
     if (n_keep < s->n_tokens && n_keep > 0 && s->fwd.conv_state) {
         /* Recurrent (Gated DeltaNet) state cannot be cut back like a KV
          * cache: recompute the kept prefix from position 0. */
@@ -353,6 +353,11 @@ int pt_pipeline_on(void) {
     return !(e && !strcmp(e, "0"));
 }
 
+int pt_step_sample_on(void) {
+    const char *e = getenv("PETREL_CUDA_STEP_SAMPLE");
+    return e && !strcmp(e, "1");
+}
+
 pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, pt_token_info *out) {
     if (!s || !sp || !out) return pt_error(PT_ERR_INVALID_ARG, "pt_session_sample_ahead: NULL argument");
     s->ahead = 0;
@@ -370,19 +375,32 @@ pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, p
     double u;
     if (!pt_session_gpu_row(s, sp, &row, &u)) return pt_session_sample(s, sp, NULL, out);
     row.id_slot = s->fwd.ids_dev; /* the id the step below embeds */
+    /* a greedy row without penalties or a log-probability: the step below
+     * samples its own logits at its end (the same kernels, so the same id),
+     * and when the step these logits came from did so, its id is already
+     * in ids_dev[0] and the next position in pos_dev[0]: only its result
+     * comes back (PETREL_CUDA_STEP_SAMPLE=1; by default the sampler runs
+     * after each step: bench/RESULTS.md) */
+    const int in_step = row.greedy && row.window == 0 && !row.want_logprob && pt_step_sample_on();
+    const int sampled = in_step && s->fwd.sampled;
     const int same = s->last_row_ok && !memcmp(&row, &s->last_row, sizeof row);
     pt_gsample_out o;
     pthread_mutex_lock(&m->lock);
     /* on the stream, in order: position, sample (id into ids_dev[0]), the
      * result's copy back, the step; then the host waits for the result only */
-    pt_status st = pt_cuda_sample_enqueue(m->be, s->pipe, &row, m->net.vocab, s->ctl_dev, same, s->fwd.pos_dev, pos);
-    pt_status st_step = st == PT_OK ? pt_fwd_ahead_enqueue(m, &s->fwd, pos) : PT_OK;
+    pt_status st = sampled ? pt_cuda_sample_sampled_enqueue(m->be, s->pipe, s->fwd.gs_ctl, pos - 1)
+                           : pt_cuda_sample_enqueue(m->be, s->pipe, &row, m->net.vocab, s->ctl_dev, same,
+                                                    s->fwd.pos_dev, pos);
+    pt_status st_step = st == PT_OK ? pt_fwd_ahead_enqueue(m, &s->fwd, pos, in_step) : PT_OK;
     char msg[512] = "";
     if (st_step != PT_OK) snprintf(msg, sizeof msg, "%s", pt_last_error());
     if (st == PT_OK) st = pt_cuda_sample_wait(m->be, s->pipe, &o);
     pthread_mutex_unlock(&m->lock);
-    s->last_row = row;
-    s->last_row_ok = st == PT_OK;
+    if (!sampled) { /* the row table in ctl_dev */
+        s->last_row = row;
+        s->last_row_ok = st == PT_OK;
+    }
+    s->step_sampled += sampled && st == PT_OK;
     PT_TRY(st);
     if (st_step != PT_OK) return pt_error(st_step, "%s", msg);
     /* status 1: the host samples this row, and the step ran on a stale id */

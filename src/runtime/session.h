@@ -39,6 +39,7 @@ struct pt_session {
     int ahead;             /* 1: the step on ahead_id at position n_tokens is enqueued, not yet taken */
     int32_t ahead_id;
     uint64_t ahead_taken;  /* steps ahead that a prompt took (tests, diagnostics) */
+    uint64_t step_sampled; /* samples a step's own graph made (greedy rows; tests, diagnostics) */
     /* The server's pipelined turn (pt_session_rows_ahead, runtime/batch.h): */
     int rows_ahead;        /* rows run ahead: tokens[n_tokens, n_tokens + rows_ahead) at their positions,
                             * not yet part of the context */
@@ -72,6 +73,12 @@ pt_status pt_session_sample_ahead(pt_session *s, const pt_sampling_params *sp, p
 
 /* 1 unless the environment sets PETREL_CUDA_PIPELINE=0 (read per call). */
 int pt_pipeline_on(void);
+/* 1 when the environment sets PETREL_CUDA_STEP_SAMPLE=1 (read per call):
+ * the pipelined decode's step ahead of a greedy row without penalties or a
+ * log-probability samples its own logits inside its graph
+ * (model.h pt_fwd_ahead_enqueue). Off by default: measured no faster in
+ * tg128 (bench/RESULTS.md, 2026-12-04 third session). */
+int pt_step_sample_on(void);
 
 /* The server's turn: samples, in one GPU launch over the rows, every row i <
  * n whose session holds its logits on the device and whose request the GPU

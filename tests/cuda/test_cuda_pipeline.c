@@ -16,7 +16,11 @@
  *     sampled, a truncation and a second sample while a step is ahead all
  *     drop it, and the session goes on exactly as the unpipelined one;
  *   - that the pipeline was in fact used where it applies (steps taken) and
- *     not where it cannot (Qwen3.5's recurrent state, rotating caches).
+ *     not where it cannot (Qwen3.5's recurrent state, rotating caches);
+ *   - a greedy row without a log-probability sampled inside the step's own
+ *     graph (PETREL_CUDA_STEP_SAMPLE=1, set here for every pipelined run:
+ *     session.h step_sampled > 0; no other row), and the same conversations
+ *     with it unset (the default: the sampler after each step).
  * Not the speed (petrel bench, bench/RESULTS.md). */
 #include "test.h"
 #include "gpu_util.h"
@@ -80,6 +84,7 @@ typedef struct {
     int32_t ctx[256];
     float *logits; /* [V] the host logits after turn 1 */
     uint64_t taken;
+    uint64_t sampled; /* samples the steps' own graphs made */
 } transcript;
 
 /* mode 0: turn 1 ends by max_tokens; 1: by a cancel after 9 tokens; 2: by
@@ -123,6 +128,7 @@ static void converse(pt_model *m, const pt_sampling_params *sp, int mode, int32_
     memset(tr->ctx, 0, sizeof tr->ctx);
     memcpy(tr->ctx, pt_session_tokens(s), pt_session_n_tokens(s) * 4);
     tr->taken = s->ahead_taken;
+    tr->sampled = s->step_sampled;
     pt_session_free(&s);
 }
 
@@ -196,7 +202,7 @@ static void test_conversations(void) {
         int nsp = 0;
         sampling_sets(sps, &nsp);
         int n_same = 0, n_runs = 0;
-        uint64_t taken = 0;
+        uint64_t taken = 0, sampled = 0;
         for (int k = 0; k < nsp; k++)
             for (int mode = 0; mode < 3; mode++) {
                 transcript on, off;
@@ -218,6 +224,26 @@ static void test_conversations(void) {
                 snprintf(what, sizeof what, "%s%s params %d mode %d", cases[c].dir, cases[c].kv4 ? " kv4" : "", k,
                          mode);
                 n_same += same_transcript(&on, &off, V, what);
+                if (sps[k].no_logprob) {
+                    /* the in-step sample off (the default): the sampler after each step */
+                    transcript sep;
+                    setenv("PETREL_CUDA_STEP_SAMPLE", "0", 1);
+                    converse(m, &sps[k], mode, eos, &sep);
+                    setenv("PETREL_CUDA_STEP_SAMPLE", "1", 1);
+                    char w2[320];
+                    snprintf(w2, sizeof w2, "%s (no in-step sample)", what);
+                    n_same += same_transcript(&sep, &off, V, w2);
+                    n_runs++;
+                    CHECK(sep.sampled == 0, "%s: %llu in-step samples with them off", w2,
+                          (unsigned long long)sep.sampled);
+                    if (cases[c].expect_pipe == 1)
+                        CHECK(on.sampled > 0, "%s: no sample inside a step", what);
+                    sampled += on.sampled;
+                    free(sep.logits);
+                } else {
+                    CHECK(on.sampled == 0, "%s: %llu in-step samples for a row that may not take them", what,
+                          (unsigned long long)on.sampled);
+                }
                 if (sps[k].no_logprob)
                     for (int t = 0; t < 3; t++)
                         for (int i = 0; i < on.t[t].n; i++)
@@ -229,8 +255,10 @@ static void test_conversations(void) {
                 taken += on.taken;
                 free(on.logits), free(off.logits);
             }
-        printf("INFO %s%s: %d of %d conversations identical with the pipeline on/off, %llu steps ahead taken\n",
-               cases[c].dir, cases[c].kv4 ? " (4-bit KV)" : "", n_same, n_runs, (unsigned long long)taken);
+        printf("INFO %s%s: %d of %d conversations identical with the pipeline on/off, %llu steps ahead taken, "
+               "%llu samples in a step\n",
+               cases[c].dir, cases[c].kv4 ? " (4-bit KV)" : "", n_same, n_runs, (unsigned long long)taken,
+               (unsigned long long)sampled);
         if (cases[c].expect_pipe == 1) CHECK(taken > 0, "%s: the pipeline was never used", cases[c].dir);
         if (cases[c].expect_pipe == 0) CHECK(taken == 0, "%s: steps ahead taken where none may run", cases[c].dir);
         pt_model_free(&m);
@@ -243,7 +271,7 @@ static void test_conversations(void) {
  * tokens, or sampled twice; the same script with the pipeline off gives the
  * same ids, context and logits. */
 static void script(pt_model *m, int pipe, const pt_sampling_params *sp, int32_t *ids, int *n_ids, float *logits,
-                   int32_t *ctx, size_t *n_ctx, uint64_t *taken) {
+                   int32_t *ctx, size_t *n_ctx, uint64_t *taken, uint64_t *sampled) {
     set_pipe(pipe);
     const int V = pt_model_vocab_size(m);
     pt_session *s = NULL;
@@ -283,6 +311,7 @@ static void script(pt_model *m, int pipe, const pt_sampling_params *sp, int32_t 
     *n_ctx = pt_session_n_tokens(s);
     memcpy(ctx, pt_session_tokens(s), *n_ctx * 4);
     *taken = s->ahead_taken;
+    *sampled = s->step_sampled;
     pt_session_free(&s);
 }
 
@@ -304,17 +333,18 @@ static void test_session_calls(void) {
         int32_t ida[96], idb[96], ca[128], cb[128];
         int na = 0, nb = 0;
         size_t nca = 0, ncb = 0;
-        uint64_t ta = 0, tb = 0;
+        uint64_t ta = 0, tb = 0, sa = 0, sb = 0;
         float *la = calloc((size_t)V, 4), *lb = calloc((size_t)V, 4);
-        script(m, 1, &sps[k], ida, &na, la, ca, &nca, &ta);
-        script(m, 0, &sps[k], idb, &nb, lb, cb, &ncb, &tb);
+        script(m, 1, &sps[k], ida, &na, la, ca, &nca, &ta, &sa);
+        script(m, 0, &sps[k], idb, &nb, lb, cb, &ncb, &tb, &sb);
         CHECK(na == nb && !memcmp(ida, idb, (size_t)na * 4), "params %d: sampled ids differ", k);
         CHECK(nca == ncb && !memcmp(ca, cb, nca * 4), "params %d: contexts differ (%zu vs %zu)", k, nca, ncb);
         CHECK(!memcmp(la, lb, (size_t)V * 4), "params %d: final logits differ", k);
         CHECK(ta > 0 && tb == 0, "params %d: steps ahead taken %llu (on) / %llu (off)", k, (unsigned long long)ta,
               (unsigned long long)tb);
-        printf("INFO script params %d: %d ids, context %zu, steps ahead taken %llu: identical on/off\n", k, na, nca,
-               (unsigned long long)ta);
+        CHECK(sps[k].no_logprob ? sa > 0 : sa == 0, "params %d: %llu samples in a step", k, (unsigned long long)sa);
+        printf("INFO script params %d: %d ids, context %zu, steps ahead taken %llu (%llu sampled in the step): "
+               "identical on/off\n", k, na, nca, (unsigned long long)ta, (unsigned long long)sa);
         free(la), free(lb);
     }
     set_pipe(1);
@@ -322,6 +352,7 @@ static void test_session_calls(void) {
 }
 
 int main(void) {
+    setenv("PETREL_CUDA_STEP_SAMPLE", "1", 1);
     TEST_RUN(test_conversations);
     TEST_RUN(test_session_calls);
     return test_summary();

@@ -295,6 +295,40 @@ __global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_ro
     if (outs) gs_store_out(outs, R, 0, id, 0.f, false);
 }
 
+/* The sample inside a decode step (pt_cuda_sample_greedy_launch): the
+ * greedy id of row 0 exactly as gs_mb_greedy_id forms it, into the row's
+ * id_slot and, with the backend's error words, into result slot pos & 1 of
+ * the step at position pos = *pos_next, which then advances by one (every
+ * reader of it in the step has finished). Two slots: the host's copy of
+ * step pos's result may still be in flight while step pos + 1 runs. */
+__global__ void __launch_bounds__(GS_P1_MAX) gs_step_greedy(const pt_gsample_row *rows, char *scr, int n1,
+                                                            pt_gsample_step_out *slots, const int *err_src,
+                                                            int32_t *pos_next) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ float scf[32];
+    __shared__ long long sc[32];
+    const int32_t pos = *pos_next; /* read by every thread before thread 0 advances it */
+    const pt_gsample_row &R = rows[0];
+    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, 0);
+    float best = -INFINITY;
+    int32_t bi = -1;
+    if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
+    const float bmx = gs_red_max_f(best, scf);
+    const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
+    const int32_t id = first == GS_NO_HIT ? 0 : (int32_t)first;
+    pt_gsample_step_out *o = &slots[pos & 1];
+    if (threadIdx.x < 2) o->err[threadIdx.x] = err_src[threadIdx.x];
+    if (threadIdx.x == 0) {
+        if (R.id_slot) *R.id_slot = id;
+        o->out.id = id;
+        o->out.status = 0;
+        o->out.logprob = 0.f;
+        o->out.pad = 0;
+        *pos_next = pos + 1;
+    }
+}
+
 /* slot 0: the id_slot was written by gs_mb_greedy_id */
 __global__ void __launch_bounds__(GS_NT) gs_mb_pass3(const pt_gsample_row *rows, pt_gsample_out *outs, char *scr,
                                                      int64_t V, int n1, const int *err_src, int *err_dst, int slot) {
@@ -387,15 +421,33 @@ extern "C" size_t pt_gsample_ctl_bytes(int B) {
  * row with an id_slot gets its id from gs_mb_greedy_id on the decode
  * stream (ev_id recorded after it) and its pass 2 and pass 3 on side,
  * after ev_id, unless PETREL_CUDA_SAMPLE_EARLY_ID=0 (read per call). */
+/* The control block of B rows (pt_gsample_ctl_bytes): the row table, the
+ * results with the 2 error words after them, the rows' scratch. */
+struct gs_ctl {
+    pt_gsample_row *rows;
+    pt_gsample_out *outs;
+    int *err;
+    char *scr;
+};
+static gs_ctl gs_ctl_of(void *ctl_dev, int B) {
+    const size_t rows_bytes = gs_al((size_t)B * sizeof(pt_gsample_row));
+    const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
+    gs_ctl g;
+    g.rows = (pt_gsample_row *)ctl_dev;
+    g.outs = (pt_gsample_out *)((char *)ctl_dev + rows_bytes);
+    g.err = (int *)((char *)g.outs + outs_bytes);
+    g.scr = (char *)ctl_dev + rows_bytes + gs_al(outs_bytes + 2 * sizeof(int));
+    return g;
+}
+
 static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsample_row *rows_src, int B, int64_t V,
                             void *ctl_dev, int rows_current, pt_gsample_out **outs_dev_out, cudaStream_t side = 0,
                             cudaEvent_t ev_id = 0) {
-    const size_t rows_bytes = gs_al((size_t)B * sizeof(pt_gsample_row));
-    const size_t outs_bytes = (size_t)B * sizeof(pt_gsample_out);
-    pt_gsample_row *rows_dev = (pt_gsample_row *)ctl_dev;
-    pt_gsample_out *outs_dev = (pt_gsample_out *)((char *)ctl_dev + rows_bytes);
-    int *err_dev = (int *)((char *)outs_dev + outs_bytes);
-    char *scr = (char *)ctl_dev + rows_bytes + gs_al(outs_bytes + 2 * sizeof(int));
+    const gs_ctl g = gs_ctl_of(ctl_dev, B);
+    pt_gsample_row *rows_dev = g.rows;
+    pt_gsample_out *outs_dev = g.outs;
+    int *err_dev = g.err;
+    char *scr = g.scr;
     *outs_dev_out = outs_dev;
     /* PETREL_CUDA_SAMPLE_MB=0: every row through gs_kernel (A/B); read per
      * call so that one process can compare both paths */
@@ -471,6 +523,30 @@ static pt_status gs_check(pt_backend *be, int B, int64_t V, const void *ctl_dev)
     return PT_OK;
 }
 
+extern "C" size_t pt_gsample_step_bytes(void) { return pt_gsample_ctl_bytes(1) + 2 * sizeof(pt_gsample_step_out); }
+
+static pt_gsample_step_out *gs_step_slots(void *ctl_dev) {
+    return (pt_gsample_step_out *)((char *)ctl_dev + pt_gsample_ctl_bytes(1));
+}
+
+extern "C" pt_status pt_cuda_sample_greedy_launch(pt_backend *be, void *ctl_dev, int64_t V, int32_t *pos_next) {
+    PT_TRY(gs_check(be, 1, V, ctl_dev));
+    if (!pos_next) return pt_error(PT_ERR_INTERNAL, "the step's sampler: no position");
+    pt_cuda *c = pt_cuda_of(be);
+    const gs_ctl g = gs_ctl_of(ctl_dev, 1);
+    const bool pdl = pt_pdl_chain();
+    const int64_t slice = gs_mb_slice(V);
+    const int n1 = (int)((V + slice - 1) / slice);
+    /* gs_enqueue's pass 1 for one greedy multi-block row, then its greedy id */
+    pt_launch(gs_mb_pass1, dim3((unsigned)n1, 1u), dim3(GS_P1_NT), 0, c->stream, pdl, (const pt_gsample_row *)g.rows,
+              g.scr, V, slice);
+    CUDA_CHECK_LAUNCH("sample pass 1 (in the step)");
+    pt_launch(gs_step_greedy, dim3(1u), dim3(GS_P1_MAX), 0, c->stream, pdl, (const pt_gsample_row *)g.rows, g.scr, n1,
+              gs_step_slots(ctl_dev), (const int *)c->err_dev, pos_next);
+    CUDA_CHECK_LAUNCH("sample greedy id (in the step)");
+    return PT_OK;
+}
+
 extern "C" pt_status pt_cuda_sample_rows(pt_backend *be, const pt_gsample_row *rows, int B, int64_t V,
                                          void *ctl_dev, int rows_current, pt_gsample_out *out) {
     PT_TRY(gs_check(be, B, V, ctl_dev));
@@ -518,6 +594,8 @@ typedef struct {
 /* the result and the error words arrive in one copy, as they lie on the device */
 static_assert(offsetof(gs_pinned, err) == offsetof(gs_pinned, out) + sizeof(pt_gsample_out),
               "gs_pinned: the error words must follow the result");
+static_assert(offsetof(pt_gsample_step_out, err) == sizeof(pt_gsample_out),
+              "pt_gsample_step_out: the error words must follow the result");
 
 /* The batched form's pinned block (pt_cuda_sample_rows_enqueue): the row
  * table going out, and the results with the error words coming back (laid
@@ -582,39 +660,61 @@ extern "C" void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **pp) {
     *pp = NULL;
 }
 
+/* The pipe's position copy (before the sampler): on the side stream after
+ * the step enqueued before (its readers of the position come first) */
+static pt_status gs_pipe_pos(pt_cuda *c, pt_gsample_pipe *p, bool side, int32_t *pos_dev, int32_t pos) {
+    p->h->pos = pos;
+    if (!pos_dev) return PT_OK;
+    /* the position: the step after the sample reads it (the sampler does
+     * not); the event the host waits for covers this copy too */
+    if (side) {
+        CUDA_CHECK(cudaEventRecord(p->step, c->stream));
+        CUDA_CHECK(cudaStreamWaitEvent(p->side, p->step, 0));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(pos_dev, &p->h->pos, sizeof pos, cudaMemcpyHostToDevice, side ? p->side : c->stream));
+    if (side) CUDA_CHECK(cudaEventRecord(p->pos, p->side));
+    return PT_OK;
+}
+
+/* ... and after the sampler: the next step waits for the position, the
+ * result and the error words come back, the event the host waits for */
+static pt_status gs_pipe_back(pt_cuda *c, pt_gsample_pipe *p, bool side, const int32_t *pos_dev,
+                              const pt_gsample_out *outs_dev) {
+    if (side) {
+        CUDA_CHECK(cudaEventRecord(p->sampled, c->stream));
+        if (pos_dev) CUDA_CHECK(cudaStreamWaitEvent(c->stream, p->pos, 0)); /* before the next step */
+        CUDA_CHECK(cudaStreamWaitEvent(p->side, p->sampled, 0));
+    }
+    cudaStream_t cs = side ? p->side : c->stream;
+    CUDA_CHECK(cudaMemcpyAsync(&p->h->out, outs_dev, sizeof p->h->out + sizeof p->h->err, cudaMemcpyDeviceToHost,
+                               cs));
+    CUDA_CHECK(cudaEventRecord(p->done, cs));
+    p->pending = 1;
+    return PT_OK;
+}
+
 extern "C" pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
                                             void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos) {
     PT_TRY(gs_check(be, 1, V, ctl_dev));
     if (!p || p->pending) return pt_error(PT_ERR_INTERNAL, "pipelined decode: a sample is already in flight");
     pt_cuda *c = pt_cuda_of(be);
     p->h->row = *row;
-    p->h->pos = pos;
     /* PETREL_CUDA_PIPE_SIDE=0: both copies on the decode stream, in order
      * (the A/B of the second stream; read per call) */
-    const int side = pt_env_on("PETREL_CUDA_PIPE_SIDE");
-    cudaStream_t cs = side ? p->side : c->stream;
-    if (pos_dev) {
-        /* the position: the step after the sample reads it (the sampler
-         * does not); the event the host waits for covers this copy too */
-        if (side) {
-            CUDA_CHECK(cudaEventRecord(p->step, c->stream));
-            CUDA_CHECK(cudaStreamWaitEvent(p->side, p->step, 0));
-        }
-        CUDA_CHECK(cudaMemcpyAsync(pos_dev, &p->h->pos, sizeof pos, cudaMemcpyHostToDevice, cs));
-        if (side) CUDA_CHECK(cudaEventRecord(p->pos, p->side));
-    }
+    const bool side = pt_env_on("PETREL_CUDA_PIPE_SIDE");
+    PT_TRY(gs_pipe_pos(c, p, side, pos_dev, pos));
     pt_gsample_out *outs_dev = NULL;
     PT_TRY(gs_enqueue(c, row, &p->h->row, 1, V, ctl_dev, row_current, &outs_dev, side ? p->side : 0, p->id));
-    if (side) {
-        CUDA_CHECK(cudaEventRecord(p->sampled, c->stream));
-        if (pos_dev) CUDA_CHECK(cudaStreamWaitEvent(c->stream, p->pos, 0)); /* before the next step */
-        CUDA_CHECK(cudaStreamWaitEvent(p->side, p->sampled, 0));
-    }
-    CUDA_CHECK(cudaMemcpyAsync(&p->h->out, outs_dev, sizeof p->h->out + sizeof p->h->err, cudaMemcpyDeviceToHost,
-                               cs));
-    CUDA_CHECK(cudaEventRecord(p->done, cs));
-    p->pending = 1;
-    return PT_OK;
+    return gs_pipe_back(c, p, side, pos_dev, outs_dev);
+}
+
+extern "C" pt_status pt_cuda_sample_sampled_enqueue(pt_backend *be, pt_gsample_pipe *p, void *ctl_dev, int32_t pos) {
+    if (!be || strcmp(be->ops->name, "cuda") || !ctl_dev || pos < 0)
+        return pt_error(PT_ERR_INTERNAL, "pipelined decode: bad call of the sampled step's result");
+    if (!p || p->pending) return pt_error(PT_ERR_INTERNAL, "pipelined decode: a sample is already in flight");
+    pt_cuda *c = pt_cuda_of(be);
+    /* the position is the step's own, advanced by its sampler */
+    return gs_pipe_back(c, p, pt_env_on("PETREL_CUDA_PIPE_SIDE"), NULL, &gs_step_slots(ctl_dev)[pos & 1].out);
 }
 
 extern "C" pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {

@@ -93,6 +93,32 @@ void pt_gsample_pipe_free(pt_backend *be, pt_gsample_pipe **p);
 pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gsample_row *row, int64_t V,
                                  void *ctl_dev, int row_current, int32_t *pos_dev, int32_t pos);
 
+/* The sample inside the decode step (model/forward.c, the pipelined decode's
+ * step ahead of a greedy row without penalties or a log-probability). Its
+ * control block (pt_gsample_step_bytes device bytes) is a one-row
+ * pt_gsample_ctl_bytes(1) block (the row: its logits, its id_slot, greedy,
+ * window 0, want_logprob 0) followed by two result slots: */
+typedef struct pt_gsample_step_out {
+    pt_gsample_out out;
+    int err[2];            /* the backend's error words when the step ended */
+    int32_t pad[2];
+} pt_gsample_step_out;
+size_t pt_gsample_step_bytes(void);
+
+/* Enqueues on the backend's stream (where a graph being captured takes them
+ * in) the row's sample by the kernels pt_cuda_sample_enqueue runs for it,
+ * pass 1 then the greedy id, so the same id: the id into row->id_slot, the
+ * result (status 0, logprob 0) and the error words into slot pos & 1 for
+ * the step at position pos = *pos_next (device), and *pos_next advanced by
+ * one for the step after it. */
+pt_status pt_cuda_sample_greedy_launch(pt_backend *be, void *ctl_dev, int64_t V, int32_t *pos_next);
+
+/* pt_cuda_sample_enqueue for a step whose graph has already sampled its row
+ * (pt_cuda_sample_greedy_launch into ctl_dev, the next position advanced
+ * there too) at position pos: only slot pos & 1's copy back, on the pipe's
+ * stream as there; pt_cuda_sample_wait waits for it. */
+pt_status pt_cuda_sample_sampled_enqueue(pt_backend *be, pt_gsample_pipe *p, void *ctl_dev, int32_t pos);
+
 /* Waits for the enqueued sample's result (not for the work enqueued after
  * it) into *out; an error word set by the forward pass is reported as
  * pt_cuda_sample_rows reports it. */

@@ -41,6 +41,18 @@ pt_status pt_cuda_sample_enqueue(pt_backend *be, pt_gsample_pipe *p, const pt_gs
     return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
 }
 
+size_t pt_gsample_step_bytes(void) { return pt_gsample_ctl_bytes(1) + 2 * sizeof(pt_gsample_step_out); }
+
+pt_status pt_cuda_sample_greedy_launch(pt_backend *be, void *ctl_dev, int64_t V, int32_t *pos_next) {
+    (void)be, (void)ctl_dev, (void)V, (void)pos_next;
+    return pt_error(PT_ERR_UNSUPPORTED, "GPU sampling: this petrel was built without CUDA");
+}
+
+pt_status pt_cuda_sample_sampled_enqueue(pt_backend *be, pt_gsample_pipe *p, void *ctl_dev, int32_t pos) {
+    (void)be, (void)p, (void)ctl_dev, (void)pos;
+    return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
+}
+
 pt_status pt_cuda_sample_wait(pt_backend *be, pt_gsample_pipe *p, pt_gsample_out *out) {
     (void)be, (void)p, (void)out;
     return pt_error(PT_ERR_UNSUPPORTED, "pipelined decode: this petrel was built without CUDA");
