@@ -220,7 +220,13 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
 
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
 __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) {
-    pt_release_dependents(); /* launched by pt_launch */
+    /* launched by pt_launch. One sequence (FOLD): its dependent launch (the
+     * o projection's GEMV) is released once every block has passed its wait
+     * below, so the GEMV's blocks start when the q/k/v GEMV has finished,
+     * not beside its last blocks as when released at the start: tg128 +2%
+     * 1b, +0.5% 8b, +3.3% 3b, +4.1% qwen3-4b (bench/RESULTS.md). Batched
+     * rows: released at the start, as measured for serving. */
+    if constexpr (!FOLD) pt_release_dependents();
     DS_MARK(10);
     /* Before griddepcontrol.wait (pt_wait_primary below): the row's key
      * range, splits, tasks and addresses — a few hundred integer
@@ -311,6 +317,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) 
             }
         }
     pt_wait_primary(); /* q (and k, v) are the previous kernel's output */
+    if constexpr (FOLD) pt_release_dependents();
     DS_GTIME(14);
     DS_MARK(0);
     if constexpr (!FOLD) {
