@@ -264,6 +264,19 @@ __device__ double gs_scan_loaded(const double *S, double *sT) {
     return gs_scan_chunks(sT, k, S[k]);
 }
 
+/* The row's first maximum over its n1 pass-1 slices (the smallest id among
+ * the slices holding the maximum: slices are in id order), as pass 3 takes
+ * it; 0 when no slice has one. Every thread of the block calls (blockDim
+ * >= n1). */
+__device__ __forceinline__ int32_t gs_first_max(const gs_p1 *p1, int n1, float *scf, long long *sc) {
+    float best = -INFINITY;
+    int32_t bi = -1;
+    if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
+    const float bmx = gs_red_max_f(best, scf);
+    const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
+    return first == GS_NO_HIT ? 0 : (int32_t)first;
+}
+
 /* The pipelined decode's greedy id ahead of the log-probability
  * (PETREL_CUDA_SAMPLE_EARLY_ID): pass 3's greedy choice — the first maximum
  * over the slices of pass 1 — into each row's id_slot, so the next step
@@ -284,13 +297,7 @@ __global__ void __launch_bounds__(GS_P1_MAX) gs_mb_greedy_id(const pt_gsample_ro
     const pt_gsample_row &R = rows[blockIdx.x];
     if (outs && err_src && blockIdx.x == 0 && threadIdx.x < 2) err_dst[threadIdx.x] = err_src[threadIdx.x];
     if (!R.id_slot && !outs) return;
-    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, blockIdx.x);
-    float best = -INFINITY;
-    int32_t bi = -1;
-    if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
-    const float bmx = gs_red_max_f(best, scf);
-    const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
-    const int32_t id = first == GS_NO_HIT ? 0 : (int32_t)first;
+    const int32_t id = gs_first_max((const gs_p1 *)gs_row_scr(scr, blockIdx.x), n1, scf, sc);
     if (threadIdx.x == 0 && R.id_slot) *R.id_slot = id;
     if (outs) gs_store_out(outs, R, 0, id, 0.f, false);
 }
@@ -310,13 +317,7 @@ __global__ void __launch_bounds__(GS_P1_MAX) gs_step_greedy(const pt_gsample_row
     __shared__ long long sc[32];
     const int32_t pos = *pos_next; /* read by every thread before thread 0 advances it */
     const pt_gsample_row &R = rows[0];
-    const gs_p1 *p1 = (const gs_p1 *)gs_row_scr(scr, 0);
-    float best = -INFINITY;
-    int32_t bi = -1;
-    if ((int)threadIdx.x < n1) best = p1[threadIdx.x].best, bi = p1[threadIdx.x].besti;
-    const float bmx = gs_red_max_f(best, scf);
-    const long long first = gs_red_min_ll(best == bmx && bi >= 0 ? bi : GS_NO_HIT, sc);
-    const int32_t id = first == GS_NO_HIT ? 0 : (int32_t)first;
+    const int32_t id = gs_first_max((const gs_p1 *)gs_row_scr(scr, 0), n1, scf, sc);
     pt_gsample_step_out *o = &slots[pos & 1];
     if (threadIdx.x < 2) o->err[threadIdx.x] = err_src[threadIdx.x];
     if (threadIdx.x == 0) {
