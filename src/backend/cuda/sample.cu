@@ -414,14 +414,6 @@ extern "C" size_t pt_gsample_ctl_bytes(int B) {
            (size_t)B * GS_ROW_SCR;
 }
 
-/* The launches of one call, enqueue only: the row table (from rows_src, host
- * memory; skipped when rows_current), then gs_kernel and/or the multi-block
- * kernels; the last kernel copies the backend's error words next to the
- * results. *outs_dev: where the B results land (then the 2 error words). */
-/* side, ev_id (the pipelined decode; else 0): a single greedy multi-block
- * row with an id_slot gets its id from gs_mb_greedy_id on the decode
- * stream (ev_id recorded after it) and its pass 2 and pass 3 on side,
- * after ev_id, unless PETREL_CUDA_SAMPLE_EARLY_ID=0 (read per call). */
 /* The control block of B rows (pt_gsample_ctl_bytes): the row table, the
  * results with the 2 error words after them, the rows' scratch. */
 struct gs_ctl {
@@ -441,6 +433,14 @@ static gs_ctl gs_ctl_of(void *ctl_dev, int B) {
     return g;
 }
 
+/* The launches of one call, enqueue only: the row table (from rows_src, host
+ * memory; skipped when rows_current), then gs_kernel and/or the multi-block
+ * kernels; the last kernel copies the backend's error words next to the
+ * results. *outs_dev: where the B results land (then the 2 error words). */
+/* side, ev_id (the pipelined decode; else 0): a single greedy multi-block
+ * row with an id_slot gets its id from gs_mb_greedy_id on the decode
+ * stream (ev_id recorded after it) and its pass 2 and pass 3 on side,
+ * after ev_id, unless PETREL_CUDA_SAMPLE_EARLY_ID=0 (read per call). */
 static pt_status gs_enqueue(pt_cuda *c, const pt_gsample_row *rows, const pt_gsample_row *rows_src, int B, int64_t V,
                             void *ctl_dev, int rows_current, pt_gsample_out **outs_dev_out, cudaStream_t side = 0,
                             cudaEvent_t ev_id = 0) {
