@@ -249,7 +249,7 @@ pt_status pt_fwd_run(pt_model *m, pt_fwd_state *st, const int32_t *ids, int T, i
  *   pt_fwd_ahead_accept   the host's token was the one the step ran on: the
  *                         logits become st->logits (a device copy, enqueued)
  *                         and the cache's bookkeeping counts pos0 + 1 tokens;
- *                         st->sampled says whether the step sampled its id. 
+ *                         st->sampled says whether the step sampled its id.
  * A step not accepted needs no undo: its cache row lies at pos0, past the
  * context, where the next token written overwrites it before anything
  * reads it; st->logits were not touched. Callers hold m->lock. */
