@@ -20,7 +20,9 @@
  *   - a greedy row without a log-probability sampled inside the step's own
  *     graph (PETREL_CUDA_STEP_SAMPLE=1, set here for every pipelined run:
  *     session.h step_sampled > 0; no other row), and the same conversations
- *     with it unset (the default: the sampler after each step).
+ *     with it unset (the default: the sampler after each step);
+ *   - the one-row GEMVs' shared-memory carveout preference
+ *     (PETREL_CUDA_CARVE) on and off: the same logits bit for bit.
  * Not the speed (petrel bench, bench/RESULTS.md). */
 #include "test.h"
 #include "gpu_util.h"
@@ -351,9 +353,22 @@ static void test_session_calls(void) {
     pt_model_free(&m);
 }
 
+/* gemv_tc.cu: the one-row GEMV launches' shared-memory carveout preference (1: the most shared memory, 0:
+ * the driver's choice, -1: PETREL_CUDA_CARVE) and the launches that asked for it */
+void pt_cuda_carve(int on);
+unsigned long long pt_cuda_carve_count(void);
+
+/* The carveout is a scheduling preference: the prompt's and 5 greedy steps' logits (eager prompt, graph
+ * steps) must be bit-identical with it and without it, and the launches must have asked for it only when
+ * on. */
+static void test_carve_on_off(void) {
+    gpu_forward_on_off_models(pt_cuda_carve, pt_cuda_carve_count, "carveout preference");
+}
+
 int main(void) {
     setenv("PETREL_CUDA_STEP_SAMPLE", "1", 1);
     TEST_RUN(test_conversations);
     TEST_RUN(test_session_calls);
+    TEST_RUN(test_carve_on_off);
     return test_summary();
 }

@@ -80,6 +80,30 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
     return __atomic_load_n(&g_tc_lv2_launches, __ATOMIC_RELAXED);
 }
 
+/* The shared-memory carveout of the one-row launches: the most shared memory
+ * (least L1) an SM offers (cudaLaunchAttributePreferredSharedMemoryCarveout),
+ * instead of the driver's choice per kernel. With the driver's choice the 1B
+ * shape's one-row step ran its down GEMV 27 µs a step longer (141.6 against
+ * 114.1 µs exposed, dev/trace_cupti.c): tg128 +5% with it; the 3B and 4B
+ * shapes within noise, the 8B −0.2%. Asked for by every launch of the step
+ * as well (norms, attention; many rows too) it bought the 1B no more and cost
+ * the 8B shape's served 8 and 64 streams 1–2% (bench/RESULTS.md), so the
+ * launches of more than one row keep the driver's choice. A preference, not a
+ * size: each kernel's shared memory, occupancy and bits are as before.
+ * PETREL_CUDA_CARVE=0 or pt_cuda_carve(0): the driver's choice everywhere (A/B;
+ * read once; -1: back to the variable). The launches that asked for it so far
+ * (tests check it ran). */
+static int g_tc_carve = -1;
+static unsigned long long g_tc_carve_launches;
+extern "C" void pt_cuda_carve(int on) { g_tc_carve = on < 0 ? -1 : on != 0; }
+extern "C" unsigned long long pt_cuda_carve_count(void) {
+    return __atomic_load_n(&g_tc_carve_launches, __ATOMIC_RELAXED);
+}
+static bool tc_carve(int nb) {
+    if (g_tc_carve < 0) g_tc_carve = pt_env_on("PETREL_CUDA_CARVE");
+    return g_tc_carve && nb == 1;
+}
+
 /* One launch of m's weights: the single-weight kernel when m holds one
  * weight and grouped is 0, else the grouped kernel (m.first already set for
  * W). Shared memory: the largest any of the weights needs (the ring comes
@@ -118,17 +142,23 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
     cfg.blockDim = dim3(W * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = c->stream;
-    cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at + (tc_pdl_on() ? 0 : 1);
-    cfg.numAttrs = tc_pdl_on() ? 1 : 0;
+    cudaLaunchAttribute at[3];
+    cfg.attrs = at;
+    cfg.numAttrs = 0;
+    if (tc_pdl_on()) {
+        at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (tc_carve(m.a[0].nb)) {
+        at[cfg.numAttrs].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+        at[cfg.numAttrs++].val.sharedMemCarveout = (unsigned)cudaSharedmemCarveoutMaxShared;
+        __atomic_fetch_add(&g_tc_carve_launches, 1ull, __ATOMIC_RELAXED);
+    }
     if (cluster > 1) { /* XP only: grid.x is a multiple of cluster (tc_launch_xp) */
-        at[1].id = cudaLaunchAttributeClusterDimension;
-        at[1].val.clusterDim.x = (unsigned)cluster;
-        at[1].val.clusterDim.y = 1;
-        at[1].val.clusterDim.z = 1;
-        cfg.numAttrs++;
+        at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        at[cfg.numAttrs].val.clusterDim.x = (unsigned)cluster;
+        at[cfg.numAttrs].val.clusterDim.y = 1;
+        at[cfg.numAttrs++].val.clusterDim.z = 1;
     }
     if constexpr (LV >= 2) __atomic_fetch_add(&g_tc_lv2_launches, 1ull, __ATOMIC_RELAXED);
     if constexpr (LV >= 1)
