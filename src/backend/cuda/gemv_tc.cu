@@ -3,7 +3,7 @@
  * described there) and their sizing (dynamic shared memory, units per stage,
  * the warp split S, clusters), the env switches that pick among bit-identical
  * variants (PETREL_CUDA_PDL, PETREL_CUDA_TC_LOOP, _LV4, _GLU16, _XPRE, _XSTAGE,
- * _XL, _DRIFT, _CLUSTER, _WIDE, _WARPS, _XP8, _WG) and the entry points pt_cuda_tc_gemv,
+ * _XL, _DRIFT, _CLUSTER, _WIDE, _WARPS, _XP8, _WG; PETREL_CUDA_CARVE) and the entry points pt_cuda_tc_gemv,
  * pt_cuda_tc_gemv_multi and pt_cuda_tc_gemv_glu (gemv_tc.cuh). This file is the
  * one object the kernels are compiled in. Not here: the kernel code
  * (gemv_tc_kernel.cuh; the wgmma kernels of 17..64 rows, off by default,
@@ -85,7 +85,7 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
  * instead of the driver's choice per kernel. With the driver's choice the 1B
  * shape's one-row step ran its down GEMV 27 µs a step longer (141.6 against
  * 114.1 µs exposed, dev/trace_cupti.c): tg128 +5% with it; the 3B and 4B
- * shapes within noise, the 8B −0.2%. Asked for by every launch of the step
+ * shapes within noise, the 8B −0.1%. Asked for by every launch of the step
  * as well (norms, attention; many rows too) it bought the 1B no more and cost
  * the 8B shape's served 8 and 64 streams 1–2% (bench/RESULTS.md), so the
  * launches of more than one row keep the driver's choice. A preference, not a
