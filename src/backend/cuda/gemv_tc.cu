@@ -84,8 +84,8 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
  * (least L1) an SM offers (cudaLaunchAttributePreferredSharedMemoryCarveout),
  * instead of the driver's choice per kernel. With the driver's choice the 1B
  * shape's one-row step ran its down GEMV 27 µs a step longer (141.6 against
- * 114.1 µs exposed, dev/trace_cupti.c): tg128 +5% with it; the 3B and 4B
- * shapes within noise, the 8B −0.1%. Asked for by every launch of the step
+ * 114.1 µs exposed, dev/trace_cupti.c): tg128 +5% with it, qwen3-30b-a3b
+ * +4%; the 3B and 4B shapes within noise, the 8B −0.1%. Asked for by every launch of the step
  * as well (norms, attention; many rows too) it bought the 1B no more and cost
  * the 8B shape's served 8 and 64 streams 1–2% (bench/RESULTS.md), so the
  * launches of more than one row keep the driver's choice. A preference, not a
