@@ -85,14 +85,14 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
  * instead of the driver's choice per kernel. With the driver's choice the 1B
  * shape's one-row step ran its down GEMV 27 µs a step longer (141.6 against
  * 114.1 µs exposed, dev/trace_cupti.c): tg128 +5% with it, qwen3-30b-a3b
- * +4%; the 3B and 4B shapes within noise, the 8B −0.1%. Asked for by every launch of the step
- * as well (norms, attention; many rows too) it bought the 1B no more and cost
- * the 8B shape's served 8 and 64 streams 1–2% (bench/RESULTS.md), so the
- * launches of more than one row keep the driver's choice. A preference, not a
- * size: each kernel's shared memory, occupancy and bits are as before.
- * PETREL_CUDA_CARVE=0 or pt_cuda_carve(0): the driver's choice everywhere (A/B;
- * read once; -1: back to the variable). The launches that asked for it so far
- * (tests check it ran). */
+ * +4%; the 3B and 4B shapes within noise, the 8B −0.1%. Asked for by every
+ * launch of the step as well (norms, attention; many rows too) it bought the
+ * 1B no more and cost the 8B shape's served 8 and 64 streams 1–2%
+ * (bench/RESULTS.md), so the launches of more than one row keep the driver's
+ * choice. A preference, not a size: each kernel's shared memory, occupancy
+ * and bits are as before. PETREL_CUDA_CARVE=0 or pt_cuda_carve(0): the
+ * driver's choice everywhere (A/B; read once; -1: back to the variable). The
+ * launches that asked for it so far (tests check it ran). */
 static int g_tc_carve = -1;
 static unsigned long long g_tc_carve_launches;
 extern "C" void pt_cuda_carve(int on) { g_tc_carve = on < 0 ? -1 : on != 0; }
