@@ -20,6 +20,8 @@
 #include <string.h>
 
 void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' blocks plain (2) or dense (4); 0: by size */
+void pt_cuda_dec_short_warps(int v);     /* one sequence: at least 8 or 16 warps a block; 0: the fewest */
+unsigned long long pt_cuda_dec_short_fold_count(int nw); /* one-sequence launches with nw warps a block */
 
 static void test_rope_kv_bits(void) {
     NEED_GPU();
@@ -397,10 +399,17 @@ static void test_rope_kv_attention_short_bits(void) {
         {32, 4, 128, 128, 0, 256, 0.f},    /* 4 splits, GQA 8 */
     };
     /* the block per KV head and per query head (PETREL_CUDA_DEC_SHORT_HEADS), the key and value rows staged
-     * in shared memory or read from the cache (PETREL_CUDA_DEC_SHORT_STAGE), read when a backend is made */
-    static const char *forms[][2] = {{"0", "2"}, {"1", "2"}, {"1", "1"}, {"0", "0"}};
+     * in shared memory or read from the cache (PETREL_CUDA_DEC_SHORT_STAGE), read when a backend is made; a
+     * block per query head of the fewest warps that hold the bound's tasks (4, 8 or 16: every size runs, the
+     * eager bounds pos + 1 small, 256 large), of at least 8 or always 16 (pt_cuda_dec_short_warps) */
+    static const char *forms[][3] = {{"0", "2", "0"}, {"1", "2", "0"}, {"1", "1", "0"},
+                                     {"0", "0", "0"}, {"1", "2", "16"}, {"1", "0", "8"}};
     int n_cases = 0, n_lies = 0;
-    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)
+    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+        const int warps = atoi(forms[f][2]), per_q = forms[f][0][0] == '1';
+        pt_cuda_dec_short_warps(warps);
+        unsigned long long nw0[3], nw[3];
+        for (int i = 0; i < 3; i++) nw0[i] = pt_cuda_dec_short_fold_count(4 << i);
         for (int a = 0; a < 2; a++) {
             setenv("PETREL_CUDA_DEC_SHORT_HEADS", forms[f][0], 1);
             setenv("PETREL_CUDA_DEC_SHORT_STAGE", forms[f][1], 1);
@@ -414,9 +423,19 @@ static void test_rope_kv_attention_short_bits(void) {
                     rs_check(G, a, (pt_ftype)dt, &cs[ci], forms[f][0][0] == '1', &n_cases, &n_lies);
             pt_backend_free(&G);
         }
+        /* which block sizes ran (a block per KV head of G > 1 heads is always 16 warps) */
+        for (int i = 0; i < 3; i++) nw[i] = pt_cuda_dec_short_fold_count(4 << i) - nw0[i];
+        CHECK(nw[2] > 0, "form %zu: no launch of 16 warps", f);
+        if (warps)
+            CHECK(nw[0] == 0 && (warps == 16 ? nw[1] == 0 : nw[1] > 0), "form %zu: at least %d warps: launches of 4 "
+                  "/ 8 warps %llu / %llu", f, warps, nw[0], nw[1]);
+        else if (per_q)
+            CHECK(nw[0] > 0 && nw[1] > 0, "form %zu: launches of 4 / 8 warps %llu / %llu", f, nw[0], nw[1]);
+    }
+    pt_cuda_dec_short_warps(0);
     unsetenv("PETREL_CUDA_DEC_SHORT_HEADS");
     unsetenv("PETREL_CUDA_DEC_SHORT_STAGE");
-    printf("INFO rope_kv_attention short: %d steps (4 forms) bit-identical to the split kernels, %d wrong bounds "
+    printf("INFO rope_kv_attention short: %d steps (6 forms) bit-identical to the split kernels, %d wrong bounds "
            "reported\n",
            n_cases, n_lies);
 }

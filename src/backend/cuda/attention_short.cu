@@ -83,9 +83,11 @@
  * session)" and "(sixth session)". */
 #include "backend/cuda/attention_dec2.cuh"
 
-/* Warps a block: NW = 16 for one sequence (a block holds every task of a
- * row of up to 256 keys), 8 for batched rows under a bound of at most 8
- * scores tasks (several blocks an SM; DS_WARPS is the most). */
+/* Warps a block: for one sequence the fewest of 4, 8 and 16 that hold
+ * every scores task of a row under the launch's bound (ds_fold_warps: 16
+ * hold a row of up to 256 keys), 8 for batched rows under a bound of at
+ * most 8 scores tasks, else 16 (several blocks an SM; DS_WARPS is the
+ * most). */
 #define DS_WARPS 16
 #define DS_MAXK PT_DEC_SHORT_KEYS /* the most keys a row may hold: the scores' row in shared memory */
 /* The most dynamic shared memory a launch takes (the kernel's static arrays
@@ -294,12 +296,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) 
     const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
     const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
     /* the step's own rows into registers first (the cache rows' copies below would otherwise queue ahead of
-     * them): H·hd <= QR·NT query values, hd <= NT where fold (the launch takes NW = 16 there). Each thread
+     * them): H·hd <= QR·NT query values, hd <= NT where fold (ds_fold_warps). Each thread
      * rotates its elements itself, as d2_rope_elem does from rows in shared memory: element i (dim d) with
      * its pair qpair and the cos and sin of the pair's dim (the pair and the dim's frequency found here,
      * before the wait; the cos and sin formed after it); a thread of dim d < hd also rotates the step's
      * key's element d and stores it (fold). */
-    constexpr int QR = DEC_MAX_G * 256 / NT;
+    constexpr int QR = FOLD && NW < DS_WARPS ? (MG * 256 + NT - 1) / NT : DEC_MAX_G * 256 / NT;
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
     const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
@@ -596,6 +598,37 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
     return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem);
 }
 
+/* One sequence, a block per query head: the fewest warps a block, 4, 8 or
+ * 16, that hold every scores task of a row under the launch's bound (a warp
+ * a task) and a thread per element of the head (the folded RoPE and cache
+ * write), each build compiled for DS_WARPS / NW blocks an SM. A block of
+ * 16 warps takes a whole SM's registers (119 a thread), so it starts only
+ * once the q/k/v GEMV's blocks have left that SM; one of 4 or 8 warps
+ * starts beside them. The tasks and their order are the same whatever the
+ * block's size (the spare warps of a larger block hold no keys): the same
+ * bits. Under the compiled decode's bound (PT_DEC_SHORT_KEYS) the 1B
+ * shape's blocks are 8 warps, the 8B shape's 16; an eager step's bound is
+ * its own keys. Measured in bench/RESULTS.md, "2026-12-04 (sixth
+ * session)". PETREL_CUDA_DEC_SHORT_WARPS=8 takes 8 or 16, =16 always
+ * 16 (read once); pt_cuda_dec_short_warps(8 or 16) likewise (tests; 0:
+ * back to the rule). */
+static int g_ds_warps = -1;
+extern "C" void pt_cuda_dec_short_warps(int v) { g_ds_warps = v == 8 || v == 16 ? v : 0; }
+/* One-sequence launches made so far with 4, 8 and 16 warps a block (tests check which ran). */
+static unsigned long long g_ds_fold_launches[3];
+extern "C" unsigned long long pt_cuda_dec_short_fold_count(int nw) {
+    return nw == 4 || nw == 8 || nw == 16 ? __atomic_load_n(&g_ds_fold_launches[nw / 8], __ATOMIC_RELAXED) : 0;
+}
+static int ds_fold_warps(int ts, int hd) {
+    if (g_ds_warps < 0) {
+        const char *e = getenv("PETREL_CUDA_DEC_SHORT_WARPS");
+        pt_cuda_dec_short_warps(e ? atoi(e) : 0);
+    }
+    for (int nw = g_ds_warps ? g_ds_warps : 4; nw < DS_WARPS; nw *= 2)
+        if (ts <= nw && hd <= 32 * nw) return nw;
+    return DS_WARPS;
+}
+
 template <typename KT>
 pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_t max_keys) {
     const int G = a.nh / a.nkv, R = a.hd * (int)sizeof(KT) / 16;
@@ -621,12 +654,16 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const size_t smem = ds_smem(H, a.hd, tp, R, nst);
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
+    const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
+    if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
     return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
                                 : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem))                      \
                       : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
                                 : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem)))                    \
-           : H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem)                             \
+           : H == 1 ? (fw == 4   ? ds_launch_one<KT, LS, LP, CP, PG, 1, 4, true>(c, a, nblk, B, smem)                \
+                       : fw == 8 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, true>(c, a, nblk, B, smem)                \
+                                 : ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem))              \
                     : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem)
 #define PT_DS(LS, LP, CP)                                                                                          \
     do {                                                                                                           \
