@@ -420,7 +420,7 @@ static void test_rope_kv_attention_short_bits(void) {
             REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
             for (int dt = 0; dt < 3; dt++)
                 for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
-                    rs_check(G, a, (pt_ftype)dt, &cs[ci], forms[f][0][0] == '1', &n_cases, &n_lies);
+                    rs_check(G, a, (pt_ftype)dt, &cs[ci], per_q, &n_cases, &n_lies);
             pt_backend_free(&G);
         }
         /* which block sizes ran (a block per KV head of G > 1 heads is always 16 warps) */
