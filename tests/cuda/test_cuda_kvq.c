@@ -122,6 +122,8 @@ static void test_kv_append_quantized(void) {
                 int ok = 1;
                 for (int p = 0; p < 28 && ok; p += 7) /* the ring wraps */
                     ok = append(a, &L, p, 7, hk, hv, dk, dv, hpos, dpos);
+                for (int p = 28; p < 31 && ok; p++) /* decode rows, one a call (wrapping too) */
+                    ok = append(a, &L, p, 1, hk, hv, dk, dv, hpos, dpos);
                 char what[96];
                 snprintf(what, sizeof what, "kv_append bits=%d gs=%d hd=%d %s", bits[bi], gss[gi], hd,
                          pt_ftype_name(dts[di]));

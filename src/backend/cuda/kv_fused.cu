@@ -37,6 +37,7 @@
 __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const float2 *ML, const float *P, int hd,
                                                                int nsplit, int bf) {
     pt_release_dependents();
+    pt_wait_primary();
     __shared__ float red[32], po[FD_MW][32], pl[FD_MW];
     const int64_t h = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, e = blockIdx.y * 32 + lane;
@@ -95,6 +96,12 @@ int pt_fd_env_t(void) {
         s = !(v && v[0] == '0');
     }
     return s;
+}
+
+bool pt_fd_pdl(void) {
+    static int s = -1;
+    if (s < 0) s = pt_env_on("PETREL_CUDA_FD_PDL") && pt_pdl_chain();
+    return s != 0;
 }
 
 int pt_fd_env_stages(void) {
@@ -156,8 +163,8 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
                        : pt_cuda_fused_block8(a, grid, c->stream, gs, hd, G, NULL);
     PT_TRY(st);
     CUDA_CHECK_LAUNCH("fused decode attention");
-    fd_merge_kernel<<<dim3((unsigned)p->n_heads, (unsigned)((hd + 31) / 32)), FD_MW * 32, 0, c->stream>>>(
-        out, c->dec_ml, c->dec_p, hd, (int)nsplit, a.bf);
+    pt_launch(fd_merge_kernel, dim3((unsigned)p->n_heads, (unsigned)((hd + 31) / 32)), dim3(FD_MW * 32), 0, c->stream,
+              pt_fd_pdl(), out, (const float2 *)c->dec_ml, (const float *)c->dec_p, hd, (int)nsplit, a.bf);
     CUDA_CHECK_LAUNCH("fused decode attention merge");
     return PT_OK;
 }

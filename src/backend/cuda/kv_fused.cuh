@@ -264,6 +264,9 @@ __device__ __forceinline__ void fd_block_out(const pt_fd_args &a, const float (&
         a.P[(h * a.nsplit + split) * D + e] = O;
         if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
     }
+    /* the merge, a dependent launch, may be scheduled once every block is here (released at the
+     * end: merge blocks resident earlier would take the SMs' room from this kernel's one wave) */
+    pt_release_dependents();
 }
 
 /* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels.
@@ -282,6 +285,7 @@ template <int BITS, int D, int NG> struct fd_tile_io {
     const char *sk_base, *sv_base;
     const uint32_t *kh_k, *kh_v; /* this KV head's rows */
     int64_t capw, irow, rbase, rlo, jw, j1;
+    int64_t jnew; /* the newest key (n − 1): its row is the one this step's append writes */
 
     /* The block's key range (positions lo + [0, n), this split's share [j0, j1), from the
      * query's position on the device), this warp's tiles (keys jw + 16·FD_WARPS·k, k < nt) and
@@ -292,6 +296,7 @@ template <int BITS, int D, int NG> struct fd_tile_io {
         int64_t n = hi - lo + 1;
         if (n > a.cap) n = a.cap, lo = hi - n + 1;
         if (n < 0) n = 0;
+        jnew = n - 1;
         const int64_t per = (n + gridDim.y - 1) / gridDim.y, j0 = blockIdx.y * per;
         j1 = j0 + per < n ? j0 + per : n;
         rbase = (int64_t)blockIdx.x * a.cap, rlo = lo % a.cap;
@@ -356,6 +361,19 @@ template <int BITS, int D, int NG> struct fd_tile_io {
         fd_commit();
     }
 
+    /* The ring's first NS − 1 tiles, the kernel being a dependent launch (pt_fd_launch): the
+     * tiles whose keys all precede the newest are in the cache before this step (no kernel of
+     * the step writes their rows), so they are issued before griddepcontrol.wait and travel
+     * under the kernel before; the rest, and everything else the kernel reads, after it. The
+     * position is read before the wait as dec2_short_kernel reads it (no kernel of the step
+     * writes it). A plain launch passes the wait at once. */
+    __device__ __forceinline__ void start(const pt_fd_args &a, int NS) {
+        int k = 0;
+        for (; k < NS - 1 && k < nt && jw + (int64_t)16 * FD_WARPS * k + 16 <= jnew; k++) issue(a, k, k);
+        pt_wait_primary();
+        for (; k < NS - 1; k++) issue(a, k, k);
+    }
+
     /* The landed tile's scales and biases (stage st, keys jt..) to f32 rows kf, vf [16][NG]
      * (scale, bias); 0 past the valid keys. */
     __device__ __forceinline__ void scales(const pt_fd_args &a, const uint32_t *st, float2 *kf, float2 *vf, int valid,
@@ -411,7 +429,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
-    for (int k = 0; k < NS - 1; k++) issue(k, k); /* the ring fills while the queries are prepared */
+    io.start(a, NS); /* the ring fills while the queries are prepared */
 
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
     /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part (in registers;
@@ -637,7 +655,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
-    for (int k = 0; k < NS - 1; k++) issue(k, k);
+    io.start(a, NS);
 
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
     /* B fragments of the scores: column g = head g / 2, its hi (g even) or lo part */
@@ -850,6 +868,10 @@ pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs
 int pt_fd_env_stages(void);
 /* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
 int pt_fd_env_t(void);
+/* Whether the block and merge kernels are dependent launches (programmatic
+ * stream serialization): unless PETREL_CUDA_FD_PDL=0 or PETREL_CUDA_PDL_CHAIN=0;
+ * read once. */
+bool pt_fd_pdl(void);
 
 /* The ring depth: PETREL_CUDA_FD_STAGES, else 2 tiles per warp (one in
  * flight while one is computed; 3 and 4 measured no faster: bench/RESULTS.md),
@@ -881,7 +903,7 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
         return PT_OK;
     }
     const size_t bytes = (size_t)(tk ? LT::warp_words(a.stages) : L::warp_words(a.stages)) * 4 * FD_WARPS;
-    kern<<<grid, FD_THREADS, bytes, st>>>(a);
+    pt_launch(kern, grid, dim3(FD_THREADS), bytes, st, pt_fd_pdl(), a);
     return PT_OK;
 }
 

@@ -142,12 +142,98 @@ __global__ void kv_append_q_kernel(qcache c, const float *k, const float *v, int
     }
 }
 
+/* The same items a warp each (kv_append_q_kernel's thread is a chain of gs
+ * loads and gs divisions: ~5 µs for a decode row's 32 items of the 8B
+ * shape, a launch per layer of every quantized-cache decode step). Lane l
+ * takes the group's values l, l + 32, ...; the min and max by xor
+ * butterflies (exact in any order; w_max starts at 0 and w_min at +inf as
+ * in quantize_group, and a signed zero there changes neither scale nor
+ * bias), scale and bias by every lane from them with quantize_group's
+ * expressions, each value's code by the lane holding it, the codes OR-ed
+ * into the group's words in shared memory (bits are set once each: the
+ * same words in any order) and stored by the lanes of the words. So the
+ * bytes are quantize_group's (tests/cuda/test_cuda_kvq). A dependent launch
+ * in the decode chain: released first, everything read after the wait. */
+#define KVA_WARPS 4
+__global__ void __launch_bounds__(KVA_WARPS * 32) kv_append_qw_kernel(qcache c, const float *k, const float *v,
+                                                                       int64_t T, const int32_t *pos) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ uint32_t wsm[KVA_WARPS][32]; /* a group's words: gs·bits/32 <= 128·8/32 */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ng = c.hd / c.gs, wpg = c.gs * c.bits / 32, bits = c.bits;
+    const float n_bins = (float)((1 << bits) - 1);
+    const int64_t n = T * c.nkv * ng * 2;
+    for (int64_t i = blockIdx.x * (int64_t)KVA_WARPS + warp; i < n; i += (int64_t)gridDim.x * KVA_WARPS) {
+        const int which = (int)(i & 1);
+        const int64_t rg = i >> 1, r = rg / ng;
+        const int g = (int)(rg % ng);
+        const int64_t t = r / c.nkv;
+        const int h = (int)(r % c.nkv);
+        const int32_t p = pos[t];
+        if (p < 0) continue; /* contract violation: positions are >= 0 (uniform in the warp) */
+        const int64_t row = (int64_t)h * c.cap + p % c.cap;
+        const float *src = (which ? v : k) + r * c.hd + (int64_t)g * c.gs;
+        float x[4] = {0.f, 0.f, 0.f, 0.f}; /* values lane + 32j, j < gs / 32 */
+        float w_max = 0.0f, w_min = INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (32 * j < c.gs) {
+                x[j] = src[lane + 32 * j];
+                w_max = fmaxf(w_max, x[j]);
+                w_min = fminf(w_min, x[j]);
+            }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            w_max = fmaxf(w_max, __shfl_xor_sync(0xffffffffu, w_max, o));
+            w_min = fminf(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
+        }
+        float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
+        const bool side = fabsf(w_min) > fabsf(w_max);
+        scale = side ? scale : -scale;
+        const float edge = side ? w_min : w_max;
+        const float q0 = roundf(__fdiv_rn(edge, scale));
+        float bias = 0.0f;
+        if (q0 != 0.0f) {
+            scale = __fdiv_rn(edge, q0);
+            bias = edge;
+        }
+        wsm[warp][lane] = 0u;
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (32 * j < c.gs) {
+                float q = roundf(__fdiv_rn(__fsub_rn(x[j], bias), scale));
+                q = fminf(fmaxf(q, 0.0f), n_bins);
+                const uint32_t code = (uint32_t)q;
+                const int b0 = (lane + 32 * j) * bits, wd = b0 >> 5, sh = b0 & 31;
+                atomicOr(&wsm[warp][wd], code << sh);
+                if (sh + bits > 32) atomicOr(&wsm[warp][wd + 1], code >> (32 - sh));
+            }
+        __syncwarp();
+        uint32_t *words = (which ? c.v : c.k) + row * (c.hd * bits / 32) + (int64_t)g * wpg;
+        if (lane < wpg) words[lane] = wsm[warp][lane];
+        if (lane == 0) {
+            st_param(c.dt, which ? c.vs : c.ks, row * ng + g, scale);
+            st_param(c.dt, which ? c.vb : c.kb, row * ng + g, bias);
+        }
+        __syncwarp(); /* the words are read before the next item clears them */
+    }
+}
+
 pt_status pt_cuda_kv_append_q(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,
                               const int32_t *pos) {
     PT_TRY(check_q(kv, "kv_append"));
     const int64_t n = T * kv->n_kv * (kv->head_dim / kv->group_size) * 2;
     if (n <= 0) return PT_OK;
-    kv_append_q_kernel<<<pt_cuda_blocks(n, 128), 128, 0, pt_cuda_of(be)->stream>>>(qcache_of(kv), k, v, T, pos);
+    pt_cuda *c = pt_cuda_of(be);
+    static int warp_form = -1; /* PETREL_CUDA_KVQ_WARP=0: a thread per item (A/B) */
+    if (warp_form < 0) warp_form = pt_env_on("PETREL_CUDA_KVQ_WARP");
+    if (warp_form)
+        pt_launch(kv_append_qw_kernel, dim3(pt_cuda_blocks(n, KVA_WARPS)), dim3(KVA_WARPS * 32), 0, c->stream,
+                  pt_pdl_chain(), qcache_of(kv), k, v, T, pos);
+    else
+        kv_append_q_kernel<<<pt_cuda_blocks(n, 128), 128, 0, c->stream>>>(qcache_of(kv), k, v, T, pos);
     CUDA_CHECK_LAUNCH("kv_append (quantized)");
     return PT_OK;
 }
