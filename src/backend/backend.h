@@ -443,10 +443,11 @@ typedef struct pt_backend_ops {
 
     /* rope_qk(q, k) then kv_append(kv, k, v) in one call (a decode layer's
      * RoPE and cache write in one launch): bit-identical results — q and k
-     * as rope_qk leaves them, the cache rows as kv_append writes them. Full
-     * precision caches only (kv->bits == 0; callers make the two calls
-     * otherwise). NULL = not implemented: callers make the two calls. Kept
-     * last so positional initializers stay valid. */
+     * as rope_qk leaves them, the cache rows (full precision or quantized)
+     * as kv_append writes them; over a quantized cache k may be left as it
+     * was (its rotated values are in the cache). NULL = not implemented:
+     * callers make the two calls. Kept last so positional initializers stay
+     * valid. */
     pt_status (*rope_qk_kv_append)(pt_backend *be, float *q, float *k, const float *v, int64_t T, int n_heads,
                                    int n_kv, int head_dim, const int32_t *pos, const pt_rope *rope,
                                    pt_kv_layer *kv);

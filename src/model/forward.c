@@ -444,7 +444,7 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                     if (fold != PT_OK && fold != PT_ERR_UNSUPPORTED) return fold;
                 }
                 if (fold == PT_OK) {
-                } else if (own_kv && OPS(m)->rope_qk_kv_append && !st->kv[l].bits) {
+                } else if (own_kv && OPS(m)->rope_qk_kv_append) {
                     /* RoPE and the cache write in one call (bit-identical) */
                     PT_TRY(OPS(m)->rope_qk_kv_append(be, st->q, st->k, st->v, T, nh, nkv, hd, st->pos_dev, &rope,
                                                      &st->kv[l]));

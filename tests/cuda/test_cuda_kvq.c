@@ -2,7 +2,8 @@
  * CPU backend: kv_append into a quantized cache and kv_quantize (the
  * conversion of a full-precision cache) must write the same bytes (codes,
  * scales, biases) for every MLX width 2..8, group size 32/64/128 and scale
- * dtype, rings included; attention over a quantized cache (prefill chunks,
+ * dtype, rings included (and rope_qk_kv_append's one launch over a
+ * quantized cache as rope_qk + kv_append); attention over a quantized cache (prefill chunks,
  * split decode, GQA 1–16, sliding windows, soft-cap, rotating caches) must
  * match the CPU within atol + rtol·|cpu| (any NaN fails). Prefill chunks in
  * bf16 mode run flash attention over the dequantized rows (kv_quant.cu); the
@@ -132,6 +133,70 @@ static void test_kv_append_quantized(void) {
                 unbufs(a);
                 if (!ok) return;
             }
+}
+
+/* rope_qk_kv_append over a quantized cache (kv_quant.cu's rope_kvq_kernel,
+ * one launch) bit for bit against rope_qk + kv_append: q and every byte of
+ * the cache (k is left unrotated there) (codes, scales, biases), for several widths, group sizes and
+ * scale dtypes, full and partial rotary dims, T = 1 and 7, positions
+ * wrapping the ring. */
+static void test_rope_kv_append_quantized(void) {
+    NEED_GPU();
+    static const struct { int nh, nkv, hd, rot, T, p0, bits, gs; pt_ftype dt; } cs[] = {
+        {32, 8, 64, 64, 1, 5, 4, 64, PT_FT_BF16},  {8, 2, 128, 128, 7, 12, 4, 64, PT_FT_BF16},
+        {8, 2, 128, 64, 1, 30, 8, 32, PT_FT_F32},   {6, 2, 256, 64, 7, 3, 3, 128, PT_FT_F16},
+        {4, 4, 128, 128, 7, 9, 6, 32, PT_FT_BF16},  {3, 1, 64, 64, 1, 0, 2, 64, PT_FT_F32},
+        {4, 2, 96, 96, 7, 14, 5, 32, PT_FT_BF16}};
+    const int64_t cap = 16;
+    int n_cases = 0;
+    for (int a = 0; a < 2; a++)
+        for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+            pt_backend *G = G_[a];
+            const int nh = cs[ci].nh, nkv = cs[ci].nkv, hd = cs[ci].hd, T = cs[ci].T, half = cs[ci].rot / 2;
+            const int64_t nq = (int64_t)T * nh * hd, nk = (int64_t)T * nkv * hd;
+            float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), inv[128];
+            float *qa = malloc(nq * 4), *qb = malloc(nq * 4);
+            int32_t pos[8];
+            for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / cs[ci].rot);
+            for (int t = 0; t < T; t++) pos[t] = cs[ci].p0 + t; /* p0 12, T 7: wraps the ring of 16 */
+            fill_act(q, nq, -2, 2, a);
+            fill_act(k, nk, -2, 2, a);
+            fill_act(v, nk, -2, 2, a);
+            float *invd = put(G, inv, half * 4);
+            int32_t *pd = put(G, pos, sizeof pos);
+            pt_rope rg = {cs[ci].rot, invd, 1.0f};
+            /* A: the one launch; B: rope_qk then kv_append */
+            float *qd[2], *kd[2], *vd[2];
+            layer2 L[2];
+            for (int w = 0; w < 2; w++) {
+                qd[w] = put(G, q, nq * 4), kd[w] = put(G, k, nk * 4), vd[w] = put(G, v, nk * 4);
+                l2_make(&L[w], G, nkv, hd, cap, cs[ci].dt, cs[ci].bits, cs[ci].gs);
+            }
+            pt_status s = G->ops->rope_qk_kv_append(G, qd[0], kd[0], vd[0], T, nh, nkv, hd, pd, &rg, &L[0].g);
+            if (s == PT_OK) s = G->ops->rope_qk(G, qd[1], kd[1], T, nh, nkv, hd, pd, &rg);
+            if (s == PT_OK) s = G->ops->kv_append(G, &L[1].g, kd[1], vd[1], T, pd);
+            if (s == PT_OK) s = G->ops->download(G, qa, qd[0], nq * 4);
+            if (s == PT_OK) s = G->ops->download(G, qb, qd[1], nq * 4);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            CHECK(!memcmp(qa, qb, nq * 4), "act %d case %zu: q differs", a, ci);
+            /* the reference's cache into the .c side, then every byte compared */
+            void *hc[6] = {L[0].c.k, L[0].c.v, L[0].c.k_scales, L[0].c.k_biases, L[0].c.v_scales, L[0].c.v_biases};
+            void *hb[6] = {L[1].g.k, L[1].g.v, L[1].g.k_scales, L[1].g.k_biases, L[1].g.v_scales, L[1].g.v_biases};
+            for (int i = 0; i < 6 && s == PT_OK; i++) s = G->ops->download(G, hc[i], hb[i], i < 2 ? L[0].cb : L[0].pb);
+            REQUIRE(s == PT_OK, "cuda: %s", pt_last_error());
+            char what[96];
+            snprintf(what, sizeof what, "rope_qk_kv_append act %d case %zu (%d-bit, group %d)", a, ci, cs[ci].bits,
+                     cs[ci].gs);
+            l2_same(&L[0], G, what);
+            for (int w = 0; w < 2; w++) {
+                G->ops->dealloc(G, qd[w]), G->ops->dealloc(G, kd[w]), G->ops->dealloc(G, vd[w]);
+                l2_free(&L[w], G);
+            }
+            G->ops->dealloc(G, invd), G->ops->dealloc(G, pd);
+            free(q), free(k), free(v), free(qa), free(qb);
+            n_cases++;
+        }
+    printf("INFO rope_qk_kv_append (quantized): %d cases bit-identical to rope_qk + kv_append\n", n_cases);
 }
 
 static void test_kv_quantize(void) {
@@ -377,6 +442,7 @@ static void test_quantized_decode_graph(void) {
 
 int main(void) {
     TEST_RUN(test_kv_append_quantized);
+    TEST_RUN(test_rope_kv_append_quantized);
     TEST_RUN(test_kv_quantize);
     TEST_RUN(test_attention_quantized);
     TEST_RUN(test_fused_decode);

@@ -35,6 +35,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 #include "backend/cuda/kv_fused.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 #include <cuda_fp16.h>
 #include <stdlib.h>
@@ -152,73 +153,151 @@ __global__ void kv_append_q_kernel(qcache c, const float *k, const float *v, int
  * expressions, each value's code by the lane holding it, the codes OR-ed
  * into the group's words in shared memory (bits are set once each: the
  * same words in any order) and stored by the lanes of the words. So the
- * bytes are quantize_group's (tests/cuda/test_cuda_kvq). A dependent launch
+ * bytes are quantize_group's (tests/cuda/test_cuda_kvq). Dependent launches
  * in the decode chain: released first, everything read after the wait. */
 #define KVA_WARPS 4
+
+/* Group g of cache row `row` from the lane's values x[j] = value lane + 32j
+ * (j < gs / 32), quantized as quantize_group; w: the warp's 32 words of
+ * shared memory. Every lane of the warp calls it. */
+__device__ __forceinline__ void kvq_group_warp(const qcache &c, int which, int64_t row, int g, const float (&x)[4],
+                                               uint32_t *w) {
+    const int lane = threadIdx.x & 31, bits = c.bits, ng = c.hd / c.gs, wpg = c.gs * bits / 32;
+    const float n_bins = (float)((1 << bits) - 1);
+    float w_max = 0.0f, w_min = INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (32 * j < c.gs) w_max = fmaxf(w_max, x[j]), w_min = fminf(w_min, x[j]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        w_max = fmaxf(w_max, __shfl_xor_sync(0xffffffffu, w_max, o));
+        w_min = fminf(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
+    }
+    float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
+    const bool side = fabsf(w_min) > fabsf(w_max);
+    scale = side ? scale : -scale;
+    const float edge = side ? w_min : w_max;
+    const float q0 = roundf(__fdiv_rn(edge, scale));
+    float bias = 0.0f;
+    if (q0 != 0.0f) {
+        scale = __fdiv_rn(edge, q0);
+        bias = edge;
+    }
+    w[lane] = 0u;
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        if (32 * j < c.gs) {
+            float q = roundf(__fdiv_rn(__fsub_rn(x[j], bias), scale));
+            q = fminf(fmaxf(q, 0.0f), n_bins);
+            const uint32_t code = (uint32_t)q;
+            const int b0 = (lane + 32 * j) * bits, wd = b0 >> 5, sh = b0 & 31;
+            atomicOr(&w[wd], code << sh);
+            if (sh + bits > 32) atomicOr(&w[wd + 1], code >> (32 - sh));
+        }
+    __syncwarp();
+    uint32_t *words = (which ? c.v : c.k) + row * (c.hd * bits / 32) + (int64_t)g * wpg;
+    if (lane < wpg) words[lane] = w[lane];
+    if (lane == 0) {
+        st_param(c.dt, which ? c.vs : c.ks, row * ng + g, scale);
+        st_param(c.dt, which ? c.vb : c.kb, row * ng + g, bias);
+    }
+    __syncwarp(); /* the words are read before the next group clears them */
+}
+
 __global__ void __launch_bounds__(KVA_WARPS * 32) kv_append_qw_kernel(qcache c, const float *k, const float *v,
                                                                        int64_t T, const int32_t *pos) {
     pt_release_dependents();
     pt_wait_primary();
     __shared__ uint32_t wsm[KVA_WARPS][32]; /* a group's words: gs·bits/32 <= 128·8/32 */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ng = c.hd / c.gs, wpg = c.gs * c.bits / 32, bits = c.bits;
-    const float n_bins = (float)((1 << bits) - 1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = c.hd / c.gs;
     const int64_t n = T * c.nkv * ng * 2;
     for (int64_t i = blockIdx.x * (int64_t)KVA_WARPS + warp; i < n; i += (int64_t)gridDim.x * KVA_WARPS) {
         const int which = (int)(i & 1);
         const int64_t rg = i >> 1, r = rg / ng;
         const int g = (int)(rg % ng);
-        const int64_t t = r / c.nkv;
-        const int h = (int)(r % c.nkv);
-        const int32_t p = pos[t];
+        const int32_t p = pos[r / c.nkv];
         if (p < 0) continue; /* contract violation: positions are >= 0 (uniform in the warp) */
-        const int64_t row = (int64_t)h * c.cap + p % c.cap;
         const float *src = (which ? v : k) + r * c.hd + (int64_t)g * c.gs;
-        float x[4] = {0.f, 0.f, 0.f, 0.f}; /* values lane + 32j, j < gs / 32 */
-        float w_max = 0.0f, w_min = INFINITY;
+        float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            if (32 * j < c.gs) {
-                x[j] = src[lane + 32 * j];
-                w_max = fmaxf(w_max, x[j]);
-                w_min = fminf(w_min, x[j]);
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            w_max = fmaxf(w_max, __shfl_xor_sync(0xffffffffu, w_max, o));
-            w_min = fminf(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
-        }
-        float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
-        const bool side = fabsf(w_min) > fabsf(w_max);
-        scale = side ? scale : -scale;
-        const float edge = side ? w_min : w_max;
-        const float q0 = roundf(__fdiv_rn(edge, scale));
-        float bias = 0.0f;
-        if (q0 != 0.0f) {
-            scale = __fdiv_rn(edge, q0);
-            bias = edge;
-        }
-        wsm[warp][lane] = 0u;
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (32 * j < c.gs) {
-                float q = roundf(__fdiv_rn(__fsub_rn(x[j], bias), scale));
-                q = fminf(fmaxf(q, 0.0f), n_bins);
-                const uint32_t code = (uint32_t)q;
-                const int b0 = (lane + 32 * j) * bits, wd = b0 >> 5, sh = b0 & 31;
-                atomicOr(&wsm[warp][wd], code << sh);
-                if (sh + bits > 32) atomicOr(&wsm[warp][wd + 1], code >> (32 - sh));
-            }
-        __syncwarp();
-        uint32_t *words = (which ? c.v : c.k) + row * (c.hd * bits / 32) + (int64_t)g * wpg;
-        if (lane < wpg) words[lane] = wsm[warp][lane];
-        if (lane == 0) {
-            st_param(c.dt, which ? c.vs : c.ks, row * ng + g, scale);
-            st_param(c.dt, which ? c.vb : c.kb, row * ng + g, bias);
-        }
-        __syncwarp(); /* the words are read before the next item clears them */
+            if (32 * j < c.gs) x[j] = src[lane + 32 * j];
+        kvq_group_warp(c, which, (int64_t)(r % c.nkv) * c.cap + p % c.cap, g, x, wsm[warp]);
     }
+}
+
+/* rope_qk then the quantized kv_append in one launch (rope_qk_kv_append over
+ * a quantized cache). Blocks below qblocks rotate the query pairs, a thread
+ * per pair as rope.cu's rope_kernel; the others take kv_append_qw_kernel's
+ * items, a warp per (row, group, K or V), a key group's lanes forming the
+ * rotated values of their dims from the raw row as rope_kernel forms them
+ * (rope_math.cuh: the pair's table value, the rounded products and sum).
+ * So q and the cache bytes are those of rope_qk + kv_append
+ * (tests/cuda/test_cuda_kvq); k is read only (its groups' warps share the
+ * pairs), so it is left unrotated. */
+__global__ void __launch_bounds__(KVA_WARPS * 32)
+    rope_kvq_kernel(qcache c, float *q, const float *k, const float *v, int64_t T, int nh, const int32_t *pos,
+                    int half, const float *inv_freq, float attn_scale, int bf, unsigned qblocks) {
+    pt_release_dependents();
+    pt_wait_primary();
+    __shared__ uint32_t wsm[KVA_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = c.hd / c.gs, hd = c.hd;
+    if (blockIdx.x < qblocks) {
+        const int64_t n = T * nh * half;
+        for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)qblocks * blockDim.x) {
+            const int d = (int)(i % half);
+            const int64_t th_ = i / half; /* token·head */
+            const float th = (float)pos[th_ / nh] * inv_freq[d];
+            const float cs = pt_rope_cos(th, attn_scale, bf), sn = pt_rope_sin(th, attn_scale, bf);
+            float *x = q + th_ * hd;
+            const float a = x[d], b = x[d + half];
+            x[d] = pt_rope_lo(a, b, cs, sn, bf);
+            x[d + half] = pt_rope_hi(a, b, cs, sn, bf);
+        }
+        return;
+    }
+    const int64_t n = T * c.nkv * ng * 2;
+    const int64_t wstride = (int64_t)(gridDim.x - qblocks) * KVA_WARPS;
+    for (int64_t i = (int64_t)(blockIdx.x - qblocks) * KVA_WARPS + warp; i < n; i += wstride) {
+        const int which = (int)(i & 1);
+        const int64_t rg = i >> 1, r = rg / ng;
+        const int g = (int)(rg % ng);
+        const int32_t p = pos[r / c.nkv];
+        if (p < 0) continue; /* nothing stored for a negative position (uniform in the warp) */
+        const float *src = (which ? v : k) + r * hd;
+        float x[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (32 * j < c.gs) {
+                const int d = g * c.gs + lane + 32 * j;
+                if (which || d >= 2 * half) {
+                    x[j] = src[d];
+                } else {
+                    const int e = d < half ? d : d - half; /* the pair (e, e + half) */
+                    const float th = (float)p * inv_freq[e];
+                    const float cs = pt_rope_cos(th, attn_scale, bf), sn = pt_rope_sin(th, attn_scale, bf);
+                    const float a = src[e], b = src[e + half];
+                    x[j] = d < half ? pt_rope_lo(a, b, cs, sn, bf) : pt_rope_hi(a, b, cs, sn, bf);
+                }
+            }
+        kvq_group_warp(c, which, (int64_t)(r % c.nkv) * c.cap + p % c.cap, g, x, wsm[warp]);
+    }
+}
+
+pt_status pt_cuda_rope_qk_kv_append_q(pt_backend *be, float *q, float *k, const float *v, int64_t T, int n_heads,
+                                      const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv) {
+    PT_TRY(check_q(kv, "rope_qk_kv_append"));
+    const int half = rope->rot_dim / 2, ng = kv->head_dim / kv->group_size;
+    const int64_t nq = T * n_heads * half, nw = T * kv->n_kv * ng * 2;
+    if (nq + nw <= 0) return PT_OK;
+    pt_cuda *c = pt_cuda_of(be);
+    const unsigned qblocks = nq > 0 ? pt_cuda_blocks(nq, KVA_WARPS * 32) : 0;
+    const unsigned blocks = qblocks + (nw > 0 ? pt_cuda_blocks(nw, KVA_WARPS) : 0);
+    pt_launch(rope_kvq_kernel, dim3(blocks), dim3(KVA_WARPS * 32), 0, c->stream, pt_pdl_chain(), qcache_of(kv), q, k,
+              v, T, n_heads, pos, half, (const float *)rope->inv_freq, rope->attn_scale, pt_cuda_bf(be), qblocks);
+    CUDA_CHECK_LAUNCH("rope_qk_kv_append (quantized)");
+    return PT_OK;
 }
 
 pt_status pt_cuda_kv_append_q(pt_backend *be, pt_kv_layer *kv, const float *k, const float *v, int64_t T,

@@ -10,8 +10,10 @@
  * rope calls. rope_qk_kv_append adds the layer's cache write to the same
  * launch: the thread that rotates a key pair also stores it into the
  * cache, and further threads store v and the unrotated key dims, each value
- * converted as attention.cu's kv_append converts it (the same bytes).
- * PETREL_CUDA_ROPE_KV=0 makes it the two launches instead (A/B). */
+ * converted as attention.cu's kv_append converts it (the same bytes); over a
+ * quantized cache kv_quant.cu's rope_kvq_kernel does the same (a warp per
+ * key or value group, k left unrotated). PETREL_CUDA_ROPE_KV=0 makes it the
+ * two launches instead (A/B). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/rope_math.cuh"
 
@@ -112,6 +114,11 @@ pt_status pt_cuda_rope(pt_backend *be, float *x, int64_t T, int n_heads, int hea
     return pt_cuda_rope_qk(be, x, NULL, T, n_heads, 0, head_dim, pos, rope);
 }
 
+/* kv_quant.cu: rope_qk_kv_append over a quantized cache in one launch (q and
+ * the cache bytes of rope_qk + kv_append; k left unrotated). */
+pt_status pt_cuda_rope_qk_kv_append_q(pt_backend *be, float *q, float *k, const float *v, int64_t T, int n_heads,
+                                      const int32_t *pos, const pt_rope *rope, pt_kv_layer *kv);
+
 /* PETREL_CUDA_ROPE_KV=0: the two launches (A/B); read once per process. */
 static int rope_kv_fused(void) {
     static int v = -1;
@@ -125,7 +132,9 @@ pt_status pt_cuda_rope_qk_kv_append(pt_backend *be, float *q, float *k, const fl
     pt_cuda *c = pt_cuda_of(be);
     PT_ASSERT(rope->rot_dim > 0 && rope->rot_dim % 2 == 0 && rope->rot_dim <= head_dim);
     PT_ASSERT(k && v && kv->n_kv == n_kv && kv->head_dim == head_dim);
-    if (kv->bits || !rope_kv_fused()) { /* quantized caches: kv_quant.cu's append */
+    if (kv->bits && rope_kv_fused()) /* quantized caches: kv_quant.cu's kernel */
+        return pt_cuda_rope_qk_kv_append_q(be, q, k, v, T, n_heads, pos, rope, kv);
+    if (kv->bits || !rope_kv_fused()) {
         PT_TRY(pt_cuda_rope_qk(be, q, k, T, n_heads, n_kv, head_dim, pos, rope));
         return pt_cuda_kv_append(be, kv, k, v, T, pos);
     }
