@@ -91,6 +91,23 @@ typedef struct {
 
 enum { ATTN_TWICE = 1, ATTN_CACHE = 2 };
 
+/* A RoPE case's inputs (tests of rope_qk_kv_append): inverse frequencies of
+ * rot dims (inv[rot / 2]), positions p0 … p0 + T − 1 (pos[T]), q, k and v
+ * filled in activation mode a; the frequencies and positions uploaded
+ * (*invd, *pd, freed by the caller) and the RoPE over them returned. */
+static inline pt_rope rope_case(pt_backend *G, int a, int rot, int p0, int T, float *inv, int32_t *pos, float *q,
+                                int64_t nq, float *k, float *v, int64_t nk, float **invd, int32_t **pd) {
+    for (int i = 0; i < rot / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / rot);
+    for (int t = 0; t < T; t++) pos[t] = p0 + t;
+    fill_act(q, nq, -2, 2, a);
+    fill_act(k, nk, -2, 2, a);
+    fill_act(v, nk, -2, 2, a);
+    *invd = put(G, inv, (size_t)(rot / 2) * 4);
+    *pd = put(G, pos, (size_t)T * 4);
+    pt_rope r = {rot, *invd, 1.0f};
+    return r;
+}
+
 /* Fills both backends' caches with positions [0, p0) in chunks of up to 64
  * rows, as the forward pass does, then appends the chunk [p0, p0 + T) and
  * attends with it (act a, keys in [-kr, kr], values in [-1, 1], queries in

@@ -152,19 +152,14 @@ static void test_rope_kv_append_quantized(void) {
     for (int a = 0; a < 2; a++)
         for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
             pt_backend *G = G_[a];
-            const int nh = cs[ci].nh, nkv = cs[ci].nkv, hd = cs[ci].hd, T = cs[ci].T, half = cs[ci].rot / 2;
+            const int nh = cs[ci].nh, nkv = cs[ci].nkv, hd = cs[ci].hd, T = cs[ci].T;
             const int64_t nq = (int64_t)T * nh * hd, nk = (int64_t)T * nkv * hd;
             float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), inv[128];
             float *qa = malloc(nq * 4), *qb = malloc(nq * 4);
             int32_t pos[8];
-            for (int i = 0; i < half; i++) inv[i] = powf(10000.0f, -2.0f * i / cs[ci].rot);
-            for (int t = 0; t < T; t++) pos[t] = cs[ci].p0 + t; /* p0 12, T 7: wraps the ring of 16 */
-            fill_act(q, nq, -2, 2, a);
-            fill_act(k, nk, -2, 2, a);
-            fill_act(v, nk, -2, 2, a);
-            float *invd = put(G, inv, half * 4);
-            int32_t *pd = put(G, pos, sizeof pos);
-            pt_rope rg = {cs[ci].rot, invd, 1.0f};
+            float *invd;
+            int32_t *pd; /* p0 12, T 7: the positions wrap the ring of 16 */
+            pt_rope rg = rope_case(G, a, cs[ci].rot, cs[ci].p0, T, inv, pos, q, nq, k, v, nk, &invd, &pd);
             /* A: the one launch; B: rope_qk then kv_append */
             float *qd[2], *kd[2], *vd[2];
             layer2 L[2];

@@ -69,6 +69,26 @@ __device__ __forceinline__ void st_param(pt_ftype t, void *p, int64_t i, float v
     else ((float *)p)[i] = v;
 }
 
+/* The MLX Metal rule's scale and bias of a group from its max (taken from 0)
+ * and min (from +inf), and a value's code: correctly rounded divisions,
+ * round half away from zero (mlx_quant.h). */
+__device__ __forceinline__ void quant_params(float w_max, float w_min, float n_bins, float &scale, float &bias) {
+    scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
+    const bool side = fabsf(w_min) > fabsf(w_max);
+    scale = side ? scale : -scale;
+    const float edge = side ? w_min : w_max;
+    const float q0 = roundf(__fdiv_rn(edge, scale));
+    bias = 0.0f;
+    if (q0 != 0.0f) {
+        scale = __fdiv_rn(edge, q0);
+        bias = edge;
+    }
+}
+__device__ __forceinline__ uint32_t quant_code(float x, float bias, float scale, float n_bins) {
+    const float q = roundf(__fdiv_rn(__fsub_rn(x, bias), scale));
+    return (uint32_t)fminf(fmaxf(q, 0.0f), n_bins);
+}
+
 /* Quantizes one group w[gs] (MLX Metal rule, see mlx_quant.h) into `words`
  * (gs·bits/32 uint32, overwritten) and stores its scale and bias. */
 __device__ void quantize_group(const float *w, int gs, int bits, uint32_t *words, pt_ftype dt, void *sc, void *bi,
@@ -79,23 +99,13 @@ __device__ void quantize_group(const float *w, int gs, int bits, uint32_t *words
         w_max = fmaxf(w_max, w[i]);
         w_min = fminf(w_min, w[i]);
     }
-    float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
-    const bool side = fabsf(w_min) > fabsf(w_max);
-    scale = side ? scale : -scale;
-    const float edge = side ? w_min : w_max;
-    const float q0 = roundf(__fdiv_rn(edge, scale));
-    float bias = 0.0f;
-    if (q0 != 0.0f) {
-        scale = __fdiv_rn(edge, q0);
-        bias = edge;
-    }
+    float scale, bias;
+    quant_params(w_max, w_min, n_bins, scale, bias);
     /* codes into the LSB-first bit stream, a word at a time */
     uint64_t buf = 0;
     int nb = 0, wi = 0;
     for (int i = 0; i < gs; i++) {
-        float q = roundf(__fdiv_rn(__fsub_rn(w[i], bias), scale));
-        q = fminf(fmaxf(q, 0.0f), n_bins);
-        buf |= (uint64_t)(uint32_t)q << nb;
+        buf |= (uint64_t)quant_code(w[i], bias, scale, n_bins) << nb;
         nb += bits;
         if (nb >= 32) {
             words[wi++] = (uint32_t)buf;
@@ -173,24 +183,14 @@ __device__ __forceinline__ void kvq_group_warp(const qcache &c, int which, int64
         w_max = fmaxf(w_max, __shfl_xor_sync(0xffffffffu, w_max, o));
         w_min = fminf(w_min, __shfl_xor_sync(0xffffffffu, w_min, o));
     }
-    float scale = fmaxf(__fdiv_rn(__fsub_rn(w_max, w_min), n_bins), 1e-7f);
-    const bool side = fabsf(w_min) > fabsf(w_max);
-    scale = side ? scale : -scale;
-    const float edge = side ? w_min : w_max;
-    const float q0 = roundf(__fdiv_rn(edge, scale));
-    float bias = 0.0f;
-    if (q0 != 0.0f) {
-        scale = __fdiv_rn(edge, q0);
-        bias = edge;
-    }
+    float scale, bias;
+    quant_params(w_max, w_min, n_bins, scale, bias);
     w[lane] = 0u;
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < 4; j++)
         if (32 * j < c.gs) {
-            float q = roundf(__fdiv_rn(__fsub_rn(x[j], bias), scale));
-            q = fminf(fmaxf(q, 0.0f), n_bins);
-            const uint32_t code = (uint32_t)q;
+            const uint32_t code = quant_code(x[j], bias, scale, n_bins);
             const int b0 = (lane + 32 * j) * bits, wd = b0 >> 5, sh = b0 & 31;
             atomicOr(&w[wd], code << sh);
             if (sh + bits > 32) atomicOr(&w[wd + 1], code >> (32 - sh));
@@ -624,6 +624,7 @@ __global__ void __launch_bounds__(QD_THREADS)
 
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args a, int64_t stride, float *S, float2 *ML) {
+    pt_wait_primary(); /* a dependent launch (qdec_pdl): everything read after the wait */
     extern __shared__ float4 q2_sh[]; /* qs [G, R·QC] (padded, below) | xs [G, ng] */
     __shared__ float red[32];
     constexpr int CPC = 128 / BITS, KPW = 32 / LPR; /* dims per 16-byte chunk, keys per warp step */
@@ -719,6 +720,9 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
         }
     }
     qdec_split_stats(m, l, G, kh, red, ML, nsplit, split);
+    /* the p·V launch may be scheduled once every block is here (released at the end: its blocks,
+     * resident earlier, would take the room of this kernel's wave; bench/RESULTS.md) */
+    pt_release_dependents();
 }
 
 /* p·V: a lane takes 8 dims of a value row (one word of 4-bit codes, two
@@ -727,6 +731,7 @@ __global__ void __launch_bounds__(Q2_THREADS, 2) qdec2_scores_kernel(qattn_args 
 template <int BITS, int LP, int MG>
 __global__ void __launch_bounds__(Q2_THREADS, 2)
     qdec2_pv_kernel(qattn_args a, int64_t stride, const float *S, const float2 *ML, float *P) {
+    pt_wait_primary(); /* a dependent launch (qdec_pdl): everything read after the wait */
     constexpr int WL = BITS == 8 ? 2 : 1, KPW = 32 / LP, U = 8, KB = U * KPW; /* words per lane, 8 dims */
     constexpr uint32_t MASK = (1u << BITS) - 1u;
     __shared__ float sM[QD_MAX_G], sInv[QD_MAX_G];
@@ -812,11 +817,21 @@ __global__ void __launch_bounds__(Q2_THREADS, 2)
         for (int w = 0; w < Q2_WARPS; w++) v += po[w * G * hd + idx];
         P[(((int64_t)kh * G + idx / hd) * nsplit + split) * hd + idx % hd] = v;
     }
+    pt_release_dependents(); /* the merge (after the partials are stored, as above) */
 }
 
 /* The second-generation launches, or PT_ERR_UNSUPPORTED (bits other than 4
  * and 8, a head_dim whose row is not whole 16-byte chunks, more than 64
  * words per row). */
+/* The second-generation kernels as dependent launches, each waiting before
+ * its first load and releasing the next launch only at its end: unless
+ * PETREL_CUDA_QDEC_PDL=0 or PETREL_CUDA_PDL_CHAIN=0 (A/B); read once. */
+static bool qdec_pdl(void) {
+    static int on = -1;
+    if (on < 0) on = pt_env_on("PETREL_CUDA_QDEC_PDL") && pt_pdl_chain();
+    return on != 0;
+}
+
 static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int64_t stride) {
     static int on = -1;
     if (on < 0) on = pt_env_on("PETREL_CUDA_QDEC2");
@@ -826,7 +841,10 @@ static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int
     const int R = hd * bits / 128, lpr = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : R <= 8 ? 8 : 16;
     const size_t shm = ((size_t)G * R * (128 / bits + 4) + (size_t)G * (hd / a.c.gs)) * sizeof(float);
 #define PT_Q2S(B, L)                                                                                          \
-    case L: qdec2_scores_kernel<B, L><<<grid, Q2_THREADS, shm, c->stream>>>(a, stride, c->dec_s, c->dec_ml); break;
+    case L:                                                                                                   \
+        pt_launch(qdec2_scores_kernel<B, L>, grid, dim3(Q2_THREADS), shm, c->stream, qdec_pdl(), a, stride, c->dec_s, \
+                  c->dec_ml);                                                                                 \
+        break;
     if (bits == 4) {
         switch (lpr) { PT_Q2S(4, 1) PT_Q2S(4, 2) PT_Q2S(4, 4) PT_Q2S(4, 8) PT_Q2S(4, 16) }
     } else {
@@ -845,7 +863,8 @@ static pt_status launch_qdecode2(pt_cuda *c, const qattn_args &a, dim3 grid, int
                                             64 * 1024));                                                          \
             r_ = true;                                                                                            \
         }                                                                                                         \
-        qdec2_pv_kernel<B, L, MG><<<grid, Q2_THREADS, pb, c->stream>>>(a, stride, c->dec_s, c->dec_ml, c->dec_p); \
+        pt_launch(qdec2_pv_kernel<B, L, MG>, grid, dim3(Q2_THREADS), pb, c->stream, qdec_pdl(), a, stride,       \
+                  (const float *)c->dec_s, (const float2 *)c->dec_ml, c->dec_p);                                  \
     } while (0)
 #define PT_Q2P_G(B, L) \
     if (G <= 4) PT_Q2P(B, L, 4); else PT_Q2P(B, L, 8);
