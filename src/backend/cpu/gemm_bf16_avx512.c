@@ -104,11 +104,14 @@ typedef struct {
 } gbf_ctx;
 
 #define X8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-/* acc += pairs of w · the broadcast pair at p. Inline asm: the broadcast
- * rides in the instruction's memory operand, and gcc 12 would copy the
- * accumulator around the intrinsic in this loop (as for vpdpbusd,
- * gemm_i8_avx512.c). */
-#define DPBF(acc, w, p) __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const uint32_t *)(p)))
+/* acc += pairs of w · the pair broadcast in b. Inline asm: gcc 12 would copy
+ * the accumulator around the intrinsic in this loop (as for vpdpbusd,
+ * gemm_i8_avx512.c). A token's pair is broadcast into a register once and
+ * read by both of its instructions: with the broadcast in each instruction's
+ * memory operand instead (two loads a token) the tile ran at 77-79% of
+ * vdpbf16ps's issue rate on the development VM's Zen 5 cores, against 92%
+ * this way (bench/RESULTS.md, CPU twelfth round). */
+#define DPBF(acc, w, b) __asm__("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(b))
 
 /* One tile: MR tokens × 32 rows of a panel, all groups. */
 static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B, const uint16_t *xb, const float *xs,
@@ -126,8 +129,13 @@ static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B,
             __m512 w0 = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(P + k * 32)));
             __m512 w1 = _mm512_castsi512_ps(_mm512_loadu_si512((const void *)(P + k * 32 + 32)));
 #define DOT(t)                                                                                                 \
-    DPBF(a##t, w0, x##t + k);                                                                                  \
-    DPBF(b##t, w1, x##t + k);
+    {                                                                                                          \
+        int32_t v_;                                                                                            \
+        memcpy(&v_, x##t + k, 4);                                                                              \
+        __m512 b_ = _mm512_castsi512_ps(_mm512_set1_epi32(v_));                                                \
+        DPBF(a##t, w0, b_);                                                                                    \
+        DPBF(b##t, w1, b_);                                                                                    \
+    }
             X8(DOT)
 #undef DOT
         }
