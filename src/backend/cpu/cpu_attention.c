@@ -24,6 +24,7 @@
 #include "format/mlx_quant.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static pt_dtype sdtype_of(pt_ftype t) { return t == PT_FT_F32 ? PT_DTYPE_F32 : t == PT_FT_F16 ? PT_DTYPE_F16 : PT_DTYPE_BF16; }
@@ -123,77 +124,124 @@ typedef struct {
     const pt_kv_layer *kv;
     const pt_attn *p;
     int avx512; /* quantized items through pt_cpu_qattn_item_avx512 */
+    int tq;      /* full-precision cache: tokens per item (attn_group) */
+    int64_t maxn; /* the most keys one token attends to */
 } attn_ctx;
 
-static void attn_run(void *arg, long i0, long i1, int ith) {
-    attn_ctx *a = arg;
+/* The keys of query position hi: [lo, hi]. */
+static inline int64_t keys_lo(const pt_attn *p, int64_t hi) {
+    return p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
+}
+
+/* The slots of keys [lo, lo + n) of a ring of cap rows: at most two
+ * contiguous runs (the ring wraps once), {index in the range, first slot,
+ * length}. */
+static inline void key_runs(int64_t runs[2][3], int64_t lo, int64_t n, int64_t cap) {
+    int64_t s0 = lo % cap, n1 = cap - s0 < n ? cap - s0 : n;
+    runs[0][0] = 0, runs[0][1] = s0, runs[0][2] = n1;
+    runs[1][0] = n1, runs[1][1] = 0, runs[1][2] = n - n1;
+}
+
+/* Tokens [t0, t1) and KV head kh over a full-precision cache: the scores of
+ * every query head of the tokens against the keys any of them attends to,
+ * [lo_u, hi_u], in one pass over those keys (each key row read once for
+ * all the tokens' heads), then per token its own keys' softmax and P·V.
+ * Scratch: S [nt·G, n_u], acc [G, hd]. */
+static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_t lo_u, int64_t hi_u, float *scr) {
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
     const pt_cpu_kernels *k = a->c->k;
     pt_act_dtype act = a->c->base.act;
-    int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
-    int64_t cap = kv->capacity;
-    int bf = kv->dtype == PT_FT_BF16;
-    float *scr = pt_cpu_thread_scratch(a->c, ith);
-    for (long it = i0; it < i1; it++) {
-        int64_t t = it / nkv;
-        int kh = (int)(it % nkv);
-        int64_t hi = a->pos[t];
-        int64_t lo = p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
-        int64_t n = hi - lo + 1;
-        float *S = scr;                 /* [G, n] */
-        float *acc = scr + (size_t)G * n; /* [G, hd] */
-        const float *q = a->q + (t * p->n_heads + (int64_t)kh * G) * hd;
-        const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * (bf ? 2 : 4);
-        const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * (bf ? 2 : 4);
-        /* the keys [lo, hi] occupy at most two contiguous runs of slots (the ring wraps once) */
-        int64_t s0 = lo % cap, n1 = cap - s0 < n ? cap - s0 : n;
-        int64_t runs[2][3] = {{0, s0, n1}, {n1, 0, n - n1}}; /* {index in S, first slot, length} */
-        size_t es = bf ? 2 : 4;
-        for (int r = 0; r < 2; r++) {
-            int64_t j0 = runs[r][0], len = runs[r][2];
-            if (len <= 0) continue;
-            const char *k0 = kb + (size_t)runs[r][1] * hd * es;
-            if (k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf)) continue;
+    const int hd = p->head_dim, G = p->n_heads / kv->n_kv, nt = (int)(t1 - t0);
+    const int64_t cap = kv->capacity, n = hi_u - lo_u + 1, qs = (int64_t)p->n_heads * hd;
+    const int bf = kv->dtype == PT_FT_BF16;
+    const size_t es = bf ? 2 : 4;
+    float *S = scr;                          /* [nt·G, n] */
+    float *acc = scr + (size_t)nt * G * n; /* [G, hd] */
+    const float *q = a->q + (t0 * p->n_heads + (int64_t)kh * G) * hd;
+    const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * es;
+    const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * es;
+    int64_t runs[2][3];
+    key_runs(runs, lo_u, n, cap);
+    for (int r = 0; r < 2; r++) {
+        int64_t j0 = runs[r][0], len = runs[r][2];
+        if (len <= 0) continue;
+        const char *k0 = kb + (size_t)runs[r][1] * hd * es;
+        if (a->T > 1 ? k->attn_scores_t && k->attn_scores_t(S + j0, n, q, qs, nt, G, hd, k0, len, bf)
+                     : k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf))
+            continue;
+        for (int u = 0; u < nt; u++)
             for (int64_t j = 0; j < len; j++)
-                for (int g = 0; g < G; g++)
-                    S[(size_t)g * n + j0 + j] = bf ? k->dot_bf16(q + g * hd, (const uint16_t *)k0 + j * hd, hd)
-                                                   : k->dot_f32(q + g * hd, (const float *)k0 + j * hd, hd);
-        }
+                for (int g = 0; g < G; g++) {
+                    const float *qg = q + u * qs + g * hd;
+                    S[(size_t)(u * G + g) * n + j0 + j] = bf ? k->dot_bf16(qg, (const uint16_t *)k0 + j * hd, hd)
+                                                             : k->dot_f32(qg, (const float *)k0 + j * hd, hd);
+                }
+    }
+    for (int u = 0; u < nt; u++) {
+        const int64_t hi = a->pos[t0 + u], lo = keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
+        float *Su = S + (size_t)u * G * n + off; /* the token's rows: [G] × its nu keys, n apart */
         for (int g = 0; g < G; g++) {
-            float *sg = S + (size_t)g * n;
+            float *sg = Su + (size_t)g * n;
             if (p->softcap <= 0 && k->softmax_row) {
-                k->softmax_row(sg, n, p->scale, act == PT_ACT_BF16);
+                k->softmax_row(sg, nu, p->scale, act == PT_ACT_BF16);
                 continue;
             }
-            for (int64_t j = 0; j < n; j++) {
+            for (int64_t j = 0; j < nu; j++) {
                 float s = pt_act_round(act, pt_act_round(act, sg[j]) * p->scale);
                 if (p->softcap > 0)
                     s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
                 sg[j] = s;
             }
             float m = -INFINITY, sum = 0.0f;
-            for (int64_t j = 0; j < n; j++)
+            for (int64_t j = 0; j < nu; j++)
                 if (sg[j] > m) m = sg[j];
-            for (int64_t j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - m));
+            for (int64_t j = 0; j < nu; j++) sum += (sg[j] = expf(sg[j] - m));
             float inv = 1.0f / sum;
-            for (int64_t j = 0; j < n; j++) sg[j] = pt_act_round(act, sg[j] * inv);
+            for (int64_t j = 0; j < nu; j++) sg[j] = pt_act_round(act, sg[j] * inv);
         }
         memset(acc, 0, (size_t)G * hd * sizeof(float));
+        int64_t ru[2][3];
+        key_runs(ru, lo, nu, cap);
         for (int r = 0; r < 2; r++) {
-            int64_t j0 = runs[r][0], len = runs[r][2];
+            int64_t j0 = ru[r][0], len = ru[r][2];
             if (len <= 0) continue;
-            const char *v0 = vb + (size_t)runs[r][1] * hd * es;
-            if (k->attn_pv && k->attn_pv(acc, S + j0, n, G, hd, v0, len, bf)) continue;
+            const char *v0 = vb + (size_t)ru[r][1] * hd * es;
+            if (k->attn_pv && k->attn_pv(acc, Su + j0, n, G, hd, v0, len, bf)) continue;
             for (int64_t j = 0; j < len; j++)
                 for (int g = 0; g < G; g++) {
-                    float pj = S[(size_t)g * n + j0 + j];
+                    float pj = Su[(size_t)g * n + j0 + j];
                     if (bf) k->axpy_bf16(acc + g * hd, pj, (const uint16_t *)v0 + j * hd, hd);
                     else k->axpy_f32(acc + g * hd, pj, (const float *)v0 + j * hd, hd);
                 }
         }
-        float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
+        float *o = a->out + ((t0 + u) * p->n_heads + (int64_t)kh * G) * hd;
         for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
+    }
+}
+
+/* Items: (group of tq consecutive tokens, KV head). A group whose tokens'
+ * key ranges are far apart (their union more than tq keys past the longest:
+ * positions that jump) runs token by token; a score's bits do not depend
+ * on the grouping (kernel table's attn_scores). */
+static void attn_run(void *arg, long i0, long i1, int ith) {
+    attn_ctx *a = arg;
+    const int nkv = a->kv->n_kv;
+    float *scr = pt_cpu_thread_scratch(a->c, ith);
+    for (long it = i0; it < i1; it++) {
+        const int64_t t0 = (it / nkv) * a->tq, t1 = t0 + a->tq < a->T ? t0 + a->tq : a->T;
+        const int kh = (int)(it % nkv);
+        int64_t lo_u = INT64_MAX, hi_u = -1;
+        for (int64_t t = t0; t < t1; t++) {
+            const int64_t hi = a->pos[t], lo = keys_lo(a->p, hi);
+            if (lo < lo_u) lo_u = lo;
+            if (hi > hi_u) hi_u = hi;
+        }
+        if (hi_u - lo_u + 1 <= a->maxn + a->tq) {
+            attn_group(a, t0, t1, kh, lo_u, hi_u, scr);
+            continue;
+        }
+        for (int64_t t = t0; t < t1; t++) attn_group(a, t, t + 1, kh, keys_lo(a->p, a->pos[t]), a->pos[t], scr);
     }
 }
 
@@ -318,7 +366,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p, c->k == &pt_cpu_kernels_avx512};
+    attn_ctx a = {c, out, q, T, pos, kv, p, c->k == &pt_cpu_kernels_avx512, 1, maxn};
     if (kv->bits) {
         size_t ng = (size_t)(p->head_dim / kv->group_size);
         PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng +
@@ -327,7 +375,12 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
         pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run_q, &a);
         return PT_OK;
     }
-    PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + p->head_dim), 0));
-    pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run, &a);
+    /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
+     * pass 4 MiB a thread) */
+    a.tq = 8;
+    while (a.tq > 1 && (int64_t)a.tq * G * (maxn + a.tq) > ((int64_t)1 << 20)) a.tq /= 2;
+    if (a.tq > T && T > 0) a.tq = (int)T;
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)a.tq * G * (size_t)(maxn + a.tq) + (size_t)G * p->head_dim, 0));
+    pt_pool_for(c->pool, (long)((T + a.tq - 1) / a.tq * kv->n_kv), 1, attn_run, &a);
     return PT_OK;
 }

@@ -529,6 +529,88 @@ static int attn_scores(float *S, int64_t lds, const float *q, int G, int hd, con
     return 1;
 }
 
+/* ---- attention scores (head_dim % 16 == 0, <= 512) ----
+ * S[r·lds + j] = q_r · k_j as one f32 multiply-add chain in d order (from
+ * zero, d = 0 first), for the rows r = u·G + g (query head g < G of token
+ * u < nt, at q + u·qs + g·hd) and n contiguous keys. Keys go in blocks of
+ * 32: the block's rows converted to f32 and transposed once into
+ * kT [hd][32] (16 × 16 transposes), so a key is a lane and a row takes its
+ * 32 scores as two vector chains, each q element broadcast once for both;
+ * the block's elements are read once for all the rows (a prefill chunk's
+ * tokens share them: cpu_attention.c passes several tokens of a KV head).
+ * A score's bits depend on neither the block, n, the rows beside it nor the
+ * number of tokens, so a prefill call's tokens score a key alike however
+ * they are grouped. Lanes past n compute on zero keys and are not stored.
+ * A decode step (one token) takes attn_scores above instead: for G rows the
+ * block's transposition costs more than the reductions it saves (one
+ * thread, keys in cache, ns a key for G = 1/2/4/8 at head 64: 3.3/4.8/7.9/14.1
+ * against 10.5/10.7/11.3/13.8 this way; bench/RESULTS.md, CPU twelfth
+ * round), while 8 tokens × 4 heads a call take 3.4 ns a token and key. */
+static void keys_t32(float *kT, const void *k, int64_t nk, int hd, int bf) {
+    for (int c0 = 0; c0 < 32; c0 += 16)
+        for (int d0 = 0; d0 < hd; d0 += 16) {
+            __m512 a[16];
+            for (int c = 0; c < 16; c++) {
+                const int64_t j = c0 + c;
+                a[c] = j >= nk ? _mm512_setzero_ps()
+                       : bf    ? load_bf16((const uint16_t *)k + j * hd + d0)
+                               : _mm512_loadu_ps((const float *)k + j * hd + d0);
+            }
+            transpose16(a);
+            for (int d = 0; d < 16; d++) _mm512_store_ps(kT + (d0 + d) * 32 + c0, a[d]);
+        }
+}
+
+#define SCORE_ROWS(RB)                                                                                        \
+    static void score_rows##RB(float *S, int64_t lds, const float *q, int64_t qs, int G, int r0, const float *kT, \
+                               int hd, int64_t nk) {                                                         \
+        const float *qr[RB];                                                                                  \
+        __m512 a0[RB], a1[RB];                                                                                \
+        for (int i = 0; i < RB; i++) {                                                                        \
+            qr[i] = q + (int64_t)((r0 + i) / G) * qs + (int64_t)((r0 + i) % G) * hd;                          \
+            a0[i] = _mm512_setzero_ps();                                                                      \
+            a1[i] = _mm512_setzero_ps();                                                                      \
+        }                                                                                                     \
+        for (int d = 0; d < hd; d++) {                                                                        \
+            const __m512 k0 = _mm512_load_ps(kT + d * 32), k1 = _mm512_load_ps(kT + d * 32 + 16);            \
+            for (int i = 0; i < RB; i++) {                                                                    \
+                const __m512 qd = _mm512_set1_ps(qr[i][d]);                                                   \
+                a0[i] = _mm512_fmadd_ps(qd, k0, a0[i]);                                                       \
+                a1[i] = _mm512_fmadd_ps(qd, k1, a1[i]);                                                       \
+            }                                                                                                 \
+        }                                                                                                     \
+        const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),                                 \
+                        m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1);           \
+        for (int i = 0; i < RB; i++) {                                                                        \
+            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds, m0, a0[i]);                                    \
+            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds + 16, m1, a1[i]);                               \
+        }                                                                                                     \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+SCORE_ROWS(8)
+SCORE_ROWS(4)
+SCORE_ROWS(2)
+SCORE_ROWS(1)
+#pragma GCC pop_options
+
+static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
+                       int64_t n, int bf) {
+    if (hd % 16 || hd > 512) return 0;
+    float kT[512 * 32] __attribute__((aligned(64)));
+    const int R = nt * G;
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        const int64_t nk = n - j0 < 32 ? n - j0 : 32;
+        keys_t32(kT, (const char *)k + (size_t)j0 * hd * (bf ? 2 : 4), nk, hd, bf);
+        int r = 0;
+        for (; r + 8 <= R; r += 8) score_rows8(S + j0, lds, q, qs, G, r, kT, hd, nk);
+        for (; r + 4 <= R; r += 4) score_rows4(S + j0, lds, q, qs, G, r, kT, hd, nk);
+        for (; r + 2 <= R; r += 2) score_rows2(S + j0, lds, q, qs, G, r, kT, hd, nk);
+        for (; r < R; r++) score_rows1(S + j0, lds, q, qs, G, r, kT, hd, nk);
+    }
+    return 1;
+}
+
 static int attn_pv(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n, int bf) {
     if (hd % 64) return 0;
     int g = 0;
@@ -945,6 +1027,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .qdot4_x4_i8_128 = qdot4_x4_i8_128,
     .gemm_32 = gemm_32,
     .attn_scores = attn_scores,
+    .attn_scores_t = attn_scores_t,
     .attn_pv = attn_pv,
     .softmax_row = softmax_row,
     .group_sums = group_sums,
