@@ -161,14 +161,17 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
     const float *q = a->q + (t0 * p->n_heads + (int64_t)kh * G) * hd;
     const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * es;
     const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * es;
+    /* the kernel of many rows: a prefill call's, or a decode step's with at least 4 query heads per KV head
+     * (kernels_avx512.c: below that a step's rows are too few to pay for the key block's transposition) */
+    const int many = a->T > 1 || G >= 4;
     int64_t runs[2][3];
     key_runs(runs, lo_u, n, cap);
     for (int r = 0; r < 2; r++) {
         int64_t j0 = runs[r][0], len = runs[r][2];
         if (len <= 0) continue;
         const char *k0 = kb + (size_t)runs[r][1] * hd * es;
-        if (a->T > 1 ? k->attn_scores_t && k->attn_scores_t(S + j0, n, q, qs, nt, G, hd, k0, len, bf)
-                     : k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf))
+        if (many ? k->attn_scores_t && k->attn_scores_t(S + j0, n, q, qs, nt, G, hd, k0, len, bf)
+                 : k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf))
             continue;
         for (int u = 0; u < nt; u++)
             for (int64_t j = 0; j < len; j++)

@@ -160,10 +160,12 @@ typedef struct pt_cpu_kernels {
     void (*gemm_32)(float *c, int64_t ldc, const float *xpk, const float *wp, int mr, int64_t kc, int first);
     /* Attention over n contiguous cache rows (bf: bf16 rows, else f32), for
      * the G query heads of one GQA group (q/out rows of hd floats):
-     *   scores:   S[g·lds + j] = q_g · k_j   (one token: the decode step's)
-     *   scores_t: S[(u·G + g)·lds + j] = q_{u,g} · k_j for nt tokens u of a
-     *             prefill call (q_{u,g} at q + u·qs + g·hd), each score one
-     *             f32 chain in d order whatever nt, n or the key's place
+     *   scores:   S[g·lds + j] = q_g · k_j   (one token: a decode step's
+     *             when G < 4)
+     *   scores_t: S[(u·G + g)·lds + j] = q_{u,g} · k_j for nt tokens u (a
+     *             prefill call's, or a decode step's when G >= 4; q_{u,g} at
+     *             q + u·qs + g·hd), each score one f32 chain in d order
+     *             whatever nt, n or the key's place
      *   pv:       out[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d]   (sequential over j)
      * They return 0 when they do not handle the shape (the caller then uses
      * the generic loops over dot/axpy). NULL = never handled. */

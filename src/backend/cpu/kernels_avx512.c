@@ -386,23 +386,27 @@ GEMM_TILE(1)
  * instead of one scalar store per value: the panel packing was ~15% of a
  * T = 512 prefill matmul with scalar stores. */
 /* a[j] = column j of the 16 rows a[0..15] (lane r = a[r][j]), in registers. */
-static inline void transpose16(__m512 a[16]) {
+static inline __attribute__((always_inline)) void transpose16(__m512 a[16]) {
     __m512 b[16];
+#pragma GCC unroll 8
     for (int r = 0; r < 16; r += 2) { /* 2×2 blocks of single values */
         b[r] = _mm512_unpacklo_ps(a[r], a[r + 1]);
         b[r + 1] = _mm512_unpackhi_ps(a[r], a[r + 1]);
     }
+#pragma GCC unroll 4
     for (int r = 0; r < 16; r += 4) { /* pairs */
         a[r] = _mm512_shuffle_ps(b[r], b[r + 2], 0x44);
         a[r + 1] = _mm512_shuffle_ps(b[r], b[r + 2], 0xee);
         a[r + 2] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0x44);
         a[r + 3] = _mm512_shuffle_ps(b[r + 1], b[r + 3], 0xee);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < 8; r++) { /* 128-bit lanes: i = 0-3, 8-11 with i + 4 */
         int i = (r / 4) * 4 + r;
         b[i] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0x88);
         b[i + 4] = _mm512_shuffle_f32x4(a[i], a[i + 4], 0xdd);
     }
+#pragma GCC unroll 8
     for (int r = 0; r < 8; r++) {
         a[r] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0x88);
         a[r + 8] = _mm512_shuffle_f32x4(b[r], b[r + 8], 0xdd);
@@ -540,25 +544,35 @@ static int attn_scores(float *S, int64_t lds, const float *q, int G, int hd, con
  * tokens share them: cpu_attention.c passes several tokens of a KV head).
  * A score's bits depend on neither the block, n, the rows beside it nor the
  * number of tokens, so a prefill call's tokens score a key alike however
- * they are grouped. Lanes past n compute on zero keys and are not stored.
- * A decode step (one token) takes attn_scores above instead: for G rows the
- * block's transposition costs more than the reductions it saves (one
- * thread, keys in cache, ns a key for G = 1/2/4/8 at head 64: 3.3/4.8/7.9/14.1
- * against 10.5/10.7/11.3/13.8 this way; bench/RESULTS.md, CPU twelfth
- * round), while 8 tokens × 4 heads a call take 3.4 ns a token and key. */
+ * they are grouped. Lanes past n compute on copies of the last key and are
+ * not stored.
+ * A decode step (one token) with fewer than 4 query heads per KV head takes
+ * attn_scores above instead: there the block's transposition costs more
+ * than the reductions it saves (one thread, keys in cache, ns a key,
+ * attn_scores | this, head 64: G = 1 3.3 | 4.1, G = 2 4.8 | 4.4, G = 4
+ * 7.9 | 5.2, G = 8 14.1 | 7.4; head 128: G = 2 8.2 | 8.7, G = 3 9.4 | 12.1,
+ * G = 4 11.5 | 9.7; head 256, G = 2: 12.2 | 17.8; bench/RESULTS.md, CPU
+ * twelfth round), while 8 tokens × 4 heads a call take 2.6 ns a token and
+ * key. */
 static void keys_t32(float *kT, const void *k, int64_t nk, int hd, int bf) {
-    for (int c0 = 0; c0 < 32; c0 += 16)
+    const size_t rs = (size_t)hd * (bf ? 2 : 4);
+    for (int c0 = 0; c0 < 32; c0 += 16) {
+        const char *row[16]; /* past n: the last key again, never stored */
+        for (int c = 0; c < 16; c++) row[c] = (const char *)k + (size_t)(c0 + c < nk ? c0 + c : nk - 1) * rs;
         for (int d0 = 0; d0 < hd; d0 += 16) {
             __m512 a[16];
-            for (int c = 0; c < 16; c++) {
-                const int64_t j = c0 + c;
-                a[c] = j >= nk ? _mm512_setzero_ps()
-                       : bf    ? load_bf16((const uint16_t *)k + j * hd + d0)
-                               : _mm512_loadu_ps((const float *)k + j * hd + d0);
+            if (bf) {
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) a[c] = load_bf16((const uint16_t *)row[c] + d0);
+            } else {
+#pragma GCC unroll 16
+                for (int c = 0; c < 16; c++) a[c] = _mm512_loadu_ps((const float *)row[c] + d0);
             }
             transpose16(a);
+#pragma GCC unroll 16
             for (int d = 0; d < 16; d++) _mm512_store_ps(kT + (d0 + d) * 32 + c0, a[d]);
         }
+    }
 }
 
 #define SCORE_ROWS(RB)                                                                                        \
@@ -601,7 +615,13 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
     const int R = nt * G;
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
         const int64_t nk = n - j0 < 32 ? n - j0 : 32;
-        keys_t32(kT, (const char *)k + (size_t)j0 * hd * (bf ? 2 : 4), nk, hd, bf);
+        const size_t rs = (size_t)hd * (bf ? 2 : 4);
+        /* the next block's rows on their way while this one is transposed and scored (streamed from memory,
+         * its 16-row strided loads alone ran 15-35% behind the row-wise loads of attn_scores) */
+        const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
+        const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+        for (size_t o = 0; nn > 0 && o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        keys_t32(kT, (const char *)k + (size_t)j0 * rs, nk, hd, bf);
         int r = 0;
         for (; r + 8 <= R; r += 8) score_rows8(S + j0, lds, q, qs, G, r, kT, hd, nk);
         for (; r + 4 <= R; r += 4) score_rows4(S + j0, lds, q, qs, G, r, kT, hd, nk);
