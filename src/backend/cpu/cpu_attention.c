@@ -226,7 +226,7 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
 /* Items: (group of tq consecutive tokens, KV head). A group whose tokens'
  * key ranges are far apart (their union more than tq keys past the longest:
  * positions that jump) runs token by token; a score's bits do not depend
- * on the grouping (kernel table's attn_scores). */
+ * on the grouping (the kernel table's attn_scores_t). */
 static void attn_run(void *arg, long i0, long i1, int ith) {
     attn_ctx *a = arg;
     const int nkv = a->kv->n_kv;

@@ -618,9 +618,11 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
         const size_t rs = (size_t)hd * (bf ? 2 : 4);
         /* the next block's rows on their way while this one is transposed and scored (streamed from memory,
          * its 16-row strided loads alone ran 15-35% behind the row-wise loads of attn_scores) */
-        const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
         const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
-        for (size_t o = 0; nn > 0 && o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        if (nn > 0) {
+            const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
+            for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        }
         keys_t32(kT, (const char *)k + (size_t)j0 * rs, nk, hd, bf);
         int r = 0;
         for (; r + 8 <= R; r += 8) score_rows8(S + j0, lds, q, qs, G, r, kT, hd, nk);
