@@ -40,39 +40,35 @@
 #define MR 8 /* tokens per tile: 2·MR f32 accumulators in registers */
 
 size_t pt_cpu_gemm_bf16_scratch(int64_t K, int64_t ng) {
-    /* floats per thread: the bf16 panel (32·K bf16), scales + biases (2·32·ng), 16 rows' bf16 (16·K bf16), one
-     * row's bytes (K) */
-    return (size_t)(16 * K + 64 * ng + 8 * K + K / 4 + 16);
+    /* floats per thread: the bf16 panel (32·K bf16), scales + biases (2·32·ng), 16 rows' bf16 (16·K bf16) */
+    return (size_t)(16 * K + 64 * ng + 8 * K + 16);
 }
 
-/* One row's codes as bf16 in natural order (value j at element j): the
- * integer q widened to f32 (exact) and its high half kept (exact: q < 256
- * has at most 8 significant bits). K % 16 == 0. bytes: K bytes of work
- * space. */
-static void row_bf16(uint16_t *dst, uint8_t *bytes, const uint8_t *codes, int64_t K, int bits) {
-    const uint8_t *b = codes;
-    int64_t j = 0;
+/* One row's codes as bf16 in natural order (value j at element j), K a
+ * multiple of the group size (32, 64 or 128: cpu_matmul.c's prefill_prep
+ * sends no other quantized shape here). 8-bit: the integer q widened to f32
+ * (exact) and its high half kept (exact: q < 256 has at most 8 significant
+ * bits). 4-bit: byte i holds values 2i (low nibble) and 2i + 1 (high), so
+ * the 32-bit word at dst + 2i is bf16(lo) | bf16(hi) << 16, each looked up
+ * in a table of the integers 0..15 as bf16 (the same values; 32 values from
+ * 16 bytes in six instructions). */
+static void row_bf16(uint16_t *dst, const uint8_t *codes, int64_t K, int bits) {
     if (bits == 4) {
-        /* byte i holds values 2i (low nibble) and 2i + 1 (high): the 32-bit word at dst + 2i is
-         * bf16(lo) | bf16(hi) << 16, each looked up in a table of the integers 0..15 as bf16 (the same
-         * values as the conversion below; 32 values from 16 bytes in six instructions) */
         const __m512i tab = _mm512_srli_epi32(
                           _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                                  11, 12, 13, 14, 15))),
                           16),
                       m15 = _mm512_set1_epi32(15);
-        for (; j + 32 <= K; j += 32) {
+        for (int64_t j = 0; j < K; j += 32) {
             __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + j / 2)));
             __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(w, m15), tab);
             __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(w, 4), tab);
             _mm512_storeu_si512((void *)(dst + j), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
-        if (j == K) return;
-        pt_cpu_unpack_row_bytes(bytes, codes, K, 4); /* K % 32 == 16: the last 16 values below */
-        b = bytes;
+        return;
     }
-    for (; j < K; j += 16) {
-        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + j))));
+    for (int64_t j = 0; j < K; j += 16) {
+        __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + j))));
         _mm256_storeu_si256((__m256i *)(dst + j), _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
     }
 }
@@ -172,9 +168,8 @@ static void tile8bf(float *F, const uint16_t *P, const float *S, const float *B,
 
 /* Packs the panel of rows [p0, p0 + nr) (nr <= 32; rows past nr zero):
  * the codes as bf16 k pairs P [K/2][32][2], scales and biases S, B [ng][32]
- * f32. rows [16][K] bf16 and bytes [K] are work space. */
-static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float *S, float *B, uint16_t *rows,
-                       uint8_t *bytes) {
+ * f32. rows [16][K] bf16 is work space. */
+static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float *S, float *B, uint16_t *rows) {
     const pt_matrix *w = m->w;
     int64_t K = w->cols;
     /* 16 rows at a time as bf16 [16][K], then their pairs (32-bit words) transposed into [K/2][32] by the f32
@@ -194,7 +189,7 @@ static void pack_panel(const gbf_ctx *m, int64_t p0, int nr, uint16_t *P, float 
                 S[r0 + r] = 1.f, B[r0 + r] = 0.f;
                 continue;
             }
-            row_bf16(dst, bytes, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
+            row_bf16(dst, pt_cpu_qrow_codes(w, m->expert, n), K, w->bits);
             pt_cpu_panel_params(w, m->expert, n, r0 + r, S, B);
         }
         if ((K / 2) % 16 == 0) m->c->k->panel_t16((float *)P, r0, (const float *)rows, K / 2);
@@ -206,17 +201,15 @@ static void store_rows(const gbf_ctx *m, const float *F, int64_t t0, int nt, int
     pt_cpu_panel_store16(m->y, F, t0, nt, p0, nr, m->w->rows, bias, m->c->base.act);
 }
 
-/* A thread's scratch for one panel: P [K/2][32][2] bf16, S and B [ng][32] f32, rows [16][K] bf16, bytes [K];
- * returns the float just past them (pt_cpu_gemm_bf16_scratch floats in all). */
-static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, float **B, uint16_t **rows,
-                            uint8_t **bytes) {
+/* A thread's scratch for one panel: P [K/2][32][2] bf16, S and B [ng][32] f32, rows [16][K] bf16; returns
+ * the float just past them (pt_cpu_gemm_bf16_scratch floats in all). */
+static float *panel_scratch(const gbf_ctx *m, int ith, uint16_t **P, float **S, float **B, uint16_t **rows) {
     int64_t K = m->w->cols, ng = K / pt_cpu_bgemm_gs(m->w);
     float *scr = pt_cpu_thread_scratch(m->c, ith);
     *P = (uint16_t *)scr;
     *S = scr + 16 * K;
     *B = *S + 32 * ng;
     *rows = (uint16_t *)(*B + 32 * ng);
-    *bytes = (uint8_t *)(*rows + 16 * K);
     return scr + pt_cpu_gemm_bf16_scratch(K, ng);
 }
 
@@ -226,11 +219,10 @@ static void gbf_panels(void *arg, long n0, long n1, int ith) {
     int64_t K = w->cols, T = m->T, gs = pt_cpu_bgemm_gs(w);
     uint16_t *P, *rows;
     float *S, *B;
-    uint8_t *bytes;
-    panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
+    panel_scratch(m, ith, &P, &S, &B, &rows);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        pack_panel(m, p0, nr, P, S, B, rows, bytes);
+        pack_panel(m, p0, nr, P, S, B, rows);
         float bias[32];
         pt_cpu_panel_bias(bias, m->w, m->expert, p0, nr);
         for (int64_t t0 = 0; t0 < T; t0 += MR) {
@@ -319,12 +311,11 @@ static void amx_panels(void *arg, long n0, long n1, int ith) {
     const pt_matrix *w = m->w;
     uint16_t *P, *rows;
     float *S, *B;
-    uint8_t *bytes;
-    float *end = panel_scratch(m, ith, &P, &S, &B, &rows, &bytes);
+    float *end = panel_scratch(m, ith, &P, &S, &B, &rows);
     pt_cpu_amx_config(64, 16);
     for (int64_t p0 = n0; p0 < n1; p0 += 32) {
         int nr = (int)(n1 - p0 < 32 ? n1 - p0 : 32);
-        pack_panel(m, p0, nr, P, S, B, rows, bytes);
+        pack_panel(m, p0, nr, P, S, B, rows);
         float bias[32];
         pt_cpu_panel_bias(bias, w, m->expert, p0, nr);
         pt_cpu_amx_panel(0, m->xb, P, S, B, m->xs, NULL, m->T, w->cols, pt_cpu_bgemm_gs(w), end, m->y, w->rows, p0,
