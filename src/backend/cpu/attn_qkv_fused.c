@@ -179,7 +179,7 @@ static void fused_merge(void *arg, long i0, long i1, int ith) {
 pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t pos, const pt_kv_layer *kv,
                                  const pt_attn *p) {
     const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv, ng = hd / kv->group_size;
-    int64_t lo = p->window > 0 && pos - p->window + 1 > 0 ? pos - p->window + 1 : 0;
+    int64_t lo = pt_cpu_keys_lo(p, pos);
     int64_t n = pos - lo + 1, nblk = (n + PT_FUSED_BLOCK - 1) / PT_FUSED_BLOCK;
     PT_TRY(pt_cpu_need_scratch(c, scratch_floats(G, hd, ng), (size_t)nkv * (size_t)nblk * G * (2 + (size_t)hd)));
     fused_ctx a = {c, out, q, lo, n, nblk, kv, p, c->xbuf, c->k == &pt_cpu_kernels_avx512};

@@ -128,11 +128,6 @@ typedef struct {
     int64_t maxn; /* the most keys one token attends to */
 } attn_ctx;
 
-/* The keys of query position hi: [lo, hi]. */
-static inline int64_t keys_lo(const pt_attn *p, int64_t hi) {
-    return p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
-}
-
 /* The slots of keys [lo, lo + n) of a ring of cap rows: at most two
  * contiguous runs (the ring wraps once), {index in the range, first slot,
  * length}. */
@@ -182,7 +177,7 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
                 }
     }
     for (int u = 0; u < nt; u++) {
-        const int64_t hi = a->pos[t0 + u], lo = keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
+        const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
         float *Su = S + (size_t)u * G * n + off; /* the token's rows: [G] × its nu keys, n apart */
         for (int g = 0; g < G; g++) {
             float *sg = Su + (size_t)g * n;
@@ -236,7 +231,7 @@ static void attn_run(void *arg, long i0, long i1, int ith) {
         const int kh = (int)(it % nkv);
         int64_t lo_u = INT64_MAX, hi_u = -1;
         for (int64_t t = t0; t < t1; t++) {
-            const int64_t hi = a->pos[t], lo = keys_lo(a->p, hi);
+            const int64_t hi = a->pos[t], lo = pt_cpu_keys_lo(a->p, hi);
             if (lo < lo_u) lo_u = lo;
             if (hi > hi_u) hi_u = hi;
         }
@@ -244,7 +239,7 @@ static void attn_run(void *arg, long i0, long i1, int ith) {
             attn_group(a, t0, t1, kh, lo_u, hi_u, scr);
             continue;
         }
-        for (int64_t t = t0; t < t1; t++) attn_group(a, t, t + 1, kh, keys_lo(a->p, a->pos[t]), a->pos[t], scr);
+        for (int64_t t = t0; t < t1; t++) attn_group(a, t, t + 1, kh, pt_cpu_keys_lo(a->p, a->pos[t]), a->pos[t], scr);
     }
 }
 
@@ -265,8 +260,7 @@ static void attn_run_q(void *arg, long i0, long i1, int ith) {
     for (long it = i0; it < i1; it++) {
         int64_t t = it / nkv;
         int kh = (int)(it % nkv);
-        int64_t hi = a->pos[t];
-        int64_t lo = p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
+        int64_t hi = a->pos[t], lo = pt_cpu_keys_lo(p, hi);
         int64_t n = hi - lo + 1;
         float *S = scr, *qx = S + (size_t)G * n, *qs = qx + (size_t)G * hd, *acc = qs + (size_t)G * ng;
         float *prm = acc + (size_t)G * hd, *vrow = prm + 8 * ng;
@@ -356,8 +350,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
                         p->n_heads, p->head_dim, kv->n_kv, kv->head_dim);
     int64_t maxn = 0, newest = T > 0 ? pos[T - 1] : 0;
     for (int64_t t = 0; t < T; t++) {
-        int64_t hi = pos[t];
-        int64_t lo = p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
+        int64_t hi = pos[t], lo = pt_cpu_keys_lo(p, hi);
         if (hi < 0) return pt_error(PT_ERR_RANGE, "attention: negative position %lld", (long long)hi);
         /* the chunk's newest row must not have overwritten the oldest row this query needs */
         if (newest - lo + 1 > kv->capacity)

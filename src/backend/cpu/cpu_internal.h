@@ -375,6 +375,12 @@ static inline void pt_cpu_panel_prefetch(const float *y, int64_t t1, int64_t T, 
 
 pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 
+/* The first key the query at position hi attends to (its keys are
+ * [lo, hi]; a sliding window keeps the last p->window). */
+static inline int64_t pt_cpu_keys_lo(const pt_attn *p, int64_t hi) {
+    return p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
+}
+
 /* --fused-decode-attn: one decode query at position pos over a quantized
  * cache (attn_qkv_fused.c); the caller has validated kv and p. */
 pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t pos, const pt_kv_layer *kv,

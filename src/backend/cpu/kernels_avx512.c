@@ -613,9 +613,9 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
     if (hd % 16 || hd > 512) return 0;
     float kT[512 * 32] __attribute__((aligned(64)));
     const int R = nt * G;
+    const size_t rs = (size_t)hd * (bf ? 2 : 4);
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
         const int64_t nk = n - j0 < 32 ? n - j0 : 32;
-        const size_t rs = (size_t)hd * (bf ? 2 : 4);
         /* the next block's rows on their way while this one is transposed and scored (streamed from memory,
          * its 16-row strided loads alone ran 15-35% behind the row-wise loads of attn_scores) */
         const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
