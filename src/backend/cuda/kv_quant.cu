@@ -205,34 +205,15 @@ __device__ __forceinline__ void kvq_group_warp(const qcache &c, int which, int64
     __syncwarp(); /* the words are read before the next group clears them */
 }
 
-__global__ void __launch_bounds__(KVA_WARPS * 32) kv_append_qw_kernel(qcache c, const float *k, const float *v,
-                                                                       int64_t T, const int32_t *pos) {
-    pt_release_dependents();
-    pt_wait_primary();
-    __shared__ uint32_t wsm[KVA_WARPS][32]; /* a group's words: gs·bits/32 <= 128·8/32 */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, ng = c.hd / c.gs;
-    const int64_t n = T * c.nkv * ng * 2;
-    for (int64_t i = blockIdx.x * (int64_t)KVA_WARPS + warp; i < n; i += (int64_t)gridDim.x * KVA_WARPS) {
-        const int which = (int)(i & 1);
-        const int64_t rg = i >> 1, r = rg / ng;
-        const int g = (int)(rg % ng);
-        const int32_t p = pos[r / c.nkv];
-        if (p < 0) continue; /* contract violation: positions are >= 0 (uniform in the warp) */
-        const float *src = (which ? v : k) + r * c.hd + (int64_t)g * c.gs;
-        float x[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (32 * j < c.gs) x[j] = src[lane + 32 * j];
-        kvq_group_warp(c, which, (int64_t)(r % c.nkv) * c.cap + p % c.cap, g, x, wsm[warp]);
-    }
-}
-
 /* rope_qk then the quantized kv_append in one launch (rope_qk_kv_append over
  * a quantized cache). Blocks below qblocks rotate the query pairs, a thread
- * per pair as rope.cu's rope_kernel; the others take kv_append_qw_kernel's
- * items, a warp per (row, group, K or V), a key group's lanes forming the
- * rotated values of their dims from the raw row as rope_kernel forms them
+ * per pair as rope.cu's rope_kernel; the others take the append's items, a
+ * warp per (row, group, K or V), a key group's lanes forming the rotated
+ * values of their dims from the raw row as rope_kernel forms them
  * (rope_math.cuh: the pair's table value, the rounded products and sum).
+ * With no query blocks and half = 0 nothing is rotated and inv_freq is not
+ * read: the plain quantized append (pt_cuda_kv_append_q), each group's values
+ * src[g·gs + lane + 32j] quantized by kvq_group_warp.
  * So q and the cache bytes are those of rope_qk + kv_append
  * (tests/cuda/test_cuda_kvq); k is read only (its groups' warps share the
  * pairs), so it is left unrotated. */
@@ -309,8 +290,9 @@ pt_status pt_cuda_kv_append_q(pt_backend *be, pt_kv_layer *kv, const float *k, c
     static int warp_form = -1; /* PETREL_CUDA_KVQ_WARP=0: a thread per item (A/B) */
     if (warp_form < 0) warp_form = pt_env_on("PETREL_CUDA_KVQ_WARP");
     if (warp_form)
-        pt_launch(kv_append_qw_kernel, dim3(pt_cuda_blocks(n, KVA_WARPS)), dim3(KVA_WARPS * 32), 0, c->stream,
-                  pt_pdl_chain(), qcache_of(kv), k, v, T, pos);
+        pt_launch(rope_kvq_kernel, dim3(pt_cuda_blocks(n, KVA_WARPS)), dim3(KVA_WARPS * 32), 0, c->stream,
+                  pt_pdl_chain(), qcache_of(kv), (float *)nullptr, k, v, T, 0, pos, 0, (const float *)nullptr, 1.0f, 0,
+                  0u);
     else
         kv_append_q_kernel<<<pt_cuda_blocks(n, 128), 128, 0, c->stream>>>(qcache_of(kv), k, v, T, pos);
     CUDA_CHECK_LAUNCH("kv_append (quantized)");
