@@ -3,7 +3,9 @@
  * (32 query heads, 8 KV heads, head_dim 64: llama-3.2-1b), through the op
  * table, for several layers' worth of distinct caches (so the cache streams
  * from memory when D is large). Reports ms per layer and the cache read rate.
- *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] */
+ * BITS 4 or 8: an MLX-quantized cache (group 64, bf16 scales and biases,
+ * made-up codes) instead; FUSED 1: --fused-decode-attn's kernel.
+ *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] [BITS] [FUSED] */
 #include "backend/backend.h"
 #include "base/half.h"
 
@@ -20,13 +22,31 @@ static double now(void) {
 int main(int argc, char **argv) {
     int D = argc > 1 ? atoi(argv[1]) : 8192, nth = argc > 2 ? atoi(argv[2]) : 2;
     int L = argc > 3 ? atoi(argv[3]) : 16, reps = argc > 4 ? atoi(argv[4]) : 5;
-    int nh = 32, nkv = 8, hd = 64;
+    int bits = argc > 5 ? atoi(argv[5]) : 0, fused = argc > 6 ? atoi(argv[6]) : 0;
+    int nh = 32, nkv = 8, hd = 64, gs = 64;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
     pt_kv_layer *kv = calloc(L, sizeof *kv);
-    size_t bytes = (size_t)D * nkv * hd * 2;
+    size_t bytes = bits ? (size_t)D * nkv * (hd * bits / 8 + 2 * 2 * hd / gs) : (size_t)D * nkv * hd * 2;
     for (int l = 0; l < L; l++) {
+        if (bits) {
+            size_t cb = (size_t)D * nkv * hd * bits / 8, pb = (size_t)D * nkv * (hd / gs) * 2;
+            kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = D, .dtype = PT_FT_BF16, .bits = bits,
+                                  .group_size = gs};
+            void **bufs[6] = {&kv[l].k, &kv[l].v, &kv[l].k_scales, &kv[l].k_biases, &kv[l].v_scales, &kv[l].v_biases};
+            for (int b = 0; b < 6; b++) {
+                size_t nbytes = b < 2 ? cb : pb;
+                *bufs[b] = be->ops->alloc(be, nbytes);
+                if (b < 2)
+                    for (size_t i = 0; i < nbytes; i++) ((uint8_t *)*bufs[b])[i] = (uint8_t)((i * 37 + l + b) * 11);
+                else
+                    for (size_t i = 0; i < nbytes / 2; i++)
+                        ((uint16_t *)*bufs[b])[i] =
+                            pt_f32_to_bf16(b % 2 ? 0.01f * (float)((i * 3 + l) % 7) - 0.5f : 0.01f + 0.001f * (i % 5));
+            }
+            continue;
+        }
         kv[l] = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = D, .dtype = PT_FT_BF16};
         kv[l].k = be->ops->alloc(be, bytes);
         kv[l].v = be->ops->alloc(be, bytes);
@@ -39,7 +59,7 @@ int main(int argc, char **argv) {
     float *q = aligned_alloc(64, nh * hd * 4), *o = aligned_alloc(64, nh * hd * 4);
     for (int i = 0; i < nh * hd; i++) q[i] = pt_round_bf16((float)(i % 17) / 17.0f - 0.5f);
     int32_t pos = D - 1;
-    pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
+    pt_attn ap = {.n_heads = nh, .head_dim = hd, .scale = 0.125f, .fused_decode = fused};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         double t0 = now();
@@ -47,7 +67,7 @@ int main(int argc, char **argv) {
         double t = now() - t0;
         if (t < best) best = t;
     }
-    printf("decode attention D=%d threads=%d: %.3f ms per layer, cache read %.1f GB/s\n", D, nth, best / L * 1e3,
+    printf("decode attention D=%d bits=%d fused=%d threads=%d: %.3f ms per layer, cache read %.1f GB/s\n", D, bits, fused, nth, best / L * 1e3,
            2.0 * bytes * L / best / 1e9);
     pt_backend_free(&be);
     return 0;

@@ -451,6 +451,8 @@ static int run_qattn_case(pt_backend *be, const qattn_case *c) {
 static const qattn_case qattn_cases[] = {
     {4, 4, 64, 1, 20, 0, 4, 64, 0}, {8, 2, 64, 5, 9, 0, 8, 32, 0}, {4, 1, 128, 3, 30, 0, 4, 128, 0},
     {4, 2, 64, 6, 11, 4, 4, 64, 2}, {2, 2, 32, 2, 7, 0, 2, 32, 0},  {6, 2, 96, 1, 17, 0, 8, 32, 0},
+    {4, 2, 64, 16, 59, 0, 4, 64, 0}, {4, 2, 64, 1, 74, 0, 4, 64, 0}, {4, 2, 64, 16, 59, 0, 8, 64, 0},
+    {4, 2, 64, 16, 16, 0, 4, 64, 0}, {4, 2, 64, 16, 59, 24, 4, 64, 3}, {8, 2, 128, 16, 59, 24, 8, 64, 3},
 };
 
 static int qattn_case_at(pt_backend *be, size_t ci) { return run_qattn_case(be, &qattn_cases[ci]); }

@@ -1,23 +1,21 @@
 /* CPU attention over a KV cache (prefill chunks and decode) and kv_append.
  *
- * Work items are (query token, KV head) pairs split across the pool. One item
- * handles all the query heads that share the KV head (GQA), so each K and V
- * row is read once per token for the whole group: decode reads the cache
- * exactly once. Scores for the group live in per-thread scratch
- * [group, n_keys]; the softmax is exact (two passes: scores, then p·V).
+ * Work items are (group of up to 8 query tokens, KV head) pairs split across
+ * the pool. One item handles all the query heads that share the KV head
+ * (GQA) for all its tokens, so each K row is read once per item for all of
+ * them and each V row once per token: decode reads the cache exactly once.
+ * Scores for the group live in per-thread scratch [tokens·group, n_keys];
+ * the softmax is exact (two passes: scores, then p·V).
  *
  * Quantized caches (MLX affine codes per token and head, DESIGN.md
  * "Quantized KV, exactly") are written with the MLX quantizer of
- * src/format/mlx_quant.h; attention over them scores 4 keys at a time with
- * the quantized matvec kernels (the factored form scale·Σq·x + bias·Σx, the
- * pre-scaled query playing x) and dequantizes each value row once for the
- * whole GQA group. With the AVX-512 kernels an item runs
- * pt_cpu_qattn_item_avx512 instead (attn_qkv_fused_avx512.c): the same
- * scores, rounding and two-pass softmax, with each key/value row's codes
- * widened once for the whole group and p·V computed as
- * Σ_j (p_j·scale_jb)·q_j + Σ_j p_j·bias_jb — the same sums in another
- * order. */
-#include "backend/cpu/attn_qkv_fused.h"
+ * src/format/mlx_quant.h; attention over them takes the query scaled first
+ * and every key and value row dequantized in f32 (scale·code + bias, two
+ * roundings: the oracle's fp32 dequantization, tests/test_kv_quant.c),
+ * then the full-precision machinery: the kernel table's attn_scores_tq and
+ * attn_pv_q dequantize in registers as they go; without them (other bits,
+ * ISAs, shapes) rows are dequantized 32 at a time into scratch for the
+ * full-precision kernels. */
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
@@ -115,6 +113,29 @@ pt_status pt_cpu_kv_append(pt_backend *be, pt_kv_layer *kv, const float *k, cons
     return PT_OK;
 }
 
+void pt_cpu_qrows_ref(float *dst, const pt_cpu_qrows *r, int64_t n) {
+    const int hd = r->hd, gs = r->gs, ng = hd / gs;
+    for (int64_t j = 0; j < n; j++) {
+        const pt_cpu_qrows row = pt_cpu_qrows_at(r, j);
+        float *o = dst + j * hd;
+        pt_cpu_unpack_codes(row.codes, r->bits, 0, hd, o);
+        for (int b = 0; b < ng; b++) {
+            const float s = pt_ft_load(r->dt, row.sc, b), z = pt_ft_load(r->dt, row.bi, b);
+            for (int i = b * gs; i < (b + 1) * gs; i++) o[i] = s * o[i] + z;
+        }
+    }
+}
+
+pt_cpu_qrows pt_cpu_kv_qrows(const pt_kv_layer *kv, int v, int h, int64_t slot) {
+    return (pt_cpu_qrows){(const uint8_t *)qkv_codes(v ? kv->v : kv->k, kv, h, slot),
+                          qkv_param(v ? kv->v_scales : kv->k_scales, kv, h, slot),
+                          qkv_param(v ? kv->v_biases : kv->k_biases, kv, h, slot),
+                          kv->dtype,
+                          kv->bits,
+                          kv->group_size,
+                          kv->head_dim};
+}
+
 typedef struct {
     pt_cpu *c;
     float *out;
@@ -123,8 +144,7 @@ typedef struct {
     const int32_t *pos;
     const pt_kv_layer *kv;
     const pt_attn *p;
-    int avx512; /* quantized items through pt_cpu_qattn_item_avx512 */
-    int tq;      /* full-precision cache: tokens per item (attn_group) */
+    int tq;       /* tokens per item (attn_group) */
     int64_t maxn; /* the most keys one token attends to */
 } attn_ctx;
 
@@ -137,44 +157,103 @@ static inline void key_runs(int64_t runs[2][3], int64_t lo, int64_t n, int64_t c
     runs[1][0] = n1, runs[1][1] = 0, runs[1][2] = n - n1;
 }
 
-/* Tokens [t0, t1) and KV head kh over a full-precision cache: the scores of
- * every query head of the tokens against the keys any of them attends to,
- * [lo_u, hi_u], in one pass over those keys (each key row read once for
- * all the tokens' heads), then per token its own keys' softmax and P·V.
- * Scratch: S [nt·G, n_u], acc [G, hd]. */
+/* S[(u·G + g)·lds + j] = q_{u,g} · k_j for len contiguous full-precision rows
+ * k (bf16 or f32): the kernel table's kernels, else dot products. many: the
+ * kernel of many rows (a prefill call's, or a decode step's with at least 4
+ * query heads per KV head; kernels_avx512.c: below that a step's rows are
+ * too few to pay for the key block's transposition). */
+static void scores_rows(const pt_cpu_kernels *k, int many, float *S, int64_t lds, const float *q, int64_t qs, int nt,
+                        int G, int hd, const void *k0, int64_t len, int bf) {
+    if (many ? k->attn_scores_t && k->attn_scores_t(S, lds, q, qs, nt, G, hd, k0, len, bf)
+             : k->attn_scores && k->attn_scores(S, lds, q, G, hd, k0, len, bf))
+        return;
+    for (int u = 0; u < nt; u++)
+        for (int64_t j = 0; j < len; j++)
+            for (int g = 0; g < G; g++) {
+                const float *qg = q + u * qs + g * hd;
+                S[(size_t)(u * G + g) * lds + j] = bf ? k->dot_bf16(qg, (const uint16_t *)k0 + j * hd, hd)
+                                                      : k->dot_f32(qg, (const float *)k0 + j * hd, hd);
+            }
+}
+
+/* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] over len rows v (bf16 or f32) */
+static void pv_rows(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp, int G, int hd, const void *v0,
+                    int64_t len, int bf) {
+    if (k->attn_pv && k->attn_pv(acc, P, ldp, G, hd, v0, len, bf)) return;
+    for (int64_t j = 0; j < len; j++)
+        for (int g = 0; g < G; g++) {
+            float pj = P[(size_t)g * ldp + j];
+            if (bf) k->axpy_bf16(acc + g * hd, pj, (const uint16_t *)v0 + j * hd, hd);
+            else k->axpy_f32(acc + g * hd, pj, (const float *)v0 + j * hd, hd);
+        }
+}
+
+void pt_cpu_qscores(const pt_cpu_kernels *k, float *S, int64_t lds, const float *q, int64_t qs, int nt, int G,
+                    const pt_cpu_qrows *kr, int64_t n, float *rows) {
+    if (k->attn_scores_tq && k->attn_scores_tq(S, lds, q, qs, nt, G, kr, n)) return;
+    for (int64_t jb = 0; jb < n; jb += PT_CPU_QROWS) {
+        const int64_t nb = n - jb < PT_CPU_QROWS ? n - jb : PT_CPU_QROWS;
+        const pt_cpu_qrows blk = pt_cpu_qrows_at(kr, jb);
+        pt_cpu_qrows_ref(rows, &blk, nb);
+        scores_rows(k, 1, S + jb, lds, q, qs, nt, G, kr->hd, rows, nb, 0);
+    }
+}
+
+void pt_cpu_qpv(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp, int G, const pt_cpu_qrows *vr,
+                int64_t n, float *rows) {
+    if (k->attn_pv_q && k->attn_pv_q(acc, P, ldp, G, vr, n)) return;
+    for (int64_t jb = 0; jb < n; jb += PT_CPU_QROWS) {
+        const int64_t nb = n - jb < PT_CPU_QROWS ? n - jb : PT_CPU_QROWS;
+        const pt_cpu_qrows blk = pt_cpu_qrows_at(vr, jb);
+        pt_cpu_qrows_ref(rows, &blk, nb);
+        pv_rows(k, acc, P + jb, ldp, G, vr->hd, rows, nb, 0);
+    }
+}
+
+/* Tokens [t0, t1) and KV head kh: the scores of every query head of the
+ * tokens against the keys any of them attends to, [lo_u, hi_u], in one pass
+ * over those keys (each key row read once for all the tokens' heads), then
+ * per token its own keys' softmax and P·V. A quantized cache (DESIGN.md
+ * "Quantized KV, exactly"): the query scaled first (q·scale rounded to the
+ * activation dtype, as mlx-lm does), each key and value row dequantized in
+ * f32 (pt_cpu_qrows_ref's values) and used as a full-precision row is, the
+ * scores rounded by the softmax's own first step (scale 1). Scratch:
+ * S [nt·G, n_u], acc [G, hd]; quantized also qx [nt·G, hd], rows
+ * [PT_CPU_QROWS, hd]. */
 static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_t lo_u, int64_t hi_u, float *scr) {
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
     const pt_cpu_kernels *k = a->c->k;
     pt_act_dtype act = a->c->base.act;
-    const int hd = p->head_dim, G = p->n_heads / kv->n_kv, nt = (int)(t1 - t0);
-    const int64_t cap = kv->capacity, n = hi_u - lo_u + 1, qs = (int64_t)p->n_heads * hd;
-    const int bf = kv->dtype == PT_FT_BF16;
+    const int hd = p->head_dim, G = p->n_heads / kv->n_kv, nt = (int)(t1 - t0), quant = kv->bits != 0;
+    const int64_t cap = kv->capacity, n = hi_u - lo_u + 1;
+    const int bf = !quant && kv->dtype == PT_FT_BF16;
     const size_t es = bf ? 2 : 4;
-    float *S = scr;                          /* [nt·G, n] */
+    float *S = scr;                        /* [nt·G, n] */
     float *acc = scr + (size_t)nt * G * n; /* [G, hd] */
+    float *qx = acc + (size_t)G * hd, *rows = qx + (size_t)nt * G * hd;
     const float *q = a->q + (t0 * p->n_heads + (int64_t)kh * G) * hd;
+    int64_t qs = (int64_t)p->n_heads * hd;
+    float sscale = p->scale;
+    if (quant) { /* mlx-lm: q *= scale first, in the activation dtype */
+        for (int u = 0; u < nt; u++)
+            for (int i = 0; i < G * hd; i++) qx[(size_t)u * G * hd + i] = pt_act_round(act, q[u * qs + i] * p->scale);
+        q = qx, qs = (int64_t)G * hd, sscale = 1.0f;
+    }
     const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * es;
     const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * es;
-    /* the kernel of many rows: a prefill call's, or a decode step's with at least 4 query heads per KV head
-     * (kernels_avx512.c: below that a step's rows are too few to pay for the key block's transposition) */
     const int many = a->T > 1 || G >= 4;
     int64_t runs[2][3];
     key_runs(runs, lo_u, n, cap);
     for (int r = 0; r < 2; r++) {
-        int64_t j0 = runs[r][0], len = runs[r][2];
+        const int64_t j0 = runs[r][0], len = runs[r][2];
         if (len <= 0) continue;
-        const char *k0 = kb + (size_t)runs[r][1] * hd * es;
-        if (many ? k->attn_scores_t && k->attn_scores_t(S + j0, n, q, qs, nt, G, hd, k0, len, bf)
-                 : k->attn_scores && k->attn_scores(S + j0, n, q, G, hd, k0, len, bf))
+        if (!quant) {
+            scores_rows(k, many, S + j0, n, q, qs, nt, G, hd, kb + (size_t)runs[r][1] * hd * es, len, bf);
             continue;
-        for (int u = 0; u < nt; u++)
-            for (int64_t j = 0; j < len; j++)
-                for (int g = 0; g < G; g++) {
-                    const float *qg = q + u * qs + g * hd;
-                    S[(size_t)(u * G + g) * n + j0 + j] = bf ? k->dot_bf16(qg, (const uint16_t *)k0 + j * hd, hd)
-                                                             : k->dot_f32(qg, (const float *)k0 + j * hd, hd);
-                }
+        }
+        const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, runs[r][1]);
+        pt_cpu_qscores(k, S + j0, n, q, qs, nt, G, &kr, len, rows);
     }
     for (int u = 0; u < nt; u++) {
         const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
@@ -182,11 +261,11 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
         for (int g = 0; g < G; g++) {
             float *sg = Su + (size_t)g * n;
             if (p->softcap <= 0 && k->softmax_row) {
-                k->softmax_row(sg, nu, p->scale, act == PT_ACT_BF16);
+                k->softmax_row(sg, nu, sscale, act == PT_ACT_BF16);
                 continue;
             }
             for (int64_t j = 0; j < nu; j++) {
-                float s = pt_act_round(act, pt_act_round(act, sg[j]) * p->scale);
+                float s = pt_act_round(act, pt_act_round(act, sg[j]) * sscale);
                 if (p->softcap > 0)
                     s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
                 sg[j] = s;
@@ -202,16 +281,14 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
         int64_t ru[2][3];
         key_runs(ru, lo, nu, cap);
         for (int r = 0; r < 2; r++) {
-            int64_t j0 = ru[r][0], len = ru[r][2];
+            const int64_t j0 = ru[r][0], len = ru[r][2];
             if (len <= 0) continue;
-            const char *v0 = vb + (size_t)ru[r][1] * hd * es;
-            if (k->attn_pv && k->attn_pv(acc, Su + j0, n, G, hd, v0, len, bf)) continue;
-            for (int64_t j = 0; j < len; j++)
-                for (int g = 0; g < G; g++) {
-                    float pj = Su[(size_t)g * n + j0 + j];
-                    if (bf) k->axpy_bf16(acc + g * hd, pj, (const uint16_t *)v0 + j * hd, hd);
-                    else k->axpy_f32(acc + g * hd, pj, (const float *)v0 + j * hd, hd);
-                }
+            if (!quant) {
+                pv_rows(k, acc, Su + j0, n, G, hd, vb + (size_t)ru[r][1] * hd * es, len, bf);
+                continue;
+            }
+            const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, ru[r][1]);
+            pt_cpu_qpv(k, acc, Su + j0, n, G, &vr, len, rows);
         }
         float *o = a->out + ((t0 + u) * p->n_heads + (int64_t)kh * G) * hd;
         for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
@@ -221,7 +298,7 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
 /* Items: (group of tq consecutive tokens, KV head). A group whose tokens'
  * key ranges are far apart (their union more than tq keys past the longest:
  * positions that jump) runs token by token; a score's bits do not depend
- * on the grouping (the kernel table's attn_scores_t). */
+ * on the grouping (the kernel table's attn_scores_t / attn_scores_tq). */
 static void attn_run(void *arg, long i0, long i1, int ith) {
     attn_ctx *a = arg;
     const int nkv = a->kv->n_kv;
@@ -240,103 +317,6 @@ static void attn_run(void *arg, long i0, long i1, int ith) {
             continue;
         }
         for (int64_t t = t0; t < t1; t++) attn_group(a, t, t + 1, kh, pt_cpu_keys_lo(a->p, a->pos[t]), a->pos[t], scr);
-    }
-}
-
-/* Quantized cache: per (token, KV head) item. Scratch per thread:
- * S [G, n] | qx [G, hd] (pre-scaled query, permuted for 4-bit) | qs [G, ng]
- * (its group sums) | acc [G, hd] | sc/bi [4 rows × 2 × ng] | vrow [hd] |
- * the AVX-512 item kernel's (pt_cpu_fused_block_scratch). */
-static void attn_run_q(void *arg, long i0, long i1, int ith) {
-    attn_ctx *a = arg;
-    const pt_kv_layer *kv = a->kv;
-    const pt_attn *p = a->p;
-    const pt_cpu_kernels *k = a->c->k;
-    pt_act_dtype act = a->c->base.act;
-    int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv, gs = kv->group_size, bits = kv->bits;
-    int64_t ng = hd / gs, cap = kv->capacity;
-    int fast = bits == 4 || bits == 8;
-    float *scr = pt_cpu_thread_scratch(a->c, ith);
-    for (long it = i0; it < i1; it++) {
-        int64_t t = it / nkv;
-        int kh = (int)(it % nkv);
-        int64_t hi = a->pos[t], lo = pt_cpu_keys_lo(p, hi);
-        int64_t n = hi - lo + 1;
-        float *S = scr, *qx = S + (size_t)G * n, *qs = qx + (size_t)G * hd, *acc = qs + (size_t)G * ng;
-        float *prm = acc + (size_t)G * hd, *vrow = prm + 8 * ng;
-        const float *q = a->q + (t * p->n_heads + (int64_t)kh * G) * hd;
-        for (int g = 0; g < G; g++) { /* mlx-lm: q *= scale first, in the activation dtype */
-            float *xg = qx + (size_t)g * hd;
-            for (int i = 0; i < hd; i++) vrow[i] = pt_act_round(act, q[g * hd + i] * p->scale);
-            for (int64_t b = 0; b < ng; b++) {
-                float sum = 0.0f;
-                for (int i = (int)b * gs; i < (int)(b + 1) * gs; i++) sum += vrow[i];
-                qs[(size_t)g * ng + b] = sum;
-            }
-            if (bits == 4) pt_cpu_permute_x4(xg, vrow, hd);
-            else memcpy(xg, vrow, (size_t)hd * sizeof(float));
-        }
-        float *o = a->out + (t * p->n_heads + (int64_t)kh * G) * hd;
-        if (a->avx512 && pt_cpu_qattn_item_avx512(acc, qx, qs, G, kv, kh, lo, n, p->softcap, act == PT_ACT_BF16,
-                                                  k->softmax_row, S, vrow + hd)) {
-            for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
-            continue;
-        }
-        for (int64_t j0 = 0; j0 < n; j0 += 4) {
-            int nr = (int)(n - j0 < 4 ? n - j0 : 4);
-            const uint8_t *codes[4];
-            const float *sc[4], *bi[4];
-            for (int r = 0; r < 4; r++) {
-                int64_t slot = (lo + j0 + (r < nr ? r : nr - 1)) % cap;
-                codes[r] = (const uint8_t *)qkv_codes(kv->k, kv, kh, slot);
-                float *s_ = prm + (size_t)r * 2 * ng, *b_ = s_ + ng;
-                pt_ft_load_row(kv->dtype, qkv_param(kv->k_scales, kv, kh, slot), s_, ng);
-                pt_ft_load_row(kv->dtype, qkv_param(kv->k_biases, kv, kh, slot), b_, ng);
-                sc[r] = s_;
-                bi[r] = b_;
-            }
-            for (int g = 0; g < G; g++) {
-                float o4[4];
-                const float *xg = qx + (size_t)g * hd, *xsg = qs + (size_t)g * ng;
-                if (fast && bits == 4) k->qdot4_x4(o4, xg, xsg, codes, sc, bi, hd, gs);
-                else if (fast) k->qdot8_x4(o4, xg, xsg, codes, sc, bi, hd, gs);
-                else
-                    for (int r = 0; r < nr; r++) { /* other widths: unpack, then the same factored form */
-                        pt_cpu_unpack_codes(codes[r], bits, 0, hd, vrow);
-                        float v = 0.0f;
-                        for (int64_t b = 0; b < ng; b++)
-                            v += sc[r][b] * k->dot_f32(xg + b * gs, vrow + b * gs, gs) + bi[r][b] * xsg[b];
-                        o4[r] = v;
-                    }
-                for (int r = 0; r < nr; r++) S[(size_t)g * n + j0 + r] = pt_act_round(act, o4[r]);
-            }
-        }
-        for (int g = 0; g < G; g++) {
-            float *sg = S + (size_t)g * n;
-            if (p->softcap > 0)
-                for (int64_t j = 0; j < n; j++)
-                    sg[j] = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, sg[j] / p->softcap))) * p->softcap);
-            if (k->softmax_row) {
-                k->softmax_row(sg, n, 1.0f, act == PT_ACT_BF16);
-                continue;
-            }
-            float m = -INFINITY, sum = 0.0f;
-            for (int64_t j = 0; j < n; j++)
-                if (sg[j] > m) m = sg[j];
-            for (int64_t j = 0; j < n; j++) sum += (sg[j] = expf(sg[j] - m));
-            for (int64_t j = 0; j < n; j++) sg[j] = pt_act_round(act, sg[j] / sum);
-        }
-        memset(acc, 0, (size_t)G * hd * sizeof(float));
-        for (int64_t j = 0; j < n; j++) { /* each value row dequantized once for the group */
-            int64_t slot = (lo + j) % cap;
-            pt_cpu_unpack_codes((const uint8_t *)qkv_codes(kv->v, kv, kh, slot), bits, 0, hd, vrow);
-            pt_ft_load_row(kv->dtype, qkv_param(kv->v_scales, kv, kh, slot), prm, ng);
-            pt_ft_load_row(kv->dtype, qkv_param(kv->v_biases, kv, kh, slot), prm + ng, ng);
-            for (int64_t b = 0; b < ng; b++)
-                for (int i = (int)b * gs; i < (int)(b + 1) * gs; i++) vrow[i] = prm[b] * vrow[i] + prm[ng + b];
-            for (int g = 0; g < G; g++) k->axpy_f32(acc + (size_t)g * hd, S[(size_t)g * n + j], vrow, hd);
-        }
-        for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
     }
 }
 
@@ -362,21 +342,15 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p, c->k == &pt_cpu_kernels_avx512, 1, maxn};
-    if (kv->bits) {
-        size_t ng = (size_t)(p->head_dim / kv->group_size);
-        PT_TRY(pt_cpu_need_scratch(c, (size_t)G * (size_t)(maxn + 2 * p->head_dim) + (size_t)G * ng + 8 * ng +
-                                          (size_t)p->head_dim + pt_cpu_fused_block_scratch(G, p->head_dim, (int)ng),
-                                   0));
-        pt_pool_for(c->pool, (long)(T * kv->n_kv), 1, attn_run_q, &a);
-        return PT_OK;
-    }
+    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn};
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */
     a.tq = 8;
     while (a.tq > 1 && (int64_t)a.tq * G * (maxn + a.tq) > ((int64_t)1 << 20)) a.tq /= 2;
     if (a.tq > T && T > 0) a.tq = (int)T;
-    PT_TRY(pt_cpu_need_scratch(c, (size_t)a.tq * G * (size_t)(maxn + a.tq) + (size_t)G * p->head_dim, 0));
+    size_t per = (size_t)a.tq * G * (size_t)(maxn + a.tq) + (size_t)G * p->head_dim;
+    if (kv->bits) per += (size_t)a.tq * G * p->head_dim + (size_t)PT_CPU_QROWS * p->head_dim;
+    PT_TRY(pt_cpu_need_scratch(c, per, 0));
     pt_pool_for(c->pool, (long)((T + a.tq - 1) / a.tq * kv->n_kv), 1, attn_run, &a);
     return PT_OK;
 }

@@ -95,6 +95,33 @@ static inline int64_t pt_cpu_pf_offset(int64_t K, int bits) {
     return (PT_CPU_PF_AHEAD + blk - 1) / blk * blk;
 }
 
+/* Consecutive rows of a quantized KV cache (MLX affine codes, low bits first
+ * in each 32-bit word): row j's codes at codes + j·rb (rb = hd·bits/8
+ * bytes), its ng = hd/gs scales and biases at element j·ng of sc and bi,
+ * of type dt. */
+typedef struct pt_cpu_qrows {
+    const uint8_t *codes;
+    const void *sc, *bi;
+    pt_ftype dt;
+    int bits, gs, hd;
+} pt_cpu_qrows;
+/* The rows [j, j + n) of r as their own pt_cpu_qrows */
+static inline pt_cpu_qrows pt_cpu_qrows_at(const pt_cpu_qrows *r, int64_t j) {
+    const size_t ng = (size_t)(r->hd / r->gs), es = pt_ftype_size(r->dt);
+    pt_cpu_qrows o = *r;
+    o.codes += (size_t)j * (size_t)r->hd * (size_t)r->bits / 8;
+    o.sc = (const char *)r->sc + (size_t)j * ng * es;
+    o.bi = (const char *)r->bi + (size_t)j * ng * es;
+    return o;
+}
+/* n rows dequantized, dst[j·hd + d] = s·c + b for value d's code c and its
+ * group's scale s and bias b (any bits), the product rounded before the sum
+ * (no FMA: with f32 scales an FMA's single rounding moves values by an ulp,
+ * and a 4-bit cache re-quantizes the next layer's rows from them, so one ulp
+ * can flip a code downstream: the fixtures' fp32 oracle rounds twice). The
+ * values the kernel table's quantized attention kernels use. */
+void pt_cpu_qrows_ref(float *dst, const pt_cpu_qrows *r, int64_t n);
+
 typedef struct pt_cpu_kernels {
     const char *name;
     /* Σ x[i]·w[i] over n, f32 accumulation */
@@ -173,10 +200,22 @@ typedef struct pt_cpu_kernels {
     int (*attn_scores_t)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
                          int64_t n, int bf);
     int (*attn_pv)(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n, int bf);
+    /* A quantized cache's rows (4 or 8 bits), each dequantized as
+     * pt_cpu_qrows_ref does: attn_scores_tq is attn_scores_t over n such
+     * keys, attn_pv_q attn_pv over n such values, with the bits of
+     * pt_cpu_qrows_ref followed by those kernels on the f32 rows. 0 = shape
+     * not handled (the caller dequantizes with pt_cpu_qrows_ref). */
+    int (*attn_scores_tq)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, const pt_cpu_qrows *k,
+                          int64_t n);
+    int (*attn_pv_q)(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n);
     /* One attention row without soft-cap: s = round(round(s)·scale), then
      * s = round(softmax(s)) (round = to bf16 when bf16 != 0, else identity).
      * NULL = the caller's scalar loop (expf). */
     void (*softmax_row)(float *s, int64_t n, float scale, int bf16);
+    /* One block of an online softmax (--fused-decode-attn): s = round(s)
+     * (round as above), *m = max s, s = e^(s − *m) with softmax_row's exp,
+     * *l = Σ s (the sum's order fixed by n). NULL = the caller's loop (expf). */
+    void (*softmax_part)(float *s, int64_t n, int bf16, float *m, float *l);
     /* SwiGLU over n elements: y[i] = round(round(silu(g[i]))·u[i]) (round as
      * in softmax_row), silu(g) = g / (1 + exp(−g)) with a vector exp (a few
      * ulp from libm's expf). NULL = the caller's scalar loop. */
@@ -380,6 +419,21 @@ pt_status pt_cpu_need_scratch(pt_cpu *c, size_t per_thread, size_t shared);
 static inline int64_t pt_cpu_keys_lo(const pt_attn *p, int64_t hi) {
     return p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
 }
+
+/* The rows of a quantized cache's head h from slot on (v: the values, else
+ * the keys); the caller keeps runs within the ring. */
+pt_cpu_qrows pt_cpu_kv_qrows(const pt_kv_layer *kv, int v, int h, int64_t slot);
+/* Rows dequantized at a time into the rows scratch of the two below */
+#define PT_CPU_QROWS 32
+/* Attention over n quantized cache rows (cpu_attention.c): attn_scores_t's
+ * scores (each key dequantized as pt_cpu_qrows_ref does) and attn_pv's sums
+ * over dequantized values, through the kernel table's attn_scores_tq /
+ * attn_pv_q, else rows dequantized PT_CPU_QROWS at a time into rows
+ * [PT_CPU_QROWS·hd] for the full-precision kernels. */
+void pt_cpu_qscores(const pt_cpu_kernels *k, float *S, int64_t lds, const float *q, int64_t qs, int nt, int G,
+                    const pt_cpu_qrows *kr, int64_t n, float *rows);
+void pt_cpu_qpv(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp, int G, const pt_cpu_qrows *vr,
+                int64_t n, float *rows);
 
 /* --fused-decode-attn: one decode query at position pos over a quantized
  * cache (attn_qkv_fused.c); the caller has validated kv and p. */

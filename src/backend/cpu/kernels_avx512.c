@@ -608,6 +608,16 @@ SCORE_ROWS(2)
 SCORE_ROWS(1)
 #pragma GCC pop_options
 
+/* Rows r < R of a transposed block's scores (kT [hd][32], nk keys) */
+static inline void score_block(float *S, int64_t lds, const float *q, int64_t qs, int R, int G, const float *kT,
+                               int hd, int64_t nk) {
+    int r = 0;
+    for (; r + 8 <= R; r += 8) score_rows8(S, lds, q, qs, G, r, kT, hd, nk);
+    for (; r + 4 <= R; r += 4) score_rows4(S, lds, q, qs, G, r, kT, hd, nk);
+    for (; r + 2 <= R; r += 2) score_rows2(S, lds, q, qs, G, r, kT, hd, nk);
+    for (; r < R; r++) score_rows1(S, lds, q, qs, G, r, kT, hd, nk);
+}
+
 static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
                        int64_t n, int bf) {
     if (hd % 16 || hd > 512) return 0;
@@ -624,11 +634,211 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
             for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
         }
         keys_t32(kT, (const char *)k + (size_t)j0 * rs, nk, hd, bf);
-        int r = 0;
-        for (; r + 8 <= R; r += 8) score_rows8(S + j0, lds, q, qs, G, r, kT, hd, nk);
-        for (; r + 4 <= R; r += 4) score_rows4(S + j0, lds, q, qs, G, r, kT, hd, nk);
-        for (; r + 2 <= R; r += 2) score_rows2(S + j0, lds, q, qs, G, r, kT, hd, nk);
-        for (; r < R; r++) score_rows1(S + j0, lds, q, qs, G, r, kT, hd, nk);
+        score_block(S + j0, lds, q, qs, R, G, kT, hd, nk);
+    }
+    return 1;
+}
+
+/* ---- quantized KV rows (4/8-bit MLX codes) ----
+ * Values are scale·code + bias, product and sum each rounded, as
+ * pt_cpu_qrows_ref computes them. */
+static inline float qparam(const void *p, pt_ftype dt, size_t i) {
+    return dt == PT_FT_BF16 ? pt_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* P·V over n quantized value rows (attn_pv_q): the block's outputs in
+ * registers (B heads × 64 dims) across 64 rows at a time, each row's codes
+ * widened once for the B heads and dequantized in registers with the
+ * operations of pt_cpu_qrows_ref, so each sum is the chain attn_pv runs
+ * on the dequantized rows. 4-bit rows come as a byte's two values (the
+ * low nibbles are the even values of 32, the high ones the odd), so the
+ * accumulators hold each 32 dims as [even | odd], sorted back at the
+ * block's store. The rows 16 ahead are prefetched. */
+#define PVQ_ROWS 64
+#define PVQ_BLOCK(B)                                                                                                \
+    static void pvq_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {             \
+        const int bits = r->bits, hd = r->hd, gs = r->gs, ng = hd / gs;                                            \
+        const size_t rb = (size_t)hd * bits / 8, pb = (size_t)ng * pt_ftype_size(r->dt);                           \
+        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),          \
+                      od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31),          \
+                      ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),             \
+                      ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);       \
+        for (int64_t j0 = 0; j0 < n; j0 += PVQ_ROWS) {                                                             \
+            const int64_t j1 = n - j0 < PVQ_ROWS ? n : j0 + PVQ_ROWS;                                              \
+            for (int d0 = 0; d0 < hd; d0 += 64) {                                                                  \
+                const int b0 = d0 / gs, b1 = (d0 + 32) / gs;                                                       \
+                __m512 o[B][4];                                                                                    \
+                for (int g = 0; g < B; g++)                                                                        \
+                    for (int i = 0; i < 4; i += 2) {                                                               \
+                        const __m512 x0 = _mm512_loadu_ps(out + g * hd + d0 + 16 * i),                             \
+                                     x1 = _mm512_loadu_ps(out + g * hd + d0 + 16 * i + 16);                        \
+                        o[g][i] = bits == 4 ? _mm512_permutex2var_ps(x0, ev, x1) : x0;                             \
+                        o[g][i + 1] = bits == 4 ? _mm512_permutex2var_ps(x0, od, x1) : x1;                         \
+                    }                                                                                              \
+                for (int64_t j = j0; j < j1; j++) {                                                                \
+                    const uint8_t *c = r->codes + (size_t)j * rb;                                                  \
+                    if (d0 == 0) {                                                                                 \
+                        _mm_prefetch((const char *)c + 16 * rb, _MM_HINT_T0);                                      \
+                        _mm_prefetch((const char *)r->sc + (size_t)(j + 16) * pb, _MM_HINT_T0);                    \
+                        _mm_prefetch((const char *)r->bi + (size_t)(j + 16) * pb, _MM_HINT_T0);                    \
+                    }                                                                                              \
+                    const __m512 s0 = _mm512_set1_ps(qparam(r->sc, r->dt, (size_t)j * ng + b0)),                  \
+                                 z0 = _mm512_set1_ps(qparam(r->bi, r->dt, (size_t)j * ng + b0)),                   \
+                                 s1 = _mm512_set1_ps(qparam(r->sc, r->dt, (size_t)j * ng + b1)),                   \
+                                 z1 = _mm512_set1_ps(qparam(r->bi, r->dt, (size_t)j * ng + b1));                   \
+                    __m512i w[4];                                                                                  \
+                    if (bits == 4) {                                                                               \
+                        for (int i = 0; i < 4; i += 2) {                                                           \
+                            const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 / 2 + 8 * i))); \
+                            w[i] = _mm512_and_si512(x, _mm512_set1_epi32(15));                                     \
+                            w[i + 1] = _mm512_srli_epi32(x, 4);                                                    \
+                        }                                                                                          \
+                    } else {                                                                                       \
+                        for (int i = 0; i < 4; i++)                                                                \
+                            w[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 + 16 * i)));      \
+                    }                                                                                              \
+                    __m512 v[4];                                                                                   \
+                    for (int i = 0; i < 4; i++)                                                                    \
+                        v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w[i]), i < 2 ? s0 : s1), i < 2 ? z0 : z1);        \
+                    for (int g = 0; g < B; g++) {                                                                  \
+                        const __m512 p = _mm512_set1_ps(P[g * ldp + j]);                                           \
+                        for (int i = 0; i < 4; i++) o[g][i] = _mm512_fmadd_ps(p, v[i], o[g][i]);                   \
+                    }                                                                                              \
+                }                                                                                                  \
+                for (int g = 0; g < B; g++)                                                                        \
+                    for (int i = 0; i < 4; i += 2) {                                                               \
+                        float *y = out + g * hd + d0 + 16 * i;                                                     \
+                        _mm512_storeu_ps(y, bits == 4 ? _mm512_permutex2var_ps(o[g][i], ilo, o[g][i + 1]) : o[g][i]); \
+                        _mm512_storeu_ps(y + 16,                                                                   \
+                                         bits == 4 ? _mm512_permutex2var_ps(o[g][i], ihi, o[g][i + 1]) : o[g][i + 1]); \
+                    }                                                                                              \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+PVQ_BLOCK(4)
+PVQ_BLOCK(2)
+PVQ_BLOCK(1)
+#pragma GCC pop_options
+
+static int attn_pv_q(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n) {
+    const int hd = v->hd;
+    if ((v->bits != 4 && v->bits != 8) || hd % 64 || v->gs % 32 || v->dt == PT_FT_F16) return 0;
+    int g = 0;
+    for (; g + 4 <= G; g += 4) pvq_b4(out + g * hd, P + g * ldp, ldp, v, n);
+    for (; g + 2 <= G; g += 2) pvq_b2(out + g * hd, P + g * ldp, ldp, v, n);
+    for (; g < G; g++) pvq_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    return 1;
+}
+
+/* sv[b·16 + l], bv[b·16 + l] = scale and bias of group b of key l < nk
+ * (rows of ng parameters from p, keys past nk: 0) */
+static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_t j, int nk) {
+    const int ng = r->hd / r->gs, n = ng * nk;
+    const size_t es = pt_ftype_size(r->dt), o = (size_t)j * ng * es;
+    float ts[256] __attribute__((aligned(64))), tb[256] __attribute__((aligned(64)));
+    float *ds = ng == 1 ? sv : ts, *db = ng == 1 ? bv : tb;
+    for (int i = 0; i < (n ? n : 1); i += 16) { /* nk = 0: zeros */
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        if (r->dt == PT_FT_BF16) {
+            _mm512_store_ps(ds + i, maskz_load_bf16(m, (const uint16_t *)((const char *)r->sc + o) + i));
+            _mm512_store_ps(db + i, maskz_load_bf16(m, (const uint16_t *)((const char *)r->bi + o) + i));
+        } else {
+            _mm512_store_ps(ds + i, _mm512_maskz_loadu_ps(m, (const float *)((const char *)r->sc + o) + i));
+            _mm512_store_ps(db + i, _mm512_maskz_loadu_ps(m, (const float *)((const char *)r->bi + o) + i));
+        }
+    }
+    if (ng == 1) return;
+    const __mmask16 m = nk >= 16 ? (__mmask16)0xffff : tail_mask(nk);
+    const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(ng));
+    for (int g = 0; g < ng; g++) {
+        const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(g));
+        _mm512_store_ps(sv + g * 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, ts, 4));
+        _mm512_store_ps(bv + g * 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, tb, 4));
+    }
+}
+
+/* The values of one transposed code word x (a key per lane: dims d0 ..
+ * d0 + 32/bits − 1) dequantized into kT rows d0.. at column c0 */
+static inline __attribute__((always_inline)) void dq_word(float *dst, __m512i x, __m512 s, __m512 z, int bits) {
+    const __m512i mask = _mm512_set1_epi32((1 << bits) - 1);
+    const int per = 32 / bits;
+#pragma GCC unroll 8
+    for (int i = 0; i < per; i++) {
+        __m512i v = i ? _mm512_srli_epi32(x, bits * i) : x;
+        if (i < per - 1) v = _mm512_and_si512(v, mask);
+        _mm512_store_ps(dst + i * 32, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), s), z));
+    }
+}
+
+/* keys_t32 for quantized keys: the block's rows (nk <= 32) dequantized into
+ * kT [hd][32] (lanes past nk: code rows of the last key, parameters 0;
+ * computed, never stored as scores). The code words are transposed 16 × 16
+ * (a key per lane; rows of 8 words, 4-bit head 64, go 32 keys to one
+ * transposition, a key and the one 16 after it sharing a vector), then each
+ * value is its shifted and masked code, converted, times its key's scale
+ * plus its bias (per-lane vectors of the group's parameters). */
+static void keys_t32_q(float *kT, const pt_cpu_qrows *r, int64_t nk) {
+    const int bits = r->bits, hd = r->hd, gs = r->gs, per = 32 / bits, nw = hd / per;
+    const size_t rb = (size_t)nw * 4;
+    float sv[2][256] __attribute__((aligned(64))), bv[2][256] __attribute__((aligned(64)));
+    for (int h = 0; h < 2; h++) qparams16(sv[h], bv[h], r, 16 * h, nk - 16 * h < 0 ? 0 : nk - 16 * h > 16 ? 16 : (int)(nk - 16 * h));
+    const uint8_t *row[32];
+    for (int c = 0; c < 32; c++) row[c] = r->codes + (size_t)(c < nk ? c : nk - 1) * rb;
+    if (nw == 8) {
+        __m512 a[16];
+#pragma GCC unroll 16
+        for (int c = 0; c < 16; c++)
+            a[c] = _mm512_castsi512_ps(_mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)row[c])),
+                _mm256_loadu_si256((const __m256i *)row[c + 16]), 1));
+        transpose16(a);
+        for (int w = 0; w < 8; w++) {
+            const int d0 = w * per, b = d0 / gs;
+            dq_word(kT + (size_t)d0 * 32, _mm512_castps_si512(a[w]), _mm512_load_ps(sv[0] + b * 16),
+                    _mm512_load_ps(bv[0] + b * 16), bits);
+            dq_word(kT + (size_t)d0 * 32 + 16, _mm512_castps_si512(a[w + 8]), _mm512_load_ps(sv[1] + b * 16),
+                    _mm512_load_ps(bv[1] + b * 16), bits);
+        }
+        return;
+    }
+    for (int h = 0; h < 2; h++)
+        for (int w0 = 0; w0 < nw; w0 += 16) {
+            const int cnt = nw - w0 < 16 ? nw - w0 : 16;
+            const __mmask16 m = cnt == 16 ? (__mmask16)0xffff : tail_mask(cnt);
+            __m512 a[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++)
+                a[c] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, row[16 * h + c] + (size_t)w0 * 4));
+            transpose16(a);
+            for (int w = 0; w < cnt; w++) {
+                const int d0 = (w0 + w) * per, b = d0 / gs;
+                dq_word(kT + (size_t)d0 * 32 + 16 * h, _mm512_castps_si512(a[w]), _mm512_load_ps(sv[h] + b * 16),
+                        _mm512_load_ps(bv[h] + b * 16), bits);
+            }
+        }
+}
+
+static int attn_scores_tq(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, const pt_cpu_qrows *k,
+                          int64_t n) {
+    const int hd = k->hd;
+    if ((k->bits != 4 && k->bits != 8) || hd % 32 || hd > 512 || k->gs % 32 || k->dt == PT_FT_F16) return 0;
+    float kT[512 * 32] __attribute__((aligned(64)));
+    const size_t rb = (size_t)hd * k->bits / 8, pb = (size_t)(hd / k->gs) * pt_ftype_size(k->dt);
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        const int64_t nk = n - j0 < 32 ? n - j0 : 32, nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+        const pt_cpu_qrows blk = pt_cpu_qrows_at(k, j0);
+        if (nn > 0) { /* the next block's codes and parameters on their way */
+            for (size_t o = 0; o < (size_t)nn * rb; o += 64) _mm_prefetch((const char *)blk.codes + 32 * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
+                _mm_prefetch((const char *)blk.sc + 32 * pb + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk.bi + 32 * pb + o, _MM_HINT_T0);
+            }
+        }
+        keys_t32_q(kT, &blk, nk);
+        score_block(S + j0, lds, q, qs, nt * G, G, kT, hd, nk);
     }
     return 1;
 }
@@ -695,6 +905,26 @@ static void softmax_row(float *s, int64_t n, float scale, int bf16) {
         __m512 p = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), inv);
         _mm512_mask_storeu_ps(s + j, m, bf16 ? round_bf16_vec(p) : p);
     }
+}
+
+static void softmax_part(float *s, int64_t n, int bf16, float *m, float *l) {
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+        __m512 v = _mm512_maskz_loadu_ps(k, s + j);
+        if (bf16) _mm512_mask_storeu_ps(s + j, k, v = round_bf16_vec(v));
+        vmax = _mm512_mask_max_ps(vmax, k, vmax, v);
+    }
+    const float mx = _mm512_reduce_max_ps(vmax);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 k = n - j >= 16 ? (__mmask16)0xffff : tail_mask(n - j);
+        const __m512 e = exp_vec(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), _mm512_set1_ps(mx)));
+        _mm512_mask_storeu_ps(s + j, k, e);
+        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(k, e));
+    }
+    *m = mx;
+    *l = _mm512_reduce_add_ps(vsum);
 }
 
 /* SwiGLU (glu op, prefill and decode): silu(g) = g / (1 + exp(−g)) with
@@ -1051,7 +1281,10 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_scores = attn_scores,
     .attn_scores_t = attn_scores_t,
     .attn_pv = attn_pv,
+    .attn_pv_q = attn_pv_q,
+    .attn_scores_tq = attn_scores_tq,
     .softmax_row = softmax_row,
+    .softmax_part = softmax_part,
     .group_sums = group_sums,
     .quant_i8 = quant_i8,
     .silu_mul = silu_mul,
