@@ -6,9 +6,9 @@
  *    the full-precision chains on those dequantized rows (a score: one f32
  *    fma chain over the dims in order; a P·V sum: one fma chain over the
  *    rows in order), for 4/8 bits, group sizes 32-128, head dims 32-256,
- *    f32 and bf16 parameters, GQA groups of 1-8, 1-8 tokens a call and the
- *    keys cut into runs of 1, 15, 31, 33, 63, 65 (their blocks and partial
- *    blocks), writing nothing past n;
+ *    f32 and bf16 parameters, GQA groups of 1-8 (the 4/2/1-head register
+ *    blocks), 1-8 tokens a call and the keys cut into runs of 1, 15, 31, 33,
+ *    63, 65 (their blocks and partial blocks), writing nothing past n;
  *  - the attention op over a quantized cache gives each token the same bits
  *    whether the token is one of a prefill call's or alone in a decode step
  *    (the tokens' grouping never changes a row), with every kernel table.
@@ -151,13 +151,13 @@ static void test_qpv_bits_and_cuts(void) {
     if (!avx512_ok()) TEST_SKIP("no AVX-512");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->attn_pv_q != NULL, "the avx512 table has no attn_pv_q");
-    static const int hds[] = {64, 128, 256}, Gs[] = {1, 2, 3, 4, 8};
+    static const int hds[] = {32, 64, 96, 128, 256}, Gs[] = {1, 2, 3, 4, 8};
     static const int cuts[] = {0, 1, 15, 63, 65};
     const int n = 150;
     int cases = 0;
     for (int bits = 4; bits <= 8; bits += 4)
-        for (int hi = 0; hi < 3; hi++)
-            for (int gs = 32; gs <= 128 && gs <= hds[hi]; gs *= 2)
+        for (int hi = 0; hi < 5; hi++)
+            for (int gs = 32; gs <= 128 && gs <= hds[hi] && hds[hi] % gs == 0; gs *= 2)
                 for (int dti = 0; dti < 2; dti++) {
                     const int hd = hds[hi];
                     qbuf b;
@@ -200,14 +200,11 @@ static void test_qpv_bits_and_cuts(void) {
                     free(vd);
                     qbuf_free(&b);
                 }
-    /* bits 2 × (hd 64: 2 group sizes, 128: 3, 256: 3) × 2 dtypes × 5 G × 5 cuts */
-    CHECK(cases == 2 * 8 * 2 * 5 * 5, "ran %d cases", cases);
+    /* bits 2 × (hd 32: 1 group size, 64: 2, 96: 1, 128: 3, 256: 3) × 2 dtypes × 5 G × 5 cuts */
+    CHECK(cases == 2 * 10 * 2 * 5 * 5, "ran %d cases", cases);
     /* shapes left to the generic loops */
     qbuf b;
-    qbuf_make(&b, 4, 96, 4, 32, PT_FT_F32);
-    float out[96] = {0}, P[4] = {1, 1, 1, 1};
-    CHECK(k->attn_pv_q(out, P, 4, 1, &b.r, 4) == 0, "head dim 96 handled by the 64-dim slices");
-    qbuf_free(&b);
+    float out[64] = {0}, P[4] = {1, 1, 1, 1};
     qbuf_make(&b, 4, 64, 2, 32, PT_FT_F32);
     CHECK(k->attn_pv_q(out, P, 4, 1, &b.r, 4) == 0, "2-bit values handled");
     float S[4] = {GUARD, GUARD, GUARD, GUARD};

@@ -647,88 +647,129 @@ static inline float qparam(const void *p, pt_ftype dt, size_t i) {
 }
 
 /* P·V over n quantized value rows (attn_pv_q): the block's outputs in
- * registers (B heads × 64 dims) across 64 rows at a time, each row's codes
+ * registers (B heads × 32 dims) across 64 rows at a time, each row's codes
  * widened once for the B heads and dequantized in registers with the
  * operations of pt_cpu_qrows_ref, so each sum is the chain attn_pv runs
  * on the dequantized rows. 4-bit rows come as a byte's two values (the
  * low nibbles are the even values of 32, the high ones the odd), so the
- * accumulators hold each 32 dims as [even | odd], sorted back at the
- * block's store. The rows 16 ahead are prefetched. */
+ * accumulators hold the 32 dims as [even | odd], sorted back at the
+ * block's store. The block's scales and biases are converted to f32 first
+ * (each then a broadcast operand); the rows 16 ahead are prefetched. 32-dim
+ * slices keep the 4-head block's accumulators, codes and constants within
+ * the 32 vector registers (64-dim slices spilled). */
 #define PVQ_ROWS 64
-#define PVQ_BLOCK(B)                                                                                                \
-    static void pvq_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {             \
-        const int bits = r->bits, hd = r->hd, gs = r->gs, ng = hd / gs;                                            \
-        const size_t rb = (size_t)hd * bits / 8, pb = (size_t)ng * pt_ftype_size(r->dt);                           \
-        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),          \
-                      od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31),          \
-                      ilo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),             \
-                      ihi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);       \
-        for (int64_t j0 = 0; j0 < n; j0 += PVQ_ROWS) {                                                             \
-            const int64_t j1 = n - j0 < PVQ_ROWS ? n : j0 + PVQ_ROWS;                                              \
-            for (int d0 = 0; d0 < hd; d0 += 64) {                                                                  \
-                const int b0 = d0 / gs, b1 = (d0 + 32) / gs;                                                       \
-                __m512 o[B][4];                                                                                    \
-                for (int g = 0; g < B; g++)                                                                        \
-                    for (int i = 0; i < 4; i += 2) {                                                               \
-                        const __m512 x0 = _mm512_loadu_ps(out + g * hd + d0 + 16 * i),                             \
-                                     x1 = _mm512_loadu_ps(out + g * hd + d0 + 16 * i + 16);                        \
-                        o[g][i] = bits == 4 ? _mm512_permutex2var_ps(x0, ev, x1) : x0;                             \
-                        o[g][i + 1] = bits == 4 ? _mm512_permutex2var_ps(x0, od, x1) : x1;                         \
-                    }                                                                                              \
-                for (int64_t j = j0; j < j1; j++) {                                                                \
-                    const uint8_t *c = r->codes + (size_t)j * rb;                                                  \
-                    if (d0 == 0) {                                                                                 \
-                        _mm_prefetch((const char *)c + 16 * rb, _MM_HINT_T0);                                      \
-                        _mm_prefetch((const char *)r->sc + (size_t)(j + 16) * pb, _MM_HINT_T0);                    \
-                        _mm_prefetch((const char *)r->bi + (size_t)(j + 16) * pb, _MM_HINT_T0);                    \
-                    }                                                                                              \
-                    const __m512 s0 = _mm512_set1_ps(qparam(r->sc, r->dt, (size_t)j * ng + b0)),                  \
-                                 z0 = _mm512_set1_ps(qparam(r->bi, r->dt, (size_t)j * ng + b0)),                   \
-                                 s1 = _mm512_set1_ps(qparam(r->sc, r->dt, (size_t)j * ng + b1)),                   \
-                                 z1 = _mm512_set1_ps(qparam(r->bi, r->dt, (size_t)j * ng + b1));                   \
-                    __m512i w[4];                                                                                  \
-                    if (bits == 4) {                                                                               \
-                        for (int i = 0; i < 4; i += 2) {                                                           \
-                            const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 / 2 + 8 * i))); \
-                            w[i] = _mm512_and_si512(x, _mm512_set1_epi32(15));                                     \
-                            w[i + 1] = _mm512_srli_epi32(x, 4);                                                    \
-                        }                                                                                          \
-                    } else {                                                                                       \
-                        for (int i = 0; i < 4; i++)                                                                \
-                            w[i] = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 + 16 * i)));      \
-                    }                                                                                              \
-                    __m512 v[4];                                                                                   \
-                    for (int i = 0; i < 4; i++)                                                                    \
-                        v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w[i]), i < 2 ? s0 : s1), i < 2 ? z0 : z1);        \
-                    for (int g = 0; g < B; g++) {                                                                  \
-                        const __m512 p = _mm512_set1_ps(P[g * ldp + j]);                                           \
-                        for (int i = 0; i < 4; i++) o[g][i] = _mm512_fmadd_ps(p, v[i], o[g][i]);                   \
-                    }                                                                                              \
-                }                                                                                                  \
-                for (int g = 0; g < B; g++)                                                                        \
-                    for (int i = 0; i < 4; i += 2) {                                                               \
-                        float *y = out + g * hd + d0 + 16 * i;                                                     \
-                        _mm512_storeu_ps(y, bits == 4 ? _mm512_permutex2var_ps(o[g][i], ilo, o[g][i + 1]) : o[g][i]); \
-                        _mm512_storeu_ps(y + 16,                                                                   \
-                                         bits == 4 ? _mm512_permutex2var_ps(o[g][i], ihi, o[g][i + 1]) : o[g][i + 1]); \
-                    }                                                                                              \
-            }                                                                                                      \
-        }                                                                                                          \
+static inline __attribute__((always_inline)) void pvq(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r,
+                                                      int64_t n, const int B, const int NV, const int bits) {
+    const int hd = r->hd, gs = r->gs, ng = hd / gs, W = 16 * NV;
+    const size_t rb = (size_t)hd * bits / 8, pb = (size_t)ng * pt_ftype_size(r->dt);
+    float sf[PVQ_ROWS * 16] __attribute__((aligned(64))), zf[PVQ_ROWS * 16] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < n; j0 += PVQ_ROWS) {
+        const int64_t j1 = n - j0 < PVQ_ROWS ? n : j0 + PVQ_ROWS;
+        const int np = (int)(j1 - j0) * ng;
+        const float *sp = (const float *)r->sc + j0 * ng, *zp = (const float *)r->bi + j0 * ng;
+        if (r->dt == PT_FT_BF16) {
+            const uint16_t *s16 = (const uint16_t *)r->sc + j0 * ng, *z16 = (const uint16_t *)r->bi + j0 * ng;
+            for (int i = 0; i < np; i += 16) {
+                const __mmask16 m = np - i >= 16 ? (__mmask16)0xffff : tail_mask(np - i);
+                _mm512_store_ps(sf + i, maskz_load_bf16(m, s16 + i));
+                _mm512_store_ps(zf + i, maskz_load_bf16(m, z16 + i));
+            }
+            sp = sf, zp = zf;
+        }
+        for (int d0 = 0; d0 < hd; d0 += W) {
+            const int b0 = d0 / gs, b1 = (d0 + W - 1) / gs; /* W <= 64: at most two groups (gs = 32) */
+            __m512 o[8][4];
+            for (int g = 0; g < B; g++)
+                for (int i = 0; i < NV; i += 2) {
+                    const float *x = out + g * hd + d0 + 16 * i;
+                    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+                    if (bits == 4) {
+                        o[g][i] = _mm512_permutex2var_ps(
+                            x0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), x1);
+                        o[g][i + 1] = _mm512_permutex2var_ps(
+                            x0, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), x1);
+                    } else
+                        o[g][i] = x0, o[g][i + 1] = x1;
+                }
+            for (int64_t j = j0; j < j1; j++) {
+                const uint8_t *c = r->codes + (size_t)j * rb;
+                if (d0 == 0) {
+                    _mm_prefetch((const char *)c + 16 * rb, _MM_HINT_T0);
+                    _mm_prefetch((const char *)r->sc + (size_t)(j + 16) * pb, _MM_HINT_T0);
+                    _mm_prefetch((const char *)r->bi + (size_t)(j + 16) * pb, _MM_HINT_T0);
+                }
+                const size_t pi = (size_t)(j - j0) * ng;
+                __m512 v[4];
+                for (int i = 0; i < NV; i += 2) {
+                    __m512i w0, w1;
+                    if (bits == 4) {
+                        const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + (d0 + 16 * i) / 2)));
+                        w0 = _mm512_and_si512(x, _mm512_set1_epi32(15)), w1 = _mm512_srli_epi32(x, 4);
+                    } else {
+                        w0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 + 16 * i)));
+                        w1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(c + d0 + 16 * i + 16)));
+                    }
+                    const int bb = i < 2 ? b0 : b1;
+                    const __m512 s = _mm512_set1_ps(sp[pi + bb]), z = _mm512_set1_ps(zp[pi + bb]);
+                    v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w0), s), z);
+                    v[i + 1] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w1), s), z);
+                }
+                for (int g = 0; g < B; g++) {
+                    const __m512 p = _mm512_set1_ps(P[g * ldp + j]);
+                    for (int i = 0; i < NV; i++) o[g][i] = _mm512_fmadd_ps(p, v[i], o[g][i]);
+                }
+            }
+            for (int g = 0; g < B; g++)
+                for (int i = 0; i < NV; i += 2) {
+                    float *y = out + g * hd + d0 + 16 * i;
+                    if (bits == 4) {
+                        _mm512_storeu_ps(y, _mm512_permutex2var_ps(o[g][i],
+                                                                   _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20,
+                                                                                     5, 21, 6, 22, 7, 23),
+                                                                   o[g][i + 1]));
+                        _mm512_storeu_ps(y + 16, _mm512_permutex2var_ps(o[g][i],
+                                                                        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27,
+                                                                                          12, 28, 13, 29, 14, 30, 15,
+                                                                                          31),
+                                                                        o[g][i + 1]));
+                    } else {
+                        _mm512_storeu_ps(y, o[g][i]);
+                        _mm512_storeu_ps(y + 16, o[g][i + 1]);
+                    }
+                }
+        }
+    }
+}
+/* 4-bit: 32-dim slices (two accumulators a head: with 64 the 4-head block
+ * spilled); 8-bit: 64-dim slices where the head allows */
+#define PVQ_FNS(B)                                                                                                \
+    static void pvq4_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {            \
+        pvq(out, P, ldp, r, n, B, 2, 4);                                                                           \
+    }                                                                                                              \
+    static void pvq8_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {            \
+        if (r->hd % 64) pvq(out, P, ldp, r, n, B, 2, 8);                                                           \
+        else pvq(out, P, ldp, r, n, B, 4, 8);                                                                      \
     }
 #pragma GCC push_options
 #pragma GCC optimize("unroll-loops")
-PVQ_BLOCK(4)
-PVQ_BLOCK(2)
-PVQ_BLOCK(1)
+PVQ_FNS(4)
+PVQ_FNS(2)
+PVQ_FNS(1)
 #pragma GCC pop_options
 
 static int attn_pv_q(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n) {
     const int hd = v->hd;
-    if ((v->bits != 4 && v->bits != 8) || hd % 64 || v->gs % 32 || v->dt == PT_FT_F16) return 0;
+    if ((v->bits != 4 && v->bits != 8) || hd % 32 || v->gs % 32 || v->dt == PT_FT_F16 || hd / v->gs > 16) return 0;
     int g = 0;
-    for (; g + 4 <= G; g += 4) pvq_b4(out + g * hd, P + g * ldp, ldp, v, n);
-    for (; g + 2 <= G; g += 2) pvq_b2(out + g * hd, P + g * ldp, ldp, v, n);
-    for (; g < G; g++) pvq_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    if (v->bits == 4) {
+        for (; g + 4 <= G; g += 4) pvq4_b4(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g + 2 <= G; g += 2) pvq4_b2(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g < G; g++) pvq4_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    } else {
+        for (; g + 4 <= G; g += 4) pvq8_b4(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g + 2 <= G; g += 2) pvq8_b2(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g < G; g++) pvq8_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    }
     return 1;
 }
 
