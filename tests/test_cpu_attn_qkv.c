@@ -57,6 +57,32 @@ static void qbuf_make(qbuf *b, int n, int hd, int bits, int gs, pt_ftype dt) {
 
 static void qbuf_free(qbuf *b) { free(b->codes), free(b->sc), free(b->bi); }
 
+/* The kernels' shapes: bits 4 and 8 × the head dims hds × the group sizes
+ * 32..128 dividing them × f32 and bf16 parameters (at most 64) */
+typedef struct {
+    int bits, hd, gs;
+    pt_ftype dt;
+} qshape;
+
+static int qshapes(qshape *out, const int *hds, int nhd) {
+    int k = 0;
+    for (int bits = 4; bits <= 8; bits += 4)
+        for (int hi = 0; hi < nhd; hi++)
+            for (int gs = 32; gs <= 128 && gs <= hds[hi] && hds[hi] % gs == 0; gs *= 2)
+                for (int dti = 0; dti < 2; dti++) out[k++] = (qshape){bits, hds[hi], gs, dti ? PT_FT_BF16 : PT_FT_F32};
+    return k;
+}
+
+/* n random rows of shape sh into b, and their values as pt_cpu_qrows_ref gives them */
+static float *qbuf_rows(qbuf *b, int n, const qshape *sh) {
+    qbuf_make(b, n, sh->hd, sh->bits, sh->gs, sh->dt);
+    float *d = malloc(sizeof(float) * (size_t)n * sh->hd);
+    pt_cpu_qrows_ref(d, &b->r, n);
+    return d;
+}
+
+static const char *dtn(pt_ftype dt) { return dt == PT_FT_BF16 ? "bf16" : "f32"; }
+
 static void test_qrows_ref_is_mlx_dequant(void) {
     static const int bits[] = {2, 3, 4, 5, 6, 8};
     int rows = 0;
@@ -89,60 +115,55 @@ static void test_qscores_bits_and_cuts(void) {
     static const int hds[] = {32, 64, 128, 256}, Gs[] = {1, 2, 4, 6}, ntv[] = {1, 3, 8};
     static const int cuts[] = {0, 1, 15, 31, 33}; /* 0: the whole range in one call */
     const int n = 77, NT = 8;
+    qshape sh[64];
+    const int nsh = qshapes(sh, hds, 4);
     int cases = 0;
-    for (int bits = 4; bits <= 8; bits += 4)
-        for (int hi = 0; hi < 4; hi++)
-            for (int gs = 32; gs <= 128 && gs <= hds[hi]; gs *= 2)
-                for (int dti = 0; dti < 2; dti++) {
-                    const int hd = hds[hi];
-                    qbuf b;
-                    qbuf_make(&b, n, hd, bits, gs, dti ? PT_FT_BF16 : PT_FT_F32);
-                    float *kd = malloc(sizeof(float) * (size_t)n * hd);
-                    pt_cpu_qrows_ref(kd, &b.r, n);
-                    for (int gi = 0; gi < 4; gi++) {
-                        const int G = Gs[gi];
-                        const int64_t qs = (int64_t)G * hd + 16, lds = n + 5;
-                        float *q = malloc(sizeof(float) * (size_t)qs * NT), *ref = malloc(sizeof(float) * NT * G * n);
-                        float *S = malloc(sizeof(float) * (size_t)NT * G * lds);
-                        for (int64_t i = 0; i < qs * NT; i++) q[i] = ldexpf(rf(-0.5f, 0.5f), (int)(i % 13) - 6);
-                        for (int u = 0; u < NT; u++)
-                            for (int g = 0; g < G; g++)
-                                for (int j = 0; j < n; j++) {
-                                    float s = 0.0f;
-                                    for (int d = 0; d < hd; d++) s = fmaf(q[u * qs + g * hd + d], kd[j * hd + d], s);
-                                    ref[(u * G + g) * n + j] = s;
-                                }
-                        for (int ni = 0; ni < 3; ni++)
-                            for (int ci = 0; ci < 5; ci++) {
-                                const int nt = ntv[ni], step = cuts[ci] ? cuts[ci] : n;
-                                for (int64_t i = 0; i < (int64_t)NT * G * lds; i++) S[i] = GUARD;
-                                for (int u0 = 0; u0 < NT; u0 += nt) {
-                                    const int m = NT - u0 < nt ? NT - u0 : nt;
-                                    for (int j0 = 0; j0 < n; j0 += step) {
-                                        const pt_cpu_qrows kr = pt_cpu_qrows_at(&b.r, j0);
-                                        const int ok = k->attn_scores_tq(S + (int64_t)u0 * G * lds + j0, lds,
-                                                                         q + u0 * qs, qs, m, G, &kr,
-                                                                         n - j0 < step ? n - j0 : step);
-                                        CHECK(ok, "%d bits, hd %d, gs %d: not handled", bits, hd, gs);
-                                    }
-                                }
-                                int bad = 0, outside = 0;
-                                for (int row = 0; row < NT * G; row++) {
-                                    for (int j = 0; j < n; j++)
-                                        bad += memcmp(&ref[row * n + j], &S[(int64_t)row * lds + j], 4) != 0;
-                                    for (int j = n; j < lds; j++) outside += S[(int64_t)row * lds + j] != GUARD;
-                                }
-                                CHECK(bad == 0 && outside == 0,
-                                      "%d bits, hd %d, gs %d, %s, G %d, nt %d, runs %d: %d scores differ from the "
-                                      "chain, %d written past n",
-                                      bits, hd, gs, dti ? "bf16" : "f32", G, nt, step, bad, outside);
-                                cases++;
-                            }
-                        free(q), free(ref), free(S);
+    for (int si = 0; si < nsh; si++) {
+        const int hd = sh[si].hd, bits = sh[si].bits, gs = sh[si].gs;
+        qbuf b;
+        float *kd = qbuf_rows(&b, n, &sh[si]);
+        for (int gi = 0; gi < 4; gi++) {
+            const int G = Gs[gi];
+            const int64_t qs = (int64_t)G * hd + 16, lds = n + 5;
+            float *q = malloc(sizeof(float) * (size_t)qs * NT), *ref = malloc(sizeof(float) * NT * G * n);
+            float *S = malloc(sizeof(float) * (size_t)NT * G * lds);
+            for (int64_t i = 0; i < qs * NT; i++) q[i] = ldexpf(rf(-0.5f, 0.5f), (int)(i % 13) - 6);
+            for (int u = 0; u < NT; u++)
+                for (int g = 0; g < G; g++)
+                    for (int j = 0; j < n; j++) {
+                        float s = 0.0f;
+                        for (int d = 0; d < hd; d++) s = fmaf(q[u * qs + g * hd + d], kd[j * hd + d], s);
+                        ref[(u * G + g) * n + j] = s;
                     }
-                    free(kd);
-                    qbuf_free(&b);
+            for (int ni = 0; ni < 3; ni++)
+                for (int ci = 0; ci < 5; ci++) {
+                    const int nt = ntv[ni], step = cuts[ci] ? cuts[ci] : n;
+                    for (int64_t i = 0; i < (int64_t)NT * G * lds; i++) S[i] = GUARD;
+                    for (int u0 = 0; u0 < NT; u0 += nt) {
+                        const int m = NT - u0 < nt ? NT - u0 : nt;
+                        for (int j0 = 0; j0 < n; j0 += step) {
+                            const pt_cpu_qrows kr = pt_cpu_qrows_at(&b.r, j0);
+                            const int ok = k->attn_scores_tq(S + (int64_t)u0 * G * lds + j0, lds, q + u0 * qs, qs, m,
+                                                             G, &kr, n - j0 < step ? n - j0 : step);
+                            CHECK(ok, "%d bits, hd %d, gs %d: not handled", bits, hd, gs);
+                        }
+                    }
+                    int bad = 0, outside = 0;
+                    for (int row = 0; row < NT * G; row++) {
+                        for (int j = 0; j < n; j++) bad += memcmp(&ref[row * n + j], &S[(int64_t)row * lds + j], 4) != 0;
+                        for (int j = n; j < lds; j++) outside += S[(int64_t)row * lds + j] != GUARD;
+                    }
+                    CHECK(bad == 0 && outside == 0,
+                          "%d bits, hd %d, gs %d, %s, G %d, nt %d, runs %d: %d scores differ from the chain, %d "
+                          "written past n",
+                          bits, hd, gs, dtn(sh[si].dt), G, nt, step, bad, outside);
+                    cases++;
                 }
+            free(q), free(ref), free(S);
+        }
+        free(kd);
+        qbuf_free(&b);
+    }
     /* bits 2 × (hd 32: 1 gs, 64: 2, 128: 3, 256: 3) × 2 dtypes × 4 G × 3 nt × 5 cuts */
     CHECK(cases == 2 * 9 * 2 * 4 * 3 * 5, "ran %d cases", cases);
 }
@@ -154,52 +175,49 @@ static void test_qpv_bits_and_cuts(void) {
     static const int hds[] = {32, 64, 96, 128, 256}, Gs[] = {1, 2, 3, 4, 8};
     static const int cuts[] = {0, 1, 15, 63, 65};
     const int n = 150;
+    qshape sh[64];
+    const int nsh = qshapes(sh, hds, 5);
     int cases = 0;
-    for (int bits = 4; bits <= 8; bits += 4)
-        for (int hi = 0; hi < 5; hi++)
-            for (int gs = 32; gs <= 128 && gs <= hds[hi] && hds[hi] % gs == 0; gs *= 2)
-                for (int dti = 0; dti < 2; dti++) {
-                    const int hd = hds[hi];
-                    qbuf b;
-                    qbuf_make(&b, n, hd, bits, gs, dti ? PT_FT_BF16 : PT_FT_F32);
-                    float *vd = malloc(sizeof(float) * (size_t)n * hd);
-                    pt_cpu_qrows_ref(vd, &b.r, n);
-                    for (int gi = 0; gi < 5; gi++) {
-                        const int G = Gs[gi];
-                        const int64_t ldp = n + 3;
-                        float *P = malloc(sizeof(float) * (size_t)G * ldp), *ref = malloc(sizeof(float) * G * hd);
-                        float *out = malloc(sizeof(float) * (size_t)(G * hd + 16)), *init = malloc(sizeof(float) * G * hd);
-                        for (int64_t i = 0; i < (int64_t)G * ldp; i++) P[i] = ldexpf(rf(0.0f, 1.0f), -(int)(i % 9));
-                        for (int i = 0; i < G * hd; i++) init[i] = rf(-1.0f, 1.0f);
-                        for (int g = 0; g < G; g++)
-                            for (int d = 0; d < hd; d++) {
-                                float a = init[g * hd + d];
-                                for (int j = 0; j < n; j++) a = fmaf(P[g * ldp + j], vd[j * hd + d], a);
-                                ref[g * hd + d] = a;
-                            }
-                        for (int ci = 0; ci < 5; ci++) {
-                            const int step = cuts[ci] ? cuts[ci] : n;
-                            memcpy(out, init, sizeof(float) * G * hd);
-                            for (int i = 0; i < 16; i++) out[G * hd + i] = GUARD;
-                            for (int j0 = 0; j0 < n; j0 += step) {
-                                const pt_cpu_qrows vr = pt_cpu_qrows_at(&b.r, j0);
-                                CHECK(k->attn_pv_q(out, P + j0, ldp, G, &vr, n - j0 < step ? n - j0 : step),
-                                      "%d bits, hd %d, gs %d: not handled", bits, hd, gs);
-                            }
-                            int bad = 0, outside = 0;
-                            for (int i = 0; i < G * hd; i++) bad += memcmp(&ref[i], &out[i], 4) != 0;
-                            for (int i = 0; i < 16; i++) outside += out[G * hd + i] != GUARD;
-                            CHECK(bad == 0 && outside == 0,
-                                  "%d bits, hd %d, gs %d, %s, G %d, runs %d: %d sums differ from the chain, %d "
-                                  "written past the heads",
-                                  bits, hd, gs, dti ? "bf16" : "f32", G, step, bad, outside);
-                            cases++;
-                        }
-                        free(P), free(ref), free(out), free(init);
-                    }
-                    free(vd);
-                    qbuf_free(&b);
+    for (int si = 0; si < nsh; si++) {
+        const int hd = sh[si].hd, bits = sh[si].bits, gs = sh[si].gs;
+        qbuf b;
+        float *vd = qbuf_rows(&b, n, &sh[si]);
+        for (int gi = 0; gi < 5; gi++) {
+            const int G = Gs[gi];
+            const int64_t ldp = n + 3;
+            float *P = malloc(sizeof(float) * (size_t)G * ldp), *ref = malloc(sizeof(float) * G * hd);
+            float *out = malloc(sizeof(float) * (size_t)(G * hd + 16)), *init = malloc(sizeof(float) * G * hd);
+            for (int64_t i = 0; i < (int64_t)G * ldp; i++) P[i] = ldexpf(rf(0.0f, 1.0f), -(int)(i % 9));
+            for (int i = 0; i < G * hd; i++) init[i] = rf(-1.0f, 1.0f);
+            for (int g = 0; g < G; g++)
+                for (int d = 0; d < hd; d++) {
+                    float a = init[g * hd + d];
+                    for (int j = 0; j < n; j++) a = fmaf(P[g * ldp + j], vd[j * hd + d], a);
+                    ref[g * hd + d] = a;
                 }
+            for (int ci = 0; ci < 5; ci++) {
+                const int step = cuts[ci] ? cuts[ci] : n;
+                memcpy(out, init, sizeof(float) * G * hd);
+                for (int i = 0; i < 16; i++) out[G * hd + i] = GUARD;
+                for (int j0 = 0; j0 < n; j0 += step) {
+                    const pt_cpu_qrows vr = pt_cpu_qrows_at(&b.r, j0);
+                    CHECK(k->attn_pv_q(out, P + j0, ldp, G, &vr, n - j0 < step ? n - j0 : step),
+                          "%d bits, hd %d, gs %d: not handled", bits, hd, gs);
+                }
+                int bad = 0, outside = 0;
+                for (int i = 0; i < G * hd; i++) bad += memcmp(&ref[i], &out[i], 4) != 0;
+                for (int i = 0; i < 16; i++) outside += out[G * hd + i] != GUARD;
+                CHECK(bad == 0 && outside == 0,
+                      "%d bits, hd %d, gs %d, %s, G %d, runs %d: %d sums differ from the chain, %d written past the "
+                      "heads",
+                      bits, hd, gs, dtn(sh[si].dt), G, step, bad, outside);
+                cases++;
+            }
+            free(P), free(ref), free(out), free(init);
+        }
+        free(vd);
+        qbuf_free(&b);
+    }
     /* bits 2 × (hd 32: 1 group size, 64: 2, 96: 1, 128: 3, 256: 3) × 2 dtypes × 5 G × 5 cuts */
     CHECK(cases == 2 * 10 * 2 * 5 * 5, "ran %d cases", cases);
     /* shapes left to the generic loops */
