@@ -5,8 +5,9 @@
  * from memory when D is large). Reports ms per layer and the cache read rate.
  * BITS 4 or 8: an MLX-quantized cache (group 64, bf16 scales and biases,
  * made-up codes) instead; FUSED 1: --fused-decode-attn's kernel; HD 128:
- * llama-3.1-8b's heads (32 query heads, 8 KV heads of 128).
- *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] [BITS] [FUSED] [HD] */
+ * llama-3.1-8b's heads (32 query heads, 8 KV heads of 128); NKV 1 with HD
+ * 256: gemma-3-1b's (4 query heads, one KV head of 256).
+ *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] [BITS] [FUSED] [HD] [NKV] */
 #include "backend/backend.h"
 #include "base/half.h"
 
@@ -25,7 +26,7 @@ int main(int argc, char **argv) {
     int D = argc > 1 ? atoi(argv[1]) : 8192, nth = argc > 2 ? atoi(argv[2]) : 2;
     int L = argc > 3 ? atoi(argv[3]) : 16, reps = argc > 4 ? atoi(argv[4]) : 5;
     int bits = argc > 5 ? atoi(argv[5]) : 0, fused = argc > 6 ? atoi(argv[6]) : 0;
-    int nh = 32, nkv = 8, hd = argc > 7 ? atoi(argv[7]) : 64, gs = 64;
+    int nkv = argc > 8 ? atoi(argv[8]) : 8, nh = 4 * nkv, hd = argc > 7 ? atoi(argv[7]) : 64, gs = 64;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;
@@ -69,7 +70,7 @@ int main(int argc, char **argv) {
         double t = now() - t0;
         if (t < best) best = t;
     }
-    printf("decode attention D=%d hd=%d bits=%d fused=%d threads=%d: %.3f ms per layer, cache read %.1f GB/s\n", D, hd, bits, fused, nth, best / L * 1e3,
+    printf("decode attention D=%d heads=%d/%d hd=%d bits=%d fused=%d threads=%d: %.3f ms per layer, cache read %.1f GB/s\n", D, nh, nkv, hd, bits, fused, nth, best / L * 1e3,
            2.0 * bytes * L / best / 1e9);
     pt_backend_free(&be);
     return 0;

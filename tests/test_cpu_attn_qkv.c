@@ -11,7 +11,9 @@
  *    63, 65 (their blocks and partial blocks), writing nothing past n;
  *  - the attention op over a quantized cache gives each token the same bits
  *    whether the token is one of a prefill call's or alone in a decode step
- *    (the tokens' grouping never changes a row), with every kernel table.
+ *    (the tokens' grouping never changes a row), with every kernel table;
+ *  - a long decode step split across threads (fewer KV heads than threads)
+ *    gives the bits of one thread, full-precision and quantized caches.
  * The kernel checks are skipped without AVX-512. */
 #include "test.h"
 #include "test_rand.h"
@@ -286,10 +288,67 @@ static void test_attention_grouping_invariant(void) {
     CHECK(runs >= 12, "ran %d configurations", runs);
 }
 
+/* A decode step with fewer KV heads than threads over 2048+ keys splits its
+ * scores, softmax and P·V across the threads (cpu_attention.c attn_split):
+ * bits against one thread (which never splits), full-precision and quantized
+ * caches, GQA groups of 1/2/4/5 (both score kernels), rings that wrapped,
+ * windows, soft-cap. */
+static void test_decode_split_bits(void) {
+    static const struct {
+        int bits, nh, nkv, hd, window, cap, pos;
+        float softcap;
+        int bf;
+    } cs[] = {{0, 4, 1, 64, 0, 5000, 4100, 0, 1}, {0, 2, 1, 128, 0, 3000, 2999, 0, 0}, {0, 8, 2, 64, 0, 2600, 2500, 0, 1},
+              {0, 5, 1, 64, 2300, 2400, 5000, 30.0f, 1}, {4, 4, 1, 64, 0, 4000, 3333, 0, 1},
+              {8, 2, 1, 128, 0, 2500, 2400, 0, 1}, {4, 8, 2, 64, 2100, 2200, 4321, 0, 0}, {4, 1, 1, 96, 0, 2100, 2099, 0, 1}};
+    int runs = 0;
+    for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+        pt_backend *b1 = NULL, *b3 = NULL;
+        const pt_act_dtype act = cs[ci].bf ? PT_ACT_BF16 : PT_ACT_F32;
+        pt_cpu_params p1 = {.n_threads = 1, .act = act}, p3 = {.n_threads = 3, .act = act};
+        REQUIRE(pt_backend_cpu_create(&b1, &p1) == PT_OK && pt_backend_cpu_create(&b3, &p3) == PT_OK, "backends");
+        const int hd = cs[ci].hd, nh = cs[ci].nh, nkv = cs[ci].nkv, cap = cs[ci].cap, bits = cs[ci].bits, gs = 32;
+        const pt_ftype dt = cs[ci].bf ? PT_FT_BF16 : PT_FT_F32;
+        const size_t es = cs[ci].bf ? 2 : 4;
+        pt_kv_layer kv = {.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = dt, .bits = bits, .group_size = gs};
+        const size_t rowb = bits ? (size_t)hd * bits / 8 : (size_t)hd * es, pb = bits ? es * (hd / gs) : 0;
+        kv.k = malloc(rowb * cap * nkv), kv.v = malloc(rowb * cap * nkv);
+        if (bits) {
+            kv.k_scales = malloc(pb * cap * nkv), kv.k_biases = malloc(pb * cap * nkv);
+            kv.v_scales = malloc(pb * cap * nkv), kv.v_biases = malloc(pb * cap * nkv);
+        }
+        /* the ring's rows as kv_append leaves them: the last `cap` positions up to pos */
+        const int n_app = cs[ci].pos + 1 < cap ? cs[ci].pos + 1 : cap, p0 = cs[ci].pos + 1 - n_app;
+        float *K = malloc(sizeof(float) * (size_t)n_app * nkv * hd), *V = malloc(sizeof(float) * (size_t)n_app * nkv * hd);
+        int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_app);
+        fill_act(K, (int64_t)n_app * nkv * hd, -2, 2, cs[ci].bf);
+        fill_act(V, (int64_t)n_app * nkv * hd, -1, 1, cs[ci].bf);
+        for (int i = 0; i < n_app; i++) pos[i] = p0 + i;
+        CHECK(b1->ops->kv_append(b1, &kv, K, V, n_app, pos) == PT_OK, "append: %s", pt_last_error());
+        float *q = malloc(sizeof(float) * nh * hd), *o1 = malloc(sizeof(float) * nh * hd), *o3 = malloc(sizeof(float) * nh * hd);
+        fill_act(q, (int64_t)nh * hd, -1, 1, cs[ci].bf);
+        pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd), .window = cs[ci].window,
+                     .softcap = cs[ci].softcap};
+        const int32_t qp = cs[ci].pos;
+        CHECK(b1->ops->attention(b1, o1, q, 1, &qp, &kv, &p) == PT_OK, "1 thread: %s", pt_last_error());
+        CHECK(b3->ops->attention(b3, o3, q, 1, &qp, &kv, &p) == PT_OK, "3 threads: %s", pt_last_error());
+        int bad = 0;
+        for (int i = 0; i < nh * hd; i++) bad += memcmp(&o1[i], &o3[i], 4) != 0;
+        CHECK(bad == 0, "case %zu (%d bits, %s, heads %d/%d of %d, window %d, ring %d at %d): %d of %d outputs differ",
+              ci, bits, cs[ci].bf ? "bf16" : "f32", nh, nkv, hd, cs[ci].window, cap, qp, bad, nh * hd);
+        runs++;
+        free(kv.k), free(kv.v), free(kv.k_scales), free(kv.k_biases), free(kv.v_scales), free(kv.v_biases);
+        free(K), free(V), free(pos), free(q), free(o1), free(o3);
+        pt_backend_free(&b1), pt_backend_free(&b3);
+    }
+    CHECK(runs == 8, "ran %d cases", runs);
+}
+
 int main(void) {
     TEST_RUN(test_qrows_ref_is_mlx_dequant);
     TEST_RUN(test_qscores_bits_and_cuts);
     TEST_RUN(test_qpv_bits_and_cuts);
     TEST_RUN(test_attention_grouping_invariant);
+    TEST_RUN(test_decode_split_bits);
     return test_summary();
 }

@@ -210,6 +210,29 @@ void pt_cpu_qpv(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp
     }
 }
 
+/* One row of scores into probabilities: s = round(round(s)·scale), the
+ * soft-cap, then the two-pass softmax (rounded in bf16 mode) */
+static void softmax_one(const pt_cpu *c, const pt_attn *p, float *sg, int64_t nu, float sscale) {
+    const pt_cpu_kernels *k = c->k;
+    pt_act_dtype act = c->base.act;
+    if (p->softcap <= 0 && k->softmax_row) {
+        k->softmax_row(sg, nu, sscale, act == PT_ACT_BF16);
+        return;
+    }
+    for (int64_t j = 0; j < nu; j++) {
+        float s = pt_act_round(act, pt_act_round(act, sg[j]) * sscale);
+        if (p->softcap > 0)
+            s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
+        sg[j] = s;
+    }
+    float m = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < nu; j++)
+        if (sg[j] > m) m = sg[j];
+    for (int64_t j = 0; j < nu; j++) sum += (sg[j] = expf(sg[j] - m));
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < nu; j++) sg[j] = pt_act_round(act, sg[j] * inv);
+}
+
 /* Tokens [t0, t1) and KV head kh: the scores of every query head of the
  * tokens against the keys any of them attends to, [lo_u, hi_u], in one pass
  * over those keys (each key row read once for all the tokens' heads), then
@@ -258,25 +281,7 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
     for (int u = 0; u < nt; u++) {
         const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
         float *Su = S + (size_t)u * G * n + off; /* the token's rows: [G] × its nu keys, n apart */
-        for (int g = 0; g < G; g++) {
-            float *sg = Su + (size_t)g * n;
-            if (p->softcap <= 0 && k->softmax_row) {
-                k->softmax_row(sg, nu, sscale, act == PT_ACT_BF16);
-                continue;
-            }
-            for (int64_t j = 0; j < nu; j++) {
-                float s = pt_act_round(act, pt_act_round(act, sg[j]) * sscale);
-                if (p->softcap > 0)
-                    s = pt_act_round(act, pt_act_round(act, tanhf(pt_act_round(act, s / p->softcap))) * p->softcap);
-                sg[j] = s;
-            }
-            float m = -INFINITY, sum = 0.0f;
-            for (int64_t j = 0; j < nu; j++)
-                if (sg[j] > m) m = sg[j];
-            for (int64_t j = 0; j < nu; j++) sum += (sg[j] = expf(sg[j] - m));
-            float inv = 1.0f / sum;
-            for (int64_t j = 0; j < nu; j++) sg[j] = pt_act_round(act, sg[j] * inv);
-        }
+        for (int g = 0; g < G; g++) softmax_one(a->c, p, Su + (size_t)g * n, nu, sscale);
         memset(acc, 0, (size_t)G * hd * sizeof(float));
         int64_t ru[2][3];
         key_runs(ru, lo, nu, cap);
@@ -320,6 +325,110 @@ static void attn_run(void *arg, long i0, long i1, int ith) {
     }
 }
 
+/* A decode step over a long context with fewer KV heads than threads (one
+ * attn_group item per KV head would leave threads idle): its three stages
+ * as three splits, each item's arithmetic that of attn_group's single item,
+ * so the same bits — the scores of pieces of each ring run, SPLIT_KEYS keys
+ * from the run's start (whole 16- and 32-key blocks of the kernels, the
+ * run's last keys in its last piece, as one call over the run has them);
+ * the softmax a row at a time; P·V by blocks of heads (each head's sums are
+ * their own chain over the keys, whatever heads share the block). */
+#define SPLIT_KEYS 1024
+#define SPLIT_MIN_KEYS 2048
+
+typedef struct {
+    const attn_ctx *a;
+    float *S;  /* [n_kv, G, n] */
+    float *qx; /* quantized: [n_kv, G, hd], the query scaled */
+    int64_t lo, n, runs[2][3], pieces[2];
+    int G, hparts;
+} split_ctx;
+
+static void split_scores(void *arg, long i0, long i1, int ith) {
+    const split_ctx *x = arg;
+    const attn_ctx *a = x->a;
+    const pt_kv_layer *kv = a->kv;
+    const int hd = a->p->head_dim, G = x->G, bf = !kv->bits && kv->dtype == PT_FT_BF16;
+    const int64_t np = x->pieces[0] + x->pieces[1];
+    float *rows = pt_cpu_thread_scratch(a->c, ith);
+    for (long it = i0; it < i1; it++) {
+        const int kh = (int)(it / np), r = it % np < x->pieces[0] ? 0 : 1;
+        const int64_t j = (it % np - (r ? x->pieces[0] : 0)) * SPLIT_KEYS, len = x->runs[r][2] - j < SPLIT_KEYS
+                                                                                 ? x->runs[r][2] - j
+                                                                                 : SPLIT_KEYS;
+        const int64_t slot = x->runs[r][1] + j;
+        float *S = x->S + (size_t)kh * G * x->n + x->runs[r][0] + j;
+        if (kv->bits) {
+            const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, slot);
+            pt_cpu_qscores(a->c->k, S, x->n, x->qx + (size_t)kh * G * hd, (int64_t)G * hd, 1, G, &kr, len, rows);
+        } else {
+            const size_t es = bf ? 2 : 4;
+            const char *k0 = (const char *)kv->k + ((size_t)kh * kv->capacity + (size_t)slot) * hd * es;
+            scores_rows(a->c->k, G >= 4, S, x->n, a->q + (size_t)kh * G * hd, (int64_t)G * hd, 1, G, hd, k0, len, bf);
+        }
+    }
+}
+
+static void split_softmax(void *arg, long i0, long i1, int ith) {
+    (void)ith;
+    const split_ctx *x = arg;
+    for (long it = i0; it < i1; it++)
+        softmax_one(x->a->c, x->a->p, x->S + (size_t)it * x->n, x->n, x->a->kv->bits ? 1.0f : x->a->p->scale);
+}
+
+static void split_pv(void *arg, long i0, long i1, int ith) {
+    const split_ctx *x = arg;
+    const attn_ctx *a = x->a;
+    const pt_kv_layer *kv = a->kv;
+    const pt_cpu_kernels *k = a->c->k;
+    const int hd = a->p->head_dim, G = x->G, bf = !kv->bits && kv->dtype == PT_FT_BF16;
+    const int hb = (G + x->hparts - 1) / x->hparts;
+    float *acc = pt_cpu_thread_scratch(a->c, ith), *rows = acc + (size_t)G * hd;
+    for (long it = i0; it < i1; it++) {
+        const int kh = (int)(it / x->hparts), g0 = (int)(it % x->hparts) * hb, g1 = g0 + hb < G ? g0 + hb : G;
+        if (g0 >= G) continue;
+        const float *P = x->S + ((size_t)kh * G + g0) * x->n;
+        memset(acc, 0, (size_t)(g1 - g0) * hd * sizeof(float));
+        for (int r = 0; r < 2; r++) {
+            const int64_t j0 = x->runs[r][0], len = x->runs[r][2];
+            if (len <= 0) continue;
+            if (kv->bits) {
+                const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, x->runs[r][1]);
+                pt_cpu_qpv(k, acc, P + j0, x->n, g1 - g0, &vr, len, rows);
+            } else {
+                const size_t es = bf ? 2 : 4;
+                const char *v0 = (const char *)kv->v + ((size_t)kh * kv->capacity + (size_t)x->runs[r][1]) * hd * es;
+                pv_rows(k, acc, P + j0, x->n, g1 - g0, hd, v0, len, bf);
+            }
+        }
+        float *o = a->out + ((size_t)kh * G + g0) * hd;
+        for (int64_t i = 0; i < (int64_t)(g1 - g0) * hd; i++) o[i] = pt_act_round(a->c->base.act, acc[i]);
+    }
+}
+
+static pt_status attn_split(const attn_ctx *a) {
+    pt_cpu *c = a->c;
+    const pt_kv_layer *kv = a->kv;
+    const pt_attn *p = a->p;
+    const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
+    split_ctx x = {.a = a, .lo = pt_cpu_keys_lo(p, a->pos[0]), .G = G};
+    x.n = a->pos[0] - x.lo + 1;
+    key_runs(x.runs, x.lo, x.n, kv->capacity);
+    for (int r = 0; r < 2; r++) x.pieces[r] = (x.runs[r][2] + SPLIT_KEYS - 1) / SPLIT_KEYS;
+    x.hparts = (c->nth + nkv - 1) / nkv < G ? (c->nth + nkv - 1) / nkv : G;
+    const size_t shared = (size_t)nkv * G * (size_t)x.n + (kv->bits ? (size_t)nkv * G * hd : 0);
+    PT_TRY(pt_cpu_need_scratch(c, (size_t)G * hd + (size_t)PT_CPU_QROWS * hd, shared));
+    x.S = c->xbuf;
+    if (kv->bits) { /* mlx-lm: q *= scale first, in the activation dtype */
+        x.qx = c->xbuf + (size_t)nkv * G * x.n;
+        for (int i = 0; i < nkv * G * hd; i++) x.qx[i] = pt_act_round(c->base.act, a->q[i] * p->scale);
+    }
+    pt_pool_for(c->pool, (long)(nkv * (x.pieces[0] + x.pieces[1])), 1, split_scores, &x);
+    pt_pool_for(c->pool, (long)nkv * G, 1, split_softmax, &x);
+    pt_pool_for(c->pool, (long)nkv * x.hparts, 1, split_pv, &x);
+    return PT_OK;
+}
+
 pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T, const int32_t *pos,
                            const pt_kv_layer *kv, const pt_attn *p) {
     pt_cpu *c = pt_cpu_of(be);
@@ -343,6 +452,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
     attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn};
+    if (T == 1 && kv->n_kv < c->nth && maxn >= SPLIT_MIN_KEYS) return attn_split(&a);
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */
     a.tq = 8;
