@@ -6,10 +6,11 @@
  * normalizes once at the end): f32 max|Δ| <= 1e-5·max|out|; bf16 (the exact
  * path rounds every probability to bf16 before p·V) max|Δ| <= 2e-2·max|out|.
  * And the fused result is bit-identical for 1, 2 and 3 threads. Every case
- * runs with the backend's best kernels (AVX-512 here: the block kernel of
- * attn_qkv_fused_avx512.c) and with the scalar table (the generic loops),
- * over GQA groups of 1, 2, 4 and 8 heads and head sizes 32-256 (the
- * AVX-512 kernel's 64- and 32-lane p·V slices). */
+ * runs with the backend's best kernels (AVX-512 here: the quantized
+ * attention kernels attn_scores_tq / attn_pv_q on each block) and with the
+ * scalar table (rows dequantized for the generic loops), over GQA groups of
+ * 1, 2, 4 and 8 heads and head sizes 32-256 (the AVX-512 P·V kernel's 4/2/1-
+ * head blocks and 32/64-dim slices). */
 #include "test.h"
 
 #include "backend/backend.h"
