@@ -678,6 +678,8 @@ typedef struct {
                   * lever's prefill on AMX int8 tiles where it has AMX-INT8 (PETREL_CPU_AMX, default 1) */
     int split;   /* decode matvec rows: one contiguous share per thread with stealing (PETREL_CPU_SPLIT, default 1) or
                   * the guided claims from one counter (0); the same bits either way */
+    int pfnta;   /* the AVX-512 decode kernels' software prefetch of the weight codes as prefetchnta instead of
+                  * prefetcht0 (PETREL_CPU_PF_NTA, default: on for AMD, cpu_matmul.c); the same bits either way */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 /* How often each quantized matmul path ran (cpu_matmul.c), so a test can

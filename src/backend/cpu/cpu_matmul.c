@@ -48,9 +48,18 @@
  * (owned_run), the same bits); a field a dev benchmark has already set is
  * kept. PETREL_CPU_BGEMM (4/8-bit prefill on the bf16 GEMM, which rounds
  * differently from the integer-piece GEMMs) and PETREL_CPU_XINT default by
- * the CPU (bf16_full_rate); "1" forces either on, "0" off. */
-pt_cpu_levers pt_cpu_lever = {
-    .multi = -1, .scale16 = -1, .xint = -1, .xgemm = -1, .xgemm8 = -1, .bgemm = -1, .amx = -1, .split = -1};
+ * the CPU (bf16_full_rate); "1" forces either on, "0" off. PETREL_CPU_PF_NTA
+ * (the decode kernels' code prefetch as prefetchnta, the same bits) defaults
+ * on for AMD. */
+pt_cpu_levers pt_cpu_lever = {.multi = -1,
+                              .scale16 = -1,
+                              .xint = -1,
+                              .xgemm = -1,
+                              .xgemm8 = -1,
+                              .bgemm = -1,
+                              .amx = -1,
+                              .split = -1,
+                              .pfnta = -1};
 
 static void lever_read(int *field, const char *name, int def) {
     if (*field >= 0) return;
@@ -86,6 +95,8 @@ static void levers_read(void) {
     lever_read(&pt_cpu_lever.bgemm, "PETREL_CPU_BGEMM", bf16_full_rate());
     lever_read(&pt_cpu_lever.amx, "PETREL_CPU_AMX", 1);
     lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT", 1);
+    __builtin_cpu_init();
+    lever_read(&pt_cpu_lever.pfnta, "PETREL_CPU_PF_NTA", __builtin_cpu_is("amd"));
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -374,7 +385,10 @@ static void mm_direct_q48(void *arg, long n0, long n1, int ith) {
         const uint8_t *c0 = pt_cpu_qrow_codes(w, m->expert, n0);
         size_t span = (size_t)(n1 - n0) * (size_t)K * (size_t)w->bits / 8;
         if (span > (size_t)pt_cpu_pf_offset(K, w->bits)) span = (size_t)pt_cpu_pf_offset(K, w->bits);
-        for (size_t o = 0; o < span; o += 64) __builtin_prefetch(c0 + o, 0, 3);
+        if (pt_cpu_lever.pfnta > 0)
+            for (size_t o = 0; o < span; o += 64) __builtin_prefetch(c0 + o, 0, 0);
+        else
+            for (size_t o = 0; o < span; o += 64) __builtin_prefetch(c0 + o, 0, 3);
     }
     /* scales and biases: two more streams, read 4 rows at a time before the kernel runs. The kernels
      * prefetch only the codes; without this every block waited on its scale and bias lines (two

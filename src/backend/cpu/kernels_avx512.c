@@ -153,8 +153,13 @@ static float qdot8(const float *x, const uint8_t *codes, const float *sc, int64_
  * streaming from memory, one thread, 4-bit K = 2048, 5.3 -> 9.8 GB/s
  * (dev/bench_q4_stream; 6-8 KiB ahead was best, 1-2 KiB too close, 16 KiB
  * too far). A prefetch past the end of a buffer is harmless (prefetches
- * never fault). */
-#define PF_LINE(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+ * never fault). The hint: prefetchnta where pt_cpu_lever.pfnta is on (by
+ * default on AMD: on a Zen 5 core it streams the 4-bit decode kernel at
+ * 82-87% of the read instead of 78-80%, one thread; bench/RESULTS.md, CPU
+ * thirteenth round), else prefetcht0 (Intel: nta was the slower there,
+ * dev/README.md). Each kernel reads the lever once into `nta`. */
+#define PF_LINE(p)                                                                                               \
+    (nta ? _mm_prefetch((const char *)(p), _MM_HINT_NTA) : _mm_prefetch((const char *)(p), _MM_HINT_T0))
 
 #define Q4_STEP(c, l, h)                                                                        \
     do {                                                                                        \
@@ -179,6 +184,7 @@ static void qdot4_x4(float *out, const float *xp, const float *xs, const uint8_t
     const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t ng = K / gs;
     for (int64_t g = 0; g < ng; g++) {
@@ -243,6 +249,7 @@ static inline __attribute__((always_inline)) void q4bf16_body(float *out, const 
     const int64_t gpb = 128 / gs; /* groups per block */
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
 #define QB_SCALE(r)                                                                                               \
     (p16 ? _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(                                                    \
@@ -321,6 +328,7 @@ static void qdot8_x4(float *out, const float *x, const float *xs, const uint8_t 
                      const float *const *bi, int64_t K, int gs) {
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 8); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t ng = K / gs;
     for (int64_t g = 0; g < ng; g++) {
@@ -1086,6 +1094,7 @@ static void qdot4_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
     const __m256i m4 = _mm256_set1_epi8(15);
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
 #define Q4I_DOT(acc, cr)                                                                          \
     do {                                                                                          \
@@ -1152,6 +1161,7 @@ static void qdot4_x4_i8_128(float *out, const int8_t *xq, const float *xd, const
     const int64_t gpb = 128 / gs;
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 4); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m512 f0 = _mm512_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (int64_t b = 0, g = 0; b < K; b += 128, g += gpb) {
         PF_LINE(pf + 2 * b); /* this block reads 4 × 64 bytes */
@@ -1190,6 +1200,7 @@ static void qdot8_x4_i8(float *out, const int8_t *xq, const float *xd, const flo
                         const float *const *sc, const float *const *bi, int64_t K, int gs) {
     const uint8_t *c0 = codes[0], *c1 = codes[1], *c2 = codes[2], *c3 = codes[3];
     const uint8_t *pf = c0 + pt_cpu_pf_offset(K, 8); /* see PF_LINE */
+    const int nta = pt_cpu_lever.pfnta > 0;
     __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0;
     for (int64_t g = 0; g < K / gs; g++) {
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
