@@ -52,7 +52,6 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
     const pt_cpu_kernels *k = a->c->k;
     pt_act_dtype act = a->c->base.act;
     const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
-    const int64_t cap = kv->capacity;
     float *qx = pt_cpu_thread_scratch(a->c, ith), *S = qx + (size_t)G * hd, *rows = S + (size_t)G * FUSED_BLOCK;
     int prepared = -1; /* the KV head whose scaled query is in qx */
     for (long it = i0; it < i1; it++) {
@@ -66,8 +65,8 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
         }
         float *part = a->part + ((size_t)kh * a->nblk + (size_t)b) * G * (2 + hd), *st = part + (size_t)G * hd;
         /* the block's keys and values as at most two runs of the ring */
-        const int64_t s0 = (a->lo + j0) % cap, n1 = cap - s0 < nb ? cap - s0 : nb;
-        const int64_t runs[2][3] = {{0, s0, n1}, {n1, 0, nb - n1}};
+        int64_t runs[2][3];
+        pt_cpu_key_runs(runs, a->lo + j0, nb, kv->capacity);
         for (int r = 0; r < 2; r++)
             if (runs[r][2] > 0) {
                 const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, runs[r][1]);

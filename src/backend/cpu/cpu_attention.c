@@ -148,15 +148,6 @@ typedef struct {
     int64_t maxn; /* the most keys one token attends to */
 } attn_ctx;
 
-/* The slots of keys [lo, lo + n) of a ring of cap rows: at most two
- * contiguous runs (the ring wraps once), {index in the range, first slot,
- * length}. */
-static inline void key_runs(int64_t runs[2][3], int64_t lo, int64_t n, int64_t cap) {
-    int64_t s0 = lo % cap, n1 = cap - s0 < n ? cap - s0 : n;
-    runs[0][0] = 0, runs[0][1] = s0, runs[0][2] = n1;
-    runs[1][0] = n1, runs[1][1] = 0, runs[1][2] = n - n1;
-}
-
 /* S[(u·G + g)·lds + j] = q_{u,g} · k_j for len contiguous full-precision rows
  * k (bf16 or f32): the kernel table's kernels, else dot products. many: the
  * kernel of many rows (a prefill call's, or a decode step's with at least 4
@@ -233,6 +224,37 @@ static void softmax_one(const pt_cpu *c, const pt_attn *p, float *sg, int64_t nu
     for (int64_t j = 0; j < nu; j++) sg[j] = pt_act_round(act, sg[j] * inv);
 }
 
+/* Scores of KV head kh's len cache rows from slot on (one ring run) for
+ * the G heads of nt tokens, S[(u·G + g)·lds + j], full-precision or
+ * quantized (q then already scaled); rows: PT_CPU_QROWS·hd scratch */
+static void run_scores(const attn_ctx *a, int kh, float *S, int64_t lds, const float *q, int64_t qs, int nt,
+                       int64_t slot, int64_t len, float *rows) {
+    const pt_kv_layer *kv = a->kv;
+    const int hd = a->p->head_dim, G = a->p->n_heads / kv->n_kv, bf = kv->dtype == PT_FT_BF16;
+    if (kv->bits) {
+        const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, slot);
+        pt_cpu_qscores(a->c->k, S, lds, q, qs, nt, G, &kr, len, rows);
+        return;
+    }
+    const char *k0 = (const char *)kv->k + ((size_t)kh * kv->capacity + (size_t)slot) * hd * (bf ? 2 : 4);
+    scores_rows(a->c->k, a->T > 1 || G >= 4, S, lds, q, qs, nt, G, hd, k0, len, bf);
+}
+
+/* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] for nh heads over KV head kh's
+ * len cache rows from slot on (one ring run) */
+static void run_pv(const attn_ctx *a, int kh, float *acc, const float *P, int64_t ldp, int nh, int64_t slot,
+                   int64_t len, float *rows) {
+    const pt_kv_layer *kv = a->kv;
+    const int hd = a->p->head_dim, bf = kv->dtype == PT_FT_BF16;
+    if (kv->bits) {
+        const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, slot);
+        pt_cpu_qpv(a->c->k, acc, P, ldp, nh, &vr, len, rows);
+        return;
+    }
+    const char *v0 = (const char *)kv->v + ((size_t)kh * kv->capacity + (size_t)slot) * hd * (bf ? 2 : 4);
+    pv_rows(a->c->k, acc, P, ldp, nh, hd, v0, len, bf);
+}
+
 /* Tokens [t0, t1) and KV head kh: the scores of every query head of the
  * tokens against the keys any of them attends to, [lo_u, hi_u], in one pass
  * over those keys (each key row read once for all the tokens' heads), then
@@ -246,55 +268,33 @@ static void softmax_one(const pt_cpu *c, const pt_attn *p, float *sg, int64_t nu
 static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_t lo_u, int64_t hi_u, float *scr) {
     const pt_kv_layer *kv = a->kv;
     const pt_attn *p = a->p;
-    const pt_cpu_kernels *k = a->c->k;
     pt_act_dtype act = a->c->base.act;
-    const int hd = p->head_dim, G = p->n_heads / kv->n_kv, nt = (int)(t1 - t0), quant = kv->bits != 0;
+    const int hd = p->head_dim, G = p->n_heads / kv->n_kv, nt = (int)(t1 - t0);
     const int64_t cap = kv->capacity, n = hi_u - lo_u + 1;
-    const int bf = !quant && kv->dtype == PT_FT_BF16;
-    const size_t es = bf ? 2 : 4;
     float *S = scr;                        /* [nt·G, n] */
     float *acc = scr + (size_t)nt * G * n; /* [G, hd] */
     float *qx = acc + (size_t)G * hd, *rows = qx + (size_t)nt * G * hd;
     const float *q = a->q + (t0 * p->n_heads + (int64_t)kh * G) * hd;
     int64_t qs = (int64_t)p->n_heads * hd;
     float sscale = p->scale;
-    if (quant) { /* mlx-lm: q *= scale first, in the activation dtype */
+    if (kv->bits) { /* mlx-lm: q *= scale first, in the activation dtype */
         for (int u = 0; u < nt; u++)
             for (int i = 0; i < G * hd; i++) qx[(size_t)u * G * hd + i] = pt_act_round(act, q[u * qs + i] * p->scale);
         q = qx, qs = (int64_t)G * hd, sscale = 1.0f;
     }
-    const char *kb = (const char *)kv->k + (size_t)kh * cap * hd * es;
-    const char *vb = (const char *)kv->v + (size_t)kh * cap * hd * es;
-    const int many = a->T > 1 || G >= 4;
     int64_t runs[2][3];
-    key_runs(runs, lo_u, n, cap);
-    for (int r = 0; r < 2; r++) {
-        const int64_t j0 = runs[r][0], len = runs[r][2];
-        if (len <= 0) continue;
-        if (!quant) {
-            scores_rows(k, many, S + j0, n, q, qs, nt, G, hd, kb + (size_t)runs[r][1] * hd * es, len, bf);
-            continue;
-        }
-        const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, runs[r][1]);
-        pt_cpu_qscores(k, S + j0, n, q, qs, nt, G, &kr, len, rows);
-    }
+    pt_cpu_key_runs(runs, lo_u, n, cap);
+    for (int r = 0; r < 2; r++)
+        if (runs[r][2] > 0) run_scores(a, kh, S + runs[r][0], n, q, qs, nt, runs[r][1], runs[r][2], rows);
     for (int u = 0; u < nt; u++) {
         const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
         float *Su = S + (size_t)u * G * n + off; /* the token's rows: [G] × its nu keys, n apart */
         for (int g = 0; g < G; g++) softmax_one(a->c, p, Su + (size_t)g * n, nu, sscale);
         memset(acc, 0, (size_t)G * hd * sizeof(float));
         int64_t ru[2][3];
-        key_runs(ru, lo, nu, cap);
-        for (int r = 0; r < 2; r++) {
-            const int64_t j0 = ru[r][0], len = ru[r][2];
-            if (len <= 0) continue;
-            if (!quant) {
-                pv_rows(k, acc, Su + j0, n, G, hd, vb + (size_t)ru[r][1] * hd * es, len, bf);
-                continue;
-            }
-            const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, ru[r][1]);
-            pt_cpu_qpv(k, acc, Su + j0, n, G, &vr, len, rows);
-        }
+        pt_cpu_key_runs(ru, lo, nu, cap);
+        for (int r = 0; r < 2; r++)
+            if (ru[r][2] > 0) run_pv(a, kh, acc, Su + ru[r][0], n, G, ru[r][1], ru[r][2], rows);
         float *o = a->out + ((t0 + u) * p->n_heads + (int64_t)kh * G) * hd;
         for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, acc[i]);
     }
@@ -347,25 +347,16 @@ typedef struct {
 static void split_scores(void *arg, long i0, long i1, int ith) {
     const split_ctx *x = arg;
     const attn_ctx *a = x->a;
-    const pt_kv_layer *kv = a->kv;
-    const int hd = a->p->head_dim, G = x->G, bf = !kv->bits && kv->dtype == PT_FT_BF16;
+    const int hd = a->p->head_dim, G = x->G;
     const int64_t np = x->pieces[0] + x->pieces[1];
+    const float *q = a->kv->bits ? x->qx : a->q;
     float *rows = pt_cpu_thread_scratch(a->c, ith);
     for (long it = i0; it < i1; it++) {
         const int kh = (int)(it / np), r = it % np < x->pieces[0] ? 0 : 1;
-        const int64_t j = (it % np - (r ? x->pieces[0] : 0)) * SPLIT_KEYS, len = x->runs[r][2] - j < SPLIT_KEYS
-                                                                                 ? x->runs[r][2] - j
-                                                                                 : SPLIT_KEYS;
-        const int64_t slot = x->runs[r][1] + j;
-        float *S = x->S + (size_t)kh * G * x->n + x->runs[r][0] + j;
-        if (kv->bits) {
-            const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, slot);
-            pt_cpu_qscores(a->c->k, S, x->n, x->qx + (size_t)kh * G * hd, (int64_t)G * hd, 1, G, &kr, len, rows);
-        } else {
-            const size_t es = bf ? 2 : 4;
-            const char *k0 = (const char *)kv->k + ((size_t)kh * kv->capacity + (size_t)slot) * hd * es;
-            scores_rows(a->c->k, G >= 4, S, x->n, a->q + (size_t)kh * G * hd, (int64_t)G * hd, 1, G, hd, k0, len, bf);
-        }
+        const int64_t j = (it % np - (r ? x->pieces[0] : 0)) * SPLIT_KEYS,
+                      len = x->runs[r][2] - j < SPLIT_KEYS ? x->runs[r][2] - j : SPLIT_KEYS;
+        run_scores(a, kh, x->S + (size_t)kh * G * x->n + x->runs[r][0] + j, x->n, q + (size_t)kh * G * hd,
+                   (int64_t)G * hd, 1, x->runs[r][1] + j, len, rows);
     }
 }
 
@@ -379,9 +370,7 @@ static void split_softmax(void *arg, long i0, long i1, int ith) {
 static void split_pv(void *arg, long i0, long i1, int ith) {
     const split_ctx *x = arg;
     const attn_ctx *a = x->a;
-    const pt_kv_layer *kv = a->kv;
-    const pt_cpu_kernels *k = a->c->k;
-    const int hd = a->p->head_dim, G = x->G, bf = !kv->bits && kv->dtype == PT_FT_BF16;
+    const int hd = a->p->head_dim, G = x->G;
     const int hb = (G + x->hparts - 1) / x->hparts;
     float *acc = pt_cpu_thread_scratch(a->c, ith), *rows = acc + (size_t)G * hd;
     for (long it = i0; it < i1; it++) {
@@ -389,18 +378,9 @@ static void split_pv(void *arg, long i0, long i1, int ith) {
         if (g0 >= G) continue;
         const float *P = x->S + ((size_t)kh * G + g0) * x->n;
         memset(acc, 0, (size_t)(g1 - g0) * hd * sizeof(float));
-        for (int r = 0; r < 2; r++) {
-            const int64_t j0 = x->runs[r][0], len = x->runs[r][2];
-            if (len <= 0) continue;
-            if (kv->bits) {
-                const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, x->runs[r][1]);
-                pt_cpu_qpv(k, acc, P + j0, x->n, g1 - g0, &vr, len, rows);
-            } else {
-                const size_t es = bf ? 2 : 4;
-                const char *v0 = (const char *)kv->v + ((size_t)kh * kv->capacity + (size_t)x->runs[r][1]) * hd * es;
-                pv_rows(k, acc, P + j0, x->n, g1 - g0, hd, v0, len, bf);
-            }
-        }
+        for (int r = 0; r < 2; r++)
+            if (x->runs[r][2] > 0)
+                run_pv(a, kh, acc, P + x->runs[r][0], x->n, g1 - g0, x->runs[r][1], x->runs[r][2], rows);
         float *o = a->out + ((size_t)kh * G + g0) * hd;
         for (int64_t i = 0; i < (int64_t)(g1 - g0) * hd; i++) o[i] = pt_act_round(a->c->base.act, acc[i]);
     }
@@ -413,7 +393,7 @@ static pt_status attn_split(const attn_ctx *a) {
     const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
     split_ctx x = {.a = a, .lo = pt_cpu_keys_lo(p, a->pos[0]), .G = G};
     x.n = a->pos[0] - x.lo + 1;
-    key_runs(x.runs, x.lo, x.n, kv->capacity);
+    pt_cpu_key_runs(x.runs, x.lo, x.n, kv->capacity);
     for (int r = 0; r < 2; r++) x.pieces[r] = (x.runs[r][2] + SPLIT_KEYS - 1) / SPLIT_KEYS;
     x.hparts = (c->nth + nkv - 1) / nkv < G ? (c->nth + nkv - 1) / nkv : G;
     const size_t shared = (size_t)nkv * G * (size_t)x.n + (kv->bits ? (size_t)nkv * G * hd : 0);

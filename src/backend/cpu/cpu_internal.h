@@ -420,6 +420,15 @@ static inline int64_t pt_cpu_keys_lo(const pt_attn *p, int64_t hi) {
     return p->window > 0 && hi - p->window + 1 > 0 ? hi - p->window + 1 : 0;
 }
 
+/* The slots of keys [lo, lo + n) of a ring of cap rows: at most two
+ * contiguous runs (the ring wraps once), {index in the range, first slot,
+ * length}. */
+static inline void pt_cpu_key_runs(int64_t runs[2][3], int64_t lo, int64_t n, int64_t cap) {
+    const int64_t s0 = lo % cap, n1 = cap - s0 < n ? cap - s0 : n;
+    runs[0][0] = 0, runs[0][1] = s0, runs[0][2] = n1;
+    runs[1][0] = n1, runs[1][1] = 0, runs[1][2] = n - n1;
+}
+
 /* The rows of a quantized cache's head h from slot on (v: the values, else
  * the keys); the caller keeps runs within the ring. */
 pt_cpu_qrows pt_cpu_kv_qrows(const pt_kv_layer *kv, int v, int h, int64_t slot);

@@ -650,9 +650,6 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
 /* ---- quantized KV rows (4/8-bit MLX codes) ----
  * Values are scale·code + bias, product and sum each rounded, as
  * pt_cpu_qrows_ref computes them. */
-static inline float qparam(const void *p, pt_ftype dt, size_t i) {
-    return dt == PT_FT_BF16 ? pt_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
 
 /* P·V over n quantized value rows (attn_pv_q): the block's outputs in
  * registers (B heads × 32 dims) across 64 rows at a time, each row's codes
