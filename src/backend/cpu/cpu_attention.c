@@ -146,6 +146,9 @@ typedef struct {
     const pt_attn *p;
     int tq;       /* tokens per item (attn_group) */
     int64_t maxn; /* the most keys one token attends to */
+    int dp;       /* bf16 mode with the vdpbf16ps kernels on (pt_cpu_attn_dp_on): a bf16 cache's products on
+                   * attn_scores_dp / attn_pv_dp, whose operands are then all bf16 values (the queries and the
+                   * probabilities are rounded to bf16 in this mode) */
 } attn_ctx;
 
 /* S[(u·G + g)·lds + j] = q_{u,g} · k_j for len contiguous full-precision rows
@@ -153,8 +156,9 @@ typedef struct {
  * kernel of many rows (a prefill call's, or a decode step's with at least 4
  * query heads per KV head; kernels_avx512.c: below that a step's rows are
  * too few to pay for the key block's transposition). */
-static void scores_rows(const pt_cpu_kernels *k, int many, float *S, int64_t lds, const float *q, int64_t qs, int nt,
-                        int G, int hd, const void *k0, int64_t len, int bf) {
+static void scores_rows(const pt_cpu_kernels *k, int many, int dp, float *S, int64_t lds, const float *q, int64_t qs,
+                        int nt, int G, int hd, const void *k0, int64_t len, int bf) {
+    if (many && dp && k->attn_scores_dp && k->attn_scores_dp(S, lds, q, qs, nt, G, hd, k0, len)) return;
     if (many ? k->attn_scores_t && k->attn_scores_t(S, lds, q, qs, nt, G, hd, k0, len, bf)
              : k->attn_scores && k->attn_scores(S, lds, q, G, hd, k0, len, bf))
         return;
@@ -168,8 +172,9 @@ static void scores_rows(const pt_cpu_kernels *k, int many, float *S, int64_t lds
 }
 
 /* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] over len rows v (bf16 or f32) */
-static void pv_rows(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp, int G, int hd, const void *v0,
-                    int64_t len, int bf) {
+static void pv_rows(const pt_cpu_kernels *k, int dp, float *acc, const float *P, int64_t ldp, int G, int hd,
+                    const void *v0, int64_t len, int bf) {
+    if (dp && k->attn_pv_dp && k->attn_pv_dp(acc, P, ldp, G, hd, v0, len)) return;
     if (k->attn_pv && k->attn_pv(acc, P, ldp, G, hd, v0, len, bf)) return;
     for (int64_t j = 0; j < len; j++)
         for (int g = 0; g < G; g++) {
@@ -186,7 +191,7 @@ void pt_cpu_qscores(const pt_cpu_kernels *k, float *S, int64_t lds, const float 
         const int64_t nb = n - jb < PT_CPU_QROWS ? n - jb : PT_CPU_QROWS;
         const pt_cpu_qrows blk = pt_cpu_qrows_at(kr, jb);
         pt_cpu_qrows_ref(rows, &blk, nb);
-        scores_rows(k, 1, S + jb, lds, q, qs, nt, G, kr->hd, rows, nb, 0);
+        scores_rows(k, 1, 0, S + jb, lds, q, qs, nt, G, kr->hd, rows, nb, 0);
     }
 }
 
@@ -197,7 +202,7 @@ void pt_cpu_qpv(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp
         const int64_t nb = n - jb < PT_CPU_QROWS ? n - jb : PT_CPU_QROWS;
         const pt_cpu_qrows blk = pt_cpu_qrows_at(vr, jb);
         pt_cpu_qrows_ref(rows, &blk, nb);
-        pv_rows(k, acc, P + jb, ldp, G, vr->hd, rows, nb, 0);
+        pv_rows(k, 0, acc, P + jb, ldp, G, vr->hd, rows, nb, 0);
     }
 }
 
@@ -237,7 +242,7 @@ static void run_scores(const attn_ctx *a, int kh, float *S, int64_t lds, const f
         return;
     }
     const char *k0 = (const char *)kv->k + ((size_t)kh * kv->capacity + (size_t)slot) * hd * (bf ? 2 : 4);
-    scores_rows(a->c->k, a->T > 1 || G >= 4, S, lds, q, qs, nt, G, hd, k0, len, bf);
+    scores_rows(a->c->k, a->T > 1 || G >= 4, a->dp && bf, S, lds, q, qs, nt, G, hd, k0, len, bf);
 }
 
 /* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] for nh heads over KV head kh's
@@ -252,7 +257,7 @@ static void run_pv(const attn_ctx *a, int kh, float *acc, const float *P, int64_
         return;
     }
     const char *v0 = (const char *)kv->v + ((size_t)kh * kv->capacity + (size_t)slot) * hd * (bf ? 2 : 4);
-    pv_rows(a->c->k, acc, P, ldp, nh, hd, v0, len, bf);
+    pv_rows(a->c->k, a->dp && bf, acc, P, ldp, nh, hd, v0, len, bf);
 }
 
 /* Tokens [t0, t1) and KV head kh: the scores of every query head of the
@@ -431,7 +436,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn};
+    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn, c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on()};
     if (T == 1 && kv->n_kv < c->nth && maxn >= SPLIT_MIN_KEYS) return attn_split(&a);
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */

@@ -200,6 +200,14 @@ typedef struct pt_cpu_kernels {
     int (*attn_scores_t)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
                          int64_t n, int bf);
     int (*attn_pv)(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n, int bf);
+    /* attn_scores_t and attn_pv over bf16 rows whose other operand (the
+     * queries, the probabilities) holds bf16 values, on vdpbf16ps: each f32
+     * chain runs over pairs (dims or keys 2i + 1 then 2i), subnormal f32
+     * inputs and results as zero (kernels_avx512.c). 0 = shape not handled;
+     * NULL where the CPU has no AVX512-BF16. */
+    int (*attn_scores_dp)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
+                          int64_t n);
+    int (*attn_pv_dp)(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n);
     /* A quantized cache's rows (4 or 8 bits), each dequantized as
      * pt_cpu_qrows_ref does: attn_scores_tq is attn_scores_t over n such
      * keys, attn_pv_q attn_pv over n such values, with the bits of
@@ -672,8 +680,12 @@ pt_status pt_cpu_matmul_rows(pt_backend *be, float *y, const float *x, int64_t T
 pt_status pt_cpu_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                               const pt_matrix *const *w, int rows);
 int pt_cpu_multi_on(void);
-/* Bit-neutral levers, settable for A/B measurements (cpu_matmul.c): a field
- * < 0 is read from the environment on first use. */
+/* Whether bf16-mode attention over bf16 caches takes the kernel table's
+ * vdpbf16ps kernels (pt_cpu_lever.attn_dp, read once; 0 without AVX512-BF16). */
+int pt_cpu_attn_dp_on(void);
+/* Levers, settable for A/B measurements (cpu_matmul.c): a field < 0 is read
+ * from the environment on first use. Each is bit-neutral unless its comment
+ * says otherwise. */
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
@@ -689,6 +701,9 @@ typedef struct {
                   * the guided claims from one counter (0); the same bits either way */
     int pfnta;   /* the AVX-512 decode kernels' software prefetch of the weight codes as prefetchnta instead of
                   * prefetcht0 (PETREL_CPU_PF_NTA, default: on for AMD, cpu_matmul.c); the same bits either way */
+    int attn_dp; /* bf16-mode attention over a bf16 cache on vdpbf16ps (attn_scores_dp, attn_pv_dp;
+                  * PETREL_CPU_ATTN_DP, default: where vdpbf16ps issues at the FMA rate, cpu_matmul.c). NOT
+                  * bit-neutral: another order of the f32 sums (the rounding points are the same) */
 } pt_cpu_levers;
 extern pt_cpu_levers pt_cpu_lever;
 /* How often each quantized matmul path ran (cpu_matmul.c), so a test can

@@ -59,7 +59,8 @@ pt_cpu_levers pt_cpu_lever = {.multi = -1,
                               .bgemm = -1,
                               .amx = -1,
                               .split = -1,
-                              .pfnta = -1};
+                              .pfnta = -1,
+                              .attn_dp = -1};
 
 static void lever_read(int *field, const char *name, int def) {
     if (*field >= 0) return;
@@ -97,6 +98,8 @@ static void levers_read(void) {
     lever_read(&pt_cpu_lever.split, "PETREL_CPU_SPLIT", 1);
     __builtin_cpu_init();
     lever_read(&pt_cpu_lever.pfnta, "PETREL_CPU_PF_NTA", __builtin_cpu_is("amd"));
+    lever_read(&pt_cpu_lever.attn_dp, "PETREL_CPU_ATTN_DP", bf16_full_rate());
+    if (!cpu_has_bf16()) pt_cpu_lever.attn_dp = 0;
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -111,6 +114,11 @@ static void levers_init(void) { pthread_once(&levers_once, levers_read); }
 int pt_cpu_multi_on(void) {
     levers_init();
     return pt_cpu_lever.multi;
+}
+
+int pt_cpu_attn_dp_on(void) {
+    levers_init();
+    return pt_cpu_lever.attn_dp > 0;
 }
 
 /* ---- weight row access ---- */

@@ -898,6 +898,187 @@ static int attn_pv(float *out, const float *P, int64_t ldp, int G, int hd, const
     return 1;
 }
 
+/* ---- attention products on vdpbf16ps (attn_scores_dp, attn_pv_dp) ----
+ * In bf16 mode over a bf16 cache both products have bf16 operands: the
+ * queries and the probabilities are rounded activations, the keys and values
+ * bf16 rows. vdpbf16ps multiplies a lane's two bf16 pairs exactly in f32 and
+ * adds the odd element's product, then the even one's, into the f32 lane
+ * (round to nearest each; inputs and results subnormal in f32 read and
+ * written as zero), so
+ *   scores: S[r·lds + j] = one f32 chain over the dims in pairs, dim d + 1
+ *           then d for d = 0, 2, 4, ... (from zero), whatever nt, n or the
+ *           key's place in its block;
+ *   p·V:    out[g·hd + d] continues its chain over the keys in pairs, key
+ *           j + 1 then j for j = 0, 2, 4, ... of each call (an odd last key
+ *           paired with a zero row and probability).
+ * Other orders than attn_scores_t's and attn_pv's (the L1 contract is the
+ * rounding points, not the order of an f32 sum), with half the multiply-add
+ * instructions, no widening of bf16 rows, and a 16 × 16 transpose of 32-bit
+ * pairs moving 32 dims of 16 keys (attn_scores_t's moves 16). Used where
+ * vdpbf16ps issues at about the FMA rate (cpu_attention.c). */
+
+/* kT [hd/2][32] pairs: entry (i, c) = dims 2i, 2i + 1 of key c (lanes past
+ * nk: the last key again, never stored). hd % 32 == 0. */
+static void keys_t32_dp(uint32_t *kT, const uint16_t *k, int64_t nk, int hd) {
+    for (int c0 = 0; c0 < 32; c0 += 16) {
+        const uint16_t *row[16];
+        for (int c = 0; c < 16; c++) row[c] = k + (size_t)(c0 + c < nk ? c0 + c : nk - 1) * hd;
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            __m512 a[16];
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) a[c] = _mm512_loadu_ps((const float *)(row[c] + d0));
+            transpose16(a);
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) _mm512_store_ps((float *)kT + (d0 / 2 + i) * 32 + c0, a[i]);
+        }
+    }
+}
+
+/* Rows r0 .. r0 + RB − 1 of a block's scores; qp: the rows' queries as bf16
+ * pairs, hd/2 words a row */
+#define SCORE_ROWS_DP(RB)                                                                                     \
+    static void score_rows_dp##RB(float *S, int64_t lds, const uint32_t *qp, int r0, const uint32_t *kT, int hd, \
+                                  int64_t nk) {                                                               \
+        const int hp = hd / 2;                                                                                \
+        __m512 a0[RB], a1[RB];                                                                                \
+        for (int i = 0; i < RB; i++) a0[i] = a1[i] = _mm512_setzero_ps();                                     \
+        for (int i2 = 0; i2 < hp; i2++) {                                                                     \
+            const __m512bh k0 = (__m512bh)_mm512_load_si512(kT + i2 * 32),                                    \
+                           k1 = (__m512bh)_mm512_load_si512(kT + i2 * 32 + 16);                               \
+            for (int i = 0; i < RB; i++) {                                                                    \
+                const __m512bh qd = (__m512bh)_mm512_set1_epi32((int)qp[(r0 + i) * hp + i2]);                 \
+                a0[i] = _mm512_dpbf16_ps(a0[i], qd, k0);                                                      \
+                a1[i] = _mm512_dpbf16_ps(a1[i], qd, k1);                                                      \
+            }                                                                                                 \
+        }                                                                                                     \
+        const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),                                 \
+                        m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1);           \
+        for (int i = 0; i < RB; i++) {                                                                        \
+            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds, m0, a0[i]);                                    \
+            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds + 16, m1, a1[i]);                               \
+        }                                                                                                     \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+SCORE_ROWS_DP(8)
+SCORE_ROWS_DP(4)
+SCORE_ROWS_DP(2)
+SCORE_ROWS_DP(1)
+#pragma GCC pop_options
+
+/* Query rows as bf16 pairs (exact: they hold bf16 values) */
+static void pack_pairs(uint32_t *dst, const float *x, int n) {
+    for (int d = 0; d < n; d += 32)
+        _mm512_storeu_si512((void *)(dst + d / 2),
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + d + 16), _mm512_loadu_ps(x + d)));
+}
+
+/* attn_scores_t's rows and keys (bf16 keys, bf16-valued queries) on
+ * vdpbf16ps. Rows go in chunks whose packed queries fit the stack buffer
+ * (each chunk transposes the keys again; one chunk up to 64 rows of 256). */
+static int attn_scores_dp(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
+                          int64_t n) {
+    if (hd % 32 || hd > 512) return 0;
+    uint32_t kT[256 * 32] __attribute__((aligned(64)));
+    uint32_t qp[8192] __attribute__((aligned(64)));
+    const int R = nt * G, hp = hd / 2, RC = (int)(sizeof qp / sizeof qp[0]) / hp;
+    const size_t rs = (size_t)hd * 2;
+    for (int c0 = 0; c0 < R; c0 += RC) {
+        const int rc = R - c0 < RC ? R - c0 : RC;
+        for (int r = 0; r < rc; r++) pack_pairs(qp + r * hp, q + (int64_t)((c0 + r) / G) * qs + ((c0 + r) % G) * hd, hd);
+        float *Sc = S + (int64_t)c0 * lds;
+        for (int64_t j0 = 0; j0 < n; j0 += 32) {
+            const int64_t nk = n - j0 < 32 ? n - j0 : 32;
+            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+            if (nn > 0) { /* the next block's rows on their way (as attn_scores_t) */
+                const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
+                for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+            }
+            keys_t32_dp(kT, (const uint16_t *)k + j0 * hd, nk, hd);
+            int r = 0;
+            for (; r + 8 <= rc; r += 8) score_rows_dp8(Sc + j0, lds, qp, r, kT, hd, nk);
+            for (; r + 4 <= rc; r += 4) score_rows_dp4(Sc + j0, lds, qp, r, kT, hd, nk);
+            for (; r + 2 <= rc; r += 2) score_rows_dp2(Sc + j0, lds, qp, r, kT, hd, nk);
+            for (; r < rc; r++) score_rows_dp1(Sc + j0, lds, qp, r, kT, hd, nk);
+        }
+    }
+    return 1;
+}
+
+/* p·V for B heads over bf16 rows, 64 dims at a time: two keys' rows
+ * interleaved as pairs (unpacklo / unpackhi of 16-bit words), so each
+ * 32-dim half of a block sits in two accumulators, dims {8L + 0..3} ("lo")
+ * and {8L + 4..7} ("hi") for L = 0..3, brought in and out of that order once
+ * per block; each head's probabilities packed as pairs 32 keys at a time. */
+#define PV_DP(B)                                                                                              \
+    static void pv_dp_b##B(float *out, const float *P, int64_t ldp, int hd, const uint16_t *v, int64_t n) {  \
+        const __m512i lo_in = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),    \
+                      hi_in = _mm512_add_epi32(lo_in, _mm512_set1_epi32(4)),                                  \
+                      out0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23),       \
+                      out1 = _mm512_add_epi32(out0, _mm512_set1_epi32(8));                                    \
+        const __m512i z = _mm512_setzero_si512();                                                             \
+        for (int d0 = 0; d0 < hd; d0 += 64) {                                                                 \
+            __m512 o[B][4];                                                                                   \
+            for (int g = 0; g < B; g++)                                                                       \
+                for (int h = 0; h < 2; h++) {                                                                 \
+                    const float *src = out + g * hd + d0 + 32 * h;                                            \
+                    const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);                   \
+                    o[g][2 * h] = _mm512_permutex2var_ps(v0, lo_in, v1);                                      \
+                    o[g][2 * h + 1] = _mm512_permutex2var_ps(v0, hi_in, v1);                                  \
+                }                                                                                             \
+            for (int64_t j0 = 0; j0 < n; j0 += 32) {                                                          \
+                const int64_t nb = n - j0 < 32 ? n - j0 : 32;                                                 \
+                const __mmask16 m0 = nb >= 16 ? 0xffff : tail_mask(nb),                                       \
+                                m1 = nb >= 32 ? 0xffff : nb <= 16 ? 0 : tail_mask(nb - 16);                   \
+                uint32_t pk[B][16] __attribute__((aligned(64)));                                              \
+                for (int g = 0; g < B; g++)                                                                   \
+                    _mm512_store_si512((void *)pk[g],                                                         \
+                                       (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, P + g * ldp + j0 + 16), \
+                                                                    _mm512_maskz_loadu_ps(m0, P + g * ldp + j0))); \
+                for (int64_t t = 0; 2 * t < nb; t++) {                                                        \
+                    const uint16_t *ra = v + (j0 + 2 * t) * hd + d0;                                          \
+                    const int two = 2 * t + 1 < nb;                                                           \
+                    const __m512i a0 = _mm512_loadu_si512((const void *)ra),                                  \
+                                  a1 = _mm512_loadu_si512((const void *)(ra + 32)),                           \
+                                  b0 = two ? _mm512_loadu_si512((const void *)(ra + hd)) : z,                 \
+                                  b1 = two ? _mm512_loadu_si512((const void *)(ra + hd + 32)) : z;            \
+                    const __m512bh l0 = (__m512bh)_mm512_unpacklo_epi16(a0, b0),                              \
+                                   h0 = (__m512bh)_mm512_unpackhi_epi16(a0, b0),                              \
+                                   l1 = (__m512bh)_mm512_unpacklo_epi16(a1, b1),                              \
+                                   h1 = (__m512bh)_mm512_unpackhi_epi16(a1, b1);                              \
+                    for (int g = 0; g < B; g++) {                                                             \
+                        const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)pk[g][t]);                       \
+                        o[g][0] = _mm512_dpbf16_ps(o[g][0], pp, l0);                                          \
+                        o[g][1] = _mm512_dpbf16_ps(o[g][1], pp, h0);                                          \
+                        o[g][2] = _mm512_dpbf16_ps(o[g][2], pp, l1);                                          \
+                        o[g][3] = _mm512_dpbf16_ps(o[g][3], pp, h1);                                          \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+            for (int g = 0; g < B; g++)                                                                       \
+                for (int h = 0; h < 2; h++) {                                                                 \
+                    float *dst = out + g * hd + d0 + 32 * h;                                                  \
+                    _mm512_storeu_ps(dst, _mm512_permutex2var_ps(o[g][2 * h], out0, o[g][2 * h + 1]));        \
+                    _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(o[g][2 * h], out1, o[g][2 * h + 1]));   \
+                }                                                                                             \
+        }                                                                                                     \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+PV_DP(4)
+PV_DP(2)
+PV_DP(1)
+#pragma GCC pop_options
+
+static int attn_pv_dp(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n) {
+    if (hd % 64) return 0;
+    int g = 0;
+    for (; g + 4 <= G; g += 4) pv_dp_b4(out + g * hd, P + g * ldp, ldp, hd, v, n);
+    for (; g + 2 <= G; g += 2) pv_dp_b2(out + g * hd, P + g * ldp, ldp, hd, v, n);
+    for (; g < G; g++) pv_dp_b1(out + g * hd, P + g * ldp, ldp, hd, v, n);
+    return 1;
+}
+
 /* ---- softmax of one attention row (no soft-cap) ----
  * s[j] = round(round(s[j])·scale) (bf16 mode: round = to bf16), then
  * p = exp(s − max) / Σ, rounded. exp is a degree-6 polynomial on
@@ -1331,6 +1512,8 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_scores_t = attn_scores_t,
     .attn_pv = attn_pv,
     .attn_pv_q = attn_pv_q,
+    .attn_scores_dp = attn_scores_dp,
+    .attn_pv_dp = attn_pv_dp,
     .attn_scores_tq = attn_scores_tq,
     .softmax_row = softmax_row,
     .softmax_part = softmax_part,
