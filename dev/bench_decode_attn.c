@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
     int D = argc > 1 ? atoi(argv[1]) : 8192, nth = argc > 2 ? atoi(argv[2]) : 2;
     int L = argc > 3 ? atoi(argv[3]) : 16, reps = argc > 4 ? atoi(argv[4]) : 5;
     int bits = argc > 5 ? atoi(argv[5]) : 0, fused = argc > 6 ? atoi(argv[6]) : 0;
-    int nkv = argc > 8 ? atoi(argv[8]) : 8, nh = 4 * nkv, hd = argc > 7 ? atoi(argv[7]) : 64, gs = 64;
+    int nkv = argc > 8 ? atoi(argv[8]) : 8, nh = (argc > 9 ? atoi(argv[9]) : 4) * nkv, hd = argc > 7 ? atoi(argv[7]) : 64, gs = 64;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = nth, .act = PT_ACT_BF16};
     if (pt_backend_cpu_create(&be, &cp) != PT_OK) return 1;

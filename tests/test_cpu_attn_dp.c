@@ -9,8 +9,8 @@
  *    pairs, key 2i + 1 then 2i, an odd last key after a zero product, for
  *    head dims 64-256 and 1-7 heads (the 4/2/1-head register blocks);
  *  - the attention op with the lever on gives the bits of those chains with
- *    the softmax kernel between them (a decode step of 4 heads a KV head, a
- *    long step split across threads, a prefill call), and with it off the
+ *    the softmax kernel between them (decode steps of 4 and of 3 heads a KV
+ *    head, a long step split across threads, a prefill call), and with it off the
  *    f32 kernels' bits (the lever changes only the order of the f32 sums).
  * Skipped without AVX512-BF16. */
 #include "test.h"
@@ -158,6 +158,7 @@ static void test_attention_op_dp(void) {
         int nh, hd, T, n_ctx, threads;
     } cs[] = {
         {4, 64, 1, 300, 1},   /* a decode step, 4 heads a KV head: the many-row scores */
+        {3, 64, 1, 200, 2},   /* 3 heads: the many-row scores on bf16 pairs only */
         {8, 128, 1, 2600, 2}, /* 2600 keys, one KV head, two threads: the split step */
         {4, 64, 9, 40, 2},    /* a prefill call */
         {6, 256, 5, 70, 1},
@@ -182,9 +183,15 @@ static void test_attention_op_dp(void) {
         for (int t = 0; t < T; t++) qp[t] = cap - T + t;
         pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
         pt_cpu_lever.attn_dp = 1;
+        const long s0 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S], v0 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_PV];
         CHECK(be->ops->attention(be, on, q, T, qp, &kv, &p) == PT_OK, "lever on: %s", pt_last_error());
+        const long s1 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S], v1 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_PV];
+        CHECK(s1 > s0 && v1 > v0, "case %zu: the pair kernels did not run (scores %ld, p·V %ld calls)", ci, s1 - s0,
+              v1 - v0);
         pt_cpu_lever.attn_dp = 0;
         CHECK(be->ops->attention(be, off, q, T, qp, &kv, &p) == PT_OK, "lever off: %s", pt_last_error());
+        CHECK(pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S] == s1 && pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_PV] == v1,
+              "case %zu: the pair kernels ran with the lever off", ci);
         op_reference(ref, q, kv.k, kv.v, T, qp, nh, hd, p.scale);
         int bad = 0, same = 0;
         double dmax = 0, vmax = 0;
@@ -205,7 +212,7 @@ static void test_attention_op_dp(void) {
         pt_backend_free(&be);
     }
     pt_cpu_lever.attn_dp = saved;
-    CHECK(runs == 4, "ran %d cases", runs);
+    CHECK(runs == 5, "ran %d cases", runs);
 }
 
 int main(void) {

@@ -715,7 +715,9 @@ extern pt_cpu_levers pt_cpu_lever;
  * GEMM (BGEMM: 4- and 8-bit), its AMX form (AMX) or the f32 GEMM (GEMM); the
  * int8 lever's prefill calls through its VNNI GEMM (I8GEMM) or its AMX form
  * (AMX8); dense bf16 weights' prefill calls through the bf16 GEMM or its AMX
- * form (DENSE16; the f32 GEMM otherwise, not counted). Relaxed
+ * form (DENSE16; the f32 GEMM otherwise, not counted); attention's
+ * score blocks and P·V runs on bf16 pairs (ATTN_DP_S, ATTN_DP_PV: per kernel
+ * call, cpu_attention.c). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -731,6 +733,8 @@ enum {
     PT_CPU_PATH_I8GEMM,
     PT_CPU_PATH_AMX8,
     PT_CPU_PATH_DENSE16,
+    PT_CPU_PATH_ATTN_DP_S,
+    PT_CPU_PATH_ATTN_DP_PV,
     PT_CPU_PATH_N
 };
 extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
