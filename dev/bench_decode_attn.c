@@ -6,8 +6,9 @@
  * BITS 4 or 8: an MLX-quantized cache (group 64, bf16 scales and biases,
  * made-up codes) instead; FUSED 1: --fused-decode-attn's kernel; HD 128:
  * llama-3.1-8b's heads (32 query heads, 8 KV heads of 128); NKV 1 with HD
- * 256: gemma-3-1b's (4 query heads, one KV head of 256).
- *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] [BITS] [FUSED] [HD] [NKV] */
+ * 256: gemma-3-1b's (4 query heads, one KV head of 256); G: query heads per
+ * KV head (default 4).
+ *   dev/build.sh && dev/bench_decode_attn [D] [threads] [layers] [reps] [BITS] [FUSED] [HD] [NKV] [G] */
 #include "backend/backend.h"
 #include "base/half.h"
 
