@@ -583,6 +583,18 @@ static void keys_t32(float *kT, const void *k, int64_t nk, int hd, int bf) {
     }
 }
 
+/* A 32-key block's scores of rows r0 .. r0 + rb − 1 (keys 0-15 in a0, 16-31
+ * in a1), the first nk keys */
+static inline __attribute__((always_inline)) void score_rows_store(float *S, int64_t lds, int r0, int rb,
+                                                                   const __m512 *a0, const __m512 *a1, int64_t nk) {
+    const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),
+                    m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1);
+    for (int i = 0; i < rb; i++) {
+        _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds, m0, a0[i]);
+        _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds + 16, m1, a1[i]);
+    }
+}
+
 #define SCORE_ROWS(RB)                                                                                        \
     static void score_rows##RB(float *S, int64_t lds, const float *q, int64_t qs, int G, int r0, const float *kT, \
                                int hd, int64_t nk) {                                                         \
@@ -601,12 +613,7 @@ static void keys_t32(float *kT, const void *k, int64_t nk, int hd, int bf) {
                 a1[i] = _mm512_fmadd_ps(qd, k1, a1[i]);                                                       \
             }                                                                                                 \
         }                                                                                                     \
-        const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),                                 \
-                        m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1);           \
-        for (int i = 0; i < RB; i++) {                                                                        \
-            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds, m0, a0[i]);                                    \
-            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds + 16, m1, a1[i]);                               \
-        }                                                                                                     \
+        score_rows_store(S, lds, r0, RB, a0, a1, nk);                                                         \
     }
 #pragma GCC push_options
 #pragma GCC optimize("unroll-loops")
@@ -951,12 +958,7 @@ static void keys_t32_dp(uint32_t *kT, const uint16_t *k, int64_t nk, int hd) {
                 a1[i] = _mm512_dpbf16_ps(a1[i], qd, k1);                                                      \
             }                                                                                                 \
         }                                                                                                     \
-        const __mmask16 m0 = nk >= 16 ? 0xffff : (__mmask16)((1u << nk) - 1),                                 \
-                        m1 = nk >= 32 ? 0xffff : nk <= 16 ? 0 : (__mmask16)((1u << (nk - 16)) - 1);           \
-        for (int i = 0; i < RB; i++) {                                                                        \
-            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds, m0, a0[i]);                                    \
-            _mm512_mask_storeu_ps(S + (int64_t)(r0 + i) * lds + 16, m1, a1[i]);                               \
-        }                                                                                                     \
+        score_rows_store(S, lds, r0, RB, a0, a1, nk);                                                         \
     }
 #pragma GCC push_options
 #pragma GCC optimize("unroll-loops")
