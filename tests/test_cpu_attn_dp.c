@@ -11,7 +11,8 @@
  *  - the attention op with the lever on gives the bits of those chains with
  *    the softmax kernel between them (decode steps of 4 and of 3 heads a KV
  *    head, a long step split across threads, a prefill call), and with it off the
- *    f32 kernels' bits (the lever changes only the order of the f32 sums).
+ *    f32 kernels' bits (the lever changes only the order of the f32 sums);
+ *    queries that are not bf16 values keep the f32 kernels.
  * Skipped without AVX512-BF16. */
 #include "test.h"
 #include "test_rand.h"
@@ -215,9 +216,43 @@ static void test_attention_op_dp(void) {
     CHECK(runs == 5, "ran %d cases", runs);
 }
 
+/* Queries that are not bf16 values keep the f32 kernels (the pair kernels
+ * would round them): the lever on gives the lever-off bits and no pair
+ * kernel runs. */
+static void test_attention_op_dp_needs_bf16_queries(void) {
+    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    const int saved = pt_cpu_lever.attn_dp, nh = 4, hd = 64, cap = 100;
+    pt_backend *be;
+    pt_cpu_params cp = {.n_threads = 1, .act = PT_ACT_BF16};
+    REQUIRE(pt_backend_cpu_create(&be, &cp) == PT_OK, "backend: %s", pt_last_error());
+    pt_kv_layer kv = {.n_kv = 1, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
+    kv.k = calloc((size_t)cap * hd, 2), kv.v = calloc((size_t)cap * hd, 2);
+    float *K = malloc(sizeof(float) * cap * hd), *V = malloc(sizeof(float) * cap * hd);
+    int32_t *pos = malloc(sizeof(int32_t) * cap);
+    for (int i = 0; i < cap * hd; i++) K[i] = bfv(-1.0f, 1.0f, 0), V[i] = bfv(-1.0f, 1.0f, 0);
+    for (int i = 0; i < cap; i++) pos[i] = i;
+    CHECK(be->ops->kv_append(be, &kv, K, V, cap, pos) == PT_OK, "append: %s", pt_last_error());
+    float q[4 * 64], on[4 * 64], off[4 * 64];
+    for (int i = 0; i < nh * hd; i++) q[i] = rf(-2.0f, 2.0f); /* f32 values */
+    const int32_t qp = cap - 1;
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 0.125f};
+    pt_cpu_lever.attn_dp = 1;
+    const long s0 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S], v0 = pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_PV];
+    CHECK(be->ops->attention(be, on, q, 1, &qp, &kv, &p) == PT_OK, "lever on: %s", pt_last_error());
+    CHECK(pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S] == s0 && pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_PV] == v0,
+          "the pair kernels ran on f32-valued queries");
+    pt_cpu_lever.attn_dp = 0;
+    CHECK(be->ops->attention(be, off, q, 1, &qp, &kv, &p) == PT_OK, "lever off: %s", pt_last_error());
+    CHECK(!memcmp(on, off, sizeof on), "f32-valued queries: the lever changed the output");
+    pt_cpu_lever.attn_dp = saved;
+    free(kv.k), free(kv.v), free(K), free(V), free(pos);
+    pt_backend_free(&be);
+}
+
 int main(void) {
     TEST_RUN(test_scores_dp_bits);
     TEST_RUN(test_pv_dp_bits);
     TEST_RUN(test_attention_op_dp);
+    TEST_RUN(test_attention_op_dp_needs_bf16_queries);
     return test_summary();
 }

@@ -153,6 +153,19 @@ typedef struct {
                    * probabilities are rounded to bf16 in this mode) */
 } attn_ctx;
 
+/* Whether every x[i] is a bf16 value (its low 16 bits zero): the queries in
+ * bf16 mode are (rounded activations), which the vdpbf16ps kernels rely on;
+ * anything else keeps the f32 kernels. One OR over the rows. */
+static int bf16_valued(const float *x, int64_t n) {
+    uint32_t low = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        low |= u & 0xffffu;
+    }
+    return low == 0;
+}
+
 /* S[(u·G + g)·lds + j] = q_{u,g} · k_j for len contiguous full-precision rows
  * k (bf16 or f32): the kernel table's kernels, else dot products. many: the
  * kernel of many rows (a prefill call's, or a decode step's with at least 4
@@ -448,7 +461,8 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn, c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on()};
+    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn,
+                  c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on() && bf16_valued(q, T * p->n_heads * p->head_dim)};
     if (T == 1 && kv->n_kv < c->nth && maxn >= SPLIT_MIN_KEYS) return attn_split(&a);
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */

@@ -684,8 +684,9 @@ int pt_cpu_multi_on(void);
  * vdpbf16ps kernels (pt_cpu_lever.attn_dp, read once; 0 without AVX512-BF16). */
 int pt_cpu_attn_dp_on(void);
 /* Levers, settable for A/B measurements (cpu_matmul.c): a field < 0 is read
- * from the environment on first use. Each is bit-neutral unless its comment
- * says otherwise. */
+ * from the environment on first use. The kernel choices (xint, xgemm,
+ * xgemm8, bgemm, attn_dp) change the order of f32 sums, so the last bits;
+ * the others are bit-neutral. */
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
     int scale16; /* 4-bit bf16 decode kernel reads bf16 scales/biases itself (PETREL_CPU_SCALE16, default 1) */
