@@ -180,6 +180,24 @@ __device__ __forceinline__ uint32_t fd_deq_c(uint32_t x, uint32_t c, uint32_t mu
 #define FD_H2_M1024 0xe400e400u /* (−1024, −1024) */
 #define FD_H2_M64 0xd400d400u   /* (−64, −64) */
 
+/* A tile's code copies (fd_tile_io::issue) with fewer than 16 keys or rows past the ring's end
+ * (rows r >= rem read one capacity back): out of line, with the lane's chunk rows and stage
+ * offsets formed again as init() forms them, so the common tile's loop keeps its registers. */
+template <int CPR, int CH, int CST>
+__device__ __noinline__ void fd_issue_edge(const uint32_t *pk, const uint32_t *pv, uint32_t sa, int valid,
+                                           int64_t rem, int64_t capw, int lane) {
+#pragma unroll
+    for (int i = 0; i < CH; i++) {
+        const int c = lane + 32 * i, crow = c < 16 * CPR ? c / CPR : 16;
+        const uint32_t cdst = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
+        if (crow < valid) {
+            const int64_t o = 128 * i - (crow >= rem ? capw : 0);
+            fd_cp16s(sa + cdst, pk + o);
+            fd_cp16s(sa + cdst + 16 * CST * 4, pv + o);
+        }
+    }
+}
+
 /* Shared memory of the block kernel, in 32-bit words: per warp a ring of
  * `stages` tiles, then the current tile's (scale, bias) rows in f32. A tile
  * stage holds
@@ -337,13 +355,18 @@ template <int BITS, int D, int NG> struct fd_tile_io {
             while (irow >= a.cap) irow -= a.cap;
             const uint32_t *pk = kh_k + r0 * WPR, *pv = kh_v + r0 * WPR;
             const uint32_t sa = ring_sa + (uint32_t)(slot * STAGE) * 4u;
+            if (valid == 16 && rem >= 16) {
+                /* the common tile: 16 keys, none past the ring's end: each chunk a constant offset
+                 * from the tile's row (no 64-bit compare or select per chunk; the same copies) */
 #pragma unroll
-            for (int i = 0; i < CH; i++)
-                if (crow[i] < valid) {
-                    const int64_t o = 128 * i - (crow[i] >= rem ? capw : 0);
-                    fd_cp16s(sa + cdst[i], pk + o);
-                    fd_cp16s(sa + cdst[i] + 16 * CST * 4, pv + o);
-                }
+                for (int i = 0; i < CH; i++)
+                    if (crow[i] < 16) {
+                        fd_cp16s(sa + cdst[i], pk + 128 * i);
+                        fd_cp16s(sa + cdst[i] + 16 * CST * 4, pv + 128 * i);
+                    }
+            } else {
+                fd_issue_edge<CPR, CH, CST>(pk, pv, sa, valid, rem, capw, threadIdx.x & 31);
+            }
             if (sr < valid) {
                 /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
                  * row starts 2-byte aligned); with 2-byte values and an odd group count
