@@ -58,9 +58,8 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
         const int kh = (int)(it / a->nblk);
         const int64_t b = it % a->nblk, j0 = b * FUSED_BLOCK;
         int64_t nb = a->n - j0 < FUSED_BLOCK ? a->n - j0 : FUSED_BLOCK;
-        if (prepared != kh) { /* mlx-lm: q *= scale first, in the activation dtype */
-            const float *q = a->q + (size_t)kh * G * hd;
-            for (int i = 0; i < G * hd; i++) qx[i] = pt_act_round(act, q[i] * p->scale);
+        if (prepared != kh) {
+            pt_cpu_scale_queries(qx, a->q + (size_t)kh * G * hd, (int64_t)G * hd, p->scale, act);
             prepared = kh;
         }
         float *part = a->part + ((size_t)kh * a->nblk + (size_t)b) * G * (2 + hd), *st = part + (size_t)G * hd;

@@ -148,9 +148,9 @@ typedef struct {
     const pt_attn *p;
     int tq;       /* tokens per item (attn_group) */
     int64_t maxn; /* the most keys one token attends to */
-    int dp;       /* bf16 mode with the vdpbf16ps kernels on (pt_cpu_attn_dp_on): a bf16 cache's products on
-                   * attn_scores_dp / attn_pv_dp, whose operands are then all bf16 values (the queries and the
-                   * probabilities are rounded to bf16 in this mode) */
+    int dp;       /* a bf16 cache in bf16 mode with the vdpbf16ps kernels on (pt_cpu_attn_dp_on) and bf16-valued
+                   * queries: the products on attn_scores_dp / attn_pv_dp, whose operands are then all bf16
+                   * values (the probabilities are rounded to bf16 in this mode) */
 } attn_ctx;
 
 /* Whether every x[i] is a bf16 value (its low 16 bits zero): the queries in
@@ -266,8 +266,7 @@ static void run_scores(const attn_ctx *a, int kh, float *S, int64_t lds, const f
     /* a decode step's rows are many enough for the transposed block from 4 query heads a KV head, from 3
      * on bf16 pairs (their transpose moves twice the dims; one query over 8192 keys, head 64, G = 3:
      * 0.52-0.56 -> 0.43 ms a layer; G = 1, 2 and head 128 unchanged, bench/RESULTS.md) */
-    const int dp = a->dp && bf;
-    scores_rows(a->c->k, a->T > 1 || G >= (dp ? 3 : 4), dp, S, lds, q, qs, nt, G, hd, k0, len, bf);
+    scores_rows(a->c->k, a->T > 1 || G >= (a->dp ? 3 : 4), a->dp, S, lds, q, qs, nt, G, hd, k0, len, bf);
 }
 
 /* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] for nh heads over KV head kh's
@@ -282,7 +281,7 @@ static void run_pv(const attn_ctx *a, int kh, float *acc, const float *P, int64_
         return;
     }
     const char *v0 = (const char *)kv->v + ((size_t)kh * kv->capacity + (size_t)slot) * hd * (bf ? 2 : 4);
-    pv_rows(a->c->k, a->dp && bf, acc, P, ldp, nh, hd, v0, len, bf);
+    pv_rows(a->c->k, a->dp, acc, P, ldp, nh, hd, v0, len, bf);
 }
 
 /* Tokens [t0, t1) and KV head kh: the scores of every query head of the
@@ -307,9 +306,9 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
     const float *q = a->q + (t0 * p->n_heads + (int64_t)kh * G) * hd;
     int64_t qs = (int64_t)p->n_heads * hd;
     float sscale = p->scale;
-    if (kv->bits) { /* mlx-lm: q *= scale first, in the activation dtype */
+    if (kv->bits) {
         for (int u = 0; u < nt; u++)
-            for (int i = 0; i < G * hd; i++) qx[(size_t)u * G * hd + i] = pt_act_round(act, q[u * qs + i] * p->scale);
+            pt_cpu_scale_queries(qx + (size_t)u * G * hd, q + u * qs, (int64_t)G * hd, p->scale, act);
         q = qx, qs = (int64_t)G * hd, sscale = 1.0f;
     }
     int64_t runs[2][3];
@@ -429,9 +428,9 @@ static pt_status attn_split(const attn_ctx *a) {
     const size_t shared = (size_t)nkv * G * (size_t)x.n + (kv->bits ? (size_t)nkv * G * hd : 0);
     PT_TRY(pt_cpu_need_scratch(c, (size_t)G * hd + (size_t)PT_CPU_QROWS * hd, shared));
     x.S = c->xbuf;
-    if (kv->bits) { /* mlx-lm: q *= scale first, in the activation dtype */
+    if (kv->bits) {
         x.qx = c->xbuf + (size_t)nkv * G * x.n;
-        for (int i = 0; i < nkv * G * hd; i++) x.qx[i] = pt_act_round(c->base.act, a->q[i] * p->scale);
+        pt_cpu_scale_queries(x.qx, a->q, (int64_t)nkv * G * hd, p->scale, c->base.act);
     }
     pt_pool_for(c->pool, (long)(nkv * (x.pieces[0] + x.pieces[1])), 1, split_scores, &x);
     pt_pool_for(c->pool, (long)nkv * G, 1, split_softmax, &x);
@@ -462,7 +461,8 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
     attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn,
-                  c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on() && bf16_valued(q, T * p->n_heads * p->head_dim)};
+                  !kv->bits && kv->dtype == PT_FT_BF16 && c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on() &&
+                      bf16_valued(q, T * p->n_heads * p->head_dim)};
     if (T == 1 && kv->n_kv < c->nth && maxn >= SPLIT_MIN_KEYS) return attn_split(&a);
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */

@@ -437,6 +437,13 @@ static inline void pt_cpu_key_runs(int64_t runs[2][3], int64_t lo, int64_t n, in
     runs[1][0] = n1, runs[1][1] = 0, runs[1][2] = n - n1;
 }
 
+/* n query values scaled for attention over a quantized cache, as mlx-lm
+ * does: q·scale first, rounded to the activation dtype (the scores are then
+ * taken with scale 1). */
+static inline void pt_cpu_scale_queries(float *dst, const float *q, int64_t n, float scale, pt_act_dtype act) {
+    for (int64_t i = 0; i < n; i++) dst[i] = pt_act_round(act, q[i] * scale);
+}
+
 /* The rows of a quantized cache's head h from slot on (v: the values, else
  * the keys); the caller keeps runs within the ring. */
 pt_cpu_qrows pt_cpu_kv_qrows(const pt_kv_layer *kv, int v, int h, int64_t slot);
