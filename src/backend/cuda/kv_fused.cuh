@@ -355,7 +355,8 @@ template <int BITS, int D, int NG> struct fd_tile_io {
             while (irow >= a.cap) irow -= a.cap;
             const uint32_t *pk = kh_k + r0 * WPR, *pv = kh_v + r0 * WPR;
             const uint32_t sa = ring_sa + (uint32_t)(slot * STAGE) * 4u;
-            if (valid == 16 && rem >= 16) {
+            const bool full = valid == 16 && rem >= 16;
+            if (full) {
                 /* the common tile: 16 keys, none past the ring's end: each chunk a constant offset
                  * from the tile's row (no 64-bit compare or select per chunk; the same copies) */
 #pragma unroll
@@ -372,9 +373,11 @@ template <int BITS, int D, int NG> struct fd_tile_io {
                  * row starts 2-byte aligned); with 2-byte values and an odd group count
                  * the last word of the array's last row reaches 2 bytes past it, inside the
                  * allocation's granule (cudaMalloc allocations are 256-byte granular) */
-                const int64_t off = (rbase + r0 + sr - (sr >= rem ? a.cap : 0)) * rb;
-                const int cnt = (int)(((off + rb - 1) >> 2) - (off >> 2)) + 1;
-                const char *sk = sk_base + (off & ~(int64_t)3), *sv = sv_base + (off & ~(int64_t)3);
+                int64_t row = rbase + r0 + sr;
+                if (!full && sr >= rem) row -= a.cap; /* a full tile has no row past the ring's end */
+                const int64_t off = row * rb;
+                const int lo = (int)off & 3, cnt = ((lo + rb - 1) >> 2) + 1; /* the words over [off, off + rb) */
+                const char *sk = sk_base + (off - lo), *sv = sv_base + (off - lo);
                 const uint32_t dk = sa + sdst, dv = dk + 32 * SWR * 4;
 #pragma unroll
                 for (int w = 0; w < NG; w++)
