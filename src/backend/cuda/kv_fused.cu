@@ -117,6 +117,11 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
         return pt_error(PT_ERR_UNSUPPORTED,
                         "fused decode attention: %d-bit KV has no kernel (4 and 8 bits; use --fused-decode-attn off)",
                         kv->bits);
+    if (kv->capacity >= ((int64_t)1 << 30))
+        return pt_error(PT_ERR_UNSUPPORTED,
+                        "fused decode attention: a cache of %lld slots (the kernel indexes keys in 32 bits: fewer than "
+                        "2^30; use --fused-decode-attn off)",
+                        (long long)kv->capacity);
     pt_fd_args a;
     a.q = q;
     a.k = (const uint32_t *)kv->k, a.v = (const uint32_t *)kv->v;

@@ -155,6 +155,14 @@ __device__ __forceinline__ void fd_wait(int n) {
     default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
     }
 }
+/* The key loop's wait for its tile with NS tiles in the ring (NS − 1 groups may stay pending):
+ * the default depth (2) one instruction; a deeper ring through fd_wait out of line, so the
+ * loop carries no jump table. */
+static __device__ __noinline__ void fd_wait_deep(int n) { fd_wait(n); }
+__device__ __forceinline__ void fd_wait_ring(int NS) {
+    if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    else fd_wait_deep(NS - 1);
+}
 /* (x & mask) | 1024.0 in both f16 halves, then x·mul + add per half: the
  * nibble or byte under mask as an exact small f16 integer. Low nibbles
  * (mask 0x000f000f): 1024 + c, mul 1, add −1024. High nibbles (0x00f000f0):
@@ -179,6 +187,10 @@ __device__ __forceinline__ uint32_t fd_deq_c(uint32_t x, uint32_t c, uint32_t mu
 #define FD_H2_16TH 0x2c002c00u  /* (1/16, 1/16) */
 #define FD_H2_M1024 0xe400e400u /* (−1024, −1024) */
 #define FD_H2_M64 0xd400d400u   /* (−64, −64) */
+
+/* exp(x − mn) of the online softmax, 0 for x = −inf (a masked key, or no key yet) without a
+ * branch: −inf − mn is −inf, and with mn = −inf too the NaN is taken to −inf by fmaxf. */
+__device__ __forceinline__ float fd_exp_below(float x, float mn) { return expf(fmaxf(x - mn, -INFINITY)); }
 
 /* A tile's code copies (fd_tile_io::issue) with fewer than 16 keys or rows past the ring's end
  * (rows r >= rem read one capacity back): out of line, with the lane's chunk rows and stage
@@ -260,24 +272,40 @@ __device__ __forceinline__ void fd_queries(const pt_fd_args &a, int kh, float (&
 }
 
 /* The block's partial per head: the warps' (max, sum) and partial outputs (warp w's [G][D] at
- * dyn + w·words) merged in warp order, written for the merge kernel. */
+ * dyn + w·words) merged in warp order, written for the merge kernel. Each warp first forms the
+ * G·FD_WARPS (<= 32) rescale factors exp(m_w − M) of the block, one a lane, so an element costs a
+ * broadcast shuffle and a multiply-add per warp instead of an exponential (the same values: the
+ * element loop's factors and sums are those of the form that formed them per element). */
 template <int G, int D>
 __device__ __forceinline__ void fd_block_out(const pt_fd_args &a, const float (&wm)[FD_WARPS][G],
                                              const float (&wl)[FD_WARPS][G], const uint32_t *dyn, int words, int kh,
                                              int split) {
+    static_assert(G * FD_WARPS <= 32 && D % 32 == 0, "a lane per (head, warp); a warp's elements in one head");
+    const int lane = threadIdx.x & 31;
+    float fl = 0.f; /* lane gh·FD_WARPS + w: warp w's factor for head gh */
+    {
+        const int gh = lane / FD_WARPS, w = lane % FD_WARPS;
+        if (gh < G) {
+            float M = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < FD_WARPS; u++) M = fmaxf(M, wm[u][gh]);
+            if (wm[w][gh] != -INFINITY) fl = expf(wm[w][gh] - M);
+        }
+    }
     for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
-        const int gh = idx / D, e = idx % D;
+        const int gh = idx / D, e = idx % D; /* gh: the same for the warp's 32 elements */
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
         float Lsum = 0.f, O = 0.f;
 #pragma unroll
-        for (int w = 0; w < FD_WARPS; w++)
+        for (int w = 0; w < FD_WARPS; w++) {
+            const float f = __shfl_sync(0xffffffffu, fl, gh * FD_WARPS + w);
             if (wm[w][gh] != -INFINITY) {
-                const float f = expf(wm[w][gh] - M);
-                Lsum += wl[w][gh] * f;
-                O += reinterpret_cast<const float *>(dyn + w * words)[gh * D + e] * f;
+                Lsum = fmaf(wl[w][gh], f, Lsum);
+                O = fmaf(reinterpret_cast<const float *>(dyn + w * words)[gh * D + e], f, O);
             }
+        }
         const int64_t h = (int64_t)kh * G + gh;
         a.P[(h * a.nsplit + split) * D + e] = O;
         if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
@@ -300,27 +328,31 @@ template <int BITS, int D, int NG> struct fd_tile_io {
     uint32_t cdst[CH];
     uint32_t ring_sa, sdst;
     int sr, ssb, rb, nt;
-    const char *sk_base, *sv_base;
-    const uint32_t *kh_k, *kh_v; /* this KV head's rows */
-    int64_t capw, irow, rbase, rlo, jw, j1;
-    int64_t jnew; /* the newest key (n − 1): its row is the one this step's append writes */
+    /* key indices and cache rows in 32 bits (the launch refuses capacities of 2^30 slots or more) */
+    int cap, irow, rlo, jw, j1;
+    int jnew;             /* the newest key (n − 1): its row is the one this step's append writes */
+    uint32_t rb_base;     /* the byte offset of this KV head's first scale row, mod 2^32 */
+    const char *sk_row0, *sv_row0; /* this lane's scale (or bias) array at this KV head's row 0 */
+    const uint32_t *kh_k, *kh_v;   /* this KV head's rows, this lane's first chunk */
 
     /* The block's key range (positions lo + [0, n), this split's share [j0, j1), from the
      * query's position on the device), this warp's tiles (keys jw + 16·FD_WARPS·k, k < nt) and
      * the lane's fixed copy offsets. */
     __device__ __forceinline__ void init(const pt_fd_args &a, uint32_t *ring, int warp, int lane) {
-        const int64_t hi = a.pos[0];
-        int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
-        int64_t n = hi - lo + 1;
-        if (n > a.cap) n = a.cap, lo = hi - n + 1;
+        cap = (int)a.cap;
+        const int hi = a.pos[0];
+        int lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
+        int n = hi - lo + 1;
+        if (n > cap) n = cap, lo = hi - n + 1;
         if (n < 0) n = 0;
         jnew = n - 1;
-        const int64_t per = (n + gridDim.y - 1) / gridDim.y, j0 = blockIdx.y * per;
+        const int per = (int)(((unsigned)n + gridDim.y - 1) / gridDim.y), j0 = (int)blockIdx.y * per;
         j1 = j0 + per < n ? j0 + per : n;
-        rbase = (int64_t)blockIdx.x * a.cap, rlo = lo % a.cap;
+        const int64_t rbase = (int64_t)blockIdx.x * a.cap;
+        rlo = (int)((unsigned)lo % (unsigned)cap);
         rb = NG * (a.dt == PT_FT_F32 ? 4 : 2); /* bytes of a row of scales */
         jw = j0 + 16 * warp;
-        nt = jw < j1 ? (int)((j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS)) : 0;
+        nt = jw < j1 ? (j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS) : 0;
 #pragma unroll
         for (int i = 0; i < CH; i++) {
             const int c = lane + 32 * i;
@@ -329,16 +361,16 @@ template <int BITS, int D, int NG> struct fd_tile_io {
         }
         ring_sa = (uint32_t)__cvta_generic_to_shared(ring);
         sr = lane & 15, ssb = lane >> 4;
-        sk_base = reinterpret_cast<const char *>(ssb ? a.kb : a.ks);
-        sv_base = reinterpret_cast<const char *>(ssb ? a.vb : a.vs);
+        rb_base = (uint32_t)(rbase * rb);
+        sk_row0 = reinterpret_cast<const char *>(ssb ? a.kb : a.ks) + rbase * rb;
+        sv_row0 = reinterpret_cast<const char *>(ssb ? a.vb : a.vs) + rbase * rb;
         sdst = (uint32_t)(32 * CST + (ssb * 16 + sr) * SWR) * 4u;
-        capw = a.cap * WPR;
         kh_k = a.k + rbase * WPR + 4 * lane, kh_v = a.v + rbase * WPR + 4 * lane;
         /* the cache row (within the head) of the next tile issue() copies: tiles are issued in
          * order k = 0, 1, 2, ..., each 16·FD_WARPS keys after the last, so the row is kept as a
-         * counter wrapped by compares (no division, no 64-bit product per tile) */
+         * counter wrapped by compares (no division per tile) */
         irow = rlo + jw;
-        while (irow >= a.cap) irow -= a.cap;
+        while (irow >= cap) irow -= cap;
     }
 
     /* cp.async of tile k into ring slot `slot` (= k mod NS, kept as a counter by the caller:
@@ -346,19 +378,19 @@ template <int BITS, int D, int NG> struct fd_tile_io {
      * so the wait counts stay uniform. Rows past j1 are not copied: their codes are never used
      * unmasked and their f32 scales are written as 0 by scales(). Rows past the ring's end (a
      * tile that wraps, rem < 16) are read one capacity back. */
-    __device__ __forceinline__ void issue(const pt_fd_args &a, int k, int slot) {
+    __device__ __forceinline__ void issue(int k, int slot) {
         if (k < nt) {
-            const int64_t jt = jw + (int64_t)16 * FD_WARPS * k;
-            const int valid = j1 - jt < 16 ? (int)(j1 - jt) : 16;
-            const int64_t r0 = irow, rem = a.cap - r0; /* rows r >= rem wrap to the ring's start */
+            const int jt = jw + 16 * FD_WARPS * k;
+            const int valid = j1 - jt < 16 ? j1 - jt : 16;
+            const int r0 = irow, rem = cap - r0; /* rows r >= rem wrap to the ring's start */
             irow += 16 * FD_WARPS;
-            while (irow >= a.cap) irow -= a.cap;
-            const uint32_t *pk = kh_k + r0 * WPR, *pv = kh_v + r0 * WPR;
+            while (irow >= cap) irow -= cap;
+            const uint32_t *pk = kh_k + (size_t)(unsigned)r0 * WPR, *pv = kh_v + (size_t)(unsigned)r0 * WPR;
             const uint32_t sa = ring_sa + (uint32_t)(slot * STAGE) * 4u;
             const bool full = valid == 16 && rem >= 16;
             if (full) {
                 /* the common tile: 16 keys, none past the ring's end: each chunk a constant offset
-                 * from the tile's row (no 64-bit compare or select per chunk; the same copies) */
+                 * from the tile's row (no compare or select per chunk; the same copies) */
 #pragma unroll
                 for (int i = 0; i < CH; i++)
                     if (crow[i] < 16) {
@@ -366,18 +398,18 @@ template <int BITS, int D, int NG> struct fd_tile_io {
                         fd_cp16s(sa + cdst[i] + 16 * CST * 4, pv + 128 * i);
                     }
             } else {
-                fd_issue_edge<CPR, CH, CST>(pk, pv, sa, valid, rem, capw, threadIdx.x & 31);
+                fd_issue_edge<CPR, CH, CST>(pk, pv, sa, valid, rem, (int64_t)cap * WPR, threadIdx.x & 31);
             }
             if (sr < valid) {
                 /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
                  * row starts 2-byte aligned); with 2-byte values and an odd group count
                  * the last word of the array's last row reaches 2 bytes past it, inside the
                  * allocation's granule (cudaMalloc allocations are 256-byte granular) */
-                int64_t row = rbase + r0 + sr;
-                if (!full && sr >= rem) row -= a.cap; /* a full tile has no row past the ring's end */
-                const int64_t off = row * rb;
-                const int lo = (int)off & 3, cnt = ((lo + rb - 1) >> 2) + 1; /* the words over [off, off + rb) */
-                const char *sk = sk_base + (off - lo), *sv = sv_base + (off - lo);
+                int row = r0 + sr;
+                if (!full && row >= cap) row -= cap; /* a full tile has no row past the ring's end */
+                const uint32_t off = (uint32_t)row * (uint32_t)rb;
+                const int lo = (int)((rb_base + off) & 3u), cnt = ((lo + rb - 1) >> 2) + 1;
+                const char *sk = sk_row0 + ((size_t)off - lo), *sv = sv_row0 + ((size_t)off - lo);
                 const uint32_t dk = sa + sdst, dv = dk + 32 * SWR * 4;
 #pragma unroll
                 for (int w = 0; w < NG; w++)
@@ -395,20 +427,21 @@ template <int BITS, int D, int NG> struct fd_tile_io {
      * writes it). A plain launch passes the wait at once. */
     __device__ __forceinline__ void start(const pt_fd_args &a, int NS) {
         int k = 0;
-        for (; k < NS - 1 && k < nt && jw + (int64_t)16 * FD_WARPS * k + 16 <= jnew; k++) issue(a, k, k);
+        for (; k < NS - 1 && k < nt && jw + 16 * FD_WARPS * k + 16 <= jnew; k++) issue(k, k);
         pt_wait_primary();
-        for (; k < NS - 1; k++) issue(a, k, k);
+        for (; k < NS - 1; k++) issue(k, k);
     }
 
     /* The landed tile's scales and biases (stage st, keys jt..) to f32 rows kf, vf [16][NG]
      * (scale, bias); 0 past the valid keys. */
     __device__ __forceinline__ void scales(const pt_fd_args &a, const uint32_t *st, float2 *kf, float2 *vf, int valid,
-                                           int64_t jt) const {
+                                           int jt) const {
         const int r = sr, sb = ssb;
         int off = 0;
         if (r < valid && (rb & 3)) {
-            const int64_t rr = rlo + jt + r;
-            off = (int)(((rbase + (rr >= a.cap ? rr - a.cap : rr)) * rb) & 3);
+            int rr = rlo + jt + r; /* < 2·cap */
+            if (rr >= cap) rr -= cap;
+            off = (int)((rb_base + (uint32_t)rr * (uint32_t)rb) & 3u);
         }
         const char *pk = reinterpret_cast<const char *>(st + 32 * CST + (sb * 16 + r) * SWR) + off;
         const char *pv = pk + 32 * SWR * 4;
@@ -454,7 +487,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     fd_tile_io<BITS, D, NG> io;
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
-    auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
+    auto issue = [&](int k, int slot) { io.issue(k, slot); };
     io.start(a, NS); /* the ring fills while the queries are prepared */
 
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
@@ -491,13 +524,10 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1); /* (k + NS − 1) mod NS */
-        if (NS == 2)
-            asm volatile("cp.async.wait_group 1;\n" ::: "memory"); /* the default depth: one compare */
-        else
-            fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
+        fd_wait_ring(NS); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
-        const int64_t jt = io.jw + (int64_t)16 * FD_WARPS * k;
-        const int valid = io.j1 - jt < 16 ? (int)(io.j1 - jt) : 16;
+        const int jt = io.jw + 16 * FD_WARPS * k;
+        const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
         const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
         io.scales(a, st, kf, vf, valid, jt);
@@ -547,12 +577,12 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
         const float mn = fmaxf(m, mt);
-        const float f = m == -INFINITY ? 0.f : expf(m - mn);
+        const float f = fd_exp_below(m, mn);
         float p[2][2];
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) p[h][i] = s[h][i] == -INFINITY ? 0.f : expf(s[h][i] - mn);
+            for (int i = 0; i < 2; i++) p[h][i] = fd_exp_below(s[h][i], mn);
         l = l * f + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
         m = mn;
         if (f != 1.f) {
@@ -680,7 +710,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     fd_tile_io<BITS, D, NG> io;
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
-    auto issue = [&](int k, int slot) { io.issue(a, k, slot); };
+    auto issue = [&](int k, int slot) { io.issue(k, slot); };
     io.start(a, NS);
 
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
@@ -720,11 +750,10 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1);
-        if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else fd_wait(NS - 1);
+        fd_wait_ring(NS);
         __syncwarp();
-        const int64_t jt = io.jw + (int64_t)16 * FD_WARPS * k;
-        const int valid = io.j1 - jt < 16 ? (int)(io.j1 - jt) : 16;
+        const int jt = io.jw + 16 * FD_WARPS * k;
+        const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
         const uint32_t *st = ring + slot * STAGE;
         io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
@@ -775,10 +804,10 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
         const float mn = fmaxf(m, mt);
-        const float f = m == -INFINITY ? 0.f : expf(m - mn);
+        const float f = fd_exp_below(m, mn);
         float p[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) p[i] = s[i] == -INFINITY ? 0.f : expf(s[i] - mn);
+        for (int i = 0; i < 2; i++) p[i] = fd_exp_below(s[i], mn);
         l = l * f + (p[0] + p[1]);
         m = mn;
         if (f != 1.f) {
