@@ -252,35 +252,55 @@ __device__ __forceinline__ void fd_vwords(const uint32_t *st, int t, int word, u
     }
 }
 
-/* The pre-scaled queries of KV head kh's G heads (rounded like the exact path) into qs and
- * their group sums into qsum (a warp per (head, group), lanes in fixed order); ends with the
- * block's barrier. */
+/* The pre-scaled queries of KV head kh's G heads (rounded like the exact path) into qs (the
+ * block's barrier after them) and the group sums of head `head` (0 for head >= G) into qg. Each
+ * sum runs over its group's elements lane by lane, then an xor butterfly (every lane holds the
+ * same bits). With G·NG <= 8 sums every warp forms them all itself and a lane keeps its head's
+ * (no second barrier); with more, a warp per (head, group) through qsum and a second barrier. */
 template <int G, int D, int GS>
 __device__ __forceinline__ void fd_queries(const pt_fd_args &a, int kh, float (&qs)[G][D], float (&qsum)[G][D / GS],
-                                           int warp, int lane) {
+                                           int warp, int lane, int head, float (&qg)[D / GS]) {
     constexpr int NG = D / GS;
     for (int i = threadIdx.x; i < G * D; i += FD_THREADS)
         qs[i / D][i % D] = pt_rnd(a.bf, a.q[(int64_t)kh * G * D + i] * a.scale);
     __syncthreads();
-    for (int i = warp; i < G * NG; i += FD_WARPS) {
-        float s = 0.f;
-        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
-        s = pt_warp_sum(s);
-        if (lane == 0) qsum[i / NG][i % NG] = s;
+#pragma unroll
+    for (int gr = 0; gr < NG; gr++) qg[gr] = 0.f;
+    if (G * NG <= 8) {
+#pragma unroll
+        for (int i = 0; i < G * NG; i++) {
+            float s = 0.f;
+            for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+            s = pt_warp_sum(s);
+            if (i / NG == head) qg[i % NG] = s;
+        }
+    } else {
+        for (int i = warp; i < G * NG; i += FD_WARPS) {
+            float s = 0.f;
+            for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+            s = pt_warp_sum(s);
+            if (lane == 0) qsum[i / NG][i % NG] = s;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int gr = 0; gr < NG; gr++)
+            if (head < G) qg[gr] = qsum[head][gr];
     }
-    __syncthreads();
 }
 
 /* The block's partial per head: the warps' (max, sum) and partial outputs (warp w's [G][D] at
  * dyn + w·words) merged in warp order, written for the merge kernel. Each warp first forms the
- * G·FD_WARPS (<= 32) rescale factors exp(m_w − M) of the block, one a lane, so an element costs a
- * broadcast shuffle and a multiply-add per warp instead of an exponential (the same values: the
- * element loop's factors and sums are those of the form that formed them per element). */
+ * G·FD_WARPS (<= 32) rescale factors exp(m_w − M) of the block, one a lane, so four elements
+ * cost a broadcast shuffle and four multiply-adds per warp instead of an exponential each (the
+ * same values in the same order: the same bits). A lane takes 4 consecutive dims (16-byte
+ * loads and store; words is a multiple of 4, dyn 16-byte aligned); the warps' trip counts are
+ * uniform so every lane reaches the shuffles. */
 template <int G, int D>
-__device__ __forceinline__ void fd_block_out(const pt_fd_args &a, const float (&wm)[FD_WARPS][G],
+__device__ __forceinline__ void fd_block_out(float *P, float2 *ML, int nsplit, const float (&wm)[FD_WARPS][G],
                                              const float (&wl)[FD_WARPS][G], const uint32_t *dyn, int words, int kh,
                                              int split) {
-    static_assert(G * FD_WARPS <= 32 && D % 32 == 0, "a lane per (head, warp); a warp's elements in one head");
+    static_assert(G * FD_WARPS <= 32 && D % 4 == 0, "a lane per (head, warp); 4 dims a lane");
+    constexpr int N4 = G * D / 4;
     const int lane = threadIdx.x & 31;
     float fl = 0.f; /* lane gh·FD_WARPS + w: warp w's factor for head gh */
     {
@@ -292,27 +312,45 @@ __device__ __forceinline__ void fd_block_out(const pt_fd_args &a, const float (&
             if (wm[w][gh] != -INFINITY) fl = expf(wm[w][gh] - M);
         }
     }
-    for (int idx = threadIdx.x; idx < G * D; idx += FD_THREADS) {
-        const int gh = idx / D, e = idx % D; /* gh: the same for the warp's 32 elements */
-        float M = -INFINITY;
+    for (int b = threadIdx.x - lane; b < N4; b += FD_THREADS) {
+        const int i4 = b + lane;
+        const bool on = i4 < N4;
+        const int gh = on ? 4 * i4 / D : 0, e = 4 * i4 % D;
+        float f[FD_WARPS];
 #pragma unroll
-        for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
-        float Lsum = 0.f, O = 0.f;
+        for (int w = 0; w < FD_WARPS; w++) f[w] = __shfl_sync(0xffffffffu, fl, gh * FD_WARPS + w);
+        if (on) {
+            float M = -INFINITY;
 #pragma unroll
-        for (int w = 0; w < FD_WARPS; w++) {
-            const float f = __shfl_sync(0xffffffffu, fl, gh * FD_WARPS + w);
-            if (wm[w][gh] != -INFINITY) {
-                Lsum = fmaf(wl[w][gh], f, Lsum);
-                O = fmaf(reinterpret_cast<const float *>(dyn + w * words)[gh * D + e], f, O);
-            }
+            for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
+            float Lsum = 0.f;
+            float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int w = 0; w < FD_WARPS; w++)
+                if (wm[w][gh] != -INFINITY) {
+                    const float4 x = *reinterpret_cast<const float4 *>(dyn + w * words + gh * D + e);
+                    Lsum = fmaf(wl[w][gh], f[w], Lsum);
+                    O.x = fmaf(x.x, f[w], O.x), O.y = fmaf(x.y, f[w], O.y);
+                    O.z = fmaf(x.z, f[w], O.z), O.w = fmaf(x.w, f[w], O.w);
+                }
+            const int64_t h = (int64_t)kh * G + gh;
+            *reinterpret_cast<float4 *>(P + (h * nsplit + split) * D + e) = O;
+            if (e == 0) ML[h * nsplit + split] = make_float2(M, Lsum);
         }
-        const int64_t h = (int64_t)kh * G + gh;
-        a.P[(h * a.nsplit + split) * D + e] = O;
-        if (e == 0) a.ML[h * a.nsplit + split] = make_float2(M, Lsum);
     }
     /* the merge, a dependent launch, may be scheduled once every block is here (released at the
      * end: merge blocks resident earlier would take the SMs' room from this kernel's one wave) */
     pt_release_dependents();
+}
+
+/* fd_block_out out of line: the transposed kernel's key loop then keeps registers the merge
+ * would otherwise shape (measured fewer instructions a tile); the first kernel, with up to 8 heads'
+ * accumulators, spills less with it inline. */
+template <int G, int D>
+__device__ __noinline__ void fd_block_out_call(float *P, float2 *ML, int nsplit, const float (&wm)[FD_WARPS][G],
+                                               const float (&wl)[FD_WARPS][G], const uint32_t *dyn, int words,
+                                               int kh, int split) {
+    fd_block_out<G, D>(P, ML, nsplit, wm, wl, dyn, words, kh, split);
 }
 
 /* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels.
@@ -490,7 +528,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
     io.start(a, NS); /* the ring fills while the queries are prepared */
 
-    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
+    float qg[NG]; /* head g's group sums */
+    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane, g, qg);
     /* A fragments of the scores: row g = head g (hi), row g + 8 = its lo part (in registers;
      * reading them from shared memory per tile measured no faster, also at 4 blocks per SM) */
     uint32_t qh[KS][2], ql[KS][2];
@@ -502,9 +541,6 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
             const float x1 = g < G ? qs[g][fd_kdim<BITS>(ks, t, 2 * r + 1)] : 0.f;
             fd_split(x0, x1, qh[ks][r], ql[ks][r]);
         }
-    float qg[NG];
-#pragma unroll
-    for (int gr = 0; gr < NG; gr++) qg[gr] = g < G ? qsum[g][gr] : 0.f;
 
     float m = -INFINITY, l = 0.f; /* head g: running max, this thread's share of the sum */
     float o[NT][4];               /* head g, n-tile i, columns 2t, 2t + 1: [0..1] hi, [2..3] lo parts */
@@ -662,7 +698,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     }
     __syncthreads();
     /* the block's partial per head: warps merged in order */
-    fd_block_out<G, D>(a, wm, wl, fd_dyn, L::warp_words(NS), kh, split);
+    fd_block_out<G, D>(a.P, a.ML, a.nsplit, wm, wl, fd_dyn, L::warp_words(NS), kh, split);
 }
 
 /* The block kernel for G <= 4 query heads per KV head, with the operands of both products
@@ -713,7 +749,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
     io.start(a, NS);
 
-    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane);
+    float qg[NG]; /* head t's group sums (lanes with t >= G carry nothing) */
+    fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane, t, qg);
     /* B fragments of the scores: column g = head g / 2, its hi (g even) or lo part */
     const int hq = g >> 1;
     uint32_t qb[KS][2];
@@ -727,10 +764,6 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
             fd_split(x0, x1, h2, l2);
             qb[ks][r] = g & 1 ? l2 : h2;
         }
-    /* this thread's head in the score layout: t (lanes with t >= G carry nothing) */
-    float qg[NG];
-#pragma unroll
-    for (int gr = 0; gr < NG; gr++) qg[gr] = t < G ? qsum[t][gr] : 0.f;
 
     float m = -INFINITY, l = 0.f; /* head t: running max, this thread's share of the sum */
     float o[KS][4];               /* m-tile i: dims (rows) g, g + 8; columns 2t, 2t + 1 = head t hi, lo */
@@ -903,7 +936,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
         }
     }
     __syncthreads();
-    fd_block_out<G, D>(a, wm, wl, fd_dyn, LT::warp_words(NS), kh, split);
+    fd_block_out_call<G, D>(a.P, a.ML, a.nsplit, wm, wl, fd_dyn, LT::warp_words(NS), kh, split);
 }
 
 /* The fused decode attention (kv_fused.cu): one query row (T == 1) over a
