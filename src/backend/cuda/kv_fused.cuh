@@ -343,9 +343,9 @@ __device__ __forceinline__ void fd_block_out(float *P, float2 *ML, int nsplit, c
     pt_release_dependents();
 }
 
-/* fd_block_out out of line: the transposed kernel's key loop then keeps registers the merge
- * would otherwise shape (measured fewer instructions a tile); the first kernel, with up to 8 heads'
- * accumulators, spills less with it inline. */
+/* fd_block_out out of line: the transposed kernel's key loop is then compiled without the
+ * merge's registers (its loop's SASS 756 instructions against 771 with the merge inline); the
+ * first kernel, with up to 8 heads' accumulators, spills less with it inline. */
 template <int G, int D>
 __device__ __noinline__ void fd_block_out_call(float *P, float2 *ML, int nsplit, const float (&wm)[FD_WARPS][G],
                                                const float (&wl)[FD_WARPS][G], const uint32_t *dyn, int words,
