@@ -365,20 +365,25 @@ static void test_fused_decode(void) {
     bufs(a);
     static const struct {
         int nh, nkv, hd, bits, gs;
+        int64_t cap; /* 0: the layer's own 64 slots */
         const char *want;
     } bad[] = {
-        {4, 2, 128, 3, 32, "3-bit"},
-        {16, 1, 64, 4, 64, "GQA ratio 16"},
+        {4, 2, 128, 3, 32, 0, "3-bit"},
+        {16, 1, 64, 4, 64, 0, "GQA ratio 16"},
+        /* keys are indexed in 32 bits: refused before any cache memory is read (the arrays hold 64 slots) */
+        {8, 2, 128, 4, 64, (int64_t)1 << 30, "2^30"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         layer2 Q;
         l2_make(&Q, G, bad[i].nkv, bad[i].hd, 64, PT_FT_BF16, bad[i].bits, bad[i].gs);
+        if (bad[i].cap) Q.g.capacity = bad[i].cap;
         int32_t p0 = 0;
         G->ops->upload(G, dpos, &p0, 4);
         pt_attn p = {.n_heads = bad[i].nh, .head_dim = bad[i].hd, .scale = 0.125f, .fused_decode = 1};
         pt_status s = G->ops->attention(G, dout, dq, 1, dpos, &Q.g, &p);
         CHECK(s == PT_ERR_UNSUPPORTED && strstr(pt_last_error(), bad[i].want), "fused %d-bit nh=%d nkv=%d: %s (%s)",
               bad[i].bits, bad[i].nh, bad[i].nkv, pt_status_name(s), pt_last_error());
+        Q.g.capacity = 64;
         l2_free(&Q, G);
     }
     unbufs(a);
