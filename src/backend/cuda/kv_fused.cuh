@@ -192,16 +192,28 @@ __device__ __forceinline__ uint32_t fd_deq_c(uint32_t x, uint32_t c, uint32_t mu
  * branch: −inf − mn is −inf, and with mn = −inf too the NaN is taken to −inf by fmaxf. */
 __device__ __forceinline__ float fd_exp_below(float x, float mn) { return expf(fmaxf(x - mn, -INFINITY)); }
 
+/* A lane's 16-byte chunk i of a tile's code rows (CPR chunks a row, rows CST words apart in
+ * the stage): chunk c = lane + 32i is row c / CPR (16: none, past the tile), column c % CPR;
+ * its stage offset in bytes. */
+template <int CPR, int CST>
+__device__ __forceinline__ void fd_chunk(int lane, int i, int &crow, uint32_t &cdst) {
+    const int c = lane + 32 * i;
+    crow = c < 16 * CPR ? c / CPR : 16;
+    cdst = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
+}
+
 /* A tile's code copies (fd_tile_io::issue) with fewer than 16 keys or rows past the ring's end
  * (rows r >= rem read one capacity back): out of line, with the lane's chunk rows and stage
- * offsets formed again as init() forms them, so the common tile's loop keeps its registers. */
+ * offsets formed again (fd_chunk, as init() forms them), so the common tile's loop keeps its
+ * registers. */
 template <int CPR, int CH, int CST>
 __device__ __noinline__ void fd_issue_edge(const uint32_t *pk, const uint32_t *pv, uint32_t sa, int valid,
                                            int64_t rem, int64_t capw, int lane) {
 #pragma unroll
     for (int i = 0; i < CH; i++) {
-        const int c = lane + 32 * i, crow = c < 16 * CPR ? c / CPR : 16;
-        const uint32_t cdst = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
+        int crow;
+        uint32_t cdst;
+        fd_chunk<CPR, CST>(lane, i, crow, cdst);
         if (crow < valid) {
             const int64_t o = 128 * i - (crow >= rem ? capw : 0);
             fd_cp16s(sa + cdst, pk + o);
@@ -392,11 +404,7 @@ template <int BITS, int D, int NG> struct fd_tile_io {
         jw = j0 + 16 * warp;
         nt = jw < j1 ? (j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS) : 0;
 #pragma unroll
-        for (int i = 0; i < CH; i++) {
-            const int c = lane + 32 * i;
-            crow[i] = c < 16 * CPR ? c / CPR : 16; /* 16: never copied */
-            cdst[i] = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
-        }
+        for (int i = 0; i < CH; i++) fd_chunk<CPR, CST>(lane, i, crow[i], cdst[i]); /* crow 16: never copied */
         ring_sa = (uint32_t)__cvta_generic_to_shared(ring);
         sr = lane & 15, ssb = lane >> 4;
         rb_base = (uint32_t)(rbase * rb);
