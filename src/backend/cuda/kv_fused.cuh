@@ -278,19 +278,20 @@ __device__ __forceinline__ void fd_queries(const pt_fd_args &a, int kh, float (&
     __syncthreads();
 #pragma unroll
     for (int gr = 0; gr < NG; gr++) qg[gr] = 0.f;
+    auto group_sum = [&](int i) { /* sum i = (head i / NG, group i % NG), on every lane */
+        float s = 0.f;
+        for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
+        return pt_warp_sum(s);
+    };
     if (G * NG <= 8) {
 #pragma unroll
         for (int i = 0; i < G * NG; i++) {
-            float s = 0.f;
-            for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
-            s = pt_warp_sum(s);
+            const float s = group_sum(i);
             if (i / NG == head) qg[i % NG] = s;
         }
     } else {
         for (int i = warp; i < G * NG; i += FD_WARPS) {
-            float s = 0.f;
-            for (int e = lane; e < GS; e += 32) s += qs[i / NG][(i % NG) * GS + e];
-            s = pt_warp_sum(s);
+            const float s = group_sum(i);
             if (lane == 0) qsum[i / NG][i % NG] = s;
         }
         __syncthreads();
@@ -471,7 +472,7 @@ template <int BITS, int D, int NG> struct fd_tile_io {
      * under the kernel before; the rest, and everything else the kernel reads, after it. The
      * position is read before the wait as dec2_short_kernel reads it (no kernel of the step
      * writes it). A plain launch passes the wait at once. */
-    __device__ __forceinline__ void start(const pt_fd_args &a, int NS) {
+    __device__ __forceinline__ void start(int NS) {
         int k = 0;
         for (; k < NS - 1 && k < nt && jw + 16 * FD_WARPS * k + 16 <= jnew; k++) issue(k, k);
         pt_wait_primary();
@@ -534,7 +535,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
-    io.start(a, NS); /* the ring fills while the queries are prepared */
+    io.start(NS); /* the ring fills while the queries are prepared */
 
     float qg[NG]; /* head g's group sums */
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane, g, qg);
@@ -755,7 +756,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
-    io.start(a, NS);
+    io.start(NS);
 
     float qg[NG]; /* head t's group sums (lanes with t >= G carry nothing) */
     fd_queries<G, D, GS>(a, kh, qs, qsum, warp, lane, t, qg);
