@@ -301,6 +301,15 @@ __device__ __forceinline__ void fd_queries(const pt_fd_args &a, int kh, float (&
     }
 }
 
+/* Head gh's running max over the block's warps (−inf where no warp saw a key). */
+template <int G>
+__device__ __forceinline__ float fd_head_max(const float (&wm)[FD_WARPS][G], int gh) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
+    return M;
+}
+
 /* The block's partial per head: the warps' (max, sum) and partial outputs (warp w's [G][D] at
  * dyn + w·words) merged in warp order, written for the merge kernel. Each warp first forms the
  * G·FD_WARPS (<= 32) rescale factors exp(m_w − M) of the block, one a lane, so four elements
@@ -318,12 +327,7 @@ __device__ __forceinline__ void fd_block_out(float *P, float2 *ML, int nsplit, c
     float fl = 0.f; /* lane gh·FD_WARPS + w: warp w's factor for head gh */
     {
         const int gh = lane / FD_WARPS, w = lane % FD_WARPS;
-        if (gh < G) {
-            float M = -INFINITY;
-#pragma unroll
-            for (int u = 0; u < FD_WARPS; u++) M = fmaxf(M, wm[u][gh]);
-            if (wm[w][gh] != -INFINITY) fl = expf(wm[w][gh] - M);
-        }
+        if (gh < G && wm[w][gh] != -INFINITY) fl = expf(wm[w][gh] - fd_head_max<G>(wm, gh));
     }
     for (int b = threadIdx.x - lane; b < N4; b += FD_THREADS) {
         const int i4 = b + lane;
@@ -333,22 +337,23 @@ __device__ __forceinline__ void fd_block_out(float *P, float2 *ML, int nsplit, c
 #pragma unroll
         for (int w = 0; w < FD_WARPS; w++) f[w] = __shfl_sync(0xffffffffu, fl, gh * FD_WARPS + w);
         if (on) {
-            float M = -INFINITY;
-#pragma unroll
-            for (int w = 0; w < FD_WARPS; w++) M = fmaxf(M, wm[w][gh]);
-            float Lsum = 0.f;
             float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
             for (int w = 0; w < FD_WARPS; w++)
                 if (wm[w][gh] != -INFINITY) {
                     const float4 x = *reinterpret_cast<const float4 *>(dyn + w * words + gh * D + e);
-                    Lsum = fmaf(wl[w][gh], f[w], Lsum);
                     O.x = fmaf(x.x, f[w], O.x), O.y = fmaf(x.y, f[w], O.y);
                     O.z = fmaf(x.z, f[w], O.z), O.w = fmaf(x.w, f[w], O.w);
                 }
             const int64_t h = (int64_t)kh * G + gh;
             *reinterpret_cast<float4 *>(P + (h * nsplit + split) * D + e) = O;
-            if (e == 0) ML[h * nsplit + split] = make_float2(M, Lsum);
+            if (e == 0) { /* the head's (max, sum of exp), once */
+                float Lsum = 0.f;
+#pragma unroll
+                for (int w = 0; w < FD_WARPS; w++)
+                    if (wm[w][gh] != -INFINITY) Lsum = fmaf(wl[w][gh], f[w], Lsum);
+                ML[h * nsplit + split] = make_float2(fd_head_max<G>(wm, gh), Lsum);
+            }
         }
     }
     /* the merge, a dependent launch, may be scheduled once every block is here (released at the
