@@ -1,13 +1,15 @@
 /* The --fused-decode-attn CPU kernel (src/backend/cpu/attn_qkv_fused.c)
  * against the exact quantized attention (cpu_attention.c) on the same cache:
- * contexts of several 128-key blocks, full and sliding windows over a ring
+ * contexts of one to several blocks (PT_CPU_FUSED_BLOCK keys), full and sliding windows over a ring
  * that has wrapped, GQA, soft-cap, 4- and 8-bit codes, f32 and bf16
  * activations. Bounds (the kernel computes the same sums in another order and
  * normalizes once at the end): f32 max|Δ| <= 1e-5·max|out|; bf16 (the exact
  * path rounds every probability to bf16 before p·V) max|Δ| <= 2e-2·max|out|.
  * And the fused result is bit-identical for 1, 2 and 3 threads. Every case
- * runs with the backend's best kernels (AVX-512 here: the quantized
- * attention kernels attn_scores_tq / attn_pv_q on each block) and with the
+ * runs with the backend's best kernels (AVX-512 here: in bf16 mode where
+ * pt_cpu_attn_dp_on, the factored vdpbf16ps kernels fused_scores_dp /
+ * fused_pv_dp, tests/test_cpu_fused_dp.c; else the quantized attention
+ * kernels attn_scores_tq / attn_pv_q on each block) and with the
  * scalar table (rows dequantized for the generic loops), over GQA groups of
  * 1, 2, 4 and 8 heads and head sizes 32-256 (the AVX-512 P·V kernel's 4/2/1-
  * head blocks and 32/64-dim slices). */
@@ -94,7 +96,9 @@ static void run_case(const kcase *c, pt_act_dtype act, pt_cpu_isa isa) {
 
 static void test_fused_vs_exact(void) {
     static const kcase cases[] = {
-        {4, 64, 0, 700, 650, 0, 2, 4, 64},     /* 6 blocks, full cache */
+        {4, 64, 0, 700, 650, 0, 2, 4, 64},     /* 2 blocks, full cache */
+        {4, 64, 0, 1700, 1650, 0, 2, 4, 64},   /* 4 blocks */
+        {8, 64, 0, 1700, 1650, 0, 1, 8, 128},
         {8, 32, 0, 700, 650, 0, 2, 4, 64},
         {4, 32, 300, 320, 900, 0, 2, 4, 64},   /* sliding window over a wrapped ring */
         {8, 64, 300, 320, 900, 30, 2, 4, 64},  /* with soft-cap */

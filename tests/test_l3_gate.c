@@ -120,7 +120,7 @@ static int snap_make(const char *fixture, l3_snap *s) {
 /* One lever configuration against the snapshot, teacher-forced. */
 typedef struct {
     const char *name;
-    int kv_quant, fused, int8, tier;
+    int kv_quant, fused, int8, tier, bf16;
 } config;
 
 /* Runs configuration c on the snapshot's trajectory: rows [n_steps, V].
@@ -132,6 +132,7 @@ static int run_config(const char *fixture, const l3_snap *s, const config *c, fl
     if (c->fused) mp.fused_decode_attn = PT_LEVER_ON;
     if (c->int8) mp.int8_act = PT_LEVER_ON;
     mp.kv_group_size = 32;
+    if (c->bf16) mp.dtype = PT_COMPUTE_BF16;
     pt_model *m = load(fixture, &mp);
     int ok = m && run(m, s->ids, s->n_prompt, s->greedy, s->n_steps, rows, top);
     pt_model_free(&m);
@@ -141,11 +142,17 @@ static int run_config(const char *fixture, const l3_snap *s, const config *c, fl
 static void test_l3_gate(void) {
     int write = getenv("PETREL_L3_SNAPSHOT_WRITE") != NULL;
     static const config cfgs[] = {
-        {"kv-quant 4", 4, 0, 0, 0}, /* first: the fused kernel's own delta is taken against it */
-        {"kv-quant 4 + fused-decode-attn", 4, 1, 0, 0},
-        {"kv-quant 8 + fused-decode-attn", 8, 1, 0, 0},
-        {"int8-act", 0, 0, 1, 0},
-        {"--l3", 0, 0, 0, 3},
+        {"kv-quant 4", 4, 0, 0, 0, 0}, /* first: the fused kernel's own delta is taken against it */
+        {"kv-quant 4 + fused-decode-attn", 4, 1, 0, 0, 0},
+        {"kv-quant 8 + fused-decode-attn", 8, 1, 0, 0, 0},
+        {"int8-act", 0, 0, 1, 0, 0},
+        {"--l3", 0, 0, 0, 3, 0},
+        /* bf16 activations: the fused kernel's factored vdpbf16ps products where the CPU takes them
+         * (pt_cpu_attn_dp_on); its own delta against the exact bf16 run just before it */
+        {"kv-quant 4, bf16", 4, 0, 0, 0, 1},
+        {"kv-quant 4 + fused-decode-attn, bf16", 4, 1, 0, 0, 1},
+        {"kv-quant 8, bf16", 8, 0, 0, 0, 1},
+        {"kv-quant 8 + fused-decode-attn, bf16", 8, 1, 0, 0, 1},
     };
     const int nc = (int)(sizeof cfgs / sizeof cfgs[0]);
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
@@ -199,15 +206,15 @@ static void test_l3_gate(void) {
             else
                 CHECK(mk <= KL_BOUND && ag >= TOP1_BOUND, "%s %s: mean KL %.3g, agreement %.3f outside the bound",
                       fx, cfgs[c].name, mk, ag);
-            if (c == 0) { /* kv-quant 4, exact attention */
+            if (cfgs[c].kv_quant && !cfgs[c].fused && (c == 0 || cfgs[c].bf16)) { /* exact attention */
                 memcpy(base, rows, 4 * (size_t)s.n_steps * V);
                 memcpy(base_top, top, 4 * (size_t)s.n_steps);
-            } else if (cfgs[c].fused && cfgs[c].kv_quant == 4) { /* the fused kernel alone */
+            } else if (cfgs[c].fused && (cfgs[c].kv_quant == 4 || cfgs[c].bf16)) { /* the fused kernel alone */
                 l3_delta(&s, base, base_top, rows, top, &mk, &xk, &ag);
-                printf("MEASURE l3 %s fused-decode-attn vs exact attention (kv-quant 4): mean KL %.3g, max KL %.3g, "
+                printf("MEASURE l3 %s fused-decode-attn vs exact attention (kv-quant %d%s): mean KL %.3g, max KL %.3g, "
                        "top-1 agreement %.3f\n",
-                       fx, mk, xk, ag);
-                CHECK(mk <= KL_BOUND && ag >= TOP1_BOUND, "%s fused vs exact outside the bound", fx);
+                       fx, cfgs[c].kv_quant, cfgs[c].bf16 ? ", bf16" : "", mk, xk, ag);
+                CHECK(mk <= KL_BOUND && ag >= TOP1_BOUND, "%s %s vs exact outside the bound", fx, cfgs[c].name);
             }
         }
         free(rows);

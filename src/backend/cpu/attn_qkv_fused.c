@@ -16,6 +16,14 @@
  * partition depends only on the context, never on the thread count, and the
  * merge order is fixed, so results stay bit-identical for any -t.
  *
+ * In bf16 mode over a cache of bf16 scales and biases, where the CPU's
+ * vdpbf16ps issues at the FMA rate (pt_cpu_attn_dp_on), the products are
+ * the kernel table's fused_scores_dp / fused_pv_dp: the dequantization
+ * factored out of them (scale·Σ q·code + bias·Σ q; Σ (p·scale)·code +
+ * Σ p·bias), two codes a product pair, read as stored — the arithmetic of
+ * the CUDA fused kernel, with p·scale rounded to bf16. Elsewhere each block
+ * runs the exact path's kernels (keys and values dequantized as read).
+ *
  * What it is not: exact. The exact path (cpu_attention.c) normalizes the
  * probabilities before p·V and rounds them in bf16 mode; this one divides
  * once at the end. The difference is gated by tests/test_l3_gate.c against
@@ -24,11 +32,14 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include "base/error.h"
+#include "base/half.h"
+
+#include <stdatomic.h>
 
 #include <math.h>
 #include <string.h>
 
-#define FUSED_BLOCK 128
+#define FUSED_BLOCK PT_CPU_FUSED_BLOCK
 
 typedef struct {
     pt_cpu *c;
@@ -40,9 +51,57 @@ typedef struct {
     float *part;              /* [nkv, nblk]: a_b [G, hd], then m_b, l_b [G, 2] */
 } fused_ctx;
 
-/* Per-thread scratch: qx [G, hd] | S [G, BLOCK] | rows [PT_CPU_QROWS, hd] */
+/* Per-thread scratch: qx [G, hd] | S [G, BLOCK] | rows [PT_CPU_QROWS, hd] |
+ * the factored kernels' query pairs [G, hd·bits/8 <= hd] and group sums
+ * [G, 16] */
 static size_t scratch_floats(int G, int hd) {
-    return (size_t)G * hd + (size_t)G * FUSED_BLOCK + (size_t)PT_CPU_QROWS * hd;
+    return (size_t)G * hd + (size_t)G * FUSED_BLOCK + (size_t)PT_CPU_QROWS * hd + (size_t)G * hd + (size_t)G * 16;
+}
+
+void pt_cpu_fq_prep(uint32_t *qp, float *qs, const float *q, int G, int hd, int bits, int gs) {
+    const int np = hd * bits / 8, nw = hd * bits / 32, ng = hd / gs;
+    for (int g = 0; g < G; g++) {
+        const float *x = q + (size_t)g * hd;
+        for (int w = 0; w < nw; w++)
+            for (int i = 0; i < 4; i++) {
+                float a, b;
+                if (bits == 4) a = x[8 * w + i], b = x[8 * w + i + 4];
+                else {
+                    const float f = i & 1 ? 16.0f : 1.0f;
+                    a = f * x[4 * w + i / 2], b = f * x[4 * w + 2 + i / 2];
+                }
+                qp[(size_t)g * np + 4 * w + i] = (uint32_t)pt_f32_to_bf16(a) | (uint32_t)pt_f32_to_bf16(b) << 16;
+            }
+        for (int b = 0; b < ng; b++) {
+            float s = 0.0f;
+            for (int e = b * gs; e < (b + 1) * gs; e++) s += x[e];
+            qs[g * ng + b] = s;
+        }
+    }
+}
+
+/* The cache rows of one of a block's ring runs (codes, scales, biases of
+ * the K or V side) on their way into the caches: the value rows while the
+ * block scores, the next block's key rows while it runs P·V, so the
+ * block's two short streams do not each wait for the hardware prefetcher
+ * to find them. */
+static void prefetch_run(const pt_kv_layer *kv, int v, int kh, int64_t slot, int64_t n) {
+    const pt_cpu_qrows r = pt_cpu_kv_qrows(kv, v, kh, slot);
+    const size_t cb = (size_t)n * (size_t)kv->head_dim * (size_t)kv->bits / 8,
+                 pb = (size_t)n * (size_t)(kv->head_dim / kv->group_size) * pt_ftype_size(kv->dtype);
+    for (size_t o = 0; o < cb; o += 64) __builtin_prefetch(r.codes + o, 0, 3);
+    for (size_t o = 0; o < pb; o += 64) {
+        __builtin_prefetch((const char *)r.sc + o, 0, 3);
+        __builtin_prefetch((const char *)r.bi + o, 0, 3);
+    }
+}
+
+/* prefetch_run over the block of keys [j0, j0 + nb) of KV head kh */
+static void prefetch_block(const fused_ctx *a, int v, int kh, int64_t j0, int64_t nb) {
+    int64_t runs[2][3];
+    pt_cpu_key_runs(runs, a->lo + j0, nb, a->kv->capacity);
+    for (int r = 0; r < 2; r++)
+        if (runs[r][2] > 0) prefetch_run(a->kv, v, kh, runs[r][1], runs[r][2]);
 }
 
 static void fused_blocks(void *arg, long i0, long i1, int ith) {
@@ -53,6 +112,11 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
     pt_act_dtype act = a->c->base.act;
     const int nkv = kv->n_kv, hd = p->head_dim, G = p->n_heads / nkv;
     float *qx = pt_cpu_thread_scratch(a->c, ith), *S = qx + (size_t)G * hd, *rows = S + (size_t)G * FUSED_BLOCK;
+    uint32_t *qp = (uint32_t *)(rows + (size_t)PT_CPU_QROWS * hd);
+    float *qs = (float *)(qp + (size_t)G * hd);
+    /* the factored vdpbf16ps products (their query operands: bf16 values, as qx holds in bf16 mode) */
+    const int fq = act == PT_ACT_BF16 && kv->dtype == PT_FT_BF16 && pt_cpu_attn_dp_on() && k->fused_scores_dp &&
+                   k->fused_pv_dp;
     int prepared = -1; /* the KV head whose scaled query is in qx */
     for (long it = i0; it < i1; it++) {
         const int kh = (int)(it / a->nblk);
@@ -60,16 +124,20 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
         int64_t nb = a->n - j0 < FUSED_BLOCK ? a->n - j0 : FUSED_BLOCK;
         if (prepared != kh) {
             pt_cpu_scale_queries(qx, a->q + (size_t)kh * G * hd, (int64_t)G * hd, p->scale, act);
+            if (fq) pt_cpu_fq_prep(qp, qs, qx, G, hd, kv->bits, kv->group_size);
             prepared = kh;
         }
+        int dp = fq;
         float *part = a->part + ((size_t)kh * a->nblk + (size_t)b) * G * (2 + hd), *st = part + (size_t)G * hd;
         /* the block's keys and values as at most two runs of the ring */
         int64_t runs[2][3];
         pt_cpu_key_runs(runs, a->lo + j0, nb, kv->capacity);
+        if (dp) prefetch_block(a, 1, kh, j0, nb);
         for (int r = 0; r < 2; r++)
             if (runs[r][2] > 0) {
                 const pt_cpu_qrows kr = pt_cpu_kv_qrows(kv, 0, kh, runs[r][1]);
-                pt_cpu_qscores(k, S + runs[r][0], FUSED_BLOCK, qx, hd, 1, G, &kr, runs[r][2], rows);
+                if (!(dp = dp && k->fused_scores_dp(S + runs[r][0], FUSED_BLOCK, qp, qs, G, &kr, runs[r][2])))
+                    pt_cpu_qscores(k, S + runs[r][0], FUSED_BLOCK, qx, hd, 1, G, &kr, runs[r][2], rows);
             }
         for (int g = 0; g < G; g++) {
             float *sg = S + (size_t)g * FUSED_BLOCK;
@@ -89,11 +157,17 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
             st[2 * g] = m, st[2 * g + 1] = l;
         }
         memset(part, 0, (size_t)G * hd * sizeof(float));
+        if (dp && it + 1 < i1) { /* the next item's keys */
+            const int64_t j1 = (it + 1) % a->nblk * FUSED_BLOCK;
+            prefetch_block(a, 0, (int)((it + 1) / a->nblk), j1, a->n - j1 < FUSED_BLOCK ? a->n - j1 : FUSED_BLOCK);
+        }
         for (int r = 0; r < 2; r++)
             if (runs[r][2] > 0) {
                 const pt_cpu_qrows vr = pt_cpu_kv_qrows(kv, 1, kh, runs[r][1]);
-                pt_cpu_qpv(k, part, S + runs[r][0], FUSED_BLOCK, G, &vr, runs[r][2], rows);
+                if (!(dp && k->fused_pv_dp(part, S + runs[r][0], FUSED_BLOCK, G, &vr, runs[r][2])))
+                    pt_cpu_qpv(k, part, S + runs[r][0], FUSED_BLOCK, G, &vr, runs[r][2], rows);
             }
+        if (dp) atomic_fetch_add_explicit(&pt_cpu_path_count[PT_CPU_PATH_FUSED_DP], 1, memory_order_relaxed);
     }
 }
 

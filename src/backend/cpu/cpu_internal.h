@@ -216,6 +216,19 @@ typedef struct pt_cpu_kernels {
     int (*attn_scores_tq)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, const pt_cpu_qrows *k,
                           int64_t n);
     int (*attn_pv_q)(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n);
+    /* --fused-decode-attn's products over a quantized cache (4 or 8 bits,
+     * bf16 scales and biases) with the dequantization factored out, on
+     * vdpbf16ps (kernels_avx512.c; an L3 lever's arithmetic, not the exact
+     * path's):
+     *   fused_scores_dp: S[g·lds + j] = Σ_b sc_jb·(Σ_{e∈b} q_ge·c_je) + bi_jb·qs[g·ng + b]
+     *       for the G heads' query pairs qp and group sums qs of
+     *       pt_cpu_fq_prep (queries holding bf16 values);
+     *   fused_pv_dp: out[g·hd + e] += Σ_j w_gj·c_je + Σ_j P[g·ldp + j]·bi_jb,
+     *       w = bf16(P·sc).
+     * 0 = shape not handled; NULL where the CPU has no AVX512-BF16. */
+    int (*fused_scores_dp)(float *S, int64_t lds, const uint32_t *qp, const float *qs, int G, const pt_cpu_qrows *k,
+                           int64_t n);
+    int (*fused_pv_dp)(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n);
     /* One attention row without soft-cap: s = round(round(s)·scale), then
      * s = round(softmax(s)) (round = to bf16 when bf16 != 0, else identity).
      * NULL = the caller's scalar loop (expf). */
@@ -447,6 +460,14 @@ static inline void pt_cpu_scale_queries(float *dst, const float *q, int64_t n, f
 /* The rows of a quantized cache's head h from slot on (v: the values, else
  * the keys); the caller keeps runs within the ring. */
 pt_cpu_qrows pt_cpu_kv_qrows(const pt_kv_layer *kv, int v, int h, int64_t slot);
+/* The query operands of fused_scores_dp for G heads of hd bf16-valued
+ * values q[g·hd + e] against codes of `bits` (4 or 8) in groups of gs:
+ * qp[g·np + 4w + i] (np = hd·bits/8 pairs a head), the bf16 pair for the
+ * nibbles i and i + 4 (low half first) of the row's 32-bit code word w —
+ * 4 bits: dims 8w + i and 8w + i + 4; 8 bits: dims 4w + i/2 and 4w + 2 + i/2,
+ * times 16 for odd i (the byte's high nibble); qs[g·ng + b] = Σ q over group
+ * b, added in dim order from 0. */
+void pt_cpu_fq_prep(uint32_t *qp, float *qs, const float *q, int G, int hd, int bits, int gs);
 /* Rows dequantized at a time into the rows scratch of the two below */
 #define PT_CPU_QROWS 32
 /* Attention over n quantized cache rows (cpu_attention.c): attn_scores_t's
@@ -460,7 +481,11 @@ void pt_cpu_qpv(const pt_cpu_kernels *k, float *acc, const float *P, int64_t ldp
                 int64_t n, float *rows);
 
 /* --fused-decode-attn: one decode query at position pos over a quantized
- * cache (attn_qkv_fused.c); the caller has validated kv and p. */
+ * cache (attn_qkv_fused.c); the caller has validated kv and p. Its work
+ * items are (KV head, block of PT_CPU_FUSED_BLOCK keys): 512 measured
+ * 1.1-1.9x faster than 128 at 8192 keys (longer streams of rows, fewer
+ * partials; 1024 and 2048 the same as 512, bench/RESULTS.md). */
+#define PT_CPU_FUSED_BLOCK 512
 pt_status pt_cpu_attention_fused(pt_cpu *c, float *out, const float *q, int64_t pos, const pt_kv_layer *kv,
                                  const pt_attn *p);
 
@@ -725,7 +750,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * (AMX8); dense bf16 weights' prefill calls through the bf16 GEMM or its AMX
  * form (DENSE16; the f32 GEMM otherwise, not counted); attention's
  * score blocks and P·V runs on bf16 pairs (ATTN_DP_S, ATTN_DP_PV: per kernel
- * call, cpu_attention.c). Relaxed
+ * call, cpu_attention.c); --fused-decode-attn's blocks on the factored
+ * vdpbf16ps kernels (FUSED_DP: per block, attn_qkv_fused.c). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
     PT_CPU_PATH_XINT,
@@ -743,6 +769,7 @@ enum {
     PT_CPU_PATH_DENSE16,
     PT_CPU_PATH_ATTN_DP_S,
     PT_CPU_PATH_ATTN_DP_PV,
+    PT_CPU_PATH_FUSED_DP,
     PT_CPU_PATH_N
 };
 extern _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 static inline __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1u); }
 
@@ -1081,6 +1082,324 @@ static int attn_pv_dp(float *out, const float *P, int64_t ldp, int G, int hd, co
     return 1;
 }
 
+/* ---- --fused-decode-attn's products on vdpbf16ps (fused_scores_dp, fused_pv_dp) ----
+ * The L3 fused kernel (attn_qkv_fused.c) over a quantized cache with the
+ * dequantization factored out of the products, as the CUDA fused kernel
+ * does: a code is a small integer, and a nibble n OR-ed into 0x4300 is the
+ * bf16 value 128 + n, so one mask-and-or of a code word gives 16 lanes of two
+ * exact bf16 operands and one vdpbf16ps adds two products to each lane:
+ *   scores: lane = key, the pair = two dims (pt_cpu_fq_prep's query pairs:
+ *           nibbles i and i + 4 of a word); per group b
+ *           S += sc·D + (bi − K·sc)·qs_b, D the pair chain over the group's
+ *           words from zero, qs_b = Σ q over the group;
+ *   P·V:    lane = dim, the pair = two keys (rows 2t, 2t + 1); per head and
+ *           group the pair operand w = bf16(p·sc), and once per call
+ *           out += acc + (Σ p·bi − K·Σ w).
+ * K = 128 for 4 bits; for 8 bits a byte is lo + 16·hi, its two nibbles are
+ * separate pair entries with the coefficients x and 16·x (exact in bf16),
+ * so K = 128·17. Code words are read as stored (no dequantized rows), 16
+ * keys a vector for the scores after a 16 × 16 transpose of the words (4 or
+ * 2 key sets a transpose for rows of 4 or 8 words), 16 bytes of two rows a
+ * vector for P·V. The only rounding besides the f32 sums is w's; the
+ * fused lever's gate (tests/test_l3_gate.c, tests/test_kv_fused.c) bounds
+ * the difference from the exact path. */
+#define FQ_K4 128.0f
+#define FQ_K8 2176.0f
+
+/* (x >> sh) & 0x000F000F | 0x43004300: nibbles sh/4 and sh/4 + 4 of each
+ * lane's word as the bf16 pair (128 + n_lo, 128 + n_hi) */
+static inline __m512bh fq_pair(__m512i x, int sh) {
+    const __m512i v = sh ? _mm512_srli_epi32(x, (unsigned)sh) : x;
+    return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(0x000F000F), _mm512_set1_epi32(0x43004300), 0xEA);
+}
+
+/* Scores of 16 keys (one transposed set: wT[w·16 + lane] = word w of key
+ * lane) for B heads from g0 */
+static inline __attribute__((always_inline)) void fq_scores16(float *S, int64_t lds, const uint32_t *qp,
+                                                               const float *qs, const uint32_t *wT, const float *sv,
+                                                               const float *bv, int nk, int ng, int wpg, int npair,
+                                                               float K, const int B) {
+    /* D of each head in NA chains (pairs 0, 1 | 2, 3 of a word: NA = 2; each pair its own: NA = 4), so
+     * that enough dot products are in flight */
+    const int NA = B <= 4 ? 4 : 2;
+    __m512 s[8], d[8][4];
+    for (int g = 0; g < B; g++) s[g] = _mm512_setzero_ps();
+    for (int b = 0; b < ng; b++) {
+        for (int g = 0; g < B; g++)
+            for (int a = 0; a < NA; a++) d[g][a] = _mm512_setzero_ps();
+        for (int w = b * wpg; w < (b + 1) * wpg; w++) {
+            const __m512i x = _mm512_load_si512((const void *)(wT + w * 16));
+            const __m512bh p[4] = {fq_pair(x, 0), fq_pair(x, 4), fq_pair(x, 8), fq_pair(x, 12)};
+            for (int g = 0; g < B; g++) {
+                const uint32_t *qg = qp + (size_t)g * npair + 4 * w;
+                for (int i = 0; i < 4; i++)
+                    d[g][i % NA] = _mm512_dpbf16_ps(d[g][i % NA], p[i], (__m512bh)_mm512_set1_epi32((int)qg[i]));
+            }
+        }
+        const __m512 sc = _mm512_load_ps(sv + b * 16), cb = _mm512_fnmadd_ps(_mm512_set1_ps(K), sc, _mm512_load_ps(bv + b * 16));
+        for (int g = 0; g < B; g++) {
+            __m512 dg = _mm512_add_ps(d[g][0], d[g][1]);
+            if (NA == 4) dg = _mm512_add_ps(dg, _mm512_add_ps(d[g][2], d[g][3]));
+            s[g] = _mm512_fmadd_ps(sc, dg, s[g]);
+            s[g] = _mm512_fmadd_ps(cb, _mm512_set1_ps(qs[g * ng + b]), s[g]);
+        }
+    }
+    const __mmask16 m = nk >= 16 ? (__mmask16)0xffff : tail_mask(nk);
+    for (int g = 0; g < B; g++) _mm512_mask_storeu_ps(S + g * lds, m, s[g]);
+}
+#define FQ_SCORES16(B)                                                                                             \
+    static void fq_scores16_b##B(float *S, int64_t lds, const uint32_t *qp, const float *qs, const uint32_t *wT,  \
+                                 const float *sv, const float *bv, int nk, int ng, int wpg, int npair, float K) {  \
+        fq_scores16(S, lds, qp, qs, wT, sv, bv, nk, ng, wpg, npair, K, B);                                        \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+FQ_SCORES16(8)
+FQ_SCORES16(4)
+FQ_SCORES16(2)
+FQ_SCORES16(1)
+#pragma GCC pop_options
+
+static int fused_scores_dp(float *S, int64_t lds, const uint32_t *qp, const float *qs, int G, const pt_cpu_qrows *k,
+                           int64_t n) {
+    const int bits = k->bits, hd = k->hd, gs = k->gs;
+    if ((bits != 4 && bits != 8) || hd % 32 || hd > 512 || gs % 32 || k->dt != PT_FT_BF16) return 0;
+    const int nw = hd * bits / 32, wpg = gs * bits / 32, ng = hd / gs, npair = hd * bits / 8;
+    const int R = nw == 4 ? 4 : nw == 8 ? 2 : 1; /* key sets a transpose */
+    const float K = bits == 4 ? FQ_K4 : FQ_K8;
+    const size_t rb = (size_t)nw * 4, pb = (size_t)ng * 2;
+    uint32_t wT[128 * 16] __attribute__((aligned(64))); /* [set][word][lane] (R·nw = 16) or [word][lane] */
+    float sv[256] __attribute__((aligned(64))), bv[256] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < n; j0 += 16 * R) {
+        const int64_t nkb = n - j0 < 16 * R ? n - j0 : 16 * R, nn = n - j0 - 16 * R < 16 * R ? n - j0 - 16 * R : 16 * R;
+        const pt_cpu_qrows blk = pt_cpu_qrows_at(k, j0);
+        if (nn > 0) { /* the next block's codes and parameters on their way */
+            for (size_t o = 0; o < (size_t)nn * rb; o += 64)
+                _mm_prefetch((const char *)blk.codes + 16 * R * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
+                _mm_prefetch((const char *)blk.sc + 16 * R * pb + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)blk.bi + 16 * R * pb + o, _MM_HINT_T0);
+            }
+        }
+        /* key c of set r is row 16r + c (past the block's keys: its last key again, never stored) */
+        if (R > 1) {
+            __m512 a[16];
+            for (int c = 0; c < 16; c++) {
+                const uint8_t *row[4];
+                for (int r = 0; r < R; r++) row[r] = blk.codes + (size_t)(16 * r + c < nkb ? 16 * r + c : nkb - 1) * rb;
+                __m512i v;
+                if (R == 2)
+                    v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)row[0])),
+                                           _mm256_loadu_si256((const __m256i *)row[1]), 1);
+                else {
+                    v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)row[0]));
+                    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)row[1]), 1);
+                    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)row[2]), 2);
+                    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)row[3]), 3);
+                }
+                a[c] = _mm512_castsi512_ps(v);
+            }
+            transpose16(a); /* a[r·nw + w] = word w of set r's keys */
+            for (int i = 0; i < 16; i++) _mm512_store_ps((float *)wT + i * 16, a[i]);
+        } else
+            for (int w0 = 0; w0 < nw; w0 += 16) {
+                const int cnt = nw - w0 < 16 ? nw - w0 : 16;
+                const __mmask16 m = cnt == 16 ? (__mmask16)0xffff : tail_mask(cnt);
+                __m512 a[16];
+                for (int c = 0; c < 16; c++)
+                    a[c] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(
+                        m, blk.codes + (size_t)(c < nkb ? c : nkb - 1) * rb + 4 * (size_t)w0));
+                transpose16(a);
+                for (int i = 0; i < cnt; i++) _mm512_store_ps((float *)wT + (w0 + i) * 16, a[i]);
+            }
+        for (int r = 0; r < R; r++) {
+            const int nk = nkb - 16 * r > 16 ? 16 : (int)(nkb - 16 * r);
+            if (nk <= 0) break;
+            qparams16(sv, bv, k, j0 + 16 * r, nk);
+            const uint32_t *w = wT + (size_t)r * nw * 16;
+            float *Sr = S + j0 + 16 * r;
+            int g = 0;
+            for (; g + 8 <= G; g += 8) fq_scores16_b8(Sr + g * lds, lds, qp + (size_t)g * npair, qs + g * ng, w, sv, bv, nk, ng, wpg, npair, K);
+            for (; g + 4 <= G; g += 4) fq_scores16_b4(Sr + g * lds, lds, qp + (size_t)g * npair, qs + g * ng, w, sv, bv, nk, ng, wpg, npair, K);
+            for (; g + 2 <= G; g += 2) fq_scores16_b2(Sr + g * lds, lds, qp + (size_t)g * npair, qs + g * ng, w, sv, bv, nk, ng, wpg, npair, K);
+            for (; g < G; g++) fq_scores16_b1(Sr + g * lds, lds, qp + (size_t)g * npair, qs + g * ng, w, sv, bv, nk, ng, wpg, npair, K);
+        }
+    }
+    return 1;
+}
+
+/* 16 bytes of rows a and b as 16 lanes a[m] | b[m] << 16 */
+static inline __m512i fq_rows16(const uint8_t *a, const uint8_t *b) {
+    return _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a)),
+                           _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b)), 16));
+}
+/* 16 bytes of rows a and b as the bf16 pairs (a[m], b[m]) (a byte is exact in bf16: its f32's high half) */
+static inline __m512bh fq_rows16_bf16(const uint8_t *a, const uint8_t *b) {
+    const __m512i fa = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a)))),
+                  fb = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b))));
+    return (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(fa, 16), fb, _mm512_set1_epi32((int)0xffff0000u), 0xF8);
+}
+
+/* One key pair (rows ra and rb, 16-byte chunks from each) of a P·V slice
+ * of NC chunks: its pair vectors, then each head's products with the pair's
+ * w (head g, vector i: wb[g·256 + off[i]], wb = the pair's entry of wp) */
+static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], const uint8_t *ra, const uint8_t *rb,
+                                                             const uint32_t *wb, const int *off, const int B,
+                                                             const int bits, const int NC) {
+    const int nvec = bits == 4 ? 2 * NC : NC;
+    __m512bh x[4];
+    for (int c = 0; c < NC; c++) {
+        if (bits == 4) {
+            const __m512i r = fq_rows16(ra + 16 * c, rb + 16 * c);
+            x[2 * c] = fq_pair(r, 0), x[2 * c + 1] = fq_pair(r, 4);
+        } else
+            x[c] = fq_rows16_bf16(ra + 16 * c, rb + 16 * c);
+    }
+    for (int g = 0; g < B; g++)
+        for (int i = 0; i < nvec; i++)
+            o[g][i] = _mm512_dpbf16_ps(o[g][i], x[i], (__m512bh)_mm512_set1_epi32((int)wb[g * 256 + off[i]]));
+}
+
+/* A slice of NC chunks (4 bits: vectors even, odd of each; 8 bits: one
+ * each) over the block's nb keys: accumulators a[g] [vectors][16]; wp
+ * [head][group][key pair] */
+static inline __attribute__((always_inline)) void fq_pv_slice(float *const *a, const uint8_t *c0, size_t rb, int64_t nb,
+                                                              const uint32_t *wp, int s0, int cd, int gs, const int B,
+                                                              const int bits, const int NC) {
+    static const uint8_t zero[64] __attribute__((aligned(64)));
+    const int nvec = bits == 4 ? 2 * NC : NC;
+    __m512 o[4][4];
+    int off[4];
+    for (int i = 0; i < nvec; i++) off[i] = (s0 + (bits == 4 ? i / 2 : i)) * cd / gs * 16;
+    for (int g = 0; g < B; g++)
+        for (int i = 0; i < nvec; i++) o[g][i] = _mm512_load_ps(a[g] + 16 * i);
+    int64_t t = 0;
+    for (; 2 * t + 1 < nb; t++) {
+        const uint8_t *ra = c0 + (size_t)(2 * t) * rb;
+        fq_pv_pair(o, ra, ra + rb, wp + t, off, B, bits, NC);
+    }
+    if (2 * t < nb) /* the odd last key, with a zero row (its pair's w is 0) */
+        fq_pv_pair(o, c0 + (size_t)(2 * t) * rb, zero, wp + t, off, B, bits, NC);
+    for (int g = 0; g < B; g++)
+        for (int i = 0; i < nvec; i++) _mm512_store_ps(a[g] + 16 * i, o[g][i]);
+}
+
+/* P·V of B heads over n keys, in blocks of 32: per head and group the 16
+ * key pairs' w = bf16(p·sc) and the lanes of Σ p·bi and Σ w; then the
+ * rows' 16-byte chunks against them, a slice of 4 vectors a head at a time
+ * (4 bits: two chunks, each as its even dims 2m and its odd dims 2m + 1
+ * of 32 — nibble pairs (128 + n) — 8 bits: four chunks of 16 dims, bytes
+ * as bf16) into the accumulators acc (per head in that order), carried
+ * across the blocks; last, out += acc (in dim order) + the group's
+ * Σ p·bi − K·Σ w (K = 128 for 4 bits, 0 for 8; each sum's 16 lanes added in
+ * lane order). */
+static inline __attribute__((always_inline)) void fq_pv(float *out, const float *P, int64_t ldp,
+                                                        const pt_cpu_qrows *v, int64_t n, const int B, const int bits) {
+    const int hd = v->hd, gs = v->gs, ng = hd / gs, nch = hd * bits / 128, cd = 128 / bits, cps = bits == 4 ? 2 : 4;
+    const float K = bits == 4 ? FQ_K4 : 0.0f;
+    const size_t rb = (size_t)hd * bits / 8;
+    float acc[4][512] __attribute__((aligned(64)));
+    float sb[4][16][16] __attribute__((aligned(64))), sw[4][16][16] __attribute__((aligned(64)));
+    uint32_t wp[4][16][16] __attribute__((aligned(64)));
+    float sv[2][256] __attribute__((aligned(64))), bv[2][256] __attribute__((aligned(64)));
+    for (int g = 0; g < B; g++) {
+        memset(acc[g], 0, sizeof(float) * (size_t)hd);
+        memset(sb[g], 0, sizeof(float) * 16 * (size_t)ng);
+        memset(sw[g], 0, sizeof(float) * 16 * (size_t)ng);
+    }
+    const __m512i hmask = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        const int64_t nb = n - j0 < 32 ? n - j0 : 32;
+        const int n0 = nb > 16 ? 16 : (int)nb, n1 = (int)nb - n0;
+        qparams16(sv[0], bv[0], v, j0, n0);
+        qparams16(sv[1], bv[1], v, j0 + 16, n1);
+        const __mmask16 m0 = n0 >= 16 ? (__mmask16)0xffff : tail_mask(n0),
+                        m1 = n1 >= 16 ? (__mmask16)0xffff : tail_mask(n1);
+        for (int g = 0; g < B; g++) {
+            const __m512 p0 = _mm512_maskz_loadu_ps(m0, P + g * ldp + j0),
+                         p1 = _mm512_maskz_loadu_ps(m1, P + g * ldp + j0 + 16);
+            for (int b = 0; b < ng; b++) {
+                /* lane t: keys 2t (low half) and 2t + 1 of the block */
+                const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(p1, _mm512_load_ps(sv[1] + b * 16)),
+                                                               _mm512_mul_ps(p0, _mm512_load_ps(sv[0] + b * 16)));
+                const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)),
+                             wo = _mm512_castsi512_ps(_mm512_and_si512(w, hmask));
+                _mm512_store_si512((void *)wp[g][b], w);
+                _mm512_store_ps(sw[g][b], _mm512_add_ps(_mm512_load_ps(sw[g][b]), _mm512_add_ps(we, wo)));
+                const __m512 s = _mm512_fmadd_ps(p0, _mm512_load_ps(bv[0] + b * 16), _mm512_load_ps(sb[g][b]));
+                _mm512_store_ps(sb[g][b], _mm512_fmadd_ps(p1, _mm512_load_ps(bv[1] + b * 16), s));
+            }
+        }
+        const uint8_t *c0 = v->codes + (size_t)j0 * rb;
+        if (n - j0 > 32) { /* the next block's codes and parameters on their way */
+            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+            const size_t pb = (size_t)ng * 2;
+            for (size_t o = 0; o < (size_t)nn * rb; o += 64) _mm_prefetch((const char *)c0 + 32 * rb + o, _MM_HINT_T0);
+            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
+                _mm_prefetch((const char *)v->sc + (size_t)(j0 + 32) * pb + o, _MM_HINT_T0);
+                _mm_prefetch((const char *)v->bi + (size_t)(j0 + 32) * pb + o, _MM_HINT_T0);
+            }
+        }
+        for (int s0 = 0; s0 < nch; s0 += cps) {
+            const int ncs = nch - s0 < cps ? nch - s0 : cps;
+            const int base = s0 * (bits == 4 ? 32 : 16);
+            float *a[4] = {acc[0] + base, acc[1] + base, acc[2] + base, acc[3] + base};
+            const uint8_t *cs = c0 + s0 * 16;
+            /* a partial slice: 4 bits one chunk, 8 bits two (hd % 32 == 0: an even number of chunks) */
+            if (ncs == cps) fq_pv_slice(a, cs, rb, nb, &wp[0][0][0], s0, cd, gs, B, bits, bits == 4 ? 2 : 4);
+            else fq_pv_slice(a, cs, rb, nb, &wp[0][0][0], s0, cd, gs, B, bits, bits == 4 ? 1 : 2);
+        }
+    }
+    for (int g = 0; g < B; g++) {
+        float corr[16];
+        for (int b = 0; b < ng; b++) {
+            float a = 0.0f, z = 0.0f;
+            for (int l = 0; l < 16; l++) a += sb[g][b][l], z += sw[g][b][l];
+            corr[b] = fmaf(-K, z, a);
+        }
+        float *y = out + g * hd;
+        const float *a = acc[g];
+        if (bits == 4) /* chunk c: a[32c + m] is dim 32c + 2m, a[32c + 16 + m] dim 32c + 2m + 1 */
+            for (int c = 0; c < nch; c++)
+                for (int m = 0; m < 16; m++) {
+                    const float cr = corr[c * 32 / gs];
+                    y[32 * c + 2 * m] += a[32 * c + m] + cr;
+                    y[32 * c + 2 * m + 1] += a[32 * c + 16 + m] + cr;
+                }
+        else
+            for (int e = 0; e < hd; e++) y[e] += a[e] + corr[e / gs];
+    }
+}
+#define FQ_PV(B)                                                                                                   \
+    static void fq_pv4_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *v, int64_t n) {         \
+        fq_pv(out, P, ldp, v, n, B, 4);                                                                            \
+    }                                                                                                              \
+    static void fq_pv8_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *v, int64_t n) {         \
+        fq_pv(out, P, ldp, v, n, B, 8);                                                                            \
+    }
+#pragma GCC push_options
+#pragma GCC optimize("unroll-loops")
+FQ_PV(4)
+FQ_PV(2)
+FQ_PV(1)
+#pragma GCC pop_options
+
+static int fused_pv_dp(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n) {
+    const int hd = v->hd;
+    if ((v->bits != 4 && v->bits != 8) || hd % 32 || hd > 512 || v->gs % 32 || v->dt != PT_FT_BF16) return 0;
+    int g = 0;
+    if (v->bits == 4) {
+        for (; g + 4 <= G; g += 4) fq_pv4_b4(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g + 2 <= G; g += 2) fq_pv4_b2(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g < G; g++) fq_pv4_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    } else {
+        for (; g + 4 <= G; g += 4) fq_pv8_b4(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g + 2 <= G; g += 2) fq_pv8_b2(out + g * hd, P + g * ldp, ldp, v, n);
+        for (; g < G; g++) fq_pv8_b1(out + g * hd, P + g * ldp, ldp, v, n);
+    }
+    return 1;
+}
+
 /* ---- softmax of one attention row (no soft-cap) ----
  * s[j] = round(round(s[j])·scale) (bf16 mode: round = to bf16), then
  * p = exp(s − max) / Σ, rounded. exp is a degree-6 polynomial on
@@ -1517,6 +1836,8 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_scores_dp = attn_scores_dp,
     .attn_pv_dp = attn_pv_dp,
     .attn_scores_tq = attn_scores_tq,
+    .fused_scores_dp = fused_scores_dp,
+    .fused_pv_dp = fused_pv_dp,
     .softmax_row = softmax_row,
     .softmax_part = softmax_part,
     .group_sums = group_sums,
