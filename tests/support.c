@@ -14,6 +14,13 @@ int test_summary(void) {
     return test_n_fail ? 1 : 0;
 }
 
+int test_cpu_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bf16");
+}
+
 const char *test_shared_dir(void) {
     static char path[4096];
     const char *env = getenv("PETREL_SHARED");

@@ -69,6 +69,9 @@ int test_summary(void);
 
 /* Path helpers: the repository root (tests run from it) and ../shared. */
 const char *test_shared_dir(void); /* NULL when ../shared is absent */
+/* Whether this CPU runs the AVX-512 kernels with BF16 (F, BW, VL, DQ and
+ * AVX512-BF16: the vdpbf16ps kernels of kernels_avx512.c) */
+int test_cpu_avx512_bf16(void);
 /* Fills buf with a fresh temporary directory path (created). */
 void test_tmpdir(char *buf, size_t n);
 

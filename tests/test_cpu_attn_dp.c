@@ -25,13 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int dp_ok(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
-}
-
 #define GUARD 1e30f
 
 /* a bf16 value in [lo, hi) times 2^e */
@@ -41,7 +34,7 @@ static float bfv(float lo, float hi, int e) { return pt_bf16_to_f32(pt_f32_to_bf
 static float pair_step(float acc, float a0, float a1, float b0, float b1) { return fmaf(a0, b0, fmaf(a1, b1, acc)); }
 
 static void test_scores_dp_bits(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->attn_scores_dp != NULL, "the avx512 table has no attn_scores_dp");
     static const int hds[] = {32, 64, 128, 256, 512}, Gs[] = {1, 2, 4, 8}, ntv[] = {1, 3, 8}, ns[] = {1, 15, 32, 33, 77};
@@ -84,7 +77,7 @@ static void test_scores_dp_bits(void) {
 }
 
 static void test_pv_dp_bits(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->attn_pv_dp != NULL, "the avx512 table has no attn_pv_dp");
     static const int hds[] = {64, 128, 256}, Gs[] = {1, 2, 3, 4, 7}, ns[] = {1, 2, 31, 32, 33, 70};
@@ -153,7 +146,7 @@ static void op_reference(float *out, const float *q, const uint16_t *K, const ui
 }
 
 static void test_attention_op_dp(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const int saved = pt_cpu_lever.attn_dp;
     struct {
         int nh, hd, T, n_ctx, threads;
@@ -220,7 +213,7 @@ static void test_attention_op_dp(void) {
  * would round them): the lever on gives the lever-off bits and no pair
  * kernel runs. */
 static void test_attention_op_dp_needs_bf16_queries(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const int saved = pt_cpu_lever.attn_dp, nh = 4, hd = 64, cap = 100;
     pt_backend *be;
     pt_cpu_params cp = {.n_threads = 1, .act = PT_ACT_BF16};

@@ -27,14 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int bf16_available(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-}
-
 static void test_x_conversion(void) {
-    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX-512 BF16");
     enum { K = 45 }; /* two 16-value vectors and a scalar tail */
     float x[K];
     uint16_t xb[K];
@@ -135,7 +129,7 @@ static void check_gemm(int amx, int T, int T0) {
 }
 
 static void test_gemm(void) {
-    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX-512 BF16");
     check_gemm(0, 11, 4);
 }
 
@@ -247,7 +241,7 @@ static void check_dense_refused(void) {
 }
 
 static void test_dense(void) {
-    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX-512 BF16");
     check_dense_refused();
     check_dense(0, 11, 4, 512);
     check_dense(0, 45, 9, 96); /* K a multiple of 32, not of 64 */
@@ -261,7 +255,7 @@ static void test_dense(void) {
 /* AMX: T = 11 (one partial block of 32 tokens) and 45 (a whole block and a
  * partial one; its first 32 tokens alone are one whole block). */
 static void test_amx(void) {
-    if (!bf16_available() || !pt_cpu_amx_available()) TEST_SKIP("no AMX-BF16 (or the OS refused the tile state)");
+    if (!test_cpu_avx512_bf16() || !pt_cpu_amx_available()) TEST_SKIP("no AMX-BF16 (or the OS refused the tile state)");
     check_gemm(1, 11, 4);
     check_gemm(1, 45, 32);
 }
@@ -269,7 +263,7 @@ static void test_amx(void) {
 /* pt_backend_cpu_quant_paths names the kernels the levers select, and
  * nothing for f32 activations. */
 static void test_paths_name(void) {
-    if (!bf16_available()) TEST_SKIP("no AVX-512 BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX-512 BF16");
     pt_backend *be = NULL, *bf = NULL;
     REQUIRE(xint_avx512_backend(&be, 1), "%s", pt_last_error());
     if (!be) TEST_SKIP("backend ISA is not avx512");

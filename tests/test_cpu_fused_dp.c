@@ -25,13 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int dp_ok(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
-}
-
 #define GUARD 1e30f
 
 typedef struct {
@@ -66,7 +59,7 @@ static int code_at(const qrows_buf *r, int64_t j, int e) {
 }
 
 static void test_scores(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->fused_scores_dp != NULL, "the avx512 table has no fused_scores_dp");
     static const int shapes[][3] = {{4, 32, 32}, {4, 64, 64}, {4, 32, 64}, {4, 64, 128}, {4, 128, 128}, {4, 32, 96},
@@ -125,7 +118,7 @@ static void test_scores(void) {
 }
 
 static void test_pv(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->fused_pv_dp != NULL, "the avx512 table has no fused_pv_dp");
     static const int shapes[][3] = {{4, 32, 32}, {4, 64, 64}, {4, 32, 64}, {4, 64, 128}, {4, 128, 128}, {4, 32, 96},
@@ -138,7 +131,7 @@ static void test_pv(void) {
             for (size_t gi = 0; gi < sizeof Gs / sizeof Gs[0]; gi++) {
                 const int bits = shapes[si][0], gs = shapes[si][1], hd = shapes[si][2], G = Gs[gi], ng = hd / gs;
                 const int64_t n = ns[ni], ldp = n + 5;
-                const float K = bits == 4 ? 128.0f : 2176.0f;
+                const float K = bits == 4 ? 128.0f : 0.0f; /* the operands' offset: 128 + nibble, or the byte */
                 qrows_buf r;
                 make_rows(&r, bits, gs, hd, n);
                 float *P = malloc(sizeof(float) * (size_t)G * ldp), *out = malloc(sizeof(float) * (size_t)G * hd),
@@ -178,7 +171,7 @@ static void test_pv(void) {
  * these kernels where attn_dp is on, and not where it is off; both stay
  * within tests/test_kv_fused.c's bf16 bound of the exact path. */
 static void test_op_path(void) {
-    if (!dp_ok()) TEST_SKIP("no AVX512-BF16");
+    if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
     const int saved = pt_cpu_lever.attn_dp, nkv = 2, G = 4, nh = nkv * G, hd = 64, gs = 64, cap = 1300, pos = 1200;
     pt_backend *be = NULL;
     pt_cpu_params cp = {.n_threads = 2, .act = PT_ACT_BF16};

@@ -770,19 +770,24 @@ PVQ_FNS(2)
 PVQ_FNS(1)
 #pragma GCC pop_options
 
+/* A P·V kernel of a block of heads over quantized value rows */
+typedef void (*qpv_fn)(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *v, int64_t n);
+
+/* G heads' P·V in blocks of 4, 2 and 1 heads (f[0], f[1], f[2]) */
+static void qpv_heads(const qpv_fn *f, float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v,
+                      int64_t n) {
+    const int hd = v->hd;
+    int g = 0;
+    for (; g + 4 <= G; g += 4) f[0](out + g * hd, P + g * ldp, ldp, v, n);
+    for (; g + 2 <= G; g += 2) f[1](out + g * hd, P + g * ldp, ldp, v, n);
+    for (; g < G; g++) f[2](out + g * hd, P + g * ldp, ldp, v, n);
+}
+
 static int attn_pv_q(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n) {
+    static const qpv_fn f4[3] = {pvq4_b4, pvq4_b2, pvq4_b1}, f8[3] = {pvq8_b4, pvq8_b2, pvq8_b1};
     const int hd = v->hd;
     if ((v->bits != 4 && v->bits != 8) || hd % 32 || v->gs % 32 || v->dt == PT_FT_F16 || hd / v->gs > 16) return 0;
-    int g = 0;
-    if (v->bits == 4) {
-        for (; g + 4 <= G; g += 4) pvq4_b4(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g + 2 <= G; g += 2) pvq4_b2(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g < G; g++) pvq4_b1(out + g * hd, P + g * ldp, ldp, v, n);
-    } else {
-        for (; g + 4 <= G; g += 4) pvq8_b4(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g + 2 <= G; g += 2) pvq8_b2(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g < G; g++) pvq8_b1(out + g * hd, P + g * ldp, ldp, v, n);
-    }
+    qpv_heads(v->bits == 4 ? f4 : f8, out, P, ldp, G, v, n);
     return 1;
 }
 
@@ -1385,18 +1390,10 @@ FQ_PV(1)
 #pragma GCC pop_options
 
 static int fused_pv_dp(float *out, const float *P, int64_t ldp, int G, const pt_cpu_qrows *v, int64_t n) {
+    static const qpv_fn f4[3] = {fq_pv4_b4, fq_pv4_b2, fq_pv4_b1}, f8[3] = {fq_pv8_b4, fq_pv8_b2, fq_pv8_b1};
     const int hd = v->hd;
     if ((v->bits != 4 && v->bits != 8) || hd % 32 || hd > 512 || v->gs % 32 || v->dt != PT_FT_BF16) return 0;
-    int g = 0;
-    if (v->bits == 4) {
-        for (; g + 4 <= G; g += 4) fq_pv4_b4(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g + 2 <= G; g += 2) fq_pv4_b2(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g < G; g++) fq_pv4_b1(out + g * hd, P + g * ldp, ldp, v, n);
-    } else {
-        for (; g + 4 <= G; g += 4) fq_pv8_b4(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g + 2 <= G; g += 2) fq_pv8_b2(out + g * hd, P + g * ldp, ldp, v, n);
-        for (; g < G; g++) fq_pv8_b1(out + g * hd, P + g * ldp, ldp, v, n);
-    }
+    qpv_heads(v->bits == 4 ? f4 : f8, out, P, ldp, G, v, n);
     return 1;
 }
 
