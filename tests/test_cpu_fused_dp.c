@@ -2,9 +2,9 @@
  * fused_scores_dp / fused_pv_dp, with pt_cpu_fq_prep's query operands),
  * against the same sums in double over the same operands:
  *  - scores: S[g][j] = Σ_b sc_jb·Σ_{e∈b} q_ge·c_je + bi_jb·Σ_{e∈b} q_ge for
- *    4- and 8-bit codes, groups of 32-128, heads of 32-512 dims, 1-8 heads
- *    (the 8/4/2/1-head blocks), 1-130 keys (the transposes' 16-key sets and
- *    partial sets), nothing written past n or into other rows;
+ *    4- and 8-bit codes, groups of 32-128, heads of 32-512 dims, 1-8 and 12
+ *    query heads (the 8/4/2/1-head blocks), 1-130 keys (the transposes'
+ *    16-key sets and partial sets), nothing written past n in any row;
  *  - P·V: out[g][e] += Σ_j bf16(P_gj·sc_jb)·c_je + P_gj·bi_jb (out's
  *    previous values kept), odd and partial key blocks, zero probabilities.
  * The kernels' error is f32 rounding only: within 4e-6 of the sum of the
@@ -65,7 +65,7 @@ static void test_scores(void) {
     static const int shapes[][3] = {{4, 32, 32}, {4, 64, 64}, {4, 32, 64}, {4, 64, 128}, {4, 128, 128}, {4, 32, 96},
                                     {4, 64, 256}, {4, 64, 512}, {8, 32, 32}, {8, 64, 64}, {8, 32, 96}, {8, 64, 128},
                                     {8, 128, 256}};
-    static const int Gs[] = {1, 2, 3, 4, 7, 8};
+    static const int Gs[] = {1, 2, 3, 4, 7, 8, 12};
     static const int64_t ns[] = {1, 15, 16, 17, 33, 64, 100, 130};
     int cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
@@ -123,7 +123,7 @@ static void test_pv(void) {
     REQUIRE(k->fused_pv_dp != NULL, "the avx512 table has no fused_pv_dp");
     static const int shapes[][3] = {{4, 32, 32}, {4, 64, 64}, {4, 32, 64}, {4, 64, 128}, {4, 128, 128}, {4, 32, 96},
                                     {4, 64, 256}, {8, 32, 32}, {8, 64, 64}, {8, 32, 96}, {8, 64, 128}, {8, 128, 512}};
-    static const int Gs[] = {1, 2, 3, 4, 5, 8};
+    static const int Gs[] = {1, 2, 3, 4, 5, 8, 12};
     static const int64_t ns[] = {1, 2, 15, 16, 17, 31, 33, 64, 77, 128};
     int cases = 0;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
