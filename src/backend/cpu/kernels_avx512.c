@@ -659,6 +659,14 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
  * Values are scale·code + bias, product and sum each rounded, as
  * pt_cpu_qrows_ref computes them. */
 
+/* scale·code + bias with both roundings (pt_cpu_qrows_ref's value): ex = 1
+ * where the scales are bf16 values — then scale·code (8 + 8 significant
+ * bits) is exact in f32, the product's rounding is no rounding, and one
+ * fused multiply-add gives the same bits */
+static inline __attribute__((always_inline)) __m512 dq_val(__m512 code, __m512 s, __m512 z, int ex) {
+    return ex ? _mm512_fmadd_ps(code, s, z) : _mm512_add_ps(_mm512_mul_ps(code, s), z);
+}
+
 /* P·V over n quantized value rows (attn_pv_q): the block's outputs in
  * registers (B heads × 32 dims) across 64 rows at a time, each row's codes
  * widened once for the B heads and dequantized in registers with the
@@ -672,7 +680,8 @@ static int attn_scores_t(float *S, int64_t lds, const float *q, int64_t qs, int 
  * the 32 vector registers (64-dim slices spilled). */
 #define PVQ_ROWS 64
 static inline __attribute__((always_inline)) void pvq(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r,
-                                                      int64_t n, const int B, const int NV, const int bits) {
+                                                      int64_t n, const int B, const int NV, const int bits,
+                                                      const int ex) {
     const int hd = r->hd, gs = r->gs, ng = hd / gs, W = 16 * NV;
     const size_t rb = (size_t)hd * bits / 8, pb = (size_t)ng * pt_ftype_size(r->dt);
     float sf[PVQ_ROWS * 16] __attribute__((aligned(64))), zf[PVQ_ROWS * 16] __attribute__((aligned(64)));
@@ -724,8 +733,8 @@ static inline __attribute__((always_inline)) void pvq(float *out, const float *P
                     }
                     const int bb = i < 2 ? b0 : b1;
                     const __m512 s = _mm512_set1_ps(sp[pi + bb]), z = _mm512_set1_ps(zp[pi + bb]);
-                    v[i] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w0), s), z);
-                    v[i + 1] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(w1), s), z);
+                    v[i] = dq_val(_mm512_cvtepi32_ps(w0), s, z, ex);
+                    v[i + 1] = dq_val(_mm512_cvtepi32_ps(w1), s, z, ex);
                 }
                 for (int g = 0; g < B; g++) {
                     const __m512 p = _mm512_set1_ps(P[g * ldp + j]);
@@ -757,11 +766,18 @@ static inline __attribute__((always_inline)) void pvq(float *out, const float *P
  * spilled); 8-bit: 64-dim slices where the head allows */
 #define PVQ_FNS(B)                                                                                                \
     static void pvq4_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {            \
-        pvq(out, P, ldp, r, n, B, 2, 4);                                                                           \
+        if (r->dt == PT_FT_BF16) pvq(out, P, ldp, r, n, B, 2, 4, 1);                                               \
+        else pvq(out, P, ldp, r, n, B, 2, 4, 0);                                                                   \
     }                                                                                                              \
     static void pvq8_b##B(float *out, const float *P, int64_t ldp, const pt_cpu_qrows *r, int64_t n) {            \
-        if (r->hd % 64) pvq(out, P, ldp, r, n, B, 2, 8);                                                           \
-        else pvq(out, P, ldp, r, n, B, 4, 8);                                                                      \
+        const int ex = r->dt == PT_FT_BF16;                                                                        \
+        if (r->hd % 64) {                                                                                          \
+            if (ex) pvq(out, P, ldp, r, n, B, 2, 8, 1);                                                            \
+            else pvq(out, P, ldp, r, n, B, 2, 8, 0);                                                               \
+        } else if (ex)                                                                                             \
+            pvq(out, P, ldp, r, n, B, 4, 8, 1);                                                                    \
+        else                                                                                                       \
+            pvq(out, P, ldp, r, n, B, 4, 8, 0);                                                                    \
     }
 #pragma GCC push_options
 #pragma GCC optimize("unroll-loops")
@@ -820,16 +836,21 @@ static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_
 }
 
 /* The values of one transposed code word x (a key per lane: dims d0 ..
- * d0 + 32/bits − 1) dequantized into kT rows d0.. at column c0 */
-static inline __attribute__((always_inline)) void dq_word(float *dst, __m512i x, __m512 s, __m512 z, int bits) {
+ * d0 + 32/bits − 1) dequantized into kT rows d0.. at column c0 (ex: dq_val) */
+static inline __attribute__((always_inline)) void dq_word_ex(float *dst, __m512i x, __m512 s, __m512 z, int bits,
+                                                             const int ex) {
     const __m512i mask = _mm512_set1_epi32((1 << bits) - 1);
     const int per = 32 / bits;
 #pragma GCC unroll 8
     for (int i = 0; i < per; i++) {
         __m512i v = i ? _mm512_srli_epi32(x, bits * i) : x;
         if (i < per - 1) v = _mm512_and_si512(v, mask);
-        _mm512_store_ps(dst + i * 32, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), s), z));
+        _mm512_store_ps(dst + i * 32, dq_val(_mm512_cvtepi32_ps(v), s, z, ex));
     }
+}
+static inline __attribute__((always_inline)) void dq_word(float *dst, __m512i x, __m512 s, __m512 z, int bits, int ex) {
+    if (ex) dq_word_ex(dst, x, s, z, bits, 1);
+    else dq_word_ex(dst, x, s, z, bits, 0);
 }
 
 /* keys_t32 for quantized keys: the block's rows (nk <= 32) dequantized into
@@ -840,7 +861,7 @@ static inline __attribute__((always_inline)) void dq_word(float *dst, __m512i x,
  * value is its shifted and masked code, converted, times its key's scale
  * plus its bias (per-lane vectors of the group's parameters). */
 static void keys_t32_q(float *kT, const pt_cpu_qrows *r, int64_t nk) {
-    const int bits = r->bits, hd = r->hd, gs = r->gs, per = 32 / bits, nw = hd / per;
+    const int bits = r->bits, hd = r->hd, gs = r->gs, per = 32 / bits, nw = hd / per, ex = r->dt == PT_FT_BF16;
     const size_t rb = (size_t)nw * 4;
     float sv[2][256] __attribute__((aligned(64))), bv[2][256] __attribute__((aligned(64)));
     for (int h = 0; h < 2; h++) qparams16(sv[h], bv[h], r, 16 * h, nk - 16 * h < 0 ? 0 : nk - 16 * h > 16 ? 16 : (int)(nk - 16 * h));
@@ -857,9 +878,9 @@ static void keys_t32_q(float *kT, const pt_cpu_qrows *r, int64_t nk) {
         for (int w = 0; w < 8; w++) {
             const int d0 = w * per, b = d0 / gs;
             dq_word(kT + (size_t)d0 * 32, _mm512_castps_si512(a[w]), _mm512_load_ps(sv[0] + b * 16),
-                    _mm512_load_ps(bv[0] + b * 16), bits);
+                    _mm512_load_ps(bv[0] + b * 16), bits, ex);
             dq_word(kT + (size_t)d0 * 32 + 16, _mm512_castps_si512(a[w + 8]), _mm512_load_ps(sv[1] + b * 16),
-                    _mm512_load_ps(bv[1] + b * 16), bits);
+                    _mm512_load_ps(bv[1] + b * 16), bits, ex);
         }
         return;
     }
@@ -875,7 +896,7 @@ static void keys_t32_q(float *kT, const pt_cpu_qrows *r, int64_t nk) {
             for (int w = 0; w < cnt; w++) {
                 const int d0 = (w0 + w) * per, b = d0 / gs;
                 dq_word(kT + (size_t)d0 * 32 + 16 * h, _mm512_castps_si512(a[w]), _mm512_load_ps(sv[h] + b * 16),
-                        _mm512_load_ps(bv[h] + b * 16), bits);
+                        _mm512_load_ps(bv[h] + b * 16), bits, ex);
             }
         }
 }
