@@ -114,9 +114,11 @@ static void fused_blocks(void *arg, long i0, long i1, int ith) {
     float *qx = pt_cpu_thread_scratch(a->c, ith), *S = qx + (size_t)G * hd, *rows = S + (size_t)G * FUSED_BLOCK;
     uint32_t *qp = (uint32_t *)(rows + (size_t)PT_CPU_QROWS * hd);
     float *qs = (float *)(qp + (size_t)G * hd);
-    /* the factored vdpbf16ps products (their query operands: bf16 values, as qx holds in bf16 mode) */
+    /* the factored vdpbf16ps products (their query operands: bf16 values, as qx holds in bf16 mode) for
+     * the shapes they take (at most 16 groups a row: the scratch's group sums) */
     const int fq = act == PT_ACT_BF16 && kv->dtype == PT_FT_BF16 && pt_cpu_attn_dp_on() && k->fused_scores_dp &&
-                   k->fused_pv_dp;
+                   k->fused_pv_dp && (kv->bits == 4 || kv->bits == 8) && hd % 32 == 0 && hd <= 512 &&
+                   kv->group_size % 32 == 0;
     int prepared = -1; /* the KV head whose scaled query is in qx */
     for (long it = i0; it < i1; it++) {
         const int kh = (int)(it / a->nblk);
