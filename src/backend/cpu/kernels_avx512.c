@@ -828,6 +828,24 @@ static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_
     const __mmask16 m = nk >= 16 ? (__mmask16)0xffff : tail_mask(nk);
     const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(ng));
+    if (ng == 2 || ng == 4) { /* the [key][group] rows deinterleaved by permutes (a gather took ~20% of a
+                               * fused scores call at head 128, group 64) */
+        for (int g = 0; g < ng; g++) {
+            const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(g)); /* key k's value at k·ng + g */
+            for (int h = 0; h < 2; h++) {
+                const float *t = h ? tb : ts;
+                __m512 v;
+                if (ng == 2)
+                    v = _mm512_permutex2var_ps(_mm512_load_ps(t), idx, _mm512_load_ps(t + 16));
+                else /* keys 0-7 from t[0..31], keys 8-15 from t[32..63] (the same indices less 32) */
+                    v = _mm512_shuffle_f32x4(_mm512_permutex2var_ps(_mm512_load_ps(t), idx, _mm512_load_ps(t + 16)),
+                                             _mm512_permutex2var_ps(_mm512_load_ps(t + 32), idx, _mm512_load_ps(t + 48)),
+                                             0x44);
+                _mm512_store_ps((h ? bv : sv) + g * 16, _mm512_maskz_mov_ps(m, v));
+            }
+        }
+        return;
+    }
     for (int g = 0; g < ng; g++) {
         const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(g));
         _mm512_store_ps(sv + g * 16, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx, ts, 4));
@@ -1236,7 +1254,10 @@ static int fused_scores_dp(float *S, int64_t lds, const uint32_t *qp, const floa
                     a[c] = _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(
                         m, blk.codes + (size_t)(c < nkb ? c : nkb - 1) * rb + 4 * (size_t)w0));
                 transpose16(a);
-                for (int i = 0; i < cnt; i++) _mm512_store_ps((float *)wT + (w0 + i) * 16, a[i]);
+                /* all 16 (past cnt: never read; wT has room, w0 + 16 <= 128): a loop to a run-time count was
+                 * compiled as a copy through the stack */
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) _mm512_store_ps((float *)wT + (w0 + i) * 16, a[i]);
             }
         for (int r = 0; r < R; r++) {
             const int nk = nkb - 16 * r > 16 ? 16 : (int)(nkb - 16 * r);
