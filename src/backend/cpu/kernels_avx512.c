@@ -808,8 +808,9 @@ static int attn_pv_q(float *out, const float *P, int64_t ldp, int G, const pt_cp
 }
 
 /* sv[b·16 + l], bv[b·16 + l] = scale and bias of group b of key l < nk
- * (rows of ng parameters from p, keys past nk: 0) */
-static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_t j, int nk) {
+ * (rows of ng parameters from p, keys past nk: 0); perm: the rows of 2 or 4
+ * groups deinterleaved by permutes rather than gathers (the same values) */
+static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_t j, int nk, int perm) {
     const int ng = r->hd / r->gs, n = ng * nk;
     const size_t es = pt_ftype_size(r->dt), o = (size_t)j * ng * es;
     float ts[256] __attribute__((aligned(64))), tb[256] __attribute__((aligned(64)));
@@ -828,8 +829,10 @@ static inline void qparams16(float *sv, float *bv, const pt_cpu_qrows *r, int64_
     const __mmask16 m = nk >= 16 ? (__mmask16)0xffff : tail_mask(nk);
     const __m512i lane = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32(ng));
-    if (ng == 2 || ng == 4) { /* the [key][group] rows deinterleaved by permutes (a gather took ~20% of a
-                               * fused scores call at head 128, group 64) */
+    if (perm && (ng == 2 || ng == 4)) { /* the [key][group] rows deinterleaved by permutes: in the fused kernels
+                                         * (a gather took ~20% of a scores call at head 128, group 64; 1.1x faster
+                                         * at 2048 and 8192 keys); the exact path's key transposes measured 3-6%
+                                         * slower with them at 8192 keys, so they keep the gathers */
         for (int g = 0; g < ng; g++) {
             const __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32(g)); /* key k's value at k·ng + g */
             for (int h = 0; h < 2; h++) {
@@ -882,7 +885,7 @@ static void keys_t32_q(float *kT, const pt_cpu_qrows *r, int64_t nk) {
     const int bits = r->bits, hd = r->hd, gs = r->gs, per = 32 / bits, nw = hd / per, ex = r->dt == PT_FT_BF16;
     const size_t rb = (size_t)nw * 4;
     float sv[2][256] __attribute__((aligned(64))), bv[2][256] __attribute__((aligned(64)));
-    for (int h = 0; h < 2; h++) qparams16(sv[h], bv[h], r, 16 * h, nk - 16 * h < 0 ? 0 : nk - 16 * h > 16 ? 16 : (int)(nk - 16 * h));
+    for (int h = 0; h < 2; h++) qparams16(sv[h], bv[h], r, 16 * h, nk - 16 * h < 0 ? 0 : nk - 16 * h > 16 ? 16 : (int)(nk - 16 * h), 0);
     const uint8_t *row[32];
     for (int c = 0; c < 32; c++) row[c] = r->codes + (size_t)(c < nk ? c : nk - 1) * rb;
     if (nw == 8) {
@@ -1262,7 +1265,7 @@ static int fused_scores_dp(float *S, int64_t lds, const uint32_t *qp, const floa
         for (int r = 0; r < R; r++) {
             const int nk = nkb - 16 * r > 16 ? 16 : (int)(nkb - 16 * r);
             if (nk <= 0) break;
-            qparams16(sv, bv, k, j0 + 16 * r, nk);
+            qparams16(sv, bv, k, j0 + 16 * r, nk, 1);
             const uint32_t *w = wT + (size_t)r * nw * 16;
             float *Sr = S + j0 + 16 * r;
             int g = 0;
@@ -1358,8 +1361,8 @@ static inline __attribute__((always_inline)) void fq_pv(float *out, const float 
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
         const int64_t nb = n - j0 < 32 ? n - j0 : 32;
         const int n0 = nb > 16 ? 16 : (int)nb, n1 = (int)nb - n0;
-        qparams16(sv[0], bv[0], v, j0, n0);
-        qparams16(sv[1], bv[1], v, j0 + 16, n1);
+        qparams16(sv[0], bv[0], v, j0, n0, 1);
+        qparams16(sv[1], bv[1], v, j0 + 16, n1, 1);
         const __mmask16 m0 = n0 >= 16 ? (__mmask16)0xffff : tail_mask(n0),
                         m1 = n1 >= 16 ? (__mmask16)0xffff : tail_mask(n1);
         for (int g = 0; g < B; g++) {
