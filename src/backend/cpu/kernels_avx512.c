@@ -1295,7 +1295,7 @@ static inline __m512bh fq_rows16_bf16(const uint8_t *a, const uint8_t *b) {
  * w (head g, vector i: wb[g·256 + off[i]], wb = the pair's entry of wp) */
 static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], const uint8_t *ra, const uint8_t *rb,
                                                              const uint32_t *wb, const int *off, const int B,
-                                                             const int bits, const int NC) {
+                                                             const int bits, const int NC, const int one) {
     const int nvec = bits == 4 ? 2 * NC : NC;
     __m512bh x[4];
     for (int c = 0; c < NC; c++) {
@@ -1305,9 +1305,27 @@ static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], con
         } else
             x[c] = fq_rows16_bf16(ra + 16 * c, rb + 16 * c);
     }
-    for (int g = 0; g < B; g++)
+    for (int g = 0; g < B; g++) {
+        const __m512bh w0 = (__m512bh)_mm512_set1_epi32((int)wb[g * 256 + off[0]]);
         for (int i = 0; i < nvec; i++)
-            o[g][i] = _mm512_dpbf16_ps(o[g][i], x[i], (__m512bh)_mm512_set1_epi32((int)wb[g * 256 + off[i]]));
+            o[g][i] = _mm512_dpbf16_ps(o[g][i], x[i],
+                                       one ? w0 : (__m512bh)_mm512_set1_epi32((int)wb[g * 256 + off[i]]));
+    }
+}
+
+/* The block's nb keys of a slice, a pair at a time (an odd last key with a
+ * zero row: its pair's w is 0); one: every vector of the slice in one group
+ * (one broadcast a head) */
+static inline __attribute__((always_inline)) void fq_pv_keys(__m512 (*o)[4], const uint8_t *c0, size_t rb, int64_t nb,
+                                                             const uint32_t *wp, const int *off, const int B,
+                                                             const int bits, const int NC, const int one) {
+    static const uint8_t zero[64] __attribute__((aligned(64)));
+    int64_t t = 0;
+    for (; 2 * t + 1 < nb; t++) {
+        const uint8_t *ra = c0 + (size_t)(2 * t) * rb;
+        fq_pv_pair(o, ra, ra + rb, wp + t, off, B, bits, NC, one);
+    }
+    if (2 * t < nb) fq_pv_pair(o, c0 + (size_t)(2 * t) * rb, zero, wp + t, off, B, bits, NC, one);
 }
 
 /* A slice of NC chunks (4 bits: vectors even, odd of each; 8 bits: one
@@ -1316,20 +1334,14 @@ static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], con
 static inline __attribute__((always_inline)) void fq_pv_slice(float *const *a, const uint8_t *c0, size_t rb, int64_t nb,
                                                               const uint32_t *wp, int s0, int cd, int gs, const int B,
                                                               const int bits, const int NC) {
-    static const uint8_t zero[64] __attribute__((aligned(64)));
     const int nvec = bits == 4 ? 2 * NC : NC;
     __m512 o[4][4];
     int off[4];
     for (int i = 0; i < nvec; i++) off[i] = (s0 + (bits == 4 ? i / 2 : i)) * cd / gs * 16;
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) o[g][i] = _mm512_load_ps(a[g] + 16 * i);
-    int64_t t = 0;
-    for (; 2 * t + 1 < nb; t++) {
-        const uint8_t *ra = c0 + (size_t)(2 * t) * rb;
-        fq_pv_pair(o, ra, ra + rb, wp + t, off, B, bits, NC);
-    }
-    if (2 * t < nb) /* the odd last key, with a zero row (its pair's w is 0) */
-        fq_pv_pair(o, c0 + (size_t)(2 * t) * rb, zero, wp + t, off, B, bits, NC);
+    if (off[0] == off[nvec - 1]) fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 1); /* the slice in one group */
+    else fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 0);
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) _mm512_store_ps(a[g] + 16 * i, o[g][i]);
 }
@@ -1409,15 +1421,23 @@ static inline __attribute__((always_inline)) void fq_pv(float *out, const float 
         }
         float *y = out + g * hd;
         const float *a = acc[g];
-        if (bits == 4) /* chunk c: a[32c + m] is dim 32c + 2m, a[32c + 16 + m] dim 32c + 2m + 1 */
-            for (int c = 0; c < nch; c++)
-                for (int m = 0; m < 16; m++) {
-                    const float cr = corr[c * 32 / gs];
-                    y[32 * c + 2 * m] += a[32 * c + m] + cr;
-                    y[32 * c + 2 * m + 1] += a[32 * c + 16 + m] + cr;
-                }
-        else
-            for (int e = 0; e < hd; e++) y[e] += a[e] + corr[e / gs];
+        for (int b = 0, e0 = 0; b < ng; b++) { /* 16 dims at a time, a group's dims a whole number of 16s */
+            const __m512 cr = _mm512_set1_ps(corr[b]);
+            for (; e0 < (b + 1) * gs; e0 += 16) {
+                __m512 v;
+                if (bits == 4) { /* chunk c = e0/32: a[32c + m] is dim 32c + 2m, a[32c + 16 + m] dim 32c + 2m + 1 */
+                    const int c = e0 / 32, h = e0 % 32 / 16;
+                    v = _mm512_permutex2var_ps(_mm512_load_ps(a + 32 * c),
+                                               h ? _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14,
+                                                                     30, 15, 31)
+                                                 : _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
+                                                                     7, 23),
+                                               _mm512_load_ps(a + 32 * c + 16));
+                } else
+                    v = _mm512_load_ps(a + e0);
+                _mm512_storeu_ps(y + e0, _mm512_add_ps(_mm512_loadu_ps(y + e0), _mm512_add_ps(v, cr)));
+            }
+        }
     }
 }
 #define FQ_PV(B)                                                                                                   \
