@@ -1142,9 +1142,10 @@ static int attn_pv_dp(float *out, const float *P, int64_t ldp, int G, int hd, co
  *   P·V:    lane = dim, the pair = two keys (rows 2t, 2t + 1); per head and
  *           group the pair operand w = bf16(p·sc), and once per call
  *           out += acc + (Σ p·bi − K·Σ w).
- * K = 128 for 4 bits; for 8 bits a byte is lo + 16·hi, its two nibbles are
- * separate pair entries with the coefficients x and 16·x (exact in bf16),
- * so K = 128·17. Code words are read as stored (no dequantized rows), 16
+ * K = 128 for 4 bits. For 8 bits the scores take a byte as lo + 16·hi, its
+ * two nibbles separate pair entries with the coefficients q and 16·q (exact
+ * in bf16), so K = 128·17 there; P·V takes the byte itself, exact in bf16 as
+ * its f32's high half (K = 0). Code words are read as stored (no dequantized rows), 16
  * keys a vector for the scores after a 16 × 16 transpose of the words (4 or
  * 2 key sets a transpose for rows of 4 or 8 words), 16 bytes of two rows a
  * vector for P·V. The only rounding besides the f32 sums is w's; the
