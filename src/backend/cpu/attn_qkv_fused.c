@@ -72,36 +72,23 @@ void pt_cpu_fq_prep(uint32_t *qp, float *qs, const float *q, int G, int hd, int 
                 }
                 qp[(size_t)g * np + 4 * w + i] = (uint32_t)pt_f32_to_bf16(a) | (uint32_t)pt_f32_to_bf16(b) << 16;
             }
-        for (int b = 0; b < ng; b++) {
-            float s = 0.0f;
-            for (int e = b * gs; e < (b + 1) * gs; e++) s += x[e];
-            qs[g * ng + b] = s;
-        }
+        pt_cpu_group_sums_ref(qs + (size_t)g * ng, x, hd, gs);
     }
 }
 
-/* The cache rows of one of a block's ring runs (codes, scales, biases of
- * the K or V side) on their way into the caches: the value rows while the
- * block scores, the next block's key rows while it runs P·V, so the
- * block's two short streams do not each wait for the hardware prefetcher
- * to find them. */
-static void prefetch_run(const pt_kv_layer *kv, int v, int kh, int64_t slot, int64_t n) {
-    const pt_cpu_qrows r = pt_cpu_kv_qrows(kv, v, kh, slot);
-    const size_t cb = (size_t)n * (size_t)kv->head_dim * (size_t)kv->bits / 8,
-                 pb = (size_t)n * (size_t)(kv->head_dim / kv->group_size) * pt_ftype_size(kv->dtype);
-    for (size_t o = 0; o < cb; o += 64) __builtin_prefetch(r.codes + o, 0, 3);
-    for (size_t o = 0; o < pb; o += 64) {
-        __builtin_prefetch((const char *)r.sc + o, 0, 3);
-        __builtin_prefetch((const char *)r.bi + o, 0, 3);
-    }
-}
-
-/* prefetch_run over the block of keys [j0, j0 + nb) of KV head kh */
+/* The cache rows of a block of keys [j0, j0 + nb) of KV head kh (codes,
+ * scales and biases of the K or V side, each ring run) on their way into
+ * the caches: the value rows while the block scores, the next block's key
+ * rows while it runs P·V, so the block's two short streams do not each
+ * wait for the hardware prefetcher to find them. */
 static void prefetch_block(const fused_ctx *a, int v, int kh, int64_t j0, int64_t nb) {
     int64_t runs[2][3];
     pt_cpu_key_runs(runs, a->lo + j0, nb, a->kv->capacity);
     for (int r = 0; r < 2; r++)
-        if (runs[r][2] > 0) prefetch_run(a->kv, v, kh, runs[r][1], runs[r][2]);
+        if (runs[r][2] > 0) {
+            const pt_cpu_qrows rows = pt_cpu_kv_qrows(a->kv, v, kh, runs[r][1]);
+            pt_cpu_qrows_prefetch(&rows, 0, runs[r][2]);
+        }
 }
 
 static void fused_blocks(void *arg, long i0, long i1, int ith) {

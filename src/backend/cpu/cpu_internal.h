@@ -114,6 +114,18 @@ static inline pt_cpu_qrows pt_cpu_qrows_at(const pt_cpu_qrows *r, int64_t j) {
     o.bi = (const char *)r->bi + (size_t)j * ng * es;
     return o;
 }
+/* The rows [j, j + n) of r (codes, scales, biases) on their way into the
+ * caches (prefetcht0), ahead of a kernel that will read them */
+static inline void pt_cpu_qrows_prefetch(const pt_cpu_qrows *r, int64_t j, int64_t n) {
+    const pt_cpu_qrows b = pt_cpu_qrows_at(r, j);
+    const size_t cb = (size_t)n * (size_t)r->hd * (size_t)r->bits / 8,
+                 pb = (size_t)n * (size_t)(r->hd / r->gs) * pt_ftype_size(r->dt);
+    for (size_t o = 0; o < cb; o += 64) __builtin_prefetch(b.codes + o, 0, 3);
+    for (size_t o = 0; o < pb; o += 64) {
+        __builtin_prefetch((const char *)b.sc + o, 0, 3);
+        __builtin_prefetch((const char *)b.bi + o, 0, 3);
+    }
+}
 /* n rows dequantized, dst[j·hd + d] = s·c + b for value d's code c and its
  * group's scale s and bias b (any bits), the product rounded before the sum
  * (no FMA: with f32 scales an FMA's single rounding moves values by an ulp,

@@ -927,17 +927,10 @@ static int attn_scores_tq(float *S, int64_t lds, const float *q, int64_t qs, int
     const int hd = k->hd;
     if ((k->bits != 4 && k->bits != 8) || hd % 32 || hd > 512 || k->gs % 32 || k->dt == PT_FT_F16) return 0;
     float kT[512 * 32] __attribute__((aligned(64)));
-    const size_t rb = (size_t)hd * k->bits / 8, pb = (size_t)(hd / k->gs) * pt_ftype_size(k->dt);
     for (int64_t j0 = 0; j0 < n; j0 += 32) {
         const int64_t nk = n - j0 < 32 ? n - j0 : 32, nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
         const pt_cpu_qrows blk = pt_cpu_qrows_at(k, j0);
-        if (nn > 0) { /* the next block's codes and parameters on their way */
-            for (size_t o = 0; o < (size_t)nn * rb; o += 64) _mm_prefetch((const char *)blk.codes + 32 * rb + o, _MM_HINT_T0);
-            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
-                _mm_prefetch((const char *)blk.sc + 32 * pb + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk.bi + 32 * pb + o, _MM_HINT_T0);
-            }
-        }
+        if (nn > 0) pt_cpu_qrows_prefetch(k, j0 + 32, nn); /* the next block's codes and parameters */
         keys_t32_q(kT, &blk, nk);
         score_block(S + j0, lds, q, qs, nt * G, G, kT, hd, nk);
     }
@@ -1215,20 +1208,13 @@ static int fused_scores_dp(float *S, int64_t lds, const uint32_t *qp, const floa
     const int nw = hd * bits / 32, wpg = gs * bits / 32, ng = hd / gs, npair = hd * bits / 8;
     const int R = nw == 4 ? 4 : nw == 8 ? 2 : 1; /* key sets a transpose */
     const float K = bits == 4 ? FQ_K4 : FQ_K8;
-    const size_t rb = (size_t)nw * 4, pb = (size_t)ng * 2;
+    const size_t rb = (size_t)nw * 4;
     uint32_t wT[128 * 16] __attribute__((aligned(64))); /* [set][word][lane] (R·nw = 16) or [word][lane] */
     float sv[256] __attribute__((aligned(64))), bv[256] __attribute__((aligned(64)));
     for (int64_t j0 = 0; j0 < n; j0 += 16 * R) {
         const int64_t nkb = n - j0 < 16 * R ? n - j0 : 16 * R, nn = n - j0 - 16 * R < 16 * R ? n - j0 - 16 * R : 16 * R;
         const pt_cpu_qrows blk = pt_cpu_qrows_at(k, j0);
-        if (nn > 0) { /* the next block's codes and parameters on their way */
-            for (size_t o = 0; o < (size_t)nn * rb; o += 64)
-                _mm_prefetch((const char *)blk.codes + 16 * R * rb + o, _MM_HINT_T0);
-            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
-                _mm_prefetch((const char *)blk.sc + 16 * R * pb + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)blk.bi + 16 * R * pb + o, _MM_HINT_T0);
-            }
-        }
+        if (nn > 0) pt_cpu_qrows_prefetch(k, j0 + 16 * R, nn); /* the next block's codes and parameters */
         /* key c of set r is row 16r + c (past the block's keys: its last key again, never stored) */
         if (R > 1) {
             __m512 a[16];
@@ -1394,15 +1380,8 @@ static inline __attribute__((always_inline)) void fq_pv(float *out, const float 
             }
         }
         const uint8_t *c0 = v->codes + (size_t)j0 * rb;
-        if (n - j0 > 32) { /* the next block's codes and parameters on their way */
-            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
-            const size_t pb = (size_t)ng * 2;
-            for (size_t o = 0; o < (size_t)nn * rb; o += 64) _mm_prefetch((const char *)c0 + 32 * rb + o, _MM_HINT_T0);
-            for (size_t o = 0; o < (size_t)nn * pb; o += 64) {
-                _mm_prefetch((const char *)v->sc + (size_t)(j0 + 32) * pb + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)v->bi + (size_t)(j0 + 32) * pb + o, _MM_HINT_T0);
-            }
-        }
+        if (n - j0 > 32) /* the next block's codes and parameters */
+            pt_cpu_qrows_prefetch(v, j0 + 32, n - j0 - 32 < 32 ? n - j0 - 32 : 32);
         for (int s0 = 0; s0 < nch; s0 += cps) {
             const int ncs = nch - s0 < cps ? nch - s0 : cps;
             const int base = s0 * (bits == 4 ? 32 : 16);
