@@ -75,8 +75,7 @@ static const void *to_bf16(pt_model *m, const void *src, pt_ftype from, int64_t 
     return dst;
 }
 
-/* Copies host bytes into a new backend buffer owned by the model. */
-static pt_status upload_bytes(pt_model *m, const void *src, size_t bytes, const void **out) {
+pt_status pt_model_upload(pt_model *m, const void *src, size_t bytes, const void **out) {
     if (m->n_dev == m->cap_dev) {
         int cap = m->cap_dev ? m->cap_dev * 2 : 64;
         void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
@@ -127,12 +126,12 @@ static pt_status upload_vec(pt_model *m, const pt_weight *w, int64_t n, const vo
         src = wide;
         bytes = (size_t)n * 4;
     }
-    return upload_bytes(m, src, bytes, out);
+    return pt_model_upload(m, src, bytes, out);
 }
 
 static pt_status upload_floats(pt_model *m, const float *src, int64_t n, const float **out) {
     const void *dev;
-    PT_TRY(upload_bytes(m, src, (size_t)n * 4, &dev));
+    PT_TRY(pt_model_upload(m, src, (size_t)n * 4, &dev));
     *out = dev;
     return PT_OK;
 }

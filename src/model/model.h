@@ -318,6 +318,10 @@ pt_status pt_fwd_rows_enqueue(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *
  * not split by row), which callers then step one session at a time. */
 int pt_fwd_rows_supported(const pt_model *m);
 
+/* Copies host bytes into a new backend buffer owned by the model (in its
+ * dev_list, freed with it; llama.c). */
+pt_status pt_model_upload(pt_model *m, const void *src, size_t bytes, const void **out);
+
 /* Builds m->net from the spec and weights (llama.c); frees it. */
 pt_status pt_net_build(pt_model *m);
 void pt_net_free(pt_model *m);

@@ -207,26 +207,9 @@ static pt_status synth_vec(synth_ctx *c, int64_t n, float value, const void **ou
     uint16_t *h = malloc((size_t)n * 2);
     if (!h) return pt_error(PT_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < n; i++) h[i] = pt_f32_to_bf16(value);
-    pt_model *m = c->m;
-    size_t bytes = (size_t)n * 2;
-    void *dev = m->be->ops->alloc(m->be, bytes);
-    if (!dev) {
-        free(h);
-        return pt_error(PT_ERR_NOMEM, "out of memory");
-    }
-    pt_status st = m->be->ops->upload(m->be, dev, h, bytes);
+    pt_status st = pt_model_upload(c->m, h, (size_t)n * 2, out);
     free(h);
-    if (st != PT_OK) return st;
-    if (m->n_dev == m->cap_dev) {
-        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
-        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
-        if (!nl) return pt_error(PT_ERR_NOMEM, "out of memory");
-        m->dev_list = nl;
-        m->cap_dev = cap;
-    }
-    m->dev_list[m->n_dev++] = dev;
-    *out = dev;
-    return PT_OK;
+    return st;
 }
 
 /* A RoPE inverse-frequency table of hd/2 entries in backend memory: the
@@ -236,27 +219,9 @@ static pt_status rope_table(pt_model *m, int hd, double theta, int rot, const vo
     float *inv = malloc((size_t)half * sizeof *inv);
     if (!inv) return pt_error(PT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < half; i++) inv[i] = i < rot ? 1.0f / powf((float)theta, (float)(2 * i) / (float)hd) : 0.0f;
-    pt_status st = PT_OK;
-    void *dev = m->be->ops->alloc(m->be, (size_t)half * 4);
-    if (!dev) st = pt_error(PT_ERR_NOMEM, "out of memory");
-    else st = m->be->ops->upload(m->be, dev, inv, (size_t)half * 4);
+    pt_status st = pt_model_upload(m, inv, (size_t)half * 4, out);
     free(inv);
-    if (st == PT_OK && m->n_dev == m->cap_dev) {
-        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
-        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
-        if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
-        else {
-            m->dev_list = nl;
-            m->cap_dev = cap;
-        }
-    }
-    if (st != PT_OK) {
-        if (dev) m->be->ops->dealloc(m->be, dev);
-        return st;
-    }
-    m->dev_list[m->n_dev++] = dev;
-    *out = dev;
-    return PT_OK;
+    return st;
 }
 
 /* Layer l of a Gemma 4 shape (E2B/E4B style): full attention iff (l+1) %
@@ -324,25 +289,11 @@ static pt_status synth_f32(pt_model *m, int64_t n, float value, const float **ou
     float *h = malloc((size_t)n * sizeof *h);
     if (!h) return pt_error(PT_ERR_NOMEM, "out of memory");
     for (int64_t i = 0; i < n; i++) h[i] = value;
-    void *dev = m->be->ops->alloc(m->be, (size_t)n * 4);
-    pt_status st = dev ? m->be->ops->upload(m->be, dev, h, (size_t)n * 4) : pt_error(PT_ERR_NOMEM, "out of memory");
+    const void *dev = NULL;
+    pt_status st = pt_model_upload(m, h, (size_t)n * 4, &dev);
     free(h);
-    if (st == PT_OK && m->n_dev == m->cap_dev) {
-        int cap = m->cap_dev ? m->cap_dev * 2 : 64;
-        void **nl = realloc(m->dev_list, (size_t)cap * sizeof *nl);
-        if (!nl) st = pt_error(PT_ERR_NOMEM, "out of memory");
-        else {
-            m->dev_list = nl;
-            m->cap_dev = cap;
-        }
-    }
-    if (st != PT_OK) {
-        if (dev) m->be->ops->dealloc(m->be, dev);
-        return st;
-    }
-    m->dev_list[m->n_dev++] = dev;
     *out = dev;
-    return PT_OK;
+    return st;
 }
 
 /* Layer l of a Qwen3.5 shape: a Gated DeltaNet layer (qwen3_5.c), or, when
