@@ -1,6 +1,7 @@
-# Documentation coverage: every long option a command's --help lists, and
-# every PETREL_* environment variable the sources read, is named somewhere in
-# docs/ or the README (the reference a user reads instead of the code).
+# Documentation coverage: every long option a command's --help lists and
+# every PETREL_* environment variable the sources read are named somewhere in
+# docs/ or the README, and every route of the server is in docs/server.md
+# (the reference a user reads instead of the code).
 source tests/cli/lib.bash
 DOCS=(docs/*.md README.md)
 
@@ -23,3 +24,10 @@ if [ "$(echo "$vars" | wc -w)" -ge 20 ]; then pass env_vars_found; else fail env
 missing=""
 for v in $vars; do grep -qE "$v([^A-Z0-9_]|$)" "${DOCS[@]}" || missing="$missing $v"; done
 if [ -z "$missing" ]; then pass env_vars_documented; else fail env_vars_documented "not in docs/:$missing"; fi
+
+# the server's routes (server.c's table: {"METHOD", "/path", handler, ...}) as `METHOD /path` in docs/server.md
+routes=$(grep -oE '\{"(GET|POST|PUT|DELETE)", "/[^"]*", [a-z_]+' src/server/server.c | sed -E 's/\{"([A-Z]+)", "([^"]*)".*/\1 \2/' | tr ' ' '@')
+if [ "$(echo "$routes" | wc -w)" -ge 5 ]; then pass routes_found; else fail routes_found "only: $routes"; fi
+missing=""
+for r in $routes; do grep -qF "\`${r/@/ }\`" docs/server.md || missing="$missing ${r/@/ }"; done
+if [ -z "$missing" ]; then pass routes_documented; else fail routes_documented "not in docs/server.md:$missing"; fi
