@@ -104,12 +104,6 @@ bool pt_fd_pdl(void) {
     return s != 0;
 }
 
-int pt_fd_env_stages(void) {
-    static int s = -1;
-    if (s < 0) s = fd_env_int("PETREL_CUDA_FD_STAGES", 2, 8);
-    return s;
-}
-
 pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const int32_t *pos, const pt_kv_layer *kv,
                                   const pt_attn *p) {
     const int G = p->n_heads / kv->n_kv, hd = p->head_dim, gs = kv->group_size;

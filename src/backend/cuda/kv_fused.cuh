@@ -9,7 +9,7 @@
  * head for the merge kernel. No atomics: the result does not depend on
  * scheduling.
  *
- * Memory: each warp streams its tiles through a ring of `stages` tiles in
+ * Memory: each warp streams its tiles through a ring of FD_NS tiles in
  * shared memory filled by cp.async (codes as 16-byte copies into rows
  * padded so the fragment reads hit distinct banks, scale/bias rows as the
  * 32-bit words covering them), so the next tile's loads are in flight while
@@ -56,6 +56,10 @@
 #define FD_WARPS 4
 #define FD_THREADS (FD_WARPS * 32)
 #define FD_MAX_G 8
+/* Tiles per warp in the cp.async ring: one in flight while one is computed (3 and 4 measured no
+ * faster, bench/RESULTS.md). A compile-time depth: the ring's addresses, its slot counter and the
+ * wait for a tile are then constants in the key loop. */
+#define FD_NS 2
 /* Blocks per SM the compiler keeps registers for (head_dim <= 128). 4 (a 128-register cap)
  * measured 4-7% slower than 3 on the llama-3.1-8b shape: the cap costs more than the extra warps
  * gain (bench/RESULTS.md). */
@@ -75,7 +79,6 @@ struct pt_fd_args {
     float scale, softcap;
     int window, bf;
     int nsplit;
-    int stages;                   /* tiles per warp in the cp.async ring (pt_fd_launch) */
     float2 *ML;                   /* [nh, nsplit] (max, sum of exp) per split */
     float *P;                     /* [nh, nsplit, hd] unnormalized partial outputs */
 };
@@ -155,14 +158,6 @@ __device__ __forceinline__ void fd_wait(int n) {
     default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
     }
 }
-/* The key loop's wait for its tile with NS tiles in the ring (NS − 1 groups may stay pending):
- * the default depth (2) one instruction; a deeper ring through fd_wait out of line, so the
- * loop carries no jump table. */
-static __device__ __noinline__ void fd_wait_deep(int n) { fd_wait(n); }
-__device__ __forceinline__ void fd_wait_ring(int NS) {
-    if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else fd_wait_deep(NS - 1);
-}
 /* (x & mask) | 1024.0 in both f16 halves, then x·mul + add per half: the
  * nibble or byte under mask as an exact small f16 integer. Low nibbles
  * (mask 0x000f000f): 1024 + c, mul 1, add −1024. High nibbles (0x00f000f0):
@@ -223,7 +218,7 @@ __device__ __noinline__ void fd_issue_edge(const uint32_t *pk, const uint32_t *p
 }
 
 /* Shared memory of the block kernel, in 32-bit words: per warp a ring of
- * `stages` tiles, then the current tile's (scale, bias) rows in f32. A tile
+ * FD_NS tiles, then the current tile's (scale, bias) rows in f32. A tile
  * stage holds
  *   K codes [16 keys][CST]  (CST = WPR + 4: rows padded so the fragment
  *                            reads below hit distinct banks)
@@ -531,7 +526,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y;
+    constexpr int NS = FD_NS;
     uint32_t *ring = fd_dyn + warp * L::warp_words(NS);
     float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
     float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
@@ -574,7 +570,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1); /* (k + NS − 1) mod NS */
-        fd_wait_ring(NS); /* tile k has landed (this thread's copies) */
+        fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
         const int jt = io.jw + 16 * FD_WARPS * k;
         const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
@@ -751,7 +747,8 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y;
+    constexpr int NS = FD_NS;
     uint32_t *ring = fd_dyn + warp * LT::warp_words(NS);
     float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
     float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
@@ -797,7 +794,7 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1);
-        fd_wait_ring(NS);
+        fd_wait(NS - 1);
         __syncwarp();
         const int jt = io.jw + 16 * FD_WARPS * k;
         const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
@@ -960,14 +957,12 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
                                   const pt_attn *p);
 
 /* Launches the block kernel for one bits value, or with occ != NULL only
- * picks the ring depth (a.stages) and writes how many of its blocks fit on
- * one SM at that depth (the split count is sized to whole waves).
+ * writes how many of its blocks fit on one SM (the split count is sized to
+ * whole waves).
  * PT_ERR_UNSUPPORTED (no message) when (group size, head_dim, G) has no
  * instantiation. */
 pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
 pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
-/* PETREL_CUDA_FD_STAGES (2..8; 0 or unset: the default, 2), read once. */
-int pt_fd_env_stages(void);
 /* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
 int pt_fd_env_t(void);
 /* Whether the block and merge kernels are dependent launches (programmatic
@@ -975,10 +970,8 @@ int pt_fd_env_t(void);
  * read once. */
 bool pt_fd_pdl(void);
 
-/* The ring depth: PETREL_CUDA_FD_STAGES, else 2 tiles per warp (one in
- * flight while one is computed; 3 and 4 measured no faster: bench/RESULTS.md),
- * and the blocks of that depth that fit on an SM, decided once per
- * instantiation; the kernel's dynamic shared memory limit is raised to it. */
+/* The blocks that fit on an SM, decided once per instantiation; the
+ * kernel's dynamic shared memory limit is raised to its ring's size. */
 template <int B, int GS, int D, int G>
 static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
     typedef fd_smem<B, D, D / GS> L;
@@ -986,25 +979,23 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0 */
     constexpr bool TK = G <= 4;
     const bool tk = TK && pt_fd_env_t();
-    static int s_stages, s_occ, s_tk = -1; /* per instantiation; the same values on every call */
+    static int s_occ, s_tk = -1; /* per instantiation; the same values on every call */
     auto kern = tk ? fdt_block_kernel<B, GS, D, (TK ? G : 1)> : fd_block_kernel<B, GS, D, G>;
     if (occ) {
         if (s_tk < 0) {
-            const int ns = pt_fd_env_stages() ? pt_fd_env_stages() : 2;
-            const int words = tk ? LT::warp_words(ns) : L::warp_words(ns), bytes = words * 4 * FD_WARPS;
-            if (L::warp_words(ns) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
-                                                                      * must fit a warp's region */
+            const int words = tk ? LT::warp_words(FD_NS) : L::warp_words(FD_NS), bytes = words * 4 * FD_WARPS;
+            if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
+                                                                         * must fit a warp's region */
             CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
             int o = 0;
             CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, FD_THREADS, bytes));
             if (o < 1) return PT_ERR_UNSUPPORTED;
-            s_occ = o, s_stages = ns, s_tk = tk;
+            s_occ = o, s_tk = tk;
         }
-        a.stages = s_stages;
         *occ = s_occ;
         return PT_OK;
     }
-    const size_t bytes = (size_t)(tk ? LT::warp_words(a.stages) : L::warp_words(a.stages)) * 4 * FD_WARPS;
+    const size_t bytes = (size_t)(tk ? LT::warp_words(FD_NS) : L::warp_words(FD_NS)) * 4 * FD_WARPS;
     pt_launch(kern, grid, dim3(FD_THREADS), bytes, st, pt_fd_pdl(), a);
     return PT_OK;
 }
