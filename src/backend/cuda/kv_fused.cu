@@ -108,7 +108,10 @@ extern "C" unsigned long long pt_cuda_fd_t_count(int tk) {
 }
 void pt_fd_count_t(int tk) { __atomic_fetch_add(&g_fd_t_launches[tk / 32], 1ull, __ATOMIC_RELAXED); }
 int pt_fd_env_tk(void) {
-    if (g_fd_tk < 0) g_fd_tk = fd_env_int("PETREL_CUDA_FD_TK", 16, 32) == 32 ? 32 : 16;
+    if (g_fd_tk < 0) {
+        const int v = fd_env_int("PETREL_CUDA_FD_TK", 16, 32);
+        g_fd_tk = v == 16 || v == 32 ? v : 0;
+    }
     return g_fd_tk;
 }
 

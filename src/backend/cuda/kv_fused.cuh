@@ -1028,7 +1028,7 @@ pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs
 pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
 /* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
 int pt_fd_env_t(void);
-/* PETREL_CUDA_FD_TK: the transposed kernel's keys a tile, 16 (default) or 32; read once. */
+/* PETREL_CUDA_FD_TK: the transposed kernel's keys a tile, 16 or 32 (0: unset, the launch's rule); read once. */
 int pt_fd_env_tk(void);
 /* Counts a launch of the transposed kernel with tk-key tiles (pt_cuda_fd_t_count). */
 void pt_fd_count_t(int tk);
@@ -1044,32 +1044,47 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     typedef fd_smem<B, D, D / GS> L;
     typedef fdt_smem<B, D, D / GS> LT;
     typedef fdt_smem<B, D, D / GS, 32> LT32;
-    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles where
-     * PETREL_CUDA_FD_TK=32 */
+    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles where they keep
+     * the blocks an SM of 16-key tiles (PETREL_CUDA_FD_TK=16 or 32 forces either) */
     constexpr bool TK = G <= 4;
-    const bool tk = TK && pt_fd_env_t(), t32 = tk && pt_fd_env_tk() == 32;
-    const int kind = t32 ? 2 : tk ? 1 : 0;
-    static int s_occ[3]; /* per instantiation and kernel; the same values on every call */
-    auto kern = t32  ? fdt_block_kernel<B, GS, D, (TK ? G : 1), 32>
-                : tk ? fdt_block_kernel<B, GS, D, (TK ? G : 1)>
-                     : fd_block_kernel<B, GS, D, G>;
-    const int words = t32 ? LT32::warp_words(FD_NS) : tk ? LT::warp_words(FD_NS) : L::warp_words(FD_NS);
-    if (occ) {
+    constexpr int GT = TK ? G : 1;
+    static int s_occ[3], s_t32 = -1; /* per instantiation; the same values on every call */
+    auto kernel = [](int kind) {
+        return kind == 2 ? fdt_block_kernel<B, GS, D, GT, 32> : kind == 1 ? fdt_block_kernel<B, GS, D, GT>
+                                                                          : fd_block_kernel<B, GS, D, G>;
+    };
+    auto bytes = [](int kind) {
+        return (kind == 2 ? LT32::warp_words(FD_NS) : kind == 1 ? LT::warp_words(FD_NS) : L::warp_words(FD_NS)) * 4 *
+               FD_WARPS;
+    };
+    /* blocks of a kind an SM (0: none fits), found once, the kernel's shared-memory limit raised to its ring */
+    auto blocks = [&](int kind) -> pt_status {
         if (s_occ[kind] == 0) {
-            const int bytes = words * 4 * FD_WARPS;
-            if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
-                                                                         * must fit a warp's region */
-            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+            CUDA_CHECK(cudaFuncSetAttribute(kernel(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes(kind)));
             int o = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, FD_THREADS, bytes));
-            if (o < 1) return PT_ERR_UNSUPPORTED;
-            s_occ[kind] = o;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel(kind), FD_THREADS, bytes(kind)));
+            s_occ[kind] = o > 0 ? o : -1;
         }
+        return PT_OK;
+    };
+    if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output must fit
+                                                                  * a warp's region */
+    const bool tk = TK && pt_fd_env_t();
+    const int want = tk ? pt_fd_env_tk() : 16;
+    if (tk && want == 0 && s_t32 < 0) {
+        PT_TRY(blocks(1));
+        PT_TRY(blocks(2));
+        s_t32 = s_occ[2] >= s_occ[1];
+    }
+    const int kind = !tk ? 0 : want == 32 || (want == 0 && s_t32 == 1) ? 2 : 1;
+    if (occ) {
+        PT_TRY(blocks(kind));
+        if (s_occ[kind] < 1) return PT_ERR_UNSUPPORTED;
         *occ = s_occ[kind];
         return PT_OK;
     }
-    if (tk) pt_fd_count_t(t32 ? 32 : 16);
-    pt_launch(kern, grid, dim3(FD_THREADS), (size_t)words * 4 * FD_WARPS, st, pt_fd_pdl(), a);
+    if (tk) pt_fd_count_t(kind == 2 ? 32 : 16);
+    pt_launch(kernel(kind), grid, dim3(FD_THREADS), (size_t)bytes(kind), st, pt_fd_pdl(), a);
     return PT_OK;
 }
 
