@@ -23,8 +23,8 @@
  * without a GPU every test reports SKIP. */
 #include "op_check.h"
 
-void pt_cuda_fd_tk(int v);                         /* the transposed fused kernel's keys a tile: 16, 32; 0: the default */
-unsigned long long pt_cuda_fd_t_count(int tk);     /* its launches so far with tk-key tiles */
+void pt_cuda_fd_tk(int v);                      /* the fused block kernels' keys a tile: 16, 32; 0: the default */
+unsigned long long pt_cuda_fd_tk_count(int tk); /* their launches so far with tk-key tiles */
 
 /* One KV layer on both backends: .c in host memory (CPU), .g on the GPU. */
 typedef struct {
@@ -352,10 +352,10 @@ static void test_fused_decode(void) {
     };
     g_fused = 1;
     int ok = 1;
-    /* the transposed kernel (GQA <= 4) with 16- and 32-key tiles (pt_cuda_fd_tk), each counted */
+    /* both block kernels with 16- and 32-key tiles (pt_cuda_fd_tk), each counted */
     for (int tk = 16; tk <= 32 && ok; tk += 16) {
         pt_cuda_fd_tk(tk);
-        const unsigned long long t0 = pt_cuda_fd_t_count(tk);
+        const unsigned long long t0 = pt_cuda_fd_tk_count(tk);
         int n = 0;
         for (int bi = 0; bi < 2 && ok; bi++)
             for (int ci = 0; ci < 10 && ok; ci++)
@@ -368,7 +368,7 @@ static void test_fused_decode(void) {
                 }
         for (int a = 0; a < 2 && ok; a++)
             for (size_t i = 0; i < sizeof cs / sizeof cs[0] && ok; i++) ok = run_qattn(a, &cs[i]);
-        CHECK(!ok || pt_cuda_fd_t_count(tk) > t0, "no transposed launch with %d-key tiles", tk);
+        CHECK(!ok || pt_cuda_fd_tk_count(tk) > t0, "no fused launch with %d-key tiles", tk);
     }
     pt_cuda_fd_tk(0);
     g_fused = 0;

@@ -99,14 +99,14 @@ int pt_fd_env_t(void) {
 }
 
 static int g_fd_tk = -1;
-/* Tests: the transposed kernel's keys a tile, 16 or 32 (anything else: back to the environment's). */
+/* Tests: the block kernels' keys a tile, 16 or 32 (anything else: back to the environment's). */
 extern "C" void pt_cuda_fd_tk(int v) { g_fd_tk = v == 16 || v == 32 ? v : -1; }
-/* The transposed kernel's launches so far with 16- and 32-key tiles (tests check which ran). */
-static unsigned long long g_fd_t_launches[2];
-extern "C" unsigned long long pt_cuda_fd_t_count(int tk) {
-    return tk == 16 || tk == 32 ? __atomic_load_n(&g_fd_t_launches[tk / 32], __ATOMIC_RELAXED) : 0;
+/* The block kernels' launches so far with 16- and 32-key tiles (tests check which ran). */
+static unsigned long long g_fd_tk_launches[2];
+extern "C" unsigned long long pt_cuda_fd_tk_count(int tk) {
+    return tk == 16 || tk == 32 ? __atomic_load_n(&g_fd_tk_launches[tk / 32], __ATOMIC_RELAXED) : 0;
 }
-void pt_fd_count_t(int tk) { __atomic_fetch_add(&g_fd_t_launches[tk / 32], 1ull, __ATOMIC_RELAXED); }
+void pt_fd_count_tk(int tk) { __atomic_fetch_add(&g_fd_tk_launches[tk / 32], 1ull, __ATOMIC_RELAXED); }
 int pt_fd_env_tk(void) {
     if (g_fd_tk < 0) {
         const int v = fd_env_int("PETREL_CUDA_FD_TK", 16, 32);

@@ -216,7 +216,9 @@ template <int BITS, int D, int NG, int TK_ = 16> struct fd_smem {
     /* the chunk swizzle of code row r (K rows 0..TK-1, V rows TK..2TK-1: the same pattern) */
     __host__ __device__ static constexpr int sw(int r) { return (r / RPL) & SWM; }
     /* the stage word of word w of code row r whose swizzle is s (= sw(r)) */
-    __host__ __device__ static constexpr int word(int r, int w, int s) { return r * CST + 4 * ((w >> 2) ^ s) + (w & 3); }
+    __host__ __device__ static constexpr int word(int r, int w, int s) {
+        return r * CST + 4 * ((w >> 2) ^ s) + (w & 3);
+    }
 };
 
 /* A lane's 16-byte chunk i of a tile's code rows (layout L: CPR chunks a row): chunk c = lane +
@@ -534,7 +536,8 @@ template <int BITS, int D, int NG, int TK = 16> struct fd_tile_io {
             }
             return;
         }
-        float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb, *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
+        float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb;
+        float *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
 #pragma unroll
         for (int gr = 0; gr < NG; gr++) {
             float xk = 0.f, xv = 0.f;
@@ -544,15 +547,16 @@ template <int BITS, int D, int NG, int TK = 16> struct fd_tile_io {
     }
 };
 
-template <int BITS, int GS, int D, int G>
+template <int BITS, int GS, int D, int G, int TK = 16>
 __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
     static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= FD_MAX_G, "shape");
     constexpr int NG = D / GS, KS = D / 16, NT = D / 8, WPR = D * BITS / 32;
     constexpr int NKW = BITS == 4 ? D / 32 : D / 16; /* K words a thread reads per row */
     constexpr int KSG = GS / 16;                     /* k-steps per group */
-    typedef fd_smem<BITS, D, NG> L;
-    constexpr int CST = L::CST, STAGE = L::STAGE;
+    constexpr int H2 = TK / 8;                       /* the tile's 8-key halves of 16-key sub-tiles */
+    typedef fd_smem<BITS, D, NG, TK> L;
+    constexpr int STAGE = L::STAGE;
     static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
     __shared__ float qs[G][D];
     __shared__ float qsum[G][NG];
@@ -562,10 +566,10 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
     const int kh = blockIdx.x, split = blockIdx.y;
     constexpr int NS = FD_NS;
     uint32_t *ring = fd_dyn + warp * L::warp_words(NS);
-    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
-    float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
+    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [TK][NG] K (scale, bias), current tile */
+    float2 *vf = kf + TK * NG;                                  /* [TK][NG] V */
 
-    fd_tile_io<BITS, D, NG> io;
+    fd_tile_io<BITS, D, NG, TK> io;
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
@@ -600,26 +604,26 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
      * consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
     const uint32_t c64 = 0x64006400u; /* fd_deq_c's OR constant, in a register */
-    const int sv0[2] = {0, 0}; /* 16-key tiles: padded rows, no swizzle */
+    /* the swizzles of the code rows this lane reads: K rows g + 8h (one for all), V rows 2t + e */
+    const int swk = L::sw(g), swv[2] = {L::sw(2 * t), L::sw(2 * t + 1)};
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1); /* (k + NS − 1) mod NS */
         fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
-        const int jt = io.jw + 16 * FD_WARPS * k;
-        const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
+        const int jt = io.jw + TK * FD_WARPS * k;
+        const int valid = io.j1 - jt < TK ? io.j1 - jt : TK;
         const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
         io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
-        float s[2][2];
+        float s[H2][2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H2; h++) {
             /* B fragments: key 8h + g of the tile, this thread's words */
-            const uint32_t *kr = st + (8 * h + g) * CST;
             uint32_t kw[NKW];
 #pragma unroll
-            for (int w = 0; w < NKW; w++) kw[w] = kr[4 * w + t];
+            for (int w = 0; w < NKW; w++) kw[w] = st[L::word(8 * h + g, 4 * w + t, swk)];
             float acc[2] = {0.f, 0.f};
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) {
@@ -654,16 +658,21 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         /* online softmax for head g over the tile's 16 keys (lanes 4g..4g+3); with no key yet
          * (mn = −inf) nothing changes: p = 0, and o, l are still 0 */
         float mt = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+#pragma unroll
+        for (int h = 2; h < H2; h++) mt = fmaxf(mt, fmaxf(s[h][0], s[h][1]));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
         const float mn = fmaxf(m, mt);
         const float f = fd_exp_below(m, mn);
-        float p[2][2];
+        float p[H2][2];
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < H2; h++)
 #pragma unroll
             for (int i = 0; i < 2; i++) p[h][i] = fd_exp_below(s[h][i], mn);
-        l = l * f + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+        float psum = (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+#pragma unroll
+        for (int h = 2; h < H2; h += 2) psum += (p[h][0] + p[h][1]) + (p[h + 1][0] + p[h + 1][1]);
+        l = l * f + psum;
         m = mn;
         if (f != 1.f) {
 #pragma unroll
@@ -671,47 +680,50 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) bsum[gr] *= f;
         }
-        /* A fragments of p·V per group: row g = p·scale (hi), row g + 8 = lo */
-        uint32_t pa[NG][4];
 #pragma unroll
-        for (int gr = 0; gr < NG; gr++) {
-            float x[2][2];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const float2 sb = vf[(8 * h + 2 * t + i) * NG + gr];
-                    x[h][i] = p[h][i] * sb.x;
-                    bsum[gr] = fmaf(p[h][i], sb.y, bsum[gr]);
-                }
-            fd_split(x[0][0], x[0][1], pa[gr][0], pa[gr][1]);
-            fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
-        }
-        /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
-        if (BITS == 4) {
-#pragma unroll
-            for (int c4 = 0; c4 < WPR / 4; c4++) {
-                uint32_t w[4][4];
-                fd_vwords<L>(st, 16, t, 4 * c4, sv0, w);
-#pragma unroll
-                for (int qq = 0; qq < 4; qq++) {
-                    const int i = 4 * c4 + qq, gr = 8 * i / GS;
-                    const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
-                    const uint32_t b1 = fd_deq(__byte_perm(w[2][qq], w[3][qq], vsel), vmask, vmul, vadd);
-                    fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
-                }
+        for (int u = 0; u < TK / 16; u++) {
+            /* A fragments of p·V per group (sub-tile u, keys 16u..): row g = p·scale (hi), row g + 8 = lo */
+            uint32_t pa[NG][4];
+    #pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float x[2][2];
+    #pragma unroll
+                for (int h = 0; h < 2; h++)
+    #pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const float2 sb = vf[(16 * u + 8 * h + 2 * t + i) * NG + gr];
+                        x[h][i] = p[2 * u + h][i] * sb.x;
+                        bsum[gr] = fmaf(p[2 * u + h][i], sb.y, bsum[gr]);
+                    }
+                fd_split(x[0][0], x[0][1], pa[gr][0], pa[gr][1]);
+                fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
             }
-        } else {
-#pragma unroll
-            for (int c8 = 0; c8 < WPR / 8; c8++) {
-                uint32_t w[4][4];
-                fd_vwords<L>(st, 16, t, 8 * c8 + 4 * (g >> 2), sv0, w);
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int i = 4 * c8 + u, gr = 32 * c8 / GS;
-                    const uint32_t b0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
-                    const uint32_t b1 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
-                    fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+            /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
+            if (BITS == 4) {
+    #pragma unroll
+                for (int c4 = 0; c4 < WPR / 4; c4++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 4 * c4, swv, w);
+    #pragma unroll
+                    for (int qq = 0; qq < 4; qq++) {
+                        const int i = 4 * c4 + qq, gr = 8 * i / GS;
+                        const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
+                        const uint32_t b1 = fd_deq(__byte_perm(w[2][qq], w[3][qq], vsel), vmask, vmul, vadd);
+                        fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+                    }
+                }
+            } else {
+    #pragma unroll
+                for (int c8 = 0; c8 < WPR / 8; c8++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 8 * c8 + 4 * (g >> 2), swv, w);
+    #pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const int i = 4 * c8 + u, gr = 32 * c8 / GS;
+                        const uint32_t b0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
+                        const uint32_t b1 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
+                        fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+                    }
                 }
             }
         }
@@ -1028,10 +1040,10 @@ pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs
 pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
 /* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
 int pt_fd_env_t(void);
-/* PETREL_CUDA_FD_TK: the transposed kernel's keys a tile, 16 or 32 (0: unset, the launch's rule); read once. */
+/* PETREL_CUDA_FD_TK: the block kernels' keys a tile, 16 or 32 (0: unset, the launch's rule); read once. */
 int pt_fd_env_tk(void);
-/* Counts a launch of the transposed kernel with tk-key tiles (pt_cuda_fd_t_count). */
-void pt_fd_count_t(int tk);
+/* Counts a block-kernel launch with tk-key tiles (pt_cuda_fd_tk_count). */
+void pt_fd_count_tk(int tk);
 /* Whether the block and merge kernels are dependent launches (programmatic
  * stream serialization): unless PETREL_CUDA_FD_PDL=0 or PETREL_CUDA_PDL_CHAIN=0;
  * read once. */
@@ -1042,22 +1054,30 @@ bool pt_fd_pdl(void);
 template <int B, int GS, int D, int G>
 static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
     typedef fd_smem<B, D, D / GS> L;
+    typedef fd_smem<B, D, D / GS, 32> L32;
     typedef fdt_smem<B, D, D / GS> LT;
     typedef fdt_smem<B, D, D / GS, 32> LT32;
     /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles where they keep
-     * the blocks an SM of 16-key tiles (PETREL_CUDA_FD_TK=16 or 32 forces either) */
+     * the blocks an SM of its 16-key tiles (PETREL_CUDA_FD_TK=16 forces 16-key tiles, =32
+     * 32-key tiles for either kernel wherever a block fits). Kinds: 0 fd_block_kernel, 1
+     * fdt_block_kernel, 2 and 3 the same with 32-key tiles. */
     constexpr bool TK = G <= 4;
     constexpr int GT = TK ? G : 1;
-    static int s_occ[3], s_t32 = -1; /* per instantiation; the same values on every call */
+    static int s_occ[4], s_t32[2] = {-1, -1}; /* per instantiation; the same values on every call */
     auto kernel = [](int kind) {
-        return kind == 2 ? fdt_block_kernel<B, GS, D, GT, 32> : kind == 1 ? fdt_block_kernel<B, GS, D, GT>
-                                                                          : fd_block_kernel<B, GS, D, G>;
+        return kind == 3   ? fdt_block_kernel<B, GS, D, GT, 32>
+               : kind == 2 ? fd_block_kernel<B, GS, D, G, 32>
+               : kind == 1 ? fdt_block_kernel<B, GS, D, GT>
+                           : fd_block_kernel<B, GS, D, G>;
     };
     auto bytes = [](int kind) {
-        return (kind == 2 ? LT32::warp_words(FD_NS) : kind == 1 ? LT::warp_words(FD_NS) : L::warp_words(FD_NS)) * 4 *
-               FD_WARPS;
+        const int w = kind == 3   ? LT32::warp_words(FD_NS)
+                      : kind == 2 ? L32::warp_words(FD_NS)
+                      : kind == 1 ? LT::warp_words(FD_NS)
+                                  : L::warp_words(FD_NS);
+        return w * 4 * FD_WARPS;
     };
-    /* blocks of a kind an SM (0: none fits), found once, the kernel's shared-memory limit raised to its ring */
+    /* blocks of a kind an SM (-1: none fits), found once, the kernel's shared-memory limit raised to its ring */
     auto blocks = [&](int kind) -> pt_status {
         if (s_occ[kind] == 0) {
             CUDA_CHECK(cudaFuncSetAttribute(kernel(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes(kind)));
@@ -1069,21 +1089,23 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     };
     if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output must fit
                                                                   * a warp's region */
-    const bool tk = TK && pt_fd_env_t();
-    const int want = tk ? pt_fd_env_tk() : 16;
-    if (tk && want == 0 && s_t32 < 0) {
-        PT_TRY(blocks(1));
-        PT_TRY(blocks(2));
-        s_t32 = s_occ[2] >= s_occ[1];
+    const int fam = TK && pt_fd_env_t(), want = pt_fd_env_tk(); /* fam: the kernel, 16-key kind */
+    if ((want == 32 || (want == 0 && fam == 1)) && s_t32[fam] < 0) {
+        PT_TRY(blocks(fam));
+        PT_TRY(blocks(fam + 2));
+        s_t32[fam] = s_occ[fam + 2] >= s_occ[fam] ? 2 : s_occ[fam + 2] > 0; /* 2: the rule's, 1: fits */
     }
-    const int kind = !tk ? 0 : want == 32 || (want == 0 && s_t32 == 1) ? 2 : 1;
+    /* the rule takes 32-key tiles for the transposed kernel only (the first kernel's 32-key build
+     * spills more: measured only by PETREL_CUDA_FD_TK=32) */
+    const bool t32 = want == 32 ? s_t32[fam] > 0 : want == 0 && fam == 1 && s_t32[fam] == 2;
+    const int kind = fam + (t32 ? 2 : 0);
     if (occ) {
         PT_TRY(blocks(kind));
         if (s_occ[kind] < 1) return PT_ERR_UNSUPPORTED;
         *occ = s_occ[kind];
         return PT_OK;
     }
-    if (tk) pt_fd_count_t(kind == 2 ? 32 : 16);
+    pt_fd_count_tk(t32 ? 32 : 16);
     pt_launch(kernel(kind), grid, dim3(FD_THREADS), (size_t)bytes(kind), st, pt_fd_pdl(), a);
     return PT_OK;
 }
