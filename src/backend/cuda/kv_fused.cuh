@@ -3,16 +3,17 @@
  * instantiate this template for every configuration a model spec can
  * produce). Flash-decoding over a QUANTIZED KV cache, one query row: a block
  * takes one (KV head, split) pair, i.e. a range of keys for the G query
- * heads that share the KV head; each of its 4 warps walks 16-key tiles of
- * the range with an online softmax, the warps are merged in a fixed order
+ * heads that share the KV head; each of its 4 warps walks tiles of 16 or 32
+ * keys (fd_smem's TK) of the range with an online softmax, a step per tile,
+ * the warps are merged in a fixed order
  * and the block leaves its (max, sum of exp) and unnormalized output per
  * head for the merge kernel. No atomics: the result does not depend on
  * scheduling.
  *
  * Memory: each warp streams its tiles through a ring of FD_NS tiles in
  * shared memory filled by cp.async (codes as 16-byte copies into rows
- * padded so the fragment reads hit distinct banks, scale/bias rows as the
- * 32-bit words covering them), so the next tile's loads are in flight while
+ * padded or swizzled so the fragment reads hit distinct banks, scale/bias
+ * rows as the 32-bit words covering them), so the next tile's loads are in flight while
  * a tile computes; a tile's scales and biases are converted to f32 once per
  * tile (each is read by 8 lanes). Nothing in the key loop divides: a key's cache row is its ring
  * offset plus the key index, wrapped by one compare.
