@@ -685,12 +685,12 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         for (int u = 0; u < TK / 16; u++) {
             /* A fragments of p·V per group (sub-tile u, keys 16u..): row g = p·scale (hi), row g + 8 = lo */
             uint32_t pa[NG][4];
-    #pragma unroll
+#pragma unroll
             for (int gr = 0; gr < NG; gr++) {
                 float x[2][2];
-    #pragma unroll
+#pragma unroll
                 for (int h = 0; h < 2; h++)
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < 2; i++) {
                         const float2 sb = vf[(16 * u + 8 * h + 2 * t + i) * NG + gr];
                         x[h][i] = p[2 * u + h][i] * sb.x;
@@ -701,11 +701,11 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
             }
             /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
             if (BITS == 4) {
-    #pragma unroll
+#pragma unroll
                 for (int c4 = 0; c4 < WPR / 4; c4++) {
                     uint32_t w[4][4];
                     fd_vwords<L>(st, TK + 16 * u, t, 4 * c4, swv, w);
-    #pragma unroll
+#pragma unroll
                     for (int qq = 0; qq < 4; qq++) {
                         const int i = 4 * c4 + qq, gr = 8 * i / GS;
                         const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
@@ -714,15 +714,15 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
                     }
                 }
             } else {
-    #pragma unroll
+#pragma unroll
                 for (int c8 = 0; c8 < WPR / 8; c8++) {
                     uint32_t w[4][4];
                     fd_vwords<L>(st, TK + 16 * u, t, 8 * c8 + 4 * (g >> 2), swv, w);
-    #pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const int i = 4 * c8 + u, gr = 32 * c8 / GS;
-                        const uint32_t b0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
-                        const uint32_t b1 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
+#pragma unroll
+                    for (int u2 = 0; u2 < 4; u2++) {
+                        const int i = 4 * c8 + u2, gr = 32 * c8 / GS;
+                        const uint32_t b0 = fd_byte2(__byte_perm(w[0][u2], w[1][u2], bsel));
+                        const uint32_t b1 = fd_byte2(__byte_perm(w[2][u2], w[3][u2], bsel));
                         fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
                     }
                 }
