@@ -348,7 +348,7 @@ static void test_fused_decode(void) {
         {8, 1, 128, 300, 0, 1, 0, 0, PT_FT_F32, 4, 128},        /* a single key */
         {14, 2, 128, 700, 650, 1, 0, 0, PT_FT_BF16, 4, 32},     /* GQA 7 (qwen2.5-7b) */
         {8, 2, 128, 333, 332, 1, 0, 0, PT_FT_BF16, 4, 64},      /* a partial last tile in every split */
-        {12, 4, 64, 100, 250, 1, 0, 0, PT_FT_F16, 4, 32},       /* a ring wrapped mid-tile, GQA 3 */
+        {12, 4, 64, 100, 250, 1, 90, 0, PT_FT_F16, 4, 32},      /* a ring wrapped mid-tile (window 90), GQA 3 */
     };
     g_fused = 1;
     int ok = 1;

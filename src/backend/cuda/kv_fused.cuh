@@ -1058,9 +1058,9 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     typedef fd_smem<B, D, D / GS, 32> L32;
     typedef fdt_smem<B, D, D / GS> LT;
     typedef fdt_smem<B, D, D / GS, 32> LT32;
-    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles where they keep
-     * the blocks an SM of its 16-key tiles (PETREL_CUDA_FD_TK=16 forces 16-key tiles, =32
-     * 32-key tiles for either kernel wherever a block fits). Kinds: 0 fd_block_kernel, 1
+    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles wherever such a
+     * block fits (PETREL_CUDA_FD_TK=16 forces 16-key tiles, =32 32-key tiles for either kernel
+     * wherever a block fits). Kinds: 0 fd_block_kernel, 1
      * fdt_block_kernel, 2 and 3 the same with 32-key tiles. */
     constexpr bool TK = G <= 4;
     constexpr int GT = TK ? G : 1;
@@ -1094,11 +1094,12 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     if ((want == 32 || (want == 0 && fam == 1)) && s_t32[fam] < 0) {
         PT_TRY(blocks(fam));
         PT_TRY(blocks(fam + 2));
-        s_t32[fam] = s_occ[fam + 2] >= s_occ[fam] ? 2 : s_occ[fam + 2] > 0; /* 2: the rule's, 1: fits */
+        s_t32[fam] = s_occ[fam + 2] > 0; /* a 32-key block fits */
     }
-    /* the rule takes 32-key tiles for the transposed kernel only (the first kernel's 32-key build
-     * spills more: measured only by PETREL_CUDA_FD_TK=32) */
-    const bool t32 = want == 32 ? s_t32[fam] > 0 : want == 0 && fam == 1 && s_t32[fam] == 2;
+    /* the default takes 32-key tiles for the transposed kernel wherever a block fits, even at fewer
+     * blocks an SM than its 16-key tiles (the 8-bit ring: faster at 2k-32k keys on the H100,
+     * bench/RESULTS.md); the first kernel's 32-key build spills more: only by PETREL_CUDA_FD_TK=32 */
+    const bool t32 = (want == 32 || (want == 0 && fam == 1)) && s_t32[fam] > 0;
     const int kind = fam + (t32 ? 2 : 0);
     if (occ) {
         PT_TRY(blocks(kind));
