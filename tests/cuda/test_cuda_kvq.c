@@ -23,6 +23,9 @@
  * without a GPU every test reports SKIP. */
 #include "op_check.h"
 
+void pt_cuda_fd_tk(int v);                      /* the fused block kernels' keys a tile: 16, 32; 0: the default */
+unsigned long long pt_cuda_fd_tk_count(int tk); /* their launches so far with tk-key tiles */
+
 /* One KV layer on both backends: .c in host memory (CPU), .g on the GPU. */
 typedef struct {
     pt_kv_layer c, g;
@@ -337,17 +340,6 @@ static void test_fused_decode(void) {
     static const int hds[] = {32, 64, 64, 96, 128, 128, 128, 256, 256, 256};
     static const int gss[] = {32, 32, 64, 32, 32, 64, 128, 32, 64, 128};
     static const pt_ftype dts[] = {PT_FT_BF16, PT_FT_F32, PT_FT_F16};
-    g_fused = 1;
-    int n = 0, ok = 1;
-    for (int bi = 0; bi < 2 && ok; bi++)
-        for (int ci = 0; ci < 10 && ok; ci++)
-            for (int a = 0; a < 2 && ok; a++) {
-                const int G = 1 + (n * 3 + bi) % 8, nkv = G > 4 ? 1 : 2; /* every GQA ratio 1..8 comes up */
-                const qcase c = {G * nkv, nkv, hds[ci], 400, 150 + 37 * (n % 5), 1, 0, 0, dts[n % 3], bi ? 8 : 4,
-                                 gss[ci]};
-                ok = run_qattn(a, &c);
-                n++;
-            }
     static const qcase cs[] = {
         {16, 2, 128, 4000, 3999, 1, 0, 0, PT_FT_BF16, 4, 64},   /* the llama-3.1-8b group, many splits */
         {16, 8, 64, 3000, 2500, 1, 0, 0, PT_FT_BF16, 8, 32},    /* 8-bit, 8 KV heads */
@@ -355,9 +347,30 @@ static void test_fused_decode(void) {
         {4, 1, 256, 64, 150, 1, 32, 50.0f, PT_FT_BF16, 8, 128}, /* ring, soft-cap, head_dim 256 */
         {8, 1, 128, 300, 0, 1, 0, 0, PT_FT_F32, 4, 128},        /* a single key */
         {14, 2, 128, 700, 650, 1, 0, 0, PT_FT_BF16, 4, 32},     /* GQA 7 (qwen2.5-7b) */
+        {8, 2, 128, 333, 332, 1, 0, 0, PT_FT_BF16, 4, 64},      /* a partial last tile in every split */
+        {12, 4, 64, 100, 250, 1, 90, 0, PT_FT_F16, 4, 32},      /* a ring wrapped mid-tile (window 90), GQA 3 */
     };
-    for (int a = 0; a < 2 && ok; a++)
-        for (size_t i = 0; i < sizeof cs / sizeof cs[0] && ok; i++) ok = run_qattn(a, &cs[i]);
+    g_fused = 1;
+    int ok = 1;
+    /* both block kernels with 16- and 32-key tiles (pt_cuda_fd_tk), each counted */
+    for (int tk = 16; tk <= 32 && ok; tk += 16) {
+        pt_cuda_fd_tk(tk);
+        const unsigned long long t0 = pt_cuda_fd_tk_count(tk);
+        int n = 0;
+        for (int bi = 0; bi < 2 && ok; bi++)
+            for (int ci = 0; ci < 10 && ok; ci++)
+                for (int a = 0; a < 2 && ok; a++) {
+                    const int G = 1 + (n * 3 + bi) % 8, nkv = G > 4 ? 1 : 2; /* every GQA ratio 1..8 comes up */
+                    const qcase c = {G * nkv, nkv, hds[ci], 400, 150 + 37 * (n % 5), 1, 0, 0, dts[n % 3],
+                                     bi ? 8 : 4, gss[ci]};
+                    ok = run_qattn(a, &c);
+                    n++;
+                }
+        for (int a = 0; a < 2 && ok; a++)
+            for (size_t i = 0; i < sizeof cs / sizeof cs[0] && ok; i++) ok = run_qattn(a, &cs[i]);
+        CHECK(!ok || pt_cuda_fd_tk_count(tk) > t0, "no fused launch with %d-key tiles", tk);
+    }
+    pt_cuda_fd_tk(0);
     g_fused = 0;
     /* refusals name the configuration */
     const int a = 1;

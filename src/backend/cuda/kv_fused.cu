@@ -98,16 +98,27 @@ int pt_fd_env_t(void) {
     return s;
 }
 
+static int g_fd_tk = -1;
+/* Tests: the block kernels' keys a tile, 16 or 32 (anything else: back to the environment's). */
+extern "C" void pt_cuda_fd_tk(int v) { g_fd_tk = v == 16 || v == 32 ? v : -1; }
+/* The block kernels' launches so far with 16- and 32-key tiles (tests check which ran). */
+static unsigned long long g_fd_tk_launches[2];
+extern "C" unsigned long long pt_cuda_fd_tk_count(int tk) {
+    return tk == 16 || tk == 32 ? __atomic_load_n(&g_fd_tk_launches[tk / 32], __ATOMIC_RELAXED) : 0;
+}
+void pt_fd_count_tk(int tk) { __atomic_fetch_add(&g_fd_tk_launches[tk / 32], 1ull, __ATOMIC_RELAXED); }
+int pt_fd_env_tk(void) {
+    if (g_fd_tk < 0) {
+        const int v = fd_env_int("PETREL_CUDA_FD_TK", 16, 32);
+        g_fd_tk = v == 16 || v == 32 ? v : 0;
+    }
+    return g_fd_tk;
+}
+
 bool pt_fd_pdl(void) {
     static int s = -1;
     if (s < 0) s = pt_env_on("PETREL_CUDA_FD_PDL") && pt_pdl_chain();
     return s != 0;
-}
-
-int pt_fd_env_stages(void) {
-    static int s = -1;
-    if (s < 0) s = fd_env_int("PETREL_CUDA_FD_STAGES", 2, 8);
-    return s;
 }
 
 pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const int32_t *pos, const pt_kv_layer *kv,

@@ -3,16 +3,17 @@
  * instantiate this template for every configuration a model spec can
  * produce). Flash-decoding over a QUANTIZED KV cache, one query row: a block
  * takes one (KV head, split) pair, i.e. a range of keys for the G query
- * heads that share the KV head; each of its 4 warps walks 16-key tiles of
- * the range with an online softmax, the warps are merged in a fixed order
+ * heads that share the KV head; each of its 4 warps walks tiles of 16 or 32
+ * keys (fd_smem's TK) of the range with an online softmax, a step per tile,
+ * the warps are merged in a fixed order
  * and the block leaves its (max, sum of exp) and unnormalized output per
  * head for the merge kernel. No atomics: the result does not depend on
  * scheduling.
  *
- * Memory: each warp streams its tiles through a ring of `stages` tiles in
+ * Memory: each warp streams its tiles through a ring of FD_NS tiles in
  * shared memory filled by cp.async (codes as 16-byte copies into rows
- * padded so the fragment reads hit distinct banks, scale/bias rows as the
- * 32-bit words covering them), so the next tile's loads are in flight while
+ * padded or swizzled so the fragment reads hit distinct banks, scale/bias
+ * rows as the 32-bit words covering them), so the next tile's loads are in flight while
  * a tile computes; a tile's scales and biases are converted to f32 once per
  * tile (each is read by 8 lanes). Nothing in the key loop divides: a key's cache row is its ring
  * offset plus the key index, wrapped by one compare.
@@ -56,6 +57,10 @@
 #define FD_WARPS 4
 #define FD_THREADS (FD_WARPS * 32)
 #define FD_MAX_G 8
+/* Tiles per warp in the cp.async ring: one in flight while one is computed (3 and 4 measured no
+ * faster, bench/RESULTS.md). A compile-time depth: the ring's addresses, its slot counter and the
+ * wait for a tile are then constants in the key loop. */
+#define FD_NS 2
 /* Blocks per SM the compiler keeps registers for (head_dim <= 128). 4 (a 128-register cap)
  * measured 4-7% slower than 3 on the llama-3.1-8b shape: the cap costs more than the extra warps
  * gain (bench/RESULTS.md). */
@@ -75,7 +80,6 @@ struct pt_fd_args {
     float scale, softcap;
     int window, bf;
     int nsplit;
-    int stages;                   /* tiles per warp in the cp.async ring (pt_fd_launch) */
     float2 *ML;                   /* [nh, nsplit] (max, sum of exp) per split */
     float *P;                     /* [nh, nsplit, hd] unnormalized partial outputs */
 };
@@ -155,14 +159,6 @@ __device__ __forceinline__ void fd_wait(int n) {
     default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
     }
 }
-/* The key loop's wait for its tile with NS tiles in the ring (NS − 1 groups may stay pending):
- * the default depth (2) one instruction; a deeper ring through fd_wait out of line, so the
- * loop carries no jump table. */
-static __device__ __noinline__ void fd_wait_deep(int n) { fd_wait(n); }
-__device__ __forceinline__ void fd_wait_ring(int NS) {
-    if (NS == 2) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-    else fd_wait_deep(NS - 1);
-}
 /* (x & mask) | 1024.0 in both f16 halves, then x·mul + add per half: the
  * nibble or byte under mask as an exact small f16 integer. Low nibbles
  * (mask 0x000f000f): 1024 + c, mul 1, add −1024. High nibbles (0x00f000f0):
@@ -192,53 +188,68 @@ __device__ __forceinline__ uint32_t fd_deq_c(uint32_t x, uint32_t c, uint32_t mu
  * branch: −inf − mn is −inf, and with mn = −inf too the NaN is taken to −inf by fmaxf. */
 __device__ __forceinline__ float fd_exp_below(float x, float mn) { return expf(fmaxf(x - mn, -INFINITY)); }
 
-/* A lane's 16-byte chunk i of a tile's code rows (CPR chunks a row, rows CST words apart in
- * the stage): chunk c = lane + 32i is row c / CPR (16: none, past the tile), column c % CPR;
- * its stage offset in bytes. */
-template <int CPR, int CST>
+/* Shared memory of the block kernels, in 32-bit words: per warp a ring of
+ * FD_NS tiles of TK keys (16, or 32 for the transposed kernel), then the
+ * current tile's (scale, bias) rows in f32. A tile stage holds
+ *   K codes [TK keys][CST]
+ *   V codes [TK keys][CST]
+ *   raw scale/bias words [4 arrays: ks kb vs vb][TK keys][SWR]  (a row's
+ *                            NG values of 2 or 4 bytes, copied as the
+ *                            aligned 32-bit words that cover them)
+ * and the f32 rows are [K, V][TK keys][NG] float2 (scale, bias). The
+ * fragment reads take 8 rows at one word offset (K) or 4 rows' 16-byte
+ * chunks (V), so the rows must not map to the same banks: 16-key tiles pad
+ * each row by 4 words (CST = WPR + 4); 32-key tiles (SWZ, with a
+ * power-of-two count of 16-byte chunks a row) store rows unpadded with
+ * chunk c of row r at chunk position c ^ sw(r), which spreads any 8
+ * consecutive rows (and 4 rows of one parity) over distinct banks. After
+ * the key loop a warp's region holds its partial output wo [G][D] instead. */
+template <int BITS, int D, int NG, int TK_ = 16> struct fd_smem {
+    static constexpr int TK = TK_, WPR = D * BITS / 32, CPR = WPR / 4;
+    static constexpr bool SWZ = TK == 32 && (CPR & (CPR - 1)) == 0;
+    static constexpr int CST = SWZ ? WPR : WPR + 4, SWR = NG + 1;
+    /* rows a 32-bank line holds, and the chunk-position mask of the swizzle */
+    static constexpr int RPL = CPR >= 8 ? 1 : 8 / CPR, SWM = SWZ ? (CPR < 8 ? CPR : 8) - 1 : 0;
+    static_assert(SWM == 0 || (8 / RPL) % (SWM + 1) == 0, "rows 8 apart share a swizzle");
+    static constexpr int STAGE = 2 * TK * CST + 4 * TK * SWR;
+    static constexpr int FROWS = 2 * TK * NG * 2;
+    __host__ __device__ static int warp_words(int stages) { return stages * STAGE + FROWS; }
+    /* the chunk swizzle of code row r (K rows 0..TK-1, V rows TK..2TK-1: the same pattern) */
+    __host__ __device__ static constexpr int sw(int r) { return (r / RPL) & SWM; }
+    /* the stage word of word w of code row r whose swizzle is s (= sw(r)) */
+    __host__ __device__ static constexpr int word(int r, int w, int s) {
+        return r * CST + 4 * ((w >> 2) ^ s) + (w & 3);
+    }
+};
+
+/* A lane's 16-byte chunk i of a tile's code rows (layout L: CPR chunks a row): chunk c = lane +
+ * 32i is row c / CPR (TK: none, past the tile), column c % CPR; its stage offset in bytes. */
+template <class L>
 __device__ __forceinline__ void fd_chunk(int lane, int i, int &crow, uint32_t &cdst) {
-    const int c = lane + 32 * i;
-    crow = c < 16 * CPR ? c / CPR : 16;
-    cdst = (uint32_t)((c / CPR) * CST + 4 * (c % CPR)) * 4u;
+    const int c = lane + 32 * i, r = c / L::CPR;
+    crow = c < L::TK * L::CPR ? r : L::TK;
+    cdst = (uint32_t)L::word(r, 4 * (c % L::CPR), L::sw(r)) * 4u;
 }
 
-/* A tile's code copies (fd_tile_io::issue) with fewer than 16 keys or rows past the ring's end
+/* A tile's code copies (fd_tile_io::issue) with fewer than TK keys or rows past the ring's end
  * (rows r >= rem read one capacity back): out of line, with the lane's chunk rows and stage
  * offsets formed again (fd_chunk, as init() forms them), so the common tile's loop keeps its
  * registers. */
-template <int CPR, int CH, int CST>
+template <class L, int CH>
 __device__ __noinline__ void fd_issue_edge(const uint32_t *pk, const uint32_t *pv, uint32_t sa, int valid,
                                            int64_t rem, int64_t capw, int lane) {
 #pragma unroll
     for (int i = 0; i < CH; i++) {
         int crow;
         uint32_t cdst;
-        fd_chunk<CPR, CST>(lane, i, crow, cdst);
+        fd_chunk<L>(lane, i, crow, cdst);
         if (crow < valid) {
             const int64_t o = 128 * i - (crow >= rem ? capw : 0);
             fd_cp16s(sa + cdst, pk + o);
-            fd_cp16s(sa + cdst + 16 * CST * 4, pv + o);
+            fd_cp16s(sa + cdst + L::TK * L::CST * 4, pv + o);
         }
     }
 }
-
-/* Shared memory of the block kernel, in 32-bit words: per warp a ring of
- * `stages` tiles, then the current tile's (scale, bias) rows in f32. A tile
- * stage holds
- *   K codes [16 keys][CST]  (CST = WPR + 4: rows padded so the fragment
- *                            reads below hit distinct banks)
- *   V codes [16 keys][CST]
- *   raw scale/bias words [4 arrays: ks kb vs vb][16 keys][SWR]  (a row's
- *                            NG values of 2 or 4 bytes, copied as the
- *                            aligned 32-bit words that cover them)
- * and the f32 rows are [K, V][16 keys][NG] float2 (scale, bias). After the
- * key loop a warp's region holds its partial output wo [G][D] instead. */
-template <int BITS, int D, int NG> struct fd_smem {
-    static constexpr int WPR = D * BITS / 32, CST = WPR + 4, SWR = NG + 1;
-    static constexpr int STAGE = 2 * 16 * CST + 4 * 16 * SWR;
-    static constexpr int FROWS = 2 * 16 * NG * 2;
-    __host__ __device__ static int warp_words(int stages) { return stages * STAGE + FROWS; }
-};
 
 /* The byte permute and nibble extraction (fd_deq) that give lane row / column g of a V code pair:
  * byte g/2 of two keys' words, its low (g even) or high nibble. */
@@ -253,13 +264,16 @@ __device__ __forceinline__ fd_vsel fd_vsel_of(int g) {
     return v;
 }
 
-/* The V code words 4c..4c+3 (word = 4c) of keys 2t, 2t + 1, 2t + 8, 2t + 9 of a landed stage st
- * (rows CST words apart, V after the 16 K rows), as w[key][word]. */
-template <int CST>
-__device__ __forceinline__ void fd_vwords(const uint32_t *st, int t, int word, uint32_t (&w)[4][4]) {
+/* The V code words w..w+3 (w a multiple of 4) of keys 2t, 2t + 1, 2t + 8, 2t + 9 of the
+ * 16-key sub-tile whose first V row is r0 (TK, or TK + 16) in a landed stage st, as
+ * w[key][word]; s[e] is the swizzle of the rows of parity e (L::sw(2t + e)). */
+template <class L>
+__device__ __forceinline__ void fd_vwords(const uint32_t *st, int r0, int t, int word, const int (&s)[2],
+                                          uint32_t (&w)[4][4]) {
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(st + (16 + 8 * (r >> 1) + 2 * t + (r & 1)) * CST + word);
+        const int row = r0 + 8 * (r >> 1) + 2 * t + (r & 1);
+        const uint4 u = *reinterpret_cast<const uint4 *>(st + L::word(row, word, s[r & 1]));
         w[r][0] = u.x, w[r][1] = u.y, w[r][2] = u.z, w[r][3] = u.w;
     }
 }
@@ -371,15 +385,18 @@ __device__ __noinline__ void fd_block_out_call(float *P, float2 *ML, int nsplit,
     fd_block_out<G, D>(P, ML, nsplit, wm, wl, dyn, words, kh, split);
 }
 
-/* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels.
- * Per lane, fixed for every tile: chunk c = lane + 32i of a tile's code rows is row c / CPR,
- * column c % CPR, i.e. words 4c.. of the tile's contiguous rows in the cache and (r·CST +
- * 4·col) in the stage; lane & 15 is the key whose scale (lanes 0-15) or bias (16-31) words the
- * lane copies and converts. */
-template <int BITS, int D, int NG> struct fd_tile_io {
-    typedef fd_smem<BITS, D, NG> L;
-    static constexpr int WPR = L::WPR, CPR = WPR / 4, CST = L::CST, SWR = L::SWR, STAGE = L::STAGE;
-    static constexpr int CH = (16 * CPR + 31) / 32; /* 16-byte chunks a lane copies per tile, K and V each */
+/* A warp's tile copies and the tile's scale/bias conversion, shared by both block kernels, for
+ * tiles of TK keys (layout fd_smem<BITS, D, NG, TK>). Per lane, fixed for every tile: chunk c =
+ * lane + 32i of a tile's code rows is row c / CPR, column c % CPR, i.e. words 4c.. of the tile's
+ * contiguous rows in the cache and L::word(row, 4·col) in the stage. Scales: with 16-key tiles
+ * lane & 15 is the key whose scale (lanes 0-15) or bias (16-31) words the lane copies and
+ * converts; with 32-key tiles lane r copies and converts both of key r. */
+template <int BITS, int D, int NG, int TK = 16> struct fd_tile_io {
+    typedef fd_smem<BITS, D, NG, TK> L;
+    static constexpr int WPR = L::WPR, CPR = L::CPR, CST = L::CST, SWR = L::SWR, STAGE = L::STAGE;
+    static constexpr int CH = (TK * CPR + 31) / 32; /* 16-byte chunks a lane copies per tile, K and V each */
+    static constexpr bool BOTH = TK == 32;           /* a lane copies a key's scale and bias words */
+    static_assert(TK == 16 || TK == 32, "16- or 32-key tiles");
     int crow[CH];
     uint32_t cdst[CH];
     uint32_t ring_sa, sdst;
@@ -389,10 +406,11 @@ template <int BITS, int D, int NG> struct fd_tile_io {
     int jnew;             /* the newest key (n − 1): its row is the one this step's append writes */
     uint32_t rb_base;     /* the byte offset of this KV head's first scale row, mod 2^32 */
     const char *sk_row0, *sv_row0; /* this lane's scale (or bias) array at this KV head's row 0 */
+    const char *bk_row0, *bv_row0; /* BOTH: the bias arrays likewise */
     const uint32_t *kh_k, *kh_v;   /* this KV head's rows, this lane's first chunk */
 
     /* The block's key range (positions lo + [0, n), this split's share [j0, j1), from the
-     * query's position on the device), this warp's tiles (keys jw + 16·FD_WARPS·k, k < nt) and
+     * query's position on the device), this warp's tiles (keys jw + TK·FD_WARPS·k, k < nt) and
      * the lane's fixed copy offsets. */
     __device__ __forceinline__ void init(const pt_fd_args &a, uint32_t *ring, int warp, int lane) {
         cap = (int)a.cap;
@@ -407,19 +425,21 @@ template <int BITS, int D, int NG> struct fd_tile_io {
         const int64_t rbase = (int64_t)blockIdx.x * a.cap;
         rlo = (int)((unsigned)lo % (unsigned)cap);
         rb = NG * (a.dt == PT_FT_F32 ? 4 : 2); /* bytes of a row of scales */
-        jw = j0 + 16 * warp;
-        nt = jw < j1 ? (j1 - jw + 16 * FD_WARPS - 1) / (16 * FD_WARPS) : 0;
+        jw = j0 + TK * warp;
+        nt = jw < j1 ? (j1 - jw + TK * FD_WARPS - 1) / (TK * FD_WARPS) : 0;
 #pragma unroll
-        for (int i = 0; i < CH; i++) fd_chunk<CPR, CST>(lane, i, crow[i], cdst[i]); /* crow 16: never copied */
+        for (int i = 0; i < CH; i++) fd_chunk<L>(lane, i, crow[i], cdst[i]); /* crow TK: never copied */
         ring_sa = (uint32_t)__cvta_generic_to_shared(ring);
-        sr = lane & 15, ssb = lane >> 4;
+        sr = BOTH ? lane : lane & 15, ssb = BOTH ? 0 : lane >> 4;
         rb_base = (uint32_t)(rbase * rb);
         sk_row0 = reinterpret_cast<const char *>(ssb ? a.kb : a.ks) + rbase * rb;
         sv_row0 = reinterpret_cast<const char *>(ssb ? a.vb : a.vs) + rbase * rb;
-        sdst = (uint32_t)(32 * CST + (ssb * 16 + sr) * SWR) * 4u;
+        bk_row0 = reinterpret_cast<const char *>(a.kb) + rbase * rb;
+        bv_row0 = reinterpret_cast<const char *>(a.vb) + rbase * rb;
+        sdst = (uint32_t)(2 * TK * CST + (ssb * TK + sr) * SWR) * 4u;
         kh_k = a.k + rbase * WPR + 4 * lane, kh_v = a.v + rbase * WPR + 4 * lane;
         /* the cache row (within the head) of the next tile issue() copies: tiles are issued in
-         * order k = 0, 1, 2, ..., each 16·FD_WARPS keys after the last, so the row is kept as a
+         * order k = 0, 1, 2, ..., each TK·FD_WARPS keys after the last, so the row is kept as a
          * counter wrapped by compares (no division per tile) */
         irow = rlo + jw;
         while (irow >= cap) irow -= cap;
@@ -429,28 +449,28 @@ template <int BITS, int D, int NG> struct fd_tile_io {
      * no division per tile); nothing past the warp's tiles, but a group is committed either way
      * so the wait counts stay uniform. Rows past j1 are not copied: their codes are never used
      * unmasked and their f32 scales are written as 0 by scales(). Rows past the ring's end (a
-     * tile that wraps, rem < 16) are read one capacity back. */
+     * tile that wraps, rem < TK) are read one capacity back. */
     __device__ __forceinline__ void issue(int k, int slot) {
         if (k < nt) {
-            const int jt = jw + 16 * FD_WARPS * k;
-            const int valid = j1 - jt < 16 ? j1 - jt : 16;
+            const int jt = jw + TK * FD_WARPS * k;
+            const int valid = j1 - jt < TK ? j1 - jt : TK;
             const int r0 = irow, rem = cap - r0; /* rows r >= rem wrap to the ring's start */
-            irow += 16 * FD_WARPS;
+            irow += TK * FD_WARPS;
             while (irow >= cap) irow -= cap;
             const uint32_t *pk = kh_k + (size_t)(unsigned)r0 * WPR, *pv = kh_v + (size_t)(unsigned)r0 * WPR;
             const uint32_t sa = ring_sa + (uint32_t)(slot * STAGE) * 4u;
-            const bool full = valid == 16 && rem >= 16;
+            const bool full = valid == TK && rem >= TK;
             if (full) {
-                /* the common tile: 16 keys, none past the ring's end: each chunk a constant offset
+                /* the common tile: TK keys, none past the ring's end: each chunk a constant offset
                  * from the tile's row (no compare or select per chunk; the same copies) */
 #pragma unroll
                 for (int i = 0; i < CH; i++)
-                    if (crow[i] < 16) {
+                    if (crow[i] < TK) {
                         fd_cp16s(sa + cdst[i], pk + 128 * i);
-                        fd_cp16s(sa + cdst[i] + 16 * CST * 4, pv + 128 * i);
+                        fd_cp16s(sa + cdst[i] + TK * CST * 4, pv + 128 * i);
                     }
             } else {
-                fd_issue_edge<CPR, CH, CST>(pk, pv, sa, valid, rem, (int64_t)cap * WPR, threadIdx.x & 31);
+                fd_issue_edge<L, CH>(pk, pv, sa, valid, rem, (int64_t)cap * WPR, threadIdx.x & 31);
             }
             if (sr < valid) {
                 /* the words covering the row's bytes (at most NG: rb <= 4·NG, and a 2-byte
@@ -461,11 +481,16 @@ template <int BITS, int D, int NG> struct fd_tile_io {
                 if (!full && row >= cap) row -= cap; /* a full tile has no row past the ring's end */
                 const uint32_t off = (uint32_t)row * (uint32_t)rb;
                 const int lo = (int)((rb_base + off) & 3u), cnt = ((lo + rb - 1) >> 2) + 1;
-                const char *sk = sk_row0 + ((size_t)off - lo), *sv = sv_row0 + ((size_t)off - lo);
-                const uint32_t dk = sa + sdst, dv = dk + 32 * SWR * 4;
+                const size_t so = (size_t)off - lo;
+                const uint32_t dk = sa + sdst, dv = dk + 2 * TK * SWR * 4, db = TK * SWR * 4;
 #pragma unroll
                 for (int w = 0; w < NG; w++)
-                    if (w < cnt) fd_cp4s(dk + 4 * w, sk + 4 * w), fd_cp4s(dv + 4 * w, sv + 4 * w);
+                    if (w < cnt) {
+                        fd_cp4s(dk + 4 * w, sk_row0 + so + 4 * w), fd_cp4s(dv + 4 * w, sv_row0 + so + 4 * w);
+                        if (BOTH)
+                            fd_cp4s(dk + db + 4 * w, bk_row0 + so + 4 * w),
+                                fd_cp4s(dv + db + 4 * w, bv_row0 + so + 4 * w);
+                    }
             }
         }
         fd_commit();
@@ -479,12 +504,12 @@ template <int BITS, int D, int NG> struct fd_tile_io {
      * writes it). A plain launch passes the wait at once. */
     __device__ __forceinline__ void start(int NS) {
         int k = 0;
-        for (; k < NS - 1 && k < nt && jw + 16 * FD_WARPS * k + 16 <= jnew; k++) issue(k, k);
+        for (; k < NS - 1 && k < nt && jw + TK * FD_WARPS * k + TK <= jnew; k++) issue(k, k);
         pt_wait_primary();
         for (; k < NS - 1; k++) issue(k, k);
     }
 
-    /* The landed tile's scales and biases (stage st, keys jt..) to f32 rows kf, vf [16][NG]
+    /* The landed tile's scales and biases (stage st, keys jt..) to f32 rows kf, vf [TK][NG]
      * (scale, bias); 0 past the valid keys. */
     __device__ __forceinline__ void scales(const pt_fd_args &a, const uint32_t *st, float2 *kf, float2 *vf, int valid,
                                            int jt) const {
@@ -495,48 +520,57 @@ template <int BITS, int D, int NG> struct fd_tile_io {
             if (rr >= cap) rr -= cap;
             off = (int)((rb_base + (uint32_t)rr * (uint32_t)rb) & 3u);
         }
-        const char *pk = reinterpret_cast<const char *>(st + 32 * CST + (sb * 16 + r) * SWR) + off;
-        const char *pv = pk + 32 * SWR * 4;
-        float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb, *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
+        const char *pk = reinterpret_cast<const char *>(st + 2 * TK * CST + (sb * TK + r) * SWR) + off;
+        const char *pv = pk + 2 * TK * SWR * 4;
+        auto val = [&](const char *p, int gr) {
+            if (a.dt == PT_FT_F32) return reinterpret_cast<const float *>(p)[gr];
+            if (a.dt == PT_FT_BF16) return __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(p)[gr]);
+            return __half2float(reinterpret_cast<const __half *>(p)[gr]);
+        };
+        if (BOTH) {
+            const char *qk = pk + TK * SWR * 4, *qv = pv + TK * SWR * 4; /* the bias rows */
+#pragma unroll
+            for (int gr = 0; gr < NG; gr++) {
+                float2 xk = make_float2(0.f, 0.f), xv = xk;
+                if (r < valid) xk = make_float2(val(pk, gr), val(qk, gr)), xv = make_float2(val(pv, gr), val(qv, gr));
+                kf[r * NG + gr] = xk, vf[r * NG + gr] = xv;
+            }
+            return;
+        }
+        float *fk = reinterpret_cast<float *>(kf) + r * NG * 2 + sb;
+        float *fv = reinterpret_cast<float *>(vf) + r * NG * 2 + sb;
 #pragma unroll
         for (int gr = 0; gr < NG; gr++) {
             float xk = 0.f, xv = 0.f;
-            if (r < valid) {
-                if (a.dt == PT_FT_F32)
-                    xk = reinterpret_cast<const float *>(pk)[gr], xv = reinterpret_cast<const float *>(pv)[gr];
-                else if (a.dt == PT_FT_BF16)
-                    xk = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pk)[gr]),
-                    xv = __bfloat162float(reinterpret_cast<const __nv_bfloat16 *>(pv)[gr]);
-                else
-                    xk = __half2float(reinterpret_cast<const __half *>(pk)[gr]),
-                    xv = __half2float(reinterpret_cast<const __half *>(pv)[gr]);
-            }
+            if (r < valid) xk = val(pk, gr), xv = val(pv, gr);
             fk[2 * gr] = xk, fv[2 * gr] = xv;
         }
     }
 };
 
-template <int BITS, int GS, int D, int G>
+template <int BITS, int GS, int D, int G, int TK = 16>
 __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
     static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= FD_MAX_G, "shape");
     constexpr int NG = D / GS, KS = D / 16, NT = D / 8, WPR = D * BITS / 32;
     constexpr int NKW = BITS == 4 ? D / 32 : D / 16; /* K words a thread reads per row */
     constexpr int KSG = GS / 16;                     /* k-steps per group */
-    typedef fd_smem<BITS, D, NG> L;
-    constexpr int CST = L::CST, STAGE = L::STAGE;
+    constexpr int H2 = TK / 8;                       /* the tile's 8-key halves of 16-key sub-tiles */
+    typedef fd_smem<BITS, D, NG, TK> L;
+    constexpr int STAGE = L::STAGE;
     static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
     __shared__ float qs[G][D];
     __shared__ float qsum[G][NG];
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y;
+    constexpr int NS = FD_NS;
     uint32_t *ring = fd_dyn + warp * L::warp_words(NS);
-    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
-    float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
+    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [TK][NG] K (scale, bias), current tile */
+    float2 *vf = kf + TK * NG;                                  /* [TK][NG] V */
 
-    fd_tile_io<BITS, D, NG> io;
+    fd_tile_io<BITS, D, NG, TK> io;
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
@@ -571,25 +605,26 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
      * consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
     const uint32_t c64 = 0x64006400u; /* fd_deq_c's OR constant, in a register */
+    /* the swizzles of the code rows this lane reads: K rows g + 8h (one for all), V rows 2t + e */
+    const int swk = L::sw(g), swv[2] = {L::sw(2 * t), L::sw(2 * t + 1)};
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1); /* (k + NS − 1) mod NS */
-        fd_wait_ring(NS); /* tile k has landed (this thread's copies) */
+        fd_wait(NS - 1); /* tile k has landed (this thread's copies) */
         __syncwarp();    /* ... and every lane's */
-        const int jt = io.jw + 16 * FD_WARPS * k;
-        const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
+        const int jt = io.jw + TK * FD_WARPS * k;
+        const int valid = io.j1 - jt < TK ? io.j1 - jt : TK;
         const uint32_t *st = ring + slot * STAGE;
         /* the tile's scales and biases to f32 once (each is read by 8 lanes below); 0 past j1 */
         io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
-        float s[2][2];
+        float s[H2][2];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H2; h++) {
             /* B fragments: key 8h + g of the tile, this thread's words */
-            const uint32_t *kr = st + (8 * h + g) * CST;
             uint32_t kw[NKW];
 #pragma unroll
-            for (int w = 0; w < NKW; w++) kw[w] = kr[4 * w + t];
+            for (int w = 0; w < NKW; w++) kw[w] = st[L::word(8 * h + g, 4 * w + t, swk)];
             float acc[2] = {0.f, 0.f};
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) {
@@ -624,16 +659,21 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
         /* online softmax for head g over the tile's 16 keys (lanes 4g..4g+3); with no key yet
          * (mn = −inf) nothing changes: p = 0, and o, l are still 0 */
         float mt = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+#pragma unroll
+        for (int h = 2; h < H2; h++) mt = fmaxf(mt, fmaxf(s[h][0], s[h][1]));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
         const float mn = fmaxf(m, mt);
         const float f = fd_exp_below(m, mn);
-        float p[2][2];
+        float p[H2][2];
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < H2; h++)
 #pragma unroll
             for (int i = 0; i < 2; i++) p[h][i] = fd_exp_below(s[h][i], mn);
-        l = l * f + ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1]));
+        float psum = (p[0][0] + p[0][1]) + (p[1][0] + p[1][1]);
+#pragma unroll
+        for (int h = 2; h < H2; h += 2) psum += (p[h][0] + p[h][1]) + (p[h + 1][0] + p[h + 1][1]);
+        l = l * f + psum;
         m = mn;
         if (f != 1.f) {
 #pragma unroll
@@ -641,47 +681,50 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) bsum[gr] *= f;
         }
-        /* A fragments of p·V per group: row g = p·scale (hi), row g + 8 = lo */
-        uint32_t pa[NG][4];
 #pragma unroll
-        for (int gr = 0; gr < NG; gr++) {
-            float x[2][2];
+        for (int u = 0; u < TK / 16; u++) {
+            /* A fragments of p·V per group (sub-tile u, keys 16u..): row g = p·scale (hi), row g + 8 = lo */
+            uint32_t pa[NG][4];
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int gr = 0; gr < NG; gr++) {
+                float x[2][2];
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const float2 sb = vf[(8 * h + 2 * t + i) * NG + gr];
-                    x[h][i] = p[h][i] * sb.x;
-                    bsum[gr] = fmaf(p[h][i], sb.y, bsum[gr]);
-                }
-            fd_split(x[0][0], x[0][1], pa[gr][0], pa[gr][1]);
-            fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
-        }
-        /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
-        if (BITS == 4) {
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int c4 = 0; c4 < WPR / 4; c4++) {
-                uint32_t w[4][4];
-                fd_vwords<CST>(st, t, 4 * c4, w);
-#pragma unroll
-                for (int qq = 0; qq < 4; qq++) {
-                    const int i = 4 * c4 + qq, gr = 8 * i / GS;
-                    const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
-                    const uint32_t b1 = fd_deq(__byte_perm(w[2][qq], w[3][qq], vsel), vmask, vmul, vadd);
-                    fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
-                }
+                    for (int i = 0; i < 2; i++) {
+                        const float2 sb = vf[(16 * u + 8 * h + 2 * t + i) * NG + gr];
+                        x[h][i] = p[2 * u + h][i] * sb.x;
+                        bsum[gr] = fmaf(p[2 * u + h][i], sb.y, bsum[gr]);
+                    }
+                fd_split(x[0][0], x[0][1], pa[gr][0], pa[gr][1]);
+                fd_split(x[1][0], x[1][1], pa[gr][2], pa[gr][3]);
             }
-        } else {
+            /* B fragments: V codes of keys 2t, 2t + 1 (b0) and 8 + 2t, 9 + 2t (b1) of the tile */
+            if (BITS == 4) {
 #pragma unroll
-            for (int c8 = 0; c8 < WPR / 8; c8++) {
-                uint32_t w[4][4];
-                fd_vwords<CST>(st, t, 8 * c8 + 4 * (g >> 2), w);
+                for (int c4 = 0; c4 < WPR / 4; c4++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 4 * c4, swv, w);
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const int i = 4 * c8 + u, gr = 32 * c8 / GS;
-                    const uint32_t b0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
-                    const uint32_t b1 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
-                    fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+                    for (int qq = 0; qq < 4; qq++) {
+                        const int i = 4 * c4 + qq, gr = 8 * i / GS;
+                        const uint32_t b0 = fd_deq(__byte_perm(w[0][qq], w[1][qq], vsel), vmask, vmul, vadd);
+                        const uint32_t b1 = fd_deq(__byte_perm(w[2][qq], w[3][qq], vsel), vmask, vmul, vadd);
+                        fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int c8 = 0; c8 < WPR / 8; c8++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 8 * c8 + 4 * (g >> 2), swv, w);
+#pragma unroll
+                    for (int u2 = 0; u2 < 4; u2++) {
+                        const int i = 4 * c8 + u2, gr = 32 * c8 / GS;
+                        const uint32_t b0 = fd_byte2(__byte_perm(w[0][u2], w[1][u2], bsel));
+                        const uint32_t b1 = fd_byte2(__byte_perm(w[2][u2], w[3][u2], bsel));
+                        fd_mma(o[i], pa[gr][0], pa[gr][1], pa[gr][2], pa[gr][3], b0, b1);
+                    }
                 }
             }
         }
@@ -730,34 +773,40 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB : 1) fd_block_k
  * through a 64-float array of the warp in shared memory. The same quantities as the kernel
  * above (scores with its rounding points, online softmax per 16-key tile, bias term on the
  * side), other summation orders within a tile. */
-template <int BITS, int D, int NG> struct fdt_smem {
-    typedef fd_smem<BITS, D, NG> L;
-    static constexpr int PS = 4 * 16; /* the tile's probabilities [head][key] */
+template <int BITS, int D, int NG, int TK = 16> struct fdt_smem {
+    typedef fd_smem<BITS, D, NG, TK> L;
+    static constexpr int PS = 4 * TK; /* the tile's probabilities [head][key] */
     __host__ __device__ static int warp_words(int stages) { return L::warp_words(stages) + PS; }
 };
 
-template <int BITS, int GS, int D, int G>
+/* TK keys a tile: 16, or 32 (two 16-key sub-tiles under one online-softmax step, one wait and
+ * one copy issue: the per-tile work — the ring's bookkeeping, the max's butterfly, the
+ * rescale — is paid once per 32 keys, and the sub-tiles' products are independent chains;
+ * PETREL_CUDA_FD_TK). */
+template <int BITS, int GS, int D, int G, int TK = 16>
 __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_block_kernel(pt_fd_args a) {
     static_assert(BITS == 4 || BITS == 8, "4- or 8-bit codes");
     static_assert(D % 32 == 0 && D % GS == 0 && GS % 32 == 0 && G >= 1 && G <= 4, "shape");
     constexpr int NG = D / GS, KS = D / 16, WPR = D * BITS / 32;
     constexpr int KSG = GS / 16; /* k-steps per group */
-    typedef fd_smem<BITS, D, NG> L;
-    typedef fdt_smem<BITS, D, NG> LT;
-    constexpr int CST = L::CST, STAGE = L::STAGE;
+    constexpr int U = TK / 16;   /* 16-key sub-tiles a tile */
+    typedef fd_smem<BITS, D, NG, TK> L;
+    typedef fdt_smem<BITS, D, NG, TK> LT;
+    constexpr int STAGE = L::STAGE;
     static_assert(BITS == 4 || WPR % 8 == 0, "8-bit rows come in blocks of 8 words");
     __shared__ float qs[G][D];
     __shared__ float qsum[G][NG];
     __shared__ float wm[FD_WARPS][G], wl[FD_WARPS][G];
     extern __shared__ __align__(16) uint32_t fd_dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int kh = blockIdx.x, split = blockIdx.y, NS = a.stages;
+    const int kh = blockIdx.x, split = blockIdx.y;
+    constexpr int NS = FD_NS;
     uint32_t *ring = fd_dyn + warp * LT::warp_words(NS);
-    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [16][NG] K (scale, bias), current tile */
-    float2 *vf = kf + 16 * NG;                                  /* [16][NG] V */
-    float *ps = reinterpret_cast<float *>(ring + L::warp_words(NS)); /* [4][16] */
+    float2 *kf = reinterpret_cast<float2 *>(ring + NS * STAGE); /* [TK][NG] K (scale, bias), current tile */
+    float2 *vf = kf + TK * NG;                                  /* [TK][NG] V */
+    float *ps = reinterpret_cast<float *>(ring + L::warp_words(NS)); /* [4][TK] */
 
-    fd_tile_io<BITS, D, NG> io;
+    fd_tile_io<BITS, D, NG, TK> io;
     io.init(a, ring, warp, lane);
     const int nt = io.nt;
     auto issue = [&](int k, int slot) { io.issue(k, slot); };
@@ -794,20 +843,24 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
      * of word + 2 (a thread reads 4 consecutive words of a key with one 16-byte load) */
     const uint32_t bsel = (uint32_t)(g & 3) | ((uint32_t)(4 + (g & 3)) << 8);
     const uint32_t c64 = 0x64006400u;
+    /* the swizzles of the code rows this lane reads: K rows g + 8i (one for all), V rows 2t + e */
+    const int swk = L::sw(g), swv[2] = {L::sw(2 * t), L::sw(2 * t + 1)};
 
     for (int k = 0, slot = 0; k < nt; k++, slot = slot == NS - 1 ? 0 : slot + 1) {
         issue(k + NS - 1, slot == 0 ? NS - 1 : slot - 1);
-        fd_wait_ring(NS);
+        fd_wait(NS - 1);
         __syncwarp();
-        const int jt = io.jw + 16 * FD_WARPS * k;
-        const int valid = io.j1 - jt < 16 ? io.j1 - jt : 16;
+        const int jt = io.jw + TK * FD_WARPS * k;
+        const int valid = io.j1 - jt < TK ? io.j1 - jt : TK;
         const uint32_t *st = ring + slot * STAGE;
         io.scales(a, st, kf, vf, valid, jt);
         __syncwarp();
-        /* scores: rows = keys g, g + 8 of the tile */
-        float acc[2] = {0.f, 0.f};
-        {
-            const uint32_t *kr0 = st + g * CST, *kr1 = st + (8 + g) * CST;
+        /* scores: rows = keys 16u + g, 16u + 8 + g of the tile (acc[u][0], acc[u][1]) */
+        float acc[U][2];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            acc[u][0] = acc[u][1] = 0.f;
+            const int r0 = 16 * u + g, r1 = r0 + 8;
 #pragma unroll
             for (int gr = 0; gr < NG; gr++) {
                 float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -816,14 +869,14 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
                     const int ks = gr * KSG + kk;
                     uint32_t a0, a1, a2, a3;
                     if (BITS == 4) {
-                        const uint32_t w0 = kr0[4 * (ks >> 1) + t] >> (8 * (ks & 1));
-                        const uint32_t w1 = kr1[4 * (ks >> 1) + t] >> (8 * (ks & 1));
+                        const uint32_t w0 = st[L::word(r0, 4 * (ks >> 1) + t, swk)] >> (8 * (ks & 1));
+                        const uint32_t w1 = st[L::word(r1, 4 * (ks >> 1) + t, swk)] >> (8 * (ks & 1));
                         a0 = fd_deq_c<0x000f000fu>(w0, c64, FD_H2_1, FD_H2_M1024);
                         a1 = fd_deq_c<0x000f000fu>(w1, c64, FD_H2_1, FD_H2_M1024);
                         a2 = fd_deq_c<0x00f000f0u>(w0, c64, FD_H2_16TH, FD_H2_M64);
                         a3 = fd_deq_c<0x00f000f0u>(w1, c64, FD_H2_16TH, FD_H2_M64);
                     } else {
-                        const uint32_t w0 = kr0[4 * ks + t], w1 = kr1[4 * ks + t];
+                        const uint32_t w0 = st[L::word(r0, 4 * ks + t, swk)], w1 = st[L::word(r1, 4 * ks + t, swk)];
                         a0 = fd_unbias(__byte_perm(w0, 0x64646464u, 0x4140));
                         a1 = fd_unbias(__byte_perm(w1, 0x64646464u, 0x4140));
                         a2 = fd_unbias(__byte_perm(w0, 0x64646464u, 0x4342));
@@ -833,29 +886,38 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
                 }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    const float2 sb = kf[(8 * i + g) * NG + gr];
-                    acc[i] = fmaf(sb.y, qg[gr], fmaf(sb.x, c[2 * i] + c[2 * i + 1], acc[i]));
+                    const float2 sb = kf[(16 * u + 8 * i + g) * NG + gr];
+                    acc[u][i] = fmaf(sb.y, qg[gr], fmaf(sb.x, c[2 * i] + c[2 * i + 1], acc[u][i]));
                 }
             }
         }
-        float s[2];
+        float s[U][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float v = pt_rnd(a.bf, acc[i]);
-            if (a.softcap > 0.f) v = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, v / a.softcap))) * a.softcap);
-            s[i] = 8 * i + g < valid ? v : -INFINITY;
-        }
-        /* online softmax for head t over the tile's 16 keys (lanes t, t + 4, ..., t + 28) */
-        float mt = fmaxf(s[0], s[1]);
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                float v = pt_rnd(a.bf, acc[u][i]);
+                if (a.softcap > 0.f) v = pt_rnd(a.bf, pt_rnd(a.bf, tanhf(pt_rnd(a.bf, v / a.softcap))) * a.softcap);
+                s[u][i] = 16 * u + 8 * i + g < valid ? v : -INFINITY;
+            }
+        /* online softmax for head t over the tile's TK keys (lanes t, t + 4, ..., t + 28) */
+        float mt = fmaxf(s[0][0], s[0][1]);
+#pragma unroll
+        for (int u = 1; u < U; u++) mt = fmaxf(mt, fmaxf(s[u][0], s[u][1]));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
         const float mn = fmaxf(m, mt);
         const float f = fd_exp_below(m, mn);
-        float p[2];
+        float p[U][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) p[i] = fd_exp_below(s[i], mn);
-        l = l * f + (p[0] + p[1]);
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) p[u][i] = fd_exp_below(s[u][i], mn);
+        float psum = p[0][0] + p[0][1];
+#pragma unroll
+        for (int u = 1; u < U; u++) psum += p[u][0] + p[u][1];
+        l = l * f + psum;
         m = mn;
         if (f != 1.f) {
 #pragma unroll
@@ -866,60 +928,71 @@ __global__ void __launch_bounds__(FD_THREADS, D <= 128 ? FD_MINB_T : 1) fdt_bloc
 #pragma unroll
         for (int gr = 0; gr < NG; gr++)
 #pragma unroll
-            for (int i = 0; i < 2; i++) bsum[gr] = fmaf(p[i], vf[(8 * i + g) * NG + gr].y, bsum[gr]);
-        if (t < G) ps[t * 16 + g] = p[0], ps[t * 16 + 8 + g] = p[1];
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    bsum[gr] = fmaf(p[u][i], vf[(16 * u + 8 * i + g) * NG + gr].y, bsum[gr]);
+        if (t < G)
+#pragma unroll
+            for (int u = 0; u < U; u++) ps[t * TK + 16 * u + g] = p[u][0], ps[t * TK + 16 * u + 8 + g] = p[u][1];
         __syncwarp();
-        /* B fragments of p·V per group: keys 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of column g,
-         * p·scale's hi (g even) or lo part */
-        uint32_t pb[NG][2];
-        {
-            float pk[4] = {0.f, 0.f, 0.f, 0.f};
-            if (hq < G) {
-                const float2 u0 = *reinterpret_cast<const float2 *>(ps + hq * 16 + 2 * t);
-                const float2 u1 = *reinterpret_cast<const float2 *>(ps + hq * 16 + 8 + 2 * t);
-                pk[0] = u0.x, pk[1] = u0.y, pk[2] = u1.x, pk[3] = u1.y;
-            }
 #pragma unroll
-            for (int gr = 0; gr < NG; gr++) {
-                float x[4];
+        for (int u = 0; u < U; u++) {
+            /* B fragments of p·V per group: keys 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1) of sub-tile
+             * u, column g: p·scale's hi (g even) or lo part */
+            uint32_t pb[NG][2];
+            {
+                float pk[4] = {0.f, 0.f, 0.f, 0.f};
+                if (hq < G) {
+                    const float2 u0 = *reinterpret_cast<const float2 *>(ps + hq * TK + 16 * u + 2 * t);
+                    const float2 u1 = *reinterpret_cast<const float2 *>(ps + hq * TK + 16 * u + 8 + 2 * t);
+                    pk[0] = u0.x, pk[1] = u0.y, pk[2] = u1.x, pk[3] = u1.y;
+                }
 #pragma unroll
-                for (int j = 0; j < 4; j++) x[j] = pk[j] * vf[(2 * t + (j & 1) + 8 * (j >> 1)) * NG + gr].x;
-                uint32_t h0, l0, h1, l1;
-                fd_split(x[0], x[1], h0, l0);
-                fd_split(x[2], x[3], h1, l1);
-                pb[gr][0] = g & 1 ? l0 : h0;
-                pb[gr][1] = g & 1 ? l1 : h1;
-            }
-        }
-        /* A fragments: V codes of keys 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3) */
-        if (BITS == 4) {
+                for (int gr = 0; gr < NG; gr++) {
+                    float x[4];
 #pragma unroll
-            for (int c4 = 0; c4 < WPR / 4; c4++) {
-                uint32_t w[4][4];
-                fd_vwords<CST>(st, t, 4 * c4, w);
-#pragma unroll
-                for (int h2 = 0; h2 < 2; h2++) {
-                    const int i = 2 * c4 + h2, gr = 16 * i / GS;
-                    const uint32_t a0 = fd_deq(__byte_perm(w[0][2 * h2], w[1][2 * h2], vsel), vmask, vmul, vadd);
-                    const uint32_t a1 = fd_deq(__byte_perm(w[0][2 * h2 + 1], w[1][2 * h2 + 1], vsel), vmask, vmul, vadd);
-                    const uint32_t a2 = fd_deq(__byte_perm(w[2][2 * h2], w[3][2 * h2], vsel), vmask, vmul, vadd);
-                    const uint32_t a3 = fd_deq(__byte_perm(w[2][2 * h2 + 1], w[3][2 * h2 + 1], vsel), vmask, vmul, vadd);
-                    fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                    for (int j = 0; j < 4; j++)
+                        x[j] = pk[j] * vf[(16 * u + 2 * t + (j & 1) + 8 * (j >> 1)) * NG + gr].x;
+                    uint32_t h0, l0, h1, l1;
+                    fd_split(x[0], x[1], h0, l0);
+                    fd_split(x[2], x[3], h1, l1);
+                    pb[gr][0] = g & 1 ? l0 : h0;
+                    pb[gr][1] = g & 1 ? l1 : h1;
                 }
             }
-        } else {
+            /* A fragments: V codes of keys 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3) */
+            if (BITS == 4) {
 #pragma unroll
-            for (int c8 = 0; c8 < WPR / 8; c8++) {
-                uint32_t w[4][4];
-                fd_vwords<CST>(st, t, 8 * c8 + 4 * (g >> 2), w);
+                for (int c4 = 0; c4 < WPR / 4; c4++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 4 * c4, swv, w);
 #pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int i = 2 * c8 + u, gr = 32 * c8 / GS;
-                    const uint32_t a0 = fd_byte2(__byte_perm(w[0][u], w[1][u], bsel));
-                    const uint32_t a1 = fd_byte2(__byte_perm(w[0][u + 2], w[1][u + 2], bsel));
-                    const uint32_t a2 = fd_byte2(__byte_perm(w[2][u], w[3][u], bsel));
-                    const uint32_t a3 = fd_byte2(__byte_perm(w[2][u + 2], w[3][u + 2], bsel));
-                    fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                    for (int h2 = 0; h2 < 2; h2++) {
+                        const int i = 2 * c4 + h2, gr = 16 * i / GS;
+                        const uint32_t a0 = fd_deq(__byte_perm(w[0][2 * h2], w[1][2 * h2], vsel), vmask, vmul, vadd);
+                        const uint32_t a1 =
+                            fd_deq(__byte_perm(w[0][2 * h2 + 1], w[1][2 * h2 + 1], vsel), vmask, vmul, vadd);
+                        const uint32_t a2 = fd_deq(__byte_perm(w[2][2 * h2], w[3][2 * h2], vsel), vmask, vmul, vadd);
+                        const uint32_t a3 =
+                            fd_deq(__byte_perm(w[2][2 * h2 + 1], w[3][2 * h2 + 1], vsel), vmask, vmul, vadd);
+                        fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int c8 = 0; c8 < WPR / 8; c8++) {
+                    uint32_t w[4][4];
+                    fd_vwords<L>(st, TK + 16 * u, t, 8 * c8 + 4 * (g >> 2), swv, w);
+#pragma unroll
+                    for (int u2 = 0; u2 < 2; u2++) {
+                        const int i = 2 * c8 + u2, gr = 32 * c8 / GS;
+                        const uint32_t a0 = fd_byte2(__byte_perm(w[0][u2], w[1][u2], bsel));
+                        const uint32_t a1 = fd_byte2(__byte_perm(w[0][u2 + 2], w[1][u2 + 2], bsel));
+                        const uint32_t a2 = fd_byte2(__byte_perm(w[2][u2], w[3][u2], bsel));
+                        const uint32_t a3 = fd_byte2(__byte_perm(w[2][u2 + 2], w[3][u2 + 2], bsel));
+                        fd_mma(o[i], a0, a1, a2, a3, pb[gr][0], pb[gr][1]);
+                    }
                 }
             }
         }
@@ -960,52 +1033,82 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
                                   const pt_attn *p);
 
 /* Launches the block kernel for one bits value, or with occ != NULL only
- * picks the ring depth (a.stages) and writes how many of its blocks fit on
- * one SM at that depth (the split count is sized to whole waves).
+ * writes how many of its blocks fit on one SM (the split count is sized to
+ * whole waves).
  * PT_ERR_UNSUPPORTED (no message) when (group size, head_dim, G) has no
  * instantiation. */
 pt_status pt_cuda_fused_block4(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
 pt_status pt_cuda_fused_block8(pt_fd_args &a, dim3 grid, cudaStream_t st, int gs, int hd, int G, int *occ);
-/* PETREL_CUDA_FD_STAGES (2..8; 0 or unset: the default, 2), read once. */
-int pt_fd_env_stages(void);
 /* PETREL_CUDA_FD_T: 1 (default) the transposed block kernel for G <= 4, 0 the other; read once. */
 int pt_fd_env_t(void);
+/* PETREL_CUDA_FD_TK: the block kernels' keys a tile, 16 or 32 (0: unset, the launch's rule); read once. */
+int pt_fd_env_tk(void);
+/* Counts a block-kernel launch with tk-key tiles (pt_cuda_fd_tk_count). */
+void pt_fd_count_tk(int tk);
 /* Whether the block and merge kernels are dependent launches (programmatic
  * stream serialization): unless PETREL_CUDA_FD_PDL=0 or PETREL_CUDA_PDL_CHAIN=0;
  * read once. */
 bool pt_fd_pdl(void);
 
-/* The ring depth: PETREL_CUDA_FD_STAGES, else 2 tiles per warp (one in
- * flight while one is computed; 3 and 4 measured no faster: bench/RESULTS.md),
- * and the blocks of that depth that fit on an SM, decided once per
- * instantiation; the kernel's dynamic shared memory limit is raised to it. */
+/* The blocks that fit on an SM, decided once per instantiation; the
+ * kernel's dynamic shared memory limit is raised to its ring's size. */
 template <int B, int GS, int D, int G>
 static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *occ) {
     typedef fd_smem<B, D, D / GS> L;
+    typedef fd_smem<B, D, D / GS, 32> L32;
     typedef fdt_smem<B, D, D / GS> LT;
-    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0 */
+    typedef fdt_smem<B, D, D / GS, 32> LT32;
+    /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles wherever such a
+     * block fits (PETREL_CUDA_FD_TK=16 forces 16-key tiles, =32 32-key tiles for either kernel
+     * wherever a block fits). Kinds: 0 fd_block_kernel, 1
+     * fdt_block_kernel, 2 and 3 the same with 32-key tiles. */
     constexpr bool TK = G <= 4;
-    const bool tk = TK && pt_fd_env_t();
-    static int s_stages, s_occ, s_tk = -1; /* per instantiation; the same values on every call */
-    auto kern = tk ? fdt_block_kernel<B, GS, D, (TK ? G : 1)> : fd_block_kernel<B, GS, D, G>;
-    if (occ) {
-        if (s_tk < 0) {
-            const int ns = pt_fd_env_stages() ? pt_fd_env_stages() : 2;
-            const int words = tk ? LT::warp_words(ns) : L::warp_words(ns), bytes = words * 4 * FD_WARPS;
-            if (L::warp_words(ns) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output
-                                                                      * must fit a warp's region */
-            CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    constexpr int GT = TK ? G : 1;
+    static int s_occ[4], s_t32[2] = {-1, -1}; /* per instantiation; the same values on every call */
+    auto kernel = [](int kind) {
+        return kind == 3   ? fdt_block_kernel<B, GS, D, GT, 32>
+               : kind == 2 ? fd_block_kernel<B, GS, D, G, 32>
+               : kind == 1 ? fdt_block_kernel<B, GS, D, GT>
+                           : fd_block_kernel<B, GS, D, G>;
+    };
+    auto bytes = [](int kind) {
+        const int w = kind == 3   ? LT32::warp_words(FD_NS)
+                      : kind == 2 ? L32::warp_words(FD_NS)
+                      : kind == 1 ? LT::warp_words(FD_NS)
+                                  : L::warp_words(FD_NS);
+        return w * 4 * FD_WARPS;
+    };
+    /* blocks of a kind an SM (-1: none fits), found once, the kernel's shared-memory limit raised to its ring */
+    auto blocks = [&](int kind) -> pt_status {
+        if (s_occ[kind] == 0) {
+            CUDA_CHECK(cudaFuncSetAttribute(kernel(kind), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes(kind)));
             int o = 0;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kern, FD_THREADS, bytes));
-            if (o < 1) return PT_ERR_UNSUPPORTED;
-            s_occ = o, s_stages = ns, s_tk = tk;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, kernel(kind), FD_THREADS, bytes(kind)));
+            s_occ[kind] = o > 0 ? o : -1;
         }
-        a.stages = s_stages;
-        *occ = s_occ;
+        return PT_OK;
+    };
+    if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output must fit
+                                                                  * a warp's region */
+    const int fam = TK && pt_fd_env_t(), want = pt_fd_env_tk(); /* fam: the kernel, 16-key kind */
+    if ((want == 32 || (want == 0 && fam == 1)) && s_t32[fam] < 0) {
+        PT_TRY(blocks(fam));
+        PT_TRY(blocks(fam + 2));
+        s_t32[fam] = s_occ[fam + 2] > 0; /* a 32-key block fits */
+    }
+    /* the default takes 32-key tiles for the transposed kernel wherever a block fits, even at fewer
+     * blocks an SM than its 16-key tiles (the 8-bit ring: faster at 2k-32k keys on the H100,
+     * bench/RESULTS.md); the first kernel's 32-key build spills more: only by PETREL_CUDA_FD_TK=32 */
+    const bool t32 = (want == 32 || (want == 0 && fam == 1)) && s_t32[fam] > 0;
+    const int kind = fam + (t32 ? 2 : 0);
+    if (occ) {
+        PT_TRY(blocks(kind));
+        if (s_occ[kind] < 1) return PT_ERR_UNSUPPORTED;
+        *occ = s_occ[kind];
         return PT_OK;
     }
-    const size_t bytes = (size_t)(tk ? LT::warp_words(a.stages) : L::warp_words(a.stages)) * 4 * FD_WARPS;
-    pt_launch(kern, grid, dim3(FD_THREADS), bytes, st, pt_fd_pdl(), a);
+    pt_fd_count_tk(t32 ? 32 : 16);
+    pt_launch(kernel(kind), grid, dim3(FD_THREADS), (size_t)bytes(kind), st, pt_fd_pdl(), a);
     return PT_OK;
 }
 
