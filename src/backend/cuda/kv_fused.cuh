@@ -1060,11 +1060,11 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     typedef fdt_smem<B, D, D / GS, 32> LT32;
     /* G <= 4: the transposed kernel unless PETREL_CUDA_FD_T=0, with 32-key tiles wherever such a
      * block fits (PETREL_CUDA_FD_TK=16 forces 16-key tiles, =32 32-key tiles for either kernel
-     * wherever a block fits). Kinds: 0 fd_block_kernel, 1
-     * fdt_block_kernel, 2 and 3 the same with 32-key tiles. */
+     * wherever a block fits). Kinds: 0 fd_block_kernel, 1 fdt_block_kernel, 2 and 3 the same
+     * with 32-key tiles. */
     constexpr bool TK = G <= 4;
     constexpr int GT = TK ? G : 1;
-    static int s_occ[4], s_t32[2] = {-1, -1}; /* per instantiation; the same values on every call */
+    static int s_occ[4]; /* blocks an SM per kind (0: not found yet); the same values on every call */
     auto kernel = [](int kind) {
         return kind == 3   ? fdt_block_kernel<B, GS, D, GT, 32>
                : kind == 2 ? fd_block_kernel<B, GS, D, G, 32>
@@ -1091,15 +1091,14 @@ static pt_status pt_fd_launch(pt_fd_args &a, dim3 grid, cudaStream_t st, int *oc
     if (L::warp_words(FD_NS) < G * D) return PT_ERR_UNSUPPORTED; /* never at 2+ stages: the partial output must fit
                                                                   * a warp's region */
     const int fam = TK && pt_fd_env_t(), want = pt_fd_env_tk(); /* fam: the kernel, 16-key kind */
-    if ((want == 32 || (want == 0 && fam == 1)) && s_t32[fam] < 0) {
-        PT_TRY(blocks(fam));
-        PT_TRY(blocks(fam + 2));
-        s_t32[fam] = s_occ[fam + 2] > 0; /* a 32-key block fits */
-    }
     /* the default takes 32-key tiles for the transposed kernel wherever a block fits, even at fewer
      * blocks an SM than its 16-key tiles (the 8-bit ring: faster at 2k-32k keys on the H100,
      * bench/RESULTS.md); the first kernel's 32-key build spills more: only by PETREL_CUDA_FD_TK=32 */
-    const bool t32 = (want == 32 || (want == 0 && fam == 1)) && s_t32[fam] > 0;
+    bool t32 = false;
+    if (want == 32 || (want == 0 && fam == 1)) {
+        PT_TRY(blocks(fam + 2));
+        t32 = s_occ[fam + 2] > 0;
+    }
     const int kind = fam + (t32 ? 2 : 0);
     if (occ) {
         PT_TRY(blocks(kind));
