@@ -24,7 +24,9 @@
  * cache, no prefill chunk): a few seconds per process, for A/B runs of the
  * full-precision decode attention's switches (PETREL_CUDA_ATTN_V2) or of
  * two builds, run alternately.
- * Usage: [BENCH_FUSED_ONLY=1 | BENCH_BF16_ONLY=1] bench_decode_attn [reps] [depth ...] */
+ * BENCH_NKV=N takes N KV heads instead of 8 (N dividing 32: BENCH_NKV=4 is GQA 8, the
+ * qwen3-30b-a3b group, which runs the fused first block kernel rather than the transposed one).
+ * Usage: [BENCH_FUSED_ONLY=1 | BENCH_BF16_ONLY=1] [BENCH_NKV=N] bench_decode_attn [reps] [depth ...] */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
 #include "base/error.h"
@@ -38,7 +40,7 @@
 
 #define LAYERS 32
 #define NH 32
-#define NKV 8
+static int NKV = 8; /* BENCH_NKV: 1, 2, 4, 8, 16 or 32 KV heads (GQA 32 .. 1) */
 #define HD 128
 #define GS 64
 #define CHUNK 2048
@@ -70,6 +72,10 @@ int main(int argc, char **argv) {
         nd = 0;
         for (int i = 2; i < argc && nd < 8; i++) depths[nd++] = atoll(argv[i]);
     }
+    if (getenv("BENCH_NKV")) {
+        NKV = atoi(getenv("BENCH_NKV"));
+        if (NKV < 1 || NKV > NH || NH % NKV) DIE("BENCH_NKV=%s: a divisor of %d", getenv("BENCH_NKV"), NH);
+    }
     pt_backend *be = bench_cuda_open();
     int64_t maxd = 0;
     for (int i = 0; i < nd; i++) maxd = depths[i] > maxd ? depths[i] : maxd;
@@ -93,9 +99,9 @@ int main(int argc, char **argv) {
     double read_gbs = 0;
     if (pt_cuda_read_bandwidth((size_t)2 << 30, &read_gbs) != PT_OK) DIE("read bandwidth");
     printf("read bandwidth: %.0f GB/s (2 GiB, 16-byte loads)\n", read_gbs);
-    printf("decode attention, llama-3.1-8b shape: %d layers x (%d heads, %d KV heads, head_dim %d), group %d; "
+    printf("decode attention, llama-3.1-8b shape%s: %d layers x (%d heads, %d KV heads, head_dim %d), group %d; "
            "median of %d paired repetitions\n",
-           LAYERS, NH, NKV, HD, GS, reps);
+           NKV == 8 ? "" : " (KV heads changed)", LAYERS, NH, NKV, HD, GS, reps);
     const char *v2 = getenv("PETREL_CUDA_ATTN_V2");
     if (bonly) printf("bf16 cache only; PETREL_CUDA_ATTN_V2=%s\n", v2 ? v2 : "(unset)");
     printf("%-10s %6s %10s %10s %9s %8s %9s\n", "kv", "depth", "KV MB/step", "us/step", "us/layer", "GB/s", "of read");

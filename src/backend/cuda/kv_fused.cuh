@@ -60,7 +60,9 @@
 /* Tiles per warp in the cp.async ring: one in flight while one is computed (3 and 4 measured no
  * faster, bench/RESULTS.md). A compile-time depth: the ring's addresses, its slot counter and the
  * wait for a tile are then constants in the key loop. */
+#ifndef FD_NS /* -DFD_NS=N builds another depth for measurement */
 #define FD_NS 2
+#endif
 /* Blocks per SM the compiler keeps registers for (head_dim <= 128). 4 (a 128-register cap)
  * measured 4-7% slower than 3 on the llama-3.1-8b shape: the cap costs more than the extra warps
  * gain (bench/RESULTS.md). */
