@@ -2,6 +2,7 @@
 #include "test.h"
 
 #include "base/arena.h"
+#include "base/env.h"
 #include "base/error.h"
 #include "base/half.h"
 #include "base/json.h"
@@ -9,6 +10,10 @@
 #include "base/threadpool.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include <time.h>
 
 #include <stdint.h>
@@ -230,6 +235,86 @@ static void test_log_level_parse(void) {
     pt_log_set_level(was);
 }
 
+/* Runs f with stderr sent to a temporary file; returns what it wrote (static buffer). */
+static const char *stderr_of(int (*f)(void), int *ret) {
+    static char buf[1024];
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    const int saved = dup(2);
+    dup2(fileno(tmp), 2);
+    *ret = f();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    rewind(tmp);
+    const size_t n = fread(buf, 1, sizeof buf - 1, tmp);
+    buf[n] = 0;
+    fclose(tmp);
+    return buf;
+}
+static int flag_default_on(void) { return pt_env_flag("PETREL_TEST_SWITCH", 1); }
+static int flag_default_off(void) { return pt_env_flag("PETREL_TEST_SWITCH", 0); }
+static int int_0_16(void) { return pt_env_int("PETREL_TEST_SWITCH", 1, 16, 7); }
+static int pick_16_32(void) {
+    static const int tk[] = {16, 32};
+    return pt_env_pick("PETREL_TEST_SWITCH", tk, 2, 0);
+}
+
+/* The environment switches: the values they take, and a value they do not
+ * take named in a warning with the default kept (a typo never flips one). */
+static void test_env_switches(void) {
+    const pt_log_level was = pt_log_get_level();
+    pt_log_set_level(PT_LOG_WARN);
+    int r;
+    const char *out;
+    unsetenv("PETREL_TEST_SWITCH");
+    CHECK(flag_default_on() == 1 && flag_default_off() == 0, "unset: the default");
+    setenv("PETREL_TEST_SWITCH", "", 1);
+    CHECK(flag_default_on() == 1 && flag_default_off() == 0, "empty: the default");
+    static const char *on[] = {"1", "on", "ON", "true", "Yes"}, *off[] = {"0", "off", "False", "no", "NO"};
+    for (int i = 0; i < 5; i++) {
+        setenv("PETREL_TEST_SWITCH", on[i], 1);
+        out = stderr_of(flag_default_off, &r);
+        CHECK(r == 1 && !*out, "%s turns a switch on, silently (got %d, said '%s')", on[i], r, out);
+        setenv("PETREL_TEST_SWITCH", off[i], 1);
+        out = stderr_of(flag_default_on, &r);
+        CHECK(r == 0 && !*out, "%s turns a switch off, silently (got %d, said '%s')", off[i], r, out);
+    }
+    static const char *bad[] = {"2", "of", "enable", "1x", " 0"};
+    for (int i = 0; i < 5; i++) {
+        setenv("PETREL_TEST_SWITCH", bad[i], 1);
+        out = stderr_of(flag_default_on, &r);
+        CHECK(r == 1 && strstr(out, "PETREL_TEST_SWITCH") && strstr(out, bad[i]) && strstr(out, "default (on)"),
+              "'%s': the default kept and named (got %d, said '%s')", bad[i], r, out);
+        out = stderr_of(flag_default_off, &r);
+        CHECK(r == 0 && strstr(out, "default (off)"), "'%s' with the default off (got %d)", bad[i], r);
+    }
+    static const struct {
+        const char *v;
+        int want, warns;
+    } ints[] = {{"1", 1, 0}, {"16", 16, 0}, {" 8 ", 8, 0}, {"+3", 3, 0}, {"0", 7, 1},   {"17", 7, 1},
+                {"-4", 7, 1}, {"4k", 7, 1}, {"x", 7, 1},  {"99999999999999999999", 7, 1}, {"  ", 7, 1}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        setenv("PETREL_TEST_SWITCH", ints[i].v, 1);
+        out = stderr_of(int_0_16, &r);
+        CHECK(r == ints[i].want && (*out != 0) == ints[i].warns && (!ints[i].warns || strstr(out, "from 1 to 16")),
+              "int '%s': got %d (want %d), said '%s'", ints[i].v, r, ints[i].want, out);
+    }
+    static const struct {
+        const char *v;
+        int want;
+    } picks[] = {{"16", 16}, {"32", 32}, {"24", 0}, {"0", 0}, {"sixteen", 0}};
+    for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
+        setenv("PETREL_TEST_SWITCH", picks[i].v, 1);
+        out = stderr_of(pick_16_32, &r);
+        const int warns = picks[i].want == 0;
+        CHECK(r == picks[i].want && (*out != 0) == warns && (!warns || strstr(out, "not one of 16, 32")),
+              "pick '%s': got %d, said '%s'", picks[i].v, r, out);
+    }
+    unsetenv("PETREL_TEST_SWITCH");
+    pt_log_set_level(was);
+}
+
 static void test_utf8(void) {
     CHECK(pt_utf8_invalid_offset("h\xc3\xa9llo", 6) == -1, "valid 2-byte");
     CHECK(pt_utf8_invalid_offset("\xf0\x9f\x98\x80", 4) == -1, "valid 4-byte");
@@ -249,6 +334,7 @@ int main(void) {
     TEST_RUN(test_threadpool_sleep);
     TEST_RUN(test_json);
     TEST_RUN(test_log_level_parse);
+    TEST_RUN(test_env_switches);
     TEST_RUN(test_utf8);
     return test_summary();
 }

@@ -27,6 +27,7 @@
  * its weights as one pool job (see pt_cpu_matmul_multi). */
 #include "backend/cpu/cpu_internal.h"
 
+#include "base/env.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -63,9 +64,7 @@ pt_cpu_levers pt_cpu_lever = {.multi = -1,
                               .attn_dp = -1};
 
 static void lever_read(int *field, const char *name, int def) {
-    if (*field >= 0) return;
-    const char *e = getenv(name);
-    *field = e && *e ? strcmp(e, "0") != 0 : def;
+    if (*field < 0) *field = pt_env_flag(name, def);
 }
 
 /* vdpbf16ps (AVX512-BF16) is not implied by the AVX-512 kernel table's

@@ -468,17 +468,6 @@ static const pt_backend_ops cuda_ops = {
     .matmul_add = pt_cuda_matmul_add,
 };
 
-/* An A/B switch of several settings: the variable's value when it is one of
- * lo..hi written as a plain decimal, else dflt. */
-static int env_choice(const char *name, int lo, int hi, int dflt) {
-    const char *e = getenv(name);
-    char d[16];
-    for (int v = lo; e && v <= hi; v++) {
-        snprintf(d, sizeof d, "%d", v);
-        if (!strcmp(e, d)) return v;
-    }
-    return dflt;
-}
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     pt_cuda_device_info info;
@@ -490,10 +479,10 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
         const char *e = getenv("PETREL_CUDA_DEC_HEADS");
         c->dec_heads = e && *e ? atoi(e) : -1;
     }
-    c->dec_short_stage = env_choice("PETREL_CUDA_DEC_SHORT_STAGE", 0, 2, 2);
+    c->dec_short_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_STAGE", 0, 2, 2);
     c->dec_short_rows = pt_env_on("PETREL_CUDA_DEC_SHORT_ROWS");
-    c->dec_short_rows_stage = env_choice("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 2, 0);
-    c->dec_short_rows_heads = env_choice("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", 0, 1, -1);
+    c->dec_short_rows_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 2, 0);
+    c->dec_short_rows_heads = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", 0, 1, -1);
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -19,6 +19,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "base/env.h"
 #include "backend/cuda/cuda.h"
 }
 
@@ -196,11 +197,9 @@ __device__ __forceinline__ void pt_release_dependents(void) {
 __device__ __forceinline__ void pt_wait_primary(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 
 /* The backend's A/B switches: a PETREL_CUDA_* variable is on unless it is
- * "0". Callers read it once and cache the answer. */
-static inline int pt_env_on(const char *name) {
-    const char *e = getenv(name);
-    return !(e && !strcmp(e, "0"));
-}
+ * 0 (or off, false, no); another value is named in a warning and leaves the
+ * switch on (pt_env_flag). Callers read it once and cache the answer. */
+static inline int pt_env_on(const char *name) { return pt_env_flag(name, 1); }
 
 /* PETREL_CUDA_PDL_CHAIN=0: pt_launch launches normally (A/B). */
 static inline bool pt_pdl_chain(void) {

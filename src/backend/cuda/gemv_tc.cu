@@ -294,16 +294,12 @@ static bool tc_xstage(void) {
 static int g_tc_xl = -1, g_tc_drift = -1;
 extern "C" void pt_cuda_tc_xl(int on) { g_tc_xl = on < 0 ? -1 : on != 0; }
 extern "C" void pt_cuda_tc_drift(int on) { g_tc_drift = on < 0 ? -1 : on != 0; }
-static int tc_env01(const char *name, int dflt) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) != 0 : dflt;
-}
 static bool tc_xl(void) {
-    if (g_tc_xl < 0) g_tc_xl = tc_env01("PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT);
+    if (g_tc_xl < 0) g_tc_xl = pt_env_flag("PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT);
     return g_tc_xl;
 }
 static bool tc_drift(void) {
-    if (g_tc_drift < 0) g_tc_drift = tc_env01("PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT);
+    if (g_tc_drift < 0) g_tc_drift = pt_env_flag("PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT);
     return g_tc_drift;
 }
 
@@ -465,7 +461,7 @@ extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg = on < 0 ? -1 : on != 0; }
 static unsigned long long g_tc_wg_launches; /* wgmma launches made so far (tests check the path ran) */
 extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return __atomic_load_n(&g_tc_wg_launches, __ATOMIC_RELAXED); }
 static int tc_wg(void) {
-    if (g_tc_wg < 0) g_tc_wg = tc_env01("PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT);
+    if (g_tc_wg < 0) g_tc_wg = pt_env_flag("PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT);
     return g_tc_wg;
 }
 

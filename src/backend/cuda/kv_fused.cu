@@ -83,18 +83,9 @@ __global__ void __launch_bounds__(FD_MW * 32) fd_merge_kernel(float *out, const 
     }
 }
 
-static int fd_env_int(const char *name, int lo, int hi) {
-    const char *v = getenv(name);
-    const int x = v ? atoi(v) : 0;
-    return x >= lo && x <= hi ? x : 0;
-}
-
 int pt_fd_env_t(void) {
     static int s = -1;
-    if (s < 0) {
-        const char *v = getenv("PETREL_CUDA_FD_T");
-        s = !(v && v[0] == '0');
-    }
+    if (s < 0) s = pt_env_flag("PETREL_CUDA_FD_T", 1);
     return s;
 }
 
@@ -109,8 +100,8 @@ extern "C" unsigned long long pt_cuda_fd_tk_count(int tk) {
 void pt_fd_count_tk(int tk) { __atomic_fetch_add(&g_fd_tk_launches[tk / 32], 1ull, __ATOMIC_RELAXED); }
 int pt_fd_env_tk(void) {
     if (g_fd_tk < 0) {
-        const int v = fd_env_int("PETREL_CUDA_FD_TK", 16, 32);
-        g_fd_tk = v == 16 || v == 32 ? v : 0;
+        static const int tks[] = {16, 32};
+        g_fd_tk = pt_env_pick("PETREL_CUDA_FD_TK", tks, 2, 0);
     }
     return g_fd_tk;
 }
@@ -160,7 +151,7 @@ pt_status pt_cuda_attention_fused(pt_cuda *c, float *out, const float *q, const 
     int64_t per_wave = (int64_t)(occ > 0 ? occ : 1) * c->sm_count / kv->n_kv;
     if (per_wave < 1) per_wave = 1;
     static int env_waves = -1; /* PETREL_CUDA_FD_WAVES=1..16: that many waves whatever the capacity */
-    if (env_waves < 0) env_waves = fd_env_int("PETREL_CUDA_FD_WAVES", 1, 16);
+    if (env_waves < 0) env_waves = pt_env_int("PETREL_CUDA_FD_WAVES", 1, 16, 0);
     int64_t waves = kv->capacity / (512 * per_wave);
     waves = waves < 1 ? 1 : waves > 4 ? 4 : waves;
     if (env_waves) waves = env_waves;
