@@ -252,12 +252,20 @@ static const char *stderr_of(int (*f)(void), int *ret) {
     fclose(tmp);
     return buf;
 }
-static int flag_default_on(void) { return pt_env_flag("PETREL_TEST_SWITCH", 1); }
-static int flag_default_off(void) { return pt_env_flag("PETREL_TEST_SWITCH", 0); }
-static int int_0_16(void) { return pt_env_int("PETREL_TEST_SWITCH", 1, 16, 7); }
+/* Each check sets a variable of its own (a bad value is warned about once per variable and process). */
+static char g_var[64];
+static void set_var(const char *value) {
+    static int n;
+    unsetenv(g_var);
+    snprintf(g_var, sizeof g_var, "PETREL_TEST_SWITCH_%d", ++n);
+    setenv(g_var, value, 1);
+}
+static int flag_default_on(void) { return pt_env_flag(g_var, 1); }
+static int flag_default_off(void) { return pt_env_flag(g_var, 0); }
+static int int_0_16(void) { return pt_env_int(g_var, 1, 16, 7); }
 static int pick_16_32(void) {
     static const int tk[] = {16, 32};
-    return pt_env_pick("PETREL_TEST_SWITCH", tk, 2, 0);
+    return pt_env_pick(g_var, tk, 2, 0);
 }
 
 /* The environment switches: the values they take, and a value they do not
@@ -267,25 +275,29 @@ static void test_env_switches(void) {
     pt_log_set_level(PT_LOG_WARN);
     int r;
     const char *out;
-    unsetenv("PETREL_TEST_SWITCH");
+    snprintf(g_var, sizeof g_var, "PETREL_TEST_SWITCH_UNSET");
+    unsetenv(g_var);
     CHECK(flag_default_on() == 1 && flag_default_off() == 0, "unset: the default");
-    setenv("PETREL_TEST_SWITCH", "", 1);
+    set_var("");
     CHECK(flag_default_on() == 1 && flag_default_off() == 0, "empty: the default");
     static const char *on[] = {"1", "on", "ON", "true", "Yes"}, *off[] = {"0", "off", "False", "no", "NO"};
     for (int i = 0; i < 5; i++) {
-        setenv("PETREL_TEST_SWITCH", on[i], 1);
+        set_var(on[i]);
         out = stderr_of(flag_default_off, &r);
         CHECK(r == 1 && !*out, "%s turns a switch on, silently (got %d, said '%s')", on[i], r, out);
-        setenv("PETREL_TEST_SWITCH", off[i], 1);
+        set_var(off[i]);
         out = stderr_of(flag_default_on, &r);
         CHECK(r == 0 && !*out, "%s turns a switch off, silently (got %d, said '%s')", off[i], r, out);
     }
     static const char *bad[] = {"2", "of", "enable", "1x", " 0"};
     for (int i = 0; i < 5; i++) {
-        setenv("PETREL_TEST_SWITCH", bad[i], 1);
+        set_var(bad[i]);
         out = stderr_of(flag_default_on, &r);
-        CHECK(r == 1 && strstr(out, "PETREL_TEST_SWITCH") && strstr(out, bad[i]) && strstr(out, "default (on)"),
+        CHECK(r == 1 && strstr(out, g_var) && strstr(out, bad[i]) && strstr(out, "default (on)"),
               "'%s': the default kept and named (got %d, said '%s')", bad[i], r, out);
+        out = stderr_of(flag_default_on, &r);
+        CHECK(r == 1 && !*out, "'%s' read again: the default, no second warning (said '%s')", bad[i], out);
+        set_var(bad[i]);
         out = stderr_of(flag_default_off, &r);
         CHECK(r == 0 && strstr(out, "default (off)"), "'%s' with the default off (got %d)", bad[i], r);
     }
@@ -295,7 +307,7 @@ static void test_env_switches(void) {
     } ints[] = {{"1", 1, 0}, {"16", 16, 0}, {" 8 ", 8, 0}, {"+3", 3, 0}, {"0", 7, 1},   {"17", 7, 1},
                 {"-4", 7, 1}, {"4k", 7, 1}, {"x", 7, 1},  {"99999999999999999999", 7, 1}, {"  ", 7, 1}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        setenv("PETREL_TEST_SWITCH", ints[i].v, 1);
+        set_var(ints[i].v);
         out = stderr_of(int_0_16, &r);
         CHECK(r == ints[i].want && (*out != 0) == ints[i].warns && (!ints[i].warns || strstr(out, "from 1 to 16")),
               "int '%s': got %d (want %d), said '%s'", ints[i].v, r, ints[i].want, out);
@@ -305,13 +317,13 @@ static void test_env_switches(void) {
         int want;
     } picks[] = {{"16", 16}, {"32", 32}, {"24", 0}, {"0", 0}, {"sixteen", 0}};
     for (size_t i = 0; i < sizeof picks / sizeof picks[0]; i++) {
-        setenv("PETREL_TEST_SWITCH", picks[i].v, 1);
+        set_var(picks[i].v);
         out = stderr_of(pick_16_32, &r);
         const int warns = picks[i].want == 0;
         CHECK(r == picks[i].want && (*out != 0) == warns && (!warns || strstr(out, "not one of 16, 32")),
               "pick '%s': got %d, said '%s'", picks[i].v, r, out);
     }
-    unsetenv("PETREL_TEST_SWITCH");
+    unsetenv(g_var);
     pt_log_set_level(was);
 }
 

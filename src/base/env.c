@@ -4,9 +4,26 @@
 #include "base/log.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
+
+/* Whether this is the first warning about variable `name` in the process: a switch some path reads on every
+ * call (the CUDA sampler's) says so once, not every step. */
+static int first_warning(const char *name) {
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    static char seen[64][64];
+    static int n_seen;
+    int first = 1;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < n_seen && first; i++)
+        if (!strncmp(seen[i], name, sizeof seen[i] - 1)) first = 0;
+    if (first && n_seen < 64) snprintf(seen[n_seen++], sizeof seen[0], "%s", name);
+    pthread_mutex_unlock(&mu);
+    return first;
+}
 
 int pt_env_flag(const char *name, int dflt) {
     const char *e = getenv(name);
@@ -16,8 +33,9 @@ int pt_env_flag(const char *name, int dflt) {
         if (!strcasecmp(e, on[i])) return 1;
         if (!strcasecmp(e, off[i])) return 0;
     }
-    PT_LOGW("%s=%s is not one of 1/on/true/yes or 0/off/false/no; keeping the default (%s)", name, e,
-            dflt ? "on" : "off");
+    if (first_warning(name))
+        PT_LOGW("%s=%s is not one of 1/on/true/yes or 0/off/false/no; keeping the default (%s)", name, e,
+                dflt ? "on" : "off");
     return dflt;
 }
 
@@ -36,7 +54,8 @@ int pt_env_int(const char *name, int lo, int hi, int dflt) {
     if (!e || !*e) return dflt;
     long v;
     if (parse_int(e, &v) && v >= lo && v <= hi) return (int)v;
-    PT_LOGW("%s=%s is not a whole number from %d to %d; keeping the default (%d)", name, e, lo, hi, dflt);
+    if (first_warning(name))
+        PT_LOGW("%s=%s is not a whole number from %d to %d; keeping the default (%d)", name, e, lo, hi, dflt);
     return dflt;
 }
 
@@ -47,6 +66,7 @@ int pt_env_pick(const char *name, const int *allowed, int n, int dflt) {
     if (parse_int(e, &v))
         for (int i = 0; i < n; i++)
             if (v == allowed[i]) return allowed[i];
+    if (!first_warning(name)) return dflt;
     char list[128];
     size_t at = 0;
     list[0] = 0;

@@ -1,8 +1,9 @@
 /* The engine's switches read from the environment (the backends' A/B
  * switches: PETREL_CUDA_*, the CPU levers' PETREL_CPU_* defaults). Callers
- * read a variable once and keep the answer. A value these do not accept is
- * named in a warning (pt_log) and the default is taken, so a typo never
- * silently turns a switch the other way. */
+ * read a variable once and keep the answer (a few read it per call). A value
+ * these do not accept is named in a warning (pt_log, once per variable and
+ * process) and the default is taken, so a typo never silently turns a switch
+ * the other way. */
 #ifndef PT_BASE_ENV_H
 #define PT_BASE_ENV_H
 

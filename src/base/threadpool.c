@@ -29,6 +29,7 @@
  * count (all sequentially consistent), so one of the two sees the other. */
 #include "base/threadpool.h"
 
+#include "base/env.h"
 #include "base/error.h"
 
 #include <limits.h>
@@ -106,11 +107,7 @@ static uint64_t spin_ns(void) {
     static _Atomic int64_t v = -1;
     int64_t ns = atomic_load_explicit(&v, memory_order_relaxed);
     if (ns < 0) {
-        const char *e = getenv("PETREL_POOL_SPIN_US");
-        char *end = NULL;
-        long us = e ? strtol(e, &end, 10) : SPIN_US_DEFAULT;
-        if (!e || end == e || *end || us < 0 || us > 10000) us = SPIN_US_DEFAULT;
-        ns = (int64_t)us * 1000;
+        ns = (int64_t)pt_env_int("PETREL_POOL_SPIN_US", 0, 10000, SPIN_US_DEFAULT) * 1000;
         atomic_store_explicit(&v, ns, memory_order_relaxed);
     }
     return (uint64_t)ns;

@@ -51,6 +51,13 @@ expect_exit bench_no_model 2 "$PETREL" bench
 expect_exit bench_synthetic_no_quant 2 "$PETREL" bench --synthetic llama-3.2-1b
 expect_exit bench_bad_synthetic 1 "$PETREL" bench --synthetic nope --quant q4
 expect_stderr bench_bad_synthetic_named "unknown shape"
+# an environment switch given a value it does not take: named in a warning, the default kept, the run goes on
+PETREL_CPU_SPLIT=sometimes PETREL_POOL_SPIN_US=lots expect_exit env_bad_switch_runs 0 \
+  "$PETREL" generate -m "$FIX" --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --print-ids -t 2
+expect_stderr env_bad_switch_named "PETREL_CPU_SPLIT=sometimes is not one of .*keeping the default \(on\)"
+expect_stderr env_bad_number_named "PETREL_POOL_SPIN_US=lots is not a whole number from 0 to 10000"
+PETREL_CPU_SPLIT=off expect_exit env_off_word 0 "$PETREL" generate -m "$FIX" --prompt-ids 1,2,3 --max-tokens 2 --temp 0 --print-ids -t 2
+if grep -q "PETREL_" "$TMP/err"; then fail env_off_word_silent "$(head -c 200 "$TMP/err")"; else pass env_off_word_silent; fi
 expect_exit perplexity_no_file 2 "$PETREL" perplexity -m "$FIX"
 
 if [ ! -f "$FIX/config.json" ]; then

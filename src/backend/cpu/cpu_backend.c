@@ -8,9 +8,11 @@
  * another one; asking for an ISA the CPU lacks is an error, not a crash. */
 #include "backend/cpu/cpu_internal.h"
 
+#include "base/env.h"
 #include "base/error.h"
 #include "base/log.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,8 +206,13 @@ static int ftype_ok(pt_ftype t) { return t == PT_FT_F32 || t == PT_FT_BF16 || t 
 #define PT_HUGE_BYTES ((uintptr_t)2 << 20)
 
 static int hugepages_on(void) {
-    const char *e = getenv("PETREL_CPU_HUGEPAGES");
-    return !(e && !strcmp(e, "0"));
+    static _Atomic int on = -1;
+    int v = atomic_load_explicit(&on, memory_order_relaxed);
+    if (v < 0) {
+        v = pt_env_flag("PETREL_CPU_HUGEPAGES", 1);
+        atomic_store_explicit(&on, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 static void advise_huge(const void *p, size_t bytes) {

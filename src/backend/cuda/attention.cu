@@ -402,9 +402,7 @@ static int g_dec_short = -1;
  * nsplit / Y splits. One row always gets nsplit. */
 static int64_t dec_blocks_y(const pt_cuda *c, int nkv, int64_t nsplit, int64_t B) {
     if (g_dec_grid < 0) {
-        const char *e = getenv("PETREL_CUDA_DEC_GRID");
-        const int v = e ? atoi(e) : 4;
-        g_dec_grid = v == 0 ? 0 : v >= 1 && v <= 64 ? v : 4;
+        g_dec_grid = pt_env_int("PETREL_CUDA_DEC_GRID", 0, 64, 4);
     }
     if (g_dec_grid == 0 || B <= 1) return nsplit;
     const int64_t target = (int64_t)g_dec_grid * c->sm_count, per_y = (int64_t)nkv * B;
@@ -421,9 +419,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
                        : PT_ERR_UNSUPPORTED;
     dec_shape(c, a.nkv, a.cap, a.stride, a.nsplit);
     if (g_dec_minper < 0) {
-        const char *e = getenv("PETREL_CUDA_DEC_MINPER");
-        const int v = e ? atoi(e) : 0;
-        g_dec_minper = v >= 1 && v <= 256 ? v : DEC_MINPER;
+        g_dec_minper = pt_env_int("PETREL_CUDA_DEC_MINPER", 1, 256, DEC_MINPER);
     }
     a.minper = g_dec_minper;
     /* the single-sequence scratch must take the cache too: a row the batch
@@ -448,8 +444,7 @@ static pt_status dec_launch(pt_cuda *c, pt_dec_rows &a, int64_t B, int batched) 
     dim3 grid((unsigned)a.nkv, (unsigned)dec_blocks_y(c, a.nkv, a.nsplit, B), (unsigned)B);
     if (g_attn_v2 < 0) g_attn_v2 = pt_env_on("PETREL_CUDA_ATTN_V2");
     if (g_dec_short < 0) {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT");
-        g_dec_short = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "2") ? 2 : 1;
+        g_dec_short = pt_env_int("PETREL_CUDA_DEC_SHORT", 0, 2, 1);
     }
     const int R = a.hd * (int)sizeof(KT) / 16;
     a.err = c->err_dev;

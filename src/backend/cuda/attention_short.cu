@@ -584,8 +584,8 @@ static int g_ds_minb = -1;
 extern "C" void pt_cuda_dec_short_rows_minb(int v) { g_ds_minb = v == 2 || v == 4 ? v : 0; }
 static bool ds_rows_dense(const pt_cuda *c, int64_t blocks, int per_sm) {
     if (g_ds_minb < 0) {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT_ROWS_MINB");
-        pt_cuda_dec_short_rows_minb(e ? atoi(e) : 0);
+        static const int mb[] = {2, 4};
+        pt_cuda_dec_short_rows_minb(pt_env_pick("PETREL_CUDA_DEC_SHORT_ROWS_MINB", mb, 2, 0));
     }
     return g_ds_minb == 4 || (g_ds_minb == 0 && blocks > per_sm * (int64_t)c->sm_count);
 }
@@ -621,8 +621,8 @@ extern "C" unsigned long long pt_cuda_dec_short_fold_count(int nw) {
 }
 static int ds_fold_warps(int ts, int hd) {
     if (g_ds_warps < 0) {
-        const char *e = getenv("PETREL_CUDA_DEC_SHORT_WARPS");
-        pt_cuda_dec_short_warps(e ? atoi(e) : 0);
+        static const int nw[] = {8, 16};
+        pt_cuda_dec_short_warps(pt_env_pick("PETREL_CUDA_DEC_SHORT_WARPS", nw, 2, 0));
     }
     for (int nw = g_ds_warps ? g_ds_warps : 4; nw < DS_WARPS; nw *= 2)
         if (ts <= nw && hd <= 32 * nw) return nw;

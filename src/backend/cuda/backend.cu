@@ -475,10 +475,7 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     c->device = p->device;
     c->no_fast_gemv = !pt_env_on("PETREL_CUDA_FAST_GEMV");
     c->dec_short_heads = pt_env_on("PETREL_CUDA_DEC_SHORT_HEADS");
-    {
-        const char *e = getenv("PETREL_CUDA_DEC_HEADS");
-        c->dec_heads = e && *e ? atoi(e) : -1;
-    }
+    c->dec_heads = pt_env_int("PETREL_CUDA_DEC_HEADS", 0, 64, -1);
     c->dec_short_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_STAGE", 0, 2, 2);
     c->dec_short_rows = pt_env_on("PETREL_CUDA_DEC_SHORT_ROWS");
     c->dec_short_rows_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 2, 0);

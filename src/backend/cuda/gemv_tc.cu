@@ -58,8 +58,7 @@ static int g_tc_loop = -1;
 extern "C" void pt_cuda_tc_loop(int lv) { g_tc_loop = lv >= 0 && lv <= 3 ? lv : PT_TC_LOOP_DEFAULT; }
 static int tc_loop(void) {
     if (g_tc_loop < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_LOOP");
-        pt_cuda_tc_loop(e ? atoi(e) : PT_TC_LOOP_DEFAULT);
+        pt_cuda_tc_loop(pt_env_int("PETREL_CUDA_TC_LOOP", 0, 3, PT_TC_LOOP_DEFAULT));
     }
     return g_tc_loop;
 }
@@ -315,8 +314,8 @@ static int g_tc_cluster = 0;
 extern "C" void pt_cuda_tc_cluster(int n) { g_tc_cluster = n == 1 || n == 2 || n == 4 ? n : PT_TC_CLUSTER; }
 static int tc_cluster(void) {
     if (!g_tc_cluster) {
-        const char *e = getenv("PETREL_CUDA_TC_CLUSTER");
-        pt_cuda_tc_cluster(e ? atoi(e) : 0);
+        static const int cl[] = {1, 2, 4};
+        pt_cuda_tc_cluster(pt_env_pick("PETREL_CUDA_TC_CLUSTER", cl, 3, 0));
     }
     return g_tc_cluster;
 }
@@ -690,14 +689,12 @@ extern "C" void pt_cuda_tc_attn_warps(int w) { g_tc_attn_warps = w >= 0 && w <= 
  * >= 4 units; one from PT_TC_S1_TILES tiles per SM on. */
 static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, int role) {
     if (!g_tc_warps) {
-        const char *e = getenv("PETREL_CUDA_TC_WARPS");
-        pt_cuda_tc_warps(e ? atoi(e) : 0);
+        pt_cuda_tc_warps(pt_env_int("PETREL_CUDA_TC_WARPS", 1, 64, 0));
     }
     if (g_tc_attn_warps < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_ATTN_WARPS");
-        pt_cuda_tc_attn_warps(e && *e ? atoi(e) : -1);
-        e = getenv("PETREL_CUDA_TC_ATTN_UNITS"); /* the units a warp must keep (A/B) */
-        if (e && *e) g_tc_attn_units = atoi(e);
+        pt_cuda_tc_attn_warps(pt_env_int("PETREL_CUDA_TC_ATTN_WARPS", 0, 64, -1));
+        /* the units a warp must keep (A/B) */
+        g_tc_attn_units = pt_env_int("PETREL_CUDA_TC_ATTN_UNITS", 0, 1 << 20, g_tc_attn_units);
     }
     if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
     const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
@@ -833,8 +830,8 @@ static int g_fold_glu = -1;
 extern "C" void pt_cuda_fold_glu(int mode) { g_fold_glu = mode < 0 || mode > 2 ? -1 : mode; }
 static int fold_glu_mode(void) {
     if (g_fold_glu < 0) {
-        const char *e = getenv("PETREL_CUDA_FOLD_GLU");
-        g_fold_glu = e && (!strcmp(e, "0") || !strcmp(e, "1")) ? atoi(e) : 2;
+        static const int fg[] = {0, 1};
+        g_fold_glu = pt_env_pick("PETREL_CUDA_FOLD_GLU", fg, 2, 2);
     }
     return g_fold_glu;
 }

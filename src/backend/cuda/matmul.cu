@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
 static int dense_u(void) {
     static int u = -1;
     if (u < 0) {
-        const char *e = getenv("PETREL_CUDA_DENSE_U");
-        u = e && !strcmp(e, "1") ? 1 : 4;
+        static const int us[] = {1, 4};
+        u = pt_env_pick("PETREL_CUDA_DENSE_U", us, 2, 4);
     }
     return u;
 }
@@ -257,8 +257,7 @@ static mma_tune get_mma_tune(void) {
         const char *e = getenv("PETREL_CUDA_MMA_TUNE");
         int a, b;
         if (e && sscanf(e, "%d,%d", &a, &b) == 2 && (a == 1 || a == 2) && b >= 1 && b <= 64) d.tiles = a, d.wps = b;
-        const char *p = getenv("PETREL_CUDA_PDL");
-        d.pdl = p && !strcmp(p, "1");
+        d.pdl = pt_env_flag("PETREL_CUDA_PDL", 0); /* this path's default: off (the tensor-core GEMV's: on) */
         g_mma = d;
     }
     return g_mma;
@@ -356,10 +355,7 @@ static pt_status try_mma(const pt_cuda *c, float *y, const float *x, int64_t T, 
 static int64_t g_tc_max_t = -1;
 static int64_t tc_max_t(void) {
     if (g_tc_max_t < 0) {
-        const char *e = getenv("PETREL_CUDA_TC_MAX_T");
-        char *end = NULL;
-        long long n = e ? strtoll(e, &end, 10) : -1;
-        g_tc_max_t = e && end != e && *end == 0 && n >= 0 ? (int64_t)n : PT_TC_MAX_T_DEFAULT;
+        g_tc_max_t = pt_env_int("PETREL_CUDA_TC_MAX_T", 0, 0x7fffffff, PT_TC_MAX_T_DEFAULT);
     }
     return g_tc_max_t;
 }
@@ -921,8 +917,7 @@ static int g_fold_qkv = -1;
 extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv = on < 0 ? -1 : on != 0; }
 static int fold_qkv_on(void) {
     if (g_fold_qkv < 0) {
-        const char *e = getenv("PETREL_CUDA_FOLD_QKV");
-        g_fold_qkv = e && !strcmp(e, "1");
+        g_fold_qkv = pt_env_flag("PETREL_CUDA_FOLD_QKV", 0);
     }
     return g_fold_qkv;
 }
