@@ -468,7 +468,6 @@ static const pt_backend_ops cuda_ops = {
     .matmul_add = pt_cuda_matmul_add,
 };
 
-
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     pt_cuda_device_info info;
     PT_TRY(pt_cuda_device_query(p->device, &info));
