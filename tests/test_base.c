@@ -262,7 +262,7 @@ static void set_var(const char *value) {
 }
 static int flag_default_on(void) { return pt_env_flag(g_var, 1); }
 static int flag_default_off(void) { return pt_env_flag(g_var, 0); }
-static int int_0_16(void) { return pt_env_int(g_var, 1, 16, 7); }
+static int int_1_16(void) { return pt_env_int(g_var, 1, 16, 7); }
 static int pick_16_32(void) {
     static const int tk[] = {16, 32};
     return pt_env_pick(g_var, tk, 2, 0);
@@ -308,7 +308,7 @@ static void test_env_switches(void) {
                 {"-4", 7, 1}, {"4k", 7, 1}, {"x", 7, 1},  {"99999999999999999999", 7, 1}, {"  ", 7, 1}};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         set_var(ints[i].v);
-        out = stderr_of(int_0_16, &r);
+        out = stderr_of(int_1_16, &r);
         CHECK(r == ints[i].want && (*out != 0) == ints[i].warns && (!ints[i].warns || strstr(out, "from 1 to 16")),
               "int '%s': got %d (want %d), said '%s'", ints[i].v, r, ints[i].want, out);
     }
