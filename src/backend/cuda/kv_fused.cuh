@@ -110,8 +110,6 @@ __device__ __forceinline__ uint32_t fd_unbias(uint32_t r) {
     h = __hsub2(h, *reinterpret_cast<const __half2 *>(&k1024));
     return *reinterpret_cast<const uint32_t *>(&h);
 }
-/* The nibbles at bits 0..3 and 16..19 of x as an f16 pair. */
-__device__ __forceinline__ uint32_t fd_nib2(uint32_t x) { return fd_unbias((x & 0x000f000fu) | 0x64006400u); }
 /* The bytes at bits 0..7 and 16..23 of x as an f16 pair. */
 __device__ __forceinline__ uint32_t fd_byte2(uint32_t x) { return fd_unbias((x & 0x00ff00ffu) | 0x64006400u); }
 
@@ -121,7 +119,9 @@ __device__ __forceinline__ uint32_t fd_byte2(uint32_t x) { return fd_unbias((x &
  * 32-dim chunk (4 bits) or one 16-dim chunk (8 bits), inside one group.
  * 4 bits: word 4c + t holds dims 32c + 8t + 0..7 as nibbles 0..7; k-step 2c
  * takes nibbles (0, 4 | 1, 5) and 2c + 1 takes (2, 6 | 3, 7), the pairs
- * fd_nib2 extracts from the word shifted by 0, 4, 8, 12.
+ * the kernels take with fd_deq_c from the word shifted by 0 (k-step 2c) or
+ * 8 (2c + 1): mask 0x000f000f for nibbles (0, 4), 0x00f000f0 scaled by 1/16
+ * for (1, 5).
  * 8 bits: word 4ks + t holds dims 16ks + 4t + 0..3. */
 template <int BITS>
 __device__ __forceinline__ int fd_kdim(int ks, int t, int s) {
