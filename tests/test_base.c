@@ -267,6 +267,10 @@ static int pick_16_32(void) {
     static const int tk[] = {16, 32};
     return pt_env_pick(g_var, tk, 2, 0);
 }
+static int pick_16_32_default_32(void) {
+    static const int tk[] = {16, 32};
+    return pt_env_pick(g_var, tk, 2, 32);
+}
 
 /* The environment switches: the values they take, and a value they do not
  * take named in a warning with the default kept (a typo never flips one). */
@@ -320,9 +324,14 @@ static void test_env_switches(void) {
         set_var(picks[i].v);
         out = stderr_of(pick_16_32, &r);
         const int warns = picks[i].want == 0;
-        CHECK(r == picks[i].want && (*out != 0) == warns && (!warns || strstr(out, "not one of 16, 32")),
+        CHECK(r == picks[i].want && (*out != 0) == warns &&
+                  (!warns || (strstr(out, "not one of 16, 32") && strstr(out, "the built-in choice"))),
               "pick '%s': got %d, said '%s'", picks[i].v, r, out);
     }
+    set_var("24");
+    out = stderr_of(pick_16_32_default_32, &r);
+    CHECK(r == 32 && strstr(out, "not one of 16, 32") && strstr(out, "default (32)"),
+          "pick '24' with the default 32: got %d, said '%s'", r, out);
     unsetenv(g_var);
     pt_log_set_level(was);
 }

@@ -72,6 +72,9 @@ int pt_env_pick(const char *name, const int *allowed, int n, int dflt) {
     list[0] = 0;
     for (int i = 0; i < n && at < sizeof list; i++)
         at += (size_t)snprintf(list + at, sizeof list - at, "%s%d", i ? ", " : "", allowed[i]);
-    PT_LOGW("%s=%s is not one of %s; keeping the default", name, e, list);
+    int listed = 0;
+    for (int i = 0; i < n; i++) listed |= allowed[i] == dflt;
+    if (listed) PT_LOGW("%s=%s is not one of %s; keeping the default (%d)", name, e, list, dflt);
+    else PT_LOGW("%s=%s is not one of %s; keeping the default (the built-in choice)", name, e, list);
     return dflt;
 }

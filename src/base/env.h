@@ -21,7 +21,9 @@ int pt_env_flag(const char *name, int dflt);
 int pt_env_int(const char *name, int lo, int hi, int dflt);
 
 /* One of n whole numbers: unset or empty → dflt; one of allowed[0..n) → its
- * value; anything else → dflt and a warning listing them. */
+ * value; anything else → dflt and a warning listing them and naming dflt
+ * (or, where dflt is none of them — a caller's "its own rule" — saying the
+ * built-in choice is kept). */
 int pt_env_pick(const char *name, const int *allowed, int n, int dflt);
 
 #ifdef __cplusplus
