@@ -14,6 +14,8 @@
  *     PT_ERR_UNSUPPORTED with nothing launched;
  *   - the 4-bit 1b and 8b gate/up shapes again on the wgmma kernels
  *     (PETREL_CUDA_TC_WG: a split of 2 or 4, clusters of gate and up blocks);
+ *     the 8b one (not split) takes them at 64 rows by default
+ *     (PETREL_CUDA_TC_WG_GLU, a launch counter), and again with that off;
  * and the whole forward pass (prefill of 20 tokens, then compiled greedy
  * decode steps) bit-identical with the fold on and off, on the 4-bit demo
  * model and the llama-3.2-1b shape with random 4- and 8-bit weights. A
@@ -43,6 +45,8 @@ void pt_cuda_gemv_fuse(int on);
 unsigned long long pt_cuda_tc_glu_count(void);
 void pt_cuda_tc_xp8(int on); /* gemv_tc.cu: 2..8 rows in 16-warp blocks (1, default) or 8-warp (0) */
 void pt_cuda_tc_wg(int on);  /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
+void pt_cuda_tc_wg_glu(int on); /* gemv_tc.cu: the unsplit GLU at 33..64 rows on them (1, default) or not (0) */
+unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
  * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
@@ -165,7 +169,23 @@ static void test_glu_op_bit_identical(void) {
             if (ok && !(ok = gpu_qw_make(be, &u, bitss[b], 64, F, K, 0))) gpu_qw_free(be, &g);
             if (!ok) break;
             snprintf(what, sizeof what, "%d-bit g64 gate/up %lld×%lld", bitss[b], (long long)F, (long long)K);
+            const unsigned long long w0 = pt_cuda_tc_wg_count();
             ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+            /* the 8b shape at 4 bits is not split: its 64-row GLU takes the wgmma kernels by default
+             * (PETREL_CUDA_TC_WG_GLU), checked above against matmul_multi + glu on
+             * mma.sync; again with the rule off */
+            if (ok && bitss[b] == 4 && s == 1) {
+                CHECK(pt_cuda_tc_wg_count() - w0 == 4,
+                      "%s: %llu wgmma launches by default, want 4 (T = 64: two row modes, two activations)", what,
+                      pt_cuda_tc_wg_count() - w0);
+                pt_cuda_tc_wg_glu(0);
+                const unsigned long long w1 = pt_cuda_tc_wg_count();
+                snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_GLU=0", (long long)F,
+                         (long long)K);
+                ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+                CHECK(pt_cuda_tc_wg_count() == w1, "%s: wgmma launches with the rule off", what);
+                pt_cuda_tc_wg_glu(-1);
+            }
             /* 4-bit: again on the wgmma kernels (a split of 2 or 4: clusters of gate and up blocks) */
             if (ok && bitss[b] == 4) {
                 pt_cuda_tc_wg(1);

@@ -464,6 +464,21 @@ static int tc_wg(void) {
     return g_tc_wg;
 }
 
+/* PETREL_CUDA_TC_WG_GLU=0: the GLU launch of 33..64 rows (gate and up,
+ * 4-bit g64, not split: S = 1, one warp a tile, as the 8B shape's) stays on
+ * the mma.sync kernels (A/B; read once); default: the wgmma kernels, the
+ * same bits (gemv_wg_kernel.cuh): the 8B gate/up with the GLU at 64 rows
+ * 71.6 against 78.3 µs on an H100 (bench/RESULTS.md); at 32 rows and for
+ * the other weights of that layer they are slower, and split weights were
+ * not measured. pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to
+ * the environment). */
+static int g_tc_wg_glu = -1;
+extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
+static int tc_wg_glu(void) {
+    if (g_tc_wg_glu < 0) g_tc_wg_glu = pt_env_flag("PETREL_CUDA_TC_WG_GLU", 1);
+    return g_tc_wg_glu;
+}
+
 /* The wgmma launch of m's weights (one item, no experts; every weight with
  * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
  * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
@@ -611,7 +626,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if constexpr (BITS == 4 && GS == 64)
-        if (nb > 16 && items == 1 && tc_wg() && tc_xpre() && !m.a[0].nsh.V) {
+        if (nb > 16 && items == 1 && tc_xpre() && (tc_wg() || (gl && nb > 32 && m.a[0].S == 1 && tc_wg_glu()))) {
             const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl) : tc_launch_wg<64>(c, m, gl);
             if (st != PT_ERR_UNSUPPORTED) return st;
         }

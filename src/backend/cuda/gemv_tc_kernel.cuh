@@ -509,10 +509,11 @@ __device__ __forceinline__ void tc_stage_norm(const tc_args &a, const float *x, 
 }
 
 /* The x prepare of rows whose RMSNorm the GEMV's caller folded into it
- * (matmul_norm, matmul_glu_norm at 2..64 rows: the XP launches): x [nb, K]
- * is the norm's input (with add, first x = round(x + add), written back:
- * rms_norm's fused residual add), and what is prepared is norm_out of it,
- * in tc_xprep_kernel's layouts (xl 0 or 1, the same arguments). One block
+ * (matmul_norm, matmul_glu_norm at 2..64 rows: the XP launches and the
+ * wgmma kernels): x [nb, K] is the norm's input (with add, first x =
+ * round(x + add), written back: rms_norm's fused residual add), and what is
+ * prepared is norm_out of it, in tc_xprep_kernel's layouts (xl 0, 1 or 2,
+ * the same arguments). One block
  * per row playing the register norm kernel of shape (nsh.V, blockDim.x)
  * (norm.cu norm_reg_row): thread t holds chunks c = k·threads + t, the
  * squares summed by fma chunk by chunk, then pt_block_sum, the same inv and
@@ -585,7 +586,12 @@ __global__ void __launch_bounds__(PT_TC_NRM_R * PT_TC_WARPS * 32)
             o = make_float4(norm_out(style, v[k].x, inv, w.x, bf), norm_out(style, v[k].y, inv, w.y, bf),
                             norm_out(style, v[k].z, inv, w.z, bf), norm_out(style, v[k].w, inv, w.w, bf));
             const uint2 q = make_uint2(tc_bf2(o.x, o.y), tc_bf2(o.z, o.w));
-            if (xl) { /* lane tq's 4 values of mma m (tc_xprep_kernel's xl chunks) */
+            if (xl == 2) { /* wg: values k4 + {0,1} in k half 0, + {2,3} in k half 1 (tc_xprep_kernel's) */
+                const int m = (kk & 63) >> 4, tq = (kk & 15) >> 2;
+                char *rb = sb + (int64_t)m * ncol * 32 + (int64_t)n * 16 + tq * 4;
+                *reinterpret_cast<uint32_t *>(rb) = q.x;
+                *reinterpret_cast<uint32_t *>(rb + ncol * 16) = q.y;
+            } else if (xl) { /* lane tq's 4 values of mma m (tc_xprep_kernel's xl chunks) */
                 const int kl = kk & 63, m = kl >> 4, tq = (kl & 15) >> 2;
                 char *rb = sb + (int64_t)(kk >> 6) * ncol * 128 + (int64_t)n * 128 + (m & 1) * 8;
                 *reinterpret_cast<uint2 *>(rb + ((2 * tq + (m >> 1)) ^ (n & 1)) * 16) = q;

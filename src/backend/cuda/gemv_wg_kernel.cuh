@@ -40,12 +40,16 @@
  * octets 128) see each x value where mma.sync's lane t saw it; then Σx per
  * column as the XL layout.
  *
- * Memory: two rings per block, filled by warp 0's lanes with bulk copies
- * (TMA) completing on each stage's mbarrier: x units (from L2: DX stages)
- * and the weights of a unit (per tile its 512-byte code block and 64-byte
- * scale|bias group: DW stages, deeper, since they come from memory). A
- * unit's stages are refilled after the block's barrier that follows its
- * wgmma wait and fold. */
+ * Memory: two rings per block, filled with bulk copies (TMA) completing on
+ * each stage's mbarrier: x units (from L2: DX stages) and the weights of a
+ * unit (per tile its 512-byte code block and 64-byte scale|bias group: DW
+ * stages, deeper, since they come from memory). A unit's stages are
+ * refilled once the next unit's wgmma is issued (see the main loop); the
+ * first stages by warp 0.
+ *
+ * Where it runs by default: the GLU launch (gate and up) of 33..64 rows
+ * (gemv_tc.cu, PETREL_CUDA_TC_WG_GLU), where it is faster than the mma.sync
+ * kernels; every 17..64-row launch with PETREL_CUDA_TC_WG=1. */
 #ifndef PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 #define PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 
@@ -228,7 +232,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         if constexpr (NCOL == 64) wg_issue64(d, am, desc);
         else wg_issue32(d, am, desc);
     };
-    /* unit i's fold of d into tot, then its stages refilled */
+    /* unit i's fold of d into tot */
     auto fold = [&](int i, const float (&d)[NCOL / 2], const uint2 sbv) {
         const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
         const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
@@ -240,19 +244,44 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
             float acc[4] = {d[4 * n], d[4 * n + 1], d[4 * n + 2], d[4 * n + 3]};
             tc_fold4<false>(tot[n], acc, sc0, bp0, sc1, bp1, v.x, v.y);
         }
-        __syncthreads(); /* every warp is done with unit i's stages */
-        if (warp == 0) {
-            if (lane == 0) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            if (i + SH::DW < nu) issue_w(i + SH::DW);
-            if (i + SH::DX < nu) issue_x(i + SH::DX);
-        }
     };
+    /* No block barrier per unit: a warp passes a unit's first wgmma only once
+     * all four warps have reached it (the warpgroup's arrive: ncu shows the
+     * warps waiting there), so after issuing unit i every warp has read unit
+     * i − 1's weight stage and folded its Σx; unit i − 1's stages are then
+     * refilled while unit i's wgmma runs, the copies spread over the warps
+     * (tile w's codes and scale|bias by warp w, x by the last warp). The same
+     * operations per output in the same order: the same bits. (Before: a
+     * block barrier after each fold and warp 0 issuing every copy — 87.1
+     * against 73.7 µs for the 8B gate/up at 64 rows on an H100,
+     * bench/RESULTS.md.) */
     uint32_t am[4][4];
     float d[NCOL / 2];
     for (int i = 0; i < nu; i++) {
         uint2 sbv;
         load_a(i, am, sbv);
         issue_mma(i, d, am);
+        const int j = i - 1; /* the unit whose stages are free */
+        if (j >= 0) {
+            if (j + SH::DW < nu) {
+                const int sl = (j + SH::DW) % SH::DW;
+                unsigned char *st = smem + SH::WO + sl * SH::WB;
+                const int64_t u = (int64_t)s + (int64_t)(j + SH::DW) * S;
+                const int tq = qg * NW + warp, tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
+                if (lane == 0) {
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    if (warp == 0) tc_mbar_expect(&wbar[sl], (unsigned)SH::WB);
+                    tc_bulk(st + warp * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[sl]);
+                } else if (lane == 1) {
+                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                    tc_bulk(st + NW * 512 + warp * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[sl]);
+                }
+            }
+            if (warp == NW - 1 && j + SH::DX < nu) {
+                if (lane == 2 * NW) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                issue_x(j + SH::DX);
+            }
+        }
         wg_wait(d);
         fold(i, d, sbv);
     }
