@@ -24,8 +24,9 @@
  * norm): matmul_norm of q, k, v
  * and matmul_glu_norm, without and with the residual addend, = rms_norm
  * (its fused add writing x) then matmul_multi / matmul_glu, bit for bit,
- * x as rms_norm leaves it. A launch counter proves the folded launches ran
- * where they should.
+ * x as rms_norm leaves it; again with those launches on the wgmma kernels
+ * (all of them, and by default the unsplit 8b gate/up GLU). A launch
+ * counter proves the folded launches ran where they should.
  *
  * Built only with CUDA=1 and run on the GPU machine by `make check-cuda`;
  * without a GPU it reports SKIP. */
@@ -48,6 +49,8 @@
 /* matmul.cu / gemv_tc.cu: the folds on or off (as PETREL_CUDA_FOLD_NORM;
  * -1: back to the environment), folded launches made so far */
 void pt_cuda_fold_norm(int on);
+void pt_cuda_tc_wg(int on); /* gemv_tc.cu: every 17..64-row launch of 4-bit g64 weights on the wgmma kernels */
+unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
 unsigned long long pt_cuda_tc_fold_count(void);
 /* matmul.cu: the norm's fold at 2..64 rows on or off (as PETREL_CUDA_FOLD_NORM_ROWS; -1: the environment) */
 void pt_cuda_fold_norm_rows(int on);
@@ -310,6 +313,23 @@ static void test_fold_rows_bit_identical(void) {
     int ok = check_rows(be, 4, 64, 4096, 1024, PT_RMS_W) && check_rows(be, 8, 32, 2048, 512, PT_RMS_1PW) &&
              check_rows(be, 4, 128, 768, 512, PT_RMS_NOSCALE) && check_rows(be, 8, 64, 3072, 512, PT_RMS_W_F32);
     if (ok) printf("INFO 4 weight cases × 6 row counts × 2 forms: folded rows bit-identical\n");
+    /* the wgmma kernels (their x layout from the norm's prepare): every 17..64-row launch on them
+     * (PETREL_CUDA_TC_WG), then by default the 8b gate/up shape (not split: its 33..64-row GLU
+     * takes them, PETREL_CUDA_TC_WG_GLU) */
+    if (ok) {
+        pt_cuda_tc_wg(1);
+        unsigned long long w0 = pt_cuda_tc_wg_count();
+        ok = check_rows(be, 4, 64, 4096, 1024, PT_RMS_W);
+        CHECK(!ok || pt_cuda_tc_wg_count() > w0, "PETREL_CUDA_TC_WG=1: no wgmma launch");
+        pt_cuda_tc_wg(-1);
+        w0 = pt_cuda_tc_wg_count();
+        ok = ok && check_rows(be, 4, 64, 4096, 14336, PT_RMS_W);
+        /* matmul_glu_norm and matmul_glu, without and with the addend, at 33, 64, 80 (64 + 16) and
+         * 128 (64 + 64) rows: 2 · 2 · (1 + 1 + 1 + 2) */
+        CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 20, "8b gate/up: %llu wgmma launches, want 20",
+              pt_cuda_tc_wg_count() - w0);
+        if (ok) printf("INFO the wgmma kernels: folded rows bit-identical\n");
+    }
     pt_cuda_fold_norm_rows(-1);
     pt_cuda_fold_norm(-1);
     pt_backend_free(&be);
