@@ -210,11 +210,14 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     asm volatile("mov.b32 %0, %0;\n" : "+r"(c43));
     const unsigned sbase = tc_saddr(smem);
 
+    /* Unit i's stages: weight slot ws (phase wp), x slot xs (phase xp), counted
+     * from unit to unit rather than divided (DW = DX = 3 at 64 columns). */
+    int ws = 0, xs = 0;
+    unsigned wp = 0, xp = 0;
     /* unit i's A fragments and scale|bias words (its weight stage waited on) */
-    auto load_a = [&](int i, uint32_t (&am)[4][4], uint2 &sbv) {
-        const int wl = i % SH::DW;
-        const unsigned char *wst = smem + SH::WO + wl * SH::WB;
-        tc_mbar_wait(&wbar[wl], (unsigned)(i / SH::DW) & 1u);
+    auto load_a = [&](uint32_t (&am)[4][4], uint2 &sbv) {
+        const unsigned char *wst = smem + SH::WO + ws * SH::WB;
+        tc_mbar_wait(&wbar[ws], wp);
         const uint4 wv = *reinterpret_cast<const uint4 *>(wst + warp * 512 + lane * 16);
         sbv = *reinterpret_cast<const uint2 *>(wst + NW * 512 + warp * 64 + g * 8);
 #pragma unroll
@@ -225,19 +228,18 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         }
     };
     /* unit i's wgmma group into d (its x stage waited on) */
-    auto issue_mma = [&](int i, float (&d)[NCOL / 2], const uint32_t (&am)[4][4]) {
-        const int xl = i % SH::DX;
-        tc_mbar_wait(&xbar[xl], (unsigned)(i / SH::DX) & 1u);
-        const uint64_t desc = wg_desc<NCOL>(sbase + (unsigned)(xl * SH::XU));
+    auto issue_mma = [&](float (&d)[NCOL / 2], const uint32_t (&am)[4][4]) {
+        tc_mbar_wait(&xbar[xs], xp);
+        const uint64_t desc = wg_desc<NCOL>(sbase + (unsigned)(xs * SH::XU));
         if constexpr (NCOL == 64) wg_issue64(d, am, desc);
         else wg_issue32(d, am, desc);
     };
-    /* unit i's fold of d into tot */
-    auto fold = [&](int i, const float (&d)[NCOL / 2], const uint2 sbv) {
+    /* unit i's fold of d into tot (its Σx in x slot x) */
+    auto fold = [&](const int x, const float (&d)[NCOL / 2], const uint2 sbv) {
         const float sc0 = __uint_as_float(sbv.x << 16), bi0 = __uint_as_float(sbv.x & 0xFFFF0000u);
         const float sc1 = __uint_as_float(sbv.y << 16), bi1 = __uint_as_float(sbv.y & 0xFFFF0000u);
         const float bp0 = tc_bp(sc0, bi0, 128.f), bp1 = tc_bp(sc1, bi1, 128.f); /* 4-bit only */
-        const float *sxs = reinterpret_cast<const float *>(smem + (i % SH::DX) * SH::XU + NCOL * 128);
+        const float *sxs = reinterpret_cast<const float *>(smem + x * SH::XU + NCOL * 128);
 #pragma unroll
         for (int n = 0; n < NT; n++) {
             const float2 v = *reinterpret_cast<const float2 *>(sxs + 8 * n + 2 * t);
@@ -250,40 +252,50 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
      * warps waiting there), so after issuing unit i every warp has read unit
      * i − 1's weight stage and folded its Σx; unit i − 1's stages are then
      * refilled while unit i's wgmma runs, the copies spread over the warps
-     * (tile w's codes and scale|bias by warp w, x by the last warp). The same
+     * (tile w's codes and scale|bias by warp w, x by the last warp), each
+     * copy's addresses uniform across its warp (tile w a compile-time
+     * constant in its branch) so they need no per-lane loop. The same
      * operations per output in the same order: the same bits. (Before: a
      * block barrier after each fold and warp 0 issuing every copy — 87.1
      * against 73.7 µs for the 8B gate/up at 64 rows on an H100,
      * bench/RESULTS.md.) */
     uint32_t am[4][4];
     float d[NCOL / 2];
+    int pws = 0, pxs = 0; /* unit i − 1's slots */
     for (int i = 0; i < nu; i++) {
         uint2 sbv;
-        load_a(i, am, sbv);
-        issue_mma(i, d, am);
-        const int j = i - 1; /* the unit whose stages are free */
+        load_a(am, sbv);
+        issue_mma(d, am);
+        const int j = i - 1; /* the unit whose stages are free: slots pws, pxs */
         if (j >= 0) {
             if (j + SH::DW < nu) {
-                const int sl = (j + SH::DW) % SH::DW;
-                unsigned char *st = smem + SH::WO + sl * SH::WB;
+                unsigned char *st = smem + SH::WO + pws * SH::WB;
                 const int64_t u = (int64_t)s + (int64_t)(j + SH::DW) * S;
-                const int tq = qg * NW + warp, tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
-                if (lane == 0) {
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    if (warp == 0) tc_mbar_expect(&wbar[sl], (unsigned)SH::WB);
-                    tc_bulk(st + warp * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[sl]);
-                } else if (lane == 1) {
-                    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                    tc_bulk(st + NW * 512 + warp * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[sl]);
-                }
+#pragma unroll
+                for (int w = 0; w < NW; w++)
+                    if (warp == w && lane < 2) {
+                        const int tq = qg * NW + w, tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        if (lane == 0) {
+                            if (w == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
+                            tc_bulk(st + w * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[pws]);
+                        } else
+                            tc_bulk(st + NW * 512 + w * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[pws]);
+                    }
             }
-            if (warp == NW - 1 && j + SH::DX < nu) {
-                if (lane == 2 * NW) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                issue_x(j + SH::DX);
+            if (warp == NW - 1 && lane == 2 * NW && j + SH::DX < nu) {
+                const int64_t u = (int64_t)s + (int64_t)(j + SH::DX) * S;
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                tc_mbar_expect(&xbar[pxs], (unsigned)SH::XU);
+                tc_bulk(smem + pxs * SH::XU, reinterpret_cast<const char *>(a.xb) + u * SH::XU, (unsigned)SH::XU,
+                        &xbar[pxs]);
             }
         }
         wg_wait(d);
-        fold(i, d, sbv);
+        fold(xs, d, sbv);
+        pws = ws, pxs = xs;
+        if (++ws == SH::DW) ws = 0, wp ^= 1u;
+        if (++xs == SH::DX) xs = 0, xp ^= 1u;
     }
     tc_pdl_trigger();
 
