@@ -468,10 +468,11 @@ static int tc_wg(void) {
  * 4-bit g64, not split: S = 1, one warp a tile, as the 8B shape's) stays on
  * the mma.sync kernels (A/B; read once); default: the wgmma kernels, the
  * same bits (gemv_wg_kernel.cuh): the 8B gate/up with the GLU at 64 rows
- * 71.6 against 78.3 µs on an H100 (bench/RESULTS.md); at 32 rows and for
- * the other weights of that layer they are slower, and split weights were
- * not measured. pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to
- * the environment). */
+ * 71.6 against 78.3 µs on an H100; serving 64 streams +2.6% on the H200
+ * (bench/RESULTS.md); at 32 rows, for the other weights of that layer and
+ * for split gate/up weights (the 1B and 3B shapes: +15%) they are slower.
+ * pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to the
+ * environment). */
 static int g_tc_wg_glu = -1;
 extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
 static int tc_wg_glu(void) {
