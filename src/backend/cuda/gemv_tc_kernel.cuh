@@ -361,6 +361,14 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
                  : "memory");
 }
 
+/* The wg layout (xl 2, see below): the byte offset in a stage of row n's 4-byte word
+ * holding values kk, kk + 1 (kk ≡ 0 mod 4) — k half 0 of k16 step
+ * (kk mod 64) / 16, lane (kk mod 16) / 4; values kk + 2, kk + 3 are in k
+ * half 1, ncol·16 bytes on. */
+__device__ __forceinline__ int64_t tc_wg_xoff(int kk, int n, int ncol) {
+    return (int64_t)((kk & 63) >> 4) * ncol * 32 + (int64_t)n * 16 + ((kk & 15) >> 2) * 4;
+}
+
 /* x [nb, K] f32 -> bf16 [nb, K] and Σx per (group, row) into sx [G][ncol],
  * once per launch for the XP kernels (and once for all the weights of a
  * grouped launch). The arithmetic is the GEMV block's own staging loop
@@ -405,8 +413,7 @@ __global__ void __launch_bounds__(256) tc_xprep_kernel(const float *x, bf16 *xb,
         uint4 o;
         o.x = tc_bf2(u.x, u.y), o.y = tc_bf2(u.z, u.w), o.z = tc_bf2(v.x, v.y), o.w = tc_bf2(v.z, v.w);
         if (xl == 2) { /* wg: values kk + {0,1}, +{4,5} in k half 0, +{2,3}, +{6,7} in k half 1 */
-            const int m = (kk & 63) >> 4, t0 = (kk & 15) >> 2;
-            char *rb = sb + (int64_t)m * ncol * 32 + (int64_t)n * 16 + t0 * 4;
+            char *rb = sb + tc_wg_xoff(kk, n, ncol);
             *reinterpret_cast<uint2 *>(rb) = make_uint2(o.x, o.z);
             *reinterpret_cast<uint2 *>(rb + ncol * 16) = make_uint2(o.y, o.w);
         } else if (xl) { /* values kk … kk+3 are lane t's, kk+4 … kk+7 lane t+1's, both of mma m */
@@ -587,8 +594,7 @@ __global__ void __launch_bounds__(PT_TC_NRM_R * PT_TC_WARPS * 32)
                             norm_out(style, v[k].z, inv, w.z, bf), norm_out(style, v[k].w, inv, w.w, bf));
             const uint2 q = make_uint2(tc_bf2(o.x, o.y), tc_bf2(o.z, o.w));
             if (xl == 2) { /* wg: values k4 + {0,1} in k half 0, + {2,3} in k half 1 (tc_xprep_kernel's) */
-                const int m = (kk & 63) >> 4, tq = (kk & 15) >> 2;
-                char *rb = sb + (int64_t)m * ncol * 32 + (int64_t)n * 16 + tq * 4;
+                char *rb = sb + tc_wg_xoff(kk, n, ncol);
                 *reinterpret_cast<uint32_t *>(rb) = q.x;
                 *reinterpret_cast<uint32_t *>(rb + ncol * 16) = q.y;
             } else if (xl) { /* lane tq's 4 values of mma m (tc_xprep_kernel's xl chunks) */

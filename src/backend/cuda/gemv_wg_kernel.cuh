@@ -164,30 +164,32 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     uint64_t *xbar = reinterpret_cast<uint64_t *>(smem + SH::MO), *wbar = xbar + SH::DX;
     const uint4 *wbase = upw ? gl.w2 : a.w, *sbbase = upw ? gl.sb2 : a.sb;
 
-    /* warp 0: unit i of this block's weights into weight stage i % DW (lane
-     * l < NW: tile l's codes, NW <= l < 2·NW: its scale|bias group), its x
-     * into x stage i % DX (lane 2·NW); lane 0 sets the expected bytes first */
-    auto issue_w = [&](int i) {
-        const int sl = i % SH::DW;
+    /* The copies of this block's unit i (its i-th: unit s + i·S of the
+     * weight): tile w's 512-byte code block (sbw false) or 64-byte
+     * scale|bias group (sbw true) into weight slot sl; its x into x slot sl,
+     * the expected bytes set first (one thread). */
+    auto copy_tile = [&](int sl, int i, int w, bool sbw) {
         unsigned char *st = smem + SH::WO + sl * SH::WB;
         const int64_t u = (int64_t)s + (int64_t)i * S;
-        if (lane == 0) tc_mbar_expect(&wbar[sl], (unsigned)SH::WB);
+        const int tq = qg * NW + w, tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
+        if (!sbw) tc_bulk(st + w * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[sl]);
+        else tc_bulk(st + NW * 512 + w * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[sl]);
+    };
+    auto copy_x = [&](int sl, int i) {
+        const int64_t u = (int64_t)s + (int64_t)i * S;
+        tc_mbar_expect(&xbar[sl], (unsigned)SH::XU);
+        tc_bulk(smem + sl * SH::XU, reinterpret_cast<const char *>(a.xb) + u * SH::XU, (unsigned)SH::XU, &xbar[sl]);
+    };
+    /* warp 0, the first stages: unit i's weights into weight slot i (lane
+     * l < NW: tile l's codes, NW <= l < 2·NW: its scale|bias group; lane 0
+     * sets the expected bytes first), its x into x slot i (lane 2·NW) */
+    auto issue_w = [&](int i) {
+        if (lane == 0) tc_mbar_expect(&wbar[i], (unsigned)SH::WB);
         __syncwarp();
-        if (lane < 2 * NW) {
-            const int w = lane % NW, tq = qg * NW + w;
-            const int tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
-            if (lane < NW) tc_bulk(st + w * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[sl]);
-            else tc_bulk(st + NW * 512 + w * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[sl]);
-        }
+        if (lane < 2 * NW) copy_tile(i, i, lane % NW, lane >= NW);
     };
     auto issue_x = [&](int i) {
-        const int sl = i % SH::DX;
-        const int64_t u = (int64_t)s + (int64_t)i * S;
-        if (lane == 2 * NW) {
-            tc_mbar_expect(&xbar[sl], (unsigned)SH::XU);
-            tc_bulk(smem + sl * SH::XU, reinterpret_cast<const char *>(a.xb) + u * SH::XU, (unsigned)SH::XU,
-                    &xbar[sl]);
-        }
+        if (lane == 2 * NW) copy_x(i, i);
     };
     if (warp == 0) {
         if (lane == 0)
@@ -268,27 +270,17 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         issue_mma(d, am);
         const int j = i - 1; /* the unit whose stages are free: slots pws, pxs */
         if (j >= 0) {
-            if (j + SH::DW < nu) {
-                unsigned char *st = smem + SH::WO + pws * SH::WB;
-                const int64_t u = (int64_t)s + (int64_t)(j + SH::DW) * S;
+            if (j + SH::DW < nu)
 #pragma unroll
                 for (int w = 0; w < NW; w++)
                     if (warp == w && lane < 2) {
-                        const int tq = qg * NW + w, tile = tq < tpe ? tq : tpe - 1; /* past N: loaded, not stored */
                         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        if (lane == 0) {
-                            if (w == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
-                            tc_bulk(st + w * 512, wbase + ((int64_t)tile * NU + u) * 32, 512u, &wbar[pws]);
-                        } else
-                            tc_bulk(st + NW * 512 + w * 64, sbbase + ((int64_t)tile * NU + u) * 4, 64u, &wbar[pws]);
+                        if (w == 0 && lane == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
+                        copy_tile(pws, j + SH::DW, w, lane == 1);
                     }
-            }
             if (warp == NW - 1 && lane == 2 * NW && j + SH::DX < nu) {
-                const int64_t u = (int64_t)s + (int64_t)(j + SH::DX) * S;
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                tc_mbar_expect(&xbar[pxs], (unsigned)SH::XU);
-                tc_bulk(smem + pxs * SH::XU, reinterpret_cast<const char *>(a.xb) + u * SH::XU, (unsigned)SH::XU,
-                        &xbar[pxs]);
+                copy_x(pxs, j + SH::DX);
             }
         }
         wg_wait(d);
