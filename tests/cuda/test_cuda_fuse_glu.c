@@ -46,6 +46,7 @@ unsigned long long pt_cuda_tc_glu_count(void);
 void pt_cuda_tc_xp8(int on); /* gemv_tc.cu: 2..8 rows in 16-warp blocks (1, default) or 8-warp (0) */
 void pt_cuda_tc_wg(int on);  /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 void pt_cuda_tc_wg_glu(int on); /* gemv_tc.cu: the unsplit GLU at 33..64 rows on them (1, default) or not (0) */
+void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
@@ -169,22 +170,28 @@ static void test_glu_op_bit_identical(void) {
             if (ok && !(ok = gpu_qw_make(be, &u, bitss[b], 64, F, K, 0))) gpu_qw_free(be, &g);
             if (!ok) break;
             snprintf(what, sizeof what, "%d-bit g64 gate/up %lld×%lld", bitss[b], (long long)F, (long long)K);
-            const unsigned long long w0 = pt_cuda_tc_wg_count();
             ok = check_pair(be, what, &g, &u, Tl, 6, 1);
             /* the 8b shape at 4 bits is not split: its 64-row GLU takes the wgmma kernels by default
-             * (PETREL_CUDA_TC_WG_GLU), checked above against matmul_multi + glu on
-             * mma.sync; again with the rule off */
+             * (PETREL_CUDA_TC_WG_GLU), checked above against matmul_multi + glu (which takes them too
+             * by default, PETREL_CUDA_TC_WG_PLAIN); counted with the plain rule off, so against
+             * matmul_multi on mma.sync; then with both rules off */
             if (ok && bitss[b] == 4 && s == 1) {
-                CHECK(pt_cuda_tc_wg_count() - w0 == 4,
-                      "%s: %llu wgmma launches by default, want 4 (T = 64: two row modes, two activations)", what,
+                pt_cuda_tc_wg_plain(0);
+                snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_PLAIN=0", (long long)F,
+                         (long long)K);
+                const unsigned long long w0 = pt_cuda_tc_wg_count();
+                ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+                CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 4,
+                      "%s: %llu wgmma launches, want 4 (T = 64: two row modes, two activations)", what,
                       pt_cuda_tc_wg_count() - w0);
                 pt_cuda_tc_wg_glu(0);
                 const unsigned long long w1 = pt_cuda_tc_wg_count();
                 snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_GLU=0", (long long)F,
                          (long long)K);
                 ok = check_pair(be, what, &g, &u, Tl, 6, 1);
-                CHECK(pt_cuda_tc_wg_count() == w1, "%s: wgmma launches with the rule off", what);
+                CHECK(pt_cuda_tc_wg_count() == w1, "%s: wgmma launches with the rules off", what);
                 pt_cuda_tc_wg_glu(-1);
+                pt_cuda_tc_wg_plain(-1);
             }
             /* 4-bit: again on the wgmma kernels (a split of 2 or 4: clusters of gate and up blocks) */
             if (ok && bitss[b] == 4) {

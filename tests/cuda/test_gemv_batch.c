@@ -42,6 +42,7 @@ void pt_cuda_tc_cluster(int n); /* gemv_tc.cu: blocks per cluster of the launche
 void pt_cuda_tc_drift(int on);  /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
 void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
 void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
+void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
 void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or the 8-warp ones (0); -1: default */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
@@ -246,18 +247,22 @@ static void test_gemv_batch_invariant(void) {
     }
     pt_cuda_tc_drift(-1);
     pt_cuda_tc_xl(-1);
-    /* the wgmma kernels, then without them */
-    for (int v = 1; v >= 0; v--) {
-        pt_cuda_tc_wg(v);
+    /* the wgmma kernels: every 17..64-row launch (2), the default rule (1: a plain launch of 33..64
+     * rows), then none (0) */
+    for (int v = 2; v >= 0; v--) {
+        pt_cuda_tc_wg(v == 2);
+        pt_cuda_tc_wg_plain(v >= 1);
         const unsigned long long c0 = pt_cuda_tc_wg_count();
         if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
             !check_one(be, 4, 64, 1, 40, 4096, 1))
             break;
-        /* 2 row modes × T 17, 31, 33, 48, 64 × 3 weights */
-        CHECK(pt_cuda_tc_wg_count() - c0 == (v ? 30ull : 0ull), "wgmma launches: %llu with the switch %d",
-              pt_cuda_tc_wg_count() - c0, v);
+        /* 2 row modes × 3 weights × T 17, 31, 33, 48, 64 (all) or T 33, 48, 64 (the rule) */
+        const unsigned long long want = v == 2 ? 30ull : v == 1 ? 18ull : 0ull;
+        CHECK(pt_cuda_tc_wg_count() - c0 == want, "wgmma launches: %llu in setting %d, want %llu",
+              pt_cuda_tc_wg_count() - c0, v, want);
     }
     pt_cuda_tc_wg(-1);
+    pt_cuda_tc_wg_plain(-1);
 done:
     pt_backend_free(&be);
 }

@@ -472,12 +472,28 @@ static int tc_wg(void) {
  * (bench/RESULTS.md); at 32 rows, for the other weights of that layer and
  * for split gate/up weights (the 1B and 3B shapes: +15%) they are slower.
  * pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to the
- * environment). */
+ * environment). Launched for four blocks an SM (PETREL_CUDA_TC_WG_BPS_GLU,
+ * below): at five, as the plain launches run, this launch is 17% slower. */
 static int g_tc_wg_glu = -1;
 extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
 static int tc_wg_glu(void) {
     if (g_tc_wg_glu < 0) g_tc_wg_glu = pt_env_flag("PETREL_CUDA_TC_WG_GLU", 1);
     return g_tc_wg_glu;
+}
+/* PETREL_CUDA_TC_WG_PLAIN=0: a plain or grouped launch (no GLU) of 33..64
+ * rows stays on the mma.sync kernels (A/B; read once); default: the wgmma
+ * kernels where its weights have one split (the 8B shape's o and down, not
+ * its q/k/v: q is split unlike k and v), the same bits. With the receive
+ * buffer over the x ring a block takes 32 KB and five blocks fit an SM:
+ * the 8B o + down at 64 rows 56 against 61 µs on mma.sync on an H100
+ * (at four blocks an SM 79 µs); serving 64 streams +1.9% (bench/RESULTS.md).
+ * pt_cuda_tc_wg_plain(0|1) sets it (a negative argument: back to the
+ * environment). */
+static int g_tc_wg_plain = -1;
+extern "C" void pt_cuda_tc_wg_plain(int on) { g_tc_wg_plain = on < 0 ? -1 : on != 0; }
+static int tc_wg_plain(void) {
+    if (g_tc_wg_plain < 0) g_tc_wg_plain = pt_env_flag("PETREL_CUDA_TC_WG_PLAIN", 1);
+    return g_tc_wg_plain;
 }
 
 /* The wgmma launch of m's weights (one item, no experts; every weight with
@@ -500,21 +516,40 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
     }
     PT_TRY(tc_xprep<64>(c, m.a[0], (bf16 *)c->tile, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
-    static bool attr_set[2];
-    if (SH::SMEM > 48 * 1024 && !attr_set[gl ? 1 : 0]) {
+    /* Blocks an SM, asked for through the dynamic shared memory (the layout
+     * needs 32 KB at 64 columns; the registers allow five):
+     * PETREL_CUDA_TC_WG_BPS_GLU (default 4) for the GLU launch,
+     * PETREL_CUDA_TC_WG_BPS (default 0: as many as fit) for the others.
+     * A/B only: the same bits at any value. */
+    static int bps_env[2] = {-1, -1}, sm_smem;
+    const int gi = gl ? 1 : 0;
+    if (bps_env[gi] < 0)
+        bps_env[gi] = pt_env_int(gl ? "PETREL_CUDA_TC_WG_BPS_GLU" : "PETREL_CUDA_TC_WG_BPS", 0, 16, gl ? 4 : 0);
+    if (!sm_smem) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    }
+    size_t dyn = SH::SMEM;
+    if (bps_env[gi] > 0) {
+        const size_t want = (size_t)sm_smem / (size_t)bps_env[gi] - 1024;
+        if (want > dyn) dyn = want;
+    }
+    static size_t attr_set[2];
+    if (dyn > 48 * 1024 && attr_set[gi] < dyn) {
         if (gl)
             CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_glu_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)SH::SMEM));
+                                            (int)dyn));
         else
             CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)SH::SMEM));
-        attr_set[gl ? 1 : 0] = true;
+                                            (int)dyn));
+        attr_set[gi] = dyn;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.stream = c->stream;
     cfg.gridDim = dim3((unsigned)(w.first[w.n] * CL));
     cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = SH::SMEM;
+    cfg.dynamicSmemBytes = dyn;
     cudaLaunchAttribute at[2];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
@@ -627,7 +662,8 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if constexpr (BITS == 4 && GS == 64)
-        if (nb > 16 && items == 1 && tc_xpre() && (tc_wg() || (gl && nb > 32 && m.a[0].S == 1 && tc_wg_glu()))) {
+        if (nb > 16 && items == 1 && tc_xpre() && (tc_wg() || (gl && nb > 32 && m.a[0].S == 1 && tc_wg_glu()) ||
+                                                     (!gl && nb > 32 && tc_wg_plain()))) {
             const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl) : tc_launch_wg<64>(c, m, gl);
             if (st != PT_ERR_UNSUPPORTED) return st;
         }

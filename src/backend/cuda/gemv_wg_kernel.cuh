@@ -47,9 +47,12 @@
  * refilled once the next unit's wgmma is issued (see the main loop); the
  * first stages by warp 0.
  *
- * Where it runs by default: the GLU launch (gate and up) of 33..64 rows
- * (gemv_tc.cu, PETREL_CUDA_TC_WG_GLU), where it is faster than the mma.sync
- * kernels; every 17..64-row launch with PETREL_CUDA_TC_WG=1. */
+ * Where it runs by default (gemv_tc.cu): launches of 33..64 rows, where it
+ * is faster than the mma.sync kernels — the GLU launch (gate and up) of an
+ * unsplit weight (PETREL_CUDA_TC_WG_GLU) at four blocks an SM, and a plain
+ * or grouped launch of weights of one split (PETREL_CUDA_TC_WG_PLAIN: the
+ * 8B shape's o and down) at five; every 17..64-row launch with
+ * PETREL_CUDA_TC_WG=1. */
 #ifndef PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 #define PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 
@@ -61,15 +64,20 @@
 template <int NCOL>
 struct wg_shape {
     static constexpr int DX = 3;                    /* x ring stages (x comes from L2) */
-    static constexpr int DW = NCOL == 64 ? 3 : 6;   /* weight ring stages */
+    static constexpr int DW = NCOL == 64 ? 3 : 6;   /* weight ring stages (deeper measured no faster) */
     static constexpr int XU = NCOL * 128 + NCOL * 4;
     static constexpr int NW = 4;                    /* tiles (warps) per block */
     static constexpr int WB = NW * 512 + NW * 64;   /* codes, then scale|bias, of the block's tiles */
     static constexpr int WO = DX * XU;              /* the weight ring's offset */
     static constexpr int MO = WO + DW * WB;         /* the mbarriers' (x ring, then weight ring) */
-    static constexpr int RB = NCOL * 256;           /* the partials received from the cluster (bytes) */
-    static constexpr int RBO = MO + 8 * (DX + DW);  /* their offset */
-    static constexpr size_t SMEM = (size_t)RBO + RB;
+    static constexpr int SMEM = MO + 8 * (DX + DW);
+    /* The partials received from the cluster: over the x ring, which is
+     * free once every block of the cluster is past its last unit (a
+     * cluster barrier), so a block needs 32 KB at 64 columns and five fit
+     * an SM (four with a buffer of their own). */
+    static constexpr int RB = NCOL * 256;
+    static constexpr int RBO = 0;
+    static_assert(RB <= DX * XU, "the receive buffer fits the x ring");
 };
 
 /* B descriptor (no swizzle, K-major core matrices): start, LBO (k halves)
@@ -292,11 +300,14 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     tc_pdl_trigger();
 
     /* The reduction: the block's (n-tile n, warp w) pieces of 16 rows × 8
-     * columns, pi = n·NW + w, are owned by cluster rank pi mod CL; every
-     * block stores its partials of each piece into the owner's receive
-     * buffer [CL sources][PP pieces][16][8] (distributed shared memory, its
-     * own region: no block's ring is touched), one cluster barrier, then
-     * each owner adds its pieces' S partials in split order from 0.f. */
+     * columns, pi = n·NW + w, are owned by cluster rank pi mod CL; once
+     * every block of the cluster is past its last unit (a cluster barrier:
+     * its wgmma groups waited on, its x stages all arrived, so its x ring
+     * is free), every block stores its partials of each piece into the
+     * owner's receive buffer [CL sources][PP pieces][16][8] (distributed
+     * shared memory, over the owner's x ring), one more cluster barrier,
+     * then each owner adds its pieces' S partials in split order from 0.f. */
+    tc_cluster_sync();
     constexpr int PP = NW * NT; /* pieces per block; CL divides it (CL <= 8 <= PP) */
     const int pp = PP / CL;
     const unsigned rbuf = sbase + (unsigned)SH::RBO;
