@@ -51,6 +51,7 @@
 void pt_cuda_fold_norm(int on);
 void pt_cuda_tc_wg(int on); /* gemv_tc.cu: every 17..64-row launch of 4-bit g64 weights on the wgmma kernels */
 unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
+void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_fold_count(void);
 /* matmul.cu: the norm's fold at 2..64 rows on or off (as PETREL_CUDA_FOLD_NORM_ROWS; -1: the environment) */
 void pt_cuda_fold_norm_rows(int on);
@@ -322,11 +323,19 @@ static void test_fold_rows_bit_identical(void) {
         ok = check_rows(be, 4, 64, 4096, 1024, PT_RMS_W);
         CHECK(!ok || pt_cuda_tc_wg_count() > w0, "PETREL_CUDA_TC_WG=1: no wgmma launch");
         pt_cuda_tc_wg(-1);
+        pt_cuda_tc_wg_plain(0); /* the GLU rule alone */
         w0 = pt_cuda_tc_wg_count();
         ok = ok && check_rows(be, 4, 64, 4096, 14336, PT_RMS_W);
         /* matmul_glu_norm and matmul_glu, without and with the addend, at 33, 64, 80 (64 + 16) and
          * 128 (64 + 64) rows: 2 · 2 · (1 + 1 + 1 + 2) */
         CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 20, "8b gate/up: %llu wgmma launches, want 20",
+              pt_cuda_tc_wg_count() - w0);
+        /* the default rules: this case's three q/k/v weights share one split, so matmul_norm and
+         * matmul_multi take them too (PETREL_CUDA_TC_WG_PLAIN): 20 more */
+        pt_cuda_tc_wg_plain(-1);
+        w0 = pt_cuda_tc_wg_count();
+        ok = ok && check_rows(be, 4, 64, 4096, 14336, PT_RMS_W);
+        CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 40, "8b gate/up, default rules: %llu wgmma launches, want 40",
               pt_cuda_tc_wg_count() - w0);
         if (ok) printf("INFO the wgmma kernels: folded rows bit-identical\n");
     }
