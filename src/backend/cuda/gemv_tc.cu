@@ -473,7 +473,10 @@ static int tc_wg(void) {
  * for split gate/up weights (the 1B and 3B shapes: +15%) they are slower.
  * pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to the
  * environment). Launched for four blocks an SM (PETREL_CUDA_TC_WG_BPS_GLU,
- * below): at five, as the plain launches run, this launch is 17% slower. */
+ * below: its dynamic shared memory padded, so the SM runs its largest
+ * shared-memory carveout); unpadded, as the plain launches run, this launch
+ * is 17% slower (padded for five an SM it is as fast as for four; for three,
+ * 40% slower). */
 static int g_tc_wg_glu = -1;
 extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
 static int tc_wg_glu(void) {
@@ -486,7 +489,8 @@ static int tc_wg_glu(void) {
  * its q/k/v: q is split unlike k and v), the same bits. With the receive
  * buffer over the x ring a block takes 32 KB and five blocks fit an SM:
  * the 8B o + down at 64 rows 56 against 61 µs on mma.sync on an H100
- * (at four blocks an SM 79 µs); serving 64 streams +1.9% (bench/RESULTS.md).
+ * (padded for four blocks an SM 79 µs, for five 80: these launches want
+ * the unpadded block); serving 64 streams +1.0 to 2.0% (bench/RESULTS.md).
  * pt_cuda_tc_wg_plain(0|1) sets it (a negative argument: back to the
  * environment). */
 static int g_tc_wg_plain = -1;
