@@ -473,10 +473,8 @@ static int tc_wg(void) {
  * for split gate/up weights (the 1B and 3B shapes: +15%) they are slower.
  * pt_cuda_tc_wg_glu(0|1) sets it (a negative argument: back to the
  * environment). Launched for four blocks an SM (PETREL_CUDA_TC_WG_BPS_GLU,
- * below: its dynamic shared memory padded, so the SM runs its largest
- * shared-memory carveout); unpadded, as the plain launches run, this launch
- * is 17% slower (padded for five an SM it is as fast as for four; for three,
- * 40% slower). */
+ * below: its dynamic shared memory padded); at five, as the plain launches
+ * run, this launch is 17% slower in the step, at three 40% slower. */
 static int g_tc_wg_glu = -1;
 extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
 static int tc_wg_glu(void) {
@@ -489,8 +487,8 @@ static int tc_wg_glu(void) {
  * its q/k/v: q is split unlike k and v), the same bits. With the receive
  * buffer over the x ring a block takes 32 KB and five blocks fit an SM:
  * the 8B o + down at 64 rows 56 against 61 µs on mma.sync on an H100
- * (padded for four blocks an SM 79 µs, for five 80: these launches want
- * the unpadded block); serving 64 streams +1.0 to 2.0% (bench/RESULTS.md).
+ * (padded for four blocks an SM ~80 µs); serving 64 streams +1.0 to 2.0%
+ * (bench/RESULTS.md).
  * pt_cuda_tc_wg_plain(0|1) sets it (a negative argument: back to the
  * environment). */
 static int g_tc_wg_plain = -1;
@@ -525,18 +523,21 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
      * PETREL_CUDA_TC_WG_BPS_GLU (default 4) for the GLU launch,
      * PETREL_CUDA_TC_WG_BPS (default 0: as many as fit) for the others.
      * A/B only: the same bits at any value. */
-    static int bps_env[2] = {-1, -1}, sm_smem;
+    static int bps_env[2] = {-1, -1}, sm_smem, blk_rsv;
     const int gi = gl ? 1 : 0;
     if (bps_env[gi] < 0)
         bps_env[gi] = pt_env_int(gl ? "PETREL_CUDA_TC_WG_BPS_GLU" : "PETREL_CUDA_TC_WG_BPS", 0, 16, gl ? 4 : 0);
     if (!sm_smem) {
         int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&blk_rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
     }
     size_t dyn = SH::SMEM;
     if (bps_env[gi] > 0) {
-        const size_t want = (size_t)sm_smem / (size_t)bps_env[gi] - 1024;
+        /* the SM's share less the block's reserve, rounded down to the
+         * allocation's 256 bytes (unrounded, five an SM got four) */
+        const size_t want = ((size_t)sm_smem / (size_t)bps_env[gi] - (size_t)blk_rsv) & ~(size_t)255;
         if (want > dyn) dyn = want;
     }
     static size_t attr_set[2];
