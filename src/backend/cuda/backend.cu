@@ -481,6 +481,8 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     c->dec_short_rows_heads = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", 0, 1, -1);
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&c->sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, p->device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&c->blk_rsv, cudaDevAttrReservedSharedMemoryPerBlock, p->device));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->blas));
     CUBLAS_CHECK(cublasSetStream(c->blas, c->stream));

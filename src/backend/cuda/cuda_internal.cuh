@@ -48,6 +48,8 @@ typedef struct pt_cuda {
     pt_backend base;
     int device;
     int sm_count;
+    int sm_smem;          /* shared memory an SM holds, bytes (the wgmma launches' blocks an SM: gemv_tc.cu) */
+    int blk_rsv;          /* shared memory the system reserves per block, bytes */
     cudaStream_t stream;
     cublasHandle_t blas;
     pt_backend_limits lim;

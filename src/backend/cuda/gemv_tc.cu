@@ -521,23 +521,21 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     /* Blocks an SM, asked for through the dynamic shared memory (the layout
      * needs 32 KB at 64 columns; the registers allow five):
      * PETREL_CUDA_TC_WG_BPS_GLU (default 4) for the GLU launch,
-     * PETREL_CUDA_TC_WG_BPS (default 0: as many as fit) for the others.
-     * A/B only: the same bits at any value. */
-    static int bps_env[2] = {-1, -1}, sm_smem, blk_rsv;
+     * PETREL_CUDA_TC_WG_BPS (default 0: as many as fit) for the others
+     * (four for the unsplit ones, the 8b lm_head at 64 rows, measured 4%
+     * slower: bench/RESULTS.md). A/B only: the same bits at any value. The
+     * SM's shared memory and the block's reserve are the backend's (read at
+     * creation). */
+    static int bps_env[2] = {-1, -1};
     const int gi = gl ? 1 : 0;
     if (bps_env[gi] < 0)
         bps_env[gi] = pt_env_int(gl ? "PETREL_CUDA_TC_WG_BPS_GLU" : "PETREL_CUDA_TC_WG_BPS", 0, 16, gl ? 4 : 0);
-    if (!sm_smem) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&blk_rsv, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    }
+    const int bps = bps_env[gi];
     size_t dyn = SH::SMEM;
-    if (bps_env[gi] > 0) {
+    if (bps > 0 && c->sm_smem > 0) {
         /* the SM's share less the block's reserve, rounded down to the
          * allocation's 256 bytes (unrounded, five an SM got four) */
-        const size_t want = ((size_t)sm_smem / (size_t)bps_env[gi] - (size_t)blk_rsv) & ~(size_t)255;
+        const size_t want = ((size_t)c->sm_smem / (size_t)bps - (size_t)c->blk_rsv) & ~(size_t)255;
         if (want > dyn) dyn = want;
     }
     static size_t attr_set[2];
