@@ -125,9 +125,9 @@ int main(int argc, char **argv) {
         CK(cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));                     \
         if (cold) {                                                                                                \
             flush_kernel<<<528, 512>>>(fbuf, fn4, q, nh * hd, kn, vn, nkv * hd, 0.f);                              \
-            pt_launch(kf, dim3(nh, 1), dim3(512), smem, 0, true, a);                                               \
+            pt_launch(kf, dim3(nh, 1), dim3(512), smem, 0, true, a, 0);                                            \
         } else                                                                                                     \
-            kf<<<dim3(nh, 1), 512, smem>>>(a);                                                                     \
+            kf<<<dim3(nh, 1), 512, smem>>>(a, 0);                                                                  \
     } while (0)
     auto launch = [&]() {
         if (R == 8 && G <= 4) LAUNCH(2, 8, 4);

@@ -220,8 +220,19 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
+/* Rows rlo .. rlo + n - 1 (mod cap) of rb bytes each from base, fetched
+ * into the L2 by one bulk prefetch per contiguous piece (at most two). */
+__device__ __forceinline__ void ds_l2_prefetch(const char *base, int64_t rlo, int64_t n, int64_t cap, int64_t rb) {
+    const int64_t n1 = n < cap - rlo ? n : cap - rlo, n2 = n - n1;
+    if (n1 > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + rlo * rb), "r"((unsigned)(n1 * rb))
+                     : "memory");
+    if (n2 > 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base), "r"((unsigned)(n2 * rb)) : "memory");
+}
+
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
-__global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) {
+__global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, int fl) {
     /* launched by pt_launch. One sequence (FOLD): its dependent launch (the
      * o projection's GEMV) is released once every block has passed its wait
      * below, so the GEMV's blocks start when the q/k/v GEMV has finished,
@@ -284,7 +295,11 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) 
      * the key rows */
     uint4 *vS = reinterpret_cast<uint4 *>(sP + (size_t)tp * H * hd), *kS = vS + DS_MAXK * R;
     const bool al = (((uintptr_t)vS) & 15) == 0;
-    const bool vst = al && dyn >= ds_smem(H, hd, tp, R, 1), kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
+    /* the value rows staged where the launch made room for them (DS_MAXK keys, or with fl & 2 this row's n:
+     * the batched rows' room for their bound, PETREL_CUDA_DEC_SHORT_ROWS_STAGE=3), the key rows where it made
+     * room for both */
+    const bool vst = al && dyn >= ((fl & 2) ? base + (size_t)n * R * 16 : ds_smem(H, hd, tp, R, 1)),
+               kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
     __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
     __shared__ float smax[NW][DEC_MAX_G], ssum[NW][DEC_MAX_G];
     __shared__ float wM[NW][DEC_MAX_G], wInv[NW][DEC_MAX_G]; /* each warp's copy of the row max and 1/sum */
@@ -317,6 +332,14 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a) 
                 qfr[u] = a.inv_freq[e];
                 qpair[u] = i - d + (d < a.half ? d + a.half : e);
             }
+        }
+    if constexpr (!FOLD)
+        if ((fl & 1) && threadIdx.x < 2) {
+            /* batched rows: the row's cached keys (thread 0) and values (thread 1) fetched into the L2 before
+             * the wait (ds_l2_prefetch); the step's own row, which the append before this launch writes, is
+             * fetched again by the loads below (the L2 is coherent; nothing here enters the L1) */
+            const char *base = (const char *)(threadIdx.x ? vb : kb);
+            ds_l2_prefetch(base, rlo, n, cap, (int64_t)hd * (int64_t)sizeof(KT));
         }
     pt_wait_primary(); /* q (and k, v) are the previous kernel's output */
     if constexpr (FOLD) pt_release_dependents();
@@ -558,8 +581,24 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &g
     return tpm;
 }
 
+/* PETREL_CUDA_DEC_SHORT_ROWS_L2=1: each block of the batched rows' launch
+ * fetches its row's cached key and value rows into the L2 before its
+ * griddepcontrol.wait (two bulk prefetches), so its loads after the wait
+ * find them there; default 0 (A/B, read once; the same bits either way).
+ * pt_cuda_dec_short_rows_l2(0|1) sets it (a negative argument: back to the
+ * environment). */
+static int g_ds_l2 = -1;
+extern "C" void pt_cuda_dec_short_rows_l2(int on) { g_ds_l2 = on < 0 ? -1 : on != 0; }
+static int ds_rows_l2(void) {
+    if (g_ds_l2 < 0) g_ds_l2 = pt_env_flag("PETREL_CUDA_DEC_SHORT_ROWS_L2", 0);
+    return g_ds_l2;
+}
+
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
 static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
+    /* the batched rows' switches (kernel argument fl): 1 the L2 prefetch, 2 the value rows staged in room for
+     * the launch's bound */
+    const int fl = FOLD ? 0 : ds_rows_l2() | (c->dec_short_rows_stage == 3 ? 2 : 0);
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
         CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>,
@@ -567,7 +606,7 @@ static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64
         raised = true;
     }
     pt_launch(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>, dim3((unsigned)nblk, (unsigned)B), dim3(NW * 32),
-              smem, c->stream, pt_pdl_chain(), a);
+              smem, c->stream, pt_pdl_chain(), a, fl);
     CUDA_CHECK_LAUNCH("decode attention (one block per KV head or query head)");
     return PT_OK;
 }
@@ -650,8 +689,11 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int H = !rows ? (c->dec_short_heads ? 1 : G)
                         : rh == 1 || (rh < 0 && w8 && B * a.nh <= 2LL * c->sm_count) ? 1 : G;
     int nst = rows ? c->dec_short_rows_stage : c->dec_short_stage; /* the key and value rows staged where they fit */
+    /* 3 (batched rows): the value rows staged in room for the launch's bound, not DS_MAXK keys */
+    const size_t vbound = nst == 3 ? (size_t)max_keys * R * 16 : 0;
+    if (nst == 3) nst = 0;
     while (nst > 0 && ds_smem(H, a.hd, tp, R, nst) > DS_SMEM_MAX) nst--;
-    const size_t smem = ds_smem(H, a.hd, tp, R, nst);
+    const size_t smem = ds_smem(H, a.hd, tp, R, nst) + vbound;
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);

@@ -62,7 +62,8 @@ typedef struct pt_cuda {
      * rows in shared memory by cp.async (where they fit). Batched rows
      * (attention_rows under a key bound): PETREL_CUDA_DEC_SHORT_ROWS=0 runs
      * the three kernels instead; PETREL_CUDA_DEC_SHORT_ROWS_STAGE = 0
-     * (default) / 1 / 2 as above for their blocks;
+     * (default) / 1 / 2 as above for their blocks, 3 the value rows in room
+     * for the launch's key bound;
      * PETREL_CUDA_DEC_SHORT_ROWS_HEADS = 1 / 0 a block every (row, query
      * head) / (row, KV head), unset (-1) the first while they fit in one
      * wave. */
