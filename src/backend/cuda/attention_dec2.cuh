@@ -120,17 +120,16 @@ __device__ __forceinline__ float d2_rope_elem(const float *x, int d, int half, c
  * lanes; lane sub then rounds the scores of heads g ≡ sub (mod LPR) as the
  * reference does, stores them at S[g·stride + j] and pushes them into its
  * running (m[g], l[g]) (pt_softmax_push). Keys past j1 are skipped. */
-template <typename KT, int LPR, int C, int U>
+template <typename KT, int LPR, int C, int U, int NG>
 __device__ __forceinline__ void d2_scores_batch(const uint4 (&kr)[U][C], const float *qs, const pt_dec_rows &a,
                                                 int G, int hd, int R, int64_t jb, int64_t j1, int sub, int ks,
-                                                float *S, int64_t stride, float (&m)[DEC_MAX_G],
-                                                float (&l)[DEC_MAX_G]) {
+                                                float *S, int64_t stride, float (&m)[NG], float (&l)[NG]) {
     constexpr int V = 16 / sizeof(KT), KPW = 32 / LPR;
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        float d[DEC_MAX_G];
+        float d[NG];
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) d[g] = 0.f;
+        for (int g = 0; g < NG; g++) d[g] = 0.f;
 #pragma unroll
         for (int ci = 0; ci < C; ci++) {
             const int c = ci * LPR + sub;
@@ -138,7 +137,7 @@ __device__ __forceinline__ void d2_scores_batch(const uint4 (&kr)[U][C], const f
             float kf[V];
             d2_cvt<KT>(kr[u][ci], kf);
 #pragma unroll
-            for (int g = 0; g < DEC_MAX_G; g++) {
+            for (int g = 0; g < NG; g++) {
                 if (g >= G) break;
                 const float4 *qp = reinterpret_cast<const float4 *>(qs + g * hd + c * V);
 #pragma unroll
@@ -155,7 +154,7 @@ __device__ __forceinline__ void d2_scores_batch(const uint4 (&kr)[U][C], const f
         const int64_t j = jb + u * KPW + ks;
         if (j < j1) {
 #pragma unroll
-            for (int g = 0; g < DEC_MAX_G; g++) {
+            for (int g = 0; g < NG; g++) {
                 if (g >= G) break;
                 if (g % LPR != sub) continue;
                 float s = pt_rnd(a.bf, pt_rnd(a.bf, d[g]) * a.scale);

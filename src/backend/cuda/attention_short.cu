@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
      * its pair qpair and the cos and sin of the pair's dim (the pair and the dim's frequency found here,
      * before the wait; the cos and sin formed after it); a thread of dim d < hd also rotates the step's
      * key's element d and stores it (fold). */
-    constexpr int QR = FOLD && NW < DS_WARPS ? (MG * 256 + NT - 1) / NT : DEC_MAX_G * 256 / NT;
+    constexpr int QR = !FOLD || NW < DS_WARPS ? (MG * 256 + NT - 1) / NT : DEC_MAX_G * 256 / NT;
     const float *q = a.q + (b * a.nh + (int64_t)kh * G + h0) * hd;
     const float *kr = fold ? a.kn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
     const float *vr = fold ? a.vn + (b * a.nkv + kh) * (int64_t)hd : nullptr;
@@ -429,9 +429,13 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     DS_MARK(2);
     DS_MARK(3);
     /* scores: warp `warp` runs task `warp` (split s, the scores kernel's warp w) */
-    float m[DEC_MAX_G], l[DEC_MAX_G];
+    /* a lane's running (max, sum) per head: the batched rows' blocks hold at most MG heads (H <= MG), so
+     * their arrays are MG long (registers the dense builds would otherwise spill); one sequence keeps
+     * DEC_MAX_G */
+    constexpr int NGR = FOLD ? DEC_MAX_G : MG;
+    float m[NGR], l[NGR];
 #pragma unroll
-    for (int g = 0; g < DEC_MAX_G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    for (int g = 0; g < NGR; g++) m[g] = -INFINITY, l[g] = 0.f;
     int64_t s = 0;
     int w = 0;
     if (warp < ts) {
@@ -445,7 +449,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
             d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
         }
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) {
+        for (int g = 0; g < NGR; g++) {
             if (g >= H) break;
             const float mx = pt_warp_max(m[g]);
             if (lane == 0) smax[warp][g] = mx;
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
         int t0, nt; /* the split's tasks */
         ds_split_range(s, fs, ts, t0, nt);
 #pragma unroll
-        for (int g = 0; g < DEC_MAX_G; g++) {
+        for (int g = 0; g < NGR; g++) {
             if (g >= H) break;
             float bm = -INFINITY;
             for (int t = 0; t < nt; t++) bm = fmaxf(bm, smax[t0 + t][g]);
