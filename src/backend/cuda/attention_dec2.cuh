@@ -166,19 +166,13 @@ __device__ __forceinline__ void d2_scores_batch(const uint4 (&kr)[U][C], const f
     }
 }
 
-/* p·V of one batch of keys, vr as d2_load<KT, LPR, C, U> loaded it from key
- * jb on: the batch's p = round(exp(s − M) / L) for the G heads (S as
- * d2_scores_batch stored it, sM / sInv the exact row max and 1/sum per
- * head), lanes over (head, key), into the warp's own buffer ps (0 past j1),
- * then acc[g][ci][·] += p · v for the lane's chunks. The caller's warp
- * calls it whole (warp-synchronous). */
-template <typename KT, int LPR, int C, int U, int MG>
-__device__ __forceinline__ void d2_pv_batch(const uint4 (&vr)[U][C], float (&ps)[MG][U * (32 / LPR)],
-                                            const float *S, int64_t stride, const float *sM, const float *sInv,
-                                            int bf, int G, int64_t jb, int64_t j1, int lane, int ks,
-                                            float (&acc)[MG][C][16 / sizeof(KT)]) {
-    constexpr int V = 16 / sizeof(KT), KPW = 32 / LPR, KB = U * KPW;
-    /* the batch's probabilities, lanes over (head, key); 0 past j1 */
+/* d2_pv_batch's first part: the batch's KB probabilities p = round(exp(s −
+ * M) / L) for the G heads (S as d2_scores_batch stored it, sM / sInv the
+ * exact row max and 1/sum per head), lanes over (head, key), into the
+ * warp's own buffer ps (0 past j1); the warp's lanes see them after it. */
+template <int KB, int MG>
+__device__ __forceinline__ void d2_pv_probs(float (&ps)[MG][KB], const float *S, int64_t stride, const float *sM,
+                                            const float *sInv, int bf, int G, int64_t jb, int64_t j1, int lane) {
 #pragma unroll 4
     for (int idx = lane; idx < KB * G; idx += 32) {
         const int g = idx / KB, kk = idx % KB;
@@ -186,8 +180,17 @@ __device__ __forceinline__ void d2_pv_batch(const uint4 (&vr)[U][C], float (&ps)
         ps[g][kk] = j < j1 ? pt_rnd(bf, expf(S[(int64_t)g * stride + j] - sM[g]) * sInv[g]) : 0.f;
     }
     __syncwarp();
+}
+
+/* d2_pv_batch's second part over load steps u0 .. u0 + UN − 1 of the batch
+ * (vr[u] holding step u0 + u): acc[g][ci][·] += p · v for the lane's
+ * chunks, the steps in order. */
+template <typename KT, int LPR, int C, int UN, int MG, int KB>
+__device__ __forceinline__ void d2_pv_accum(const uint4 (&vr)[UN][C], const float (&ps)[MG][KB], int u0, int G,
+                                            int ks, float (&acc)[MG][C][16 / sizeof(KT)]) {
+    constexpr int V = 16 / sizeof(KT), KPW = 32 / LPR;
 #pragma unroll
-    for (int u = 0; u < U; u++)
+    for (int u = 0; u < UN; u++)
 #pragma unroll
         for (int ci = 0; ci < C; ci++) {
             float vf[V];
@@ -195,11 +198,24 @@ __device__ __forceinline__ void d2_pv_batch(const uint4 (&vr)[U][C], float (&ps)
 #pragma unroll
             for (int g = 0; g < MG; g++) {
                 if (g >= G) break;
-                const float p = ps[g][u * KPW + ks];
+                const float p = ps[g][(u0 + u) * KPW + ks];
 #pragma unroll
                 for (int i = 0; i < V; i++) acc[g][ci][i] = fmaf(p, vf[i], acc[g][ci][i]);
             }
         }
+}
+
+/* p·V of one batch of keys, vr as d2_load<KT, LPR, C, U> loaded it from key
+ * jb on: the batch's probabilities into ps (d2_pv_probs), then acc[g][ci][·]
+ * += p · v for the lane's chunks (d2_pv_accum). The caller's warp calls it
+ * whole (warp-synchronous). */
+template <typename KT, int LPR, int C, int U, int MG>
+__device__ __forceinline__ void d2_pv_batch(const uint4 (&vr)[U][C], float (&ps)[MG][U * (32 / LPR)],
+                                            const float *S, int64_t stride, const float *sM, const float *sInv,
+                                            int bf, int G, int64_t jb, int64_t j1, int lane, int ks,
+                                            float (&acc)[MG][C][16 / sizeof(KT)]) {
+    d2_pv_probs(ps, S, stride, sM, sInv, bf, G, jb, j1, lane);
+    d2_pv_accum<KT, LPR, C, U>(vr, ps, 0, G, ks, acc);
     __syncwarp(); /* ps is written again by the next batch */
 }
 

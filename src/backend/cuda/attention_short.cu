@@ -257,6 +257,10 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     constexpr int NT = NW * 32, V = 16 / sizeof(KT);
     constexpr int SC = 4, SKB = 2 * (32 / LS);                       /* scores: chunks a lane, keys a batch */
     constexpr int PU = (PG > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
+    /* the batched rows' dense builds (twice the plain build's blocks an SM, 64 registers) load a p·V batch
+     * in two halves: their registers hold half the loaded rows (the plain builds, 123 registers, load whole
+     * batches) */
+    constexpr bool PVH = !FOLD && MB > DS_WARPS / NW && PU % 2 == 0;
     /* the block's H query heads: the whole group (MG > 1) or one head (MG = 1), h0 its first in the group */
     const int G = a.nh / a.nkv, H = MG == 1 ? 1 : G, nhb = G / H, hd = a.hd, R = hd * (int)sizeof(KT) / 16;
     const int kh = blockIdx.x / nhb, h0 = (blockIdx.x % nhb) * H;
@@ -526,11 +530,27 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
         float acc[MG][CP][V];
         d2_acc_zero(acc);
         for (int64_t jb = j0 + (int64_t)w * PKB; jb < j1; jb += (int64_t)D2_WARPS * PKB) {
-            uint4 vr[PU][CP];
-            if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
-            else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
-            d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, FOLD ? wM[warp] : sM,
-                                                FOLD ? wInv[warp] : sInv, a.bf, H, jb, j1, lane, ks, acc);
+            if constexpr (PVH) {
+                /* the batch's value rows in two halves of its load steps, the second loaded once the first
+                 * is added: the same products in the same order, half the registers */
+                constexpr int PH = PU / 2;
+                uint4 vr[PH][CP];
+                if (vst) ds_load_staged<LP, CP, PH>(vr, vS, R, jb, j1, sub, ks);
+                else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
+                d2_pv_probs(ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane);
+                d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], 0, H, ks, acc);
+                const int64_t jh = jb + PH * (32 / LP);
+                if (vst) ds_load_staged<LP, CP, PH>(vr, vS, R, jh, j1, sub, ks);
+                else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jh, j1, sub, ks);
+                d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], PH, H, ks, acc);
+                __syncwarp(); /* ps is written again by the next batch */
+            } else {
+                uint4 vr[PU][CP];
+                if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
+                else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
+                d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, FOLD ? wM[warp] : sM,
+                                                    FOLD ? wInv[warp] : sInv, a.bf, H, jb, j1, lane, ks, acc);
+            }
         }
         d2_pv_keys_sum<LP>(acc, H);
         d2_pv_store<LP>(acc, sP + (int64_t)t * H * hd, H, hd, R, sub, ks);
