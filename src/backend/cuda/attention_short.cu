@@ -447,10 +447,22 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
         const int sub = lane % LS, ks = lane / LS;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
         for (int64_t jb = j0 + (int64_t)w * SKB; jb < j1; jb += (int64_t)D2_WARPS * SKB) {
-            uint4 kr[2][SC];
-            if (kst) ds_load_staged<LS, SC, 2>(kr, kS, R, jb, j1, sub, ks);
-            else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? knew : nullptr, prow);
-            d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
+            if constexpr (PVH) {
+                /* the dense builds: the batch's two load steps one after the other (as p·V's halves) */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t jh = jb + h * (32 / LS);
+                    uint4 kr[1][SC];
+                    if (kst) ds_load_staged<LS, SC, 1>(kr, kS, R, jh, j1, sub, ks);
+                    else d2_load<KT, LS, SC, 1>(kr, kb, rlo, cap, hd, R, jh, j1, sub, ks);
+                    d2_scores_batch<KT, LS, SC, 1>(kr, qs, a, H, hd, R, jh, j1, sub, ks, sS, DS_MAXK, m, l);
+                }
+            } else {
+                uint4 kr[2][SC];
+                if (kst) ds_load_staged<LS, SC, 2>(kr, kS, R, jb, j1, sub, ks);
+                else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? knew : nullptr, prow);
+                d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
+            }
         }
 #pragma unroll
         for (int g = 0; g < NGR; g++) {
