@@ -42,12 +42,6 @@
 void pt_cuda_dec_short_rows_l2(int on);   /* attention_short.cu: the rows' L2 prefetch (A/B) */
 void pt_cuda_dec_short_rows_minb(int v);  /* attention_short.cu: 2 plain, 4 dense builds, 0 the rule */
 
-static void *dalloc(pt_backend *be, size_t n) {
-    void *p = be->ops->alloc(be, n);
-    if (!p) DIE("alloc %zu", n);
-    return p;
-}
-
 static void set(int s) {
     pt_cuda_dec_short_rows_l2(s == 1);
     pt_cuda_dec_short_rows_minb(s == 2 ? 2 : s == 3 ? 4 : 0);
@@ -90,18 +84,18 @@ int main(int argc, char **argv) {
     if (!tab || !tabd || !caches) DIE("host tables");
     for (int l = 0; l < LAYERS; l++) {
         for (int i = 0; i < 2 * B; i++) {
-            void *c = dalloc(be, cbytes);
+            void *c = bench_alloc(be, cbytes);
             if (be->ops->upload(be, c, hc, cbytes) != PT_OK) DIE("upload cache");
             caches[(size_t)l * 2 * B + i] = tab[i] = c;
         }
-        tabd[l] = dalloc(be, sizeof(void *) * 2 * B);
+        tabd[l] = bench_alloc(be, sizeof(void *) * 2 * B);
         if (be->ops->upload(be, tabd[l], tab, sizeof(void *) * 2 * B) != PT_OK) DIE("upload table");
     }
     /* one step's rows (shared by the layers): q [B, NH, HD], k and v [B, NKV, HD], the RoPE table */
     const size_t nq = (size_t)B * NH * HD, nkv = (size_t)B * NKV * HD;
     float *h = malloc(nq * 4), *out = malloc(nq * 4);
     if (!h || !out) DIE("host rows");
-    float *q = dalloc(be, nq * 4), *k = dalloc(be, nkv * 4), *v = dalloc(be, nkv * 4), *o = dalloc(be, nq * 4);
+    float *q = bench_alloc(be, nq * 4), *k = bench_alloc(be, nkv * 4), *v = bench_alloc(be, nkv * 4), *o = bench_alloc(be, nq * 4);
     for (size_t i = 0; i < nq; i++) h[i] = (float)(ru() % 20001) / 5000.0f - 2.0f;
     be->ops->upload(be, q, h, nq * 4);
     for (size_t i = 0; i < nkv; i++) h[i] = (float)(ru() % 20001) / 5000.0f - 2.0f;
@@ -110,11 +104,11 @@ int main(int argc, char **argv) {
     be->ops->upload(be, v, h, nkv * 4);
     float inv[HD / 2];
     for (int i = 0; i < HD / 2; i++) inv[i] = powf(500000.0f, -2.0f * i / HD);
-    float *invd = dalloc(be, sizeof inv);
+    float *invd = bench_alloc(be, sizeof inv);
     be->ops->upload(be, invd, inv, sizeof inv);
     const pt_rope rope = {HD, invd, 1.0f};
     const pt_kv_layer shape = {.n_kv = NKV, .head_dim = HD, .capacity = CAP, .dtype = PT_FT_BF16};
-    int32_t *pos = dalloc(be, (size_t)B * 4), *hp = malloc((size_t)B * 4);
+    int32_t *pos = bench_alloc(be, (size_t)B * 4), *hp = malloc((size_t)B * 4);
     if (!hp) DIE("host positions");
 
     printf("%-8s %5s %10s %9s %8s %9s  %s\n", "setting", "keys", "KV MB/step", "us/layer", "GB/s", "of read",

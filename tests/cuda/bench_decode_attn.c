@@ -55,12 +55,6 @@ typedef struct {
     double t[64];
 } cfg;
 
-static void *dalloc(pt_backend *be, size_t n) {
-    void *p = be->ops->alloc(be, n);
-    if (!p) DIE("alloc %zu", n);
-    return p;
-}
-
 int main(int argc, char **argv) {
     /* BENCH_FUSED_ONLY=1: time the fused configurations alone (no bf16 cache, no prefill chunk) */
     const int fonly = getenv("BENCH_FUSED_ONLY") != NULL, bonly = !fonly && getenv("BENCH_BF16_ONLY") != NULL;
@@ -87,14 +81,14 @@ int main(int argc, char **argv) {
     const size_t ce = (size_t)CHUNK * NKV * HD;
     float *h = malloc(ce * 4);
     for (size_t i = 0; i < ce; i++) h[i] = rnd() * 2.0f;
-    float *dk = dalloc(be, ce * 4), *dv = dalloc(be, ce * 4);
+    float *dk = bench_alloc(be, ce * 4), *dv = bench_alloc(be, ce * 4);
     be->ops->upload(be, dk, h, ce * 4);
     for (size_t i = 0; i < ce; i++) h[i] = rnd() * 2.0f;
     be->ops->upload(be, dv, h, ce * 4);
-    float *q = dalloc(be, (size_t)CHUNK * NH * HD * 4), *o = dalloc(be, (size_t)CHUNK * NH * HD * 4);
+    float *q = bench_alloc(be, (size_t)CHUNK * NH * HD * 4), *o = bench_alloc(be, (size_t)CHUNK * NH * HD * 4);
     for (size_t i = 0; i < ce; i++) h[i] = rnd();
     for (int i = 0; i < NH / NKV; i++) be->ops->upload(be, q + i * ce, h, ce * 4); /* [CHUNK, NH, HD] */
-    int32_t *pos = dalloc(be, CHUNK * 4), *hp = malloc(CHUNK * 4);
+    int32_t *pos = bench_alloc(be, CHUNK * 4), *hp = malloc(CHUNK * 4);
 
     double read_gbs = 0;
     if (pt_cuda_read_bandwidth((size_t)2 << 30, &read_gbs) != PT_OK) DIE("read bandwidth");
@@ -132,11 +126,11 @@ int main(int argc, char **argv) {
                 pt_kv_layer z = {.n_kv = NKV, .head_dim = HD, .capacity = cap, .dtype = PT_FT_BF16, .bits = bits,
                                  .group_size = bits ? GS : 0};
                 *kv = z;
-                kv->k = dalloc(be, cb);
-                kv->v = dalloc(be, cb);
+                kv->k = bench_alloc(be, cb);
+                kv->v = bench_alloc(be, cb);
                 if (bits) {
-                    kv->k_scales = dalloc(be, pb), kv->k_biases = dalloc(be, pb);
-                    kv->v_scales = dalloc(be, pb), kv->v_biases = dalloc(be, pb);
+                    kv->k_scales = bench_alloc(be, pb), kv->k_biases = bench_alloc(be, pb);
+                    kv->v_scales = bench_alloc(be, pb), kv->v_biases = bench_alloc(be, pb);
                 }
                 for (int64_t p0 = 0; p0 <= depth; p0 += CHUNK) {
                     const int64_t T = depth + 1 - p0 < CHUNK ? depth + 1 - p0 : CHUNK;

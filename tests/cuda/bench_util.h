@@ -1,6 +1,7 @@
 /* Helpers shared by the CUDA benchmarks (tests/cuda/bench_*.c,
  * dev/cuda_gemv_bench.c): a monotonic clock, a seeded xorshift source, a
  * comparison for sorting timings (medians), DIE for a failed engine call,
+ * backend memory or death (bench_alloc),
  * the benchmarks' CUDA backend (bench_cuda_open) and the median of a
  * captured graph's replays (bench_graph_median_us).
  * Header-only: each benchmark includes it once. Not a test harness. */
@@ -42,6 +43,13 @@ static inline int cmpd(const void *a, const void *b) {
         fprintf(stderr, ": %s\n", pt_last_error()); \
         exit(1);                                    \
     } while (0)
+
+/* n bytes of backend memory; dies when there are none. */
+static inline void *bench_alloc(pt_backend *be, size_t n) {
+    void *p = be->ops->alloc(be, n);
+    if (!p) DIE("alloc %zu", n);
+    return p;
+}
 
 /* A CUDA backend on device 0 with bf16 activations; prints the device line
  * the results are recorded with. Dies when there is none. */
