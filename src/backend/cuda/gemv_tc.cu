@@ -522,8 +522,9 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
      * needs 32 KB at 64 columns; the registers allow five):
      * PETREL_CUDA_TC_WG_BPS_GLU (default 4) for the GLU launch,
      * PETREL_CUDA_TC_WG_BPS (default 0: as many as fit) for the others
-     * (four for the unsplit ones, the 8b lm_head at 64 rows, measured 4%
-     * slower: bench/RESULTS.md). A/B only: the same bits at any value. The
+     * (the unsplit ones padded for four, as the GLU launch is, measured 4%
+     * slower on the 8b lm_head at 64 rows: bench/RESULTS.md). A/B only:
+     * the same bits at any value. The
      * SM's shared memory and the block's reserve are the backend's (read at
      * creation). */
     static int bps_env[2] = {-1, -1};
