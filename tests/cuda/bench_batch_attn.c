@@ -15,10 +15,12 @@
  * same state: equal hashes, the same bits.
  * Settings (the backend's A/B switches, set before each capture):
  *   default     the rules as shipped
+ *   split       PETREL_CUDA_DEC_SHORT_ROWS_STAGE=4: each warp stages its
+ *               split's key rows, then its value rows, in shared memory
+ *   split2      split with the plain builds (ROWS_MINB=2)
+ *   minb2       PETREL_CUDA_DEC_SHORT_ROWS_MINB=2: the plain builds
  *   l2          PETREL_CUDA_DEC_SHORT_ROWS_L2: the rows' cached keys and
  *               values fetched into the L2 before each block's wait
- *   minb2       PETREL_CUDA_DEC_SHORT_ROWS_MINB=2: the plain builds
- *   minb4       PETREL_CUDA_DEC_SHORT_ROWS_MINB=4: the dense builds
  * Built with CUDA=1 into the GPU bundle; not a test (no pass/fail).
  * Usage: bench_batch_attn [reps] [rows] [keys ...]   (default 9 64 80 200) */
 #include "backend/backend.h"
@@ -37,18 +39,20 @@
 #define NKV 8
 #define HD 128
 #define CAP 256
-#define NSET 4
+#define NSET 5
 
 void pt_cuda_dec_short_rows_l2(int on);   /* attention_short.cu: the rows' L2 prefetch (A/B) */
 void pt_cuda_dec_short_rows_minb(int v);  /* attention_short.cu: 2 plain, 4 dense builds, 0 the rule */
+void pt_cuda_dec_short_rows_stage(int v); /* attention_short.cu: the rows' staging, -1 the backend's */
 
 static void set(int s) {
-    pt_cuda_dec_short_rows_l2(s == 1);
-    pt_cuda_dec_short_rows_minb(s == 2 ? 2 : s == 3 ? 4 : 0);
+    pt_cuda_dec_short_rows_stage(s == 1 || s == 2 ? 4 : -1);
+    pt_cuda_dec_short_rows_minb(s == 2 || s == 3 ? 2 : 0);
+    pt_cuda_dec_short_rows_l2(s == 4);
 }
 
 int main(int argc, char **argv) {
-    static const char *names[NSET] = {"default", "l2", "minb2", "minb4"};
+    static const char *names[NSET] = {"default", "split", "split2", "minb2", "l2"};
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
     int B = argc > 2 ? atoi(argv[2]) : 64;

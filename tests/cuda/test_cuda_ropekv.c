@@ -20,6 +20,7 @@
 #include <string.h>
 
 void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' blocks plain (2) or dense (4); 0: by size */
+unsigned long long pt_cuda_dec_short_split_count(void); /* attention_short.cu: batched launches staged by split */
 void pt_cuda_dec_short_warps(int v);     /* one sequence: at least 8 or 16 warps a block; 0: the fewest */
 unsigned long long pt_cuda_dec_short_fold_count(int nw); /* one-sequence launches with nw warps a block */
 
@@ -530,12 +531,16 @@ static void test_rope_kv_attention_short_rows_bits(void) {
         {32, 8, 128, 128, 0, 128, 0.f},    /* 2 splits of up to 64 */
     };
     /* a block per (row, KV head) or per (row, query head) (PETREL_CUDA_DEC_SHORT_ROWS_HEADS), the key and
-     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE), the blocks per (row, KV
-     * head) in the build for their plain or twice their blocks an SM as the launch's size decides, or the
-     * dense one always (pt_cuda_dec_short_rows_minb) */
-    static const char *forms[][3] = {{"0", "0", "0"}, {"1", "0", "0"}, {"0", "2", "0"}, {"0", "0", "4"}};
+     * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 2 the block's rows, 4 each
+     * warp its split's, where the splits fit), the blocks per (row, KV head) in the build for their plain or
+     * twice their blocks an SM as the launch's size decides, or the dense one always
+     * (pt_cuda_dec_short_rows_minb) */
+    static const char *forms[][3] = {{"0", "0", "0"}, {"1", "0", "0"}, {"0", "2", "0"}, {"0", "0", "4"},
+                                     {"0", "4", "0"}, {"0", "4", "4"}, {"1", "4", "0"}};
+    const int n_forms = (int)(sizeof forms / sizeof forms[0]);
     int n_cases = 0, n_lies = 0;
-    for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++)
+    for (int f = 0; f < n_forms; f++) {
+        const unsigned long long sp0 = pt_cuda_dec_short_split_count();
         for (int a = 0; a < 2; a++) {
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", forms[f][0], 1);
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", forms[f][1], 1);
@@ -551,12 +556,16 @@ static void test_rope_kv_attention_short_rows_bits(void) {
                         rr_check(G, a, (pt_ftype)dt, &cs[ci], bound, &n_cases, &n_lies);
             pt_backend_free(&G);
         }
+        /* the split staging ran where asked (the 16-bit caches of heads up to 128 fit it), and only there */
+        const unsigned long long sp = pt_cuda_dec_short_split_count() - sp0;
+        CHECK(forms[f][1][0] == '4' ? sp > 0 : sp == 0, "form %d: %llu launches staged by split", f, sp);
+    }
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
     pt_cuda_dec_short_rows_minb(0);
-    printf("INFO rope_kv_attention short rows: %d batches (4 forms) bit-identical to the split kernels, %d wrong "
+    printf("INFO rope_kv_attention short rows: %d batches (%d forms) bit-identical to the split kernels, %d wrong "
            "bounds reported\n",
-           n_cases, n_lies);
+           n_cases, n_forms, n_lies);
 }
 
 int main(void) {

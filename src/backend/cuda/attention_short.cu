@@ -146,47 +146,81 @@ __device__ __forceinline__ void ds_split_range(int64_t s, int full, int total, i
 }
 
 /* Dynamic shared memory of a launch for H query heads a block: the queries
- * [H, hd], the scores [H, DS_MAXK], the tasks' partial outputs [tp, H, hd]
- * (floats; the batched rows' front holds their raw queries in the last
- * before p·V writes them); with nst = 1 also the value rows of up to
- * DS_MAXK keys, [DS_MAXK, R] 16-byte chunks, read ahead of the p·V phase,
- * with nst = 2 the key rows as well (read ahead of the scores). */
+ * [H, hd], the scores [H, DS_MAXK] (floats; the batched rows' raw queries
+ * in their front before the scores write them), the tasks' partial outputs
+ * [tp, H, hd]; with nst = 1 also the value rows of up to DS_MAXK keys,
+ * [DS_MAXK, R] 16-byte chunks, read ahead of the p·V phase, with nst = 2
+ * the key rows as well (read ahead of the scores). */
 __host__ __device__ __forceinline__ size_t ds_smem(int H, int hd, int tp, int R, int nst) {
     return ((size_t)H * hd + (size_t)H * DS_MAXK + (size_t)tp * H * hd) * sizeof(float) +
            (size_t)nst * DS_MAXK * R * 16;
 }
 
+/* The batched rows' split staging (ds_task_staged): the queries and scores
+ * as ds_smem, then a buffer of kb keys' rows ([kb, R] 16-byte chunks) for
+ * each of the NW warps: warp t's split's key rows, then its value rows,
+ * then its partial output [H, hd] (floats). */
+__host__ __device__ __forceinline__ size_t ds_smem_task(int H, int hd, int NW, int kb, int R) {
+    return ((size_t)H * hd + (size_t)H * DS_MAXK) * sizeof(float) + (size_t)NW * kb * R * 16;
+}
+
+/* Whether a batched launch can stage by split (PETREL_CUDA_DEC_SHORT_ROWS_STAGE=4): every split of a row
+ * under the bound (per keys, at most kb: one scores task and one p·V task, a single batch each, so split t
+ * is warp t's in both phases) fits a warp's buffer, as does the split's partial output. */
+__host__ __device__ __forceinline__ bool ds_task_fits(int64_t per_max, int kb, int H, int hd, int R) {
+    return per_max <= kb && (size_t)H * hd * sizeof(float) <= (size_t)kb * R * 16;
+}
+
+
 /* U load steps of 32/LPR keys from key jb on as d2_load gives them, from
- * the rows staged in shared memory (vs: key j's chunk c at j·R + c). */
+ * the rows staged in shared memory (vs: key j's chunk c at (j − jo)·R + c;
+ * jo the first key staged there). */
 template <int LPR, int C, int U>
 __device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs, int R, int64_t jb, int64_t j1,
-                                               int sub, int ks) {
+                                               int sub, int ks, int64_t jo = 0) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int64_t j = jb + u * (32 / LPR) + ks;
 #pragma unroll
         for (int ci = 0; ci < C; ci++) {
             const int c = ci * LPR + sub;
-            r[u][ci] = j < j1 && c < R ? vs[j * R + c] : make_uint4(0u, 0u, 0u, 0u);
+            r[u][ci] = j < j1 && c < R ? vs[(j - jo) * R + c] : make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
 
-/* The cached rows of keys 0 .. n-1 (cache row rlo + j, wrapping once at
- * cap) copied into dst ([n, R] 16-byte chunks) by cp.async, the block's
- * threads over the chunks; all but key jp, the step's own row, which the
- * block fills from its own copy (block 0 may be writing it to the cache). */
-template <int NT, typename KT>
-__device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
-                                              int n, int64_t jp) {
+/* The cached rows of keys j0 .. j0 + n − 1 (cache row rlo + j, wrapping
+ * once at cap) copied into dst ([n, R] 16-byte chunks) by cp.async, threads
+ * i0, i0 + ST, ... over the chunks; all but key j0 + jp, the step's own row,
+ * which the block fills from its own copy (block 0 may be writing it to the
+ * cache). */
+template <int ST, typename KT>
+__device__ __forceinline__ void ds_copy_rows(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
+                                             int64_t j0, int n, int64_t jp, int i0) {
     const uint32_t sa = (uint32_t)__cvta_generic_to_shared(dst);
-    for (int i = threadIdx.x; i < n * R; i += NT) {
+    for (int i = i0; i < n * R; i += ST) {
         const int j = i / R;
-        int64_t row = rlo + j;
+        int64_t row = rlo + j0 + j;
         if (row >= cap) row -= cap;
         const uint4 *src = reinterpret_cast<const uint4 *>(base + row * hd) + (i - j * R);
         if (j != jp) pt_cp16(sa + (uint32_t)i * 16u, src, true);
     }
+}
+
+/* Keys 0 .. n − 1 (ds_copy_rows), the block's NT threads over the chunks. */
+template <int NT, typename KT>
+__device__ __forceinline__ void ds_stage_rows(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
+                                              int n, int64_t jp) {
+    ds_copy_rows<NT>(dst, base, rlo, cap, hd, R, 0, n, jp, (int)threadIdx.x);
+}
+
+/* Warp-wide, the batched rows' split staging: the rows of keys j0 .. j1 − 1
+ * (ds_copy_rows, the warp's lanes over the chunks) as one cp.async group. */
+template <typename KT>
+__device__ __forceinline__ void ds_stage_split(uint4 *dst, const KT *base, int64_t rlo, int64_t cap, int hd, int R,
+                                               int64_t j0, int64_t j1, int lane) {
+    ds_copy_rows<32>(dst, base, rlo, cap, hd, R, j0, (int)(j1 - j0), -1, lane);
+    pt_cp_commit();
 }
 
 /* The cached key rows, then the value rows, as two cp.async groups (each
@@ -288,8 +322,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
     const int fs = ds_split_tasks(per, SKB), fp = ds_split_tasks(per, PKB); /* tasks of a full split */
-    const size_t base = ds_smem(H, hd, tp, R, 0);
-    if (n > DS_MAXK || ts > NW || base > dyn) {
+    /* the batched rows staged by split (fl & 4, PETREL_CUDA_DEC_SHORT_ROWS_STAGE=4): warp t's buffer of TKB
+     * keys holds split t's key rows, then its value rows, then its partial output (ds_smem_task) */
+    constexpr int TKB = SKB < PKB ? SKB : PKB;
+    const bool tst = !FOLD && (fl & 4);
+    const size_t base = tst ? ds_smem_task(H, hd, NW, TKB, R) : ds_smem(H, hd, tp, R, 0);
+    if (n > DS_MAXK || ts > NW || base > dyn || (tst && !ds_task_fits(per, TKB, H, hd, R))) {
         /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
         pt_wait_primary();
         if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
@@ -302,8 +340,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     /* the value rows staged where the launch made room for them (DS_MAXK keys, or with fl & 2 this row's n:
      * the batched rows' room for their bound, PETREL_CUDA_DEC_SHORT_ROWS_STAGE=3), the key rows where it made
      * room for both */
-    const bool vst = al && dyn >= ((fl & 2) ? base + (size_t)n * R * 16 : ds_smem(H, hd, tp, R, 1)),
-               kst = al && dyn >= ds_smem(H, hd, tp, R, 2);
+    const bool vst = !tst && al && dyn >= ((fl & 2) ? base + (size_t)n * R * 16 : ds_smem(H, hd, tp, R, 1)),
+               kst = !tst && al && dyn >= ds_smem(H, hd, tp, R, 2);
+    /* where the scores and p·V read their rows: staged (the block's rows from key 0 on, or the warp's split
+     * from its first key jo on) or from the cache */
+    uint4 *tb = reinterpret_cast<uint4 *>(sP) + (size_t)warp * TKB * R; /* tst: this warp's buffer */
+    const bool kfs = kst || tst, vfs = vst || tst;
     __shared__ uint4 knew[64], vnew[64];                /* the new key and value rows as stored */
     __shared__ float smax[NW][DEC_MAX_G], ssum[NW][DEC_MAX_G];
     __shared__ float wM[NW][DEC_MAX_G], wInv[NW][DEC_MAX_G]; /* each warp's copy of the row max and 1/sum */
@@ -354,7 +396,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
          * formed by the first half threads; measured: the form of the branch below slowed the served
          * rows (bench/RESULTS.md) */
         __shared__ float rcs[128], rsn[128];
-        float *raw = sP;
+        float *raw = sS;
         float rq[QR];
 #pragma unroll
         for (int u = 0; u < QR; u++) {
@@ -362,7 +404,11 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
             rq[u] = i < H * hd ? q[i] : 0.f;
         }
         const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
-        ds_stage_kv<NT>(kS, vS, kb, vb, kst, vst, rlo, cap, hd, R, (int)n, jp);
+        if (tst) {
+            if (warp < ts) /* split `warp`'s key rows (one cp.async group) */
+                ds_stage_split(tb, kb, rlo, cap, hd, R, warp * per, warp * per + per < n ? warp * per + per : n, lane);
+        } else
+            ds_stage_kv<NT>(kS, vS, kb, vb, kst, vst, rlo, cap, hd, R, (int)n, jp);
 #pragma unroll
         for (int u = 0; u < QR; u++) {
             const int i = (int)threadIdx.x + u * NT;
@@ -446,6 +492,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
         ds_task(warp, fs, s, w);
         const int sub = lane % LS, ks = lane / LS;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
+        const uint4 *kbuf = tst ? tb : kS; /* staged: key j's row at (j − kjo)·R */
+        const int64_t kjo = tst ? j0 : 0;
+        if (tst) { /* the split's key rows, staged by this warp */
+            pt_cp_wait<0>();
+            __syncwarp();
+        }
         for (int64_t jb = j0 + (int64_t)w * SKB; jb < j1; jb += (int64_t)D2_WARPS * SKB) {
             if constexpr (PVH) {
                 /* the dense builds: the batch's two load steps one after the other (as p·V's halves) */
@@ -453,16 +505,20 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
                 for (int h = 0; h < 2; h++) {
                     const int64_t jh = jb + h * (32 / LS);
                     uint4 kr[1][SC];
-                    if (kst) ds_load_staged<LS, SC, 1>(kr, kS, R, jh, j1, sub, ks);
+                    if (kfs) ds_load_staged<LS, SC, 1>(kr, kbuf, R, jh, j1, sub, ks, kjo);
                     else d2_load<KT, LS, SC, 1>(kr, kb, rlo, cap, hd, R, jh, j1, sub, ks);
                     d2_scores_batch<KT, LS, SC, 1>(kr, qs, a, H, hd, R, jh, j1, sub, ks, sS, DS_MAXK, m, l);
                 }
             } else {
                 uint4 kr[2][SC];
-                if (kst) ds_load_staged<LS, SC, 2>(kr, kS, R, jb, j1, sub, ks);
+                if (kfs) ds_load_staged<LS, SC, 2>(kr, kbuf, R, jb, j1, sub, ks, kjo);
                 else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? knew : nullptr, prow);
                 d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
             }
+        }
+        if (tst) { /* the split's value rows into the buffer its keys leave, on their way during the statistics */
+            __syncwarp();
+            ds_stage_split(tb, vb, rlo, cap, hd, R, j0, j1, lane);
         }
 #pragma unroll
         for (int g = 0; g < NGR; g++) {
@@ -500,7 +556,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
                 if (lane == 0) sML[warp][g].y = bl;
             }
         }
-        if (vst) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
+        if (vfs) pt_cp_wait<0>(); /* this thread's staged value rows; the barrier below publishes them */
         __syncthreads();
         DS_MARK(6);
         if (warp < H) { /* head `warp`: the exact row max and sum over the used splits (dec2_pv_kernel's) */
@@ -539,6 +595,8 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
         ds_task(t, fp, s, w);
         const int sub = lane % LP, ks = lane / LP;
         const int64_t j0 = s * per, j1 = j0 + per < n ? j0 + per : n;
+        const uint4 *vbuf = tst ? tb : vS; /* staged: value j's row at (j − vjo)·R */
+        const int64_t vjo = tst ? j0 : 0;
         float acc[MG][CP][V];
         d2_acc_zero(acc);
         for (int64_t jb = j0 + (int64_t)w * PKB; jb < j1; jb += (int64_t)D2_WARPS * PKB) {
@@ -547,36 +605,39 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
                  * is added: the same products in the same order, half the registers */
                 constexpr int PH = PU / 2;
                 uint4 vr[PH][CP];
-                if (vst) ds_load_staged<LP, CP, PH>(vr, vS, R, jb, j1, sub, ks);
+                if (vfs) ds_load_staged<LP, CP, PH>(vr, vbuf, R, jb, j1, sub, ks, vjo);
                 else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
                 d2_pv_probs(ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane);
                 d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], 0, H, ks, acc);
                 const int64_t jh = jb + PH * (32 / LP);
-                if (vst) ds_load_staged<LP, CP, PH>(vr, vS, R, jh, j1, sub, ks);
+                if (vfs) ds_load_staged<LP, CP, PH>(vr, vbuf, R, jh, j1, sub, ks, vjo);
                 else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jh, j1, sub, ks);
                 d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], PH, H, ks, acc);
                 __syncwarp(); /* ps is written again by the next batch */
             } else {
                 uint4 vr[PU][CP];
-                if (vst) ds_load_staged<LP, CP, PU>(vr, vS, R, jb, j1, sub, ks);
+                if (vfs) ds_load_staged<LP, CP, PU>(vr, vbuf, R, jb, j1, sub, ks, vjo);
                 else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
                 d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, FOLD ? wM[warp] : sM,
                                                     FOLD ? wInv[warp] : sInv, a.bf, H, jb, j1, lane, ks, acc);
             }
         }
         d2_pv_keys_sum<LP>(acc, H);
-        d2_pv_store<LP>(acc, sP + (int64_t)t * H * hd, H, hd, R, sub, ks);
+        if (tst) __syncwarp(); /* the warp's value rows read: its partial output goes over them */
+        d2_pv_store<LP>(acc, tst ? reinterpret_cast<float *>(tb) : sP + (int64_t)t * H * hd, H, hd, R, sub, ks);
     }
     __syncthreads();
     DS_MARK(8);
-    /* the merge: each split's tasks in warp order, the splits in split order */
+    /* the merge: each split's tasks in warp order, the splits in split order (task t's partial output at
+     * sP + t·pst: tst, in warp t's buffer) */
+    const int64_t pst = tst ? (int64_t)TKB * R * 4 : (int64_t)H * hd;
     for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
         for (int64_t sp = 0; sp < used; sp++) {
             int t0, nt;
             ds_split_range(sp, fp, tp, t0, nt);
             float u = 0.f;
-            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * H * hd + i];
+            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * pst + i];
             v += u;
         }
         out[i] = pt_rnd(a.bf, v);
@@ -630,11 +691,25 @@ static int ds_rows_l2(void) {
     return g_ds_l2;
 }
 
+/* The batched rows' staging (c->dec_short_rows_stage, PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 0 none, 1 and 2 the
+ * value rows and both of up to DS_MAXK keys, 3 the value rows in room for the launch's bound, 4 by split);
+ * pt_cuda_dec_short_rows_stage(0..4) overrides it (tests and benchmarks; a negative argument: back to the
+ * backend's). */
+static int g_ds_rows_stage = -1;
+extern "C" void pt_cuda_dec_short_rows_stage(int v) { g_ds_rows_stage = v >= 0 && v <= 4 ? v : -1; }
+static int ds_rows_stage(const pt_cuda *c) { return g_ds_rows_stage >= 0 ? g_ds_rows_stage : c->dec_short_rows_stage; }
+/* Batched launches staged by split so far (tests check that the form ran). */
+static unsigned long long g_ds_split_launches;
+extern "C" unsigned long long pt_cuda_dec_short_split_count(void) {
+    return __atomic_load_n(&g_ds_split_launches, __ATOMIC_RELAXED);
+}
+
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
-static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
+static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, bool tst) {
     /* the batched rows' switches (kernel argument fl): 1 the L2 prefetch, 2 the value rows staged in room for
-     * the launch's bound */
-    const int fl = FOLD ? 0 : ds_rows_l2() | (c->dec_short_rows_stage == 3 ? 2 : 0);
+     * the launch's bound, 4 the rows staged by split (tst) */
+    const int fl = FOLD ? 0 : ds_rows_l2() | (ds_rows_stage(c) == 3 ? 2 : 0) | (tst ? 4 : 0);
+    if (tst) __atomic_fetch_add(&g_ds_split_launches, 1ull, __ATOMIC_RELAXED);
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
         CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>,
@@ -666,11 +741,11 @@ static bool ds_rows_dense(const pt_cuda *c, int64_t blocks, int per_sm) {
 }
 /* The batched rows' launch per (row, KV head) of NW-warp blocks in the build ds_rows_dense picks. */
 template <typename KT, int LS, int LP, int CP, int PG, int NW>
-static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem) {
+static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, bool tst) {
     constexpr int MB = DS_WARPS / NW;
     if (ds_rows_dense(c, nblk * B, MB))
-        return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false, 2 * MB>(c, a, nblk, B, smem);
-    return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem);
+        return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false, 2 * MB>(c, a, nblk, B, smem, tst);
+    return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem, tst);
 }
 
 /* One sequence, a block per query head: the fewest warps a block, 4, 8 or
@@ -724,25 +799,30 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int rh = c->dec_short_rows_heads;
     const int H = !rows ? (c->dec_short_heads ? 1 : G)
                         : rh == 1 || (rh < 0 && w8 && B * a.nh <= 2LL * c->sm_count) ? 1 : G;
-    int nst = rows ? c->dec_short_rows_stage : c->dec_short_stage; /* the key and value rows staged where they fit */
+    int nst = rows ? ds_rows_stage(c) : c->dec_short_stage; /* the key and value rows staged where they fit */
     /* 3 (batched rows): the value rows staged in room for the launch's bound, not DS_MAXK keys */
     const size_t vbound = nst == 3 ? (size_t)max_keys * R * 16 : 0;
-    if (nst == 3) nst = 0;
+    /* 4 (batched rows): staged by split, where every split of the bound fits a warp's buffer (ds_task_fits) */
+    const int tkb = gm.SKB < gm.PKB ? gm.SKB : gm.PKB;
+    int64_t per_max = 0, used_max = 0;
+    dec_splits(max_keys < a.stride ? max_keys : a.stride, a.nsplit, a.minper, per_max, used_max);
+    const bool tst = nst == 4 && ds_task_fits(per_max, tkb, H, a.hd, R);
+    if (nst >= 3) nst = 0;
     while (nst > 0 && ds_smem(H, a.hd, tp, R, nst) > DS_SMEM_MAX) nst--;
-    const size_t smem = ds_smem(H, a.hd, tp, R, nst) + vbound;
+    const size_t smem = tst ? ds_smem_task(H, a.hd, w8 ? 8 : 16, tkb, R) : ds_smem(H, a.hd, tp, R, nst) + vbound;
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
-    return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem)                 \
-                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem))                      \
-                      : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem)                \
-                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem)))                    \
-           : H == 1 ? (fw == 4   ? ds_launch_one<KT, LS, LP, CP, PG, 1, 4, true>(c, a, nblk, B, smem)                \
-                       : fw == 8 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, true>(c, a, nblk, B, smem)                \
-                                 : ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem))              \
-                    : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem)
+    return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem, tst)            \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem, tst))                 \
+                      : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem, tst)           \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem, tst)))               \
+           : H == 1 ? (fw == 4   ? ds_launch_one<KT, LS, LP, CP, PG, 1, 4, true>(c, a, nblk, B, smem, false)         \
+                       : fw == 8 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, true>(c, a, nblk, B, smem, false)         \
+                                 : ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem, false))       \
+                    : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem, false)
 #define PT_DS(LS, LP, CP)                                                                                          \
     do {                                                                                                           \
         if (G <= 4) PT_DS_G(LS, LP, CP, 4);                                                                        \

@@ -477,7 +477,7 @@ static pt_status create(pt_cuda *c, const pt_cuda_params *p) {
     c->dec_heads = pt_env_int("PETREL_CUDA_DEC_HEADS", 0, 64, -1);
     c->dec_short_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_STAGE", 0, 2, 2);
     c->dec_short_rows = pt_env_on("PETREL_CUDA_DEC_SHORT_ROWS");
-    c->dec_short_rows_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 3, 0);
+    c->dec_short_rows_stage = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", 0, 4, 0);
     c->dec_short_rows_heads = pt_env_int("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", 0, 1, -1);
     c->sm_count = info.sm_count;
     CUDA_CHECK(cudaSetDevice(p->device));
