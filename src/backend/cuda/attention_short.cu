@@ -189,6 +189,18 @@ __device__ __forceinline__ void ds_load_staged(uint4 (&r)[U][C], const uint4 *vs
     }
 }
 
+/* U load steps of keys from jb on, from the staged rows (sbuf, key j at
+ * (j − jo)·R: ds_load_staged) or from the cache (d2_load, with the block's
+ * own copy nrow of cache row prow): the one choice every phase makes. */
+template <typename KT, int LPR, int C, int U>
+__device__ __forceinline__ void ds_load_rows(uint4 (&r)[U][C], bool staged, const uint4 *sbuf, int64_t jo,
+                                             const KT *base, int64_t rlo, int64_t cap, int hd, int R, int64_t jb,
+                                             int64_t j1, int sub, int ks, const uint4 *nrow = nullptr,
+                                             int64_t prow = -1) {
+    if (staged) ds_load_staged<LPR, C, U>(r, sbuf, R, jb, j1, sub, ks, jo);
+    else d2_load<KT, LPR, C, U>(r, base, rlo, cap, hd, R, jb, j1, sub, ks, nrow, prow);
+}
+
 /* The cached rows of keys j0 .. j0 + n − 1 (cache row rlo + j, wrapping
  * once at cap) copied into dst ([n, R] 16-byte chunks) by cp.async, threads
  * i0, i0 + ST, ... over the chunks; all but key j0 + jp, the step's own row,
@@ -505,14 +517,13 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
                 for (int h = 0; h < 2; h++) {
                     const int64_t jh = jb + h * (32 / LS);
                     uint4 kr[1][SC];
-                    if (kfs) ds_load_staged<LS, SC, 1>(kr, kbuf, R, jh, j1, sub, ks, kjo);
-                    else d2_load<KT, LS, SC, 1>(kr, kb, rlo, cap, hd, R, jh, j1, sub, ks);
+                    ds_load_rows<KT, LS, SC, 1>(kr, kfs, kbuf, kjo, kb, rlo, cap, hd, R, jh, j1, sub, ks);
                     d2_scores_batch<KT, LS, SC, 1>(kr, qs, a, H, hd, R, jh, j1, sub, ks, sS, DS_MAXK, m, l);
                 }
             } else {
                 uint4 kr[2][SC];
-                if (kfs) ds_load_staged<LS, SC, 2>(kr, kbuf, R, jb, j1, sub, ks, kjo);
-                else d2_load<KT, LS, SC, 2>(kr, kb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? knew : nullptr, prow);
+                ds_load_rows<KT, LS, SC, 2>(kr, kfs, kbuf, kjo, kb, rlo, cap, hd, R, jb, j1, sub, ks,
+                                            fold ? knew : nullptr, prow);
                 d2_scores_batch<KT, LS, SC, 2>(kr, qs, a, H, hd, R, jb, j1, sub, ks, sS, DS_MAXK, m, l);
             }
         }
@@ -605,19 +616,17 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
                  * is added: the same products in the same order, half the registers */
                 constexpr int PH = PU / 2;
                 uint4 vr[PH][CP];
-                if (vfs) ds_load_staged<LP, CP, PH>(vr, vbuf, R, jb, j1, sub, ks, vjo);
-                else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks);
+                ds_load_rows<KT, LP, CP, PH>(vr, vfs, vbuf, vjo, vb, rlo, cap, hd, R, jb, j1, sub, ks);
                 d2_pv_probs(ps[warp], sS, DS_MAXK, sM, sInv, a.bf, H, jb, j1, lane);
                 d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], 0, H, ks, acc);
                 const int64_t jh = jb + PH * (32 / LP);
-                if (vfs) ds_load_staged<LP, CP, PH>(vr, vbuf, R, jh, j1, sub, ks, vjo);
-                else d2_load<KT, LP, CP, PH>(vr, vb, rlo, cap, hd, R, jh, j1, sub, ks);
+                ds_load_rows<KT, LP, CP, PH>(vr, vfs, vbuf, vjo, vb, rlo, cap, hd, R, jh, j1, sub, ks);
                 d2_pv_accum<KT, LP, CP, PH>(vr, ps[warp], PH, H, ks, acc);
                 __syncwarp(); /* ps is written again by the next batch */
             } else {
                 uint4 vr[PU][CP];
-                if (vfs) ds_load_staged<LP, CP, PU>(vr, vbuf, R, jb, j1, sub, ks, vjo);
-                else d2_load<KT, LP, CP, PU>(vr, vb, rlo, cap, hd, R, jb, j1, sub, ks, fold ? vnew : nullptr, prow);
+                ds_load_rows<KT, LP, CP, PU>(vr, vfs, vbuf, vjo, vb, rlo, cap, hd, R, jb, j1, sub, ks,
+                                             fold ? vnew : nullptr, prow);
                 d2_pv_batch<KT, LP, CP, PU, MG>(vr, ps[warp], sS, DS_MAXK, FOLD ? wM[warp] : sM,
                                                     FOLD ? wInv[warp] : sInv, a.bf, H, jb, j1, lane, ks, acc);
             }
