@@ -156,7 +156,7 @@ __host__ __device__ __forceinline__ size_t ds_smem(int H, int hd, int tp, int R,
            (size_t)nst * DS_MAXK * R * 16;
 }
 
-/* The batched rows' split staging (ds_task_staged): the queries and scores
+/* The batched rows staged by split (ds_task_fits): the queries and scores
  * as ds_smem, then a buffer of kb keys' rows ([kb, R] 16-byte chunks) for
  * each of the NW warps: warp t's split's key rows, then its value rows,
  * then its partial output [H, hd] (floats). */
