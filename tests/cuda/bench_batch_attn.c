@@ -22,6 +22,8 @@
  *   l2          PETREL_CUDA_DEC_SHORT_ROWS_L2: the rows' cached keys and
  *               values fetched into the L2 before each block's wait
  * Built with CUDA=1 into the GPU bundle; not a test (no pass/fail).
+ * The caches hold BATCH_ATTN_CAP slots (default 256; the split count
+ * follows the capacity: 4 splits at 256, 16 at a served --ctx 1024).
  * Usage: bench_batch_attn [reps] [rows] [keys ...]   (default 9 64 80 200) */
 #include "backend/backend.h"
 #include "backend/cuda/cuda.h"
@@ -38,7 +40,6 @@
 #define NH 32
 #define NKV 8
 #define HD 128
-#define CAP 256
 #define NSET 5
 
 void pt_cuda_dec_short_rows_l2(int on);   /* attention_short.cu: the rows' L2 prefetch (A/B) */
@@ -52,6 +53,9 @@ static void set(int s) {
 }
 
 int main(int argc, char **argv) {
+    const char *ce = getenv("BATCH_ATTN_CAP");
+    const int CAP = ce ? atoi(ce) : 256;
+    if (CAP < 256 || CAP > 32768) DIE("BATCH_ATTN_CAP: 256 to 32768, not %s", ce);
     static const char *names[NSET] = {"default", "split", "split2", "minb2", "l2"};
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
