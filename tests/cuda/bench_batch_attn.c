@@ -54,8 +54,8 @@ static void set(int s) {
 
 int main(int argc, char **argv) {
     const char *ce = getenv("BATCH_ATTN_CAP");
-    const int CAP = ce ? atoi(ce) : 256;
-    if (CAP < 256 || CAP > 32768) DIE("BATCH_ATTN_CAP: 256 to 32768, not %s", ce);
+    const int cap = ce ? atoi(ce) : 256;
+    if (cap < 256 || cap > 32768) DIE("BATCH_ATTN_CAP: 256 to 32768, not %s", ce);
     static const char *names[NSET] = {"default", "split", "split2", "minb2", "l2"};
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
@@ -66,12 +66,12 @@ int main(int argc, char **argv) {
         nk = 0;
         for (int i = 3; i < argc && nk < 8; i++) {
             keys[nk] = atoi(argv[i]);
-            if (keys[nk] < 1 || keys[nk] > CAP) DIE("keys: 1 to %d, not %s", CAP, argv[i]);
+            if (keys[nk] < 1 || keys[nk] > cap) DIE("keys: 1 to %d, not %s", cap, argv[i]);
             nk++;
         }
     }
     pt_backend *be = bench_cuda_open();
-    pt_backend_limits lim = {.max_tokens = B, .max_ctx = CAP, .max_heads = NH, .max_head_dim = HD, .max_cols = 4096,
+    pt_backend_limits lim = {.max_tokens = B, .max_ctx = cap, .max_heads = NH, .max_head_dim = HD, .max_cols = 4096,
                              .max_rows = B};
     if (be->ops->reserve(be, &lim) != PT_OK) DIE("reserve");
     double read_gbs = 0;
@@ -81,8 +81,8 @@ int main(int argc, char **argv) {
            "cache, %d rows; median of %d paired repetitions\n",
            LAYERS, NH, NKV, HD, B, reps);
 
-    /* the caches: every layer and row its own K and V [NKV, CAP, HD], random bf16 in [-1, 1] */
-    const size_t celems = (size_t)NKV * CAP * HD, cbytes = celems * 2;
+    /* the caches: every layer and row its own K and V [NKV, cap, HD], random bf16 in [-1, 1] */
+    const size_t celems = (size_t)NKV * cap * HD, cbytes = celems * 2;
     uint16_t *hc = malloc(cbytes);
     if (!hc) DIE("host cache");
     for (size_t i = 0; i < celems; i++) hc[i] = pt_f32_to_bf16((float)(ru() % 20001) / 10000.0f - 1.0f);
@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
     float *invd = bench_alloc(be, sizeof inv);
     be->ops->upload(be, invd, inv, sizeof inv);
     const pt_rope rope = {HD, invd, 1.0f};
-    const pt_kv_layer shape = {.n_kv = NKV, .head_dim = HD, .capacity = CAP, .dtype = PT_FT_BF16};
+    const pt_kv_layer shape = {.n_kv = NKV, .head_dim = HD, .capacity = cap, .dtype = PT_FT_BF16};
     int32_t *pos = bench_alloc(be, (size_t)B * 4), *hp = malloc((size_t)B * 4);
     if (!hp) DIE("host positions");
 
@@ -126,7 +126,7 @@ int main(int argc, char **argv) {
         for (int b = 0; b < B; b++) hp[b] = n - 1;
         be->ops->upload(be, pos, hp, (size_t)B * 4);
         pt_attn p = {.n_heads = NH, .head_dim = HD, .scale = 1.0f / sqrtf((float)HD),
-                     .max_keys = n <= 128 ? 128 : 256};
+                     .max_keys = n <= 128 ? 128 : n <= 256 ? 256 : 0};
         pt_cuda_graph *g[NSET] = {0};
         for (int s = 0; s < NSET; s++) {
             set(s);
