@@ -714,11 +714,11 @@ extern "C" unsigned long long pt_cuda_dec_short_split_count(void) {
 }
 
 template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD, int MB = DS_WARPS / NW>
-static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, bool tst) {
-    /* the batched rows' switches (kernel argument fl): 1 the L2 prefetch, 2 the value rows staged in room for
-     * the launch's bound, 4 the rows staged by split (tst) */
-    const int fl = FOLD ? 0 : ds_rows_l2() | (ds_rows_stage(c) == 3 ? 2 : 0) | (tst ? 4 : 0);
-    if (tst) __atomic_fetch_add(&g_ds_split_launches, 1ull, __ATOMIC_RELAXED);
+static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, int sfl) {
+    /* the batched rows' switches (kernel argument fl): 1 the L2 prefetch; the staging pt_cuda_dec2_short
+     * chose (sfl): 2 the value rows in room for the launch's bound, 4 the rows by split */
+    const int fl = FOLD ? 0 : ds_rows_l2() | sfl;
+    if (fl & 4) __atomic_fetch_add(&g_ds_split_launches, 1ull, __ATOMIC_RELAXED);
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
         CUDA_CHECK(cudaFuncSetAttribute(dec2_short_kernel<KT, LS, LP, CP, PG, MG, NW, FOLD, MB>,
@@ -750,11 +750,11 @@ static bool ds_rows_dense(const pt_cuda *c, int64_t blocks, int per_sm) {
 }
 /* The batched rows' launch per (row, KV head) of NW-warp blocks in the build ds_rows_dense picks. */
 template <typename KT, int LS, int LP, int CP, int PG, int NW>
-static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, bool tst) {
+static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, int sfl) {
     constexpr int MB = DS_WARPS / NW;
     if (ds_rows_dense(c, nblk * B, MB))
-        return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false, 2 * MB>(c, a, nblk, B, smem, tst);
-    return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem, tst);
+        return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false, 2 * MB>(c, a, nblk, B, smem, sfl);
+    return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem, sfl);
 }
 
 /* One sequence, a block per query head: the fewest warps a block, 4, 8 or
@@ -819,19 +819,20 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     if (nst >= 3) nst = 0;
     while (nst > 0 && ds_smem(H, a.hd, tp, R, nst) > DS_SMEM_MAX) nst--;
     const size_t smem = tst ? ds_smem_task(H, a.hd, w8 ? 8 : 16, tkb, R) : ds_smem(H, a.hd, tp, R, nst) + vbound;
+    const int sfl = (vbound ? 2 : 0) | (tst ? 4 : 0); /* the kernel's staging flags (rows only) */
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
-    return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem, tst)            \
-                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem, tst))                 \
-                      : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem, tst)           \
-                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem, tst)))               \
-           : H == 1 ? (fw == 4   ? ds_launch_one<KT, LS, LP, CP, PG, 1, 4, true>(c, a, nblk, B, smem, false)         \
-                       : fw == 8 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, true>(c, a, nblk, B, smem, false)         \
-                                 : ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem, false))       \
-                    : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem, false)
+    return rows ? (w8 ? (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, false>(c, a, nblk, B, smem, sfl)            \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 8>(c, a, nblk, B, smem, sfl))                 \
+                      : (H == 1 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 16, false>(c, a, nblk, B, smem, sfl)           \
+                                : ds_launch_rows_kv<KT, LS, LP, CP, PG, 16>(c, a, nblk, B, smem, sfl)))               \
+           : H == 1 ? (fw == 4   ? ds_launch_one<KT, LS, LP, CP, PG, 1, 4, true>(c, a, nblk, B, smem, 0)              \
+                       : fw == 8 ? ds_launch_one<KT, LS, LP, CP, PG, 1, 8, true>(c, a, nblk, B, smem, 0)              \
+                                 : ds_launch_one<KT, LS, LP, CP, PG, 1, 16, true>(c, a, nblk, B, smem, 0))            \
+                    : ds_launch_one<KT, LS, LP, CP, PG, PG, 16, true>(c, a, nblk, B, smem, 0)
 #define PT_DS(LS, LP, CP)                                                                                          \
     do {                                                                                                           \
         if (G <= 4) PT_DS_G(LS, LP, CP, 4);                                                                        \
