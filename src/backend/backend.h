@@ -521,6 +521,16 @@ typedef struct pt_backend_ops {
     pt_status (*matmul_glu_norm)(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                                  const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm);
     pt_status (*matmul_add)(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
+
+    /* A hint, optional (NULL: ignored): the FFN weights w[0..n-1] (gate,
+     * up, down) are read by the matmuls that follow the next matmul_add of
+     * one decode row (the forward pass names them before a layer's output
+     * projection). The backend may start fetching them from memory during
+     * the latency-bound ops before they are read (CUDA: into the L2, by the
+     * next matmul_add's blocks, where a norm launch runs before the GLU
+     * launch; PETREL_CUDA_L2_PF, docs/cuda.md). Changes no result; a hint
+     * the next matmul_add does not take is dropped. */
+    void (*prefetch_hint)(pt_backend *be, const pt_matrix *const *w, int n);
 } pt_backend_ops;
 
 struct pt_backend {

@@ -456,6 +456,11 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 if (fold != PT_OK) PT_TRY(OPS(m)->attention(be, st->att, st->q, T, st->pos_dev, kvl, &attn));
             }
             if (fold && !L->sandwich && L->residual_scale == 1.0f) {
+                if (T == 1 && !L->is_moe && OPS(m)->prefetch_hint) {
+                    /* the FFN's weights, wanted after this projection and the norm */
+                    const pt_matrix *const ffw[] = {&L->w_gate, &L->w_up, &L->w_down};
+                    OPS(m)->prefetch_hint(be, ffw, 3);
+                }
                 const pt_status s = OPS(m)->matmul_add(be, st->x, st->att, T, &L->wo);
                 if (s != PT_OK && s != PT_ERR_UNSUPPORTED) return s;
                 o_added = s == PT_OK;

@@ -503,6 +503,21 @@ static void test_fold_forward_on_off(void) {
     gpu_forward_on_off_models(folds_all, pt_cuda_tc_fold_count, "folds, all forced");
 }
 
+/* the FFN's weights fetched into the L2 by the output projection's launch
+ * (backend.h prefetch_hint, PETREL_CUDA_L2_PF): whole weights (32 MiB: the
+ * 1B shape's gate, up and down) or a prefix of every tile (4 MiB) — the
+ * same bits as without, and no prefetch launch with it off */
+void pt_cuda_l2_pf(int mb);
+unsigned long long pt_cuda_l2_pf_count(void);
+static void l2_pf_whole(int on) { pt_cuda_l2_pf(on > 0 ? 32 : on); }
+static void l2_pf_prefix(int on) { pt_cuda_l2_pf(on > 0 ? 4 : on); }
+
+static void test_l2_prefetch_forward_on_off(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    gpu_forward_on_off_models(l2_pf_whole, pt_cuda_l2_pf_count, "L2 prefetch of whole weights");
+    gpu_forward_on_off_models(l2_pf_prefix, pt_cuda_l2_pf_count, "L2 prefetch of tile prefixes");
+}
+
 int main(void) {
     TEST_RUN(test_fold_ops_bit_identical);
     TEST_RUN(test_fold_rows_bit_identical);
@@ -510,5 +525,6 @@ int main(void) {
     TEST_RUN(test_fold_glu_16warp_blocks);
     TEST_RUN(test_fold_optional);
     TEST_RUN(test_fold_forward_on_off);
+    TEST_RUN(test_l2_prefetch_forward_on_off);
     return test_summary();
 }

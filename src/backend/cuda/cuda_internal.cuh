@@ -108,6 +108,10 @@ typedef struct pt_cuda {
     /* Small uploads go through pinned staging, ordered on the stream
      * without waiting for it (backend.cu, cuda_upload). */
     struct pt_cuda_stage *stage;
+    /* backend.h prefetch_hint: the weights the next one-row matmul_add's
+     * blocks fetch into the L2 (gemv_tc.cu pt_cuda_prefetch_hint) */
+    const pt_matrix *pf_w[4];
+    int pf_n;
 } pt_cuda;
 
 static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }

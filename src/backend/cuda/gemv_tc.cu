@@ -616,16 +616,17 @@ static int tc_glu16(void) {
     if (g_tc_glu16 < 0) g_tc_glu16 = pt_env_on("PETREL_CUDA_TC_GLU16");
     return g_tc_glu16;
 }
-/* Whether a warp of m's launch streams more code blocks than its ring
- * holds (every weight: units per warp times blocks per unit). */
+/* tc_launch's rule for the one-row GLU launch's 16-warp blocks, from the
+ * gate weight's shape (N rows, K columns) and split S: its 8-warp launch
+ * (TPB/2 = 8/S/2 tile pairs a block; an odd 8/S declines) has more than two
+ * blocks an SM, and each warp streams more code blocks than its ring holds
+ * (units per warp times blocks per unit). */
 template <int BITS, int GS>
-static bool tc_past_ring(const tc_multi_args &m) {
+static bool tc_glu16_shape(const pt_cuda *c, int64_t N, int K, int S) {
     using SH = tc_shape<BITS, GS>;
-    for (int i = 0; i < m.n; i++) {
-        const tc_args &a = m.a[i];
-        if ((a.K / SH::UK + a.S - 1) / a.S * SH::BPU <= PT_TC_RING) return false;
-    }
-    return true;
+    if ((PT_TC_WARPS / S) % 2) return false;
+    const int64_t tpe = (N + 15) / 16, tpb = PT_TC_WARPS / S / 2;
+    return (tpe + tpb - 1) / tpb > 2 * (int64_t)c->sm_count && (K / SH::UK + S - 1) / S * SH::BPU > PT_TC_RING;
 }
 
 /* Sets each weight's units per stage (from its own S: whole rounds of S,
@@ -677,9 +678,8 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
      * running the same tile, units and code (the same bits), the row's norm and staging once per 16 warps.
      * tg128 on the H200: llama-3.2-3b +9%, qwen3-4b +2%, gemma-3-4b within noise; the 1B shape's gate/up (a
      * warp's 8 blocks all in its ring) lost 2% with them and keeps 8-warp blocks (bench/RESULTS.md). */
-    if (nb == 1 && gl && m.a[0].nsh.V && tc_glu16() && table(PT_TC_WARPS) == PT_OK &&
-        (int64_t)m.first[m.n] * items > 2 * (int64_t)c->sm_count && tc_past_ring<BITS, GS>(m) &&
-        table(PT_TC_WIDE_WARPS) == PT_OK) {
+    if (nb == 1 && gl && m.n == 1 && items == 1 && m.a[0].nsh.V && tc_glu16() &&
+        tc_glu16_shape<BITS, GS>(c, m.a[0].N, m.a[0].K, m.a[0].S) && table(PT_TC_WIDE_WARPS) == PT_OK) {
         const pt_status st = tc_launch_nt<BITS, GS, 1, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
         if (st == PT_OK) __atomic_fetch_add(&g_tc_glu16_launches, 1ull, __ATOMIC_RELAXED);
         if (st != PT_ERR_UNSUPPORTED) return st;
@@ -971,8 +971,100 @@ static int tc_rel_early(void) {
     return v;
 }
 
+/* PETREL_CUDA_L2_PF=MB (default 24; 0: off; A/B, read once): the one-row
+ * matmul_add after a prefetch_hint (the output projection, told the FFN's
+ * weights) fetches up to MB MiB of the hinted weights into the L2 — whole
+ * weights while they fit, then the same prefix of every tile of a run of
+ * weights of one shape (gate and up alike) — from its blocks, right behind
+ * their first weight loads (before the griddepcontrol.wait), so they
+ * arrive during the attention's and the norm's latency-bound launches.
+ * tg128 on an H100: llama-3.2-1b +1.6%, llama-3.1-8b +2.5% (bench/RESULTS.md).
+ * pt_cuda_l2_pf(mb) overrides it (negative: back to the environment). */
+static int g_pf_mb = -1;
+extern "C" void pt_cuda_l2_pf(int mb) { g_pf_mb = mb < 0 ? -1 : mb; }
+static int tc_pf_mb(void) {
+    if (g_pf_mb < 0) g_pf_mb = pt_env_int("PETREL_CUDA_L2_PF", 0, 1024, 24);
+    return g_pf_mb;
+}
+static unsigned long long g_pf_launches; /* launches that issued a prefetch (tests) */
+extern "C" unsigned long long pt_cuda_l2_pf_count(void) { return __atomic_load_n(&g_pf_launches, __ATOMIC_RELAXED); }
+
+/* Whether a decode row's GLU launch over gate weight wg folds the FFN's
+ * norm (tc_glu_launch with fold_glu_mode, tc_launch's 16-warp rule), so no
+ * norm launch runs between the output projection and it. */
+static bool tc_glu_folds_norm(const pt_cuda *c, const pt_matrix *wg) {
+    const int mode = fold_glu_mode();
+    if (mode != 2) return mode == 1;
+    const pt_cuda_weight *cw = pt_cuda_w(wg);
+    if (!tc_glu16() || !cw || !cw->tc) return false;
+    const int S = tc_split(c, wg->rows, wg->cols, wg->bits, wg->group_size, cw->role);
+    switch (wg->bits * 1000 + wg->group_size) {
+    case 4032: return tc_glu16_shape<4, 32>(c, wg->rows, (int)wg->cols, S);
+    case 4064: return tc_glu16_shape<4, 64>(c, wg->rows, (int)wg->cols, S);
+    case 4128: return tc_glu16_shape<4, 128>(c, wg->rows, (int)wg->cols, S);
+    case 8032: return tc_glu16_shape<8, 32>(c, wg->rows, (int)wg->cols, S);
+    case 8064: return tc_glu16_shape<8, 64>(c, wg->rows, (int)wg->cols, S);
+    default: return tc_glu16_shape<8, 128>(c, wg->rows, (int)wg->cols, S);
+    }
+}
+
+void pt_cuda_prefetch_hint(pt_backend *be, const pt_matrix *const *w, int n) {
+    pt_cuda *c = pt_cuda_of(be);
+    c->pf_n = 0;
+    /* taken where a norm launch separates the output projection from the GLU launch: where the GLU launch
+     * folds the norm (the 3B and 4B shapes) the prefetch's bytes queue ahead of its own first loads, and
+     * tg128 lost 2.5% (bench/RESULTS.md) */
+    if (tc_pf_mb() <= 0 || n < 1 || tc_glu_folds_norm(c, w[0])) return;
+    for (int i = 0; i < n && c->pf_n < 4; i++) {
+        const pt_cuda_weight *cw = pt_cuda_w(w[i]);
+        if (cw && cw->tc && w[i]->n_experts <= 1) c->pf_w[c->pf_n++] = w[i];
+    }
+}
+
+/* The pending hint's ranges within the budget (tc_pf; consumes the hint). */
+static void tc_pf_take(pt_cuda *c, tc_pf &pf) {
+    memset(&pf, 0, sizeof pf);
+    const int nw = c->pf_n;
+    c->pf_n = 0;
+    double left = (double)tc_pf_mb() * 1048576.0;
+    for (int i = 0; i < nw && left > 0;) {
+        const pt_matrix *w = c->pf_w[i];
+        int j = i + 1; /* a run of weights of one shape takes one prefix */
+        while (j < nw && c->pf_w[j]->rows == w->rows && c->pf_w[j]->cols == w->cols &&
+               c->pf_w[j]->bits == w->bits && c->pf_w[j]->group_size == w->group_size)
+            j++;
+        const size_t cb = pt_cuda_tc_codes_bytes(w), sbb = pt_cuda_tc_sb_bytes(w);
+        const int64_t tiles = (w->rows + 15) / 16, kpb = 256 / w->bits, nbk = w->cols / kpb;
+        const double all = (double)(cb + sbb) * (j - i);
+        /* whole weights, or the first nb blocks of every tile (and the groups they reach) */
+        const int64_t nb = all <= left ? nbk : (int64_t)((double)nbk * left / all);
+        if (nb <= 0) break;
+        const int64_t ng = (nb * kpb + w->group_size - 1) / w->group_size;
+        for (int k = i; k < j && pf.n + 2 <= PT_TC_PF_N; k++) {
+            const pt_cuda_weight *cw = pt_cuda_w(c->pf_w[k]);
+            const bool whole = nb == nbk;
+            const uint32_t plen[2] = {whole ? (uint32_t)cb : (uint32_t)(nb * 512),
+                                      whole ? (uint32_t)sbb : (uint32_t)(ng * 64)};
+            const char *pp[2] = {(const char *)cw->data, (const char *)cw->scales};
+            const uint32_t pstr[2] = {(uint32_t)(nbk * 512), (uint32_t)(sbb / tiles)};
+            for (int a = 0; a < 2; a++) {
+                pf.p[pf.n] = pp[a];
+                pf.len[pf.n] = plen[a];
+                pf.str[pf.n] = whole ? 0u : pstr[a];
+                pf.cnt[pf.n] = whole ? 1u : (uint32_t)tiles;
+                pf.cpr[pf.n] = (plen[a] + PT_TC_PF_CHUNK - 1) / PT_TC_PF_CHUNK;
+                pf.n++;
+            }
+            left -= whole ? (double)(cb + sbb) : (double)(nb * 512 + ng * 64) * tiles;
+        }
+        i = j;
+    }
+}
+
 pt_status pt_cuda_tc_gemv_add(pt_cuda *c, float *xr, const float *a, const pt_matrix *w) {
     const pt_cuda_weight *cw = pt_cuda_w(w);
+    tc_pf pf;
+    tc_pf_take(c, pf); /* the hint is this launch's or nobody's */
     if (!cw || !cw->tc || w->n_experts > 1 || (uintptr_t)a % 16 || c->base.act != PT_ACT_BF16)
         return PT_ERR_UNSUPPORTED;
     tc_multi_args m;
@@ -981,7 +1073,9 @@ pt_status pt_cuda_tc_gemv_add(pt_cuda *c, float *xr, const float *a, const pt_ma
     tc_args_of(c, m.a[0], xr, a, 1, w, 0, NULL, 1, w->rows);
     m.a[0].radd = 1;
     m.a[0].rel_early = tc_rel_early();
+    m.a[0].pf = pf;
     const pt_status st = tc_dispatch(c, m, w->bits, w->group_size, 1, 0);
     if (st == PT_OK) __atomic_fetch_add(&g_tc_fold_launches, 1ull, __ATOMIC_RELAXED);
+    if (st == PT_OK && pf.n) __atomic_fetch_add(&g_pf_launches, 1ull, __ATOMIC_RELAXED);
     return st;
 }

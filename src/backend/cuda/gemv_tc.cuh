@@ -83,5 +83,7 @@ pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const floa
 pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm);
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
+/* gemv_tc.cu: backend.h prefetch_hint (PETREL_CUDA_L2_PF) */
+void pt_cuda_prefetch_hint(pt_backend *be, const pt_matrix *const *w, int n);
 
 #endif

@@ -149,6 +149,22 @@
 
 /* ---- the GEMV -------------------------------------------------------------- */
 
+/* Weights fetched into the L2 by a launch's blocks for the launches after
+ * it (backend.h prefetch_hint; pt_cuda_tc_gemv_add): range r is cnt[r]
+ * pieces of len[r] bytes at p[r] + i·str[r] (a whole array: one piece; a
+ * prefix of every tile: a piece a tile), each piece issued in chunks of at
+ * most PT_TC_PF_CHUNK bytes, one cp.async.bulk.prefetch.L2 a chunk, the
+ * chunks dealt over the launch's threads block by block; issued before the
+ * griddepcontrol.wait, behind the ring's first loads. n = 0: none. Changes
+ * no result. */
+#define PT_TC_PF_N 6
+#define PT_TC_PF_CHUNK 65536u
+struct tc_pf {
+    const char *p[PT_TC_PF_N];
+    uint32_t len[PT_TC_PF_N], str[PT_TC_PF_N], cnt[PT_TC_PF_N], cpr[PT_TC_PF_N]; /* cpr: chunks a piece */
+    int n;
+};
+
 struct tc_args {
     const uint4 *w;          /* codes, tile-major (all experts) */
     const uint4 *sb;         /* [tiles][G] 64-byte scale|bias groups */
@@ -195,6 +211,7 @@ struct tc_args {
      * x prepare (tc_xprep_norm_kernel), which stages norm_out for the GEMV
      * (the launch then clears the norm: the XP kernels stage nothing) */
     const float *nadd;
+    tc_pf pf; /* the L2 prefetch this launch issues for later ones (n = 0: none) */
 };
 
 /* The GLU epilogue's second weight (pt_cuda_tc_gemv_glu; gemv_tc_glu_kernel
@@ -296,6 +313,25 @@ __device__ __forceinline__ void tc_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* This thread's chunks of the launch's L2 prefetch (tc_pf): chunk q of
+ * the whole list (ranges in order, pieces in order, chunks in order) is
+ * issued by thread q / gridDim.x of block q % gridDim.x, so consecutive
+ * chunks go to different SMs. */
+__device__ __forceinline__ void tc_prefetch_l2(const tc_pf &pf) {
+    const uint32_t nb = gridDim.x, step = nb * blockDim.x;
+    uint32_t q = blockIdx.x + threadIdx.x * nb; /* this thread's next chunk, counted from range r's first */
+    for (int r = 0; r < pf.n; r++) {
+        const uint32_t chunks = pf.cnt[r] * pf.cpr[r];
+        for (; q < chunks; q += step) {
+            const uint32_t i = q / pf.cpr[r], c = q - i * pf.cpr[r], o = c * PT_TC_PF_CHUNK;
+            const uint32_t n = pf.len[r] - o < PT_TC_PF_CHUNK ? pf.len[r] - o : PT_TC_PF_CHUNK;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(pf.p[r] + (size_t)i * pf.str[r] + o),
+                         "r"(n)
+                         : "memory");
+        }
+        q -= chunks;
+    }
+}
 __device__ __forceinline__ void tc_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
 
@@ -789,6 +825,7 @@ __device__ __forceinline__ void gemv_tc_block(const tc_args &a, const int bx, co
                         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(
                             reinterpret_cast<const char *>(a.nw) + (size_t)4 * c * (a.nwt == PT_FT_F32 ? 4 : 2)));
                 }
+    if (a.pf.n) tc_prefetch_l2(a.pf); /* behind the ring's first loads */
     if (a.rel_early) tc_pdl_trigger();
     tc_pdl_wait(); /* x is written by the previous kernel */
     if constexpr (NRM) tc_stage_norm<GS, W, NCOL>(a, x, K, xs, sxs);

@@ -976,6 +976,9 @@ pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int6
 
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w) {
     pt_cuda *c = pt_cuda_of(be);
-    if (!fold_ok(c, T)) return PT_ERR_UNSUPPORTED;
+    if (!fold_ok(c, T)) {
+        c->pf_n = 0; /* a prefetch hint goes with this call or not at all */
+        return PT_ERR_UNSUPPORTED;
+    }
     return pt_cuda_tc_gemv_add(c, x, a, w);
 }
