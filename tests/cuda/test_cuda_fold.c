@@ -506,7 +506,9 @@ static void test_fold_forward_on_off(void) {
 /* the FFN's weights fetched into the L2 by the output projection's launch
  * (backend.h prefetch_hint, PETREL_CUDA_L2_PF): whole weights (32 MiB: the
  * 1B shape's gate, up and down) or a prefix of every tile (4 MiB) — the
- * same bits as without, and no prefetch launch with it off */
+ * same bits as without, and no prefetch launch with it off; where the GLU
+ * launch folds the FFN's norm (16-warp blocks: the 1B shape at 8 bits,
+ * whose warps stream past their rings) the hint is declined */
 void pt_cuda_l2_pf(int mb);
 unsigned long long pt_cuda_l2_pf_count(void);
 static void l2_pf_whole(int on) { pt_cuda_l2_pf(on > 0 ? 32 : on); }
@@ -514,8 +516,24 @@ static void l2_pf_prefix(int on) { pt_cuda_l2_pf(on > 0 ? 4 : on); }
 
 static void test_l2_prefetch_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
-    gpu_forward_on_off_models(l2_pf_whole, pt_cuda_l2_pf_count, "L2 prefetch of whole weights");
-    gpu_forward_on_off_models(l2_pf_prefix, pt_cuda_l2_pf_count, "L2 prefetch of tile prefixes");
+    static const char *const where[][2] = {{"models/kjv-llama-4bit", "q4"}, {"synthetic:llama-3.2-1b", "q4"}};
+    for (int i = 0; i < 2; i++) {
+        gpu_forward_on_off(where[i][0], where[i][1], l2_pf_whole, pt_cuda_l2_pf_count, "L2 prefetch of whole weights");
+        gpu_forward_on_off(where[i][0], where[i][1], l2_pf_prefix, pt_cuda_l2_pf_count, "L2 prefetch of tile prefixes");
+    }
+    /* declined: the 1B shape at 8 bits folds the norm into its 16-warp GLU launch */
+    float *lg = NULL;
+    int32_t ids[6];
+    int V = 0;
+    unsigned long long n = 0, g0 = pt_cuda_tc_glu16_count();
+    pt_cuda_l2_pf(32);
+    const int ok = gpu_model_greedy("synthetic:llama-3.2-1b", "q8", &lg, ids, &V, pt_cuda_l2_pf_count, &n);
+    pt_cuda_l2_pf(-1);
+    if (ok) {
+        CHECK(pt_cuda_tc_glu16_count() > g0, "the 1B shape at 8 bits ran no 16-warp GLU launch");
+        CHECK(n == 0, "%llu prefetch launches beside a GLU launch that folds the norm", n);
+    }
+    free(lg);
 }
 
 int main(void) {

@@ -638,16 +638,26 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     __syncthreads();
     DS_MARK(8);
     /* the merge: each split's tasks in warp order, the splits in split order (task t's partial output at
-     * sP + t·pst: tst, in warp t's buffer) */
+     * sP + t·pst: tst, in warp t's buffer). Where a split is one task (fp = 1: the served 16-key splits), a
+     * loop over the splits alone with its index in 32 bits: the 64-bit task arithmetic of the general loop
+     * was 11% of the batched launch's instructions (ncu), and the loop −3% / −5% of its time at 80 / 200 keys
+     * (bench/RESULTS.md); u = 0 + x then v += u as there, so the same bits */
     const int64_t pst = tst ? (int64_t)TKB * R * 4 : (int64_t)H * hd;
     for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
-        for (int64_t sp = 0; sp < used; sp++) {
-            int t0, nt;
-            ds_split_range(sp, fp, tp, t0, nt);
-            float u = 0.f;
-            for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * pst + i];
-            v += u;
+        if (fp == 1) { /* a split is one task (task sp): the same sums, the index in 32 bits */
+            const float *pp = sP + i;
+            const int ps = (int)pst, nu = (int)used;
+#pragma unroll 4
+            for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps];
+        } else {
+            for (int64_t sp = 0; sp < used; sp++) {
+                int t0, nt;
+                ds_split_range(sp, fp, tp, t0, nt);
+                float u = 0.f;
+                for (int t = 0; t < nt; t++) u += sP[(int64_t)(t0 + t) * pst + i];
+                v += u;
+            }
         }
         out[i] = pt_rnd(a.bf, v);
     }
