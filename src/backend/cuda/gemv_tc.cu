@@ -978,7 +978,7 @@ static int tc_rel_early(void) {
  * weights of one shape (gate and up alike) — from its blocks, right behind
  * their first weight loads (before the griddepcontrol.wait), so they
  * arrive during the attention's and the norm's latency-bound launches.
- * tg128 on an H100: llama-3.2-1b +1.6%, llama-3.1-8b +2.5% (bench/RESULTS.md).
+ * tg128 on an H100: llama-3.1-8b +1.7% to +2.5%, llama-3.2-1b +1.5% (bench/RESULTS.md).
  * pt_cuda_l2_pf(mb) overrides it (negative: back to the environment). */
 static int g_pf_mb = -1;
 extern "C" void pt_cuda_l2_pf(int mb) { g_pf_mb = mb < 0 ? -1 : mb; }
