@@ -616,17 +616,20 @@ static int tc_glu16(void) {
     if (g_tc_glu16 < 0) g_tc_glu16 = pt_env_on("PETREL_CUDA_TC_GLU16");
     return g_tc_glu16;
 }
+/* Code blocks a unit of bits-wide codes in groups of gs (tc_shape::BPU, at
+ * run time); a unit spans bpu · 256 / bits values of K (tc_shape::UK). */
+static int tc_bpu(int bits, int gs) { return gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1; }
+
 /* tc_launch's rule for the one-row GLU launch's 16-warp blocks, from the
- * gate weight's shape (N rows, K columns) and split S: its 8-warp launch
- * (TPB/2 = 8/S/2 tile pairs a block; an odd 8/S declines) has more than two
- * blocks an SM, and each warp streams more code blocks than its ring holds
- * (units per warp times blocks per unit). */
-template <int BITS, int GS>
-static bool tc_glu16_shape(const pt_cuda *c, int64_t N, int K, int S) {
-    using SH = tc_shape<BITS, GS>;
+ * gate weight's shape (N rows, K columns, bits, group size gs) and split S:
+ * its 8-warp launch (TPB/2 = 8/S/2 tile pairs a block; an odd 8/S
+ * declines) has more than two blocks an SM, and each warp streams more code
+ * blocks than its ring holds (units per warp times blocks per unit). */
+static bool tc_glu16_shape(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, int S) {
     if ((PT_TC_WARPS / S) % 2) return false;
-    const int64_t tpe = (N + 15) / 16, tpb = PT_TC_WARPS / S / 2;
-    return (tpe + tpb - 1) / tpb > 2 * (int64_t)c->sm_count && (K / SH::UK + S - 1) / S * SH::BPU > PT_TC_RING;
+    const int bpu = tc_bpu(bits, gs);
+    const int64_t tpe = (N + 15) / 16, tpb = PT_TC_WARPS / S / 2, nu = K / (bpu * (256 / bits));
+    return (tpe + tpb - 1) / tpb > 2 * (int64_t)c->sm_count && (nu + S - 1) / S * bpu > PT_TC_RING;
 }
 
 /* Sets each weight's units per stage (from its own S: whole rounds of S,
@@ -679,7 +682,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
      * tg128 on the H200: llama-3.2-3b +9%, qwen3-4b +2%, gemma-3-4b within noise; the 1B shape's gate/up (a
      * warp's 8 blocks all in its ring) lost 2% with them and keeps 8-warp blocks (bench/RESULTS.md). */
     if (nb == 1 && gl && m.n == 1 && items == 1 && m.a[0].nsh.V && tc_glu16() &&
-        tc_glu16_shape<BITS, GS>(c, m.a[0].N, m.a[0].K, m.a[0].S) && table(PT_TC_WIDE_WARPS) == PT_OK) {
+        tc_glu16_shape(c, m.a[0].N, m.a[0].K, BITS, GS, m.a[0].S) && table(PT_TC_WIDE_WARPS) == PT_OK) {
         const pt_status st = tc_launch_nt<BITS, GS, 1, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
         if (st == PT_OK) __atomic_fetch_add(&g_tc_glu16_launches, 1ull, __ATOMIC_RELAXED);
         if (st != PT_ERR_UNSUPPORTED) return st;
@@ -753,7 +756,7 @@ static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, in
         g_tc_attn_units = pt_env_int("PETREL_CUDA_TC_ATTN_UNITS", 0, 1 << 20, g_tc_attn_units);
     }
     if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
-    const int64_t tpe = (N + 15) / 16, uk = (gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1) * (256 / bits);
+    const int64_t tpe = (N + 15) / 16, uk = tc_bpu(bits, gs) * (256 / bits);
     const int64_t NU = K / uk;
     if (g_tc_s1 && tpe >= (int64_t)PT_TC_S1_TILES * c->sm_count) return 1;
     auto split_for = [&](int w) {
@@ -998,14 +1001,7 @@ static bool tc_glu_folds_norm(const pt_cuda *c, const pt_matrix *wg) {
     const pt_cuda_weight *cw = pt_cuda_w(wg);
     if (!tc_glu16() || !cw || !cw->tc) return false;
     const int S = tc_split(c, wg->rows, wg->cols, wg->bits, wg->group_size, cw->role);
-    switch (wg->bits * 1000 + wg->group_size) {
-    case 4032: return tc_glu16_shape<4, 32>(c, wg->rows, (int)wg->cols, S);
-    case 4064: return tc_glu16_shape<4, 64>(c, wg->rows, (int)wg->cols, S);
-    case 4128: return tc_glu16_shape<4, 128>(c, wg->rows, (int)wg->cols, S);
-    case 8032: return tc_glu16_shape<8, 32>(c, wg->rows, (int)wg->cols, S);
-    case 8064: return tc_glu16_shape<8, 64>(c, wg->rows, (int)wg->cols, S);
-    default: return tc_glu16_shape<8, 128>(c, wg->rows, (int)wg->cols, S);
-    }
+    return tc_glu16_shape(c, wg->rows, wg->cols, wg->bits, wg->group_size, S);
 }
 
 void pt_cuda_prefetch_hint(pt_backend *be, const pt_matrix *const *w, int n) {
