@@ -21,6 +21,8 @@
  *   minb2       PETREL_CUDA_DEC_SHORT_ROWS_MINB=2: the plain builds
  *   l2          PETREL_CUDA_DEC_SHORT_ROWS_L2: the rows' cached keys and
  *               values fetched into the L2 before each block's wait
+ *   generic     PETREL_CUDA_DEC_ROWS1=0: the generic kernel where every
+ *               split is one task (default: dec_rows1_kernel)
  * Built with CUDA=1 into the GPU bundle; not a test (no pass/fail).
  * The caches hold BATCH_ATTN_CAP slots (default 256; the split count
  * follows the capacity: 4 splits at 256, 16 at a served --ctx 1024).
@@ -40,23 +42,25 @@
 #define NH 32
 #define NKV 8
 #define HD 128
-#define NSET 5
+#define NSET 6
 
 void pt_cuda_dec_short_rows_l2(int on);   /* attention_short.cu: the rows' L2 prefetch (A/B) */
 void pt_cuda_dec_short_rows_minb(int v);  /* attention_short.cu: 2 plain, 4 dense builds, 0 the rule */
 void pt_cuda_dec_short_rows_stage(int v); /* attention_short.cu: the rows' staging, -1 the backend's */
+void pt_cuda_dec_rows1(int v);            /* attention_short.cu: 0 the generic kernel for one-task splits, -1 the backend's */
 
 static void set(int s) {
     pt_cuda_dec_short_rows_stage(s == 1 || s == 2 ? 4 : -1);
     pt_cuda_dec_short_rows_minb(s == 2 || s == 3 ? 2 : 0);
     pt_cuda_dec_short_rows_l2(s == 4);
+    pt_cuda_dec_rows1(s == 5 ? 0 : -1);
 }
 
 int main(int argc, char **argv) {
     const char *ce = getenv("BATCH_ATTN_CAP");
     const int cap = ce ? atoi(ce) : 256;
     if (cap < 256 || cap > 32768) DIE("BATCH_ATTN_CAP: 256 to 32768, not %s", ce);
-    static const char *names[NSET] = {"default", "split", "split2", "minb2", "l2"};
+    static const char *names[NSET] = {"default", "split", "split2", "minb2", "l2", "generic"};
     int reps = argc > 1 ? atoi(argv[1]) : 9;
     if (reps < 1 || reps > 64) reps = 9;
     int B = argc > 2 ? atoi(argv[2]) : 64;

@@ -21,6 +21,8 @@
 
 void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' blocks plain (2) or dense (4); 0: by size */
 unsigned long long pt_cuda_dec_short_split_count(void); /* attention_short.cu: batched launches staged by split */
+void pt_cuda_dec_rows1(int v);                /* attention_short.cu: 0 the generic kernel for one-task splits, -1 the rule */
+unsigned long long pt_cuda_dec_rows1_count(void); /* attention_short.cu: launches of the one-task-split kernel */
 void pt_cuda_dec_short_warps(int v);     /* one sequence: at least 8 or 16 warps a block; 0: the fewest */
 unsigned long long pt_cuda_dec_short_fold_count(int nw); /* one-sequence launches with nw warps a block */
 
@@ -534,17 +536,20 @@ static void test_rope_kv_attention_short_rows_bits(void) {
      * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 2 the block's rows, 4 each
      * warp its split's, where the splits fit), the blocks per (row, KV head) in the build for their plain or
      * twice their blocks an SM as the launch's size decides, or the dense one always
-     * (pt_cuda_dec_short_rows_minb) */
-    static const char *forms[][3] = {{"0", "0", "0"}, {"1", "0", "0"}, {"0", "2", "0"}, {"0", "0", "4"},
-                                     {"0", "4", "0"}, {"0", "4", "4"}, {"1", "4", "0"}};
+     * (pt_cuda_dec_short_rows_minb); where every split of the bound is one task, the blocks per (row, KV
+     * head) unstaged run dec_rows1_kernel unless it is switched off (pt_cuda_dec_rows1(0): the generic kernel) */
+    static const char *forms[][4] = {{"0", "0", "0", "1"}, {"1", "0", "0", "1"}, {"0", "2", "0", "1"},
+                                     {"0", "0", "4", "1"}, {"0", "4", "0", "1"}, {"0", "4", "4", "1"},
+                                     {"1", "4", "0", "1"}, {"0", "0", "0", "0"}, {"0", "0", "4", "0"}};
     const int n_forms = (int)(sizeof forms / sizeof forms[0]);
     int n_cases = 0, n_lies = 0;
     for (int f = 0; f < n_forms; f++) {
-        const unsigned long long sp0 = pt_cuda_dec_short_split_count();
+        const unsigned long long sp0 = pt_cuda_dec_short_split_count(), r10 = pt_cuda_dec_rows1_count();
         for (int a = 0; a < 2; a++) {
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", forms[f][0], 1);
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", forms[f][1], 1);
             pt_cuda_dec_short_rows_minb(atoi(forms[f][2]));
+            pt_cuda_dec_rows1(forms[f][3][0] == '1' ? -1 : 0);
             pt_backend *G = NULL;
             REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
             pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
@@ -559,7 +564,13 @@ static void test_rope_kv_attention_short_rows_bits(void) {
         /* the split staging ran where asked (the 16-bit caches of heads up to 128 fit it), and only there */
         const unsigned long long sp = pt_cuda_dec_short_split_count() - sp0;
         CHECK(forms[f][1][0] == '4' ? sp > 0 : sp == 0, "form %d: %llu launches staged by split", f, sp);
+        /* the one-task-split kernel ran where the rule takes it (the 16-bit caches, GQA 4, heads 64 and 128, a
+         * block per (row, KV head), unstaged), and only there */
+        const unsigned long long r1 = pt_cuda_dec_rows1_count() - r10;
+        const int r1_on = forms[f][0][0] == '0' && forms[f][1][0] == '0' && forms[f][3][0] == '1';
+        CHECK(r1_on ? r1 > 0 : r1 == 0, "form %d: %llu launches of the one-task-split kernel", f, r1);
     }
+    pt_cuda_dec_rows1(-1);
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE");
     pt_cuda_dec_short_rows_minb(0);

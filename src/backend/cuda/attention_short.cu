@@ -95,19 +95,21 @@
 #define DS_SMEM_MAX (200 * 1024)
 
 /* dev/ds_phases.cu builds this file with PT_DS_TRACE set: thread 0 of the
- * first PT_DS_TRACE_BLOCKS blocks of row 0 records the SM clock at each
+ * first PT_DS_TRACE_BLOCKS blocks of row pt_ds_trace_row (0 unless set)
+ * records the SM clock at each
  * phase boundary (DS_MARK) and the global timer after the wait and at the
  * end (DS_GTIME); the library's build records nothing. */
 #ifdef PT_DS_TRACE
 __device__ long long pt_ds_trace[PT_DS_TRACE_BLOCKS][16];
+__device__ int pt_ds_trace_row; /* the row whose blocks record (dev/ds_rows_phases.cu sets it) */
 #define DS_MARK(i)                                                                                                 \
     do {                                                                                                           \
-        if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < PT_DS_TRACE_BLOCKS)                                \
+        if (threadIdx.x == 0 && blockIdx.y == pt_ds_trace_row && blockIdx.x < PT_DS_TRACE_BLOCKS)                  \
             pt_ds_trace[blockIdx.x][i] = clock64();                                                                \
     } while (0)
 #define DS_GTIME(i)                                                                                                \
     do {                                                                                                           \
-        if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.x < PT_DS_TRACE_BLOCKS) {                              \
+        if (threadIdx.x == 0 && blockIdx.y == pt_ds_trace_row && blockIdx.x < PT_DS_TRACE_BLOCKS) {                \
             long long t_;                                                                                          \
             asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                 \
             pt_ds_trace[blockIdx.x][i] = t_;                                                                       \
@@ -665,6 +667,154 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     DS_GTIME(15);
 }
 
+/* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at
+ * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes, G <= 4): dec2_short_kernel's
+ * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
+ * is the warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second
+ * butterfly over one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a
+ * split forms the row max and sum of each head itself from the splits' pairs (the p·V kernel's merge of them,
+ * d2_row_stats, the same lanes and butterflies). The scores, probabilities, p·V products, key-slot sums and
+ * the merge are the same helpers with the same arguments in the same order as there: the same bits (checked
+ * by test_cuda_ropekv, _batch_rows and _serve_invariance against the single-sequence kernels).
+ * What changes is the schedule: three barriers instead of seven; a warp's first key rows requested right
+ * after griddepcontrol.wait (they travel while the queries are rotated) and its first value rows before the
+ * barrier ahead of the row statistics; indices in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
+ * plain build's blocks an SM, 64 registers) load key and value rows in halves, as dec2_short_kernel's do. */
+template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
+__global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
+    pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
+    DS_MARK(10);
+    constexpr int NT = NW * 32, V = 16 / sizeof(KT);
+    constexpr int SC = 4, SKB = 2 * (32 / LS);                     /* scores: chunks a lane, keys a batch */
+    constexpr int PU = (G > 4 ? 4 : 8) / CP, PKB = PU * (32 / LP); /* p·V: load steps, keys a batch */
+    constexpr bool HALF = MB > DS_WARPS / NW && PU % 2 == 0;      /* the dense builds: loads in halves */
+    constexpr int KU = HALF ? 1 : 2, VU = HALF ? PU / 2 : PU;      /* load steps a load */
+    const int hd = a.hd, R = hd * (int)sizeof(KT) / 16;
+    const int kh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t b = blockIdx.y, cap = a.cap;
+    const int32_t p = a.pos[b];
+    int64_t lo, n, per, used, prow, rlo;
+    ds_range(a, p, lo, n, per, used, prow, rlo);
+    extern __shared__ float4 ds_smem_f4[];
+    float *qs = reinterpret_cast<float *>(ds_smem_f4); /* [G, hd] the rotated queries */
+    float *sS = qs + G * hd;                            /* [G, DS_MAXK] scores */
+    float *sP = sS + G * DS_MAXK;                       /* [used, G, hd] the splits' partial outputs */
+    float *out = a.out + (b * a.nh + (int64_t)kh * G) * hd;
+    if (used == 0) { /* a padding row: zeros, as the merge writes them */
+        pt_wait_primary();
+        for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = 0.f;
+        return;
+    }
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (n > DS_MAXK || used > NW || per > SKB || per > PKB || ds_smem(G, hd, (int)used, R, 0) > dyn) {
+        /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
+        pt_wait_primary();
+        if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
+        return;
+    }
+    __shared__ float rcs[128], rsn[128];
+    __shared__ float2 sML[NW][G]; /* each split's (max, sum) per head */
+    __shared__ float ps[NW][G][PKB];
+    __shared__ float wM[NW][G], wInv[NW][G]; /* each warp's copy of the row max and 1/sum */
+    const KT *kb = (const KT *)dec_cache(a, b, 0) + (int64_t)kh * cap * hd;
+    const KT *vb = (const KT *)dec_cache(a, b, 1) + (int64_t)kh * cap * hd;
+    const bool task = warp < used; /* this warp's split: keys j0 .. j1 − 1 */
+    const int j0 = warp * (int)per, j1 = j0 + (int)per < (int)n ? j0 + (int)per : (int)n;
+    const int ssub = lane % LS, sks = lane / LS, psub = lane % LP, pks = lane / LP;
+    constexpr int QR = (G * 256 + NT - 1) / NT;
+    const float *q = a.q + (b * a.nh + (int64_t)kh * G) * hd;
+    pt_wait_primary(); /* q and the step's key and value rows are the previous kernels' output */
+    DS_GTIME(14);
+    DS_MARK(0);
+    /* the split's first key rows, on their way while the queries are rotated */
+    uint4 k0[KU][SC];
+    if (task) d2_load<KT, LS, SC, KU>(k0, kb, rlo, cap, hd, R, j0, j1, ssub, sks);
+    {
+        float *raw = sS; /* the raw queries, in front of the scores (written only after the barrier below) */
+        float rq[QR];
+#pragma unroll
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            rq[u] = i < G * hd ? q[i] : 0.f;
+        }
+        const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+#pragma unroll
+        for (int u = 0; u < QR; u++) {
+            const int i = (int)threadIdx.x + u * NT;
+            if (i < G * hd) raw[i] = rq[u];
+        }
+        if ((int)threadIdx.x < a.half) {
+            const float th = (float)p * fr;
+            rcs[threadIdx.x] = pt_rope_cos(th, a.rscale, a.bf);
+            rsn[threadIdx.x] = pt_rope_sin(th, a.rscale, a.bf);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < G * hd; i += NT)
+            qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+        __syncthreads(); /* the rotated queries; every raw query read before the scores are written over them */
+    }
+    DS_MARK(3);
+    float m[G], l[G];
+#pragma unroll
+    for (int g = 0; g < G; g++) m[g] = -INFINITY, l[g] = 0.f;
+    uint4 v0[VU][CP];
+    if (task) {
+        if constexpr (HALF) {
+            d2_scores_batch<KT, LS, SC, 1>(k0, qs, a, G, hd, R, j0, j1, ssub, sks, sS, DS_MAXK, m, l);
+            d2_load<KT, LS, SC, 1>(k0, kb, rlo, cap, hd, R, j0 + 32 / LS, j1, ssub, sks);
+            d2_scores_batch<KT, LS, SC, 1>(k0, qs, a, G, hd, R, j0 + 32 / LS, j1, ssub, sks, sS, DS_MAXK, m, l);
+        } else
+            d2_scores_batch<KT, LS, SC, 2>(k0, qs, a, G, hd, R, j0, j1, ssub, sks, sS, DS_MAXK, m, l);
+        /* the split's first value rows, on their way during the statistics */
+        d2_load<KT, LP, CP, VU>(v0, vb, rlo, cap, hd, R, j0, j1, psub, pks);
+        /* the split's (max, sum) per head: pt_softmax_block's pair of a split of one task */
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const float bm = pt_warp_max(m[g]);
+            const float sw = pt_warp_sum(m[g] == -INFINITY ? 0.f : l[g] * expf(m[g] - bm));
+            if (lane == 0) sML[warp][g] = make_float2(bm, sw);
+        }
+    }
+    DS_MARK(4);
+    __syncthreads(); /* the splits' pairs and scores */
+    DS_MARK(6);
+    if (task) {
+        /* the row max and 1/sum of each head (dec2_pv_kernel's merge of the splits' pairs), in this warp */
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float mx, L;
+            d2_row_stats(&sML[0][g], G, used, lane, mx, L);
+            if (lane == 0) wM[warp][g] = mx, wInv[warp][g] = 1.0f / L;
+        }
+        __syncwarp();
+        float acc[G][CP][V];
+        d2_acc_zero(acc);
+        d2_pv_probs(ps[warp], sS, DS_MAXK, wM[warp], wInv[warp], a.bf, G, j0, j1, lane);
+        d2_pv_accum<KT, LP, CP, VU>(v0, ps[warp], 0, G, pks, acc);
+        if constexpr (HALF) {
+            d2_load<KT, LP, CP, VU>(v0, vb, rlo, cap, hd, R, j0 + VU * (32 / LP), j1, psub, pks);
+            d2_pv_accum<KT, LP, CP, VU>(v0, ps[warp], VU, G, pks, acc);
+        }
+        d2_pv_keys_sum<LP>(acc, G);
+        d2_pv_store<LP>(acc, sP + warp * G * hd, G, hd, R, psub, pks);
+    }
+    DS_MARK(7);
+    __syncthreads();
+    DS_MARK(8);
+    /* the merge (dec2_short_kernel's loop where a split is one task): u = 0 + x, then v += u */
+    const int nu = (int)used, ps_ = G * hd;
+    for (int i = threadIdx.x; i < G * hd; i += NT) {
+        float v = 0.f;
+        const float *pp = sP + i;
+#pragma unroll 4
+        for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps_];
+        out[i] = pt_rnd(a.bf, v);
+    }
+    DS_MARK(9);
+    DS_GTIME(15);
+}
+
 /* The most p·V tasks of any row of at most max_keys keys, and in *tsm the
  * most scores tasks (both 0: some row of the shape would have more than
  * DS_WARPS scores tasks, so the shape cannot run the one-block form). The
@@ -767,6 +917,45 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
     return ds_launch_one<KT, LS, LP, CP, PG, PG, NW, false>(c, a, nblk, B, smem, sfl);
 }
 
+/* The batched rows' one-task splits (dec_rows1_kernel): PETREL_CUDA_DEC_ROWS1 (default 1; 0: the generic
+ * kernel, A/B; read once); pt_cuda_dec_rows1(0|1) overrides it (tests and benchmarks; a negative argument:
+ * back to the environment). Launches so far are counted (tests check which kernel ran). */
+static int g_ds_rows1 = -1, g_ds_rows1_env = -1;
+extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1 = v < 0 ? -1 : v != 0; }
+static bool ds_rows1_on(void) {
+    if (g_ds_rows1 >= 0) return g_ds_rows1;
+    if (g_ds_rows1_env < 0) g_ds_rows1_env = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
+    return g_ds_rows1_env;
+}
+static unsigned long long g_ds_rows1_launches;
+extern "C" unsigned long long pt_cuda_dec_rows1_count(void) {
+    return __atomic_load_n(&g_ds_rows1_launches, __ATOMIC_RELAXED);
+}
+template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
+static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
+    static bool raised;
+    if (!raised) {
+        CUDA_CHECK(cudaFuncSetAttribute(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
+        raised = true;
+    }
+    __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
+    pt_launch(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>, dim3((unsigned)a.nkv, (unsigned)B), dim3(NW * 32), smem,
+              c->stream, pt_pdl_chain(), a);
+    CUDA_CHECK_LAUNCH("decode attention (batched rows, one task a split)");
+    return PT_OK;
+}
+/* dec_rows1_kernel of NW-warp blocks (8 under a bound of at most 8 splits, else 16) in the build
+ * ds_rows_dense picks, as dec2_short_kernel's batched launches. */
+template <typename KT, int LS, int LP, int CP, int G>
+static pt_status ds_launch_rows1(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem, bool w8) {
+    if (w8)
+        return ds_rows_dense(c, a.nkv * B, 2) ? ds_launch_rows1_one<KT, LS, LP, CP, G, 8, 4>(c, a, B, smem)
+                                               : ds_launch_rows1_one<KT, LS, LP, CP, G, 8, 2>(c, a, B, smem);
+    return ds_rows_dense(c, a.nkv * B, 1) ? ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 2>(c, a, B, smem)
+                                           : ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 1>(c, a, B, smem);
+}
+
 /* One sequence, a block per query head: the fewest warps a block, 4, 8 or
  * 16, that hold every scores task of a row under the launch's bound (a warp
  * a task) and a thread per element of the head (the folded RoPE and cache
@@ -832,6 +1021,14 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int sfl = (vbound ? 2 : 0) | (tst ? 4 : 0); /* the kernel's staging flags (rows only) */
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
+    /* batched rows whose splits are each one task (dec_rows1_kernel), unstaged, without the L2 prefetch */
+    if constexpr (sizeof(KT) == 2)
+        if (rows && H == G && G == 4 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
+            ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB &&
+            tp <= (w8 ? 8 : 16)) {
+            if (R == 16) return ds_launch_rows1<KT, 4, 16, 1, 4>(c, a, B, smem, w8);
+            if (R == 8) return ds_launch_rows1<KT, 2, 8, 1, 4>(c, a, B, smem, w8);
+        }
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
 #define PT_DS_G(LS, LP, CP, PG)                                                                                    \
