@@ -27,14 +27,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t e_ = (x);                                                                                      \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                               \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "ck.h"
 
 /* The step's GEMVs stream far more than the L2 holds between two attention
  * launches of a layer: this kernel evicts it (writes 4 floats a thread over

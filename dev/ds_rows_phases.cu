@@ -32,14 +32,7 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t e_ = (x);                                                                                      \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                               \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "ck.h"
 
 typedef __nv_bfloat16 KT;
 

@@ -29,14 +29,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                                      \
-    do {                                                                                                           \
-        cudaError_t e_ = (x);                                                                                      \
-        if (e_ != cudaSuccess) {                                                                                   \
-            fprintf(stderr, "%s: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__);                          \
-            exit(1);                                                                                               \
-        }                                                                                                          \
-    } while (0)
+#include "ck.h"
 
 enum { M_PLAIN, M_WAIT_S, M_WAIT_E, M_POLL_S, M_POLL_E, M_N };
 static const char *mode_name[M_N] = {"plain", "wait-s", "wait-e", "poll-s", "poll-e"};

@@ -95,10 +95,10 @@
 #define DS_SMEM_MAX (200 * 1024)
 
 /* dev/ds_phases.cu builds this file with PT_DS_TRACE set: thread 0 of the
- * first PT_DS_TRACE_BLOCKS blocks of row pt_ds_trace_row (0 unless set)
- * records the SM clock at each
- * phase boundary (DS_MARK) and the global timer after the wait and at the
- * end (DS_GTIME); the library's build records nothing. */
+ * first PT_DS_TRACE_BLOCKS blocks of row pt_ds_trace_row (0 unless set;
+ * dev/ds_rows_phases.cu) records the SM clock at each phase boundary
+ * (DS_MARK) and the global timer after the wait and at the end (DS_GTIME);
+ * the library's build records nothing. */
 #ifdef PT_DS_TRACE
 __device__ long long pt_ds_trace[PT_DS_TRACE_BLOCKS][16];
 __device__ int pt_ds_trace_row; /* the row whose blocks record (dev/ds_rows_phases.cu sets it) */
@@ -268,6 +268,38 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
+/* The batched rows' queries, first half: a thread's QR of the block's n query elements (0 past them) and the
+ * RoPE frequency of its dim (threads below half), loaded before the block's cache copies are issued. */
+template <int NT, int QR>
+__device__ __forceinline__ float ds_rows_q_load(float (&rq)[QR], const float *q, int n, const pt_dec_rows &a) {
+#pragma unroll
+    for (int u = 0; u < QR; u++) {
+        const int i = (int)threadIdx.x + u * NT;
+        rq[u] = i < n ? q[i] : 0.f;
+    }
+    return (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+}
+
+/* The second half: the raw queries into raw (shared memory), the RoPE table of position p (rcs, rsn) by the
+ * first half threads, then every element rotated into qs (d2_rope_elem), a barrier before and after. */
+template <int NT, int QR>
+__device__ __forceinline__ void ds_rows_q_rotate(const float (&rq)[QR], float fr, float *raw, float *qs, float *rcs,
+                                                 float *rsn, int n, int hd, int32_t p, const pt_dec_rows &a) {
+#pragma unroll
+    for (int u = 0; u < QR; u++) {
+        const int i = (int)threadIdx.x + u * NT;
+        if (i < n) raw[i] = rq[u];
+    }
+    if ((int)threadIdx.x < a.half) {
+        const float th = (float)p * fr;
+        rcs[threadIdx.x] = pt_rope_cos(th, a.rscale, a.bf);
+        rsn[threadIdx.x] = pt_rope_sin(th, a.rscale, a.bf);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += NT) qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
+    __syncthreads();
+}
+
 /* Rows rlo .. rlo + n - 1 (mod cap) of rb bytes each from base, fetched
  * into the L2 by one bulk prefetch per contiguous piece (at most two). */
 __device__ __forceinline__ void ds_l2_prefetch(const char *base, int64_t rlo, int64_t n, int64_t cap, int64_t rb) {
@@ -410,33 +442,14 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
          * formed by the first half threads; measured: the form of the branch below slowed the served
          * rows (bench/RESULTS.md) */
         __shared__ float rcs[128], rsn[128];
-        float *raw = sS;
         float rq[QR];
-#pragma unroll
-        for (int u = 0; u < QR; u++) {
-            const int i = (int)threadIdx.x + u * NT;
-            rq[u] = i < H * hd ? q[i] : 0.f;
-        }
-        const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
+        const float fr = ds_rows_q_load<NT>(rq, q, H * hd, a);
         if (tst) {
             if (warp < ts) /* split `warp`'s key rows (one cp.async group) */
                 ds_stage_split(tb, kb, rlo, cap, hd, R, warp * per, warp * per + per < n ? warp * per + per : n, lane);
         } else
             ds_stage_kv<NT>(kS, vS, kb, vb, kst, vst, rlo, cap, hd, R, (int)n, jp);
-#pragma unroll
-        for (int u = 0; u < QR; u++) {
-            const int i = (int)threadIdx.x + u * NT;
-            if (i < H * hd) raw[i] = rq[u];
-        }
-        if ((int)threadIdx.x < a.half) {
-            const float th = (float)p * fr;
-            rcs[threadIdx.x] = pt_rope_cos(th, a.rscale, a.bf);
-            rsn[threadIdx.x] = pt_rope_sin(th, a.rscale, a.bf);
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < H * hd; i += NT)
-            qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
-        __syncthreads();
+        ds_rows_q_rotate<NT>(rq, fr, sS, qs, rcs, rsn, H * hd, hd, p, a); /* the raw queries in front of sS */
         if (kst) { /* this thread's staged key rows; the barrier below publishes them */
             pt_cp_wait<1>();
             __syncthreads();
@@ -668,7 +681,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
 }
 
 /* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at
- * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes, G <= 4): dec2_short_kernel's
+ * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 4): dec2_short_kernel's
  * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
  * is the warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second
  * butterfly over one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a
@@ -678,7 +691,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
  * by test_cuda_ropekv, _batch_rows and _serve_invariance against the single-sequence kernels).
  * What changes is the schedule: three barriers instead of seven; a warp's first key rows requested right
  * after griddepcontrol.wait (they travel while the queries are rotated) and its first value rows before the
- * barrier ahead of the row statistics; indices in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
+ * barrier ahead of the row statistics; the split's key range in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
  * plain build's blocks an SM, 64 registers) load key and value rows in halves, as dec2_short_kernel's do. */
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
@@ -731,28 +744,10 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     uint4 k0[KU][SC];
     if (task) d2_load<KT, LS, SC, KU>(k0, kb, rlo, cap, hd, R, j0, j1, ssub, sks);
     {
-        float *raw = sS; /* the raw queries, in front of the scores (written only after the barrier below) */
+        /* the raw queries in front of the scores (written only after the second barrier in it) */
         float rq[QR];
-#pragma unroll
-        for (int u = 0; u < QR; u++) {
-            const int i = (int)threadIdx.x + u * NT;
-            rq[u] = i < G * hd ? q[i] : 0.f;
-        }
-        const float fr = (int)threadIdx.x < a.half ? a.inv_freq[threadIdx.x] : 0.f;
-#pragma unroll
-        for (int u = 0; u < QR; u++) {
-            const int i = (int)threadIdx.x + u * NT;
-            if (i < G * hd) raw[i] = rq[u];
-        }
-        if ((int)threadIdx.x < a.half) {
-            const float th = (float)p * fr;
-            rcs[threadIdx.x] = pt_rope_cos(th, a.rscale, a.bf);
-            rsn[threadIdx.x] = pt_rope_sin(th, a.rscale, a.bf);
-        }
-        __syncthreads();
-        for (int i = threadIdx.x; i < G * hd; i += NT)
-            qs[i] = d2_rope_elem(raw + (i / hd) * hd, i % hd, a.half, rcs, rsn, a.bf);
-        __syncthreads(); /* the rotated queries; every raw query read before the scores are written over them */
+        const float fr = ds_rows_q_load<NT>(rq, q, G * hd, a);
+        ds_rows_q_rotate<NT>(rq, fr, sS, qs, rcs, rsn, G * hd, hd, p, a);
     }
     DS_MARK(3);
     float m[G], l[G];
