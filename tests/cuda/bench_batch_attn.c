@@ -47,7 +47,7 @@
 void pt_cuda_dec_short_rows_l2(int on);   /* attention_short.cu: the rows' L2 prefetch (A/B) */
 void pt_cuda_dec_short_rows_minb(int v);  /* attention_short.cu: 2 plain, 4 dense builds, 0 the rule */
 void pt_cuda_dec_short_rows_stage(int v); /* attention_short.cu: the rows' staging, -1 the backend's */
-void pt_cuda_dec_rows1(int v);            /* attention_short.cu: 0 the generic kernel for one-task splits, -1 the backend's */
+void pt_cuda_dec_rows1(int v);            /* attention_short.cu: 0 the generic kernel for one-task splits, -1 the environment's */
 
 static void set(int s) {
     pt_cuda_dec_short_rows_stage(s == 1 || s == 2 ? 4 : -1);
