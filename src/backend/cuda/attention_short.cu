@@ -268,6 +268,27 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
+/* A padding row (no keys): its n output values zeros, as the merge writes them, once the primary is done. */
+template <int NT>
+__device__ __forceinline__ void ds_zero_row(float *out, int n) {
+    pt_wait_primary();
+    for (int i = threadIdx.x; i < n; i += NT) out[i] = 0.f;
+}
+
+/* A row of n keys past what the launch holds (its bound on the keys was wrong): reported to the backend's
+ * error flag (code 3, the row's keys), once the primary is done; the caller computes and stores nothing. */
+__device__ __forceinline__ void ds_bound_error(const pt_dec_rows &a, int64_t n) {
+    pt_wait_primary();
+    if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
+}
+
+/* The launch's dynamic shared memory in bytes. */
+__device__ __forceinline__ uint32_t ds_dyn_smem(void) {
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    return dyn;
+}
+
 /* The batched rows' queries, first half: a thread's QR of the block's n query elements (0 past them) and the
  * RoPE frequency of its dim (threads below half), loaded before the block's cache copies are issued. */
 template <int NT, int QR>
@@ -359,13 +380,11 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     float *sS = qs + H * hd;                            /* [H, DS_MAXK] scores */
     float *sP = sS + H * DS_MAXK;                       /* [tp, H, hd] the tasks' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G + h0) * hd;
-    if (used == 0) { /* a padding row: zeros, as the merge writes them */
-        pt_wait_primary();
-        for (int i = threadIdx.x; i < H * hd; i += NT) out[i] = 0.f;
+    if (used == 0) { /* a padding row */
+        ds_zero_row<NT>(out, H * hd);
         return;
     }
-    uint32_t dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const uint32_t dyn = ds_dyn_smem();
     const int ts = ds_tasks(n, per, used, SKB), tp = ds_tasks(n, per, used, PKB);
     const int fs = ds_split_tasks(per, SKB), fp = ds_split_tasks(per, PKB); /* tasks of a full split */
     /* the batched rows staged by split (fl & 4, PETREL_CUDA_DEC_SHORT_ROWS_STAGE=4): warp t's buffer of TKB
@@ -374,9 +393,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     const bool tst = !FOLD && (fl & 4);
     const size_t base = tst ? ds_smem_task(H, hd, NW, TKB, R) : ds_smem(H, hd, tp, R, 0);
     if (n > DS_MAXK || ts > NW || base > dyn || (tst && !ds_task_fits(per, TKB, H, hd, R))) {
-        /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
-        pt_wait_primary();
-        if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
+        ds_bound_error(a, n); /* the launch's bound on the keys was wrong */
         return;
     }
     /* the rows staged in shared memory when the launch made room for them (ds_smem): the value rows, then
@@ -713,17 +730,13 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     float *sS = qs + G * hd;                            /* [G, DS_MAXK] scores */
     float *sP = sS + G * DS_MAXK;                       /* [used, G, hd] the splits' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G) * hd;
-    if (used == 0) { /* a padding row: zeros, as the merge writes them */
-        pt_wait_primary();
-        for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = 0.f;
+    if (used == 0) { /* a padding row */
+        ds_zero_row<NT>(out, G * hd);
         return;
     }
-    uint32_t dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const uint32_t dyn = ds_dyn_smem();
     if (n > DS_MAXK || used > NW || per > SKB || per > PKB || ds_smem(G, hd, (int)used, R, 0) > dyn) {
-        /* the launch's bound on the keys was wrong: nothing computed, nothing stored */
-        pt_wait_primary();
-        if (threadIdx.x == 0 && atomicCAS(a.err, 0, 3) == 0) a.err[1] = (int)n;
+        ds_bound_error(a, n); /* the launch's bound on the keys was wrong */
         return;
     }
     __shared__ float rcs[128], rsn[128];
@@ -1019,8 +1032,8 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     /* batched rows whose splits are each one task (dec_rows1_kernel), unstaged, without the L2 prefetch */
     if constexpr (sizeof(KT) == 2)
         if (rows && H == G && G == 4 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
-            ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB &&
-            tp <= (w8 ? 8 : 16)) {
+            ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB) {
+            /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16) */
             if (R == 16) return ds_launch_rows1<KT, 4, 16, 1, 4>(c, a, B, smem, w8);
             if (R == 8) return ds_launch_rows1<KT, 2, 8, 1, 4>(c, a, B, smem, w8);
         }
