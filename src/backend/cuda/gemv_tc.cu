@@ -974,19 +974,20 @@ static int tc_rel_early(void) {
     return v;
 }
 
-/* PETREL_CUDA_L2_PF=MB (default 24; 0: off; A/B, read once): the one-row
+/* PETREL_CUDA_L2_PF=MB (default 16; 0: off; A/B, read once): the one-row
  * matmul_add after a prefetch_hint (the output projection, told the FFN's
  * weights) fetches up to MB MiB of the hinted weights into the L2 — whole
  * weights while they fit, then the same prefix of every tile of a run of
  * weights of one shape (gate and up alike) — from its blocks, right behind
  * their first weight loads (before the griddepcontrol.wait), so they
  * arrive during the attention's and the norm's latency-bound launches.
- * tg128 on an H100: llama-3.1-8b +1.7% to +2.5%, llama-3.2-1b +1.5% (bench/RESULTS.md).
+ * tg128 on an H100 (24 MiB): llama-3.1-8b +1.7% to +2.5%, llama-3.2-1b +1.5%; on an H200 16 MiB against
+ * 24: llama-3.1-8b +0.8%, llama-3.2-1b +0.2% (bench/RESULTS.md).
  * pt_cuda_l2_pf(mb) overrides it (negative: back to the environment). */
 static int g_pf_mb = -1;
 extern "C" void pt_cuda_l2_pf(int mb) { g_pf_mb = mb < 0 ? -1 : mb; }
 static int tc_pf_mb(void) {
-    if (g_pf_mb < 0) g_pf_mb = pt_env_int("PETREL_CUDA_L2_PF", 0, 1024, 24);
+    if (g_pf_mb < 0) g_pf_mb = pt_env_int("PETREL_CUDA_L2_PF", 0, 1024, 16);
     return g_pf_mb;
 }
 static unsigned long long g_pf_launches; /* launches that issued a prefetch (tests) */
