@@ -151,6 +151,8 @@ typedef struct {
     int dp;       /* a bf16 cache in bf16 mode with the vdpbf16ps kernels on (pt_cpu_attn_dp_on) and bf16-valued
                    * queries: the products on attn_scores_dp / attn_pv_dp, whose operands are then all bf16
                    * values (the probabilities are rounded to bf16 in this mode) */
+    int amx;      /* a prefill call (T > 1) over a bf16 cache in bf16 mode with bf16-valued queries and the AMX
+                   * scores on (pt_cpu_attn_amx_on): the scores on attn_scores_amx, ahead of dp's */
 } attn_ctx;
 
 /* Whether every x[i] is a bf16 value (its low 16 bits zero): the queries in
@@ -171,8 +173,12 @@ static int bf16_valued(const float *x, int64_t n) {
  * kernel of many rows (a prefill call's, or a decode step's with at least 4
  * query heads per KV head; kernels_avx512.c: below that a step's rows are
  * too few to pay for the key block's transposition). */
-static void scores_rows(const pt_cpu_kernels *k, int many, int dp, float *S, int64_t lds, const float *q, int64_t qs,
-                        int nt, int G, int hd, const void *k0, int64_t len, int bf) {
+static void scores_rows(const pt_cpu_kernels *k, int many, int dp, int amx, float *S, int64_t lds, const float *q,
+                        int64_t qs, int nt, int G, int hd, const void *k0, int64_t len, int bf) {
+    if (many && amx && k->attn_scores_amx && k->attn_scores_amx(S, lds, q, qs, nt, G, hd, k0, len)) {
+        atomic_fetch_add_explicit(&pt_cpu_path_count[PT_CPU_PATH_ATTN_AMX], 1, memory_order_relaxed);
+        return;
+    }
     if (many && dp && k->attn_scores_dp && k->attn_scores_dp(S, lds, q, qs, nt, G, hd, k0, len)) {
         atomic_fetch_add_explicit(&pt_cpu_path_count[PT_CPU_PATH_ATTN_DP_S], 1, memory_order_relaxed);
         return;
@@ -212,7 +218,7 @@ void pt_cpu_qscores(const pt_cpu_kernels *k, float *S, int64_t lds, const float 
         const int64_t nb = n - jb < PT_CPU_QROWS ? n - jb : PT_CPU_QROWS;
         const pt_cpu_qrows blk = pt_cpu_qrows_at(kr, jb);
         pt_cpu_qrows_ref(rows, &blk, nb);
-        scores_rows(k, 1, 0, S + jb, lds, q, qs, nt, G, kr->hd, rows, nb, 0);
+        scores_rows(k, 1, 0, 0, S + jb, lds, q, qs, nt, G, kr->hd, rows, nb, 0);
     }
 }
 
@@ -266,7 +272,7 @@ static void run_scores(const attn_ctx *a, int kh, float *S, int64_t lds, const f
     /* a decode step's rows are many enough for the transposed block from 4 query heads a KV head, from 3
      * on bf16 pairs (their transpose moves twice the dims; one query over 8192 keys, head 64, G = 3:
      * 0.52-0.56 -> 0.43 ms a layer; G = 1, 2 and head 128 unchanged, bench/RESULTS.md) */
-    scores_rows(a->c->k, a->T > 1 || G >= (a->dp ? 3 : 4), a->dp, S, lds, q, qs, nt, G, hd, k0, len, bf);
+    scores_rows(a->c->k, a->T > 1 || G >= (a->dp ? 3 : 4), a->dp, a->amx, S, lds, q, qs, nt, G, hd, k0, len, bf);
 }
 
 /* acc[g·hd + d] += Σ_j P[g·ldp + j] · v_j[d] for nh heads over KV head kh's
@@ -460,9 +466,10 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     }
     int G = p->n_heads / kv->n_kv;
     if (p->fused_decode && T == 1 && kv->bits) return pt_cpu_attention_fused(c, out, q, pos[0], kv, p);
-    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn,
-                  !kv->bits && kv->dtype == PT_FT_BF16 && c->base.act == PT_ACT_BF16 && pt_cpu_attn_dp_on() &&
-                      bf16_valued(q, T * p->n_heads * p->head_dim)};
+    const int bfc = !kv->bits && kv->dtype == PT_FT_BF16 && c->base.act == PT_ACT_BF16;
+    const int want_dp = bfc && pt_cpu_attn_dp_on(), want_amx = bfc && T > 1 && pt_cpu_attn_amx_on();
+    const int bq = (want_dp || want_amx) && bf16_valued(q, T * p->n_heads * p->head_dim);
+    attn_ctx a = {c, out, q, T, pos, kv, p, 1, maxn, want_dp && bq, want_amx && bq};
     if (T == 1 && kv->n_kv < c->nth && maxn >= SPLIT_MIN_KEYS) return attn_split(&a);
     /* a prefill chunk's tokens in groups of up to 8 sharing each key row's pass (fewer when their scores would
      * pass 4 MiB a thread) */

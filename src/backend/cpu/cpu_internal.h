@@ -220,6 +220,14 @@ typedef struct pt_cpu_kernels {
     int (*attn_scores_dp)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
                           int64_t n);
     int (*attn_pv_dp)(float *out, const float *P, int64_t ldp, int G, int hd, const void *v, int64_t n);
+    /* attn_scores_t over bf16 rows and bf16-valued queries on AMX tiles
+     * (TDPBF16PS, kernels_avx512.c): each score the tile unit's f32 sum of
+     * the exact products over the dims in steps of 32 (AMX's own rounding of
+     * that sum), whatever nt, n or the key's place; subnormal inputs as zero.
+     * The caller has checked pt_cpu_amx_available(). 0 = shape not handled
+     * (hd not a multiple of 32 or above 256). */
+    int (*attn_scores_amx)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
+                           int64_t n);
     /* A quantized cache's rows (4 or 8 bits), each dequantized as
      * pt_cpu_qrows_ref does: attn_scores_tq is attn_scores_t over n such
      * keys, attn_pv_q attn_pv over n such values, with the bits of
@@ -727,9 +735,13 @@ int pt_cpu_multi_on(void);
 /* Whether bf16-mode attention over bf16 caches takes the kernel table's
  * vdpbf16ps kernels (pt_cpu_lever.attn_dp, read once; 0 without AVX512-BF16). */
 int pt_cpu_attn_dp_on(void);
+/* Whether a prefill call's scores over bf16 caches in bf16 mode take the
+ * kernel table's AMX kernel (pt_cpu_lever.attn_amx, read once; 0 without
+ * AMX-BF16 or the tile state). */
+int pt_cpu_attn_amx_on(void);
 /* Levers, settable for A/B measurements (cpu_matmul.c): a field < 0 is read
  * from the environment on first use. The kernel choices (xint, xgemm,
- * xgemm8, bgemm, attn_dp) change the order of f32 sums, so the last bits;
+ * xgemm8, bgemm, attn_dp, attn_amx) change the order of f32 sums, so the last bits;
  * the others are bit-neutral. */
 typedef struct {
     int multi;   /* matmul_multi as one dispatch (PETREL_CPU_MULTI, default 1) */
@@ -746,6 +758,9 @@ typedef struct {
                   * the guided claims from one counter (0); the same bits either way */
     int pfnta;   /* the AVX-512 decode kernels' software prefetch of the weight codes as prefetchnta instead of
                   * prefetcht0 (PETREL_CPU_PF_NTA, default: on for AMD, cpu_matmul.c); the same bits either way */
+    int attn_amx; /* a prefill call's scores over a bf16 cache in bf16 mode on AMX tiles where the CPU has
+                   * AMX-BF16 (attn_scores_amx; PETREL_CPU_ATTN_AMX, default 1). NOT bit-neutral: the tile
+                   * unit's sums of the same exact products (the rounding points are the same) */
     int attn_dp; /* bf16-mode attention over a bf16 cache on vdpbf16ps (attn_scores_dp, attn_pv_dp;
                   * PETREL_CPU_ATTN_DP, default: where vdpbf16ps issues at the FMA rate, cpu_matmul.c). NOT
                   * bit-neutral: another order of the f32 sums (the rounding points are the same) */
@@ -762,7 +777,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * (AMX8); dense bf16 weights' prefill calls through the bf16 GEMM or its AMX
  * form (DENSE16; the f32 GEMM otherwise, not counted); attention's
  * score blocks and P·V runs on bf16 pairs (ATTN_DP_S, ATTN_DP_PV: per kernel
- * call, cpu_attention.c); --fused-decode-attn's blocks on the factored
+ * call, cpu_attention.c) and its score blocks on AMX tiles (ATTN_AMX: per
+ * kernel call); --fused-decode-attn's blocks on the factored
  * vdpbf16ps kernels (FUSED_DP: per block, attn_qkv_fused.c). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
@@ -781,6 +797,7 @@ enum {
     PT_CPU_PATH_DENSE16,
     PT_CPU_PATH_ATTN_DP_S,
     PT_CPU_PATH_ATTN_DP_PV,
+    PT_CPU_PATH_ATTN_AMX,
     PT_CPU_PATH_FUSED_DP,
     PT_CPU_PATH_N
 };

@@ -61,7 +61,8 @@ pt_cpu_levers pt_cpu_lever = {.multi = -1,
                               .amx = -1,
                               .split = -1,
                               .pfnta = -1,
-                              .attn_dp = -1};
+                              .attn_dp = -1,
+                              .attn_amx = -1};
 
 static void lever_read(int *field, const char *name, int def) {
     if (*field < 0) *field = pt_env_flag(name, def);
@@ -99,6 +100,7 @@ static void levers_read(void) {
     lever_read(&pt_cpu_lever.pfnta, "PETREL_CPU_PF_NTA", __builtin_cpu_is("amd"));
     lever_read(&pt_cpu_lever.attn_dp, "PETREL_CPU_ATTN_DP", bf16_full_rate());
     if (!cpu_has_bf16()) pt_cpu_lever.attn_dp = 0;
+    lever_read(&pt_cpu_lever.attn_amx, "PETREL_CPU_ATTN_AMX", 1);
 }
 
 _Atomic long pt_cpu_path_count[PT_CPU_PATH_N];
@@ -118,6 +120,11 @@ int pt_cpu_multi_on(void) {
 int pt_cpu_attn_dp_on(void) {
     levers_init();
     return pt_cpu_lever.attn_dp > 0;
+}
+
+int pt_cpu_attn_amx_on(void) {
+    levers_init();
+    return pt_cpu_lever.attn_amx > 0 && pt_cpu_amx_available();
 }
 
 /* ---- weight row access ---- */

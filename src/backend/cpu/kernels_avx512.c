@@ -1048,6 +1048,58 @@ static int attn_scores_dp(float *S, int64_t lds, const float *q, int64_t qs, int
     return 1;
 }
 
+/* attn_scores_t's rows and keys (bf16 keys, bf16-valued queries) on AMX
+ * tiles: the queries as bf16 rows (pack_pairs: exact), the keys 32 at a time
+ * in attn_scores_dp's kT layout ([hd/2][32] pairs: the B operand of
+ * TDPBF16PS, keys 0-15 and 16-31 64 bytes apart in rows of 128), 32 rows
+ * × 32 keys a block in four C tiles over hd/32 k steps
+ * (PT_CPU_AMX_GROUP, cpu_internal.h), stored and copied into S. A score is
+ * the tile unit's sum over its own row and key, so its bits depend on
+ * neither the block nor the other rows and keys; rows past the call's are
+ * zero and their results dropped. Keys outer, rows inner: each key block is
+ * transposed once for all the call's rows. */
+static int attn_scores_amx(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
+                           int64_t n) {
+    enum { QB = 8192 }; /* bf16 values of packed queries: 64 rows of 128 dims, 32 of 256 */
+    if (hd % 32 || hd > 256) return 0;
+    uint32_t kT[128 * 32] __attribute__((aligned(64)));
+    uint16_t qb[QB] __attribute__((aligned(64)));
+    float cb[1024] __attribute__((aligned(64)));
+    const int R = nt * G, RC = QB / hd / 32 * 32; /* rows a chunk: whole 32-row blocks */
+    const size_t rs = (size_t)hd * 2;
+    pt_cpu_amx_config(64, 16);
+    for (int c0 = 0; c0 < R; c0 += RC) {
+        const int rc = R - c0 < RC ? R - c0 : RC, rp = (rc + 31) / 32 * 32;
+        for (int r = 0; r < rc; r++)
+            pack_pairs((uint32_t *)(qb + (size_t)r * hd), q + (int64_t)((c0 + r) / G) * qs + ((c0 + r) % G) * hd, hd);
+        memset(qb + (size_t)rc * hd, 0, (size_t)(rp - rc) * rs);
+        float *Sc = S + (int64_t)c0 * lds;
+        for (int64_t j0 = 0; j0 < n; j0 += 32) {
+            const int64_t nk = n - j0 < 32 ? n - j0 : 32;
+            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+            if (nn > 0) { /* the next block's rows on their way (as attn_scores_t) */
+                const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
+                for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+            }
+            keys_t32_dp(kT, (const uint16_t *)k + j0 * hd, nk, hd);
+            const __mmask16 m0 = nk >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1u);
+            const __mmask16 m1 = nk <= 16 ? 0 : nk >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16)) - 1u);
+            for (int r0 = 0; r0 < rc; r0 += 32) {
+                PT_CPU_AMX_GROUP(bf16, qb + (size_t)r0 * hd, 16 * rs, 64, rs, kT, 2048, hd / 32, cb);
+                /* cb [row half][key half][16][16] */
+                for (int r = 0; r < 32 && r0 + r < rc; r++) {
+                    const float *c = cb + (r / 16) * 512 + (r % 16) * 16;
+                    float *dst = Sc + (int64_t)(r0 + r) * lds + j0;
+                    _mm512_mask_storeu_ps(dst, m0, _mm512_load_ps(c));
+                    if (m1) _mm512_mask_storeu_ps(dst + 16, m1, _mm512_load_ps(c + 256));
+                }
+            }
+        }
+    }
+    PT_CPU_AMX_RELEASE();
+    return 1;
+}
+
 /* p·V for B heads over bf16 rows, 64 dims at a time: two keys' rows
  * interleaved as pairs (unpacklo / unpackhi of 16-bit words), so each
  * 32-dim half of a block sits in two accumulators, dims {8L + 0..3} ("lo")
@@ -1876,6 +1928,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_pv = attn_pv,
     .attn_pv_q = attn_pv_q,
     .attn_scores_dp = attn_scores_dp,
+    .attn_scores_amx = attn_scores_amx,
     .attn_pv_dp = attn_pv_dp,
     .attn_scores_tq = attn_scores_tq,
     .fused_scores_dp = fused_scores_dp,

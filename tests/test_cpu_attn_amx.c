@@ -1,0 +1,199 @@
+/* A prefill call's attention scores on AMX tiles (kernels_avx512.c
+ * attn_scores_amx, taken by cpu_attention.c under pt_cpu_lever.attn_amx):
+ *  - each score within the f32 bound of the exact sum of its bf16 products
+ *    (hd · 2^-24 · Σ|q_d·k_d|), for head dims 32-256, 1-8 heads a group,
+ *    1-8 tokens a call, 1-77 keys (single, partial and whole 32-key
+ *    blocks), nothing written past n; head dims that are not whole 32-dim
+ *    steps, or above 256, not handled;
+ *  - a score's bits do not depend on the call's other rows or keys: a row
+ *    and key give the same bits among 8 tokens and alone, and with the key
+ *    at another place of its block;
+ *  - the attention op: a prefill call takes the kernel (counted), a decode
+ *    step does not; its outputs are the f32 kernels' within a few bf16
+ *    rounding steps; one and two threads give the same bits; f32-valued
+ *    queries keep the f32 kernels (the tiles would round them).
+ * Skipped without AMX-BF16 (or when the OS refuses the tile state). */
+#include "test.h"
+#include "test_rand.h"
+
+#include "backend/cpu/cpu_internal.h"
+#include "base/half.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 1e30f
+
+/* a bf16 value in [lo, hi) times 2^e */
+static float bfv(float lo, float hi, int e) { return pt_bf16_to_f32(pt_f32_to_bf16(ldexpf(rf(lo, hi), e))); }
+
+static int have_amx(void) { return test_cpu_avx512_bf16() && pt_cpu_amx_available(); }
+
+static void test_scores_amx_bound(void) {
+    if (!have_amx()) TEST_SKIP("no AMX-BF16");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    REQUIRE(k->attn_scores_amx != NULL, "the avx512 table has no attn_scores_amx");
+    static const int hds[] = {32, 64, 128, 256}, Gs[] = {1, 2, 4, 8}, ntv[] = {1, 3, 8}, ns[] = {1, 15, 32, 33, 77};
+    int cases = 0;
+    for (int hi = 0; hi < 4; hi++)
+        for (int ni = 0; ni < 5; ni++) {
+            const int hd = hds[hi], n = ns[ni];
+            uint16_t *kc = malloc(sizeof(uint16_t) * (size_t)n * hd);
+            for (int64_t i = 0; i < (int64_t)n * hd; i++) kc[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, (int)(i % 7) - 3));
+            for (int gi = 0; gi < 4; gi++)
+                for (int ti = 0; ti < 3; ti++) {
+                    const int G = Gs[gi], nt = ntv[ti];
+                    const int64_t qs = (int64_t)G * hd + 32, lds = n + 5;
+                    float *q = malloc(sizeof(float) * (size_t)qs * nt), *S = malloc(sizeof(float) * (size_t)nt * G * lds);
+                    for (int64_t i = 0; i < qs * nt; i++) q[i] = bfv(-0.5f, 0.5f, (int)(i % 5) - 2);
+                    for (int64_t i = 0; i < (int64_t)nt * G * lds; i++) S[i] = GUARD;
+                    REQUIRE(k->attn_scores_amx(S, lds, q, qs, nt, G, hd, kc, n), "hd %d not handled", hd);
+                    int bad = 0, over = 0;
+                    double worst = 0;
+                    for (int u = 0; u < nt; u++)
+                        for (int g = 0; g < G; g++) {
+                            const float *qr = q + u * qs + g * hd;
+                            const float *row = S + (int64_t)(u * G + g) * lds;
+                            for (int j = 0; j < n; j++) {
+                                double s = 0, a = 0;
+                                for (int d = 0; d < hd; d++) {
+                                    const double pr = (double)qr[d] * pt_bf16_to_f32(kc[j * hd + d]);
+                                    s += pr, a += fabs(pr);
+                                }
+                                const double err = fabs(row[j] - s), bound = hd * ldexp(a, -24);
+                                if (!(err <= bound)) bad++;
+                                if (a > 0 && err / a > worst) worst = err / a;
+                            }
+                            for (int j = n; j < lds; j++) over += row[j] != GUARD;
+                        }
+                    CHECK(bad == 0 && over == 0,
+                          "hd %d, G %d, %d tokens, %d keys: %d scores past the bound (worst %.3g of Σ|q·k|), %d "
+                          "written past n",
+                          hd, G, nt, n, bad, worst, over);
+                    free(q), free(S);
+                    cases++;
+                }
+            free(kc);
+        }
+    CHECK(cases == 240, "ran %d cases", cases);
+    float S[4], q[96] = {0};
+    uint16_t kc[96] = {0};
+    CHECK(!k->attn_scores_amx(S, 4, q, 96, 1, 1, 80, kc, 1), "hd 80 (not whole 32-dim steps) was handled");
+    CHECK(!k->attn_scores_amx(S, 4, q, 96, 1, 1, 288, kc, 1), "hd 288 (above 256) was handled");
+}
+
+/* The same row and key give the same bits whatever else the call holds */
+static void test_scores_amx_independent(void) {
+    if (!have_amx()) TEST_SKIP("no AMX-BF16");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    enum { hd = 64, G = 4, NT = 8, N = 77, OFF = 7 };
+    const int64_t qs = (int64_t)G * hd, lds = N;
+    uint16_t *kc = malloc(sizeof(uint16_t) * N * hd);
+    float *q = malloc(sizeof(float) * NT * qs), *all = malloc(sizeof(float) * NT * G * lds),
+          *one = malloc(sizeof(float) * G * lds), *off = malloc(sizeof(float) * NT * G * lds);
+    for (int i = 0; i < N * hd; i++) kc[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, i % 3));
+    for (int i = 0; i < NT * qs; i++) q[i] = bfv(-2.0f, 2.0f, 0);
+    REQUIRE(k->attn_scores_amx(all, lds, q, qs, NT, G, hd, kc, N), "not handled");
+    int diff_one = 0, diff_off = 0;
+    for (int u = 0; u < NT; u++) {
+        REQUIRE(k->attn_scores_amx(one, lds, q + u * qs, qs, 1, G, hd, kc, N), "not handled");
+        for (int i = 0; i < G * N; i++) diff_one += memcmp(&one[i], &all[(int64_t)u * G * lds + i], 4) != 0;
+    }
+    /* the keys from OFF on: each key at another place of its 32-key block */
+    REQUIRE(k->attn_scores_amx(off, lds, q, qs, NT, G, hd, kc + OFF * hd, N - OFF), "not handled");
+    for (int r = 0; r < NT * G; r++)
+        for (int j = 0; j < N - OFF; j++) diff_off += memcmp(&off[r * lds + j], &all[r * lds + OFF + j], 4) != 0;
+    CHECK(diff_one == 0, "%d scores differ between a token alone and among %d", diff_one, NT);
+    CHECK(diff_off == 0, "%d scores differ with the keys %d places on", diff_off, OFF);
+    free(kc), free(q), free(all), free(one), free(off);
+}
+
+typedef struct {
+    pt_backend *be;
+    pt_kv_layer kv;
+} cache;
+
+/* a backend of `threads` threads with a bf16 cache of cap rows K, V [cap, nkv·hd] */
+static void cache_make(cache *c, int threads, int nkv, int hd, int cap, const float *K, const float *V) {
+    pt_cpu_params cp = {.n_threads = threads, .act = PT_ACT_BF16};
+    REQUIRE(pt_backend_cpu_create(&c->be, &cp) == PT_OK, "backend: %s", pt_last_error());
+    c->kv = (pt_kv_layer){.n_kv = nkv, .head_dim = hd, .capacity = cap, .dtype = PT_FT_BF16};
+    c->kv.k = calloc((size_t)cap * nkv * hd, 2), c->kv.v = calloc((size_t)cap * nkv * hd, 2);
+    int32_t *pos = malloc(sizeof(int32_t) * cap);
+    for (int i = 0; i < cap; i++) pos[i] = i;
+    CHECK(c->be->ops->kv_append(c->be, &c->kv, K, V, cap, pos) == PT_OK, "append: %s", pt_last_error());
+    free(pos);
+}
+
+static void cache_free(cache *c) {
+    free(c->kv.k), free(c->kv.v);
+    pt_backend_free(&c->be);
+}
+
+static long amx_calls(void) { return pt_cpu_path_count[PT_CPU_PATH_ATTN_AMX]; }
+
+static void test_attention_op_amx(void) {
+    if (!have_amx()) TEST_SKIP("no AMX-BF16");
+    const int saved = pt_cpu_lever.attn_amx, saved_dp = pt_cpu_lever.attn_dp;
+    pt_cpu_lever.attn_dp = 0;
+    enum { nh = 8, nkv = 2, hd = 64, cap = 150, T = 19 };
+    cache c1, c2;
+    float *K = malloc(sizeof(float) * cap * nkv * hd), *V = malloc(sizeof(float) * cap * nkv * hd);
+    for (int i = 0; i < cap * nkv * hd; i++) K[i] = bfv(-1.0f, 1.0f, 0), V[i] = bfv(-1.0f, 1.0f, 0);
+    cache_make(&c1, 1, nkv, hd, cap, K, V);
+    cache_make(&c2, 2, nkv, hd, cap, K, V);
+    free(K), free(V);
+    float *q = malloc(sizeof(float) * T * nh * hd), *on1 = malloc(sizeof(float) * T * nh * hd),
+          *on2 = malloc(sizeof(float) * T * nh * hd), *off = malloc(sizeof(float) * T * nh * hd);
+    for (int i = 0; i < T * nh * hd; i++) q[i] = bfv(-2.0f, 2.0f, 0);
+    int32_t qp[T];
+    for (int t = 0; t < T; t++) qp[t] = cap - T + t;
+    pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
+    pt_cpu_lever.attn_amx = 1;
+    long a0 = amx_calls();
+    CHECK(c1.be->ops->attention(c1.be, on1, q, T, qp, &c1.kv, &p) == PT_OK, "lever on: %s", pt_last_error());
+    CHECK(amx_calls() > a0, "a prefill call did not take the AMX scores");
+    CHECK(c2.be->ops->attention(c2.be, on2, q, T, qp, &c2.kv, &p) == PT_OK, "two threads: %s", pt_last_error());
+    CHECK(!memcmp(on1, on2, sizeof(float) * T * nh * hd), "one and two threads differ");
+    /* a decode step keeps the f32 kernels */
+    a0 = amx_calls();
+    CHECK(c1.be->ops->attention(c1.be, on2, q, 1, &qp[T - 1], &c1.kv, &p) == PT_OK, "decode: %s", pt_last_error());
+    CHECK(amx_calls() == a0, "a decode step took the AMX scores");
+    pt_cpu_lever.attn_amx = 0;
+    a0 = amx_calls();
+    CHECK(c1.be->ops->attention(c1.be, off, q, T, qp, &c1.kv, &p) == PT_OK, "lever off: %s", pt_last_error());
+    CHECK(amx_calls() == a0, "the AMX scores ran with the lever off");
+    /* the same exact products summed in another order: the same bf16 output mostly, never further than a few
+     * of its rounding steps */
+    int same = 0;
+    double dmax = 0, vmax = 0;
+    for (int i = 0; i < T * nh * hd; i++) {
+        same += memcmp(&on1[i], &off[i], 4) == 0;
+        dmax = fmax(dmax, fabs((double)on1[i] - off[i]));
+        vmax = fmax(vmax, fabs((double)off[i]));
+    }
+    CHECK(dmax <= 0.02 * vmax && same > T * nh * hd / 2, "lever on differs by %g (outputs up to %g), %d of %d equal",
+          dmax, vmax, same, T * nh * hd);
+    /* f32-valued queries keep the f32 kernels: the lever-off bits */
+    for (int i = 0; i < T * nh * hd; i++) q[i] = rf(-2.0f, 2.0f);
+    CHECK(c1.be->ops->attention(c1.be, off, q, T, qp, &c1.kv, &p) == PT_OK, "f32 queries, off: %s", pt_last_error());
+    pt_cpu_lever.attn_amx = 1;
+    a0 = amx_calls();
+    CHECK(c1.be->ops->attention(c1.be, on1, q, T, qp, &c1.kv, &p) == PT_OK, "f32 queries, on: %s", pt_last_error());
+    CHECK(amx_calls() == a0, "the AMX scores ran on f32-valued queries");
+    CHECK(!memcmp(on1, off, sizeof(float) * T * nh * hd), "f32-valued queries: the lever changed the output");
+    pt_cpu_lever.attn_amx = saved;
+    pt_cpu_lever.attn_dp = saved_dp;
+    free(q), free(on1), free(on2), free(off);
+    cache_free(&c1);
+    cache_free(&c2);
+}
+
+int main(void) {
+    TEST_RUN(test_scores_amx_bound);
+    TEST_RUN(test_scores_amx_independent);
+    TEST_RUN(test_attention_op_amx);
+    return test_summary();
+}
