@@ -1,5 +1,6 @@
-/* A prefill call's attention scores on AMX tiles (kernels_avx512.c
- * attn_scores_amx, taken by cpu_attention.c under pt_cpu_lever.attn_amx):
+/* A prefill call's attention on AMX tiles (kernels_avx512.c
+ * attn_scores_amx and attn_pv_amx, taken by cpu_attention.c under
+ * pt_cpu_lever.attn_amx):
  *  - each score within the f32 bound of the exact sum of its bf16 products
  *    (hd · 2^-24 · Σ|q_d·k_d|), for head dims 32-256, 1-8 heads a group,
  *    1-8 tokens a call, 1-77 keys (single, partial and whole 32-key
@@ -8,8 +9,12 @@
  *  - a score's bits do not depend on the call's other rows or keys: a row
  *    and key give the same bits among 8 tokens and alone, and with the key
  *    at another place of its block;
- *  - the attention op: a prefill call takes the kernel (counted), a decode
- *    step does not; its outputs are the f32 kernels' within a few bf16
+ *  - P·V: each sum within the f32 bound of the exact one (n + 1 terms of
+ *    2^-24), head dims 64-256, 1-37 rows, 1-600 keys, every lead; a row's
+ *    sums the same bits alone and among others, and with the keys before
+ *    its own dropped at the same lead;
+ *  - the attention op: a prefill call takes both kernels (counted), a decode
+ *    step neither; its outputs are the f32 kernels' within a few bf16
  *    rounding steps; one and two threads give the same bits; f32-valued
  *    queries keep the f32 kernels (the tiles would round them).
  * Skipped without AMX-BF16 (or when the OS refuses the tile state). */
@@ -110,6 +115,82 @@ static void test_scores_amx_independent(void) {
     free(kc), free(q), free(all), free(one), free(off);
 }
 
+/* acc += P·V on tiles: within the f32 bound of the exact sums ((n + 1) · 2^-24 · the terms' magnitudes) over
+ * head dims 64-256, 1-37 rows and 1-600 keys (chunks of the value pairs, partial steps) and every lead;
+ * nothing written past the rows; other head dims and leads not handled */
+static void test_pv_amx_bound(void) {
+    if (!have_amx()) TEST_SKIP("no AMX-BF16");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    REQUIRE(k->attn_pv_amx != NULL, "the avx512 table has no attn_pv_amx");
+    static const int hds[] = {64, 128, 256}, Rs[] = {1, 16, 37}, ns[] = {1, 31, 33, 300, 600}, leads[] = {0, 5, 31};
+    int cases = 0;
+    for (int hi = 0; hi < 3; hi++)
+        for (int ni = 0; ni < 5; ni++) {
+            const int hd = hds[hi], n = ns[ni];
+            uint16_t *v = malloc(sizeof(uint16_t) * (size_t)n * hd);
+            for (int64_t i = 0; i < (int64_t)n * hd; i++) v[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, (int)(i % 5) - 2));
+            for (int ri = 0; ri < 3; ri++)
+                for (int li = 0; li < 3; li++) {
+                    const int R = Rs[ri], lead = leads[li];
+                    const int64_t ldp = n + 3;
+                    float *P = malloc(sizeof(float) * (size_t)R * ldp), *acc = malloc(sizeof(float) * (size_t)(R + 1) * hd),
+                          *a0 = malloc(sizeof(float) * (size_t)R * hd);
+                    for (int64_t i = 0; i < R * ldp; i++) P[i] = bfv(0.0f, 1.0f, -(int)(i % 4));
+                    for (int64_t i = 0; i < (int64_t)R * hd; i++) acc[i] = a0[i] = bfv(-1.0f, 1.0f, 0);
+                    for (int i = 0; i < hd; i++) acc[(int64_t)R * hd + i] = GUARD;
+                    REQUIRE(k->attn_pv_amx(acc, P, ldp, R, hd, v, n, lead), "hd %d not handled", hd);
+                    int bad = 0, over = 0;
+                    for (int r = 0; r < R; r++)
+                        for (int d = 0; d < hd; d++) {
+                            double s = a0[(int64_t)r * hd + d], m = fabs(s);
+                            for (int j = 0; j < n; j++) {
+                                const double t = (double)P[r * ldp + j] * pt_bf16_to_f32(v[(int64_t)j * hd + d]);
+                                s += t, m += fabs(t);
+                            }
+                            if (!(fabs(acc[(int64_t)r * hd + d] - s) <= (n + 1) * ldexp(m, -24))) bad++;
+                        }
+                    for (int i = 0; i < hd; i++) over += acc[(int64_t)R * hd + i] != GUARD;
+                    CHECK(bad == 0 && over == 0, "hd %d, %d rows, %d keys, lead %d: %d sums past the bound, %d written past",
+                          hd, R, n, lead, bad, over);
+                    free(P), free(acc), free(a0);
+                    cases++;
+                }
+            free(v);
+        }
+    CHECK(cases == 135, "ran %d cases", cases);
+    float acc[96] = {0}, P[4] = {0};
+    uint16_t v[96] = {0};
+    CHECK(!k->attn_pv_amx(acc, P, 4, 1, 96, v, 1, 0), "hd 96 was handled");
+    CHECK(!k->attn_pv_amx(acc, P, 4, 1, 64, v, 1, 32), "lead 32 was handled");
+}
+
+/* A row's sums do not depend on the call's other rows, nor on keys before its own that the call holds with zero
+ * probabilities when the lead puts each key at the same place */
+static void test_pv_amx_independent(void) {
+    if (!have_amx()) TEST_SKIP("no AMX-BF16");
+    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
+    enum { hd = 64, R = 20, N = 150, OFF = 37 };
+    uint16_t *v = malloc(sizeof(uint16_t) * N * hd);
+    float *P = malloc(sizeof(float) * R * N), *all = calloc((size_t)R * hd, sizeof(float)),
+          *one = malloc(sizeof(float) * hd), *late = calloc((size_t)R * hd, sizeof(float));
+    for (int i = 0; i < N * hd; i++) v[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, i % 3));
+    for (int i = 0; i < R * N; i++) P[i] = (i % N) < OFF ? 0.0f : bfv(0.0f, 1.0f, -(i % 3));
+    REQUIRE(k->attn_pv_amx(all, P, N, R, hd, v, N, 0), "not handled");
+    int diff_one = 0, diff_late = 0;
+    for (int r = 0; r < R; r++) {
+        memset(one, 0, sizeof(float) * hd);
+        REQUIRE(k->attn_pv_amx(one, P + r * N, N, 1, hd, v, N, 0), "not handled");
+        diff_one += memcmp(one, all + r * hd, sizeof(float) * hd) != 0;
+    }
+    /* the keys from OFF on alone, key OFF at slot OFF mod 32 of its step as in the whole call */
+    REQUIRE(k->attn_pv_amx(late, P + OFF, N, R, hd, v + OFF * hd, N - OFF, OFF % 32), "not handled");
+    diff_late = memcmp(late, all, sizeof(float) * R * hd) != 0;
+    CHECK(diff_one == 0, "%d of %d rows differ alone and among %d", diff_one, R, R);
+    CHECK(!diff_late, "the keys from %d on with lead %d differ from the whole call with zero probabilities before", OFF,
+          OFF % 32);
+    free(v), free(P), free(all), free(one), free(late);
+}
+
 typedef struct {
     pt_backend *be;
     pt_kv_layer kv;
@@ -133,6 +214,7 @@ static void cache_free(cache *c) {
 }
 
 static long amx_calls(void) { return pt_cpu_path_count[PT_CPU_PATH_ATTN_AMX]; }
+static long amx_pv_calls(void) { return pt_cpu_path_count[PT_CPU_PATH_ATTN_AMX_PV]; }
 
 static void test_attention_op_amx(void) {
     if (!have_amx()) TEST_SKIP("no AMX-BF16");
@@ -152,19 +234,19 @@ static void test_attention_op_amx(void) {
     for (int t = 0; t < T; t++) qp[t] = cap - T + t;
     pt_attn p = {.n_heads = nh, .head_dim = hd, .scale = 1.0f / sqrtf((float)hd)};
     pt_cpu_lever.attn_amx = 1;
-    long a0 = amx_calls();
+    long a0 = amx_calls(), v0 = amx_pv_calls();
     CHECK(c1.be->ops->attention(c1.be, on1, q, T, qp, &c1.kv, &p) == PT_OK, "lever on: %s", pt_last_error());
-    CHECK(amx_calls() > a0, "a prefill call did not take the AMX scores");
+    CHECK(amx_calls() > a0 && amx_pv_calls() > v0, "a prefill call did not take the AMX scores and P·V");
     CHECK(c2.be->ops->attention(c2.be, on2, q, T, qp, &c2.kv, &p) == PT_OK, "two threads: %s", pt_last_error());
     CHECK(!memcmp(on1, on2, sizeof(float) * T * nh * hd), "one and two threads differ");
     /* a decode step keeps the f32 kernels */
-    a0 = amx_calls();
+    a0 = amx_calls(), v0 = amx_pv_calls();
     CHECK(c1.be->ops->attention(c1.be, on2, q, 1, &qp[T - 1], &c1.kv, &p) == PT_OK, "decode: %s", pt_last_error());
-    CHECK(amx_calls() == a0, "a decode step took the AMX scores");
+    CHECK(amx_calls() == a0 && amx_pv_calls() == v0, "a decode step took the AMX kernels");
     pt_cpu_lever.attn_amx = 0;
-    a0 = amx_calls();
+    a0 = amx_calls(), v0 = amx_pv_calls();
     CHECK(c1.be->ops->attention(c1.be, off, q, T, qp, &c1.kv, &p) == PT_OK, "lever off: %s", pt_last_error());
-    CHECK(amx_calls() == a0, "the AMX scores ran with the lever off");
+    CHECK(amx_calls() == a0 && amx_pv_calls() == v0, "the AMX kernels ran with the lever off");
     /* the same exact products summed in another order: the same bf16 output mostly, never further than a few
      * of its rounding steps */
     int same = 0;
@@ -180,9 +262,9 @@ static void test_attention_op_amx(void) {
     for (int i = 0; i < T * nh * hd; i++) q[i] = rf(-2.0f, 2.0f);
     CHECK(c1.be->ops->attention(c1.be, off, q, T, qp, &c1.kv, &p) == PT_OK, "f32 queries, off: %s", pt_last_error());
     pt_cpu_lever.attn_amx = 1;
-    a0 = amx_calls();
+    a0 = amx_calls(), v0 = amx_pv_calls();
     CHECK(c1.be->ops->attention(c1.be, on1, q, T, qp, &c1.kv, &p) == PT_OK, "f32 queries, on: %s", pt_last_error());
-    CHECK(amx_calls() == a0, "the AMX scores ran on f32-valued queries");
+    CHECK(amx_calls() == a0 && amx_pv_calls() == v0, "the AMX kernels ran on f32-valued queries");
     CHECK(!memcmp(on1, off, sizeof(float) * T * nh * hd), "f32-valued queries: the lever changed the output");
     pt_cpu_lever.attn_amx = saved;
     pt_cpu_lever.attn_dp = saved_dp;
@@ -194,6 +276,8 @@ static void test_attention_op_amx(void) {
 int main(void) {
     TEST_RUN(test_scores_amx_bound);
     TEST_RUN(test_scores_amx_independent);
+    TEST_RUN(test_pv_amx_bound);
+    TEST_RUN(test_pv_amx_independent);
     TEST_RUN(test_attention_op_amx);
     return test_summary();
 }

@@ -152,7 +152,9 @@ typedef struct {
                    * queries: the products on attn_scores_dp / attn_pv_dp, whose operands are then all bf16
                    * values (the probabilities are rounded to bf16 in this mode) */
     int amx;      /* a prefill call (T > 1) over a bf16 cache in bf16 mode with bf16-valued queries and the AMX
-                   * scores on (pt_cpu_attn_amx_on): the scores on attn_scores_amx, ahead of dp's */
+                   * kernels on (pt_cpu_attn_amx_on): the scores on attn_scores_amx, ahead of dp's, and the
+                   * P·V of the call's tokens together on attn_pv_amx (the probabilities are bf16 values in
+                   * this mode) */
 } attn_ctx;
 
 /* Whether every x[i] is a bf16 value (its low 16 bits zero): the queries in
@@ -321,6 +323,33 @@ static void attn_group(const attn_ctx *a, int64_t t0, int64_t t1, int kh, int64_
     pt_cpu_key_runs(runs, lo_u, n, cap);
     for (int r = 0; r < 2; r++)
         if (runs[r][2] > 0) run_scores(a, kh, S + runs[r][0], n, q, qs, nt, runs[r][1], runs[r][2], rows);
+    if (a->amx && a->c->k->attn_pv_amx && hd % 64 == 0 && hd <= 256) {
+        /* every token's probabilities over the group's keys (zero outside its own), then P·V of all the
+         * group's rows on tiles, each key at its position's place in the 32-key steps (lead) */
+        float *accr = acc + (size_t)G * hd; /* [nt·G, hd] */
+        for (int u = 0; u < nt; u++) {
+            const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
+            for (int g = 0; g < G; g++) {
+                float *Sg = S + (size_t)(u * G + g) * n;
+                softmax_one(a->c, p, Sg + off, nu, sscale);
+                memset(Sg, 0, sizeof(float) * (size_t)off);
+                memset(Sg + off + nu, 0, sizeof(float) * (size_t)(n - off - nu));
+            }
+        }
+        memset(accr, 0, sizeof(float) * (size_t)nt * G * hd);
+        const char *v0 = (const char *)kv->v + (size_t)kh * cap * hd * 2;
+        for (int r = 0; r < 2; r++)
+            if (runs[r][2] > 0)
+                a->c->k->attn_pv_amx(accr, S + runs[r][0], n, nt * G, hd, v0 + (size_t)runs[r][1] * hd * 2,
+                                     runs[r][2], (int)((lo_u + runs[r][0]) % 32));
+        atomic_fetch_add_explicit(&pt_cpu_path_count[PT_CPU_PATH_ATTN_AMX_PV], 1, memory_order_relaxed);
+        for (int u = 0; u < nt; u++) {
+            float *o = a->out + ((t0 + u) * p->n_heads + (int64_t)kh * G) * hd;
+            const float *ar = accr + (size_t)u * G * hd;
+            for (int64_t i = 0; i < (int64_t)G * hd; i++) o[i] = pt_act_round(act, ar[i]);
+        }
+        return;
+    }
     for (int u = 0; u < nt; u++) {
         const int64_t hi = a->pos[t0 + u], lo = pt_cpu_keys_lo(p, hi), nu = hi - lo + 1, off = lo - lo_u;
         float *Su = S + (size_t)u * G * n + off; /* the token's rows: [G] × its nu keys, n apart */
@@ -478,6 +507,7 @@ pt_status pt_cpu_attention(pt_backend *be, float *out, const float *q, int64_t T
     if (a.tq > T && T > 0) a.tq = (int)T;
     size_t per = (size_t)a.tq * G * (size_t)(maxn + a.tq) + (size_t)G * p->head_dim;
     if (kv->bits) per += (size_t)a.tq * G * p->head_dim + (size_t)PT_CPU_QROWS * p->head_dim;
+    if (a.amx) per += (size_t)a.tq * G * p->head_dim; /* attn_group's P·V rows on tiles */
     PT_TRY(pt_cpu_need_scratch(c, per, 0));
     pt_pool_for(c->pool, (long)((T + a.tq - 1) / a.tq * kv->n_kv), 1, attn_run, &a);
     return PT_OK;

@@ -228,6 +228,14 @@ typedef struct pt_cpu_kernels {
      * (hd not a multiple of 32 or above 256). */
     int (*attn_scores_amx)(float *S, int64_t lds, const float *q, int64_t qs, int nt, int G, int hd, const void *k,
                            int64_t n);
+    /* acc[r·hd + d] += Σ_{j<n} P[r·ldp + j]·v_j[d] for R rows of
+     * bf16-valued probabilities over n bf16 rows on AMX tiles: the keys
+     * placed from slot `lead` (0..31) of the first 32-key step, so that
+     * `lead` = the first key's position mod 32 puts every key into the same
+     * step and pair whatever the call's first key; each element the tile
+     * unit's f32 sum of its row's exact products. 0 = shape not handled
+     * (hd not a multiple of 64 or above 256). */
+    int (*attn_pv_amx)(float *acc, const float *P, int64_t ldp, int R, int hd, const void *v, int64_t n, int lead);
     /* A quantized cache's rows (4 or 8 bits), each dequantized as
      * pt_cpu_qrows_ref does: attn_scores_tq is attn_scores_t over n such
      * keys, attn_pv_q attn_pv over n such values, with the bits of
@@ -777,8 +785,8 @@ extern pt_cpu_levers pt_cpu_lever;
  * (AMX8); dense bf16 weights' prefill calls through the bf16 GEMM or its AMX
  * form (DENSE16; the f32 GEMM otherwise, not counted); attention's
  * score blocks and P·V runs on bf16 pairs (ATTN_DP_S, ATTN_DP_PV: per kernel
- * call, cpu_attention.c) and its score blocks on AMX tiles (ATTN_AMX: per
- * kernel call); --fused-decode-attn's blocks on the factored
+ * call, cpu_attention.c) and a prefill call's scores and P·V on AMX tiles
+ * (ATTN_AMX: per scores call, ATTN_AMX_PV: per group of tokens); --fused-decode-attn's blocks on the factored
  * vdpbf16ps kernels (FUSED_DP: per block, attn_qkv_fused.c). Relaxed
  * atomics, counted once per call or token, never per row. */
 enum {
@@ -798,6 +806,7 @@ enum {
     PT_CPU_PATH_ATTN_DP_S,
     PT_CPU_PATH_ATTN_DP_PV,
     PT_CPU_PATH_ATTN_AMX,
+    PT_CPU_PATH_ATTN_AMX_PV,
     PT_CPU_PATH_FUSED_DP,
     PT_CPU_PATH_N
 };

@@ -1100,6 +1100,100 @@ static int attn_scores_amx(float *S, int64_t lds, const float *q, int64_t qs, in
     return 1;
 }
 
+/* acc[r·hd + d] += Σ_{j<n} P[r·ldp + j]·v_j[d] for R rows of bf16-valued
+ * probabilities over n bf16 rows, on AMX tiles. The keys sit from slot
+ * `lead` (0..31) of the first 32-key step on (the slots before and past
+ * them zero in both operands), so a caller passing the first key's position
+ * mod 32 gets every key into the same step and pair whatever the call's
+ * first key. Per chunk of KC slots: the value rows interleaved in key pairs
+ * ([KC/2][hd] pairs: TDPBF16PS's B operand, rows of 16 dims 4·hd bytes
+ * apart), each 16-row block's probabilities as bf16 rows (exact: they hold
+ * bf16 values; A), and per 64 dims four C tiles loaded from acc, one step
+ * of 32 slots at a time, stored back. Each output element is the tile
+ * unit's f32 sum of its own row's products (AMX's rounding of that sum). */
+/* The lanes e < 16 whose key j + e lies in [0, n) */
+static inline __mmask16 pv_keys(int64_t j, int64_t n) {
+    const int64_t lo = j < 0 ? -j : 0, hi = n - j < 16 ? n - j : 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+static int attn_pv_amx(float *acc, const float *P, int64_t ldp, int R, int hd, const void *v, int64_t n, int lead) {
+    enum { VP = 16384, KMAX = 512 }; /* pairs of the value chunk (64 KiB); slots a chunk at most */
+    if (hd % 64 || hd > 256 || lead < 0 || lead > 31) return 0;
+    uint32_t vp[VP] __attribute__((aligned(64)));
+    uint16_t pb[16 * KMAX] __attribute__((aligned(64)));
+    const int64_t KC = 2 * VP / hd < KMAX ? 2 * VP / hd : KMAX; /* 512 slots at hd 64, 256 at 128, 128 at 256 */
+    float cb[16 * 64] __attribute__((aligned(64)));
+    const uint16_t *vr = v;
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                            6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0),
+                  hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    const int64_t slots = lead + n;
+    const long sc = 256; /* C rows in cb: 64 floats */
+    pt_cpu_amx_config(64, 16);
+    for (int64_t s0 = 0; s0 < slots; s0 += KC) {
+        const int64_t ns = slots - s0 < KC ? slots - s0 : KC, ns32 = (ns + 31) / 32 * 32;
+        for (int64_t i = 0; i < ns32 / 2; i++) { /* slot s holds key s − lead */
+            const int64_t j0 = s0 + 2 * i - lead, j1 = j0 + 1;
+            const int ok0 = j0 >= 0 && j0 < n, ok1 = j1 >= 0 && j1 < n;
+            for (int d = 0; d < hd; d += 32) {
+                const __m512i a = ok0 ? _mm512_loadu_si512((const void *)(vr + j0 * hd + d)) : _mm512_setzero_si512();
+                const __m512i b = ok1 ? _mm512_loadu_si512((const void *)(vr + j1 * hd + d)) : _mm512_setzero_si512();
+                _mm512_store_si512((void *)(vp + i * hd + d), _mm512_permutex2var_epi16(a, lo_idx, b));
+                _mm512_store_si512((void *)(vp + i * hd + d + 16), _mm512_permutex2var_epi16(a, hi_idx, b));
+            }
+        }
+        const long sa = (long)ns32 * 2, sb = (long)hd * 4;
+        for (int r0 = 0; r0 < R; r0 += 16) {
+            for (int r = 0; r < 16; r++)
+                for (int64_t s = 0; s < ns32; s += 32) {
+                    __m512 x0 = _mm512_setzero_ps(), x1 = x0;
+                    if (r0 + r < R) {
+                        const int64_t j = s0 + s - lead; /* the key of slot s */
+                        const float *pr = P + (int64_t)(r0 + r) * ldp + j;
+                        x0 = _mm512_maskz_loadu_ps(pv_keys(j, n), pr);
+                        x1 = _mm512_maskz_loadu_ps(pv_keys(j + 16, n), pr + 16);
+                    }
+                    _mm512_store_si512((void *)(pb + r * ns32 + s), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
+                }
+            for (int d0 = 0; d0 < hd; d0 += 64) {
+                for (int r = 0; r < 16; r++)
+                    for (int t = 0; t < 4; t++)
+                        _mm512_store_ps(cb + r * 64 + 16 * t, r0 + r < R ? _mm512_loadu_ps(acc + (int64_t)(r0 + r) * hd +
+                                                                                            d0 + 16 * t)
+                                                                         : _mm512_setzero_ps());
+                __asm__ volatile("tileloadd (%0,%4,1), %%tmm0\n\ttileloadd (%1,%4,1), %%tmm1\n\t"
+                                 "tileloadd (%2,%4,1), %%tmm2\n\ttileloadd (%3,%4,1), %%tmm3"
+                                 :
+                                 : "r"(cb), "r"(cb + 16), "r"(cb + 32), "r"(cb + 48), "r"(sc)
+                                 : "memory");
+                for (int64_t k = 0; k < ns32; k += 32) {
+                    const char *a = (const char *)(pb + k), *b = (const char *)(vp + (k / 2) * hd + d0);
+                    __asm__ volatile("tileloadd (%0,%5,1), %%tmm4\n\t"
+                                     "tileloadd (%1,%6,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm0\n\t"
+                                     "tileloadd (%2,%6,1), %%tmm6\n\ttdpbf16ps %%tmm6, %%tmm4, %%tmm1\n\t"
+                                     "tileloadd (%3,%6,1), %%tmm7\n\ttdpbf16ps %%tmm7, %%tmm4, %%tmm2\n\t"
+                                     "tileloadd (%4,%6,1), %%tmm5\n\ttdpbf16ps %%tmm5, %%tmm4, %%tmm3"
+                                     :
+                                     : "r"(a), "r"(b), "r"(b + 64), "r"(b + 128), "r"(b + 192), "r"(sa), "r"(sb)
+                                     : "memory");
+                }
+                __asm__ volatile("tilestored %%tmm0, (%0,%4,1)\n\ttilestored %%tmm1, (%1,%4,1)\n\t"
+                                 "tilestored %%tmm2, (%2,%4,1)\n\ttilestored %%tmm3, (%3,%4,1)"
+                                 :
+                                 : "r"(cb), "r"(cb + 16), "r"(cb + 32), "r"(cb + 48), "r"(sc)
+                                 : "memory");
+                for (int r = 0; r < 16 && r0 + r < R; r++)
+                    for (int t = 0; t < 4; t++)
+                        _mm512_storeu_ps(acc + (int64_t)(r0 + r) * hd + d0 + 16 * t, _mm512_load_ps(cb + r * 64 + 16 * t));
+            }
+        }
+    }
+    PT_CPU_AMX_RELEASE();
+    return 1;
+}
+
 /* p·V for B heads over bf16 rows, 64 dims at a time: two keys' rows
  * interleaved as pairs (unpacklo / unpackhi of 16-bit words), so each
  * 32-dim half of a block sits in two accumulators, dims {8L + 0..3} ("lo")
@@ -1929,6 +2023,7 @@ const pt_cpu_kernels pt_cpu_kernels_avx512 = {
     .attn_pv_q = attn_pv_q,
     .attn_scores_dp = attn_scores_dp,
     .attn_scores_amx = attn_scores_amx,
+    .attn_pv_amx = attn_pv_amx,
     .attn_pv_dp = attn_pv_dp,
     .attn_scores_tq = attn_scores_tq,
     .fused_scores_dp = fused_scores_dp,
