@@ -1016,6 +1016,26 @@ static void pack_pairs(uint32_t *dst, const float *x, int n) {
                             (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + d + 16), _mm512_loadu_ps(x + d)));
 }
 
+/* Rows c0 .. c0 + rc − 1 of a call's queries (row r: token r / G, head
+ * r % G) as bf16 pairs, hd/2 words a row */
+static void pack_query_rows(uint32_t *dst, const float *q, int64_t qs, int G, int c0, int rc, int hd) {
+    for (int r = 0; r < rc; r++) pack_pairs(dst + r * (hd / 2), q + (int64_t)((c0 + r) / G) * qs + ((c0 + r) % G) * hd, hd);
+}
+
+/* The keys j0 .. j0 + 31 (fewer at the end of n) transposed into kT
+ * (keys_t32_dp), the next block's rows fetched meanwhile (as
+ * attn_scores_t); returns how many keys the block holds */
+static int64_t keys_block(uint32_t *kT, const void *k, int64_t j0, int64_t n, int hd) {
+    const size_t rs = (size_t)hd * 2;
+    const int64_t nk = n - j0 < 32 ? n - j0 : 32, nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
+    if (nn > 0) {
+        const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
+        for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+    }
+    keys_t32_dp(kT, (const uint16_t *)k + j0 * hd, nk, hd);
+    return nk;
+}
+
 /* attn_scores_t's rows and keys (bf16 keys, bf16-valued queries) on
  * vdpbf16ps. Rows go in chunks whose packed queries fit the stack buffer
  * (each chunk transposes the keys again; one chunk up to 64 rows of 256). */
@@ -1025,19 +1045,12 @@ static int attn_scores_dp(float *S, int64_t lds, const float *q, int64_t qs, int
     uint32_t kT[256 * 32] __attribute__((aligned(64)));
     uint32_t qp[8192] __attribute__((aligned(64)));
     const int R = nt * G, hp = hd / 2, RC = (int)(sizeof qp / sizeof qp[0]) / hp;
-    const size_t rs = (size_t)hd * 2;
     for (int c0 = 0; c0 < R; c0 += RC) {
         const int rc = R - c0 < RC ? R - c0 : RC;
-        for (int r = 0; r < rc; r++) pack_pairs(qp + r * hp, q + (int64_t)((c0 + r) / G) * qs + ((c0 + r) % G) * hd, hd);
+        pack_query_rows(qp, q, qs, G, c0, rc, hd);
         float *Sc = S + (int64_t)c0 * lds;
         for (int64_t j0 = 0; j0 < n; j0 += 32) {
-            const int64_t nk = n - j0 < 32 ? n - j0 : 32;
-            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
-            if (nn > 0) { /* the next block's rows on their way (as attn_scores_t) */
-                const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
-                for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-            }
-            keys_t32_dp(kT, (const uint16_t *)k + j0 * hd, nk, hd);
+            const int64_t nk = keys_block(kT, k, j0, n, hd);
             int r = 0;
             for (; r + 8 <= rc; r += 8) score_rows_dp8(Sc + j0, lds, qp, r, kT, hd, nk);
             for (; r + 4 <= rc; r += 4) score_rows_dp4(Sc + j0, lds, qp, r, kT, hd, nk);
@@ -1070,18 +1083,11 @@ static int attn_scores_amx(float *S, int64_t lds, const float *q, int64_t qs, in
     pt_cpu_amx_config(64, 16);
     for (int c0 = 0; c0 < R; c0 += RC) {
         const int rc = R - c0 < RC ? R - c0 : RC, rp = (rc + 31) / 32 * 32;
-        for (int r = 0; r < rc; r++)
-            pack_pairs((uint32_t *)(qb + (size_t)r * hd), q + (int64_t)((c0 + r) / G) * qs + ((c0 + r) % G) * hd, hd);
+        pack_query_rows((uint32_t *)qb, q, qs, G, c0, rc, hd);
         memset(qb + (size_t)rc * hd, 0, (size_t)(rp - rc) * rs);
         float *Sc = S + (int64_t)c0 * lds;
         for (int64_t j0 = 0; j0 < n; j0 += 32) {
-            const int64_t nk = n - j0 < 32 ? n - j0 : 32;
-            const int64_t nn = n - j0 - 32 < 32 ? n - j0 - 32 : 32;
-            if (nn > 0) { /* the next block's rows on their way (as attn_scores_t) */
-                const char *next = (const char *)k + (size_t)(j0 + 32) * rs;
-                for (size_t o = 0; o < (size_t)nn * rs; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
-            }
-            keys_t32_dp(kT, (const uint16_t *)k + j0 * hd, nk, hd);
+            const int64_t nk = keys_block(kT, k, j0, n, hd);
             const __mmask16 m0 = nk >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1u);
             const __mmask16 m1 = nk <= 16 ? 0 : nk >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16)) - 1u);
             for (int r0 = 0; r0 < rc; r0 += 32) {
