@@ -698,8 +698,8 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
 }
 
 /* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at
- * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 4): dec2_short_kernel's
- * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
+ * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 2 to 4):
+ * dec2_short_kernel's batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
  * is the warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second
  * butterfly over one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a
  * split forms the row max and sum of each head itself from the splits' pairs (the p·V kernel's merge of them,
@@ -710,8 +710,23 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
  * after griddepcontrol.wait (they travel while the queries are rotated) and its first value rows before the
  * barrier ahead of the row statistics; the split's key range in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
  * plain build's blocks an SM, 64 registers) load key and value rows in halves, as dec2_short_kernel's do. */
+/* Warp-wide: the cache rows of keys j0 .. j1 − 1 (cache row rlo + j, wrapping once at cap) requested into the
+ * L2, a 128-byte line a lane (prefetch.global.L2): nothing waits on them, the loads that follow find them
+ * there. */
+template <typename KT>
+__device__ __forceinline__ void ds_pf_rows(const KT *base, int64_t rlo, int64_t cap, int hd, int j0, int j1,
+                                           int lane) {
+    const int lpr = (hd * (int)sizeof(KT) + 127) / 128; /* lines a row */
+    for (int i = lane; i < (j1 - j0) * lpr; i += 32) {
+        int64_t row = rlo + j0 + i / lpr;
+        if (row >= cap) row -= cap;
+        const char *line = reinterpret_cast<const char *>(base + row * hd) + (i % lpr) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
+    }
+}
+
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
-__global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
+__global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a, int fl) {
     pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
     DS_MARK(10);
     constexpr int NT = NW * 32, V = 16 / sizeof(KT);
@@ -756,6 +771,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     /* the split's first key rows, on their way while the queries are rotated */
     uint4 k0[KU][SC];
     if (task) d2_load<KT, LS, SC, KU>(k0, kb, rlo, cap, hd, R, j0, j1, ssub, sks);
+    if ((fl & 1) && task) {
+        /* PETREL_CUDA_DEC_ROWS1_PF: the split's value rows (and, in the dense builds, its key rows past the
+         * first load) requested into the L2 now, so their loads after the scores find them there */
+        ds_pf_rows(vb, rlo, cap, hd, j0, j1, lane);
+        if constexpr (HALF) ds_pf_rows(kb, rlo, cap, hd, j0 + 32 / LS, j1, lane);
+    }
     {
         /* the raw queries in front of the scores (written only after the second barrier in it) */
         float rq[QR];
@@ -939,6 +960,15 @@ static unsigned long long g_ds_rows1_launches;
 extern "C" unsigned long long pt_cuda_dec_rows1_count(void) {
     return __atomic_load_n(&g_ds_rows1_launches, __ATOMIC_RELAXED);
 }
+/* PETREL_CUDA_DEC_ROWS1_PF=1: dec_rows1_kernel's warps request their split's value rows (and the dense
+ * builds' second key rows) into the L2 right after the wait (ds_pf_rows); default 0 (A/B, read once; the
+ * same bits either way). pt_cuda_dec_rows1_pf(0|1) sets it (a negative argument: back to the environment). */
+static int g_ds_rows1_pf = -1;
+extern "C" void pt_cuda_dec_rows1_pf(int v) { g_ds_rows1_pf = v < 0 ? -1 : v != 0; }
+static int ds_rows1_pf(void) {
+    if (g_ds_rows1_pf < 0) g_ds_rows1_pf = pt_env_flag("PETREL_CUDA_DEC_ROWS1_PF", 0);
+    return g_ds_rows1_pf;
+}
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
     static bool raised;
@@ -949,7 +979,7 @@ static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B
     }
     __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
     pt_launch(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>, dim3((unsigned)a.nkv, (unsigned)B), dim3(NW * 32), smem,
-              c->stream, pt_pdl_chain(), a);
+              c->stream, pt_pdl_chain(), a, ds_rows1_pf());
     CUDA_CHECK_LAUNCH("decode attention (batched rows, one task a split)");
     return PT_OK;
 }
@@ -962,6 +992,16 @@ static pt_status ds_launch_rows1(pt_cuda *c, const pt_dec_rows &a, int64_t B, si
                                                : ds_launch_rows1_one<KT, LS, LP, CP, G, 8, 2>(c, a, B, smem);
     return ds_rows_dense(c, a.nkv * B, 1) ? ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 2>(c, a, B, smem)
                                            : ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 1>(c, a, B, smem);
+}
+/* ... for the shape's GQA group G, 2 to 4 (the kernel's head arrays are G long: the generic kernel's loops
+ * over the block's G heads of its arrays of 4, the same operations per head). */
+template <typename KT, int LS, int LP, int CP>
+static pt_status ds_launch_rows1_g(pt_cuda *c, const pt_dec_rows &a, int G, int64_t B, size_t smem, bool w8) {
+    switch (G) {
+    case 2: return ds_launch_rows1<KT, LS, LP, CP, 2>(c, a, B, smem, w8);
+    case 3: return ds_launch_rows1<KT, LS, LP, CP, 3>(c, a, B, smem, w8);
+    default: return ds_launch_rows1<KT, LS, LP, CP, 4>(c, a, B, smem, w8);
+    }
 }
 
 /* One sequence, a block per query head: the fewest warps a block, 4, 8 or
@@ -1029,13 +1069,15 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const int sfl = (vbound ? 2 : 0) | (tst ? 4 : 0); /* the kernel's staging flags (rows only) */
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
     const int nblk = a.nkv * (G / H);
-    /* batched rows whose splits are each one task (dec_rows1_kernel), unstaged, without the L2 prefetch */
+    /* batched rows whose splits are each one task (dec_rows1_kernel: 16-bit caches, GQA 2 to 4, rows of 5 to
+     * 16 chunks: heads of 40 to 128), a block per (row, KV head), unstaged, without the L2 prefetch */
     if constexpr (sizeof(KT) == 2)
-        if (rows && H == G && G == 4 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
+        if (rows && H == G && G >= 2 && G <= 4 && R > 4 && R <= 16 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
             ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB) {
-            /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16) */
-            if (R == 16) return ds_launch_rows1<KT, 4, 16, 1, 4>(c, a, B, smem, w8);
-            if (R == 8) return ds_launch_rows1<KT, 2, 8, 1, 4>(c, a, B, smem, w8);
+            /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16); the
+             * lanes a key row as the generic kernel's PT_DS below takes them for R */
+            if (R > 8) return ds_launch_rows1_g<KT, 4, 16, 1>(c, a, G, B, smem, w8);
+            return ds_launch_rows1_g<KT, 2, 8, 1>(c, a, G, B, smem, w8);
         }
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
