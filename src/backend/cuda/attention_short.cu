@@ -697,19 +697,6 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     DS_GTIME(15);
 }
 
-/* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at
- * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 2 to 4):
- * dec2_short_kernel's batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
- * is the warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second
- * butterfly over one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a
- * split forms the row max and sum of each head itself from the splits' pairs (the p·V kernel's merge of them,
- * d2_row_stats, the same lanes and butterflies). The scores, probabilities, p·V products, key-slot sums and
- * the merge are the same helpers with the same arguments in the same order as there: the same bits (checked
- * by test_cuda_ropekv, _batch_rows and _serve_invariance against the single-sequence kernels).
- * What changes is the schedule: three barriers instead of seven; a warp's first key rows requested right
- * after griddepcontrol.wait (they travel while the queries are rotated) and its first value rows before the
- * barrier ahead of the row statistics; the split's key range in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
- * plain build's blocks an SM, 64 registers) load key and value rows in halves, as dec2_short_kernel's do. */
 /* Warp-wide: the cache rows of keys j0 .. j1 − 1 (cache row rlo + j, wrapping once at cap) requested into the
  * L2, a 128-byte line a lane (prefetch.global.L2): nothing waits on them, the loads that follow find them
  * there. */
@@ -725,6 +712,19 @@ __device__ __forceinline__ void ds_pf_rows(const KT *base, int64_t rlo, int64_t 
     }
 }
 
+/* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at most SKB
+ * and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 2 to 4): dec2_short_kernel's
+ * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum) is the
+ * warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second butterfly over
+ * one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a split forms the row max
+ * and sum of each head itself from the splits' pairs (the p·V kernel's merge of them, d2_row_stats, the same lanes and
+ * butterflies). The scores, probabilities, p·V products, key-slot sums and the merge are the same helpers with the
+ * same arguments in the same order as there: the same bits (checked by test_cuda_ropekv, _batch_rows and
+ * _serve_invariance against the single-sequence kernels). What changes is the schedule: three barriers instead of
+ * seven; a warp's first key rows requested right after griddepcontrol.wait (they travel while the queries are rotated)
+ * and its first value rows before the barrier ahead of the row statistics; the split's key range in 32 bits. Dense
+ * builds (MB above DS_WARPS / NW: twice the plain build's blocks an SM, 64 registers) load key and value rows in
+ * halves, as dec2_short_kernel's do. */
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a, int fl) {
     pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
