@@ -54,7 +54,7 @@ static double median(std::vector<double> v) {
 struct build {
     const char *name;
     void (*kern)(pt_dec_rows, int); /* dec2_short_kernel, or */
-    void (*kern1)(pt_dec_rows, int); /* dec_rows1_kernel (fl: 1 its L2 prefetch) */
+    void (*kern1)(pt_dec_rows);     /* dec_rows1_kernel */
     int nw, fl;
 };
 
@@ -112,21 +112,18 @@ int main(int argc, char **argv) {
     a.kn = a.vn = nullptr, a.inv_freq = fr, a.rscale = 1.f, a.half = half, a.err = err;
     const d2_geom gm = d2_geometry(R, G);
     if (gm.LS != 4 || gm.LP != 16 || gm.CP != 1) return 1;
-    typedef void (*k1)(pt_dec_rows, int);
+    typedef void (*k1)(pt_dec_rows);
     const build builds[] = {
         {"8w dense", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 8, false, 4>, nullptr, 8, 0},
         {"8w plain", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 8, false, 2>, nullptr, 8, 0},
         {"8w dense split", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 8, false, 4>, nullptr, 8, 4},
         {"8w rows1 dense", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 8, 4>, 8, 0},
         {"8w rows1 plain", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 8, 2>, 8, 0},
-        {"8w rows1 d pf", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 8, 4>, 8, 1},
         {"16w dense", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 16, false, 2>, nullptr, 16, 0},
         {"16w plain", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 16, false, 1>, nullptr, 16, 0},
         {"16w dense split", dec2_short_kernel<KT, 4, 16, 1, 4, 4, 16, false, 2>, nullptr, 16, 4},
         {"16w rows1 dense", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 16, 2>, 16, 0},
         {"16w rows1 plain", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 16, 1>, 16, 0},
-        {"16w rows1 d pf", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 16, 2>, 16, 1},
-        {"16w rows1 p pf", nullptr, (k1)dec_rows1_kernel<KT, 4, 16, 1, 4, 16, 1>, 16, 1},
     };
     for (const build &bd : builds) {
         cudaFuncAttributes fa;
@@ -164,7 +161,7 @@ int main(int argc, char **argv) {
             auto launch = [&](int l) {
                 a.kvp = (void *const *)tabs[l];
                 if (bd.kern) bd.kern<<<dim3(nkv, B), bd.nw * 32, smem>>>(a, bd.fl);
-                else bd.kern1<<<dim3(nkv, B), bd.nw * 32, smem>>>(a, bd.fl);
+                else bd.kern1<<<dim3(nkv, B), bd.nw * 32, smem>>>(a);
             };
             for (int l = 0; l < L; l++) launch(l);
             CK(cudaDeviceSynchronize());

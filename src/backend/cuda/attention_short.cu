@@ -268,6 +268,16 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
+/* The merge of one output value where every split is one task: the nu splits' partials at p, ps floats
+ * apart, in split order, each as the general merge adds a split's tasks (u = 0 + x, then v += u): the
+ * same sums, the index in 32 bits. */
+__device__ __forceinline__ float ds_merge1(const float *p, int ps, int nu) {
+    float v = 0.f;
+#pragma unroll 4
+    for (int sp = 0; sp < nu; sp++) v += 0.f + p[sp * ps];
+    return v;
+}
+
 /* A padding row (no keys): its n output values zeros, as the merge writes them, once the primary is done. */
 template <int NT>
 __device__ __forceinline__ void ds_zero_row(float *out, int n) {
@@ -678,10 +688,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
         if (fp == 1) { /* a split is one task (task sp): the same sums, the index in 32 bits */
-            const float *pp = sP + i;
-            const int ps = (int)pst, nu = (int)used;
-#pragma unroll 4
-            for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps];
+            v = ds_merge1(sP + i, (int)pst, (int)used);
         } else {
             for (int64_t sp = 0; sp < used; sp++) {
                 int t0, nt;
@@ -695,21 +702,6 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     }
     DS_MARK(9);
     DS_GTIME(15);
-}
-
-/* Warp-wide: the cache rows of keys j0 .. j1 − 1 (cache row rlo + j, wrapping once at cap) requested into the
- * L2, a 128-byte line a lane (prefetch.global.L2): nothing waits on them, the loads that follow find them
- * there. */
-template <typename KT>
-__device__ __forceinline__ void ds_pf_rows(const KT *base, int64_t rlo, int64_t cap, int hd, int j0, int j1,
-                                           int lane) {
-    const int lpr = (hd * (int)sizeof(KT) + 127) / 128; /* lines a row */
-    for (int i = lane; i < (j1 - j0) * lpr; i += 32) {
-        int64_t row = rlo + j0 + i / lpr;
-        if (row >= cap) row -= cap;
-        const char *line = reinterpret_cast<const char *>(base + row * hd) + (i % lpr) * 128;
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-    }
 }
 
 /* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at most SKB
@@ -726,7 +718,7 @@ __device__ __forceinline__ void ds_pf_rows(const KT *base, int64_t rlo, int64_t 
  * builds (MB above DS_WARPS / NW: twice the plain build's blocks an SM, 64 registers) load key and value rows in
  * halves, as dec2_short_kernel's do. */
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
-__global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a, int fl) {
+__global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
     DS_MARK(10);
     constexpr int NT = NW * 32, V = 16 / sizeof(KT);
@@ -771,12 +763,6 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a, i
     /* the split's first key rows, on their way while the queries are rotated */
     uint4 k0[KU][SC];
     if (task) d2_load<KT, LS, SC, KU>(k0, kb, rlo, cap, hd, R, j0, j1, ssub, sks);
-    if ((fl & 1) && task) {
-        /* PETREL_CUDA_DEC_ROWS1_PF: the split's value rows (and, in the dense builds, its key rows past the
-         * first load) requested into the L2 now, so their loads after the scores find them there */
-        ds_pf_rows(vb, rlo, cap, hd, j0, j1, lane);
-        if constexpr (HALF) ds_pf_rows(kb, rlo, cap, hd, j0 + 32 / LS, j1, lane);
-    }
     {
         /* the raw queries in front of the scores (written only after the second barrier in it) */
         float rq[QR];
@@ -833,13 +819,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a, i
     DS_MARK(8);
     /* the merge (dec2_short_kernel's loop where a split is one task): u = 0 + x, then v += u */
     const int nu = (int)used, ps_ = G * hd;
-    for (int i = threadIdx.x; i < G * hd; i += NT) {
-        float v = 0.f;
-        const float *pp = sP + i;
-#pragma unroll 4
-        for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps_];
-        out[i] = pt_rnd(a.bf, v);
-    }
+    for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = pt_rnd(a.bf, ds_merge1(sP + i, ps_, nu));
     DS_MARK(9);
     DS_GTIME(15);
 }
@@ -949,25 +929,20 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
 /* The batched rows' one-task splits (dec_rows1_kernel): PETREL_CUDA_DEC_ROWS1 (default 1; 0: the generic
  * kernel, A/B; read once); pt_cuda_dec_rows1(0|1) overrides it (tests and benchmarks; a negative argument:
  * back to the environment). Launches so far are counted (tests check which kernel ran). */
-static int g_ds_rows1 = -1, g_ds_rows1_env = -1;
+static int g_ds_rows1 = -1;
 extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1 = v < 0 ? -1 : v != 0; }
 static bool ds_rows1_on(void) {
-    if (g_ds_rows1 >= 0) return g_ds_rows1;
-    if (g_ds_rows1_env < 0) g_ds_rows1_env = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
-    return g_ds_rows1_env;
+    if (g_ds_rows1 < 0) g_ds_rows1 = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
+    return g_ds_rows1 != 0;
 }
 static unsigned long long g_ds_rows1_launches;
 extern "C" unsigned long long pt_cuda_dec_rows1_count(void) {
     return __atomic_load_n(&g_ds_rows1_launches, __ATOMIC_RELAXED);
 }
-/* PETREL_CUDA_DEC_ROWS1_PF=1: dec_rows1_kernel's warps request their split's value rows (and the dense
- * builds' second key rows) into the L2 right after the wait (ds_pf_rows); default 0 (A/B, read once; the
- * same bits either way). pt_cuda_dec_rows1_pf(0|1) sets it (a negative argument: back to the environment). */
-static int g_ds_rows1_pf = -1;
-extern "C" void pt_cuda_dec_rows1_pf(int v) { g_ds_rows1_pf = v < 0 ? -1 : v != 0; }
-static int ds_rows1_pf(void) {
-    if (g_ds_rows1_pf < 0) g_ds_rows1_pf = pt_env_flag("PETREL_CUDA_DEC_ROWS1_PF", 0);
-    return g_ds_rows1_pf;
+/* Batched-rows calls that took the one-block form (either kernel) so far: tests check where a bound takes it. */
+static unsigned long long g_ds_rows_launches;
+extern "C" unsigned long long pt_cuda_dec_short_rows_count(void) {
+    return __atomic_load_n(&g_ds_rows_launches, __ATOMIC_RELAXED);
 }
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
@@ -979,7 +954,7 @@ static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B
     }
     __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
     pt_launch(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>, dim3((unsigned)a.nkv, (unsigned)B), dim3(NW * 32), smem,
-              c->stream, pt_pdl_chain(), a, ds_rows1_pf());
+              c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention (batched rows, one task a split)");
     return PT_OK;
 }
@@ -1068,6 +1043,7 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const size_t smem = tst ? ds_smem_task(H, a.hd, w8 ? 8 : 16, tkb, R) : ds_smem(H, a.hd, tp, R, nst) + vbound;
     const int sfl = (vbound ? 2 : 0) | (tst ? 4 : 0); /* the kernel's staging flags (rows only) */
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
+    if (rows) __atomic_fetch_add(&g_ds_rows_launches, 1ull, __ATOMIC_RELAXED);
     const int nblk = a.nkv * (G / H);
     /* batched rows whose splits are each one task (dec_rows1_kernel: 16-bit caches, GQA 2 to 4, rows of 5 to
      * 16 chunks: heads of 40 to 128), a block per (row, KV head), unstaged, without the L2 prefetch */
