@@ -485,10 +485,8 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
     int32_t *pd = put(G, pos, B * 4);
     pt_attn pb = p;
     pb.max_keys = bound;
-    const unsigned long long ob0 = pt_cuda_dec_short_rows_count();
     pt_status s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], B, pd, &rope, &shape,
                                             (void *const *)r.td[0], &pb);
-    const int one_block = pt_cuda_dec_short_rows_count() > ob0; /* the bound took the one-block form */
     if (s == PT_OK)
         s = G->ops->rope_kv_attention(G, r.od[1], r.qd[1], r.kd[1], r.vd[1], B, pd, &rope, &shape,
                                       (void *const *)r.td[1], &p);
@@ -501,17 +499,19 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
     kvr_caches_same(G, &r, ca, cb, cbytes, what);
     (*n_cases)++;
     /* a row past what the launch takes (the rows' bound set too low; one past PT_DEC_SHORT_KEYS, which no
-     * one-block launch holds): reported, naming the row's keys, where the bound took the one-block form (the
-     * launch decides from the shape and the bound alone, so the honest call above tells); where it did not,
-     * the split kernels compute the row as they do without the bound. */
+     * one-block launch holds): reported, naming the row's keys, where the launch took the one-block form;
+     * where it did not (the launch decides from the shape, the bound and the row count), the split kernels
+     * compute the row as they do without the bound. */
     const int big = PT_DEC_SHORT_KEYS + 8;
     if (!rc->window && big < rc->cap && B > 1) {
         int32_t lie[2] = {pos[0], big - 1};
         int32_t *ld = put(G, lie, sizeof lie);
         char keys[32];
         snprintf(keys, sizeof keys, "%d keys", big);
+        const unsigned long long ob0 = pt_cuda_dec_short_rows_count();
         s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], 2, ld, &rope, &shape,
                                       (void *const *)r.td[0], &pb);
+        const int one_block = pt_cuda_dec_short_rows_count() > ob0; /* the launch took the one-block form */
         if (s == PT_OK) s = G->ops->download(G, oa, r.od[0], 2 * nh * hd * 4);
         if (one_block) {
             CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
