@@ -2,7 +2,8 @@
 for serving benchmarks where the real weights are not available (python3
 standard library only; a measuring harness, not part of petrel).
 
-  make_synth_model.py OUT_DIR [SHAPE]        SHAPE: llama-3.1-8b (default) | llama-3.2-1b | tiny
+  make_synth_model.py OUT_DIR [SHAPE]        SHAPE: llama-3.1-8b (default) | llama-3.2-1b |
+                                             llama-3.2-3b | tiny
 
 OUT_DIR gets what `petrel serve -m OUT_DIR` loads:
   config.json        the shape (LlamaForCausalLM, MLX affine 4-bit, group 64)
@@ -26,6 +27,7 @@ SHAPES = {
     # hidden, layers, heads, kv_heads, head_dim, ffn, vocab, tied, rope_theta
     "llama-3.1-8b": (4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0),
     "llama-3.2-1b": (2048, 16, 32, 8, 64, 8192, 128256, True, 500000.0),
+    "llama-3.2-3b": (3072, 28, 24, 8, 128, 8192, 128256, True, 500000.0),
     "tiny": (256, 2, 4, 2, 64, 512, 2048, True, 10000.0),  # checks the harness on a laptop
 }
 BITS, GS = 4, 64

@@ -23,6 +23,7 @@ void pt_cuda_dec_short_rows_minb(int v); /* attention_short.cu: rows' blocks pla
 unsigned long long pt_cuda_dec_short_split_count(void); /* attention_short.cu: batched launches staged by split */
 void pt_cuda_dec_rows1(int v);                /* attention_short.cu: 0 the generic kernel for one-task splits, -1 the rule */
 unsigned long long pt_cuda_dec_rows1_count(void); /* attention_short.cu: launches of the one-task-split kernel */
+unsigned long long pt_cuda_dec_short_rows_count(void); /* attention_short.cu: batched calls in the one-block form */
 void pt_cuda_dec_short_warps(int v);     /* one sequence: at least 8 or 16 warps a block; 0: the fewest */
 unsigned long long pt_cuda_dec_short_fold_count(int nw); /* one-sequence launches with nw warps a block */
 
@@ -107,6 +108,8 @@ typedef struct {
     int nh, nkv, hd, rot, window;
     int64_t cap;
     float softcap;
+    int r1; /* batched rows under the 256-key bound (test_rope_kv_attention_short_rows_bits): 1 every split is one
+             * task, so the one-task-split kernel must run where a form allows it; -1 it must not; 0 unchecked */
 } ra_case;
 
 /* Row b's position: keys 1..2000 (split thresholds at 16, 528, ...), a ring
@@ -270,11 +273,11 @@ static void ra_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int *
 static void test_rope_kv_attention_bits(void) {
     if (!gpu_usable("rope_kv_attention")) TEST_SKIP("no GPU");
     static const ra_case cs[] = {
-        {32, 8, 64, 64, 0, RA_CTX, 0.f},   /* llama-3.2-1b */
-        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* llama-3.1-8b */
-        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
-        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
-        {4, 4, 128, 64, 0, RA_CTX, 0.f},   /* no GQA */
+        {32, 8, 64, 64, 0, RA_CTX, 0.f, 0},   /* llama-3.2-1b */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f, 0}, /* llama-3.1-8b */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f, 0}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f, 0},       /* a ring of 64 under a window of 50 */
+        {4, 4, 128, 64, 0, RA_CTX, 0.f, 0},   /* no GQA */
     };
     int n_single = 0, n_rows = 0;
     for (int a = 0; a < 2; a++) {
@@ -386,15 +389,15 @@ static void rs_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int h
 static void test_rope_kv_attention_short_bits(void) {
     if (!gpu_usable("rope_kv_attention short")) TEST_SKIP("no GPU");
     static const ra_case cs[] = {
-        {32, 8, 64, 64, 0, RA_CTX, 0.f},   /* llama-3.2-1b */
-        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* llama-3.1-8b */
-        {32, 4, 128, 128, 0, RA_CTX, 0.f}, /* qwen3-30b-a3b: GQA 8 */
-        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
-        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
-        {4, 4, 128, 64, 0, RA_CTX, 0.f},   /* no GQA */
-        {16, 8, 32, 32, 0, 512, 0.f},      /* head 32: 4 chunks a row in bf16; 8 splits */
-        {32, 8, 128, 128, 0, 128, 0.f},    /* a 128-token context (petrel bench tg128): 2 splits of up to 64 */
-        {32, 4, 128, 128, 0, 256, 0.f},    /* 4 splits, GQA 8 */
+        {32, 8, 64, 64, 0, RA_CTX, 0.f, 0},   /* llama-3.2-1b */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f, 0}, /* llama-3.1-8b */
+        {32, 4, 128, 128, 0, RA_CTX, 0.f, 0}, /* qwen3-30b-a3b: GQA 8 */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f, 0}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f, 0},       /* a ring of 64 under a window of 50 */
+        {4, 4, 128, 64, 0, RA_CTX, 0.f, 0},   /* no GQA */
+        {16, 8, 32, 32, 0, 512, 0.f, 0},      /* head 32: 4 chunks a row in bf16; 8 splits */
+        {32, 8, 128, 128, 0, 128, 0.f, 0},    /* a 128-token context (petrel bench tg128): 2 splits of up to 64 */
+        {32, 4, 128, 128, 0, 256, 0.f, 0},    /* 4 splits, GQA 8 */
     };
     /* the block per KV head and per query head (PETREL_CUDA_DEC_SHORT_HEADS), the key and value rows staged
      * in shared memory or read from the cache (PETREL_CUDA_DEC_SHORT_STAGE), read when a backend is made; a
@@ -447,7 +450,9 @@ static void test_rope_kv_attention_short_bits(void) {
  * boundaries up to the bound, a padding row, and two rows sharing a cache
  * as a joining prompt's rows do (the second must see the first's new key).
  * A row past the bound is reported (PT_ERR_INTERNAL naming its keys) and
- * the backend goes on. */
+ * the backend goes on, where the bound took the one-block form; where it
+ * did not (some row under it would have more scores tasks than a block has
+ * warps), the split kernels compute that row as without the bound. */
 static const int32_t rr_pos[] = {0, 1, 15, 16, 17, 33, 63, 64, 100, 126, -1, 127, 128, 129, 200, 254};
 enum { RR_MAX = (int)(sizeof rr_pos / sizeof rr_pos[0]) + 1 };
 _Static_assert((int)RR_MAX <= (int)KVR_MAX && (int)RA_ROWS <= (int)KVR_MAX, "kv_rows holds the batches");
@@ -493,26 +498,39 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
               "%s row %d (pos %d): the one-block output differs from the split kernels'", what, b, pos[b]);
     kvr_caches_same(G, &r, ca, cb, cbytes, what);
     (*n_cases)++;
-    /* a row past what the launch takes (the rows' bound set too low): reported, naming the row's keys, where
-     * the bound takes the one-block form: at most 16 scores tasks a row (a key row of at most 16 chunks of
-     * 16 bytes under 256 keys, 32 under 128) and a KV head's G heads' partial outputs in a block's shared
-     * memory (as rs_check). A row past the bound that the launch still holds is computed as the split
-     * kernels compute it (checked above with the bound exact); one past PT_DEC_SHORT_KEYS never is. */
-    const int chunks = hd * (int)esz / 16, big = PT_DEC_SHORT_KEYS + 8;
-    if (!rc->window && big < rc->cap && B > 1 && chunks <= (bound > 128 ? 16 : 32) && nh / nkv * hd <= 1024) {
+    /* a row past what the launch takes (the rows' bound set too low; one past PT_DEC_SHORT_KEYS, which no
+     * one-block launch holds): reported, naming the row's keys, where the launch took the one-block form;
+     * where it did not (the launch decides from the shape, the bound and the row count), the split kernels
+     * compute the row as they do without the bound. */
+    const int big = PT_DEC_SHORT_KEYS + 8;
+    if (!rc->window && big < rc->cap && B > 1) {
         int32_t lie[2] = {pos[0], big - 1};
         int32_t *ld = put(G, lie, sizeof lie);
         char keys[32];
         snprintf(keys, sizeof keys, "%d keys", big);
+        const unsigned long long ob0 = pt_cuda_dec_short_rows_count();
         s = G->ops->rope_kv_attention(G, r.od[0], r.qd[0], r.kd[0], r.vd[0], 2, ld, &rope, &shape,
                                       (void *const *)r.td[0], &pb);
+        const int one_block = pt_cuda_dec_short_rows_count() > ob0; /* the launch took the one-block form */
         if (s == PT_OK) s = G->ops->download(G, oa, r.od[0], 2 * nh * hd * 4);
-        CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
-              "%s: a row of %d keys under a bound of %d answered %d (%s)", what, big, bound, (int)s, pt_last_error());
-        REQUIRE(G->ops->download(G, ca, r.hk[0][0], cbytes) == PT_OK, "%s: the backend after the reported bound: %s",
-                what, pt_last_error());
+        if (one_block) {
+            CHECK(s == PT_ERR_INTERNAL && strstr(pt_last_error(), keys),
+                  "%s: a row of %d keys under a bound of %d answered %d (%s)", what, big, bound, (int)s,
+                  pt_last_error());
+            (*n_lies)++;
+        } else {
+            CHECK(s == PT_OK, "%s: a row of %d keys under a bound of %d the split kernels take: %s", what, big,
+                  bound, pt_last_error());
+            s = G->ops->rope_kv_attention(G, r.od[1], r.qd[0], r.kd[0], r.vd[0], 2, ld, &rope, &shape,
+                                          (void *const *)r.td[0], &p);
+            if (s == PT_OK) s = G->ops->download(G, ob, r.od[1], 2 * nh * hd * 4);
+            CHECK(s == PT_OK && !memcmp(oa, ob, 2 * (size_t)nh * hd * 4),
+                  "%s: a row of %d keys under a bound of %d the split kernels take differs from the unbounded call "
+                  "(%s)", what, big, bound, pt_last_error());
+        }
+        REQUIRE(G->ops->download(G, ca, r.hk[0][0], cbytes) == PT_OK, "%s: the backend after the row past the "
+                "bound: %s", what, pt_last_error());
         G->ops->dealloc(G, ld);
-        (*n_lies)++;
     }
     kvr_free(G, &r);
     G->ops->dealloc(G, pd);
@@ -523,21 +541,26 @@ static void rr_check(pt_backend *G, int a, pt_ftype ft, const ra_case *rc, int b
 static void test_rope_kv_attention_short_rows_bits(void) {
     if (!gpu_usable("rope_kv_attention short rows")) TEST_SKIP("no GPU");
     static const ra_case cs[] = {
-        {32, 8, 64, 64, 0, 1024, 0.f},     /* llama-3.2-1b, a server's 1024-token context */
-        {32, 8, 128, 128, 0, 1024, 0.f},   /* llama-3.1-8b */
-        {32, 8, 128, 128, 0, RA_CTX, 0.f}, /* 16 splits of up to 128 keys */
-        {32, 4, 128, 128, 0, RA_CTX, 0.f}, /* qwen3-30b-a3b: GQA 8 */
-        {8, 1, 256, 128, 0, RA_CTX, 30.f}, /* GQA 8, head 256, partial rotary, soft-cap */
-        {6, 2, 80, 40, 50, 64, 0.f},       /* a ring of 64 under a window of 50 */
-        {16, 8, 32, 32, 0, 512, 0.f},      /* head 32: 4 chunks a row in bf16; 8 splits */
-        {32, 8, 128, 128, 0, 128, 0.f},    /* 2 splits of up to 64 */
+        {32, 8, 64, 64, 0, 1024, 0.f, 1},      /* llama-3.2-1b, a server's 1024-token context */
+        {32, 8, 128, 128, 0, 1024, 0.f, 1},    /* llama-3.1-8b */
+        {24, 8, 128, 128, 0, 1024, 0.f, 1},    /* llama-3.2-3b: GQA 3 */
+        {16, 8, 128, 128, 0, 1024, 0.f, 1},    /* qwen3-1.7b: GQA 2 */
+        {32, 32, 96, 96, 0, 1024, 0.f, -1},    /* phi-3-mini: GQA 1, rows of 12 chunks, 9 splits */
+        {32, 8, 128, 128, 0, RA_CTX, 0.f, 1},  /* 16 splits of up to 128 keys */
+        {32, 4, 128, 128, 0, RA_CTX, 0.f, -1}, /* qwen3-30b-a3b: GQA 8 */
+        {8, 1, 256, 128, 0, RA_CTX, 30.f, -1}, /* GQA 8, head 256, partial rotary, soft-cap */
+        {6, 2, 80, 40, 50, 64, 0.f, -1},       /* a ring of 64 under a window of 50 */
+        {16, 8, 32, 32, 0, 512, 0.f, -1},      /* head 32: 4 chunks a row in bf16; 8 splits */
+        {32, 8, 128, 128, 0, 128, 0.f, -1},    /* 2 splits of up to 64 */
     };
     /* a block per (row, KV head) or per (row, query head) (PETREL_CUDA_DEC_SHORT_ROWS_HEADS), the key and
      * value rows read from the cache or staged (PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 2 the block's rows, 4 each
      * warp its split's, where the splits fit), the blocks per (row, KV head) in the build for their plain or
      * twice their blocks an SM as the launch's size decides, or the dense one always
      * (pt_cuda_dec_short_rows_minb); where every split of the bound is one task, the blocks per (row, KV
-     * head) unstaged run dec_rows1_kernel unless it is switched off (pt_cuda_dec_rows1(0): the generic kernel) */
+     * head) unstaged run dec_rows1_kernel unless it is switched off (pt_cuda_dec_rows1(0): the generic kernel):
+     * checked case by case under the 256-key bound (16-warp blocks, so a block per KV head unless the form
+     * asks for one per query head) */
     static const char *forms[][4] = {{"0", "0", "0", "1"}, {"1", "0", "0", "1"}, {"0", "2", "0", "1"},
                                      {"0", "0", "4", "1"}, {"0", "4", "0", "1"}, {"0", "4", "4", "1"},
                                      {"1", "4", "0", "1"}, {"0", "0", "0", "0"}, {"0", "0", "4", "0"}};
@@ -549,7 +572,7 @@ static void test_rope_kv_attention_short_rows_bits(void) {
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS", forms[f][0], 1);
             setenv("PETREL_CUDA_DEC_SHORT_ROWS_STAGE", forms[f][1], 1);
             pt_cuda_dec_short_rows_minb(atoi(forms[f][2]));
-            pt_cuda_dec_rows1(forms[f][3][0] == '1' ? -1 : 0);
+            pt_cuda_dec_rows1(forms[f][3][0] != '0' ? -1 : 0);
             pt_backend *G = NULL;
             REQUIRE(gpu_backend_create(&G, a ? PT_ACT_BF16 : PT_ACT_F32), "cuda backend");
             pt_backend_limits lim = {.max_tokens = 8, .max_ctx = RA_CTX, .max_heads = 32, .max_head_dim = 256,
@@ -557,18 +580,30 @@ static void test_rope_kv_attention_short_rows_bits(void) {
             REQUIRE(G->ops->reserve(G, &lim) == PT_OK, "reserve: %s", pt_last_error());
             for (int dt = 0; dt < 3; dt++)
                 for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++)
-                    for (int bound = PT_DEC_SHORT_KEYS; bound >= PT_DEC_SHORT_KEYS / 2; bound /= 2)
-                        rr_check(G, a, (pt_ftype)dt, &cs[ci], bound, &n_cases, &n_lies);
+                    for (int bound = PT_DEC_SHORT_KEYS; bound >= PT_DEC_SHORT_KEYS / 2; bound /= 2) {
+                        const ra_case *rc = &cs[ci];
+                        const unsigned long long c0 = pt_cuda_dec_rows1_count();
+                        rr_check(G, a, (pt_ftype)dt, rc, bound, &n_cases, &n_lies);
+                        if (bound != PT_DEC_SHORT_KEYS || !rc->r1) continue;
+                        /* the one-task-split kernel ran for this case exactly where the rule takes it: the
+                         * 16-bit caches, GQA 2 to 4, heads of 5 to 16 chunks, every split one task, a block
+                         * per (row, KV head), unstaged, switched on */
+                        const unsigned long long c1 = pt_cuda_dec_rows1_count() - c0;
+                        const int want = rc->r1 > 0 && dt != PT_FT_F32 && forms[f][0][0] == '0' &&
+                                         forms[f][1][0] == '0' && forms[f][3][0] != '0';
+                        CHECK(want ? c1 > 0 : c1 == 0,
+                              "form %d act %d dtype %d nh %d nkv %d hd %d: %llu launches of the one-task-split kernel",
+                              f, a, dt, rc->nh, rc->nkv, rc->hd, c1);
+                    }
             pt_backend_free(&G);
         }
         /* the split staging ran where asked (the 16-bit caches of heads up to 128 fit it), and only there */
         const unsigned long long sp = pt_cuda_dec_short_split_count() - sp0;
         CHECK(forms[f][1][0] == '4' ? sp > 0 : sp == 0, "form %d: %llu launches staged by split", f, sp);
-        /* the one-task-split kernel ran where the rule takes it (the 16-bit caches, GQA 4, heads 64 and 128, a
-         * block per (row, KV head), unstaged), and only there */
+        /* a block per query head, staged or switched off, the one-task-split kernel never ran */
         const unsigned long long r1 = pt_cuda_dec_rows1_count() - r10;
-        const int r1_on = forms[f][0][0] == '0' && forms[f][1][0] == '0' && forms[f][3][0] == '1';
-        CHECK(r1_on ? r1 > 0 : r1 == 0, "form %d: %llu launches of the one-task-split kernel", f, r1);
+        if (forms[f][0][0] != '0' || forms[f][1][0] != '0' || forms[f][3][0] == '0')
+            CHECK(r1 == 0, "form %d: %llu launches of the one-task-split kernel", f, r1);
     }
     pt_cuda_dec_rows1(-1);
     unsetenv("PETREL_CUDA_DEC_SHORT_ROWS_HEADS");

@@ -268,6 +268,16 @@ __device__ __forceinline__ void ds_range(const pt_dec_rows &a, int32_t hi, int64
     rlo = (uint32_t)l0 % cap;
 }
 
+/* The merge of one output value where every split is one task: the nu splits' partials at p, ps floats
+ * apart, in split order, each as the general merge adds a split's tasks (u = 0 + x, then v += u): the
+ * same sums, the index in 32 bits. */
+__device__ __forceinline__ float ds_merge1(const float *p, int ps, int nu) {
+    float v = 0.f;
+#pragma unroll 4
+    for (int sp = 0; sp < nu; sp++) v += 0.f + p[sp * ps];
+    return v;
+}
+
 /* A padding row (no keys): its n output values zeros, as the merge writes them, once the primary is done. */
 template <int NT>
 __device__ __forceinline__ void ds_zero_row(float *out, int n) {
@@ -678,10 +688,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     for (int i = threadIdx.x; i < H * hd; i += NT) {
         float v = 0.f;
         if (fp == 1) { /* a split is one task (task sp): the same sums, the index in 32 bits */
-            const float *pp = sP + i;
-            const int ps = (int)pst, nu = (int)used;
-#pragma unroll 4
-            for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps];
+            v = ds_merge1(sP + i, (int)pst, (int)used);
         } else {
             for (int64_t sp = 0; sp < used; sp++) {
                 int t0, nt;
@@ -697,19 +704,19 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     DS_GTIME(15);
 }
 
-/* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at
- * most SKB and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 4): dec2_short_kernel's
- * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum)
- * is the warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second
- * butterfly over one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a
- * split forms the row max and sum of each head itself from the splits' pairs (the p·V kernel's merge of them,
- * d2_row_stats, the same lanes and butterflies). The scores, probabilities, p·V products, key-slot sums and
- * the merge are the same helpers with the same arguments in the same order as there: the same bits (checked
- * by test_cuda_ropekv, _batch_rows and _serve_invariance against the single-sequence kernels).
- * What changes is the schedule: three barriers instead of seven; a warp's first key rows requested right
- * after griddepcontrol.wait (they travel while the queries are rotated) and its first value rows before the
- * barrier ahead of the row statistics; the split's key range in 32 bits. Dense builds (MB above DS_WARPS / NW: twice the
- * plain build's blocks an SM, 64 registers) load key and value rows in halves, as dec2_short_kernel's do. */
+/* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at most SKB
+ * and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 2 to 4): dec2_short_kernel's
+ * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum) is the
+ * warp's own — the generic kernel's max over the split's one task (fmaxf(−inf, x) = x) and its second butterfly over
+ * one task's sum and zeros (x + 0 = x) — and needs no barrier of its own; every warp with a split forms the row max
+ * and sum of each head itself from the splits' pairs (the p·V kernel's merge of them, d2_row_stats, the same lanes and
+ * butterflies). The scores, probabilities, p·V products, key-slot sums and the merge are the same helpers with the
+ * same arguments in the same order as there: the same bits (checked by test_cuda_ropekv, _batch_rows and
+ * _serve_invariance against the single-sequence kernels). What changes is the schedule: three barriers instead of
+ * seven; a warp's first key rows requested right after griddepcontrol.wait (they travel while the queries are rotated)
+ * and its first value rows before the barrier ahead of the row statistics; the split's key range in 32 bits. Dense
+ * builds (MB above DS_WARPS / NW: twice the plain build's blocks an SM, 64 registers) load key and value rows in
+ * halves, as dec2_short_kernel's do. */
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
@@ -812,13 +819,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     DS_MARK(8);
     /* the merge (dec2_short_kernel's loop where a split is one task): u = 0 + x, then v += u */
     const int nu = (int)used, ps_ = G * hd;
-    for (int i = threadIdx.x; i < G * hd; i += NT) {
-        float v = 0.f;
-        const float *pp = sP + i;
-#pragma unroll 4
-        for (int sp = 0; sp < nu; sp++) v += 0.f + pp[sp * ps_];
-        out[i] = pt_rnd(a.bf, v);
-    }
+    for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = pt_rnd(a.bf, ds_merge1(sP + i, ps_, nu));
     DS_MARK(9);
     DS_GTIME(15);
 }
@@ -928,16 +929,20 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
 /* The batched rows' one-task splits (dec_rows1_kernel): PETREL_CUDA_DEC_ROWS1 (default 1; 0: the generic
  * kernel, A/B; read once); pt_cuda_dec_rows1(0|1) overrides it (tests and benchmarks; a negative argument:
  * back to the environment). Launches so far are counted (tests check which kernel ran). */
-static int g_ds_rows1 = -1, g_ds_rows1_env = -1;
+static int g_ds_rows1 = -1;
 extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1 = v < 0 ? -1 : v != 0; }
 static bool ds_rows1_on(void) {
-    if (g_ds_rows1 >= 0) return g_ds_rows1;
-    if (g_ds_rows1_env < 0) g_ds_rows1_env = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
-    return g_ds_rows1_env;
+    if (g_ds_rows1 < 0) g_ds_rows1 = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
+    return g_ds_rows1 != 0;
 }
 static unsigned long long g_ds_rows1_launches;
 extern "C" unsigned long long pt_cuda_dec_rows1_count(void) {
     return __atomic_load_n(&g_ds_rows1_launches, __ATOMIC_RELAXED);
+}
+/* Batched-rows calls that took the one-block form (either kernel) so far: tests check where a bound takes it. */
+static unsigned long long g_ds_rows_launches;
+extern "C" unsigned long long pt_cuda_dec_short_rows_count(void) {
+    return __atomic_load_n(&g_ds_rows_launches, __ATOMIC_RELAXED);
 }
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
@@ -962,6 +967,16 @@ static pt_status ds_launch_rows1(pt_cuda *c, const pt_dec_rows &a, int64_t B, si
                                                : ds_launch_rows1_one<KT, LS, LP, CP, G, 8, 2>(c, a, B, smem);
     return ds_rows_dense(c, a.nkv * B, 1) ? ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 2>(c, a, B, smem)
                                            : ds_launch_rows1_one<KT, LS, LP, CP, G, 16, 1>(c, a, B, smem);
+}
+/* ... for the shape's GQA group G, 2 to 4 (the kernel's head arrays are G long: the generic kernel's loops
+ * over the block's G heads of its arrays of 4, the same operations per head). */
+template <typename KT, int LS, int LP, int CP>
+static pt_status ds_launch_rows1_g(pt_cuda *c, const pt_dec_rows &a, int G, int64_t B, size_t smem, bool w8) {
+    switch (G) {
+    case 2: return ds_launch_rows1<KT, LS, LP, CP, 2>(c, a, B, smem, w8);
+    case 3: return ds_launch_rows1<KT, LS, LP, CP, 3>(c, a, B, smem, w8);
+    default: return ds_launch_rows1<KT, LS, LP, CP, 4>(c, a, B, smem, w8);
+    }
 }
 
 /* One sequence, a block per query head: the fewest warps a block, 4, 8 or
@@ -1028,14 +1043,17 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     const size_t smem = tst ? ds_smem_task(H, a.hd, w8 ? 8 : 16, tkb, R) : ds_smem(H, a.hd, tp, R, nst) + vbound;
     const int sfl = (vbound ? 2 : 0) | (tst ? 4 : 0); /* the kernel's staging flags (rows only) */
     if (tp == 0 || smem > DS_SMEM_MAX) return PT_ERR_UNSUPPORTED;
+    if (rows) __atomic_fetch_add(&g_ds_rows_launches, 1ull, __ATOMIC_RELAXED);
     const int nblk = a.nkv * (G / H);
-    /* batched rows whose splits are each one task (dec_rows1_kernel), unstaged, without the L2 prefetch */
+    /* batched rows whose splits are each one task (dec_rows1_kernel: 16-bit caches, GQA 2 to 4, rows of 5 to
+     * 16 chunks: heads of 40 to 128), a block per (row, KV head), unstaged, without the L2 prefetch */
     if constexpr (sizeof(KT) == 2)
-        if (rows && H == G && G == 4 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
+        if (rows && H == G && G >= 2 && G <= 4 && R > 4 && R <= 16 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
             ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB) {
-            /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16) */
-            if (R == 16) return ds_launch_rows1<KT, 4, 16, 1, 4>(c, a, B, smem, w8);
-            if (R == 8) return ds_launch_rows1<KT, 2, 8, 1, 4>(c, a, B, smem, w8);
+            /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16); the
+             * lanes a key row as the generic kernel's PT_DS below takes them for R */
+            if (R > 8) return ds_launch_rows1_g<KT, 4, 16, 1>(c, a, G, B, smem, w8);
+            return ds_launch_rows1_g<KT, 2, 8, 1>(c, a, G, B, smem, w8);
         }
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);
