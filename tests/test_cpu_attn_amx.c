@@ -19,7 +19,7 @@
  *    queries keep the f32 kernels (the tiles would round them).
  * Skipped without AMX-BF16 (or when the OS refuses the tile state). */
 #include "test.h"
-#include "test_rand.h"
+#include "attn_bf16_case.h"
 
 #include "backend/cpu/cpu_internal.h"
 #include "base/half.h"
@@ -29,59 +29,42 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GUARD 1e30f
-
-/* a bf16 value in [lo, hi) times 2^e */
-static float bfv(float lo, float hi, int e) { return pt_bf16_to_f32(pt_f32_to_bf16(ldexpf(rf(lo, hi), e))); }
 
 static int have_amx(void) { return test_cpu_avx512_bf16() && pt_cpu_amx_available(); }
+
+/* One case: every score within hd·2^-24 of its terms' magnitudes of the exact sum, nothing written past n */
+static void scores_amx_case(const uint16_t *kc, attn_case *c, int hd, int n, int G, int nt) {
+    REQUIRE(pt_cpu_kernels_avx512.attn_scores_amx(c->S, c->lds, c->q, c->qs, nt, G, hd, kc, n), "hd %d not handled",
+            hd);
+    int bad = 0, over = 0;
+    double worst = 0;
+    for (int u = 0; u < nt; u++)
+        for (int g = 0; g < G; g++) {
+            const float *qr = c->q + u * c->qs + g * hd;
+            const float *row = c->S + (int64_t)(u * G + g) * c->lds;
+            for (int j = 0; j < n; j++) {
+                double s = 0, a = 0;
+                for (int d = 0; d < hd; d++) {
+                    const double pr = (double)qr[d] * pt_bf16_to_f32(kc[j * hd + d]);
+                    s += pr, a += fabs(pr);
+                }
+                const double err = fabs(row[j] - s), bound = hd * ldexp(a, -24);
+                if (!(err <= bound)) bad++;
+                if (a > 0 && err / a > worst) worst = err / a;
+            }
+            for (int j = n; j < c->lds; j++) over += row[j] != GUARD;
+        }
+    CHECK(bad == 0 && over == 0,
+          "hd %d, G %d, %d tokens, %d keys: %d scores past the bound (worst %.3g of Σ|q·k|), %d written past n", hd, G,
+          nt, n, bad, worst, over);
+}
 
 static void test_scores_amx_bound(void) {
     if (!have_amx()) TEST_SKIP("no AMX-BF16");
     const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
     REQUIRE(k->attn_scores_amx != NULL, "the avx512 table has no attn_scores_amx");
-    static const int hds[] = {32, 64, 128, 256}, Gs[] = {1, 2, 4, 8}, ntv[] = {1, 3, 8}, ns[] = {1, 15, 32, 33, 77};
-    int cases = 0;
-    for (int hi = 0; hi < 4; hi++)
-        for (int ni = 0; ni < 5; ni++) {
-            const int hd = hds[hi], n = ns[ni];
-            uint16_t *kc = malloc(sizeof(uint16_t) * (size_t)n * hd);
-            for (int64_t i = 0; i < (int64_t)n * hd; i++) kc[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, (int)(i % 7) - 3));
-            for (int gi = 0; gi < 4; gi++)
-                for (int ti = 0; ti < 3; ti++) {
-                    const int G = Gs[gi], nt = ntv[ti];
-                    const int64_t qs = (int64_t)G * hd + 32, lds = n + 5;
-                    float *q = malloc(sizeof(float) * (size_t)qs * nt), *S = malloc(sizeof(float) * (size_t)nt * G * lds);
-                    for (int64_t i = 0; i < qs * nt; i++) q[i] = bfv(-0.5f, 0.5f, (int)(i % 5) - 2);
-                    for (int64_t i = 0; i < (int64_t)nt * G * lds; i++) S[i] = GUARD;
-                    REQUIRE(k->attn_scores_amx(S, lds, q, qs, nt, G, hd, kc, n), "hd %d not handled", hd);
-                    int bad = 0, over = 0;
-                    double worst = 0;
-                    for (int u = 0; u < nt; u++)
-                        for (int g = 0; g < G; g++) {
-                            const float *qr = q + u * qs + g * hd;
-                            const float *row = S + (int64_t)(u * G + g) * lds;
-                            for (int j = 0; j < n; j++) {
-                                double s = 0, a = 0;
-                                for (int d = 0; d < hd; d++) {
-                                    const double pr = (double)qr[d] * pt_bf16_to_f32(kc[j * hd + d]);
-                                    s += pr, a += fabs(pr);
-                                }
-                                const double err = fabs(row[j] - s), bound = hd * ldexp(a, -24);
-                                if (!(err <= bound)) bad++;
-                                if (a > 0 && err / a > worst) worst = err / a;
-                            }
-                            for (int j = n; j < lds; j++) over += row[j] != GUARD;
-                        }
-                    CHECK(bad == 0 && over == 0,
-                          "hd %d, G %d, %d tokens, %d keys: %d scores past the bound (worst %.3g of Σ|q·k|), %d "
-                          "written past n",
-                          hd, G, nt, n, bad, worst, over);
-                    free(q), free(S);
-                    cases++;
-                }
-            free(kc);
-        }
+    static const int hds[] = {32, 64, 128, 256};
+    const int cases = attn_case_each(hds, 4, scores_amx_case);
     CHECK(cases == 240, "ran %d cases", cases);
     float S[4], q[96] = {0};
     uint16_t kc[96] = {0};

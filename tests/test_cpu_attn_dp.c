@@ -15,7 +15,7 @@
  *    queries that are not bf16 values keep the f32 kernels.
  * Skipped without AVX512-BF16. */
 #include "test.h"
-#include "test_rand.h"
+#include "attn_bf16_case.h"
 
 #include "backend/cpu/cpu_internal.h"
 #include "base/half.h"
@@ -25,54 +25,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GUARD 1e30f
-
-/* a bf16 value in [lo, hi) times 2^e */
-static float bfv(float lo, float hi, int e) { return pt_bf16_to_f32(pt_f32_to_bf16(ldexpf(rf(lo, hi), e))); }
 
 /* the instruction's chain: acc += a[1]·b[1], then += a[0]·b[0] (exact products, one rounding each) */
 static float pair_step(float acc, float a0, float a1, float b0, float b1) { return fmaf(a0, b0, fmaf(a1, b1, acc)); }
 
+/* One case: the kernel's scores bit for bit the pair chains, nothing written past n */
+static void scores_dp_case(const uint16_t *kc, attn_case *c, int hd, int n, int G, int nt) {
+    REQUIRE(pt_cpu_kernels_avx512.attn_scores_dp(c->S, c->lds, c->q, c->qs, nt, G, hd, kc, n), "hd %d not handled", hd);
+    int bad = 0, over = 0;
+    for (int u = 0; u < nt; u++)
+        for (int g = 0; g < G; g++) {
+            const float *qr = c->q + u * c->qs + g * hd;
+            const float *row = c->S + (int64_t)(u * G + g) * c->lds;
+            for (int j = 0; j < n; j++) {
+                float s = 0.0f;
+                for (int d = 0; d < hd; d += 2)
+                    s = pair_step(s, qr[d], qr[d + 1], pt_bf16_to_f32(kc[j * hd + d]), pt_bf16_to_f32(kc[j * hd + d + 1]));
+                bad += memcmp(&s, &row[j], 4) != 0;
+            }
+            for (int j = n; j < c->lds; j++) over += row[j] != GUARD;
+        }
+    CHECK(bad == 0 && over == 0, "hd %d, G %d, %d tokens, %d keys: %d scores differ, %d written past n", hd, G, nt, n,
+          bad, over);
+}
+
 static void test_scores_dp_bits(void) {
     if (!test_cpu_avx512_bf16()) TEST_SKIP("no AVX512-BF16");
-    const pt_cpu_kernels *k = &pt_cpu_kernels_avx512;
-    REQUIRE(k->attn_scores_dp != NULL, "the avx512 table has no attn_scores_dp");
-    static const int hds[] = {32, 64, 128, 256, 512}, Gs[] = {1, 2, 4, 8}, ntv[] = {1, 3, 8}, ns[] = {1, 15, 32, 33, 77};
-    int cases = 0;
-    for (int hi = 0; hi < 5; hi++)
-        for (int ni = 0; ni < 5; ni++) {
-            const int hd = hds[hi], n = ns[ni];
-            uint16_t *kc = malloc(sizeof(uint16_t) * (size_t)n * hd);
-            for (int64_t i = 0; i < (int64_t)n * hd; i++) kc[i] = pt_f32_to_bf16(bfv(-1.0f, 1.0f, (int)(i % 7) - 3));
-            for (int gi = 0; gi < 4; gi++)
-                for (int ti = 0; ti < 3; ti++) {
-                    const int G = Gs[gi], nt = ntv[ti];
-                    const int64_t qs = (int64_t)G * hd + 32, lds = n + 5;
-                    float *q = malloc(sizeof(float) * (size_t)qs * nt), *S = malloc(sizeof(float) * (size_t)nt * G * lds);
-                    for (int64_t i = 0; i < qs * nt; i++) q[i] = bfv(-0.5f, 0.5f, (int)(i % 5) - 2);
-                    for (int64_t i = 0; i < (int64_t)nt * G * lds; i++) S[i] = GUARD;
-                    REQUIRE(k->attn_scores_dp(S, lds, q, qs, nt, G, hd, kc, n), "hd %d not handled", hd);
-                    int bad = 0, over = 0;
-                    for (int u = 0; u < nt; u++)
-                        for (int g = 0; g < G; g++) {
-                            const float *qr = q + u * qs + g * hd;
-                            const float *row = S + (int64_t)(u * G + g) * lds;
-                            for (int j = 0; j < n; j++) {
-                                float s = 0.0f;
-                                for (int d = 0; d < hd; d += 2)
-                                    s = pair_step(s, qr[d], qr[d + 1], pt_bf16_to_f32(kc[j * hd + d]),
-                                                  pt_bf16_to_f32(kc[j * hd + d + 1]));
-                                bad += memcmp(&s, &row[j], 4) != 0;
-                            }
-                            for (int j = n; j < lds; j++) over += row[j] != GUARD;
-                        }
-                    CHECK(bad == 0 && over == 0, "hd %d, G %d, %d tokens, %d keys: %d scores differ, %d written past n",
-                          hd, G, nt, n, bad, over);
-                    free(q), free(S);
-                    cases++;
-                }
-            free(kc);
-        }
+    REQUIRE(pt_cpu_kernels_avx512.attn_scores_dp != NULL, "the avx512 table has no attn_scores_dp");
+    static const int hds[] = {32, 64, 128, 256, 512};
+    const int cases = attn_case_each(hds, 5, scores_dp_case);
     CHECK(cases == 300, "ran %d cases", cases);
 }
 
