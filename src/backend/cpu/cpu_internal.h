@@ -743,9 +743,9 @@ int pt_cpu_multi_on(void);
 /* Whether bf16-mode attention over bf16 caches takes the kernel table's
  * vdpbf16ps kernels (pt_cpu_lever.attn_dp, read once; 0 without AVX512-BF16). */
 int pt_cpu_attn_dp_on(void);
-/* Whether a prefill call's scores over bf16 caches in bf16 mode take the
- * kernel table's AMX kernel (pt_cpu_lever.attn_amx, read once; 0 without
- * AMX-BF16 or the tile state). */
+/* Whether a prefill call's scores and P·V over bf16 caches in bf16 mode
+ * take the kernel table's AMX kernels (pt_cpu_lever.attn_amx, read once; 0
+ * without AMX-BF16 or the tile state). */
 int pt_cpu_attn_amx_on(void);
 /* Levers, settable for A/B measurements (cpu_matmul.c): a field < 0 is read
  * from the environment on first use. The kernel choices (xint, xgemm,
@@ -766,9 +766,10 @@ typedef struct {
                   * the guided claims from one counter (0); the same bits either way */
     int pfnta;   /* the AVX-512 decode kernels' software prefetch of the weight codes as prefetchnta instead of
                   * prefetcht0 (PETREL_CPU_PF_NTA, default: on for AMD, cpu_matmul.c); the same bits either way */
-    int attn_amx; /* a prefill call's scores over a bf16 cache in bf16 mode on AMX tiles where the CPU has
-                   * AMX-BF16 (attn_scores_amx; PETREL_CPU_ATTN_AMX, default 1). NOT bit-neutral: the tile
-                   * unit's sums of the same exact products (the rounding points are the same) */
+    int attn_amx; /* a prefill call's scores and P·V over a bf16 cache in bf16 mode on AMX tiles where the CPU
+                   * has AMX-BF16 (attn_scores_amx, attn_pv_amx; PETREL_CPU_ATTN_AMX, default 1). NOT
+                   * bit-neutral: the tile unit's sums of the same exact products (the rounding points are the
+                   * same) */
     int attn_dp; /* bf16-mode attention over a bf16 cache on vdpbf16ps (attn_scores_dp, attn_pv_dp;
                   * PETREL_CPU_ATTN_DP, default: where vdpbf16ps issues at the FMA rate, cpu_matmul.c). NOT
                   * bit-neutral: another order of the f32 sums (the rounding points are the same) */

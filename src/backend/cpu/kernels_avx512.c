@@ -1061,6 +1061,13 @@ static int attn_scores_dp(float *S, int64_t lds, const float *q, int64_t qs, int
     return 1;
 }
 
+/* The lanes e < 16 whose key j + e lies in [0, n) */
+static inline __mmask16 key_lanes(int64_t j, int64_t n) {
+    const int64_t lo = j < 0 ? -j : 0, hi = n - j < 16 ? n - j : 16;
+    if (hi <= lo) return 0;
+    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
 /* attn_scores_t's rows and keys (bf16 keys, bf16-valued queries) on AMX
  * tiles: the queries as bf16 rows (pack_pairs: exact), the keys 32 at a time
  * in attn_scores_dp's kT layout ([hd/2][32] pairs: the B operand of
@@ -1088,8 +1095,7 @@ static int attn_scores_amx(float *S, int64_t lds, const float *q, int64_t qs, in
         float *Sc = S + (int64_t)c0 * lds;
         for (int64_t j0 = 0; j0 < n; j0 += 32) {
             const int64_t nk = keys_block(kT, k, j0, n, hd);
-            const __mmask16 m0 = nk >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nk) - 1u);
-            const __mmask16 m1 = nk <= 16 ? 0 : nk >= 32 ? (__mmask16)0xffff : (__mmask16)((1u << (nk - 16)) - 1u);
+            const __mmask16 m0 = key_lanes(0, nk), m1 = key_lanes(16, nk);
             for (int r0 = 0; r0 < rc; r0 += 32) {
                 PT_CPU_AMX_GROUP(bf16, qb + (size_t)r0 * hd, 16 * rs, 64, rs, kT, 2048, hd / 32, cb);
                 /* cb [row half][key half][16][16] */
@@ -1117,13 +1123,6 @@ static int attn_scores_amx(float *S, int64_t lds, const float *q, int64_t qs, in
  * bf16 values; A), and per 64 dims four C tiles loaded from acc, one step
  * of 32 slots at a time, stored back. Each output element is the tile
  * unit's f32 sum of its own row's products (AMX's rounding of that sum). */
-/* The lanes e < 16 whose key j + e lies in [0, n) */
-static inline __mmask16 pv_keys(int64_t j, int64_t n) {
-    const int64_t lo = j < 0 ? -j : 0, hi = n - j < 16 ? n - j : 16;
-    if (hi <= lo) return 0;
-    return (__mmask16)(((1u << hi) - 1u) & ~((1u << lo) - 1u));
-}
-
 static int attn_pv_amx(float *acc, const float *P, int64_t ldp, int R, int hd, const void *v, int64_t n, int lead) {
     enum { VP = 16384, KMAX = 512 }; /* pairs of the value chunk (64 KiB); slots a chunk at most */
     if (hd % 64 || hd > 256 || lead < 0 || lead > 31) return 0;
@@ -1158,8 +1157,8 @@ static int attn_pv_amx(float *acc, const float *P, int64_t ldp, int R, int hd, c
                     if (r0 + r < R) {
                         const int64_t j = s0 + s - lead; /* the key of slot s */
                         const float *pr = P + (int64_t)(r0 + r) * ldp + j;
-                        x0 = _mm512_maskz_loadu_ps(pv_keys(j, n), pr);
-                        x1 = _mm512_maskz_loadu_ps(pv_keys(j + 16, n), pr + 16);
+                        x0 = _mm512_maskz_loadu_ps(key_lanes(j, n), pr);
+                        x1 = _mm512_maskz_loadu_ps(key_lanes(j + 16, n), pr + 16);
                     }
                     _mm512_store_si512((void *)(pb + r * ns32 + s), (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
                 }
@@ -1455,7 +1454,7 @@ static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], con
 /* The block's nb keys of a slice, a pair at a time (an odd last key with a
  * zero row: its pair's w is 0); one: every vector of the slice in one group
  * (one broadcast a head) */
-static inline __attribute__((always_inline)) void fq_pv_keys(__m512 (*o)[4], const uint8_t *c0, size_t rb, int64_t nb,
+static inline __attribute__((always_inline)) void fq_key_lanes(__m512 (*o)[4], const uint8_t *c0, size_t rb, int64_t nb,
                                                              const uint32_t *wp, const int *off, const int B,
                                                              const int bits, const int NC, const int one) {
     static const uint8_t zero[64] __attribute__((aligned(64)));
@@ -1479,8 +1478,8 @@ static inline __attribute__((always_inline)) void fq_pv_slice(float *const *a, c
     for (int i = 0; i < nvec; i++) off[i] = (s0 + (bits == 4 ? i / 2 : i)) * cd / gs * 16;
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) o[g][i] = _mm512_load_ps(a[g] + 16 * i);
-    if (off[0] == off[nvec - 1]) fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 1); /* the slice in one group */
-    else fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 0);
+    if (off[0] == off[nvec - 1]) fq_key_lanes(o, c0, rb, nb, wp, off, B, bits, NC, 1); /* the slice in one group */
+    else fq_key_lanes(o, c0, rb, nb, wp, off, B, bits, NC, 0);
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) _mm512_store_ps(a[g] + 16 * i, o[g][i]);
 }
