@@ -1454,7 +1454,7 @@ static inline __attribute__((always_inline)) void fq_pv_pair(__m512 (*o)[4], con
 /* The block's nb keys of a slice, a pair at a time (an odd last key with a
  * zero row: its pair's w is 0); one: every vector of the slice in one group
  * (one broadcast a head) */
-static inline __attribute__((always_inline)) void fq_key_lanes(__m512 (*o)[4], const uint8_t *c0, size_t rb, int64_t nb,
+static inline __attribute__((always_inline)) void fq_pv_keys(__m512 (*o)[4], const uint8_t *c0, size_t rb, int64_t nb,
                                                              const uint32_t *wp, const int *off, const int B,
                                                              const int bits, const int NC, const int one) {
     static const uint8_t zero[64] __attribute__((aligned(64)));
@@ -1478,8 +1478,8 @@ static inline __attribute__((always_inline)) void fq_pv_slice(float *const *a, c
     for (int i = 0; i < nvec; i++) off[i] = (s0 + (bits == 4 ? i / 2 : i)) * cd / gs * 16;
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) o[g][i] = _mm512_load_ps(a[g] + 16 * i);
-    if (off[0] == off[nvec - 1]) fq_key_lanes(o, c0, rb, nb, wp, off, B, bits, NC, 1); /* the slice in one group */
-    else fq_key_lanes(o, c0, rb, nb, wp, off, B, bits, NC, 0);
+    if (off[0] == off[nvec - 1]) fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 1); /* the slice in one group */
+    else fq_pv_keys(o, c0, rb, nb, wp, off, B, bits, NC, 0);
     for (int g = 0; g < B; g++)
         for (int i = 0; i < nvec; i++) _mm512_store_ps(a[g] + 16 * i, o[g][i]);
 }
