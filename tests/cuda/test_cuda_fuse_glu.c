@@ -15,7 +15,9 @@
  *   - the 4-bit 1b and 8b gate/up shapes again on the wgmma kernels
  *     (PETREL_CUDA_TC_WG: a split of 2 or 4, clusters of gate and up blocks);
  *     the 8b one (not split) takes them at 64 rows by default
- *     (PETREL_CUDA_TC_WG_GLU, a launch counter), and again with that off;
+ *     (PETREL_CUDA_TC_WG_GLU, a launch counter), its stage refills issued by
+ *     one lane a warp (PETREL_CUDA_TC_WG_REFILL, the default) and by a branch
+ *     per tile in every warp, and again with that rule off;
  * and the whole forward pass (prefill of 20 tokens, then compiled greedy
  * decode steps) bit-identical with the fold on and off, on the 4-bit demo
  * model and the llama-3.2-1b shape with random 4- and 8-bit weights. A
@@ -48,6 +50,8 @@ void pt_cuda_tc_wg(int on);  /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma ke
 void pt_cuda_tc_wg_glu(int on); /* gemv_tc.cu: the unsplit GLU at 33..64 rows on them (1, default) or not (0) */
 void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
+void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
  * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
@@ -184,6 +188,19 @@ static void test_glu_op_bit_identical(void) {
                 CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 4,
                       "%s: %llu wgmma launches, want 4 (T = 64: two row modes, two activations)", what,
                       pt_cuda_tc_wg_count() - w0);
+                /* its stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL: the GLU launch's
+                 * by default), then by a branch per tile in every warp */
+                for (int rf = 1; rf >= 0 && ok; rf--) {
+                    pt_cuda_tc_wg_refill(rf);
+                    snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_REFILL=%d",
+                             (long long)F, (long long)K, rf);
+                    const unsigned long long r0 = pt_cuda_tc_wg_refill_count();
+                    ok = check_pair(be, what, &g, &u, Tl, 6, 1);
+                    const unsigned long long want = rf ? 4ull : 0ull;
+                    CHECK(!ok || pt_cuda_tc_wg_refill_count() - r0 == want, "%s: %llu launches of that form, want %llu",
+                          what, pt_cuda_tc_wg_refill_count() - r0, want);
+                }
+                pt_cuda_tc_wg_refill(-1);
                 pt_cuda_tc_wg_glu(0);
                 const unsigned long long w1 = pt_cuda_tc_wg_count();
                 snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_GLU=0", (long long)F,

@@ -16,7 +16,9 @@
  * prepare; both on by default) are checked again each alone, and
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
- * (clusters of 8 blocks, a partial quad of tiles) and of 4.
+ * (clusters of 8 blocks, a partial quad of tiles) and of 4; and those
+ * launches again with their stage refills issued by one lane a warp
+ * (PETREL_CUDA_TC_WG_REFILL=2).
  * A weight of many tiles (12800 rows), not split (PETREL_CUDA_TC_S1) and
  * split, is checked as well.
  * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2; at one
@@ -44,6 +46,8 @@ void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernel
 void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
+void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or the 8-warp ones (0); -1: default */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
 void pt_cuda_tc_lv4(int v);    /* gemv_tc.cu: loop 2 at one row in its 2-blocks-per-SM build: 2 always, 0 never */
@@ -263,6 +267,21 @@ static void test_gemv_batch_invariant(void) {
     }
     pt_cuda_tc_wg(-1);
     pt_cuda_tc_wg_plain(-1);
+    /* the plain 33..64-row launches (the rule) and, with every 17..64-row launch on them, the 32-column
+     * kernels, their stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL) */
+    for (int v = 1; v <= 2; v++) {
+        pt_cuda_tc_wg_refill(2);
+        pt_cuda_tc_wg(v == 2);
+        const unsigned long long c0 = pt_cuda_tc_wg_refill_count();
+        if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
+            !check_one(be, 4, 64, 1, 40, 4096, 1))
+            break;
+        const unsigned long long want = v == 2 ? 30ull : 18ull;
+        CHECK(pt_cuda_tc_wg_refill_count() - c0 == want, "PETREL_CUDA_TC_WG_REFILL=2: %llu launches in setting %d, "
+              "want %llu", pt_cuda_tc_wg_refill_count() - c0, v, want);
+    }
+    pt_cuda_tc_wg_refill(-1);
+    pt_cuda_tc_wg(-1);
 done:
     pt_backend_free(&be);
 }

@@ -498,6 +498,26 @@ static int tc_wg_plain(void) {
     return g_tc_wg_plain;
 }
 
+/* The wgmma kernels' stage refills issued by lane 0 of each warp, its own
+ * tile's two copies (gemv_wg_kernel.cuh RF), instead of a branch per tile
+ * in every warp, each with its reconvergence: the same copies and
+ * operations, so the same bits. PETREL_CUDA_TC_WG_REFILL: 1 (default) the
+ * GLU launch (the 8B gate/up at 64 rows 73.6 -> 70.6 us on an H100), 2 the
+ * plain launches too (their build for five blocks an SM then spills: 1.5%
+ * slower), 0 neither (A/B; read once; bench/RESULTS.md).
+ * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
+ * environment). Launches made with it so far are counted. */
+static int g_tc_wg_rf = -1;
+extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = v < 0 ? -1 : v > 2 ? 2 : v; }
+static int tc_wg_rf(bool glu) {
+    if (g_tc_wg_rf < 0) g_tc_wg_rf = pt_env_int("PETREL_CUDA_TC_WG_REFILL", 0, 2, 1);
+    return glu ? g_tc_wg_rf >= 1 : g_tc_wg_rf == 2;
+}
+static unsigned long long g_tc_wg_rf_launches;
+extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
+    return __atomic_load_n(&g_tc_wg_rf_launches, __ATOMIC_RELAXED);
+}
+
 /* The wgmma launch of m's weights (one item, no experts; every weight with
  * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
  * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
@@ -539,15 +559,14 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         const size_t want = ((size_t)c->sm_smem / (size_t)bps - (size_t)c->blk_rsv) & ~(size_t)255;
         if (want > dyn) dyn = want;
     }
-    static size_t attr_set[2];
-    if (dyn > 48 * 1024 && attr_set[gi] < dyn) {
-        if (gl)
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_glu_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)dyn));
-        else
-            CUDA_CHECK(cudaFuncSetAttribute(gemv_wg_kernel<NCOL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)dyn));
-        attr_set[gi] = dyn;
+    const int rf = tc_wg_rf(gl != nullptr);
+    void (*const gfn)(tc_args, tc_glu) = rf ? gemv_wg_glu_kernel<NCOL, true> : gemv_wg_glu_kernel<NCOL, false>;
+    void (*const pfn)(wg_multi_args) = rf ? gemv_wg_kernel<NCOL, true> : gemv_wg_kernel<NCOL, false>;
+    static size_t attr_set[2][2];
+    if (dyn > 48 * 1024 && attr_set[gi][rf] < dyn) {
+        if (gl) CUDA_CHECK(cudaFuncSetAttribute(gfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+        else CUDA_CHECK(cudaFuncSetAttribute(pfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+        attr_set[gi][rf] = dyn;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.stream = c->stream;
@@ -563,9 +582,10 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     at[1].val.clusterDim.z = 1;
     if (tc_pdl_on()) cfg.attrs = at, cfg.numAttrs = 2;
     else cfg.attrs = at + 1, cfg.numAttrs = 1;
-    if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_wg_glu_kernel<NCOL>, w.a[0], *gl));
-    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_wg_kernel<NCOL>, w));
+    if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gfn, w.a[0], *gl));
+    else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
+    if (rf) __atomic_fetch_add(&g_tc_wg_rf_launches, 1ull, __ATOMIC_RELAXED);
     return PT_OK;
 }
 

@@ -156,7 +156,7 @@ struct wg_multi_args {
 
 /* One cluster's work: quad qg (64 rows) of weight a, cluster rank r of
  * CL = S (or 2S with GLU: the upper S run the up weight). */
-template <int NCOL, bool GLU>
+template <int NCOL, bool GLU, bool RF = false>
 __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, const tc_glu &gl) {
     using SH = wg_shape<NCOL>;
     constexpr int NT = NCOL / 8, NW = SH::NW, NTH = NW * 32;
@@ -277,7 +277,21 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         load_a(am, sbv);
         issue_mma(d, am);
         const int j = i - 1; /* the unit whose stages are free: slots pws, pxs */
-        if (j >= 0) {
+        if constexpr (RF) {
+            /* RF: lane 0 of warp w issues both copies of tile w (and the
+             * last warp's the x), its tile index the warp's own: one branch
+             * a warp instead of one per tile, each with its reconvergence */
+            if (j >= 0 && lane == 0) {
+                const bool cw = j + SH::DW < nu, cx = warp == NW - 1 && j + SH::DX < nu;
+                if (cw || cx) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                if (cw) {
+                    if (warp == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
+                    copy_tile(pws, j + SH::DW, warp, false);
+                    copy_tile(pws, j + SH::DW, warp, true);
+                }
+                if (cx) copy_x(pxs, j + SH::DX);
+            }
+        } else if (j >= 0) {
             if (j + SH::DW < nu)
 #pragma unroll
                 for (int w = 0; w < NW; w++)
@@ -344,19 +358,21 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     }
 }
 
-template <int NCOL>
-__global__ void __launch_bounds__(128, 4) gemv_wg_kernel(wg_multi_args m) {
+/* RF compiled for five blocks an SM, as the plain launches run (its
+ * per-warp copy addresses kept live take 118 registers unbounded) */
+template <int NCOL, bool RF = false>
+__global__ void __launch_bounds__(128, RF ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
     const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && c >= m.first[j]) i = j;
-    gemv_wg_block<NCOL, false>(m.a[i], c - m.first[i], tc_glu());
+    gemv_wg_block<NCOL, false, RF>(m.a[i], c - m.first[i], tc_glu());
 }
 
-template <int NCOL>
+template <int NCOL, bool RF = false>
 __global__ void __launch_bounds__(128, 4) gemv_wg_glu_kernel(tc_args a, tc_glu g) {
-    gemv_wg_block<NCOL, true>(a, (int)(blockIdx.x / (unsigned)(2 * a.S)), g);
+    gemv_wg_block<NCOL, true, RF>(a, (int)(blockIdx.x / (unsigned)(2 * a.S)), g);
 }
 
 #endif
