@@ -502,9 +502,10 @@ static int tc_wg_plain(void) {
  * tile's two copies (gemv_wg_kernel.cuh RF), instead of a branch per tile
  * in every warp, each with its reconvergence: the same copies and
  * operations, so the same bits. PETREL_CUDA_TC_WG_REFILL: 1 (default) the
- * GLU launch (the 8B gate/up at 64 rows 73.6 -> 70.6 us on an H100), 2 the
- * plain launches too (their build for five blocks an SM then spills: 1.5%
- * slower), 0 neither (A/B; read once; bench/RESULTS.md).
+ * GLU launch (the 8B gate/up + GLU at 64 rows 73.5-73.8 -> 69.9-70.9 us on
+ * an H100, serving 64 streams +1.6%), 2 the plain launches too (their
+ * build for five blocks an SM then spills: 1.5% slower), 0 neither (A/B;
+ * read once; bench/RESULTS.md).
  * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
  * environment). Launches made with it so far are counted. */
 static int g_tc_wg_rf = -1;
