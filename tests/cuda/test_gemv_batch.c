@@ -269,8 +269,8 @@ static void test_gemv_batch_invariant(void) {
     pt_cuda_tc_wg_plain(-1);
     /* the plain 33..64-row launches (the rule) and, with every 17..64-row launch on them, the 32-column
      * kernels, their stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL=2) */
+    pt_cuda_tc_wg_refill(2);
     for (int v = 1; v <= 2; v++) {
-        pt_cuda_tc_wg_refill(2);
         pt_cuda_tc_wg(v == 2);
         const unsigned long long c0 = pt_cuda_tc_wg_refill_count();
         if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||

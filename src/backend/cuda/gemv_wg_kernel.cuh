@@ -262,9 +262,10 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
      * warps waiting there), so after issuing unit i every warp has read unit
      * i − 1's weight stage and folded its Σx; unit i − 1's stages are then
      * refilled while unit i's wgmma runs, the copies spread over the warps
-     * (tile w's codes and scale|bias by warp w, x by the last warp), each
-     * copy's addresses uniform across its warp (tile w a compile-time
-     * constant in its branch) so they need no per-lane loop. The same
+     * (tile w's codes and scale|bias by warp w, x by the last warp): with
+     * RF by lane 0 of each warp, its tile index the warp's own; without,
+     * by lanes 0 and 1 of warp w in a branch per tile (tile w a
+     * compile-time constant there), which every warp tests. The same
      * operations per output in the same order: the same bits. (Before: a
      * block barrier after each fold and warp 0 issuing every copy — 87.1
      * against 73.7 µs for the 8B gate/up at 64 rows on an H100,
@@ -358,8 +359,8 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     }
 }
 
-/* RF compiled for five blocks an SM, as the plain launches run (its
- * per-warp copy addresses kept live take 118 registers unbounded) */
+/* RF compiled for five blocks an SM, as the plain launches run (unbounded
+ * it takes 118 registers; bounded it spills 12 bytes) */
 template <int NCOL, bool RF = false>
 __global__ void __launch_bounds__(128, RF ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
     const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
