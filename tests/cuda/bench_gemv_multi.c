@@ -16,7 +16,9 @@
  * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block by the x prepare,
  * PETREL_CUDA_TC_XL; bit 2: 17..64 rows of 4-bit g64 weights on the wgmma kernels,
  * PETREL_CUDA_TC_WG; bit 3: their stage refills by one lane a warp in every launch,
- * PETREL_CUDA_TC_WG_REFILL=2, else in none, =0: "3 11" compares the two).
+ * PETREL_CUDA_TC_WG_REFILL=2, else in none, =0: "3 11" compares the two; bit 4: their
+ * loop unrolled over the rings' stages in every launch, PETREL_CUDA_TC_WG_UNROLL=2, else in
+ * none, =0: "3 19" compares the two).
  * GEMV_FUSE=1: the layer as the forward pass runs it, with the GLU between
  * gate/up and down (down reads its output), A/B of the GLU folded into the
  * gate/up GEMV's epilogue (matmul_glu; PETREL_CUDA_GEMV_FUSE) against
@@ -37,6 +39,7 @@ void pt_cuda_tc_drift(int on); /* gemv_tc.cu: above 8 rows, warps drift across x
 void pt_cuda_tc_xl(int on);   /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
 void pt_cuda_tc_wg(int on);   /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 void pt_cuda_gemv_fuse(int on); /* matmul.cu: matmul_glu fused (1) or PT_ERR_UNSUPPORTED (0); -1: the environment */
 
 /* One variant of a round-robin: a PETREL_CUDA_TC_LOOP value, or a GEMV_XP mask. */
@@ -46,6 +49,7 @@ static void set_variant(int xp, int v) {
         pt_cuda_tc_xl((v >> 1) & 1);
         pt_cuda_tc_wg((v >> 2) & 1);
         pt_cuda_tc_wg_refill((v >> 3) & 1 ? 2 : 0);
+        pt_cuda_tc_wg_unroll((v >> 4) & 1 ? 2 : 0);
     } else pt_cuda_tc_loop(v);
 }
 
@@ -207,6 +211,7 @@ int main(void) {
             pt_cuda_tc_xl(-1);
             pt_cuda_tc_wg(-1);
             pt_cuda_tc_wg_refill(-1);
+            pt_cuda_tc_wg_unroll(-1);
         } else pt_cuda_tc_loop(vl[0]);
         return 0;
     }

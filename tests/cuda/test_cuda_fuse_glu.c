@@ -52,6 +52,8 @@ void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows o
 unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
 void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
+void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
+unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
  * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
@@ -189,18 +191,25 @@ static void test_glu_op_bit_identical(void) {
                       "%s: %llu wgmma launches, want 4 (T = 64: two row modes, two activations)", what,
                       pt_cuda_tc_wg_count() - w0);
                 /* its stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL: the GLU launch's
-                 * by default), then by a branch per tile in every warp */
-                for (int rf = 1; rf >= 0 && ok; rf--) {
+                 * by default), then by a branch per tile in every warp; each with its loop rolled and
+                 * unrolled over the rings' stages (PETREL_CUDA_TC_WG_UNROLL) */
+                for (int f = 0; f < 4 && ok; f++) {
+                    const int rf = f & 1 ? 0 : 1, un = f >> 1;
                     pt_cuda_tc_wg_refill(rf);
-                    snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_REFILL=%d",
-                             (long long)F, (long long)K, rf);
-                    const unsigned long long r0 = pt_cuda_tc_wg_refill_count();
+                    pt_cuda_tc_wg_unroll(un);
+                    snprintf(what, sizeof what,
+                             "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_REFILL=%d PETREL_CUDA_TC_WG_UNROLL=%d",
+                             (long long)F, (long long)K, rf, un);
+                    const unsigned long long r0 = pt_cuda_tc_wg_refill_count(), u0 = pt_cuda_tc_wg_unroll_count();
                     ok = check_pair(be, what, &g, &u, Tl, 6, 1);
-                    const unsigned long long want = rf ? 4ull : 0ull;
+                    const unsigned long long want = rf ? 4ull : 0ull, wantu = un ? 4ull : 0ull;
                     CHECK(!ok || pt_cuda_tc_wg_refill_count() - r0 == want, "%s: %llu launches of that form, want %llu",
                           what, pt_cuda_tc_wg_refill_count() - r0, want);
+                    CHECK(!ok || pt_cuda_tc_wg_unroll_count() - u0 == wantu,
+                          "%s: %llu unrolled launches, want %llu", what, pt_cuda_tc_wg_unroll_count() - u0, wantu);
                 }
                 pt_cuda_tc_wg_refill(-1);
+                pt_cuda_tc_wg_unroll(-1);
                 pt_cuda_tc_wg_glu(0);
                 const unsigned long long w1 = pt_cuda_tc_wg_count();
                 snprintf(what, sizeof what, "4-bit g64 gate/up %lldx%lld, PETREL_CUDA_TC_WG_GLU=0", (long long)F,

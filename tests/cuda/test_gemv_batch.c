@@ -18,7 +18,8 @@
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
  * (clusters of 8 blocks, a partial quad of tiles) and of 4; and those
  * launches again with their stage refills issued by one lane a warp
- * (PETREL_CUDA_TC_WG_REFILL=2).
+ * (PETREL_CUDA_TC_WG_REFILL=2), and the 33..64-row ones with their loop
+ * unrolled over the rings' stages (PETREL_CUDA_TC_WG_UNROLL=2).
  * A weight of many tiles (12800 rows), not split (PETREL_CUDA_TC_S1) and
  * split, is checked as well.
  * The one-column kernels' unrolled ring loop (PETREL_CUDA_TC_LOOP=2; at one
@@ -48,6 +49,8 @@ void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows o
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
 void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
+void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
+unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
 void pt_cuda_tc_xp8(int on);   /* gemv_tc.cu: 2..8 rows on the XP kernels (1) or the 8-warp ones (0); -1: default */
 void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the inner loop (PETREL_CUDA_TC_LOOP 0..3; -1: the default) */
 void pt_cuda_tc_lv4(int v);    /* gemv_tc.cu: loop 2 at one row in its 2-blocks-per-SM build: 2 always, 0 never */
@@ -280,6 +283,21 @@ static void test_gemv_batch_invariant(void) {
         CHECK(pt_cuda_tc_wg_refill_count() - c0 == want, "PETREL_CUDA_TC_WG_REFILL=2: %llu launches in setting %d, "
               "want %llu", pt_cuda_tc_wg_refill_count() - c0, v, want);
     }
+    /* the plain 33..64-row launches with their loop unrolled over the rings' stages
+     * (PETREL_CUDA_TC_WG_UNROLL=2), the refills by one lane a warp and by a branch per tile */
+    pt_cuda_tc_wg(-1);
+    pt_cuda_tc_wg_unroll(2);
+    for (int rf = 2; rf >= 0; rf -= 2) {
+        pt_cuda_tc_wg_refill(rf);
+        const unsigned long long c0 = pt_cuda_tc_wg_unroll_count();
+        if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
+            !check_one(be, 4, 64, 1, 40, 4096, 1))
+            break;
+        CHECK(pt_cuda_tc_wg_unroll_count() - c0 == 18ull,
+              "PETREL_CUDA_TC_WG_UNROLL=2, REFILL=%d: %llu unrolled launches, want 18", rf,
+              pt_cuda_tc_wg_unroll_count() - c0);
+    }
+    pt_cuda_tc_wg_unroll(-1);
     pt_cuda_tc_wg_refill(-1);
     pt_cuda_tc_wg(-1);
 done:

@@ -519,6 +519,36 @@ extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
     return __atomic_load_n(&g_tc_wg_rf_launches, __ATOMIC_RELAXED);
 }
 
+/* The wgmma kernels' main loop unrolled over the rings' three stages at
+ * 64 columns (gemv_wg_kernel.cuh UN): every slot's addresses, descriptor and
+ * mbarrier constants, no slot counters, and with RF the refills' addresses
+ * formed once; the same units, copies and operations, so the same bits.
+ * PETREL_CUDA_TC_WG_UNROLL: 1 (default) the GLU launch (the 8B gate/up + GLU
+ * at 64 rows 70.3 -> 67.5 us on an H100, serving 64 streams +1.2%), 2 the
+ * plain launches too (their build for five blocks an SM then spills: the
+ * 8B layer +5%), 0 neither (A/B; read once; bench/RESULTS.md). pt_cuda_tc_wg_unroll(0..2) sets it (a negative
+ * argument: back to the environment). Launches made with it so far are
+ * counted. */
+static int g_tc_wg_un = -1;
+extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un = v < 0 ? -1 : v > 2 ? 2 : v; }
+static int tc_wg_un(bool glu) {
+    if (g_tc_wg_un < 0) g_tc_wg_un = pt_env_int("PETREL_CUDA_TC_WG_UNROLL", 0, 2, 1);
+    return glu ? g_tc_wg_un >= 1 : g_tc_wg_un == 2;
+}
+static unsigned long long g_tc_wg_un_launches;
+extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) {
+    return __atomic_load_n(&g_tc_wg_un_launches, __ATOMIC_RELAXED);
+}
+
+/* The GLU and plain kernels of one (NCOL, refill form, unrolled) choice;
+ * the 32-column rings have six weight stages, so no unrolled form there. */
+template <int NCOL, bool RF, bool UN>
+struct wg_fns {
+    static constexpr bool U = UN && NCOL == 64;
+    static void (*glu(void))(tc_args, tc_glu) { return gemv_wg_glu_kernel<NCOL, RF, U>; }
+    static void (*plain(void))(wg_multi_args) { return gemv_wg_kernel<NCOL, RF, U>; }
+};
+
 /* The wgmma launch of m's weights (one item, no experts; every weight with
  * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
  * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
@@ -560,14 +590,16 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         const size_t want = ((size_t)c->sm_smem / (size_t)bps - (size_t)c->blk_rsv) & ~(size_t)255;
         if (want > dyn) dyn = want;
     }
-    const int rf = tc_wg_rf(gl != nullptr);
-    void (*const gfn)(tc_args, tc_glu) = rf ? gemv_wg_glu_kernel<NCOL, true> : gemv_wg_glu_kernel<NCOL, false>;
-    void (*const pfn)(wg_multi_args) = rf ? gemv_wg_kernel<NCOL, true> : gemv_wg_kernel<NCOL, false>;
-    static size_t attr_set[2][2];
-    if (dyn > 48 * 1024 && attr_set[gi][rf] < dyn) {
+    const int rf = tc_wg_rf(gl != nullptr), un = NCOL == 64 && tc_wg_un(gl != nullptr);
+    void (*const gfn)(tc_args, tc_glu) = rf ? (un ? wg_fns<NCOL, true, true>::glu() : wg_fns<NCOL, true, false>::glu())
+                                            : (un ? wg_fns<NCOL, false, true>::glu() : wg_fns<NCOL, false, false>::glu());
+    void (*const pfn)(wg_multi_args) = rf ? (un ? wg_fns<NCOL, true, true>::plain() : wg_fns<NCOL, true, false>::plain())
+                                          : (un ? wg_fns<NCOL, false, true>::plain() : wg_fns<NCOL, false, false>::plain());
+    static size_t attr_set[2][2][2];
+    if (dyn > 48 * 1024 && attr_set[gi][rf][un] < dyn) {
         if (gl) CUDA_CHECK(cudaFuncSetAttribute(gfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
         else CUDA_CHECK(cudaFuncSetAttribute(pfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-        attr_set[gi][rf] = dyn;
+        attr_set[gi][rf][un] = dyn;
     }
     cudaLaunchConfig_t cfg = {};
     cfg.stream = c->stream;
@@ -587,6 +619,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
     if (rf) __atomic_fetch_add(&g_tc_wg_rf_launches, 1ull, __ATOMIC_RELAXED);
+    if (un) __atomic_fetch_add(&g_tc_wg_un_launches, 1ull, __ATOMIC_RELAXED);
     return PT_OK;
 }
 

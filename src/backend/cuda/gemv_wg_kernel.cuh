@@ -156,7 +156,7 @@ struct wg_multi_args {
 
 /* One cluster's work: quad qg (64 rows) of weight a, cluster rank r of
  * CL = S (or 2S with GLU: the upper S run the up weight). */
-template <int NCOL, bool GLU, bool RF = false>
+template <int NCOL, bool GLU, bool RF = false, bool UN = false>
 __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, const tc_glu &gl) {
     using SH = wg_shape<NCOL>;
     constexpr int NT = NCOL / 8, NW = SH::NW, NTH = NW * 32;
@@ -272,12 +272,9 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
      * bench/RESULTS.md.) */
     uint32_t am[4][4];
     float d[NCOL / 2];
-    int pws = 0, pxs = 0; /* unit i − 1's slots */
-    for (int i = 0; i < nu; i++) {
-        uint2 sbv;
-        load_a(am, sbv);
-        issue_mma(d, am);
-        const int j = i - 1; /* the unit whose stages are free: slots pws, pxs */
+    /* unit i − 1's stages refilled (slots pw, px) with units j + DW (its
+     * weights) and j + DX (its x), j = i − 1, while unit i's wgmma runs */
+    auto refill = [&](const int j, const int pw, const int px) {
         if constexpr (RF) {
             /* RF: lane 0 of warp w issues both copies of tile w (and the
              * last warp's the x), its tile index the warp's own: one branch
@@ -286,11 +283,11 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
                 const bool cw = j + SH::DW < nu, cx = warp == NW - 1 && j + SH::DX < nu;
                 if (cw || cx) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
                 if (cw) {
-                    if (warp == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
-                    copy_tile(pws, j + SH::DW, warp, false);
-                    copy_tile(pws, j + SH::DW, warp, true);
+                    if (warp == 0) tc_mbar_expect(&wbar[pw], (unsigned)SH::WB);
+                    copy_tile(pw, j + SH::DW, warp, false);
+                    copy_tile(pw, j + SH::DW, warp, true);
                 }
-                if (cx) copy_x(pxs, j + SH::DX);
+                if (cx) copy_x(px, j + SH::DX);
             }
         } else if (j >= 0) {
             if (j + SH::DW < nu)
@@ -298,19 +295,98 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
                 for (int w = 0; w < NW; w++)
                     if (warp == w && lane < 2) {
                         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        if (w == 0 && lane == 0) tc_mbar_expect(&wbar[pws], (unsigned)SH::WB);
-                        copy_tile(pws, j + SH::DW, w, lane == 1);
+                        if (w == 0 && lane == 0) tc_mbar_expect(&wbar[pw], (unsigned)SH::WB);
+                        copy_tile(pw, j + SH::DW, w, lane == 1);
                     }
             if (warp == NW - 1 && lane == 2 * NW && j + SH::DX < nu) {
                 asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                copy_x(pxs, j + SH::DX);
+                copy_x(px, j + SH::DX);
             }
         }
-        wg_wait(d);
-        fold(xs, d, sbv);
-        pws = ws, pxs = xs;
-        if (++ws == SH::DW) ws = 0, wp ^= 1u;
-        if (++xs == SH::DX) xs = 0, xp ^= 1u;
+    };
+    if constexpr (UN) {
+        /* UN: the loop unrolled over the rings' three stages (DW = DX = 3
+         * at 64 columns): unit i's slot is i mod 3 and its phase (i / 3)
+         * mod 2, so within an unrolled step every slot, its shared-memory
+         * addresses and descriptor, and its mbarrier are constants, and the
+         * slot counters are gone. The same units in the same order with the
+         * same copies: the same bits. */
+        static_assert(SH::DW == 3 && SH::DX == 3, "the unrolled loop walks three-stage rings");
+        /* with RF, lane 0's copies from this warp's tile rows and the x
+         * units as byte pointers advanced by the unit (copy_tile's and
+         * copy_x's addresses, formed once) */
+        const int tqw = qg * NW + warp, tilew = tqw < tpe ? tqw : tpe - 1;
+        const char *const pcw = reinterpret_cast<const char *>(wbase + ((int64_t)tilew * NU + s) * 32);
+        const char *const psw = reinterpret_cast<const char *>(sbbase + ((int64_t)tilew * NU + s) * 4);
+        const char *const pxw = reinterpret_cast<const char *>(a.xb) + (int64_t)s * SH::XU;
+        const uint64_t xd0 = wg_desc<NCOL>(sbase); /* slot k's: xd0 + k·XU/16 (no carry: smem < 256 KB) */
+        auto refill_un = [&](const int j, const int pk) {
+            if constexpr (RF) {
+                if (j >= 0 && lane == 0) {
+                    const bool cw = j + 3 < nu, cx = warp == NW - 1 && j + 3 < nu;
+                    const uint32_t u = (uint32_t)(j + 3) * (uint32_t)S; /* the unit's index past s */
+                    if (cw) {
+                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                        unsigned char *st = smem + SH::WO + pk * SH::WB;
+                        if (warp == 0) tc_mbar_expect(&wbar[pk], (unsigned)SH::WB);
+                        tc_bulk(st + warp * 512, pcw + (size_t)u * 512u, 512u, &wbar[pk]);
+                        tc_bulk(st + NW * 512 + warp * 64, psw + (size_t)u * 64u, 64u, &wbar[pk]);
+                    }
+                    if (cx) {
+                        tc_mbar_expect(&xbar[pk], (unsigned)SH::XU);
+                        tc_bulk(smem + pk * SH::XU, pxw + (size_t)u * (unsigned)SH::XU, (unsigned)SH::XU, &xbar[pk]);
+                    }
+                }
+            } else refill(j, pk, pk);
+        };
+        auto unit = [&](auto kc, const int i, const unsigned ph) {
+            constexpr int k = decltype(kc)::value, pk = (k + 2) % 3; /* unit i's slots, unit i − 1's */
+            uint2 sbv;
+            {
+                const unsigned char *wst = smem + SH::WO + k * SH::WB;
+                tc_mbar_wait(&wbar[k], ph);
+                const uint4 wv = *reinterpret_cast<const uint4 *>(wst + warp * 512 + lane * 16);
+                sbv = *reinterpret_cast<const uint2 *>(wst + NW * 512 + warp * 64 + g * 8);
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
+                    am[m][0] = tc_pair_c(wd, 0, c43), am[m][1] = tc_pair_c(wd, 1, c43),
+                    am[m][2] = tc_pair_c(wd, 2, c43), am[m][3] = tc_pair_c(wd, 3, c43);
+                }
+            }
+            tc_mbar_wait(&xbar[k], ph);
+            const uint64_t desc = xd0 + (uint64_t)(k * SH::XU / 16);
+            if constexpr (NCOL == 64) wg_issue64(d, am, desc);
+            else wg_issue32(d, am, desc);
+            refill_un(i - 1, pk);
+            wg_wait(d);
+            fold(k, d, sbv);
+        };
+        using k0 = std::integral_constant<int, 0>;
+        using k1 = std::integral_constant<int, 1>;
+        using k2 = std::integral_constant<int, 2>;
+        int i = 0;
+        unsigned ph = 0;
+        for (; i + 3 <= nu; i += 3, ph ^= 1u) {
+            unit(k0(), i, ph);
+            unit(k1(), i + 1, ph);
+            unit(k2(), i + 2, ph);
+        }
+        if (i < nu) unit(k0(), i, ph);
+        if (i + 1 < nu) unit(k1(), i + 1, ph);
+    } else {
+        int pws = 0, pxs = 0; /* unit i − 1's slots */
+        for (int i = 0; i < nu; i++) {
+            uint2 sbv;
+            load_a(am, sbv);
+            issue_mma(d, am);
+            refill(i - 1, pws, pxs); /* the unit whose stages are free: slots pws, pxs */
+            wg_wait(d);
+            fold(xs, d, sbv);
+            pws = ws, pxs = xs;
+            if (++ws == SH::DW) ws = 0, wp ^= 1u;
+            if (++xs == SH::DX) xs = 0, xp ^= 1u;
+        }
     }
     tc_pdl_trigger();
 
@@ -359,21 +435,21 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     }
 }
 
-/* RF compiled for five blocks an SM, as the plain launches run (unbounded
- * it takes 118 registers; bounded it spills 12 bytes) */
-template <int NCOL, bool RF = false>
-__global__ void __launch_bounds__(128, RF ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
+/* RF or UN compiled for five blocks an SM, as the plain launches run
+ * (unbounded RF takes 118 registers; bounded RF spills 12 bytes, UN 56) */
+template <int NCOL, bool RF = false, bool UN = false>
+__global__ void __launch_bounds__(128, RF || UN ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
     const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && c >= m.first[j]) i = j;
-    gemv_wg_block<NCOL, false, RF>(m.a[i], c - m.first[i], tc_glu());
+    gemv_wg_block<NCOL, false, RF, UN>(m.a[i], c - m.first[i], tc_glu());
 }
 
-template <int NCOL, bool RF = false>
+template <int NCOL, bool RF = false, bool UN = false>
 __global__ void __launch_bounds__(128, 4) gemv_wg_glu_kernel(tc_args a, tc_glu g) {
-    gemv_wg_block<NCOL, true, RF>(a, (int)(blockIdx.x / (unsigned)(2 * a.S)), g);
+    gemv_wg_block<NCOL, true, RF, UN>(a, (int)(blockIdx.x / (unsigned)(2 * a.S)), g);
 }
 
 #endif
