@@ -508,12 +508,17 @@ static int tc_wg_plain(void) {
  * read once; bench/RESULTS.md).
  * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
  * environment). Launches made with it so far are counted. */
-static int g_tc_wg_rf = -1;
-extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = v < 0 ? -1 : v > 2 ? 2 : v; }
-static int tc_wg_rf(bool glu) {
-    if (g_tc_wg_rf < 0) g_tc_wg_rf = pt_env_int("PETREL_CUDA_TC_WG_REFILL", 0, 2, 1);
-    return glu ? g_tc_wg_rf >= 1 : g_tc_wg_rf == 2;
+/* A switch of a wgmma kernel form: 1 (default) in the GLU launch, 2 in the
+ * plain launches too, 0 in neither; a setter's negative value: back to the
+ * environment variable, read once. */
+static int tc_wg_form_set(int v) { return v < 0 ? -1 : v > 2 ? 2 : v; }
+static bool tc_wg_form(int &g, const char *env, bool glu) {
+    if (g < 0) g = pt_env_int(env, 0, 2, 1);
+    return glu ? g >= 1 : g == 2;
 }
+static int g_tc_wg_rf = -1;
+extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = tc_wg_form_set(v); }
+static bool tc_wg_rf(bool glu) { return tc_wg_form(g_tc_wg_rf, "PETREL_CUDA_TC_WG_REFILL", glu); }
 static unsigned long long g_tc_wg_rf_launches;
 extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
     return __atomic_load_n(&g_tc_wg_rf_launches, __ATOMIC_RELAXED);
@@ -526,15 +531,12 @@ extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
  * PETREL_CUDA_TC_WG_UNROLL: 1 (default) the GLU launch (the 8B gate/up + GLU
  * at 64 rows 70.3 -> 67.5 us on an H100, serving 64 streams +1.2%), 2 the
  * plain launches too (their build for five blocks an SM then spills: the
- * 8B layer +5%), 0 neither (A/B; read once; bench/RESULTS.md). pt_cuda_tc_wg_unroll(0..2) sets it (a negative
- * argument: back to the environment). Launches made with it so far are
- * counted. */
+ * 8B layer +5%), 0 neither (A/B; read once; bench/RESULTS.md).
+ * pt_cuda_tc_wg_unroll(0..2) sets it (a negative argument: back to the
+ * environment). Launches made with it so far are counted. */
 static int g_tc_wg_un = -1;
-extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un = v < 0 ? -1 : v > 2 ? 2 : v; }
-static int tc_wg_un(bool glu) {
-    if (g_tc_wg_un < 0) g_tc_wg_un = pt_env_int("PETREL_CUDA_TC_WG_UNROLL", 0, 2, 1);
-    return glu ? g_tc_wg_un >= 1 : g_tc_wg_un == 2;
-}
+extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un = tc_wg_form_set(v); }
+static bool tc_wg_un(bool glu) { return tc_wg_form(g_tc_wg_un, "PETREL_CUDA_TC_WG_UNROLL", glu); }
 static unsigned long long g_tc_wg_un_launches;
 extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) {
     return __atomic_load_n(&g_tc_wg_un_launches, __ATOMIC_RELAXED);

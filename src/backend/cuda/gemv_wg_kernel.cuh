@@ -224,10 +224,11 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
      * from unit to unit rather than divided (DW = DX = 3 at 64 columns). */
     int ws = 0, xs = 0;
     unsigned wp = 0, xp = 0;
-    /* unit i's A fragments and scale|bias words (its weight stage waited on) */
-    auto load_a = [&](uint32_t (&am)[4][4], uint2 &sbv) {
-        const unsigned char *wst = smem + SH::WO + ws * SH::WB;
-        tc_mbar_wait(&wbar[ws], wp);
+    /* a unit's A fragments and scale|bias words from weight slot sl, its
+     * stage waited on at phase ph */
+    auto load_a = [&](uint32_t (&am)[4][4], uint2 &sbv, const int sl, const unsigned ph) {
+        const unsigned char *wst = smem + SH::WO + sl * SH::WB;
+        tc_mbar_wait(&wbar[sl], ph);
         const uint4 wv = *reinterpret_cast<const uint4 *>(wst + warp * 512 + lane * 16);
         sbv = *reinterpret_cast<const uint2 *>(wst + NW * 512 + warp * 64 + g * 8);
 #pragma unroll
@@ -342,18 +343,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         auto unit = [&](auto kc, const int i, const unsigned ph) {
             constexpr int k = decltype(kc)::value, pk = (k + 2) % 3; /* unit i's slots, unit i − 1's */
             uint2 sbv;
-            {
-                const unsigned char *wst = smem + SH::WO + k * SH::WB;
-                tc_mbar_wait(&wbar[k], ph);
-                const uint4 wv = *reinterpret_cast<const uint4 *>(wst + warp * 512 + lane * 16);
-                sbv = *reinterpret_cast<const uint2 *>(wst + NW * 512 + warp * 64 + g * 8);
-#pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    const uint32_t wd = m == 0 ? wv.x : m == 1 ? wv.y : m == 2 ? wv.z : wv.w;
-                    am[m][0] = tc_pair_c(wd, 0, c43), am[m][1] = tc_pair_c(wd, 1, c43),
-                    am[m][2] = tc_pair_c(wd, 2, c43), am[m][3] = tc_pair_c(wd, 3, c43);
-                }
-            }
+            load_a(am, sbv, k, ph);
             tc_mbar_wait(&xbar[k], ph);
             const uint64_t desc = xd0 + (uint64_t)(k * SH::XU / 16);
             if constexpr (NCOL == 64) wg_issue64(d, am, desc);
@@ -378,7 +368,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         int pws = 0, pxs = 0; /* unit i − 1's slots */
         for (int i = 0; i < nu; i++) {
             uint2 sbv;
-            load_a(am, sbv);
+            load_a(am, sbv, ws, wp);
             issue_mma(d, am);
             refill(i - 1, pws, pxs); /* the unit whose stages are free: slots pws, pxs */
             wg_wait(d);
