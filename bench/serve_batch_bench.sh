@@ -3,7 +3,9 @@
 # batching on the H200"): `petrel serve --device ${DEVICE:-cuda} --parallel 64` on a
 # model directory, driven by bench/loadgen.py on the same machine with 1, 8,
 # 32 and 64 concurrent streams; per level: aggregate output tok/s, per-stream
-# tok/s, time to first token, mean batch size per decode step (/metrics).
+# tok/s, time to first token, mean batch size per decode step (/metrics);
+# where the levels include 1, each other level's aggregate and per-stream rate
+# as a ratio to it, from this one run.
 #
 # Usage: bench/serve_batch_bench.sh PETREL MODEL_DIR [LEVELS] [TOKENS]
 #   MODEL_DIR is written first when absent: bench/make_synth_model.py
@@ -46,9 +48,22 @@ for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens 3 --prompt-len "$PROMPT_LEN" --vocab "$V" \
     --seed 99 --label warmup >/dev/null
 done
+OUTS=$(mktemp)
+trap '[ -n "$PID" ] && kill $PID 2>/dev/null; rm -f "$ERR" "$OUTS"' EXIT
 for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens "$TOKENS" --prompt-len "$PROMPT_LEN" --vocab "$V" \
     --seed "$n" --label "${LABEL:-$(basename "$MODEL")}" --verify "${VERIFY:-2}" \
-    $([ "${VERIFY_FULL:-1}" = 1 ] && echo --verify-full)
+    $([ "${VERIFY_FULL:-1}" = 1 ] && echo --verify-full) | tee -a "$OUTS"
 done
+# with a one-stream level in this run: each level against it, measured side by side (issue 13's ratios)
+python3 - "$OUTS" <<'PY'
+import json, sys
+runs = [json.loads(l[5:]) for l in open(sys.argv[1]) if l.startswith("JSON ")]
+one = next((r for r in runs if r["streams"] == 1), None)
+if one:
+    for r in runs:
+        if r["streams"] > 1:
+            print(f"ratio streams {r['streams']:3d}: agg {r['agg_tok_s'] / one['agg_tok_s']:.2f}x one stream, "
+                  f"per-stream median {100 * r['per_stream_median_tok_s'] / one['per_stream_median_tok_s']:.1f}% of one stream's")
+PY
 python3 -c "import urllib.request,sys; print(''.join(l for l in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines(True) if l.startswith(('petrel_batch_size', 'petrel_prompt_row', 'petrel_pipelined', 'petrel_scheduler'))))" "http://127.0.0.1:$PORT/metrics"
