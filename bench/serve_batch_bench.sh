@@ -27,8 +27,9 @@ CTX=${CTX:-1024}
 PARALLEL=${PARALLEL:-64}
 [ -d "$MODEL" ] || python3 bench/make_synth_model.py "$MODEL" llama-3.1-8b
 ERR=$(mktemp)
+OUTS=$(mktemp)
 PID=
-trap '[ -n "$PID" ] && kill $PID 2>/dev/null; rm -f "$ERR"' EXIT
+trap '[ -n "$PID" ] && kill $PID 2>/dev/null; rm -f "$ERR" "$OUTS"' EXIT
 t0=$(date +%s%N)
 "$PETREL" serve -m "$MODEL" --device ${DEVICE:-cuda} --parallel "$PARALLEL" --ctx "$CTX" --prompt-cache 0 --port 0 2>"$ERR" &
 PID=$!
@@ -48,8 +49,6 @@ for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens 3 --prompt-len "$PROMPT_LEN" --vocab "$V" \
     --seed 99 --label warmup >/dev/null
 done
-OUTS=$(mktemp)
-trap '[ -n "$PID" ] && kill $PID 2>/dev/null; rm -f "$ERR" "$OUTS"' EXIT
 for n in $LEVELS; do
   python3 bench/loadgen.py --port "$PORT" --streams "$n" --tokens "$TOKENS" --prompt-len "$PROMPT_LEN" --vocab "$V" \
     --seed "$n" --label "${LABEL:-$(basename "$MODEL")}" --verify "${VERIFY:-2}" \

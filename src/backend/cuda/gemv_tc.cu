@@ -498,6 +498,15 @@ static int tc_wg_plain(void) {
     return g_tc_wg_plain;
 }
 
+/* A switch of a wgmma kernel form: 1 (default) in the GLU launch, 2 in the
+ * plain launches too, 0 in neither; a setter's negative value: back to the
+ * environment variable, read once. */
+static int tc_wg_form_set(int v) { return v < 0 ? -1 : v > 2 ? 2 : v; }
+static bool tc_wg_form(int &g, const char *env, bool glu) {
+    if (g < 0) g = pt_env_int(env, 0, 2, 1);
+    return glu ? g >= 1 : g == 2;
+}
+
 /* The wgmma kernels' stage refills issued by lane 0 of each warp, its own
  * tile's two copies (gemv_wg_kernel.cuh RF), instead of a branch per tile
  * in every warp, each with its reconvergence: the same copies and
@@ -508,14 +517,6 @@ static int tc_wg_plain(void) {
  * read once; bench/RESULTS.md).
  * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
  * environment). Launches made with it so far are counted. */
-/* A switch of a wgmma kernel form: 1 (default) in the GLU launch, 2 in the
- * plain launches too, 0 in neither; a setter's negative value: back to the
- * environment variable, read once. */
-static int tc_wg_form_set(int v) { return v < 0 ? -1 : v > 2 ? 2 : v; }
-static bool tc_wg_form(int &g, const char *env, bool glu) {
-    if (g < 0) g = pt_env_int(env, 0, 2, 1);
-    return glu ? g >= 1 : g == 2;
-}
 static int g_tc_wg_rf = -1;
 extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = tc_wg_form_set(v); }
 static bool tc_wg_rf(bool glu) { return tc_wg_form(g_tc_wg_rf, "PETREL_CUDA_TC_WG_REFILL", glu); }
@@ -542,14 +543,17 @@ extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) {
     return __atomic_load_n(&g_tc_wg_un_launches, __ATOMIC_RELAXED);
 }
 
-/* The GLU and plain kernels of one (NCOL, refill form, unrolled) choice;
- * the 32-column rings have six weight stages, so no unrolled form there. */
-template <int NCOL, bool RF, bool UN>
-struct wg_fns {
-    static constexpr bool U = UN && NCOL == 64;
-    static void (*glu(void))(tc_args, tc_glu) { return gemv_wg_glu_kernel<NCOL, RF, U>; }
-    static void (*plain(void))(wg_multi_args) { return gemv_wg_kernel<NCOL, RF, U>; }
-};
+/* The GLU and plain kernels by [refill form][unrolled]; the 32-column rings
+ * have six weight stages, so no unrolled form there (tc_launch_wg asks for
+ * it at 64 columns only). */
+template <int NCOL>
+static void (*const wg_glu_fns[2][2])(tc_args, tc_glu) = {
+    {gemv_wg_glu_kernel<NCOL, false, false>, gemv_wg_glu_kernel<NCOL, false, NCOL == 64>},
+    {gemv_wg_glu_kernel<NCOL, true, false>, gemv_wg_glu_kernel<NCOL, true, NCOL == 64>}};
+template <int NCOL>
+static void (*const wg_plain_fns[2][2])(wg_multi_args) = {
+    {gemv_wg_kernel<NCOL, false, false>, gemv_wg_kernel<NCOL, false, NCOL == 64>},
+    {gemv_wg_kernel<NCOL, true, false>, gemv_wg_kernel<NCOL, true, NCOL == 64>}};
 
 /* The wgmma launch of m's weights (one item, no experts; every weight with
  * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
@@ -593,10 +597,8 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         if (want > dyn) dyn = want;
     }
     const int rf = tc_wg_rf(gl != nullptr), un = NCOL == 64 && tc_wg_un(gl != nullptr);
-    void (*const gfn)(tc_args, tc_glu) = rf ? (un ? wg_fns<NCOL, true, true>::glu() : wg_fns<NCOL, true, false>::glu())
-                                            : (un ? wg_fns<NCOL, false, true>::glu() : wg_fns<NCOL, false, false>::glu());
-    void (*const pfn)(wg_multi_args) = rf ? (un ? wg_fns<NCOL, true, true>::plain() : wg_fns<NCOL, true, false>::plain())
-                                          : (un ? wg_fns<NCOL, false, true>::plain() : wg_fns<NCOL, false, false>::plain());
+    void (*const gfn)(tc_args, tc_glu) = wg_glu_fns<NCOL>[rf][un];
+    void (*const pfn)(wg_multi_args) = wg_plain_fns<NCOL>[rf][un];
     static size_t attr_set[2][2][2];
     if (dyn > 48 * 1024 && attr_set[gi][rf][un] < dyn) {
         if (gl) CUDA_CHECK(cudaFuncSetAttribute(gfn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
