@@ -15,7 +15,7 @@
  * above 8 rows at every T (bit 0: warps drift across the x stages,
  * PETREL_CUDA_TC_DRIFT; bit 1: the XL kernels, x laid out per K block by the x prepare,
  * PETREL_CUDA_TC_XL; bit 2: 17..64 rows of 4-bit g64 weights on the wgmma kernels,
- * PETREL_CUDA_TC_WG; bit 3: their stage refills by one lane a warp in every launch,
+ * PETREL_CUDA_TC_WG; bit 3: their stage refills by one elected lane in every launch,
  * PETREL_CUDA_TC_WG_REFILL=2, else in none, =0: "3 11" compares the two; bit 4: their
  * loop unrolled over the rings' stages in every launch, PETREL_CUDA_TC_WG_UNROLL=2, else in
  * none, =0: "3 19" compares the two).
@@ -38,7 +38,7 @@ void pt_cuda_tc_loop(int lv);  /* gemv_tc.cu: the GEMV's inner loop (PETREL_CUDA
 void pt_cuda_tc_drift(int on); /* gemv_tc.cu: above 8 rows, warps drift across x stages (1) or meet per stage (0) */
 void pt_cuda_tc_xl(int on);   /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernels (1) or not (0) */
 void pt_cuda_tc_wg(int on);   /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
-void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one elected lane: 0 none, 1 GLU, 2 all; -1 */
 void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 void pt_cuda_gemv_fuse(int on); /* matmul.cu: matmul_glu fused (1) or PT_ERR_UNSUPPORTED (0); -1: the environment */
 

@@ -16,7 +16,7 @@
  *     (PETREL_CUDA_TC_WG: a split of 2 or 4, clusters of gate and up blocks);
  *     the 8b one (not split) takes them at 64 rows by default
  *     (PETREL_CUDA_TC_WG_GLU, a launch counter), its stage refills issued by
- *     one lane a warp (PETREL_CUDA_TC_WG_REFILL, the default) and by a branch
+ *     one elected lane (PETREL_CUDA_TC_WG_REFILL, the default) and by a branch
  *     per tile in every warp, and again with that rule off;
  * and the whole forward pass (prefill of 20 tokens, then compiled greedy
  * decode steps) bit-identical with the fold on and off, on the 4-bit demo
@@ -50,7 +50,7 @@ void pt_cuda_tc_wg(int on);  /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma ke
 void pt_cuda_tc_wg_glu(int on); /* gemv_tc.cu: the unsplit GLU at 33..64 rows on them (1, default) or not (0) */
 void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* their launches so far */
-void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one elected lane: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
@@ -190,8 +190,8 @@ static void test_glu_op_bit_identical(void) {
                 CHECK(!ok || pt_cuda_tc_wg_count() - w0 == 4,
                       "%s: %llu wgmma launches, want 4 (T = 64: two row modes, two activations)", what,
                       pt_cuda_tc_wg_count() - w0);
-                /* its stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL: the GLU launch's
-                 * by default), then by a branch per tile in every warp; each with its loop rolled and
+                /* its stage refills issued by one elected lane (PETREL_CUDA_TC_WG_REFILL: by default),
+                 * then by a branch per tile in every warp; each with its loop rolled and
                  * unrolled over the rings' stages (PETREL_CUDA_TC_WG_UNROLL) */
                 for (int f = 0; f < 4 && ok; f++) {
                     const int rf = f & 1 ? 0 : 1, un = f >> 1;

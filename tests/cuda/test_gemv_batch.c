@@ -16,9 +16,10 @@
  * prepare; both on by default) are checked again each alone, and
  * 17..64 rows of 4-bit g64 weights on the warpgroup-MMA kernels
  * (PETREL_CUDA_TC_WG, gemv_wg_kernel.cuh), on and off: splits of 8
- * (clusters of 8 blocks, a partial quad of tiles) and of 4; and those
- * launches again with their stage refills issued by one lane a warp
- * (PETREL_CUDA_TC_WG_REFILL=2), and the 33..64-row ones with their loop
+ * (clusters of 8 blocks, a partial quad of tiles) and of 4, their stage
+ * refills by one elected lane (PETREL_CUDA_TC_WG_REFILL=2, the default:
+ * every such launch counted); and those launches again with their refills
+ * spread over the warps (=0), and the 33..64-row ones with their loop
  * unrolled over the rings' stages (PETREL_CUDA_TC_WG_UNROLL=2).
  * A weight of many tiles (12800 rows), not split (PETREL_CUDA_TC_S1) and
  * split, is checked as well.
@@ -47,7 +48,7 @@ void pt_cuda_tc_xl(int on);    /* gemv_tc.cu: above 8 rows, 4-bit: the XL kernel
 void pt_cuda_tc_wg(int on);    /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 void pt_cuda_tc_wg_plain(int on); /* gemv_tc.cu: a plain launch of 33..64 rows on them (1, default) or not (0) */
 unsigned long long pt_cuda_tc_wg_count(void); /* and their launches so far */
-void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one lane a warp: 0 none, 1 GLU, 2 all; -1 */
+void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one elected lane: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
@@ -259,7 +260,7 @@ static void test_gemv_batch_invariant(void) {
     for (int v = 2; v >= 0; v--) {
         pt_cuda_tc_wg(v == 2);
         pt_cuda_tc_wg_plain(v >= 1);
-        const unsigned long long c0 = pt_cuda_tc_wg_count();
+        const unsigned long long c0 = pt_cuda_tc_wg_count(), r0 = pt_cuda_tc_wg_refill_count();
         if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
             !check_one(be, 4, 64, 1, 40, 4096, 1))
             break;
@@ -267,24 +268,28 @@ static void test_gemv_batch_invariant(void) {
         const unsigned long long want = v == 2 ? 30ull : v == 1 ? 18ull : 0ull;
         CHECK(pt_cuda_tc_wg_count() - c0 == want, "wgmma launches: %llu in setting %d, want %llu",
               pt_cuda_tc_wg_count() - c0, v, want);
+        CHECK(pt_cuda_tc_wg_refill_count() - r0 == want,
+              "wgmma launches with the elected-lane refills (the default): %llu in setting %d, want %llu",
+              pt_cuda_tc_wg_refill_count() - r0, v, want);
     }
     pt_cuda_tc_wg(-1);
     pt_cuda_tc_wg_plain(-1);
     /* the plain 33..64-row launches (the rule) and, with every 17..64-row launch on them, the 32-column
-     * kernels, their stage refills issued by one lane a warp (PETREL_CUDA_TC_WG_REFILL=2) */
-    pt_cuda_tc_wg_refill(2);
+     * kernels, their stage refills spread over the warps (PETREL_CUDA_TC_WG_REFILL=0) */
+    pt_cuda_tc_wg_refill(0);
     for (int v = 1; v <= 2; v++) {
         pt_cuda_tc_wg(v == 2);
-        const unsigned long long c0 = pt_cuda_tc_wg_refill_count();
+        const unsigned long long c0 = pt_cuda_tc_wg_count(), r0 = pt_cuda_tc_wg_refill_count();
         if (!check_one(be, 4, 64, 1, 300, 2560, 1) || !check_one(be, 4, 64, 1, 4096, 1024, 0) ||
             !check_one(be, 4, 64, 1, 40, 4096, 1))
             break;
         const unsigned long long want = v == 2 ? 30ull : 18ull;
-        CHECK(pt_cuda_tc_wg_refill_count() - c0 == want, "PETREL_CUDA_TC_WG_REFILL=2: %llu launches in setting %d, "
-              "want %llu", pt_cuda_tc_wg_refill_count() - c0, v, want);
+        CHECK(pt_cuda_tc_wg_count() - c0 == want && pt_cuda_tc_wg_refill_count() == r0,
+              "PETREL_CUDA_TC_WG_REFILL=0: %llu launches in setting %d (want %llu), %llu with the elected lane "
+              "(want 0)", pt_cuda_tc_wg_count() - c0, v, want, pt_cuda_tc_wg_refill_count() - r0);
     }
     /* the plain 33..64-row launches with their loop unrolled over the rings' stages
-     * (PETREL_CUDA_TC_WG_UNROLL=2), the refills by one lane a warp and by a branch per tile */
+     * (PETREL_CUDA_TC_WG_UNROLL=2), the refills by one elected lane and by a branch per tile */
     pt_cuda_tc_wg(-1);
     pt_cuda_tc_wg_unroll(2);
     for (int rf = 2; rf >= 0; rf -= 2) {

@@ -498,28 +498,27 @@ static int tc_wg_plain(void) {
     return g_tc_wg_plain;
 }
 
-/* A switch of a wgmma kernel form: 1 (default) in the GLU launch, 2 in the
- * plain launches too, 0 in neither; a setter's negative value: back to the
- * environment variable, read once. */
+/* A switch of a wgmma kernel form: 1 in the GLU launch, 2 in the plain
+ * launches too, 0 in neither (def when unset); a setter's negative value:
+ * back to the environment variable, read once. */
 static int tc_wg_form_set(int v) { return v < 0 ? -1 : v > 2 ? 2 : v; }
-static bool tc_wg_form(int &g, const char *env, bool glu) {
-    if (g < 0) g = pt_env_int(env, 0, 2, 1);
+static bool tc_wg_form(int &g, const char *env, int def, bool glu) {
+    if (g < 0) g = pt_env_int(env, 0, 2, def);
     return glu ? g >= 1 : g == 2;
 }
 
-/* The wgmma kernels' stage refills issued by lane 0 of each warp, its own
- * tile's two copies (gemv_wg_kernel.cuh RF), instead of a branch per tile
- * in every warp, each with its reconvergence: the same copies and
- * operations, so the same bits. PETREL_CUDA_TC_WG_REFILL: 1 (default) the
- * GLU launch (the 8B gate/up + GLU at 64 rows 73.5-73.8 -> 69.9-70.9 us on
- * an H100, serving 64 streams +1.6%), 2 the plain launches too (their
- * build for five blocks an SM then spills: 1.5% slower), 0 neither (A/B;
- * read once; bench/RESULTS.md).
+/* The wgmma kernels' stage refills issued by one elected lane of the last
+ * warp, every copy of the unit (gemv_wg_kernel.cuh RF), instead of a
+ * branch per tile in every warp, each with its reconvergence: the same
+ * copies and operations, so the same bits. PETREL_CUDA_TC_WG_REFILL: 2
+ * (default) every launch (on an H100 the 8B layer's GEMVs at 64 rows
+ * 140.4 -> 137.1 us, serving 64 streams +3.1%), 1 the GLU launch only, 0
+ * neither (A/B; read once; bench/RESULTS.md).
  * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
  * environment). Launches made with it so far are counted. */
 static int g_tc_wg_rf = -1;
 extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = tc_wg_form_set(v); }
-static bool tc_wg_rf(bool glu) { return tc_wg_form(g_tc_wg_rf, "PETREL_CUDA_TC_WG_REFILL", glu); }
+static bool tc_wg_rf(bool glu) { return tc_wg_form(g_tc_wg_rf, "PETREL_CUDA_TC_WG_REFILL", 2, glu); }
 static unsigned long long g_tc_wg_rf_launches;
 extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
     return __atomic_load_n(&g_tc_wg_rf_launches, __ATOMIC_RELAXED);
@@ -527,17 +526,18 @@ extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
 
 /* The wgmma kernels' main loop unrolled over the rings' three stages at
  * 64 columns (gemv_wg_kernel.cuh UN): every slot's addresses, descriptor and
- * mbarrier constants, no slot counters, and with RF the refills' addresses
- * formed once; the same units, copies and operations, so the same bits.
+ * mbarrier constants, no slot counters; the same units, copies and
+ * operations, so the same bits.
  * PETREL_CUDA_TC_WG_UNROLL: 1 (default) the GLU launch (the 8B gate/up + GLU
  * at 64 rows 70.3 -> 67.5 us on an H100, serving 64 streams +1.2%), 2 the
- * plain launches too (their build for five blocks an SM then spills: the
- * 8B layer +5%), 0 neither (A/B; read once; bench/RESULTS.md).
+ * plain launches too (their build for five blocks an SM then spills 84
+ * bytes: served 64 streams 1.2% slower), 0 neither (A/B; read once;
+ * bench/RESULTS.md).
  * pt_cuda_tc_wg_unroll(0..2) sets it (a negative argument: back to the
  * environment). Launches made with it so far are counted. */
 static int g_tc_wg_un = -1;
 extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un = tc_wg_form_set(v); }
-static bool tc_wg_un(bool glu) { return tc_wg_form(g_tc_wg_un, "PETREL_CUDA_TC_WG_UNROLL", glu); }
+static bool tc_wg_un(bool glu) { return tc_wg_form(g_tc_wg_un, "PETREL_CUDA_TC_WG_UNROLL", 1, glu); }
 static unsigned long long g_tc_wg_un_launches;
 extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) {
     return __atomic_load_n(&g_tc_wg_un_launches, __ATOMIC_RELAXED);

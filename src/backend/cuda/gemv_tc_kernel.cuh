@@ -357,6 +357,12 @@ __device__ __forceinline__ void tc_bulk(void *dst, const void *src, unsigned byt
                  "l"(src), "r"(bytes), "r"(tc_saddr(m))
                  : "memory");
 }
+/* One lane of the (converged, whole) warp: elect.sync's leader. */
+__device__ __forceinline__ bool tc_elect(void) {
+    unsigned p;
+    asm volatile("{\n .reg .pred e;\n elect.sync _|e, 0xffffffff;\n selp.u32 %0, 1, 0, e;\n}\n" : "=r"(p));
+    return p != 0;
+}
 __device__ __forceinline__ void tc_mbar_wait(uint64_t *m, unsigned parity) {
     unsigned ok = 0;
     do {

@@ -262,33 +262,38 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
      * all four warps have reached it (the warpgroup's arrive: ncu shows the
      * warps waiting there), so after issuing unit i every warp has read unit
      * i − 1's weight stage and folded its Σx; unit i − 1's stages are then
-     * refilled while unit i's wgmma runs, the copies spread over the warps
-     * (tile w's codes and scale|bias by warp w, x by the last warp): with
-     * RF by lane 0 of each warp, its tile index the warp's own; without,
-     * by lanes 0 and 1 of warp w in a branch per tile (tile w a
-     * compile-time constant there), which every warp tests. The same
-     * operations per output in the same order: the same bits. (Before: a
-     * block barrier after each fold and warp 0 issuing every copy — 87.1
-     * against 73.7 µs for the 8B gate/up at 64 rows on an H100,
-     * bench/RESULTS.md.) */
+     * refilled while unit i's wgmma runs: with RF every copy by one lane
+     * of the last warp (elect.sync), its addresses from block-uniform
+     * values only; without, spread over the warps (tile w's codes and
+     * scale|bias by lanes 0 and 1 of warp w, in a branch per tile that
+     * every warp tests; x by the last warp). A copy issued under a
+     * per-lane condition compiles to a loop over the warp's active lanes
+     * (ELECT, R2UR, UBLKCP, BRA.U.ANY) that every warp walks; under the
+     * elected lane of one warp the other warps skip it (the 8B layer's
+     * GEMVs at 64 rows 140.4 -> 137.1 µs on an H100). The same operations
+     * per output in the same order: the same bits. (Before: a block
+     * barrier after each fold and warp 0 issuing every copy — 87.1 against
+     * 73.7 µs for the 8B gate/up at 64 rows on an H100, bench/RESULTS.md.) */
     uint32_t am[4][4];
     float d[NCOL / 2];
     /* unit i − 1's stages refilled (slots pw, px) with units j + DW (its
      * weights) and j + DX (its x), j = i − 1, while unit i's wgmma runs */
     auto refill = [&](const int j, const int pw, const int px) {
         if constexpr (RF) {
-            /* RF: lane 0 of warp w issues both copies of tile w (and the
-             * last warp's the x), its tile index the warp's own: one branch
-             * a warp instead of one per tile, each with its reconvergence */
-            if (j >= 0 && lane == 0) {
-                const bool cw = j + SH::DW < nu, cx = warp == NW - 1 && j + SH::DX < nu;
-                if (cw || cx) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                if (cw) {
-                    if (warp == 0) tc_mbar_expect(&wbar[pw], (unsigned)SH::WB);
-                    copy_tile(pw, j + SH::DW, warp, false);
-                    copy_tile(pw, j + SH::DW, warp, true);
+            /* RF: one lane of the last warp (elect.sync) issues every copy —
+             * each tile's codes and scale|bias group, then the x — their
+             * addresses depending on no thread index */
+            if (j >= 0 && warp == NW - 1 && (j + SH::DW < nu || j + SH::DX < nu) && tc_elect()) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                if (j + SH::DW < nu) {
+                    tc_mbar_expect(&wbar[pw], (unsigned)SH::WB);
+#pragma unroll
+                    for (int w = 0; w < NW; w++) {
+                        copy_tile(pw, j + SH::DW, w, false);
+                        copy_tile(pw, j + SH::DW, w, true);
+                    }
                 }
-                if (cx) copy_x(px, j + SH::DX);
+                if (j + SH::DX < nu) copy_x(px, j + SH::DX);
             }
         } else if (j >= 0) {
             if (j + SH::DW < nu)
@@ -313,33 +318,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
          * slot counters are gone. The same units in the same order with the
          * same copies: the same bits. */
         static_assert(SH::DW == 3 && SH::DX == 3, "the unrolled loop walks three-stage rings");
-        /* with RF, lane 0's copies from this warp's tile rows and the x
-         * units as byte pointers advanced by the unit (copy_tile's and
-         * copy_x's addresses, formed once) */
-        const int tqw = qg * NW + warp, tilew = tqw < tpe ? tqw : tpe - 1;
-        const char *const pcw = reinterpret_cast<const char *>(wbase + ((int64_t)tilew * NU + s) * 32);
-        const char *const psw = reinterpret_cast<const char *>(sbbase + ((int64_t)tilew * NU + s) * 4);
-        const char *const pxw = reinterpret_cast<const char *>(a.xb) + (int64_t)s * SH::XU;
         const uint64_t xd0 = wg_desc<NCOL>(sbase); /* slot k's: xd0 + k·XU/16 (no carry: smem < 256 KB) */
-        auto refill_un = [&](const int j, const int pk) {
-            if constexpr (RF) {
-                if (j >= 0 && lane == 0) {
-                    const bool cw = j + 3 < nu, cx = warp == NW - 1 && j + 3 < nu;
-                    const uint32_t u = (uint32_t)(j + 3) * (uint32_t)S; /* the unit's index past s */
-                    if (cw) {
-                        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                        unsigned char *st = smem + SH::WO + pk * SH::WB;
-                        if (warp == 0) tc_mbar_expect(&wbar[pk], (unsigned)SH::WB);
-                        tc_bulk(st + warp * 512, pcw + (size_t)u * 512u, 512u, &wbar[pk]);
-                        tc_bulk(st + NW * 512 + warp * 64, psw + (size_t)u * 64u, 64u, &wbar[pk]);
-                    }
-                    if (cx) {
-                        tc_mbar_expect(&xbar[pk], (unsigned)SH::XU);
-                        tc_bulk(smem + pk * SH::XU, pxw + (size_t)u * (unsigned)SH::XU, (unsigned)SH::XU, &xbar[pk]);
-                    }
-                }
-            } else refill(j, pk, pk);
-        };
         auto unit = [&](auto kc, const int i, const unsigned ph) {
             constexpr int k = decltype(kc)::value, pk = (k + 2) % 3; /* unit i's slots, unit i − 1's */
             uint2 sbv;
@@ -348,7 +327,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
             const uint64_t desc = xd0 + (uint64_t)(k * SH::XU / 16);
             if constexpr (NCOL == 64) wg_issue64(d, am, desc);
             else wg_issue32(d, am, desc);
-            refill_un(i - 1, pk);
+            refill(i - 1, pk, pk);
             wg_wait(d);
             fold(k, d, sbv);
         };
@@ -426,7 +405,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
 }
 
 /* RF or UN compiled for five blocks an SM, as the plain launches run
- * (unbounded RF takes 118 registers; bounded RF spills 12 bytes, UN 56) */
+ * (RF: 96 registers, no spill; UN spills 84 bytes) */
 template <int NCOL, bool RF = false, bool UN = false>
 __global__ void __launch_bounds__(128, RF || UN ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
     const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
