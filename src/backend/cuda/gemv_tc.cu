@@ -499,13 +499,21 @@ static int tc_wg_plain(void) {
 }
 
 /* A switch of a wgmma kernel form: 1 in the GLU launch, 2 in the plain
- * launches too, 0 in neither (def when unset); a setter's negative value:
- * back to the environment variable, read once. */
-static int tc_wg_form_set(int v) { return v < 0 ? -1 : v > 2 ? 2 : v; }
-static bool tc_wg_form(int &g, const char *env, int def, bool glu) {
-    if (g < 0) g = pt_env_int(env, 0, 2, def);
-    return glu ? g >= 1 : g == 2;
-}
+ * launches too, 0 in neither (def when unset); its environment variable
+ * read once, set() with a negative value going back to it; the launches
+ * made with the form counted. */
+struct tc_wg_form {
+    const char *env;
+    int def, v;
+    unsigned long long launches;
+    void set(int x) { v = x < 0 ? -1 : x > 2 ? 2 : x; }
+    bool on(bool glu) {
+        if (v < 0) v = pt_env_int(env, 0, 2, def);
+        return glu ? v >= 1 : v == 2;
+    }
+    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
+    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+};
 
 /* The wgmma kernels' stage refills issued by one elected lane of the last
  * warp, every copy of the unit (gemv_wg_kernel.cuh RF), instead of a
@@ -513,16 +521,11 @@ static bool tc_wg_form(int &g, const char *env, int def, bool glu) {
  * copies and operations, so the same bits. PETREL_CUDA_TC_WG_REFILL: 2
  * (default) every launch (on an H100 the 8B layer's GEMVs at 64 rows
  * 140.4 -> 137.1 us, serving 64 streams +3.1%), 1 the GLU launch only, 0
- * neither (A/B; read once; bench/RESULTS.md).
- * pt_cuda_tc_wg_refill(0..2) sets it (a negative argument: back to the
- * environment). Launches made with it so far are counted. */
-static int g_tc_wg_rf = -1;
-extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf = tc_wg_form_set(v); }
-static bool tc_wg_rf(bool glu) { return tc_wg_form(g_tc_wg_rf, "PETREL_CUDA_TC_WG_REFILL", 2, glu); }
-static unsigned long long g_tc_wg_rf_launches;
-extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
-    return __atomic_load_n(&g_tc_wg_rf_launches, __ATOMIC_RELAXED);
-}
+ * neither (A/B; bench/RESULTS.md). pt_cuda_tc_wg_refill(0..2) sets it (a
+ * negative argument: back to the environment). */
+static tc_wg_form g_tc_wg_rf = {"PETREL_CUDA_TC_WG_REFILL", 2, -1, 0};
+extern "C" void pt_cuda_tc_wg_refill(int v) { g_tc_wg_rf.set(v); }
+extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) { return g_tc_wg_rf.count(); }
 
 /* The wgmma kernels' main loop unrolled over the rings' three stages at
  * 64 columns (gemv_wg_kernel.cuh UN): every slot's addresses, descriptor and
@@ -531,17 +534,12 @@ extern "C" unsigned long long pt_cuda_tc_wg_refill_count(void) {
  * PETREL_CUDA_TC_WG_UNROLL: 1 (default) the GLU launch (the 8B gate/up + GLU
  * at 64 rows 70.3 -> 67.5 us on an H100, serving 64 streams +1.2%), 2 the
  * plain launches too (their build for five blocks an SM then spills 84
- * bytes: served 64 streams 1.2% slower), 0 neither (A/B; read once;
- * bench/RESULTS.md).
+ * bytes: served 64 streams 1.2% slower), 0 neither (A/B; bench/RESULTS.md).
  * pt_cuda_tc_wg_unroll(0..2) sets it (a negative argument: back to the
- * environment). Launches made with it so far are counted. */
-static int g_tc_wg_un = -1;
-extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un = tc_wg_form_set(v); }
-static bool tc_wg_un(bool glu) { return tc_wg_form(g_tc_wg_un, "PETREL_CUDA_TC_WG_UNROLL", 1, glu); }
-static unsigned long long g_tc_wg_un_launches;
-extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) {
-    return __atomic_load_n(&g_tc_wg_un_launches, __ATOMIC_RELAXED);
-}
+ * environment). */
+static tc_wg_form g_tc_wg_un = {"PETREL_CUDA_TC_WG_UNROLL", 1, -1, 0};
+extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un.set(v); }
+extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) { return g_tc_wg_un.count(); }
 
 /* The GLU and plain kernels by [refill form][unrolled]; the 32-column rings
  * have six weight stages, so no unrolled form there (tc_launch_wg asks for
@@ -596,7 +594,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         const size_t want = ((size_t)c->sm_smem / (size_t)bps - (size_t)c->blk_rsv) & ~(size_t)255;
         if (want > dyn) dyn = want;
     }
-    const int rf = tc_wg_rf(gl != nullptr), un = NCOL == 64 && tc_wg_un(gl != nullptr);
+    const int rf = g_tc_wg_rf.on(gl != nullptr), un = NCOL == 64 && g_tc_wg_un.on(gl != nullptr);
     void (*const gfn)(tc_args, tc_glu) = wg_glu_fns<NCOL>[rf][un];
     void (*const pfn)(wg_multi_args) = wg_plain_fns<NCOL>[rf][un];
     static size_t attr_set[2][2][2];
@@ -622,8 +620,8 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gfn, w.a[0], *gl));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
-    if (rf) __atomic_fetch_add(&g_tc_wg_rf_launches, 1ull, __ATOMIC_RELAXED);
-    if (un) __atomic_fetch_add(&g_tc_wg_un_launches, 1ull, __ATOMIC_RELAXED);
+    if (rf) g_tc_wg_rf.counted();
+    if (un) g_tc_wg_un.counted();
     return PT_OK;
 }
 
