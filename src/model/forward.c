@@ -478,7 +478,11 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                 PT_TRY(OPS(m)->rms_norm(be, st->y, st->y, NULL, T, H, L->post_attn_norm, n->norm_type,
                                         L->norm_style, n->eps));
             if (L->residual_scale == 1.0f) {
-                if (rfold && !L->is_moe) PT_TRY(glu_norm(m, st, L, T, st->y, 0, &ffn_folded));
+                if (rfold && !L->is_moe) {
+                    /* the down projection right after reads the GLU's output (backend.h glu_handoff_hint) */
+                    if (OPS(m)->glu_handoff_hint) OPS(m)->glu_handoff_hint(be);
+                    PT_TRY(glu_norm(m, st, L, T, st->y, 0, &ffn_folded));
+                }
                 if (!ffn_folded)
                     PT_TRY(OPS(m)->rms_norm(be, st->xn, st->y, st->x, T, H, L->ffn_norm, n->norm_type,
                                             L->norm_style, n->eps));

@@ -54,6 +54,8 @@ void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one elected la
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
+void pt_cuda_tc_wg_xo(int v); /* gemv_tc.cu: the GLU launch's hand-off of the down's x: 1 on (default), 0 off; -1 */
+unsigned long long pt_cuda_tc_wg_xo_count(void); /* hand-offs taken so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:
  * tiles per block even only with 16-warp blocks, above 8 rows, or from 2
@@ -274,6 +276,71 @@ static void test_glu_op_bit_identical(void) {
     pt_backend_free(&be);
 }
 
+/* glu_handoff_hint (backend.h; gemv_tc.cu XO): the unsplit GLU launch on the wgmma kernels (33..64 rows) writes
+ * its output as the down projection's prepared x as well, and the down launch right after reads it there instead
+ * of preparing it: the GLU output and the down output bit for bit as with the hand-off off, for 33, 48 and 64
+ * rows (a hand-off counted each time); no hand-off taken without the hint, nor after a matmul in between (the
+ * hand-off lapses there; the outputs still right), nor by a down launch over other rows. */
+static void test_glu_down_handoff(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
+    pt_backend *be = gpu_open_gemv(TMAX);
+    REQUIRE(be, "backend");
+    REQUIRE(be->ops->matmul_glu && be->ops->glu_handoff_hint, "the CUDA backend has no matmul_glu or hand-off hint");
+    pt_cuda_gemv_fuse(1);
+    /* F rows of gate/up: enough tiles an SM not to be split (the 8b gate/up's rule), so its 33..64-row GLU takes
+     * the wgmma kernels by default; down F -> H */
+    const int64_t F = 14336, K = 1024, H = 1024;
+    rand_qweight g, u, d, o;
+    int ok = gpu_qw_make(be, &g, 4, 64, F, K, 0) && gpu_qw_make(be, &u, 4, 64, F, K, 0) &&
+             gpu_qw_make(be, &d, 4, 64, H, F, 0) && gpu_qw_make(be, &o, 4, 64, H, K, 0);
+    REQUIRE(ok, "weights: %s", pt_last_error());
+    float *xh = malloc((size_t)(64 * K) * 4), *ha = malloc((size_t)(64 * F) * 4), *hb = malloc((size_t)(64 * F) * 4);
+    for (int64_t i = 0; i < 64 * K; i++) xh[i] = pt_round_bf16(rf(-2, 2));
+    float *x = be->ops->alloc(be, (size_t)(64 * K) * 4), *act = be->ops->alloc(be, (size_t)(64 * F) * 4);
+    float *y0 = be->ops->alloc(be, (size_t)(64 * H) * 4), *y1 = be->ops->alloc(be, (size_t)(64 * H) * 4);
+    float *a0 = be->ops->alloc(be, (size_t)(64 * F) * 4), *yo = be->ops->alloc(be, (size_t)(64 * H) * 4);
+    ok = x && act && y0 && y1 && a0 && yo && be->ops->upload(be, x, xh, (size_t)(64 * K) * 4) == PT_OK;
+    CHECK(ok, "buffers: %s", pt_last_error());
+    static const int Ts[] = {33, 48, 64};
+    char what[160];
+    for (int ti = 0; ti < 3 && ok; ti++) {
+        const int64_t T = Ts[ti];
+        /* the reference: no hand-off */
+        pt_cuda_tc_wg_xo(0);
+        be->ops->glu_handoff_hint(be);
+        ok = be->ops->matmul_glu(be, a0, x, T, &g.w, &u.w, PT_GLU_SILU, 1) == PT_OK &&
+             be->ops->matmul_rows(be, y0, a0, T, &d.w, 0) == PT_OK;
+        pt_cuda_tc_wg_xo(1);
+        CHECK(ok, "T=%lld reference: %s", (long long)T, pt_last_error());
+        /* case 0: hint, GLU, down: taken; 1: no hint; 2: a matmul in between; 3: down over fewer rows */
+        for (int cs = 0; cs < 4 && ok; cs++) {
+            const unsigned long long c0 = pt_cuda_tc_wg_xo_count();
+            if (cs != 1) be->ops->glu_handoff_hint(be);
+            ok = be->ops->matmul_glu(be, act, x, T, &g.w, &u.w, PT_GLU_SILU, 1) == PT_OK;
+            if (ok && cs == 2) ok = be->ops->matmul_rows(be, yo, x, T, &o.w, 0) == PT_OK;
+            const int64_t Td = cs == 3 ? T - 1 : T;
+            ok = ok && be->ops->matmul_rows(be, y1, act, Td, &d.w, 0) == PT_OK;
+            snprintf(what, sizeof what, "T=%lld, %s", (long long)T,
+                     cs == 0 ? "hand-off" : cs == 1 ? "no hint" : cs == 2 ? "a matmul between" : "down over T-1 rows");
+            CHECK(ok, "%s: %s", what, pt_last_error());
+            const unsigned long long took = pt_cuda_tc_wg_xo_count() - c0;
+            CHECK(!ok || took == (cs == 0 ? 1ull : 0ull), "%s: %llu hand-offs taken, want %d", what, took, cs == 0);
+            ok = ok && took == (cs == 0 ? 1ull : 0ull);
+            ok = ok && be->ops->download(be, ha, a0, (size_t)(T * F) * 4) == PT_OK &&
+                 be->ops->download(be, hb, act, (size_t)(T * F) * 4) == PT_OK && same(what, hb, ha, T * F, F);
+            ok = ok && be->ops->download(be, ha, y0, (size_t)(Td * H) * 4) == PT_OK &&
+                 be->ops->download(be, hb, y1, (size_t)(Td * H) * 4) == PT_OK && same(what, hb, ha, Td * H, H);
+        }
+    }
+    be->ops->dealloc(be, x), be->ops->dealloc(be, act), be->ops->dealloc(be, y0), be->ops->dealloc(be, y1);
+    be->ops->dealloc(be, a0), be->ops->dealloc(be, yo);
+    free(xh), free(ha), free(hb);
+    gpu_qw_free(be, &g), gpu_qw_free(be, &u), gpu_qw_free(be, &d), gpu_qw_free(be, &o);
+    pt_cuda_tc_wg_xo(-1);
+    pt_cuda_gemv_fuse(-1);
+    pt_backend_free(&be);
+}
+
 static void test_glu_forward_on_off(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     gpu_forward_on_off_models(pt_cuda_gemv_fuse, pt_cuda_tc_glu_count, "GLU fold");
@@ -281,6 +348,7 @@ static void test_glu_forward_on_off(void) {
 
 int main(void) {
     TEST_RUN(test_glu_op_bit_identical);
+    TEST_RUN(test_glu_down_handoff);
     TEST_RUN(test_glu_forward_on_off);
     return test_summary();
 }

@@ -112,6 +112,12 @@ typedef struct pt_cuda {
      * blocks fetch into the L2 (gemv_tc.cu pt_cuda_prefetch_hint) */
     const pt_matrix *pf_w[4];
     int pf_n;
+    /* backend.h glu_handoff_hint: the next GEMV launch, a GLU one, may write
+     * the matmul after it its prepared x (gemv_tc.cu XO); the hand-off it
+     * made: that x's source y (NULL: none), its rows, K and column layout */
+    int xo_armed;
+    const float *xo_y;
+    int xo_nb, xo_K, xo_ncol;
 } pt_cuda;
 
 static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }

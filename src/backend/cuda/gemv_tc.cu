@@ -541,6 +541,36 @@ static tc_wg_form g_tc_wg_un = {"PETREL_CUDA_TC_WG_UNROLL", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un.set(v); }
 extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) { return g_tc_wg_un.count(); }
 
+/* The GLU launch's hand-off of the next GEMV's prepared x (gemv_wg_kernel.cuh
+ * XO): asked for by backend.h glu_handoff_hint (the forward pass, before a
+ * batched step's gate/up: the down projection reads the GLU's output next),
+ * the wgmma GLU launch (S = 1, rows a multiple of 64) also writes its output
+ * in the x layout of the wgmma launches into the second half of the matmul
+ * scratch (the first holds its own x), and the GEMV launch right after it,
+ * over that output with the same rows and column layout, reads it there
+ * instead of launching its x prepare: one launch a layer fewer, the same
+ * bits (the same values and additions, tc_xprep_kernel's). A hand-off lapses
+ * at the next GEMV launch whether taken or not, and a hint at the next
+ * GEMV launch of any kind. PETREL_CUDA_TC_WG_XO: 1 (default) on, 0 off
+ * (A/B; read once; bench/RESULTS.md). pt_cuda_tc_wg_xo(0|1) sets it (a
+ * negative argument: back to the environment); the hand-offs taken so far
+ * are counted. */
+static tc_wg_form g_tc_wg_xo = {"PETREL_CUDA_TC_WG_XO", 1, -1, 0};
+extern "C" void pt_cuda_tc_wg_xo(int v) { g_tc_wg_xo.set(v); }
+extern "C" unsigned long long pt_cuda_tc_wg_xo_count(void) { return g_tc_wg_xo.count(); }
+struct tc_xo_rec {
+    const float *y; /* the GLU's output, the next GEMV's x (NULL: none) */
+    int nb, K, ncol;
+};
+/* a launch's hand-off: want (a GLU launch asked to make one), take (the one
+ * the launch before made), made (the one this launch made) */
+struct tc_xo {
+    bool want;
+    tc_xo_rec take, made;
+};
+/* The hand-off's place: the second half of the matmul scratch. */
+static size_t tc_xo_off(const pt_cuda *c) { return (c->tile_bytes / 2) & ~(size_t)255; }
+
 /* The GLU and plain kernels by [refill form][unrolled]; the 32-column rings
  * have six weight stages, so no unrolled form there (tc_launch_wg asks for
  * it at 64 columns only). */
@@ -558,10 +588,15 @@ static void (*const wg_plain_fns[2][2])(wg_multi_args) = {
  * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
  * prepare in the wg layout, then the GEMV. */
 template <int NCOL>
-static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc_glu *gl) {
+static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc_glu *gl, tc_xo *xo) {
     using SH = wg_shape<NCOL>;
-    const int K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S;
+    const int K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S, nb = m.a[0].nb;
     if (K % 64 || CL > 8 || !c->tile || (size_t)(K / 64) * SH::XU > c->tile_bytes) return PT_ERR_UNSUPPORTED;
+    /* XO: x handed off by the GLU launch before this one (its output, these rows and columns, no norm) */
+    const size_t xoff = tc_xo_off(c);
+    const bool take = !gl && xo && xo->take.y && xo->take.y == m.a[0].x && xo->take.nb == nb && xo->take.K == K &&
+                      xo->take.ncol == NCOL && !m.a[0].nsh.V;
+    const bf16 *xb = (const bf16 *)((const char *)c->tile + (take ? xoff : 0));
     wg_multi_args w;
     memset(&w, 0, sizeof w);
     w.n = m.n;
@@ -569,10 +604,24 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         const tc_args &a = m.a[i];
         if (a.S != S || a.experts || a.expert != 0 || a.n_experts > 1 || a.K != K) return PT_ERR_UNSUPPORTED;
         w.a[i] = a;
-        w.a[i].xb = (const bf16 *)c->tile;
+        w.a[i].xb = xb;
         w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
     }
-    PT_TRY(tc_xprep<64>(c, m.a[0], (bf16 *)c->tile, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
+    /* XO: this GLU launch hands its output on as the next GEMV's x where asked, its rows whole quads */
+    tc_glu glx;
+    if (gl) {
+        glx = *gl;
+        glx.xo = nullptr;
+        const int N = m.a[0].N;
+        if (xo && xo->want && g_tc_wg_xo.on(true) && S == 1 && N % 64 == 0 && m.a[0].ldy == N &&
+            (tc_wg() || (nb > 32 && tc_wg_plain())) && (size_t)(K / 64) * SH::XU <= xoff &&
+            xoff + (size_t)(N / 64) * SH::XU <= c->tile_bytes) {
+            glx.xo = (char *)c->tile + xoff;
+            xo->made = tc_xo_rec{m.a[0].y, nb, N, NCOL};
+        }
+    }
+    if (!take)
+        PT_TRY(tc_xprep<64>(c, m.a[0], (bf16 *)c->tile, NCOL, 64, 64, (int64_t)SH::XU, (int64_t)NCOL * 128, 2));
     /* Blocks an SM, asked for through the dynamic shared memory (the layout
      * needs 32 KB at 64 columns; the registers allow five):
      * PETREL_CUDA_TC_WG_BPS_GLU (default 4) for the GLU launch,
@@ -617,9 +666,10 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     at[1].val.clusterDim.z = 1;
     if (tc_pdl_on()) cfg.attrs = at, cfg.numAttrs = 2;
     else cfg.attrs = at + 1, cfg.numAttrs = 1;
-    if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gfn, w.a[0], *gl));
+    if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gfn, w.a[0], glx));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
+    if (take) g_tc_wg_xo.counted();
     if (rf) g_tc_wg_rf.counted();
     if (un) g_tc_wg_un.counted();
     return PT_OK;
@@ -693,7 +743,7 @@ static bool tc_glu16_shape(const pt_cuda *c, int64_t N, int64_t K, int bits, int
  * block, then launches with the NT for the row count. */
 template <int BITS, int GS>
 static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, int grouped, const tc_glu *gl,
-                           bool wide_only = false) {
+                           bool wide_only, tc_xo *xo) {
     using SH = tc_shape<BITS, GS>;
     const int nb = m.a[0].nb;
     /* 2..8 rows: XP (16-warp blocks) where it will be taken */
@@ -728,7 +778,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
     if constexpr (BITS == 4 && GS == 64)
         if (nb > 16 && items == 1 && tc_xpre() && (tc_wg() || (gl && nb > 32 && m.a[0].S == 1 && tc_wg_glu()) ||
                                                      (!gl && nb > 32 && tc_wg_plain()))) {
-            const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl) : tc_launch_wg<64>(c, m, gl);
+            const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl, xo) : tc_launch_wg<64>(c, m, gl, xo);
             if (st != PT_ERR_UNSUPPORTED) return st;
         }
     const int wide = nb > 8 && tc_wide();
@@ -851,17 +901,27 @@ static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, i
     a.err = c->err_dev;
 }
 
-static pt_status tc_dispatch(const pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped,
+static pt_status tc_dispatch(pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped,
                              const tc_glu *gl = NULL, bool wide_only = false) {
+    /* the hint and the hand-off (XO) lapse here: a GLU launch may make a new one, a plain one take the last */
+    tc_xo xo = {c->xo_armed && gl, {c->xo_y, c->xo_nb, c->xo_K, c->xo_ncol}, {}};
+    c->xo_armed = 0;
+    c->xo_y = NULL;
+    pt_status st;
     switch (bits * 1000 + gs) {
-    case 4032: return tc_launch<4, 32>(c, m, items, grouped, gl, wide_only);
-    case 4064: return tc_launch<4, 64>(c, m, items, grouped, gl, wide_only);
-    case 4128: return tc_launch<4, 128>(c, m, items, grouped, gl, wide_only);
-    case 8032: return tc_launch<8, 32>(c, m, items, grouped, gl, wide_only);
-    case 8064: return tc_launch<8, 64>(c, m, items, grouped, gl, wide_only);
-    default: return tc_launch<8, 128>(c, m, items, grouped, gl, wide_only);
+    case 4032: st = tc_launch<4, 32>(c, m, items, grouped, gl, wide_only, &xo); break;
+    case 4064: st = tc_launch<4, 64>(c, m, items, grouped, gl, wide_only, &xo); break;
+    case 4128: st = tc_launch<4, 128>(c, m, items, grouped, gl, wide_only, &xo); break;
+    case 8032: st = tc_launch<8, 32>(c, m, items, grouped, gl, wide_only, &xo); break;
+    case 8064: st = tc_launch<8, 64>(c, m, items, grouped, gl, wide_only, &xo); break;
+    default: st = tc_launch<8, 128>(c, m, items, grouped, gl, wide_only, &xo); break;
     }
+    if (st == PT_OK && xo.made.y)
+        c->xo_y = xo.made.y, c->xo_nb = xo.made.nb, c->xo_K = xo.made.K, c->xo_ncol = xo.made.ncol;
+    return st;
 }
+
+void pt_cuda_glu_handoff_hint(pt_backend *be) { pt_cuda_of(be)->xo_armed = 1; }
 
 pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
                           const int32_t *experts, int64_t items, int x_div, int64_t ldy) {
@@ -973,6 +1033,7 @@ static pt_status tc_glu_launch(pt_cuda *c, float *y, const float *x, int64_t nb,
     gl.bt2 = wu->bias_dtype;
     gl.fn = (int)act;
     gl.bf = c->base.act == PT_ACT_BF16;
+    gl.xo = nullptr; /* tc_launch_wg sets it where it hands off */
     const pt_status st = tc_dispatch(c, m, wg->bits, wg->group_size, 1, 0, &gl, mode == 2);
     if (st == PT_OK) __atomic_fetch_add(&g_tc_glu_launches, 1ull, __ATOMIC_RELAXED);
     return st;

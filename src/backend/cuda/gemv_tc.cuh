@@ -85,5 +85,7 @@ pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int6
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
 /* gemv_tc.cu: backend.h prefetch_hint (PETREL_CUDA_L2_PF) */
 void pt_cuda_prefetch_hint(pt_backend *be, const pt_matrix *const *w, int n);
+/* gemv_tc.cu: backend.h glu_handoff_hint (PETREL_CUDA_TC_WG_XO) */
+void pt_cuda_glu_handoff_hint(pt_backend *be);
 
 #endif

@@ -226,6 +226,9 @@ struct tc_glu {
     const void *bias2;
     pt_ftype bt2;
     int fn, bf;
+    /* the wgmma GLU launch (S = 1) also writes its output as the next
+     * GEMV's prepared x here (gemv_wg_kernel.cuh XO); NULL: not */
+    char *xo;
 };
 
 __device__ __forceinline__ void tc_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

@@ -370,10 +370,13 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     tc_cluster_sync();
     constexpr int PP = NW * NT; /* pieces per block; CL divides it (CL <= 8 <= PP) */
     const int pp = PP / CL;
+    /* XO (GLU, S = 1, gl.xo set): column tile n's pieces owned by rank n mod 2, so each owner holds all 64 rows
+     * (the down projection's K values of unit qg) of its columns; which block adds a piece changes no bit */
+    const bool xo = GLU && gl.xo != nullptr;
     const unsigned rbuf = sbase + (unsigned)SH::RBO;
 #pragma unroll
     for (int n = 0; n < NT; n++) {
-        const int pi = n * NW + warp, own = pi % CL, lp = pi / CL;
+        const int pi = n * NW + warp, own = xo ? n % CL : pi % CL, lp = xo ? n / CL * NW + warp : pi / CL;
         const unsigned la = rbuf + (unsigned)((((r * pp + lp) * 16 + g) * 8 + 2 * t) * 4);
         unsigned ra;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(la), "r"(own));
@@ -384,11 +387,8 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     tc_cluster_sync();
     const float *rb = reinterpret_cast<const float *>(smem + SH::RBO);
     float *y = a.y;
-    for (int o = tid; o < pp * 128; o += NTH) {
-        const int lp = o >> 7, c8 = (o >> 4) & 7, r16 = o & 15;
-        const int pi = lp * CL + r, n = pi / NW, w = pi % NW;
-        const int row = (qg * NW + w) * 16 + r16, col = 8 * n + c8;
-        if (row >= N || col >= nb) continue;
+    /* the output of row `row` (of the weight), column `col`, from receive-buffer piece lp */
+    auto result = [&](const int lp, const int r16, const int c8, const int row) {
         const float *q = rb + (lp * 16 + r16) * 8 + c8;
         float v = 0.f;
         for (int ss = 0; ss < S; ss++) v += q[ss * pp * 128];
@@ -400,7 +400,48 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
             if (gl.bias2) u += pt_ld(gl.bt2, gl.bias2, row);
             out = pt_glu_val(gl.fn, out, pt_round_bf(u), gl.bf);
         }
-        y[(int64_t)col * a.ldy + row] = out;
+        return out;
+    };
+    if (GLU && xo) {
+        /* XO: the outputs also written as the down projection's prepared x (tc_xprep_kernel's wg layout, its
+         * unit qg): thread tid holds rows 16w + r16 of column col for w = 0..NW-1; the bf16 pair (r16, r16 + 1)
+         * stored by the even lane, and Σx in tc_xprep_kernel's order — each 8 rows' sum as its tree (the xor
+         * butterfly over lanes 1, 2, 4: ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))), then the group's
+         * 8 sums as its xor tree over steps (xor 8 here, then the pieces' pairs in registers). IEEE addition
+         * commutes, so every lane's sum has the same bits. The same values and additions: the same bits. */
+        const int r16 = tid & 15, c8 = (tid >> 4) & 7;
+        char *xu = gl.xo + (int64_t)qg * SH::XU;
+#pragma unroll 1
+        for (int nn = 0; nn < NT / 2; nn++) {
+            const int col = 8 * (2 * nn + r) + c8;
+            float part[NW];
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const int row = (qg * NW + w) * 16 + r16;
+                const float out = result(nn * NW + w, r16, c8, row);
+                if (col < nb) y[(int64_t)col * a.ldy + row] = out;
+                const float o1 = __shfl_xor_sync(0xffffffffu, out, 1);
+                if (!(r16 & 1) && col < nb)
+                    *reinterpret_cast<uint32_t *>(xu + tc_wg_xoff(16 * w + (r16 & ~3), col, NCOL) +
+                                                  ((r16 & 2) ? NCOL * 16 : 0)) = tc_bf2(out, o1);
+                float sm = __fadd_rn(out, o1);
+                sm = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
+                sm = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 4));
+                part[w] = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 8));
+            }
+            static_assert(NW == 4, "XO: a unit's 64 rows are four warps' 16");
+            if (r16 == 0 && col < nb)
+                reinterpret_cast<float *>(xu + NCOL * 128)[col] =
+                    __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
+        }
+        return;
+    }
+    for (int o = tid; o < pp * 128; o += NTH) {
+        const int lp = o >> 7, c8 = (o >> 4) & 7, r16 = o & 15;
+        const int pi = lp * CL + r, n = pi / NW, w = pi % NW;
+        const int row = (qg * NW + w) * 16 + r16, col = 8 * n + c8;
+        if (row >= N || col >= nb) continue;
+        y[(int64_t)col * a.ldy + row] = result(lp, r16, c8, row);
     }
 }
 
