@@ -44,6 +44,14 @@ typedef struct pt_cuda_weight {
     int role;             /* pt_matrix.role at prepare (the GEMV's split: gemv_tc.cu tc_split) */
 } pt_cuda_weight;
 
+/* A GEMV's prepared x handed on by the launch that wrote its source
+ * (gemv_tc.cu XO): that source y (NULL: none), its rows, K and column
+ * layout. */
+typedef struct pt_cuda_xo {
+    const float *y;
+    int nb, K, ncol;
+} pt_cuda_xo;
+
 typedef struct pt_cuda {
     pt_backend base;
     int device;
@@ -114,10 +122,9 @@ typedef struct pt_cuda {
     int pf_n;
     /* backend.h glu_handoff_hint: the next GEMV launch, a GLU one, may write
      * the matmul after it its prepared x (gemv_tc.cu XO); the hand-off it
-     * made: that x's source y (NULL: none), its rows, K and column layout */
+     * made */
     int xo_armed;
-    const float *xo_y;
-    int xo_nb, xo_K, xo_ncol;
+    pt_cuda_xo xo;
 } pt_cuda;
 
 static inline pt_cuda *pt_cuda_of(pt_backend *be) { return (pt_cuda *)be; }

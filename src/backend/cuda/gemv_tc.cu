@@ -497,6 +497,11 @@ static int tc_wg_plain(void) {
     if (g_tc_wg_plain < 0) g_tc_wg_plain = pt_env_flag("PETREL_CUDA_TC_WG_PLAIN", 1);
     return g_tc_wg_plain;
 }
+/* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels
+ * by the switches above (tc_launch adds its shape conditions). */
+static bool tc_wg_takes(bool glu, int nb, int S) {
+    return tc_wg() || (nb > 32 && (glu ? S == 1 && tc_wg_glu() : tc_wg_plain()));
+}
 
 /* A switch of a wgmma kernel form: 1 in the GLU launch, 2 in the plain
  * launches too, 0 in neither (def when unset); its environment variable
@@ -558,15 +563,11 @@ extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) { return g_tc_wg_
 static tc_wg_form g_tc_wg_xo = {"PETREL_CUDA_TC_WG_XO", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_xo(int v) { g_tc_wg_xo.set(v); }
 extern "C" unsigned long long pt_cuda_tc_wg_xo_count(void) { return g_tc_wg_xo.count(); }
-struct tc_xo_rec {
-    const float *y; /* the GLU's output, the next GEMV's x (NULL: none) */
-    int nb, K, ncol;
-};
 /* a launch's hand-off: want (a GLU launch asked to make one), take (the one
  * the launch before made), made (the one this launch made) */
 struct tc_xo {
     bool want;
-    tc_xo_rec take, made;
+    pt_cuda_xo take, made;
 };
 /* The hand-off's place: the second half of the matmul scratch. */
 static size_t tc_xo_off(const pt_cuda *c) { return (c->tile_bytes / 2) & ~(size_t)255; }
@@ -614,10 +615,10 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
         glx.xo = nullptr;
         const int N = m.a[0].N;
         if (xo && xo->want && g_tc_wg_xo.on(true) && S == 1 && N % 64 == 0 && m.a[0].ldy == N &&
-            (tc_wg() || (nb > 32 && tc_wg_plain())) && (size_t)(K / 64) * SH::XU <= xoff &&
+            tc_wg_takes(false, nb, S) && (size_t)(K / 64) * SH::XU <= xoff &&
             xoff + (size_t)(N / 64) * SH::XU <= c->tile_bytes) {
             glx.xo = (char *)c->tile + xoff;
-            xo->made = tc_xo_rec{m.a[0].y, nb, N, NCOL};
+            xo->made = pt_cuda_xo{m.a[0].y, nb, N, NCOL};
         }
     }
     if (!take)
@@ -776,8 +777,7 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if constexpr (BITS == 4 && GS == 64)
-        if (nb > 16 && items == 1 && tc_xpre() && (tc_wg() || (gl && nb > 32 && m.a[0].S == 1 && tc_wg_glu()) ||
-                                                     (!gl && nb > 32 && tc_wg_plain()))) {
+        if (nb > 16 && items == 1 && tc_xpre() && tc_wg_takes(gl != nullptr, nb, m.a[0].S)) {
             const pt_status st = nb <= 32 ? tc_launch_wg<32>(c, m, gl, xo) : tc_launch_wg<64>(c, m, gl, xo);
             if (st != PT_ERR_UNSUPPORTED) return st;
         }
@@ -904,9 +904,9 @@ static void tc_args_of(const pt_cuda *c, tc_args &a, float *y, const float *x, i
 static pt_status tc_dispatch(pt_cuda *c, tc_multi_args &m, int bits, int gs, unsigned items, int grouped,
                              const tc_glu *gl = NULL, bool wide_only = false) {
     /* the hint and the hand-off (XO) lapse here: a GLU launch may make a new one, a plain one take the last */
-    tc_xo xo = {c->xo_armed && gl, {c->xo_y, c->xo_nb, c->xo_K, c->xo_ncol}, {}};
+    tc_xo xo = {c->xo_armed && gl, c->xo, {}};
     c->xo_armed = 0;
-    c->xo_y = NULL;
+    c->xo = pt_cuda_xo{};
     pt_status st;
     switch (bits * 1000 + gs) {
     case 4032: st = tc_launch<4, 32>(c, m, items, grouped, gl, wide_only, &xo); break;
@@ -916,8 +916,7 @@ static pt_status tc_dispatch(pt_cuda *c, tc_multi_args &m, int bits, int gs, uns
     case 8064: st = tc_launch<8, 64>(c, m, items, grouped, gl, wide_only, &xo); break;
     default: st = tc_launch<8, 128>(c, m, items, grouped, gl, wide_only, &xo); break;
     }
-    if (st == PT_OK && xo.made.y)
-        c->xo_y = xo.made.y, c->xo_nb = xo.made.nb, c->xo_K = xo.made.K, c->xo_ncol = xo.made.ncol;
+    if (st == PT_OK && xo.made.y) c->xo = xo.made;
     return st;
 }
 
