@@ -532,16 +532,17 @@ typedef struct pt_backend_ops {
      * the next matmul_add does not take is dropped. */
     void (*prefetch_hint)(pt_backend *be, const pt_matrix *const *w, int n);
 
-    /* A hint, optional (NULL: ignored): the caller's next matmul_glu or
-     * matmul_glu_norm writes y, and the caller's next call after it is a
-     * matmul (matmul_rows, matmul_add) reading that y, unchanged, as its x
-     * (a feed-forward's down projection). The backend may then have the GLU
-     * write that matmul's prepared input as well and the matmul skip its own
-     * preparation (CUDA, 33..64 rows on the wgmma kernels: one launch a
-     * layer fewer; PETREL_CUDA_TC_WG_XO, docs/cuda.md). Changes no result;
-     * the hint lapses at the backend's next matmul of any kind. Kept last
-     * so positional initializers stay valid. */
-    void (*glu_handoff_hint)(pt_backend *be);
+    /* A hint, optional (NULL: ignored): the caller's next matmul_glu,
+     * matmul_glu_norm or rope_kv_attention writes its output y, and the
+     * caller's next call after it is a matmul (matmul_rows, matmul_add)
+     * reading that y, unchanged, as its x (a feed-forward's down
+     * projection; the output projection). The backend may then have that
+     * op write the matmul's prepared input as well and the matmul skip its
+     * own preparation (CUDA, 33..64 rows on the wgmma kernels: one launch a
+     * layer fewer each; PETREL_CUDA_TC_WG_XO, docs/cuda.md). Changes no
+     * result; the hint lapses at the backend's next matmul of any kind.
+     * Kept last so positional initializers stay valid. */
+    void (*handoff_hint)(pt_backend *be);
 } pt_backend_ops;
 
 struct pt_backend {

@@ -428,6 +428,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
             attn.fused_decode = m->params.fused_decode_attn == PT_LEVER_ON;
             attn.max_keys = st->keys_bound > 0 ? st->keys_bound : st->keys_bound < 0 ? 0 : (int64_t)pos0 + T;
             if (r) {
+                /* the output projection right after reads the attention's output (backend.h handoff_hint) */
+                if (OPS(m)->handoff_hint) OPS(m)->handoff_hint(be);
                 PT_TRY(rows_attention(m, st, r, L, l, T));
             } else {
                 pt_rope rope = L->rope;
@@ -479,8 +481,8 @@ static pt_status fwd_body(pt_model *m, pt_fwd_state *st, const pt_fwd_rows *r, i
                                         L->norm_style, n->eps));
             if (L->residual_scale == 1.0f) {
                 if (rfold && !L->is_moe) {
-                    /* the down projection right after reads the GLU's output (backend.h glu_handoff_hint) */
-                    if (OPS(m)->glu_handoff_hint) OPS(m)->glu_handoff_hint(be);
+                    /* the down projection right after reads the GLU's output (backend.h handoff_hint) */
+                    if (OPS(m)->handoff_hint) OPS(m)->handoff_hint(be);
                     PT_TRY(glu_norm(m, st, L, T, st->y, 0, &ffn_folded));
                 }
                 if (!ffn_folded)

@@ -7,8 +7,11 @@
  * time (the compiled single-token decode). On the demo model (bf16 and f32
  * activations, and 8-bit quantized KV converting inside the pieces), the
  * llama-3.2-1b shape with random 4-bit weights, Gemma 3 (sliding window)
- * and Qwen3 (QK-norm). The compiled runs must have replayed the bucket
- * graphs. On a machine without a usable GPU it reports that and skips. */
+ * and Qwen3 (QK-norm); the llama-3.2-1b shape with each setting of the
+ * prepared-x hand-offs (PETREL_CUDA_TC_WG_XO 2, 1, 0: the attention's
+ * output handed on as the output projection's x, the GLU's as the down
+ * projection's, neither; the hand-offs counted). The compiled runs must have
+ * replayed the bucket graphs. On a machine without a usable GPU it reports that and skips. */
 #include "test.h"
 #include "batch_check.h"
 #include "batch_gpu.h" /* g_kv_quant, load, gpu_ok */
@@ -20,6 +23,11 @@
 #include "runtime/batch.h"
 
 #include <stdint.h>
+
+/* gemv_tc.cu: the hand-offs of a GEMV's prepared x (as PETREL_CUDA_TC_WG_XO: 2 the batched rows' attention's to
+ * the output projection too; -1: the environment), hand-offs taken so far */
+void pt_cuda_tc_wg_xo(int v);
+unsigned long long pt_cuda_tc_wg_xo_count(void);
 
 enum { MAXS = 16, STEPS = 6 };
 
@@ -72,7 +80,22 @@ static void test_batch_cuda_rows(void) {
     if (!gpu_ok()) TEST_SKIP("no GPU");
     check_rows("models/kjv-llama-4bit", PT_COMPUTE_MODEL);
     check_rows("models/kjv-llama-4bit", PT_COMPUTE_F32);
-    check_rows("synthetic:llama-3.2-1b", PT_COMPUTE_MODEL);
+    /* the hand-offs of a GEMV's prepared x (PETREL_CUDA_TC_WG_XO): 2 (default) the GLU's and the attention's
+     * outputs, 1 the GLU's alone, 0 none; every logit the tokenwise one each way, none taken at 0, and the steps
+     * of 33..64 rows taking the output projections' hand-offs at 2 on top of the GLU's (an unsplit gate/up's only:
+     * 1 may take none here) */
+    unsigned long long taken[3];
+    for (int v = 2; v >= 0; v--) {
+        pt_cuda_tc_wg_xo(v);
+        const unsigned long long x0 = pt_cuda_tc_wg_xo_count();
+        check_rows("synthetic:llama-3.2-1b", PT_COMPUTE_MODEL);
+        taken[v] = pt_cuda_tc_wg_xo_count() - x0;
+    }
+    pt_cuda_tc_wg_xo(-1);
+    CHECK(taken[0] == 0 && taken[2] > taken[1],
+          "hand-offs taken on the llama-3.2-1b shape at PETREL_CUDA_TC_WG_XO=0/1/2: %llu/%llu/%llu (want none at 0 "
+          "and more at 2 than at 1)",
+          taken[0], taken[1], taken[2]);
     check_rows("tests/fixtures/gemma3_text", PT_COMPUTE_MODEL);
     check_rows("tests/fixtures/qwen3", PT_COMPUTE_MODEL);
     g_kv_quant = 8;

@@ -276,7 +276,7 @@ static void test_glu_op_bit_identical(void) {
     pt_backend_free(&be);
 }
 
-/* glu_handoff_hint (backend.h; gemv_tc.cu XO): the unsplit GLU launch on the wgmma kernels (33..64 rows) writes
+/* handoff_hint (backend.h; gemv_tc.cu XO): the unsplit GLU launch on the wgmma kernels (33..64 rows) writes
  * its output as the down projection's prepared x as well, and the down launch right after reads it there instead
  * of preparing it: the GLU output and the down output bit for bit as with the hand-off off, for 33, 48 and 64
  * rows (a hand-off counted each time); no hand-off taken without the hint, nor after a matmul in between (the
@@ -285,7 +285,7 @@ static void test_glu_down_handoff(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     pt_backend *be = gpu_open_gemv(TMAX);
     REQUIRE(be, "backend");
-    REQUIRE(be->ops->matmul_glu && be->ops->glu_handoff_hint, "the CUDA backend has no matmul_glu or hand-off hint");
+    REQUIRE(be->ops->matmul_glu && be->ops->handoff_hint, "the CUDA backend has no matmul_glu or hand-off hint");
     pt_cuda_gemv_fuse(1);
     /* F rows of gate/up: enough tiles an SM not to be split (the 8b gate/up's rule), so its 33..64-row GLU takes
      * the wgmma kernels by default; down F -> H */
@@ -307,7 +307,7 @@ static void test_glu_down_handoff(void) {
         const int64_t T = Ts[ti];
         /* the reference: no hand-off */
         pt_cuda_tc_wg_xo(0);
-        be->ops->glu_handoff_hint(be);
+        be->ops->handoff_hint(be);
         ok = be->ops->matmul_glu(be, a0, x, T, &g.w, &u.w, PT_GLU_SILU, 1) == PT_OK &&
              be->ops->matmul_rows(be, y0, a0, T, &d.w, 0) == PT_OK;
         pt_cuda_tc_wg_xo(1);
@@ -315,7 +315,7 @@ static void test_glu_down_handoff(void) {
         /* case 0: hint, GLU, down: taken; 1: no hint; 2: a matmul in between; 3: down over fewer rows */
         for (int cs = 0; cs < 4 && ok; cs++) {
             const unsigned long long c0 = pt_cuda_tc_wg_xo_count();
-            if (cs != 1) be->ops->glu_handoff_hint(be);
+            if (cs != 1) be->ops->handoff_hint(be);
             ok = be->ops->matmul_glu(be, act, x, T, &g.w, &u.w, PT_GLU_SILU, 1) == PT_OK;
             if (ok && cs == 2) ok = be->ops->matmul_rows(be, yo, x, T, &o.w, 0) == PT_OK;
             const int64_t Td = cs == 3 ? T - 1 : T;

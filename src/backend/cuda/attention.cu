@@ -21,6 +21,7 @@
  * flash instantiation (and PETREL_CUDA_FLASH=0). */
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/decode_split.cuh"
+#include "backend/cuda/gemv_tc.cuh" /* XO: pt_cuda_tc_xo_begin */
 
 #include <cuda_fp16.h>
 
@@ -586,6 +587,11 @@ pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, 
     if (kvp) { /* the keys of every row first, then the queries' RoPE in the scores kernel */
         PT_TRY(pt_cuda_rope_k_append_rows(c, kv, kvp, k, v, rows, pos, rope, r.bf));
         r.kn = NULL, r.vn = NULL;
+        /* the output projection's x written by the batched rows' one-task kernel where asked (gemv_tc.cu XO):
+         * a block's G·hd outputs whole 64-value units */
+        const int ghd = nh / nkv * hd;
+        r.xo = pt_cuda_tc_xo_begin(c, (int)B, nh * hd, &r.xo_unit);
+        if (ghd % 64 || ghd > 512) r.xo = NULL;
     }
     return pt_cuda_decode_split(c, r, rows, kv->dtype, kvp != NULL);
 }

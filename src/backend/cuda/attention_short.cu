@@ -82,6 +82,8 @@
  * in shared memory. Measured in bench/RESULTS.md, "2026-12-02 (fifth
  * session)" and "(sixth session)". */
 #include "backend/cuda/attention_dec2.cuh"
+#include "backend/cuda/gemv_tc.cuh" /* XO: pt_cuda_tc_xo_made */
+#include "backend/cuda/wg_x.cuh"    /* XO: the o projection's x layout */
 
 /* Warps a block: for one sequence the fewest of 4, 8 and 16 that hold
  * every scores task of a row under the launch's bound (ds_fold_warps: 16
@@ -704,6 +706,27 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
     DS_GTIME(15);
 }
 
+/* XO (gemv_tc.cu): a block's n values of row b (value i = f(i), f called once per i by the thread of i) written as
+ * n/64 units of the wgmma GEMV's x at 64 columns from xo, unit bytes apart (wg_x.cuh): each value's bf16 pair by
+ * its even lane, and each unit's Σx in tc_xprep_kernel's order — the steps of 8 by wg_x_put, then the 8 steps'
+ * tree: lanes 8 and 16 apart (a warp's 32 values: the tree's first two levels), then the two warps' halves of
+ * the unit added from shared memory. n is a multiple of 64; NT threads, a multiple of 32, take values i, i + NT,
+ * ... (whole warps on whole 32-value halves); n <= DS_XO_MAX. */
+#define DS_XO_MAX 512
+template <int NT, typename F>
+__device__ __forceinline__ void ds_xo_row(char *xo, int unit, int b, int n, F f) {
+    __shared__ float half[DS_XO_MAX / 32];
+    for (int i = threadIdx.x; i < n; i += NT) {
+        const float v = f(i);
+        float s = wg_x_put(xo + (int64_t)(i / 64) * unit, i & 63, b, 64, v, true);
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 8));
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 16));
+        if ((i & 31) == 0) half[i / 32] = s;
+    }
+    __syncthreads();
+    for (int u = threadIdx.x; u < n / 64; u += NT) *wg_x_sum(xo + (int64_t)u * unit, b, 64) = __fadd_rn(half[2 * u], half[2 * u + 1]);
+}
+
 /* Batched rows whose splits under the launch's bound are each one scores task and one p·V task (a split of at most SKB
  * and PKB keys: the served 16-key splits of the Llama and Qwen shapes; built for GQA 2 to 4): dec2_short_kernel's
  * batched form with the task loops taken out. Warp t holds split t in both phases, so the split's (max, sum) is the
@@ -717,7 +740,7 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
  * and its first value rows before the barrier ahead of the row statistics; the split's key range in 32 bits. Dense
  * builds (MB above DS_WARPS / NW: twice the plain build's blocks an SM, 64 registers) load key and value rows in
  * halves, as dec2_short_kernel's do. */
-template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
+template <typename KT, int LS, int LP, int CP, int G, int NW, int MB, bool XO>
 __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     pt_release_dependents(); /* batched rows: released at the start, as dec2_short_kernel's */
     DS_MARK(10);
@@ -737,8 +760,12 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     float *sS = qs + G * hd;                            /* [G, DS_MAXK] scores */
     float *sP = sS + G * DS_MAXK;                       /* [used, G, hd] the splits' partial outputs */
     float *out = a.out + (b * a.nh + (int64_t)kh * G) * hd;
+    /* XO (its own build, so the kernel without it compiles as before): the block's G·hd outputs are units
+     * kh·G·hd/64 .. of row b in the o projection's x (a.xo) */
+    char *xo = XO ? a.xo + (int64_t)kh * (G * hd / 64) * a.xo_unit : nullptr;
     if (used == 0) { /* a padding row */
         ds_zero_row<NT>(out, G * hd);
+        if constexpr (XO) ds_xo_row<NT>(xo, a.xo_unit, (int)b, G * hd, [](int) { return 0.f; });
         return;
     }
     const uint32_t dyn = ds_dyn_smem();
@@ -819,7 +846,14 @@ __global__ void __launch_bounds__(NW * 32, MB) dec_rows1_kernel(pt_dec_rows a) {
     DS_MARK(8);
     /* the merge (dec2_short_kernel's loop where a split is one task): u = 0 + x, then v += u */
     const int nu = (int)used, ps_ = G * hd;
-    for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = pt_rnd(a.bf, ds_merge1(sP + i, ps_, nu));
+    if constexpr (XO) { /* the outputs written as the o projection's x as well (the values stored first) */
+        ds_xo_row<NT>(xo, a.xo_unit, (int)b, G * hd, [&](int i) {
+            const float v = pt_rnd(a.bf, ds_merge1(sP + i, ps_, nu));
+            out[i] = v;
+            return v;
+        });
+    } else
+        for (int i = threadIdx.x; i < G * hd; i += NT) out[i] = pt_rnd(a.bf, ds_merge1(sP + i, ps_, nu));
     DS_MARK(9);
     DS_GTIME(15);
 }
@@ -944,19 +978,25 @@ static unsigned long long g_ds_rows_launches;
 extern "C" unsigned long long pt_cuda_dec_short_rows_count(void) {
     return __atomic_load_n(&g_ds_rows_launches, __ATOMIC_RELAXED);
 }
-template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
-static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
+template <typename KT, int LS, int LP, int CP, int G, int NW, int MB, bool XO>
+static pt_status ds_launch_rows1_k(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
     static bool raised;
     if (!raised) {
-        CUDA_CHECK(cudaFuncSetAttribute(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>,
+        CUDA_CHECK(cudaFuncSetAttribute(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB, XO>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, DS_SMEM_MAX));
         raised = true;
     }
-    __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
-    pt_launch(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB>, dim3((unsigned)a.nkv, (unsigned)B), dim3(NW * 32), smem,
+    pt_launch(dec_rows1_kernel<KT, LS, LP, CP, G, NW, MB, XO>, dim3((unsigned)a.nkv, (unsigned)B), dim3(NW * 32), smem,
               c->stream, pt_pdl_chain(), a);
     CUDA_CHECK_LAUNCH("decode attention (batched rows, one task a split)");
     return PT_OK;
+}
+/* ... its build writing the o projection's x too where a.xo is set (gemv_tc.cu XO) */
+template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
+static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
+    __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
+    return a.xo ? ds_launch_rows1_k<KT, LS, LP, CP, G, NW, MB, true>(c, a, B, smem)
+                : ds_launch_rows1_k<KT, LS, LP, CP, G, NW, MB, false>(c, a, B, smem);
 }
 /* dec_rows1_kernel of NW-warp blocks (8 under a bound of at most 8 splits, else 16) in the build
  * ds_rows_dense picks, as dec2_short_kernel's batched launches. */
@@ -1052,8 +1092,11 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
             ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB) {
             /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16); the
              * lanes a key row as the generic kernel's PT_DS below takes them for R */
-            if (R > 8) return ds_launch_rows1_g<KT, 4, 16, 1>(c, a, G, B, smem, w8);
-            return ds_launch_rows1_g<KT, 2, 8, 1>(c, a, G, B, smem, w8);
+            const pt_status st = R > 8 ? ds_launch_rows1_g<KT, 4, 16, 1>(c, a, G, B, smem, w8)
+                                       : ds_launch_rows1_g<KT, 2, 8, 1>(c, a, G, B, smem, w8);
+            /* it wrote the output projection's x too where asked (a.xo, gemv_tc.cu XO) */
+            if (st == PT_OK && a.xo) pt_cuda_tc_xo_made(c, a.out, (int)B, a.nh * a.hd);
+            return st;
         }
     const int fw = rows || H != 1 ? 16 : ds_fold_warps(ts, a.hd);
     if (!rows) __atomic_fetch_add(&g_ds_fold_launches[fw / 8], 1ull, __ATOMIC_RELAXED);

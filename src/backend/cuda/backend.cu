@@ -467,7 +467,7 @@ static const pt_backend_ops cuda_ops = {
     .matmul_glu_norm = pt_cuda_matmul_glu_norm,
     .matmul_add = pt_cuda_matmul_add,
     .prefetch_hint = pt_cuda_prefetch_hint,
-    .glu_handoff_hint = pt_cuda_glu_handoff_hint,
+    .handoff_hint = pt_cuda_handoff_hint,
 };
 
 static pt_status create(pt_cuda *c, const pt_cuda_params *p) {

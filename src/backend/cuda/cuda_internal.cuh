@@ -120,9 +120,9 @@ typedef struct pt_cuda {
      * blocks fetch into the L2 (gemv_tc.cu pt_cuda_prefetch_hint) */
     const pt_matrix *pf_w[4];
     int pf_n;
-    /* backend.h glu_handoff_hint: the next GEMV launch, a GLU one, may write
-     * the matmul after it its prepared x (gemv_tc.cu XO); the hand-off it
-     * made */
+    /* backend.h handoff_hint: the next GLU launch or batched rows'
+     * attention may write the matmul after it its prepared x (gemv_tc.cu
+     * XO); the hand-off made */
     int xo_armed;
     pt_cuda_xo xo;
 } pt_cuda;

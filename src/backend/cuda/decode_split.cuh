@@ -58,6 +58,13 @@ typedef struct pt_dec_rows {
      * p·V kernels (G, or 1: a block per query head; the bits do not depend
      * on it) */
     int hpb;
+    /* set by pt_cuda_rope_kv_attention where the o projection after it may
+     * take its x from here (gemv_tc.cu XO): the batched rows' one-task
+     * kernel (dec_rows1_kernel) writes its output also in the wgmma GEMV's
+     * x layout at 64 columns, xo_unit bytes a 64-value unit (wg_x.cuh);
+     * the other kernels ignore it. NULL: not. */
+    char *xo;
+    int xo_unit;
 } pt_dec_rows;
 
 /* The most query heads per KV head the split decode kernels take. */

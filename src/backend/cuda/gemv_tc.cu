@@ -547,7 +547,7 @@ extern "C" void pt_cuda_tc_wg_unroll(int v) { g_tc_wg_un.set(v); }
 extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) { return g_tc_wg_un.count(); }
 
 /* The GLU launch's hand-off of the next GEMV's prepared x (gemv_wg_kernel.cuh
- * XO): asked for by backend.h glu_handoff_hint (the forward pass, before a
+ * XO): asked for by backend.h handoff_hint (the forward pass, before a
  * batched step's gate/up: the down projection reads the GLU's output next),
  * the wgmma GLU launch (S = 1, rows a multiple of 64) also writes its output
  * in the x layout of the wgmma launches into the second half of the matmul
@@ -556,11 +556,14 @@ extern "C" unsigned long long pt_cuda_tc_wg_unroll_count(void) { return g_tc_wg_
  * instead of launching its x prepare: one launch a layer fewer, the same
  * bits (the same values and additions, tc_xprep_kernel's). A hand-off lapses
  * at the next GEMV launch whether taken or not, and a hint at the next
- * GEMV launch of any kind. PETREL_CUDA_TC_WG_XO: 1 (default) on, 0 off
- * (A/B; read once; bench/RESULTS.md). pt_cuda_tc_wg_xo(0|1) sets it (a
- * negative argument: back to the environment); the hand-offs taken so far
- * are counted. */
-static tc_wg_form g_tc_wg_xo = {"PETREL_CUDA_TC_WG_XO", 1, -1, 0};
+ * GEMV launch of any kind. The batched rows' attention hands its output on
+ * to the output projection alike (pt_cuda_tc_xo_begin: dec_rows1_kernel
+ * writes it, attention_short.cu). PETREL_CUDA_TC_WG_XO: 2 (default) both,
+ * 1 the GLU launch's alone, 0 neither (A/B; read once; bench/RESULTS.md:
+ * served 64 streams of the 8B shape on an H100 +0.8% for the GLU's, +0.9%
+ * more for the attention's). pt_cuda_tc_wg_xo(0..2) sets it (a negative argument:
+ * back to the environment); the hand-offs taken so far are counted. */
+static tc_wg_form g_tc_wg_xo = {"PETREL_CUDA_TC_WG_XO", 2, -1, 0};
 extern "C" void pt_cuda_tc_wg_xo(int v) { g_tc_wg_xo.set(v); }
 extern "C" unsigned long long pt_cuda_tc_wg_xo_count(void) { return g_tc_wg_xo.count(); }
 /* a launch's hand-off: want (a GLU launch asked to make one), take (the one
@@ -920,7 +923,24 @@ static pt_status tc_dispatch(pt_cuda *c, tc_multi_args &m, int bits, int gs, uns
     return st;
 }
 
-void pt_cuda_glu_handoff_hint(pt_backend *be) { pt_cuda_of(be)->xo_armed = 1; }
+void pt_cuda_handoff_hint(pt_backend *be) { pt_cuda_of(be)->xo_armed = 1; }
+
+char *pt_cuda_tc_xo_begin(pt_cuda *c, int nb, int K, int *unit) {
+    const bool armed = c->xo_armed;
+    c->xo_armed = 0;
+    using SH = wg_shape<64>;
+    const size_t xoff = tc_xo_off(c);
+    /* the GEMV after it takes the wgmma kernels at 64 columns (33..64 rows, tc_launch) */
+    if (!armed || !g_tc_wg_xo.on(false) || nb <= 32 || nb > 64 || K % 64 || !c->tile || !tc_wg_takes(false, nb, 1) ||
+        xoff + (size_t)(K / 64) * SH::XU > c->tile_bytes)
+        return NULL;
+    *unit = SH::XU;
+    return (char *)c->tile + xoff;
+}
+
+void pt_cuda_tc_xo_made(pt_cuda *c, const float *x, int nb, int K) {
+    c->xo = pt_cuda_xo{x, nb, K, 64};
+}
 
 pt_status pt_cuda_tc_gemv(pt_cuda *c, float *y, const float *x, int64_t nb, const pt_matrix *w, int64_t expert,
                           const int32_t *experts, int64_t items, int x_div, int64_t ldy) {

@@ -85,7 +85,15 @@ pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int6
 pt_status pt_cuda_matmul_add(pt_backend *be, float *x, const float *a, int64_t T, const pt_matrix *w);
 /* gemv_tc.cu: backend.h prefetch_hint (PETREL_CUDA_L2_PF) */
 void pt_cuda_prefetch_hint(pt_backend *be, const pt_matrix *const *w, int n);
-/* gemv_tc.cu: backend.h glu_handoff_hint (PETREL_CUDA_TC_WG_XO) */
-void pt_cuda_glu_handoff_hint(pt_backend *be);
+/* gemv_tc.cu: backend.h handoff_hint (PETREL_CUDA_TC_WG_XO) */
+void pt_cuda_handoff_hint(pt_backend *be);
+/* gemv_tc.cu XO, for an op other than a GEMV that writes x [nb, K] read
+ * next by a GEMV: where a hint asks for it (consumed here) and that GEMV
+ * takes the wgmma kernels at 64 columns, the place to write x in their
+ * layout (*unit bytes a 64-value unit, wg_x.cuh), else NULL; once written
+ * (its launch made), pt_cuda_tc_xo_made records the hand-off for the next
+ * GEMV launch. */
+char *pt_cuda_tc_xo_begin(pt_cuda *c, int nb, int K, int *unit);
+void pt_cuda_tc_xo_made(pt_cuda *c, const float *x, int nb, int K);
 
 #endif

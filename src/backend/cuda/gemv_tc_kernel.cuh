@@ -138,6 +138,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/norm.cuh"
+#include "backend/cuda/wg_x.cuh" /* tc_bf2, tc_wg_xoff */
 
 #define PT_TC_WARPS 8             /* warps per block up to 8 activation rows */
 #define PT_TC_WIDE_WARPS 16       /* and above 8 rows (PETREL_CUDA_TC_WIDE=0: 8) */
@@ -338,11 +339,6 @@ __device__ __forceinline__ void tc_prefetch_l2(const tc_pf &pf) {
 __device__ __forceinline__ void tc_pdl_wait(void) { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void tc_pdl_trigger(void) { asm volatile("griddepcontrol.launch_dependents;\n" :::); }
 
-__device__ __forceinline__ uint32_t tc_bf2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 /* The mbarrier + bulk-copy (TMA, sm_90) pieces that stage the prepared x:
  * the copies complete on an mbarrier, not in the cp.async groups, so the
  * weight ring's wait counts are untouched. */
@@ -404,14 +400,6 @@ __device__ __forceinline__ void tc_bulk_mc(void *dst, const void *src, unsigned 
                  "[%3], %4;\n" ::"r"(tc_saddr(dst)),
                  "l"(src), "r"(bytes), "r"(tc_saddr(m)), "h"(mask)
                  : "memory");
-}
-
-/* The wg layout (xl 2, see below): the byte offset in a stage of row n's 4-byte word
- * holding values kk, kk + 1 (kk ≡ 0 mod 4) — k half 0 of k16 step
- * (kk mod 64) / 16, lane (kk mod 16) / 4; values kk + 2, kk + 3 are in k
- * half 1, ncol·16 bytes on. */
-__device__ __forceinline__ int64_t tc_wg_xoff(int kk, int n, int ncol) {
-    return (int64_t)((kk & 63) >> 4) * ncol * 32 + (int64_t)n * 16 + ((kk & 15) >> 2) * 4;
 }
 
 /* x [nb, K] f32 -> bf16 [nb, K] and Σx per (group, row) into sx [G][ncol],

@@ -420,19 +420,12 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
                 const int row = (qg * NW + w) * 16 + r16;
                 const float out = result(nn * NW + w, r16, c8, row);
                 if (col < nb) y[(int64_t)col * a.ldy + row] = out;
-                const float o1 = __shfl_xor_sync(0xffffffffu, out, 1);
-                if (!(r16 & 1) && col < nb)
-                    *reinterpret_cast<uint32_t *>(xu + tc_wg_xoff(16 * w + (r16 & ~3), col, NCOL) +
-                                                  ((r16 & 2) ? NCOL * 16 : 0)) = tc_bf2(out, o1);
-                float sm = __fadd_rn(out, o1);
-                sm = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 2));
-                sm = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 4));
+                const float sm = wg_x_put(xu, 16 * w + r16, col, NCOL, out, col < nb);
                 part[w] = __fadd_rn(sm, __shfl_xor_sync(0xffffffffu, sm, 8));
             }
             static_assert(NW == 4, "XO: a unit's 64 rows are four warps' 16");
             if (r16 == 0 && col < nb)
-                reinterpret_cast<float *>(xu + NCOL * 128)[col] =
-                    __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
+                *wg_x_sum(xu, col, NCOL) = __fadd_rn(__fadd_rn(part[0], part[1]), __fadd_rn(part[2], part[3]));
         }
         return;
     }
