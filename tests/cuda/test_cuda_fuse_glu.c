@@ -54,7 +54,7 @@ void pt_cuda_tc_wg_refill(int v); /* gemv_tc.cu: wgmma refills by one elected la
 unsigned long long pt_cuda_tc_wg_refill_count(void); /* launches of that form so far */
 void pt_cuda_tc_wg_unroll(int v); /* gemv_tc.cu: wgmma loop unrolled over the stages: 0 none, 1 GLU, 2 all; -1 */
 unsigned long long pt_cuda_tc_wg_unroll_count(void); /* launches of that form so far */
-void pt_cuda_tc_wg_xo(int v); /* gemv_tc.cu: the GLU launch's hand-off of the down's x: 1 on (default), 0 off; -1 */
+void pt_cuda_tc_wg_xo(int v); /* gemv_tc.cu: x hand-offs: 2 GLU and attention (default), 1 GLU, 0 none; -1 */
 unsigned long long pt_cuda_tc_wg_xo_count(void); /* hand-offs taken so far */
 
 /* check_pair's fused = 2: the fewest rows that fuse (a warp split of 8:

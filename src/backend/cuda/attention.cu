@@ -591,7 +591,7 @@ pt_status pt_cuda_rope_kv_attention(pt_backend *be, float *out, const float *q, 
          * a block's G·hd outputs whole 64-value units */
         const int ghd = nh / nkv * hd;
         r.xo = pt_cuda_tc_xo_begin(c, (int)B, nh * hd, &r.xo_unit);
-        if (ghd % 64 || ghd > 512) r.xo = NULL;
+        if (ghd % 64 || ghd > PT_DS_XO_MAX) r.xo = NULL;
     }
     return pt_cuda_decode_split(c, r, rows, kv->dtype, kvp != NULL);
 }

@@ -711,11 +711,10 @@ __global__ void __launch_bounds__(NW * 32, MB) dec2_short_kernel(pt_dec_rows a, 
  * its even lane, and each unit's Σx in tc_xprep_kernel's order — the steps of 8 by wg_x_put, then the 8 steps'
  * tree: lanes 8 and 16 apart (a warp's 32 values: the tree's first two levels), then the two warps' halves of
  * the unit added from shared memory. n is a multiple of 64; NT threads, a multiple of 32, take values i, i + NT,
- * ... (whole warps on whole 32-value halves); n <= DS_XO_MAX. */
-#define DS_XO_MAX 512
+ * ... (whole warps on whole 32-value halves); n <= PT_DS_XO_MAX. */
 template <int NT, typename F>
 __device__ __forceinline__ void ds_xo_row(char *xo, int unit, int b, int n, F f) {
-    __shared__ float half[DS_XO_MAX / 32];
+    __shared__ float half[PT_DS_XO_MAX / 32];
     for (int i = threadIdx.x; i < n; i += NT) {
         const float v = f(i);
         float s = wg_x_put(xo + (int64_t)(i / 64) * unit, i & 63, b, 64, v, true);

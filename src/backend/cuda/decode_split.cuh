@@ -67,6 +67,10 @@ typedef struct pt_dec_rows {
     int xo_unit;
 } pt_dec_rows;
 
+/* The most outputs a (row, KV head) block writes as o's x (pt_dec_rows.xo:
+ * G·head_dim, a multiple of 64). */
+#define PT_DS_XO_MAX 512
+
 /* The most query heads per KV head the split decode kernels take. */
 #define DEC_MAX_G 8
 
