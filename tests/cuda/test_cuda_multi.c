@@ -6,7 +6,10 @@
  *     counts (one not a multiple of the 16-row tile), K with several
  *     shared-memory stages and a partial one, with and without a bias;
  *   - the llama-3.1-8b shapes (q/k/v 4096/1024/1024 and gate/up 14336 × 4096,
- *     whose weights get different warp splits S in the same launch);
+ *     whose weights get different warp splits S in the same launch), q/k/v
+ *     also with the attention input role (q split 4 ways, k and v 8: at
+ *     33..64 rows one wgmma launch of mixed splits, PETREL_CUDA_TC_WG_MIXED,
+ *     counted, and with it off);
  *   - T = 1..64 (the 8-warp and 16-warp blocks, every n-tile count), 8-warp
  *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x, and
  *     the 8b shapes on the wgmma kernels (PETREL_CUDA_TC_WG: 4-bit g64 at
@@ -45,6 +48,10 @@ void pt_cuda_tc_multi(int on);
 void pt_cuda_tc_wide(int on);
 void pt_cuda_tc_wg(int on); /* gemv_tc.cu: 17..64 rows, 4-bit g64: the wgmma kernels (1) or not (0) */
 unsigned long long pt_cuda_tc_multi_count(void);
+/* gemv_tc.cu: a grouped wgmma launch of weights of different splits (1) or not (0, default; -1: the
+ * environment), and such launches made so far */
+void pt_cuda_tc_wg_mixed(int on);
+unsigned long long pt_cuda_tc_wg_mixed_count(void);
 
 enum { TMAX = 100 };
 
@@ -104,6 +111,15 @@ static int check_set(pt_backend *be, const char *what, int n, rand_qweight *q, c
     return ok;
 }
 
+/* gpu_qw_make of a 64-group weight with the attention input role (pt_matrix.role), as the model loader
+ * sets it on q, k and v: it decides the weight's split. */
+static int qw_make_attn(pt_backend *be, rand_qweight *q, int bits, int64_t N, int64_t K) {
+    rand_qweight_make(q, N, K, bits, 64, 0, 1);
+    q->w.role = PT_ROLE_ATTN_IN;
+    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
+    return 1;
+}
+
 static void test_multi_op_bit_identical(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     pt_backend *be = gpu_open_gemv(TMAX);
@@ -154,6 +170,25 @@ static void test_multi_op_bit_identical(void) {
         snprintf(what, sizeof what, "%d-bit g64 q/k/v, grouped launch off", bitss[b]);
         if (ok) ok = check_set(be, what, 3, q, T8, 6, 0, 0);
         pt_cuda_tc_multi(1);
+        for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
+        /* the same shapes with the attention input role, as the model loader sets it: q splits 4 ways, k and v
+         * 8 (tc_split), so at 33..64 rows (4-bit g64) the grouped launch runs on the wgmma kernels in clusters
+         * of 8 blocks holding two of q's quads or one of k's or v's with PETREL_CUDA_TC_WG_MIXED=1 — counted
+         * there — and stays on mma.sync with it off (the default); the same bits either way */
+        made = 0;
+        for (; made < 3 && ok; made++) ok = qw_make_attn(be, &q[made], bitss[b], Nq[made], 4096);
+        for (int mx = 1; mx >= 0 && ok; mx--) {
+            pt_cuda_tc_wg_mixed(mx);
+            const unsigned long long c0 = pt_cuda_tc_wg_mixed_count();
+            snprintf(what, sizeof what, "%d-bit g64 q/k/v with the attention role%s", bitss[b],
+                     mx ? "" : ", mixed splits off");
+            ok = check_set(be, what, 3, q, T8, 6, 1, 0);
+            /* 4-bit: T8's 33 and 64 rows in both rows modes, and 100 rows in rows mode (pieces of 64 and 36):
+             * 6 grouped launches of more than 32 rows */
+            const unsigned long long took = pt_cuda_tc_wg_mixed_count() - c0, want = mx && bitss[b] == 4 ? 6 : 0;
+            CHECK(took == want, "%s: %llu grouped wgmma launches of mixed splits, expected %llu", what, took, want);
+        }
+        pt_cuda_tc_wg_mixed(-1);
         for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         made = 0;
         for (; made < 2 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);

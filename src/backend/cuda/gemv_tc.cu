@@ -497,6 +497,25 @@ static int tc_wg_plain(void) {
     if (g_tc_wg_plain < 0) g_tc_wg_plain = pt_env_flag("PETREL_CUDA_TC_WG_PLAIN", 1);
     return g_tc_wg_plain;
 }
+/* PETREL_CUDA_TC_WG_MIXED=1: a plain grouped launch of 33..64 rows whose
+ * weights split differently (the 8B shape's q/k/v: q 4 ways, k and v 8)
+ * runs on the wgmma kernels too, in clusters of the largest split, each
+ * holding as many blocks of quads of the smaller splits (gemv_wg_kernel:
+ * every weight's own split and unit order, so the same bits); default 0:
+ * such a launch stays on the mma.sync kernels, as before the form existed
+ * (it has not been timed on a GPU yet: docs/cuda.md). Read once;
+ * pt_cuda_tc_wg_mixed(0|1) sets it (a negative argument: back to the
+ * environment); such launches are counted. */
+static int g_tc_wg_mixed = -1;
+static unsigned long long g_tc_wg_mixed_launches;
+extern "C" void pt_cuda_tc_wg_mixed(int on) { g_tc_wg_mixed = on < 0 ? -1 : on != 0; }
+extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) {
+    return __atomic_load_n(&g_tc_wg_mixed_launches, __ATOMIC_RELAXED);
+}
+static int tc_wg_mixed(void) {
+    if (g_tc_wg_mixed < 0) g_tc_wg_mixed = pt_env_flag("PETREL_CUDA_TC_WG_MIXED", 0);
+    return g_tc_wg_mixed;
+}
 /* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels
  * by the switches above (tc_launch adds its shape conditions). */
 static bool tc_wg_takes(bool glu, int nb, int S) {
@@ -587,14 +606,23 @@ static void (*const wg_plain_fns[2][2])(wg_multi_args) = {
     {gemv_wg_kernel<NCOL, false, false>, gemv_wg_kernel<NCOL, false, NCOL == 64>},
     {gemv_wg_kernel<NCOL, true, false>, gemv_wg_kernel<NCOL, true, NCOL == 64>}};
 
-/* The wgmma launch of m's weights (one item, no experts; every weight with
- * one split S, S·(GLU ? 2 : 1) <= 8 blocks per cluster; the prepared x fits
- * the scratch), else PT_ERR_UNSUPPORTED with nothing launched: the x
- * prepare in the wg layout, then the GEMV. */
+/* The wgmma launch of m's weights (one item, no experts; clusters of CL <=
+ * 8 blocks: a GLU launch's 2S, a plain one's largest split S, each weight's
+ * split dividing it — one split for all unless PETREL_CUDA_TC_WG_MIXED; the
+ * prepared x fits the scratch), else PT_ERR_UNSUPPORTED with nothing
+ * launched: the x prepare in the wg layout, then the GEMV. */
 template <int NCOL>
 static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc_glu *gl, tc_xo *xo) {
     using SH = wg_shape<NCOL>;
-    const int K = m.a[0].K, S = m.a[0].S, CL = gl ? 2 * S : S, nb = m.a[0].nb;
+    const int K = m.a[0].K, S = m.a[0].S, nb = m.a[0].nb;
+    int CL = gl ? 2 * S : S;
+    bool mixed = false;
+    for (int i = 1; i < m.n && !gl; i++)
+        if (m.a[i].S != S) {
+            if (!tc_wg_mixed()) return PT_ERR_UNSUPPORTED;
+            mixed = true;
+            if (m.a[i].S > CL) CL = m.a[i].S;
+        }
     if (K % 64 || CL > 8 || !c->tile || (size_t)(K / 64) * SH::XU > c->tile_bytes) return PT_ERR_UNSUPPORTED;
     /* XO: x handed off by the GLU launch before this one (its output, these rows and columns, no norm) */
     const size_t xoff = tc_xo_off(c);
@@ -604,12 +632,16 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     wg_multi_args w;
     memset(&w, 0, sizeof w);
     w.n = m.n;
+    w.cl = CL;
     for (int i = 0; i < m.n; i++) {
         const tc_args &a = m.a[i];
-        if (a.S != S || a.experts || a.expert != 0 || a.n_experts > 1 || a.K != K) return PT_ERR_UNSUPPORTED;
+        if ((gl ? a.S != S : CL % a.S != 0) || a.experts || a.expert != 0 || a.n_experts > 1 || a.K != K)
+            return PT_ERR_UNSUPPORTED;
         w.a[i] = a;
         w.a[i].xb = xb;
-        w.first[i + 1] = w.first[i] + ((a.N + 15) / 16 + 3) / 4;
+        /* clusters: the weight's quads, CL / S of them a cluster (GLU: one) */
+        const int qpc = gl ? 1 : CL / a.S;
+        w.first[i + 1] = w.first[i] + (((a.N + 15) / 16 + 3) / 4 + qpc - 1) / qpc;
     }
     /* XO: this GLU launch hands its output on as the next GEMV's x where asked, its rows whole quads */
     tc_glu glx;
@@ -674,6 +706,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
     if (take) g_tc_wg_xo.counted();
+    if (mixed) __atomic_fetch_add(&g_tc_wg_mixed_launches, 1ull, __ATOMIC_RELAXED);
     if (rf) g_tc_wg_rf.counted();
     if (un) g_tc_wg_un.counted();
     return PT_OK;

@@ -51,8 +51,10 @@
  * is faster than the mma.sync kernels — the GLU launch (gate and up) of an
  * unsplit weight (PETREL_CUDA_TC_WG_GLU) at four blocks an SM, and a plain
  * or grouped launch of weights of one split (PETREL_CUDA_TC_WG_PLAIN: the
- * 8B shape's o and down) at five; every 17..64-row launch with
- * PETREL_CUDA_TC_WG=1. */
+ * 8B shape's o and down) at five; with PETREL_CUDA_TC_WG_MIXED=1 also a
+ * grouped launch of weights of different splits (the 8B q/k/v), each
+ * cluster of the largest split holding quads of one weight (wg_multi_args);
+ * every 17..64-row launch with PETREL_CUDA_TC_WG=1. */
 #ifndef PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 #define PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
 
@@ -147,23 +149,27 @@ __device__ __forceinline__ void wg_wait(float (&d)[ND]) {
     for (int k = 0; k < ND; k++) asm volatile("" : "+f"(d[k])::"memory");
 }
 
-/* The grouped launch's table: weight i owns clusters [first[i], first[i+1]). */
+/* The grouped launch's table: weight i owns clusters [first[i], first[i+1]),
+ * each of cl blocks: cl / S quads of the weight's split S, the quad's S
+ * blocks at consecutive ranks (cl the largest S of the launch: the weights
+ * of a layer's q/k/v may split differently, MX below). */
 struct wg_multi_args {
     tc_args a[PT_TC_MULTI];
     int first[PT_TC_MULTI + 1];
-    int n;
+    int n, cl;
 };
 
-/* One cluster's work: quad qg (64 rows) of weight a, cluster rank r of
- * CL = S (or 2S with GLU: the upper S run the up weight). */
+/* One quad's work: quad qg (64 rows) of weight a, whose CL = S blocks (or
+ * 2S with GLU: the upper S run the up weight) are cluster ranks r0 ..
+ * r0 + CL − 1; this block is rank r0 + r. */
 template <int NCOL, bool GLU, bool RF = false, bool UN = false>
-__device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, const tc_glu &gl) {
+__device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, const tc_glu &gl, const int r0 = 0) {
     using SH = wg_shape<NCOL>;
     constexpr int NT = NCOL / 8, NW = SH::NW, NTH = NW * 32;
     extern __shared__ __align__(16) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int S = a.S, CL = GLU ? 2 * S : S;
-    const int r = (int)tc_cluster_rank();
+    const int r = (int)tc_cluster_rank() - r0;
     const bool upw = GLU && r >= S;
     const int s = upw ? r - S : r;
     const int K = a.K, N = a.N, nb = a.nb;
@@ -360,13 +366,15 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
     tc_pdl_trigger();
 
     /* The reduction: the block's (n-tile n, warp w) pieces of 16 rows × 8
-     * columns, pi = n·NW + w, are owned by cluster rank pi mod CL; once
+     * columns, pi = n·NW + w, are owned by the quad's rank pi mod CL; once
      * every block of the cluster is past its last unit (a cluster barrier:
      * its wgmma groups waited on, its x stages all arrived, so its x ring
      * is free), every block stores its partials of each piece into the
      * owner's receive buffer [CL sources][PP pieces][16][8] (distributed
      * shared memory, over the owner's x ring), one more cluster barrier,
-     * then each owner adds its pieces' S partials in split order from 0.f. */
+     * then each owner adds its pieces' S partials in split order from 0.f.
+     * The barriers are the whole cluster's (every quad of it alike); the
+     * stores go to the quad's own ranks (r0 + owner). */
     tc_cluster_sync();
     constexpr int PP = NW * NT; /* pieces per block; CL divides it (CL <= 8 <= PP) */
     const int pp = PP / CL;
@@ -379,7 +387,7 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
         const int pi = n * NW + warp, own = xo ? n % CL : pi % CL, lp = xo ? n / CL * NW + warp : pi / CL;
         const unsigned la = rbuf + (unsigned)((((r * pp + lp) * 16 + g) * 8 + 2 * t) * 4);
         unsigned ra;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(la), "r"(own));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(ra) : "r"(la), "r"(r0 + own));
         asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(ra), "f"(tot[n][0]), "f"(tot[n][1]) : "memory");
         asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(ra + 8 * 8 * 4), "f"(tot[n][2]), "f"(tot[n][3])
                      : "memory");
@@ -442,12 +450,15 @@ __device__ __forceinline__ void gemv_wg_block(const tc_args &a, const int qg, co
  * (RF: 96 registers, no spill; UN spills 84 bytes) */
 template <int NCOL, bool RF = false, bool UN = false>
 __global__ void __launch_bounds__(128, RF || UN ? 5 : 4) gemv_wg_kernel(wg_multi_args m) {
-    const int c = (int)(blockIdx.x / (unsigned)m.a[0].S); /* every weight of a launch has one S */
+    const int c = (int)(blockIdx.x / (unsigned)m.cl), rk = (int)(blockIdx.x % (unsigned)m.cl);
     int i = 0;
 #pragma unroll
     for (int j = 1; j < PT_TC_MULTI; j++)
         if (j < m.n && c >= m.first[j]) i = j;
-    gemv_wg_block<NCOL, false, RF, UN>(m.a[i], c - m.first[i], tc_glu());
+    /* MX: cluster c of weight i holds cl / S of its quads, quad sub at ranks sub·S .. sub·S + S − 1 (a quad
+     * past the weight's last loads its last tile and stores nothing) */
+    const int S = m.a[i].S, sub = rk / S;
+    gemv_wg_block<NCOL, false, RF, UN>(m.a[i], (c - m.first[i]) * (m.cl / S) + sub, tc_glu(), sub * S);
 }
 
 template <int NCOL, bool RF = false, bool UN = false>
