@@ -9,7 +9,8 @@
  *     whose weights get different warp splits S in the same launch), q/k/v
  *     also with the attention input role (q split 4 ways, k and v 8: at
  *     33..64 rows one wgmma launch of mixed splits, PETREL_CUDA_TC_WG_MIXED,
- *     counted, and with it off);
+ *     counted, and with it off; again at 4160/1088/1088 rows, q's last
+ *     cluster holding a quad past the weight);
  *   - T = 1..64 (the 8-warp and 16-warp blocks, every n-tile count), 8-warp
  *     blocks above 8 rows too (PETREL_CUDA_TC_WIDE=0), an unaligned x, and
  *     the 8b shapes on the wgmma kernels (PETREL_CUDA_TC_WG: 4-bit g64 at
@@ -174,22 +175,30 @@ static void test_multi_op_bit_identical(void) {
         /* the same shapes with the attention input role, as the model loader sets it: q splits 4 ways, k and v
          * 8 (tc_split), so at 33..64 rows (4-bit g64) the grouped launch runs on the wgmma kernels in clusters
          * of 8 blocks holding two of q's quads or one of k's or v's with PETREL_CUDA_TC_WG_MIXED=1 — counted
-         * there — and stays on mma.sync with it off (the default); the same bits either way */
-        made = 0;
-        for (; made < 3 && ok; made++) ok = qw_make_attn(be, &q[made], bitss[b], Nq[made], 4096);
-        for (int mx = 1; mx >= 0 && ok; mx--) {
-            pt_cuda_tc_wg_mixed(mx);
-            const unsigned long long c0 = pt_cuda_tc_wg_mixed_count();
-            snprintf(what, sizeof what, "%d-bit g64 q/k/v with the attention role%s", bitss[b],
-                     mx ? "" : ", mixed splits off");
-            ok = check_set(be, what, 3, q, T8, 6, 1, 0);
-            /* 4-bit: T8's 33 and 64 rows in both rows modes, and 100 rows in rows mode (pieces of 64 and 36):
-             * 6 grouped launches of more than 32 rows */
-            const unsigned long long took = pt_cuda_tc_wg_mixed_count() - c0, want = mx && bitss[b] == 4 ? 6 : 0;
-            CHECK(took == want, "%s: %llu grouped wgmma launches of mixed splits, expected %llu", what, took, want);
+         * there — and stays on mma.sync with it off (the default); the same bits either way. Then q/k/v of
+         * 4160/1088/1088 rows (q: 65 quads, so its last cluster holds one quad past the weight, which loads
+         * and stores nothing of its own) */
+        static const int64_t Na[2][3] = {{4096, 1024, 1024}, {4160, 1088, 1088}};
+        for (int sh = 0; sh < 2 && ok; sh++) {
+            made = 0;
+            for (; made < 3 && ok; made++) ok = qw_make_attn(be, &q[made], bitss[b], Na[sh][made], 4096);
+            for (int mx = 1; mx >= 0 && ok; mx--) {
+                pt_cuda_tc_wg_mixed(mx);
+                const unsigned long long c0 = pt_cuda_tc_wg_mixed_count();
+                snprintf(what, sizeof what, "%d-bit g64 q/k/v %lld/%lld/%lld with the attention role%s", bitss[b],
+                         (long long)Na[sh][0], (long long)Na[sh][1], (long long)Na[sh][2],
+                         mx ? "" : ", mixed splits off");
+                ok = check_set(be, what, 3, q, T8, 6, 1, 0);
+                /* 4-bit: T8's 33 and 64 rows in both rows modes, and 100 rows in rows mode (pieces of 64 and
+                 * 36): 6 grouped launches of more than 32 rows */
+                const unsigned long long took = pt_cuda_tc_wg_mixed_count() - c0,
+                                         want = mx && bitss[b] == 4 ? 6 : 0;
+                CHECK(took == want, "%s: %llu grouped wgmma launches of mixed splits, expected %llu", what, took,
+                      want);
+            }
+            pt_cuda_tc_wg_mixed(-1);
+            for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         }
-        pt_cuda_tc_wg_mixed(-1);
-        for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         made = 0;
         for (; made < 2 && ok; made++) ok = gpu_qw_make(be, &q[made], bitss[b], 64, 14336, 4096, 0);
         snprintf(what, sizeof what, "%d-bit g64 gate/up 14336×4096", bitss[b]);
