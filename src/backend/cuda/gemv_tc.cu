@@ -497,6 +497,21 @@ static int tc_wg_plain(void) {
     if (g_tc_wg_plain < 0) g_tc_wg_plain = pt_env_flag("PETREL_CUDA_TC_WG_PLAIN", 1);
     return g_tc_wg_plain;
 }
+/* An on/off switch of a launch form: its environment variable (default
+ * def) read once, set() with a negative value going back to it; the
+ * launches made with the form counted (tests check it ran). */
+struct tc_switch {
+    const char *env;
+    int def, v;
+    unsigned long long launches;
+    void set(int on) { v = on < 0 ? -1 : on != 0; }
+    bool on() {
+        if (v < 0) v = pt_env_flag(env, def);
+        return v != 0;
+    }
+    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
+    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+};
 /* PETREL_CUDA_TC_WG_MIXED=1: a plain grouped launch of 33..64 rows whose
  * weights split differently (the 8B shape's q/k/v: q 4 ways, k and v 8)
  * runs on the wgmma kernels too, in clusters of the largest split, each
@@ -506,16 +521,9 @@ static int tc_wg_plain(void) {
  * (it has not been timed on a GPU yet: docs/cuda.md). Read once;
  * pt_cuda_tc_wg_mixed(0|1) sets it (a negative argument: back to the
  * environment); such launches are counted. */
-static int g_tc_wg_mixed = -1;
-static unsigned long long g_tc_wg_mixed_launches;
-extern "C" void pt_cuda_tc_wg_mixed(int on) { g_tc_wg_mixed = on < 0 ? -1 : on != 0; }
-extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) {
-    return __atomic_load_n(&g_tc_wg_mixed_launches, __ATOMIC_RELAXED);
-}
-static int tc_wg_mixed(void) {
-    if (g_tc_wg_mixed < 0) g_tc_wg_mixed = pt_env_flag("PETREL_CUDA_TC_WG_MIXED", 0);
-    return g_tc_wg_mixed;
-}
+static tc_switch g_tc_wg_mixed = {"PETREL_CUDA_TC_WG_MIXED", 0, -1, 0};
+extern "C" void pt_cuda_tc_wg_mixed(int on) { g_tc_wg_mixed.set(on); }
+extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) { return g_tc_wg_mixed.count(); }
 /* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels
  * by the switches above (tc_launch adds its shape conditions). */
 static bool tc_wg_takes(bool glu, int nb, int S) {
@@ -619,7 +627,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     bool mixed = false;
     for (int i = 1; i < m.n && !gl; i++)
         if (m.a[i].S != S) {
-            if (!tc_wg_mixed()) return PT_ERR_UNSUPPORTED;
+            if (!g_tc_wg_mixed.on()) return PT_ERR_UNSUPPORTED;
             mixed = true;
             if (m.a[i].S > CL) CL = m.a[i].S;
         }
@@ -706,7 +714,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
     __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
     if (take) g_tc_wg_xo.counted();
-    if (mixed) __atomic_fetch_add(&g_tc_wg_mixed_launches, 1ull, __ATOMIC_RELAXED);
+    if (mixed) g_tc_wg_mixed.counted();
     if (rf) g_tc_wg_rf.counted();
     if (un) g_tc_wg_un.counted();
     return PT_OK;
@@ -749,16 +757,9 @@ static int tc_wide(void) {
  * norm: PETREL_CUDA_TC_GLU16=0 or pt_cuda_tc_glu16(0) keeps 8-warp blocks
  * (A/B; read once; a negative argument: back to the environment). The
  * launches taken so far (tests check it ran). */
-static int g_tc_glu16 = -1;
-static unsigned long long g_tc_glu16_launches;
-extern "C" void pt_cuda_tc_glu16(int on) { g_tc_glu16 = on < 0 ? -1 : on != 0; }
-extern "C" unsigned long long pt_cuda_tc_glu16_count(void) {
-    return __atomic_load_n(&g_tc_glu16_launches, __ATOMIC_RELAXED);
-}
-static int tc_glu16(void) {
-    if (g_tc_glu16 < 0) g_tc_glu16 = pt_env_on("PETREL_CUDA_TC_GLU16");
-    return g_tc_glu16;
-}
+static tc_switch g_tc_glu16 = {"PETREL_CUDA_TC_GLU16", 1, -1, 0};
+extern "C" void pt_cuda_tc_glu16(int on) { g_tc_glu16.set(on); }
+extern "C" unsigned long long pt_cuda_tc_glu16_count(void) { return g_tc_glu16.count(); }
 /* Code blocks a unit of bits-wide codes in groups of gs (tc_shape::BPU, at
  * run time); a unit spans bpu · 256 / bits values of K (tc_shape::UK). */
 static int tc_bpu(int bits, int gs) { return gs * bits / 4 >= 64 ? gs * bits / 4 / 64 : 1; }
@@ -823,10 +824,10 @@ static pt_status tc_launch(const pt_cuda *c, tc_multi_args &m, unsigned items, i
      * running the same tile, units and code (the same bits), the row's norm and staging once per 16 warps.
      * tg128 on the H200: llama-3.2-3b +9%, qwen3-4b +2%, gemma-3-4b within noise; the 1B shape's gate/up (a
      * warp's 8 blocks all in its ring) lost 2% with them and keeps 8-warp blocks (bench/RESULTS.md). */
-    if (nb == 1 && gl && m.n == 1 && items == 1 && m.a[0].nsh.V && tc_glu16() &&
+    if (nb == 1 && gl && m.n == 1 && items == 1 && m.a[0].nsh.V && g_tc_glu16.on() &&
         tc_glu16_shape(c, m.a[0].N, m.a[0].K, BITS, GS, m.a[0].S) && table(PT_TC_WIDE_WARPS) == PT_OK) {
         const pt_status st = tc_launch_nt<BITS, GS, 1, PT_TC_WIDE_WARPS>(c, m, items, grouped, 1, gl);
-        if (st == PT_OK) __atomic_fetch_add(&g_tc_glu16_launches, 1ull, __ATOMIC_RELAXED);
+        if (st == PT_OK) g_tc_glu16.counted();
         if (st != PT_ERR_UNSUPPORTED) return st;
     }
     if (wide_only) return PT_ERR_UNSUPPORTED; /* the folded GLU only on those blocks (tc_glu_launch) */
@@ -1169,7 +1170,7 @@ static bool tc_glu_folds_norm(const pt_cuda *c, const pt_matrix *wg) {
     const int mode = fold_glu_mode();
     if (mode != 2) return mode == 1;
     const pt_cuda_weight *cw = pt_cuda_w(wg);
-    if (!tc_glu16() || !cw || !cw->tc) return false;
+    if (!g_tc_glu16.on() || !cw || !cw->tc) return false;
     const int S = tc_split(c, wg->rows, wg->cols, wg->bits, wg->group_size, cw->role);
     return tc_glu16_shape(c, wg->rows, wg->cols, wg->bits, wg->group_size, S);
 }
