@@ -53,11 +53,22 @@ LDFLAGS  += -Wl,--no-as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib'
             -Wl,-rpath,$(CUDA_HOME)/lib64
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
 # CUDA op tests and benchmarks (tests/cuda/{test,bench}_*.c): built only with CUDA=1, shipped in the
-# GPU bundle and run there by `make check-cuda`.
+# GPU bundle and run there by `make check-cuda`. They link the library as one shared object
+# (libpetrel_cuda.so: the same objects as libpetrel.a, position-independent in this build), so a
+# bundle carries the kernels once instead of once per binary; petrel itself stays static.
 CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/test_*.c tests/cuda/bench_*.c))
+CUDA_SO  := $(BUILD)/libpetrel_cuda.so
+CFLAGS   += -fPIC -fno-semantic-interposition
+# Those that call the CUDA runtime themselves link libpetrel.a instead: the runtime inside the
+# shared object (cudart_static) is hidden, so they would run with a second, separate runtime.
+CUDA_RT_RE  := (^|[^A-Za-z0-9_])cuda[A-Z][A-Za-z0-9]*[[:space:]]*[(]
+CUDA_RT_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(shell grep -lE '$(CUDA_RT_RE)' \
+  tests/cuda/test_*.c tests/cuda/bench_*.c))
 else
 CU_OBJ   :=
 CUDA_TEST_BIN :=
+CUDA_SO  :=
+CUDA_RT_BIN :=
 endif
 
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -66,9 +77,15 @@ TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
+# The C objects are rebuilt when the compile flags change (CUDA=1 adds -fPIC, SAN, OPT, ...): a
+# stamp in the build folder holds the flags and is rewritten only when they differ.
+FLAGS_STAMP := $(BUILD)/.cflags
+$(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
+  printf '%s\n' '$(CFLAGS)' > $(FLAGS_STAMP); })
+
 .SECONDARY: $(TEST_SUPPORT_OBJ)
 .PHONY: all check check-cuda asan fuzz gpu-bundle demo bench format clean deps tests
-all: $(BUILD)/petrel $(BUILD)/libpetrel.a $(CUDA_TEST_BIN)
+all: $(BUILD)/petrel $(BUILD)/libpetrel.a $(CUDA_SO) $(CUDA_TEST_BIN)
 
 deps:
 	@tools/install-deps.sh
@@ -78,19 +95,22 @@ $(BUILD)/libpetrel.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+$(BUILD)/libpetrel_cuda.so: $(LIB_OBJ) $(CU_OBJ)
+	$(CC) -shared -Wl,-soname,libpetrel_cuda.so $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
 $(BUILD)/petrel: $(CLI_OBJ) $(BUILD)/libpetrel.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
 
-$(BUILD)/obj/%_avx2.o: %_avx2.c
+$(BUILD)/obj/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/obj/%_avx512.o: %_avx512.c
+$(BUILD)/obj/%_avx512.o: %_avx512.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/obj/%_amx.o: %_amx.c
+$(BUILD)/obj/%_amx.o: %_amx.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/obj/%.o: %.c
+$(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/obj/%.o: %.cu
@@ -101,7 +121,13 @@ $(BUILD)/tests/%: tests/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
 
-$(BUILD)/tests/cuda/%: tests/cuda/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
+# (RPATH $ORIGIN/../lib finds the library in a bundle, $ORIGIN/../.. in the build tree)
+$(BUILD)/tests/cuda/%: tests/cuda/%.c $(TEST_SUPPORT_OBJ) $(CUDA_SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) -L$(BUILD) -lpetrel_cuda $(LDFLAGS) \
+	  -Wl,-rpath,'$$ORIGIN/../..' $(LDLIBS)
+
+$(CUDA_RT_BIN): $(BUILD)/tests/cuda/%: tests/cuda/%.c $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -o $@ $< $(TEST_SUPPORT_OBJ) $(BUILD)/libpetrel.a $(LDFLAGS) $(LDLIBS)
 

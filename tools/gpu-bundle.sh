@@ -7,7 +7,9 @@
 #                     check-cuda` on the GPU machine runs them — nothing
 #                     compiles there
 #   tests/bench_*     the CUDA op benchmarks (tests/cuda/bench_*.c)
-#   lib/              the non-system shared libraries the binaries link
+#   lib/              libpetrel_cuda.so (the library the test binaries link;
+#                     petrel itself is static) and the non-system shared
+#                     libraries the binaries link
 #                     (cJSON, libmicrohttpd, PCRE2, utf8proc and their own
 #                     dependencies), found through the binaries' RPATH
 #                     $ORIGIN/lib (tests: $ORIGIN/../lib); linked with
@@ -36,8 +38,21 @@ for t in "${tests[@]}"; do
   case "$t" in *.d|*.o) continue ;; esac
   cp "$t" "$DEST/tests/"
 done
+# The test binaries link the library as one shared object (Makefile: CUDA_SO), found
+# in lib/ through their RPATH $ORIGIN/../lib.
+cp "$BUILD_CUDA/libpetrel_cuda.so" "$DEST/lib/"
 # Debug info stays in build-cuda/; the bundle travels, so keep it small.
-strip --strip-debug "$DEST/petrel" "$DEST"/tests/*
+strip --strip-debug "$DEST/petrel" "$DEST"/tests/* "$DEST/lib/libpetrel_cuda.so"
+
+# A binary linking libpetrel_cuda.so must not carry a CUDA runtime of its own (the
+# shared object's is hidden: the process would run two; the Makefile links the
+# sources that call the runtime against libpetrel.a instead).
+for bin in "$DEST"/tests/*; do
+  if readelf -d "$bin" | grep -q 'libpetrel_cuda\.so' && nm "$bin" 2>/dev/null | grep -q ' T cudaMalloc$'; then
+    echo "gpu-bundle: $bin links libpetrel_cuda.so and a CUDA runtime of its own" >&2
+    exit 1
+  fi
+done
 
 # Libraries supplied by the GPU machine itself (glibc family, toolchain
 # runtime, the dynamic loader, CUDA). Everything else ldd resolves is bundled.

@@ -362,6 +362,7 @@ unsigned long long pt_cuda_carve_count(void);
  * steps) must be bit-identical with it and without it, and the launches must have asked for it only when
  * on. */
 static void test_carve_on_off(void) {
+    if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     gpu_forward_on_off_models(pt_cuda_carve, pt_cuda_carve_count, "carveout preference");
 }
 
