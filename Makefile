@@ -54,11 +54,12 @@ LDFLAGS  += -Wl,--no-as-needed -Wl,--disable-new-dtags -Wl,-rpath,'$$ORIGIN/lib'
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -lrt -lstdc++
 # CUDA op tests and benchmarks (tests/cuda/{test,bench}_*.c): built only with CUDA=1, shipped in the
 # GPU bundle and run there by `make check-cuda`. They link the library as one shared object
-# (libpetrel_cuda.so: the same objects as libpetrel.a, position-independent in this build), so a
-# bundle carries the kernels once instead of once per binary; petrel itself stays static.
+# (libpetrel_cuda.so: the CUDA objects and the library's C sources compiled once more,
+# position-independent, into $(BUILD)/pic/), so a bundle carries the kernels once instead of once
+# per binary; petrel and libpetrel.a are built from the usual objects, as without it.
 CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/cuda/%,$(wildcard tests/cuda/test_*.c tests/cuda/bench_*.c))
 CUDA_SO  := $(BUILD)/libpetrel_cuda.so
-CFLAGS   += -fPIC -fno-semantic-interposition
+LIB_PIC_OBJ := $(LIB_SRC:%.c=$(BUILD)/pic/%.o)
 # Those that call the CUDA runtime themselves link libpetrel.a instead: the runtime inside the
 # shared object (cudart_static) is hidden, so they would run with a second, separate runtime.
 CUDA_RT_RE  := (^|[^A-Za-z0-9_])cuda[A-Z][A-Za-z0-9]*[[:space:]]*[(]
@@ -69,7 +70,9 @@ CU_OBJ   :=
 CUDA_TEST_BIN :=
 CUDA_SO  :=
 CUDA_RT_BIN :=
+LIB_PIC_OBJ :=
 endif
+PIC := -fPIC -fno-semantic-interposition
 
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -77,7 +80,7 @@ TEST_SUPPORT := $(filter-out tests/test_%.c,$(wildcard tests/*.c))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-# The C objects are rebuilt when the compile flags change (CUDA=1 adds -fPIC, SAN, OPT, ...): a
+# The C objects are rebuilt when the compile flags change (CUDA=1, SAN, OPT, EXTRA_CFLAGS, ...): a
 # stamp in the build folder holds the flags and is rewritten only when they differ.
 FLAGS_STAMP := $(BUILD)/.cflags
 $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || \
@@ -95,7 +98,7 @@ $(BUILD)/libpetrel.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libpetrel_cuda.so: $(LIB_OBJ) $(CU_OBJ)
+$(BUILD)/libpetrel_cuda.so: $(LIB_PIC_OBJ) $(CU_OBJ)
 	$(CC) -shared -Wl,-soname,libpetrel_cuda.so $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/petrel: $(CLI_OBJ) $(BUILD)/libpetrel.a
@@ -113,6 +116,18 @@ $(BUILD)/obj/%_amx.o: %_amx.c $(FLAGS_STAMP)
 $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/pic/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PIC) $(AVX2_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/pic/%_avx512.o: %_avx512.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PIC) $(AVX512_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/pic/%_amx.o: %_amx.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PIC) $(AMX_FLAGS) -MMD -MP -c -o $@ $<
+$(BUILD)/pic/%.o: %.c $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PIC) -MMD -MP -c -o $@ $<
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -O3 -std=c++17 -Iinclude -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
@@ -168,4 +183,4 @@ format:
 clean:
 	rm -rf build build-asan build-fuzz build-cuda
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/pic -name '*.d' 2>/dev/null)
