@@ -101,6 +101,7 @@ done
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME"), $(ldd --version | head -1)"
   echo "nvcc: $(nvcc --version | tail -1)"
   echo "binaries: petrel $(cd "$DEST" && ls tests | sed 's|^|tests/|' | tr '\n' ' ')"
+  echo "the library the test binaries link: lib/libpetrel_cuda.so"
   echo "bundled libraries: ${bundled[*]:-(none)}"
   echo "from the GPU machine: libcublas.so.13, libcublasLt.so.13, the CUDA driver (libcuda.so.1), glibc, libstdc++"
 } > "$DEST/MANIFEST"
