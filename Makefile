@@ -104,30 +104,16 @@ $(BUILD)/libpetrel_cuda.so: $(LIB_PIC_OBJ) $(CU_OBJ)
 $(BUILD)/petrel: $(CLI_OBJ) $(BUILD)/libpetrel.a
 	$(CC) $(LDFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libpetrel.a $(LDLIBS)
 
-$(BUILD)/obj/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/obj/%_avx512.o: %_avx512.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/obj/%_amx.o: %_amx.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(AMX_FLAGS) -MMD -MP -c -o $@ $<
+# A translation unit's ISA flags from its name (in either object folder)
+%_avx2.o: ISA_FLAGS = $(AVX2_FLAGS)
+%_avx512.o: ISA_FLAGS = $(AVX512_FLAGS)
+%_amx.o: ISA_FLAGS = $(AMX_FLAGS)
 $(BUILD)/obj/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/pic/%_avx2.o: %_avx2.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PIC) $(AVX2_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/pic/%_avx512.o: %_avx512.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PIC) $(AVX512_FLAGS) -MMD -MP -c -o $@ $<
-$(BUILD)/pic/%_amx.o: %_amx.c $(FLAGS_STAMP)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PIC) $(AMX_FLAGS) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS) $(ISA_FLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/pic/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PIC) -MMD -MP -c -o $@ $<
+	$(CC) $(CFLAGS) $(PIC) $(ISA_FLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -O3 -std=c++17 -Iinclude -Isrc -Xcompiler -fPIC -MMD -MP -c -o $@ $<
