@@ -61,12 +61,19 @@ static inline pt_backend *gpu_open_gemv(int max_tokens) {
     return be;
 }
 
-/* A random weight (32-bit code words, tests/test_rand.h) prepared on be;
- * 0 (the test CHECK failed) if preparing it failed. */
-static inline int gpu_qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
+/* A random weight (32-bit code words, tests/test_rand.h) with the role
+ * role (pt_matrix.role, as the model loader sets it: it decides the
+ * weight's split) prepared on be; 0 (the test CHECK failed) if preparing it
+ * failed. gpu_qw_make: no role. */
+static inline int gpu_qw_make_role(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K,
+                                   int with_bias, int role) {
     rand_qweight_make(q, N, K, bits, gs, with_bias, 1);
+    q->w.role = role;
     NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
     return 1;
+}
+static inline int gpu_qw_make(pt_backend *be, rand_qweight *q, int bits, int gs, int64_t N, int64_t K, int with_bias) {
+    return gpu_qw_make_role(be, q, bits, gs, N, K, with_bias, PT_ROLE_NONE);
 }
 
 static inline void gpu_qw_free(pt_backend *be, rand_qweight *q) {

@@ -112,15 +112,6 @@ static int check_set(pt_backend *be, const char *what, int n, rand_qweight *q, c
     return ok;
 }
 
-/* gpu_qw_make of a 64-group weight with the attention input role (pt_matrix.role), as the model loader
- * sets it on q, k and v: it decides the weight's split. */
-static int qw_make_attn(pt_backend *be, rand_qweight *q, int bits, int64_t N, int64_t K) {
-    rand_qweight_make(q, N, K, bits, 64, 0, 1);
-    q->w.role = PT_ROLE_ATTN_IN;
-    NEED(be->ops->prepare_weight(be, &q->w, "w") == PT_OK, "prepare: %s", pt_last_error());
-    return 1;
-}
-
 static void test_multi_op_bit_identical(void) {
     if (!gpu_usable("no usable CUDA device here")) TEST_SKIP("no usable CUDA device here");
     pt_backend *be = gpu_open_gemv(TMAX);
@@ -181,7 +172,7 @@ static void test_multi_op_bit_identical(void) {
         static const int64_t Na[2][3] = {{4096, 1024, 1024}, {4160, 1088, 1088}};
         for (int sh = 0; sh < 2 && ok; sh++) {
             made = 0;
-            for (; made < 3 && ok; made++) ok = qw_make_attn(be, &q[made], bitss[b], Na[sh][made], 4096);
+            for (; made < 3 && ok; made++) ok = gpu_qw_make_role(be, &q[made], bitss[b], 64, Na[sh][made], 4096, 0, PT_ROLE_ATTN_IN);
             for (int mx = 1; mx >= 0 && ok; mx--) {
                 pt_cuda_tc_wg_mixed(mx);
                 const unsigned long long c0 = pt_cuda_tc_wg_mixed_count();
