@@ -165,8 +165,8 @@ static void test_multi_op_bit_identical(void) {
         for (int i = 0; i < made; i++) gpu_qw_free(be, &q[i]);
         /* the same shapes with the attention input role, as the model loader sets it: q splits 4 ways, k and v
          * 8 (tc_split), so at 33..64 rows (4-bit g64) the grouped launch runs on the wgmma kernels in clusters
-         * of 8 blocks holding two of q's quads or one of k's or v's with PETREL_CUDA_TC_WG_MIXED=1 — counted
-         * there — and stays on mma.sync with it off (the default); the same bits either way. Then q/k/v of
+         * of 8 blocks holding two of q's quads or one of k's or v's (PETREL_CUDA_TC_WG_MIXED=1, the default) —
+         * counted there — and stays on mma.sync with it off; the same bits either way. Then q/k/v of
          * 4160/1088/1088 rows (q: 65 quads, so its last cluster holds one quad past the weight, which loads
          * and stores nothing of its own) */
         static const int64_t Na[2][3] = {{4096, 1024, 1024}, {4160, 1088, 1088}};

@@ -512,16 +512,16 @@ struct tc_switch {
     void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
     unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
 };
-/* PETREL_CUDA_TC_WG_MIXED=1: a plain grouped launch of 33..64 rows whose
+/* PETREL_CUDA_TC_WG_MIXED (default 1): a plain grouped launch of 33..64 rows whose
  * weights split differently (the 8B shape's q/k/v: q 4 ways, k and v 8)
  * runs on the wgmma kernels too, in clusters of the largest split, each
  * holding as many blocks of quads of the smaller splits (gemv_wg_kernel:
- * every weight's own split and unit order, so the same bits); default 0:
- * such a launch stays on the mma.sync kernels, as before the form existed
- * (it has not been timed on a GPU yet: docs/cuda.md). Read once;
+ * every weight's own split and unit order, so the same bits); the default
+ * (served 64 streams of the 8B shape +3.1%, bench/RESULTS.md); 0: such a
+ * launch stays on the mma.sync kernels, as before the form existed. Read once;
  * pt_cuda_tc_wg_mixed(0|1) sets it (a negative argument: back to the
  * environment); such launches are counted. */
-static tc_switch g_tc_wg_mixed = {"PETREL_CUDA_TC_WG_MIXED", 0, -1, 0};
+static tc_switch g_tc_wg_mixed = {"PETREL_CUDA_TC_WG_MIXED", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_mixed(int on) { g_tc_wg_mixed.set(on); }
 extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) { return g_tc_wg_mixed.count(); }
 /* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels

@@ -51,8 +51,8 @@
  * is faster than the mma.sync kernels — the GLU launch (gate and up) of an
  * unsplit weight (PETREL_CUDA_TC_WG_GLU) at four blocks an SM, and a plain
  * or grouped launch of weights of one split (PETREL_CUDA_TC_WG_PLAIN: the
- * 8B shape's o and down) at five; with PETREL_CUDA_TC_WG_MIXED=1 also a
- * grouped launch of weights of different splits (the 8B q/k/v), each
+ * 8B shape's o and down) at five, and a grouped launch of weights of
+ * different splits (the 8B q/k/v; PETREL_CUDA_TC_WG_MIXED=0: not), each
  * cluster of the largest split holding quads of one weight (wg_multi_args);
  * every 17..64-row launch with PETREL_CUDA_TC_WG=1. */
 #ifndef PT_BACKEND_CUDA_GEMV_WG_KERNEL_CUH
