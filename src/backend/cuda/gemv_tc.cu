@@ -79,6 +79,22 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
     return __atomic_load_n(&g_tc_lv2_launches, __ATOMIC_RELAXED);
 }
 
+/* An on/off switch of a launch form: its environment variable (default
+ * def) read once, set() with a negative value going back to it; the
+ * launches made with the form counted (tests check it ran). */
+struct tc_switch {
+    const char *env;
+    int def, v;
+    unsigned long long launches;
+    void set(int on) { v = on < 0 ? -1 : on != 0; }
+    bool on() {
+        if (v < 0) v = pt_env_flag(env, def);
+        return v != 0;
+    }
+    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
+    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+};
+
 /* The shared-memory carveout of the one-row launches: the most shared memory
  * (least L1) an SM offers (cudaLaunchAttributePreferredSharedMemoryCarveout),
  * instead of the driver's choice per kernel. With the driver's choice the 1B
@@ -92,16 +108,9 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
  * and bits are as before. PETREL_CUDA_CARVE=0 or pt_cuda_carve(0): the
  * driver's choice everywhere (A/B; read once; -1: back to the variable). The
  * launches that asked for it so far (tests check it ran). */
-static int g_tc_carve = -1;
-static unsigned long long g_tc_carve_launches;
-extern "C" void pt_cuda_carve(int on) { g_tc_carve = on < 0 ? -1 : on != 0; }
-extern "C" unsigned long long pt_cuda_carve_count(void) {
-    return __atomic_load_n(&g_tc_carve_launches, __ATOMIC_RELAXED);
-}
-static bool tc_carve(int nb) {
-    if (g_tc_carve < 0) g_tc_carve = pt_env_on("PETREL_CUDA_CARVE");
-    return g_tc_carve && nb == 1;
-}
+static tc_switch g_tc_carve = {"PETREL_CUDA_CARVE", 1, -1, 0};
+extern "C" void pt_cuda_carve(int on) { g_tc_carve.set(on); }
+extern "C" unsigned long long pt_cuda_carve_count(void) { return g_tc_carve.count(); }
 
 /* One launch of m's weights: the single-weight kernel when m holds one
  * weight and grouped is 0, else the grouped kernel (m.first already set for
@@ -148,10 +157,10 @@ static pt_status tc_launch_k(const pt_cuda *c, const tc_multi_args &m, unsigned 
         at[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
     }
-    if (tc_carve(m.a[0].nb)) {
+    if (m.a[0].nb == 1 && g_tc_carve.on()) {
         at[cfg.numAttrs].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
         at[cfg.numAttrs++].val.sharedMemCarveout = (unsigned)cudaSharedmemCarveoutMaxShared;
-        __atomic_fetch_add(&g_tc_carve_launches, 1ull, __ATOMIC_RELAXED);
+        g_tc_carve.counted();
     }
     if (cluster > 1) { /* XP only: grid.x is a multiple of cluster (tc_launch_xp) */
         at[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
@@ -290,17 +299,10 @@ static bool tc_xstage(void) {
  * pt_cuda_tc_drift). A negative argument: back to the environment. */
 #define PT_TC_XL_DEFAULT 1
 #define PT_TC_DRIFT_DEFAULT 1
-static int g_tc_xl = -1, g_tc_drift = -1;
-extern "C" void pt_cuda_tc_xl(int on) { g_tc_xl = on < 0 ? -1 : on != 0; }
-extern "C" void pt_cuda_tc_drift(int on) { g_tc_drift = on < 0 ? -1 : on != 0; }
-static bool tc_xl(void) {
-    if (g_tc_xl < 0) g_tc_xl = pt_env_flag("PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT);
-    return g_tc_xl;
-}
-static bool tc_drift(void) {
-    if (g_tc_drift < 0) g_tc_drift = pt_env_flag("PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT);
-    return g_tc_drift;
-}
+static tc_switch g_tc_xl = {"PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT, -1, 0},
+                 g_tc_drift = {"PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT, -1, 0};
+extern "C" void pt_cuda_tc_xl(int on) { g_tc_xl.set(on); }
+extern "C" void pt_cuda_tc_drift(int on) { g_tc_drift.set(on); }
 
 /* Blocks per cluster of the XP launches (they share each stage's x load,
  * tc_bulk_mc): PT_TC_CLUSTER, or PETREL_CUDA_TC_CLUSTER=1|2|4 (read once),
@@ -409,7 +411,7 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
         /* XL kernels: the default loop only, up to 32 rows (at 64 rows,
          * NT = 8, they spill 32 bytes and were 2% slower: 250.8 against 246.0
          * µs per 8b layer) */
-        xl = pass == 0 && BITS == 4 && NT <= 4 && tc_xl() && tc_xstage() && tc_loop();
+        xl = pass == 0 && BITS == 4 && NT <= 4 && g_tc_xl.on() && tc_xstage() && tc_loop();
         for (int i = 0; i < m.n; i++)
             if (!(su[i] = tc_xp_su<BITS, GS, NT>(m.a[i], xl))) return PT_ERR_UNSUPPORTED;
         xst = tc_xstage();
@@ -443,7 +445,7 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
         if (!tc_cluster_fits<BITS, GS, NT>(grouped != 0, cl, smem)) cl = 1;
     }
     if (cl > 1) m.first[m.n] = (m.first[m.n] + cl - 1) / cl * cl;
-    for (int i = 0; i < m.n; i++) m.a[i].drift = cl == 1 && tc_drift();
+    for (int i = 0; i < m.n; i++) m.a[i].drift = cl == 1 && g_tc_drift.on();
     if constexpr (BITS == 4 && NT <= 4)
         if (xl) return tc_launch_k<BITS, GS, NT, PT_TC_WIDE_WARPS, true, 1, false, true>(c, m, 1, grouped, cl, gl);
     return tc_launch_nt<BITS, GS, NT, PT_TC_WIDE_WARPS, true>(c, m, 1, grouped, cl, gl);
@@ -455,14 +457,9 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
  * are not faster yet (bench/RESULTS.md). A negative argument: back to the
  * environment. */
 #define PT_TC_WG_DEFAULT 0
-static int g_tc_wg = -1;
-extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg = on < 0 ? -1 : on != 0; }
-static unsigned long long g_tc_wg_launches; /* wgmma launches made so far (tests check the path ran) */
-extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return __atomic_load_n(&g_tc_wg_launches, __ATOMIC_RELAXED); }
-static int tc_wg(void) {
-    if (g_tc_wg < 0) g_tc_wg = pt_env_flag("PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT);
-    return g_tc_wg;
-}
+static tc_switch g_tc_wg = {"PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT, -1, 0}; /* counts every wgmma launch */
+extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg.set(on); }
+extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return g_tc_wg.count(); }
 
 /* PETREL_CUDA_TC_WG_GLU=0: the GLU launch of 33..64 rows (gate and up,
  * 4-bit g64, not split: S = 1, one warp a tile, as the 8B shape's) stays on
@@ -475,12 +472,8 @@ static int tc_wg(void) {
  * environment). Launched for four blocks an SM (PETREL_CUDA_TC_WG_BPS_GLU,
  * below: its dynamic shared memory padded); at five, as the plain launches
  * run, this launch is 17% slower in the step, at three 40% slower. */
-static int g_tc_wg_glu = -1;
-extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu = on < 0 ? -1 : on != 0; }
-static int tc_wg_glu(void) {
-    if (g_tc_wg_glu < 0) g_tc_wg_glu = pt_env_flag("PETREL_CUDA_TC_WG_GLU", 1);
-    return g_tc_wg_glu;
-}
+static tc_switch g_tc_wg_glu = {"PETREL_CUDA_TC_WG_GLU", 1, -1, 0};
+extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu.set(on); }
 /* PETREL_CUDA_TC_WG_PLAIN=0: a plain or grouped launch (no GLU) of 33..64
  * rows stays on the mma.sync kernels (A/B; read once); default: the wgmma
  * kernels where its weights have one split (the 8B shape's o and down, not
@@ -491,27 +484,8 @@ static int tc_wg_glu(void) {
  * (bench/RESULTS.md).
  * pt_cuda_tc_wg_plain(0|1) sets it (a negative argument: back to the
  * environment). */
-static int g_tc_wg_plain = -1;
-extern "C" void pt_cuda_tc_wg_plain(int on) { g_tc_wg_plain = on < 0 ? -1 : on != 0; }
-static int tc_wg_plain(void) {
-    if (g_tc_wg_plain < 0) g_tc_wg_plain = pt_env_flag("PETREL_CUDA_TC_WG_PLAIN", 1);
-    return g_tc_wg_plain;
-}
-/* An on/off switch of a launch form: its environment variable (default
- * def) read once, set() with a negative value going back to it; the
- * launches made with the form counted (tests check it ran). */
-struct tc_switch {
-    const char *env;
-    int def, v;
-    unsigned long long launches;
-    void set(int on) { v = on < 0 ? -1 : on != 0; }
-    bool on() {
-        if (v < 0) v = pt_env_flag(env, def);
-        return v != 0;
-    }
-    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
-    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
-};
+static tc_switch g_tc_wg_plain = {"PETREL_CUDA_TC_WG_PLAIN", 1, -1, 0};
+extern "C" void pt_cuda_tc_wg_plain(int on) { g_tc_wg_plain.set(on); }
 /* PETREL_CUDA_TC_WG_MIXED (default 1): a plain grouped launch of 33..64 rows whose
  * weights split differently (the 8B shape's q/k/v: q 4 ways, k and v 8)
  * runs on the wgmma kernels too, in clusters of the largest split, each
@@ -527,7 +501,7 @@ extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) { return g_tc_wg_m
 /* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels
  * by the switches above (tc_launch adds its shape conditions). */
 static bool tc_wg_takes(bool glu, int nb, int S) {
-    return tc_wg() || (nb > 32 && (glu ? S == 1 && tc_wg_glu() : tc_wg_plain()));
+    return g_tc_wg.on() || (nb > 32 && (glu ? S == 1 && g_tc_wg_glu.on() : g_tc_wg_plain.on()));
 }
 
 /* A switch of a wgmma kernel form: 1 in the GLU launch, 2 in the plain
@@ -712,7 +686,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
     else cfg.attrs = at + 1, cfg.numAttrs = 1;
     if (gl) CUDA_CHECK(cudaLaunchKernelEx(&cfg, gfn, w.a[0], glx));
     else CUDA_CHECK(cudaLaunchKernelEx(&cfg, pfn, w));
-    __atomic_fetch_add(&g_tc_wg_launches, 1ull, __ATOMIC_RELAXED);
+    g_tc_wg.counted();
     if (take) g_tc_wg_xo.counted();
     if (mixed) g_tc_wg_mixed.counted();
     if (rf) g_tc_wg_rf.counted();
@@ -725,18 +699,14 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
  * negative argument: back to the environment; the same bits either way:
  * the block size and x's staging only decide when x is staged and which
  * block a tile's S warps sit in). */
-static int g_tc_xp8 = -1;
-extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8 = on < 0 ? -1 : on != 0; }
-static int tc_xp8(void) {
-    if (g_tc_xp8 < 0) g_tc_xp8 = pt_env_on("PETREL_CUDA_TC_XP8");
-    return g_tc_xp8;
-}
+static tc_switch g_tc_xp8 = {"PETREL_CUDA_TC_XP8", 1, -1, 0};
+extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8.set(on); }
 
 /* Whether a launch may take the XP kernels: above 8 rows (above 1 with
  * PETREL_CUDA_TC_XP8), 16-warp blocks, one item, and scratch that holds the
  * prepared x. */
 static bool tc_xp_ok(const pt_cuda *c, int nb, int K, unsigned items) {
-    if (nb <= (tc_xp8() ? 1 : 8) || items != 1 || !tc_xpre() || !c->tile) return false;
+    if (nb <= (g_tc_xp8.on() ? 1 : 8) || items != 1 || !tc_xpre() || !c->tile) return false;
     const size_t need = (((size_t)nb * K * 2 + 255) & ~(size_t)255) + (size_t)(K / 32) * 64 * 4;
     return need <= c->tile_bytes;
 }
@@ -865,8 +835,8 @@ extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : P
  * environment). The split is part of the bits (the S partials are added in
  * warp order), so the switch changes them, alike at every row count. */
 #define PT_TC_S1_TILES 6
-static int g_tc_s1 = -1;
-extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1 = on < 0 ? -1 : on != 0; }
+static tc_switch g_tc_s1 = {"PETREL_CUDA_TC_S1", 1, -1, 0};
+extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1.set(on); }
 
 /* Warps per SM the split of an attention input projection (q, k, v:
  * PT_ROLE_ATTN_IN) aims at where each warp then still streams at least
@@ -898,10 +868,9 @@ static int tc_split(const pt_cuda *c, int64_t N, int64_t K, int bits, int gs, in
         /* the units a warp must keep (A/B) */
         g_tc_attn_units = pt_env_int("PETREL_CUDA_TC_ATTN_UNITS", 0, 1 << 20, g_tc_attn_units);
     }
-    if (g_tc_s1 < 0) g_tc_s1 = pt_env_on("PETREL_CUDA_TC_S1");
     const int64_t tpe = (N + 15) / 16, uk = tc_bpu(bits, gs) * (256 / bits);
     const int64_t NU = K / uk;
-    if (g_tc_s1 && tpe >= (int64_t)PT_TC_S1_TILES * c->sm_count) return 1;
+    if (g_tc_s1.on() && tpe >= (int64_t)PT_TC_S1_TILES * c->sm_count) return 1;
     auto split_for = [&](int w) {
         const int64_t target = (int64_t)w * c->sm_count;
         int S = 1;
