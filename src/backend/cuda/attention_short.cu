@@ -895,12 +895,9 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &g
  * find them there; default 0 (A/B, read once; the same bits either way).
  * pt_cuda_dec_short_rows_l2(0|1) sets it (a negative argument: back to the
  * environment). */
-static int g_ds_l2 = -1;
-extern "C" void pt_cuda_dec_short_rows_l2(int on) { g_ds_l2 = on < 0 ? -1 : on != 0; }
-static int ds_rows_l2(void) {
-    if (g_ds_l2 < 0) g_ds_l2 = pt_env_flag("PETREL_CUDA_DEC_SHORT_ROWS_L2", 0);
-    return g_ds_l2;
-}
+static pt_switch g_ds_l2 = {"PETREL_CUDA_DEC_SHORT_ROWS_L2", 0, -1, 0};
+extern "C" void pt_cuda_dec_short_rows_l2(int on) { g_ds_l2.set(on); }
+static int ds_rows_l2(void) { return g_ds_l2.on() ? 1 : 0; }
 
 /* The batched rows' staging (c->dec_short_rows_stage, PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 0 none, 1 and 2 the
  * value rows and both of up to DS_MAXK keys, 3 the value rows in room for the launch's bound, 4 by split);
@@ -962,16 +959,10 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
 /* The batched rows' one-task splits (dec_rows1_kernel): PETREL_CUDA_DEC_ROWS1 (default 1; 0: the generic
  * kernel, A/B; read once); pt_cuda_dec_rows1(0|1) overrides it (tests and benchmarks; a negative argument:
  * back to the environment). Launches so far are counted (tests check which kernel ran). */
-static int g_ds_rows1 = -1;
-extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1 = v < 0 ? -1 : v != 0; }
-static bool ds_rows1_on(void) {
-    if (g_ds_rows1 < 0) g_ds_rows1 = pt_env_flag("PETREL_CUDA_DEC_ROWS1", 1);
-    return g_ds_rows1 != 0;
-}
-static unsigned long long g_ds_rows1_launches;
-extern "C" unsigned long long pt_cuda_dec_rows1_count(void) {
-    return __atomic_load_n(&g_ds_rows1_launches, __ATOMIC_RELAXED);
-}
+static pt_switch g_ds_rows1 = {"PETREL_CUDA_DEC_ROWS1", 1, -1, 0};
+extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1.set(v); }
+static bool ds_rows1_on(void) { return g_ds_rows1.on(); }
+extern "C" unsigned long long pt_cuda_dec_rows1_count(void) { return g_ds_rows1.count(); }
 /* Batched-rows calls that took the one-block form (either kernel) so far: tests check where a bound takes it. */
 static unsigned long long g_ds_rows_launches;
 extern "C" unsigned long long pt_cuda_dec_short_rows_count(void) {
@@ -993,7 +984,7 @@ static pt_status ds_launch_rows1_k(pt_cuda *c, const pt_dec_rows &a, int64_t B, 
 /* ... its build writing the o projection's x too where a.xo is set (gemv_tc.cu XO) */
 template <typename KT, int LS, int LP, int CP, int G, int NW, int MB>
 static pt_status ds_launch_rows1_one(pt_cuda *c, const pt_dec_rows &a, int64_t B, size_t smem) {
-    __atomic_fetch_add(&g_ds_rows1_launches, 1ull, __ATOMIC_RELAXED);
+    g_ds_rows1.counted();
     return a.xo ? ds_launch_rows1_k<KT, LS, LP, CP, G, NW, MB, true>(c, a, B, smem)
                 : ds_launch_rows1_k<KT, LS, LP, CP, G, NW, MB, false>(c, a, B, smem);
 }

@@ -221,6 +221,23 @@ __device__ __forceinline__ void pt_wait_primary(void) { asm volatile("griddepcon
  * switch on (pt_env_flag). Callers read it once and cache the answer. */
 static inline int pt_env_on(const char *name) { return pt_env_flag(name, 1); }
 
+/* An on/off switch of a launch form: its environment variable (default
+ * def, pt_env_flag) read once, set() with a negative value going back to
+ * it; the launches made with the form counted where the form counts them
+ * (tests check it ran). Initialized as {"PETREL_CUDA_...", def, -1, 0}. */
+struct pt_switch {
+    const char *env;
+    int def, v;
+    unsigned long long launches;
+    void set(int on) { v = on < 0 ? -1 : on != 0; }
+    bool on() {
+        if (v < 0) v = pt_env_flag(env, def);
+        return v != 0;
+    }
+    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
+    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
+};
+
 /* PETREL_CUDA_PDL_CHAIN=0: pt_launch launches normally (A/B). */
 static inline bool pt_pdl_chain(void) {
     static int on = -1;

@@ -79,22 +79,6 @@ extern "C" unsigned long long pt_cuda_tc_lv2_count(void) {
     return __atomic_load_n(&g_tc_lv2_launches, __ATOMIC_RELAXED);
 }
 
-/* An on/off switch of a launch form: its environment variable (default
- * def) read once, set() with a negative value going back to it; the
- * launches made with the form counted (tests check it ran). */
-struct tc_switch {
-    const char *env;
-    int def, v;
-    unsigned long long launches;
-    void set(int on) { v = on < 0 ? -1 : on != 0; }
-    bool on() {
-        if (v < 0) v = pt_env_flag(env, def);
-        return v != 0;
-    }
-    void counted() { __atomic_fetch_add(&launches, 1ull, __ATOMIC_RELAXED); }
-    unsigned long long count() const { return __atomic_load_n(&launches, __ATOMIC_RELAXED); }
-};
-
 /* The shared-memory carveout of the one-row launches: the most shared memory
  * (least L1) an SM offers (cudaLaunchAttributePreferredSharedMemoryCarveout),
  * instead of the driver's choice per kernel. With the driver's choice the 1B
@@ -108,7 +92,7 @@ struct tc_switch {
  * and bits are as before. PETREL_CUDA_CARVE=0 or pt_cuda_carve(0): the
  * driver's choice everywhere (A/B; read once; -1: back to the variable). The
  * launches that asked for it so far (tests check it ran). */
-static tc_switch g_tc_carve = {"PETREL_CUDA_CARVE", 1, -1, 0};
+static pt_switch g_tc_carve = {"PETREL_CUDA_CARVE", 1, -1, 0};
 extern "C" void pt_cuda_carve(int on) { g_tc_carve.set(on); }
 extern "C" unsigned long long pt_cuda_carve_count(void) { return g_tc_carve.count(); }
 
@@ -299,7 +283,7 @@ static bool tc_xstage(void) {
  * pt_cuda_tc_drift). A negative argument: back to the environment. */
 #define PT_TC_XL_DEFAULT 1
 #define PT_TC_DRIFT_DEFAULT 1
-static tc_switch g_tc_xl = {"PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT, -1, 0},
+static pt_switch g_tc_xl = {"PETREL_CUDA_TC_XL", PT_TC_XL_DEFAULT, -1, 0},
                  g_tc_drift = {"PETREL_CUDA_TC_DRIFT", PT_TC_DRIFT_DEFAULT, -1, 0};
 extern "C" void pt_cuda_tc_xl(int on) { g_tc_xl.set(on); }
 extern "C" void pt_cuda_tc_drift(int on) { g_tc_drift.set(on); }
@@ -457,7 +441,7 @@ static pt_status tc_launch_xp(const pt_cuda *c, tc_multi_args &m, int grouped, c
  * are not faster yet (bench/RESULTS.md). A negative argument: back to the
  * environment. */
 #define PT_TC_WG_DEFAULT 0
-static tc_switch g_tc_wg = {"PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT, -1, 0}; /* counts every wgmma launch */
+static pt_switch g_tc_wg = {"PETREL_CUDA_TC_WG", PT_TC_WG_DEFAULT, -1, 0}; /* counts every wgmma launch */
 extern "C" void pt_cuda_tc_wg(int on) { g_tc_wg.set(on); }
 extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return g_tc_wg.count(); }
 
@@ -472,7 +456,7 @@ extern "C" unsigned long long pt_cuda_tc_wg_count(void) { return g_tc_wg.count()
  * environment). Launched for four blocks an SM (PETREL_CUDA_TC_WG_BPS_GLU,
  * below: its dynamic shared memory padded); at five, as the plain launches
  * run, this launch is 17% slower in the step, at three 40% slower. */
-static tc_switch g_tc_wg_glu = {"PETREL_CUDA_TC_WG_GLU", 1, -1, 0};
+static pt_switch g_tc_wg_glu = {"PETREL_CUDA_TC_WG_GLU", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu.set(on); }
 /* PETREL_CUDA_TC_WG_PLAIN=0: a plain or grouped launch (no GLU) of 33..64
  * rows stays on the mma.sync kernels (A/B; read once); default: the wgmma
@@ -484,7 +468,7 @@ extern "C" void pt_cuda_tc_wg_glu(int on) { g_tc_wg_glu.set(on); }
  * (bench/RESULTS.md).
  * pt_cuda_tc_wg_plain(0|1) sets it (a negative argument: back to the
  * environment). */
-static tc_switch g_tc_wg_plain = {"PETREL_CUDA_TC_WG_PLAIN", 1, -1, 0};
+static pt_switch g_tc_wg_plain = {"PETREL_CUDA_TC_WG_PLAIN", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_plain(int on) { g_tc_wg_plain.set(on); }
 /* PETREL_CUDA_TC_WG_MIXED (default 1): a plain grouped launch of 33..64 rows whose
  * weights split differently (the 8B shape's q/k/v: q 4 ways, k and v 8)
@@ -495,7 +479,7 @@ extern "C" void pt_cuda_tc_wg_plain(int on) { g_tc_wg_plain.set(on); }
  * launch stays on the mma.sync kernels, as before the form existed. Read once;
  * pt_cuda_tc_wg_mixed(0|1) sets it (a negative argument: back to the
  * environment); such launches are counted. */
-static tc_switch g_tc_wg_mixed = {"PETREL_CUDA_TC_WG_MIXED", 1, -1, 0};
+static pt_switch g_tc_wg_mixed = {"PETREL_CUDA_TC_WG_MIXED", 1, -1, 0};
 extern "C" void pt_cuda_tc_wg_mixed(int on) { g_tc_wg_mixed.set(on); }
 extern "C" unsigned long long pt_cuda_tc_wg_mixed_count(void) { return g_tc_wg_mixed.count(); }
 /* Whether a launch of nb rows (a GLU one: split S) takes the wgmma kernels
@@ -699,7 +683,7 @@ static pt_status tc_launch_wg(const pt_cuda *c, const tc_multi_args &m, const tc
  * negative argument: back to the environment; the same bits either way:
  * the block size and x's staging only decide when x is staged and which
  * block a tile's S warps sit in). */
-static tc_switch g_tc_xp8 = {"PETREL_CUDA_TC_XP8", 1, -1, 0};
+static pt_switch g_tc_xp8 = {"PETREL_CUDA_TC_XP8", 1, -1, 0};
 extern "C" void pt_cuda_tc_xp8(int on) { g_tc_xp8.set(on); }
 
 /* Whether a launch may take the XP kernels: above 8 rows (above 1 with
@@ -727,7 +711,7 @@ static int tc_wide(void) {
  * norm: PETREL_CUDA_TC_GLU16=0 or pt_cuda_tc_glu16(0) keeps 8-warp blocks
  * (A/B; read once; a negative argument: back to the environment). The
  * launches taken so far (tests check it ran). */
-static tc_switch g_tc_glu16 = {"PETREL_CUDA_TC_GLU16", 1, -1, 0};
+static pt_switch g_tc_glu16 = {"PETREL_CUDA_TC_GLU16", 1, -1, 0};
 extern "C" void pt_cuda_tc_glu16(int on) { g_tc_glu16.set(on); }
 extern "C" unsigned long long pt_cuda_tc_glu16_count(void) { return g_tc_glu16.count(); }
 /* Code blocks a unit of bits-wide codes in groups of gs (tc_shape::BPU, at
@@ -835,7 +819,7 @@ extern "C" void pt_cuda_tc_warps(int w) { g_tc_warps = w >= 1 && w <= 64 ? w : P
  * environment). The split is part of the bits (the S partials are added in
  * warp order), so the switch changes them, alike at every row count. */
 #define PT_TC_S1_TILES 6
-static tc_switch g_tc_s1 = {"PETREL_CUDA_TC_S1", 1, -1, 0};
+static pt_switch g_tc_s1 = {"PETREL_CUDA_TC_S1", 1, -1, 0};
 extern "C" void pt_cuda_tc_s1(int on) { g_tc_s1.set(on); }
 
 /* Warps per SM the split of an attention input projection (q, k, v:

@@ -787,19 +787,13 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
  * n separate matmul / matmul_rows calls. */
 /* PETREL_CUDA_PREFILL_MULTI=0 / pt_cuda_prefill_multi(0): matmul_multi
  * converts x once per weight on the GEMM path, as separate matmuls do (A/B). */
-static int g_prefill_multi = -1;
-extern "C" void pt_cuda_prefill_multi(int on) { g_prefill_multi = on < 0 ? -1 : on != 0; }
-static int prefill_multi_on(void) {
-    if (g_prefill_multi < 0) g_prefill_multi = pt_env_on("PETREL_CUDA_PREFILL_MULTI");
-    return g_prefill_multi;
-}
+static pt_switch g_prefill_multi = {"PETREL_CUDA_PREFILL_MULTI", 1, -1, 0};
+extern "C" void pt_cuda_prefill_multi(int on) { g_prefill_multi.set(on); }
+static bool prefill_multi_on(void) { return g_prefill_multi.on(); }
 
-static int g_tc_multi = -1;
-extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi = on != 0; }
-static int tc_multi_on(void) {
-    if (g_tc_multi < 0) g_tc_multi = pt_env_on("PETREL_CUDA_MULTI");
-    return g_tc_multi;
-}
+static pt_switch g_tc_multi = {"PETREL_CUDA_MULTI", 1, -1, 0};
+extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi.set(on); }
+static bool tc_multi_on(void) { return g_tc_multi.on(); }
 
 pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                                const pt_matrix *const *w, int rows) {
@@ -864,12 +858,9 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
  * instead of one per weight and a GLU pass). Anything else, and
  * PETREL_CUDA_GEMV_FUSE=0 / pt_cuda_gemv_fuse(0) (A/B): PT_ERR_UNSUPPORTED,
  * and the caller makes the matmul_multi and glu calls (same bits). */
-static int g_gemv_fuse = -1;
-extern "C" void pt_cuda_gemv_fuse(int on) { g_gemv_fuse = on < 0 ? -1 : on != 0; }
-static int gemv_fuse_on(void) {
-    if (g_gemv_fuse < 0) g_gemv_fuse = pt_env_on("PETREL_CUDA_GEMV_FUSE");
-    return g_gemv_fuse;
-}
+static pt_switch g_gemv_fuse = {"PETREL_CUDA_GEMV_FUSE", 1, -1, 0};
+extern "C" void pt_cuda_gemv_fuse(int on) { g_gemv_fuse.set(on); }
+static bool gemv_fuse_on(void) { return g_gemv_fuse.on(); }
 
 pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                              const pt_matrix *wu, pt_glu_kind act, int rows) {
@@ -898,12 +889,9 @@ pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T
  * Anything else, and PETREL_CUDA_FOLD_NORM=0 / pt_cuda_fold_norm(0) (A/B):
  * PT_ERR_UNSUPPORTED, and the forward pass makes the rms_norm and matmul
  * calls. */
-static int g_fold_norm = -1;
-extern "C" void pt_cuda_fold_norm(int on) { g_fold_norm = on < 0 ? -1 : on != 0; }
-static int fold_norm_on(void) {
-    if (g_fold_norm < 0) g_fold_norm = pt_env_on("PETREL_CUDA_FOLD_NORM");
-    return g_fold_norm;
-}
+static pt_switch g_fold_norm = {"PETREL_CUDA_FOLD_NORM", 1, -1, 0};
+extern "C" void pt_cuda_fold_norm(int on) { g_fold_norm.set(on); }
+static bool fold_norm_on(void) { return g_fold_norm.on(); }
 
 static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on() && !c->no_fast_gemv; }
 /* A decode row's q/k/v norm fold where the caller leaves it to the backend
@@ -913,20 +901,14 @@ static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on
  * the 1B and 8B shapes the gate/up fold and down add it depends on (x must
  * be added before it) lose more than it wins (bench/RESULTS.md, "the
  * one-row folds re-measured"). */
-static int g_fold_qkv = -1;
-extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv = on < 0 ? -1 : on != 0; }
-static int fold_qkv_on(void) {
-    if (g_fold_qkv < 0) {
-        g_fold_qkv = pt_env_flag("PETREL_CUDA_FOLD_QKV", 0);
-    }
-    return g_fold_qkv;
-}
-static int g_fold_rows = -1;
-extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows = on < 0 ? -1 : on != 0; }
+static pt_switch g_fold_qkv = {"PETREL_CUDA_FOLD_QKV", 0, -1, 0};
+extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv.set(on); }
+static bool fold_qkv_on(void) { return g_fold_qkv.on(); }
+static pt_switch g_fold_rows = {"PETREL_CUDA_FOLD_NORM_ROWS", 1, -1, 0};
+extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows.set(on); }
 /* the norm's fold at T rows (matmul_norm, matmul_glu_norm) */
 static bool fold_norm_ok(const pt_cuda *c, int64_t T) {
-    if (g_fold_rows < 0) g_fold_rows = pt_env_on("PETREL_CUDA_FOLD_NORM_ROWS");
-    if (!fold_ok(c, 1) || T < 1 || (T > 1 && !g_fold_rows)) return false;
+    if (!fold_ok(c, 1) || T < 1 || (T > 1 && !g_fold_rows.on())) return false;
     /* above 64 rows, pieces of 64 (as matmul_multi and matmul_glu in rows
      * mode): a last piece of 9 or more rows takes the XP launches wherever
      * the first one does, so the pieces fold alike */
