@@ -56,6 +56,26 @@
 
 __device__ __forceinline__ float ld_st(pt_ftype t, const void *p, int64_t i) { return pt_ld(t, p, i); }
 
+/* The GEMV kernels' epilogue: each (row, x row) sum of the warp's lanes
+ * (butterfly), plus the row's bias, rounded and stored by lane 0 for the
+ * rows that exist (0 for an item whose expert is not in the stack). */
+template <int NT>
+__device__ __forceinline__ void gemv_store_rows(const gemv_args &a, float (&acc)[PT_GEMV_ROWS][NT], int64_t b,
+                                                int64_t rl0, const int64_t (&grow)[PT_GEMV_ROWS],
+                                                const bool (&valid)[PT_GEMV_ROWS], bool eok, int lane) {
+#pragma unroll
+    for (int r = 0; r < PT_GEMV_ROWS; r++) {
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+            float v = pt_warp_sum(acc[r][n]);
+            if (lane == 0 && valid[r]) {
+                if (a.bias) v += ld_st(a.bt, a.bias, grow[r]);
+                a.y[(b * NT + n) * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
+            }
+        }
+    }
+}
+
 template <int BITS, int NT>
 __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -109,17 +129,7 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_q_kernel(gemv_args a)
             }
         }
     }
-#pragma unroll
-    for (int r = 0; r < PT_GEMV_ROWS; r++) {
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            float v = pt_warp_sum(acc[r][n]);
-            if (lane == 0 && valid[r]) {
-                if (a.bias) v += ld_st(a.bt, a.bias, grow[r]);
-                a.y[(b * NT + n) * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
-            }
-        }
-    }
+    gemv_store_rows<NT>(a, acc, b, rl0, grow, valid, eok, lane);
 }
 
 /* Dense weights: VEC elements per 16-byte load when rows are 16-byte aligned
@@ -155,17 +165,7 @@ __global__ void __launch_bounds__(PT_GEMV_WARPS * 32) gemv_dense_kernel(gemv_arg
 #pragma unroll
         for (int n = 0; n < NT; n++) acc[r][n] = 0.f;
     pt_dense_rows_dot<WT, VEC, PT_GEMV_ROWS, NT, U>(acc, rowp, xb, a.K, a.K / VEC, lane);
-#pragma unroll
-    for (int r = 0; r < PT_GEMV_ROWS; r++) {
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-            float v = pt_warp_sum(acc[r][n]);
-            if (lane == 0 && valid[r]) {
-                if (a.bias) v += ld_st(a.bt, a.bias, grow[r]);
-                a.y[(b * NT + n) * a.ldy + rl0 + r] = eok ? pt_rnd(a.bf, v) : 0.f;
-            }
-        }
-    }
+    gemv_store_rows<NT>(a, acc, b, rl0, grow, valid, eok, lane);
 }
 
 /* PETREL_CUDA_DENSE_U: chunks per lane whose loads gemv_dense_kernel issues
