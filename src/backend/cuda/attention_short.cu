@@ -897,7 +897,6 @@ static int ds_max_tasks(const pt_dec_rows &a, int64_t max_keys, const d2_geom &g
  * environment). */
 static pt_switch g_ds_l2 = {"PETREL_CUDA_DEC_SHORT_ROWS_L2", 0, -1, 0};
 extern "C" void pt_cuda_dec_short_rows_l2(int on) { g_ds_l2.set(on); }
-static int ds_rows_l2(void) { return g_ds_l2.on() ? 1 : 0; }
 
 /* The batched rows' staging (c->dec_short_rows_stage, PETREL_CUDA_DEC_SHORT_ROWS_STAGE: 0 none, 1 and 2 the
  * value rows and both of up to DS_MAXK keys, 3 the value rows in room for the launch's bound, 4 by split);
@@ -916,7 +915,7 @@ template <typename KT, int LS, int LP, int CP, int PG, int MG, int NW, bool FOLD
 static pt_status ds_launch_one(pt_cuda *c, const pt_dec_rows &a, int nblk, int64_t B, size_t smem, int sfl) {
     /* the batched rows' switches (kernel argument fl): 1 the L2 prefetch; the staging pt_cuda_dec2_short
      * chose (sfl): 2 the value rows in room for the launch's bound, 4 the rows by split */
-    const int fl = FOLD ? 0 : ds_rows_l2() | sfl;
+    const int fl = FOLD ? 0 : (g_ds_l2.on() ? 1 : 0) | sfl;
     if (fl & 4) __atomic_fetch_add(&g_ds_split_launches, 1ull, __ATOMIC_RELAXED);
     static bool raised; /* the static and dynamic shared memory together may pass 48 KB: raised once */
     if (!raised) {
@@ -961,7 +960,6 @@ static pt_status ds_launch_rows_kv(pt_cuda *c, const pt_dec_rows &a, int nblk, i
  * back to the environment). Launches so far are counted (tests check which kernel ran). */
 static pt_switch g_ds_rows1 = {"PETREL_CUDA_DEC_ROWS1", 1, -1, 0};
 extern "C" void pt_cuda_dec_rows1(int v) { g_ds_rows1.set(v); }
-static bool ds_rows1_on(void) { return g_ds_rows1.on(); }
 extern "C" unsigned long long pt_cuda_dec_rows1_count(void) { return g_ds_rows1.count(); }
 /* Batched-rows calls that took the one-block form (either kernel) so far: tests check where a bound takes it. */
 static unsigned long long g_ds_rows_launches;
@@ -1078,8 +1076,8 @@ pt_status pt_cuda_dec2_short(pt_cuda *c, const pt_dec_rows &a, int64_t B, int64_
     /* batched rows whose splits are each one task (dec_rows1_kernel: 16-bit caches, GQA 2 to 4, rows of 5 to
      * 16 chunks: heads of 40 to 128), a block per (row, KV head), unstaged, without the L2 prefetch */
     if constexpr (sizeof(KT) == 2)
-        if (rows && H == G && G >= 2 && G <= 4 && R > 4 && R <= 16 && nst == 0 && !tst && !vbound && !ds_rows_l2() &&
-            ds_rows1_on() && per_max <= gm.SKB && per_max <= gm.PKB) {
+        if (rows && H == G && G >= 2 && G <= 4 && R > 4 && R <= 16 && nst == 0 && !tst && !vbound && !g_ds_l2.on() &&
+            g_ds_rows1.on() && per_max <= gm.SKB && per_max <= gm.PKB) {
             /* every split one task of each kind: tp = ts <= the block's warps (8 where w8, else at most 16); the
              * lanes a key row as the generic kernel's PT_DS below takes them for R */
             const pt_status st = R > 8 ? ds_launch_rows1_g<KT, 4, 16, 1>(c, a, G, B, smem, w8)

@@ -789,11 +789,9 @@ pt_status pt_cuda_matmul_rows(pt_backend *be, float *y, const float *x, int64_t 
  * converts x once per weight on the GEMM path, as separate matmuls do (A/B). */
 static pt_switch g_prefill_multi = {"PETREL_CUDA_PREFILL_MULTI", 1, -1, 0};
 extern "C" void pt_cuda_prefill_multi(int on) { g_prefill_multi.set(on); }
-static bool prefill_multi_on(void) { return g_prefill_multi.on(); }
 
 static pt_switch g_tc_multi = {"PETREL_CUDA_MULTI", 1, -1, 0};
 extern "C" void pt_cuda_tc_multi(int on) { g_tc_multi.set(on); }
-static bool tc_multi_on(void) { return g_tc_multi.on(); }
 
 pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                                const pt_matrix *const *w, int rows) {
@@ -808,7 +806,7 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
                             (long long)w[i]->cols, (long long)w[i]->n_experts, (long long)w[0]->cols);
     }
     if (T <= 0) return PT_OK;
-    if (n > 1 && (T <= PT_TC_MAX_T || (rows && (w[0]->cols * 4) % 16 == 0)) && !c->no_fast_gemv && tc_multi_on() &&
+    if (n > 1 && (T <= PT_TC_MAX_T || (rows && (w[0]->cols * 4) % 16 == 0)) && !c->no_fast_gemv && g_tc_multi.on() &&
         pt_cuda_tc_multi_ok(c, n, w)) {
         /* the copy matmul and matmul_rows make of an unaligned x (the same values) */
         const float *xin = x;
@@ -832,7 +830,7 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
     /* Prefill (T > 64, the GEMM path for every weight): x converted to bf16
      * once for all n weights instead of once per weight; the same values and
      * the same GEMM calls as the separate matmuls. */
-    if (!rows && n > 1 && T > PT_TC_MAX_T && prefill_multi_on()) {
+    if (!rows && n > 1 && T > PT_TC_MAX_T && g_prefill_multi.on()) {
         bool all = true;
         for (int i = 0; i < n; i++)
             all = all && gemm_bf16(c, w[i]) && w[i]->rows <= INT32_MAX && w[i]->cols <= INT32_MAX;
@@ -860,12 +858,11 @@ pt_status pt_cuda_matmul_multi(pt_backend *be, int n, float *const *y, const flo
  * and the caller makes the matmul_multi and glu calls (same bits). */
 static pt_switch g_gemv_fuse = {"PETREL_CUDA_GEMV_FUSE", 1, -1, 0};
 extern "C" void pt_cuda_gemv_fuse(int on) { g_gemv_fuse.set(on); }
-static bool gemv_fuse_on(void) { return g_gemv_fuse.on(); }
 
 pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                              const pt_matrix *wu, pt_glu_kind act, int rows) {
     pt_cuda *c = pt_cuda_of(be);
-    if (!gemv_fuse_on() || T < 1 || (T > PT_TC_MAX_T && !rows) || c->no_fast_gemv) return PT_ERR_UNSUPPORTED;
+    if (!g_gemv_fuse.on() || T < 1 || (T > PT_TC_MAX_T && !rows) || c->no_fast_gemv) return PT_ERR_UNSUPPORTED;
     /* 64-row pieces: the first answers for all (the same weights, and each
      * piece's x is 64·K floats on, as aligned as x) */
     for (int64_t t = 0; t < T; t += PT_TC_MAX_T) {
@@ -891,9 +888,8 @@ pt_status pt_cuda_matmul_glu(pt_backend *be, float *y, const float *x, int64_t T
  * calls. */
 static pt_switch g_fold_norm = {"PETREL_CUDA_FOLD_NORM", 1, -1, 0};
 extern "C" void pt_cuda_fold_norm(int on) { g_fold_norm.set(on); }
-static bool fold_norm_on(void) { return g_fold_norm.on(); }
 
-static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on() && !c->no_fast_gemv; }
+static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && g_fold_norm.on() && !c->no_fast_gemv; }
 /* A decode row's q/k/v norm fold where the caller leaves it to the backend
  * (pt_norm_in.optional): off by default, PETREL_CUDA_FOLD_QKV=1 or
  * pt_cuda_fold_qkv(1) on (read once; -1: back to the environment). On the
@@ -903,7 +899,6 @@ static bool fold_ok(const pt_cuda *c, int64_t T) { return T == 1 && fold_norm_on
  * one-row folds re-measured"). */
 static pt_switch g_fold_qkv = {"PETREL_CUDA_FOLD_QKV", 0, -1, 0};
 extern "C" void pt_cuda_fold_qkv(int on) { g_fold_qkv.set(on); }
-static bool fold_qkv_on(void) { return g_fold_qkv.on(); }
 static pt_switch g_fold_rows = {"PETREL_CUDA_FOLD_NORM_ROWS", 1, -1, 0};
 extern "C" void pt_cuda_fold_norm_rows(int on) { g_fold_rows.set(on); }
 /* the norm's fold at T rows (matmul_norm, matmul_glu_norm) */
@@ -937,8 +932,8 @@ static pt_status fold_pieces(int64_t T, const pt_norm_in *nrm, int64_t K, F piec
 pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const float *x, int64_t T,
                               const pt_matrix *const *w, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
-    if (n < 1 || n > 4 || !fold_norm_ok(c, T) || (n > 1 && !tc_multi_on())) return PT_ERR_UNSUPPORTED;
-    if (T == 1 && nrm->optional && !fold_qkv_on()) return PT_ERR_UNSUPPORTED;
+    if (n < 1 || n > 4 || !fold_norm_ok(c, T) || (n > 1 && !g_tc_multi.on())) return PT_ERR_UNSUPPORTED;
+    if (T == 1 && nrm->optional && !g_fold_qkv.on()) return PT_ERR_UNSUPPORTED;
     const int64_t K = w[0]->cols;
     return fold_pieces(T, nrm, K, [&](int64_t t, int64_t nb, const pt_norm_in *np) {
         float *yp[4];
@@ -950,7 +945,7 @@ pt_status pt_cuda_matmul_norm(pt_backend *be, int n, float *const *y, const floa
 pt_status pt_cuda_matmul_glu_norm(pt_backend *be, float *y, const float *x, int64_t T, const pt_matrix *wg,
                                   const pt_matrix *wu, pt_glu_kind act, const pt_norm_in *nrm) {
     pt_cuda *c = pt_cuda_of(be);
-    if (!fold_norm_ok(c, T) || !gemv_fuse_on()) return PT_ERR_UNSUPPORTED;
+    if (!fold_norm_ok(c, T) || !g_gemv_fuse.on()) return PT_ERR_UNSUPPORTED;
     return fold_pieces(T, nrm, wg->cols, [&](int64_t t, int64_t nb, const pt_norm_in *np) {
         return pt_cuda_tc_gemv_glu_norm(c, y + t * wg->rows, x + t * wg->cols, nb, wg, wu, act, np);
     });
